@@ -1,0 +1,194 @@
+// The caching allocator: one implementation over two backings (host memory and cudaMalloc).
+//
+// - Sizes round up to 512 bytes. Requests up to 1 MiB come from the small pool (2 MiB
+//   segments); larger ones from the large pool (20 MiB segments below 10 MiB, otherwise the
+//   request rounded to 2 MiB).
+// - Best fit within a pool, only among blocks freed on the same stream. A block is split when
+//   the remainder is >= 512 bytes (small pool) or > 1 MiB (large pool); freed neighbours inside
+//   a segment coalesce.
+// - record_stream(): a block used on other streams is reusable only after events recorded on
+//   those streams at free time have completed.
+// - On failure: free every cached, unsplit segment and retry once; then throw an Error of kind
+//   kOutOfMemory that states the request, allocated and reserved totals, the largest free
+//   block, the held bytes by tag, and which options would help.
+// - Every allocation carries a MemTag. Stats: current/peak allocated per tag and in total,
+//   reserved, segments, retries, OOMs. A trace of alloc/free/segment events can be recorded and
+//   exported as JSON.
+//
+// Thread-safe (one mutex per allocator).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/device.h"
+#include "engine/stream.h"
+
+namespace leantune {
+
+enum class MemTag : uint8_t {
+  kParam,
+  kGrad,
+  kOptimizer,
+  kActivation,
+  kWorkspace,
+  kKVCache,
+  kComm,
+  kOther,
+};
+constexpr int kNumMemTags = 8;
+const char* mem_tag_name(MemTag tag);
+
+// The tag new tensors get when none is given: kActivation unless a MemTagGuard says otherwise
+// (the optimizer step runs under kOptimizer, generation under kKVCache, ...). Per thread.
+MemTag current_mem_tag();
+class MemTagGuard {
+ public:
+  explicit MemTagGuard(MemTag tag);
+  ~MemTagGuard();
+  MemTagGuard(const MemTagGuard&) = delete;
+  MemTagGuard& operator=(const MemTagGuard&) = delete;
+
+ private:
+  MemTag prev_;
+};
+
+// Raw memory and event source under an Allocator.
+class MemoryBacking {
+ public:
+  virtual ~MemoryBacking() = default;
+  virtual Device device() const = 0;
+  // nullptr when the memory is not available (never throws for that case).
+  virtual void* raw_alloc(size_t bytes) = 0;
+  virtual void raw_free(void* ptr, size_t bytes) = 0;
+  // An event recorded on `s` now; nullptr when nothing can be pending (host).
+  virtual void* event_record(const Stream& s) = 0;
+  virtual bool event_query(void* ev) = 0;
+  virtual void event_destroy(void* ev) = 0;
+  virtual void synchronize() = 0;
+  virtual std::string name() const = 0;
+};
+
+std::unique_ptr<MemoryBacking> make_host_backing(bool pinned);
+
+struct MemStat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  void add(int64_t d) {
+    current += d;
+    if (current > peak) peak = current;
+  }
+};
+
+struct AllocatorStats {
+  MemStat allocated;                    // bytes in blocks handed out (rounded sizes)
+  MemStat requested;                    // bytes asked for
+  MemStat reserved;                     // bytes in segments obtained from the backing
+  MemStat by_tag[kNumMemTags];          // allocated bytes per tag
+  int64_t segments = 0;                 // current number of segments
+  int64_t active_blocks = 0;            // current number of allocated blocks
+  int64_t num_allocs = 0;
+  int64_t num_frees = 0;
+  int64_t num_segment_allocs = 0;
+  int64_t num_alloc_retries = 0;
+  int64_t num_ooms = 0;
+  int64_t reserved_at_peak_allocated = 0;
+  // Reserved minus allocated at the moment allocation peaked.
+  int64_t fragmentation_bytes() const { return reserved_at_peak_allocated - allocated.peak; }
+  const MemStat& tag(MemTag t) const { return by_tag[static_cast<int>(t)]; }
+};
+
+struct TraceEvent {
+  enum Kind : uint8_t { kAlloc, kFree, kSegmentAlloc, kSegmentFree, kOom };
+  Kind kind;
+  uint64_t id;  // allocation id (kAlloc/kFree), segment id (segment events)
+  int64_t size;
+  MemTag tag;
+  uint64_t stream;
+  int64_t time_ns;
+};
+
+struct Block;
+
+class Allocator {
+ public:
+  explicit Allocator(std::unique_ptr<MemoryBacking> backing);
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // Returns a block of at least `bytes` (bytes may be 0: a valid empty block).
+  Block* allocate(size_t bytes, MemTag tag, const Stream& stream);
+  void free(Block* block);
+  // Marks the block as used on `stream` as well; its reuse waits for that stream at free time.
+  void record_stream(Block* block, const Stream& stream);
+  void retag(Block* block, MemTag tag);
+
+  // Releases every cached segment with no allocated block.
+  void empty_cache();
+  // Caps reserved bytes (0 = no cap beyond the backing's own). Lets tests and planning runs
+  // behave like a device of that size.
+  void set_memory_limit(size_t bytes);
+  size_t memory_limit() const;
+
+  AllocatorStats stats() const;
+  void reset_peak_stats();
+  // Largest free cached block, in bytes.
+  size_t largest_free_block() const;
+
+  void set_trace_enabled(bool on);
+  bool trace_enabled() const;
+  std::vector<TraceEvent> trace() const;
+  void clear_trace();
+  // {"device": ..., "events": [{"kind","id","size","tag","stream","t_ns"}...]}
+  std::string trace_json() const;
+
+  Device device() const;
+  MemoryBacking& backing() { return *backing_; }
+
+  static void* block_ptr(const Block* b);
+  static size_t block_size(const Block* b);
+  static MemTag block_tag(const Block* b);
+
+ private:
+  struct Pool;
+  Block* find_free_block(Pool& pool, size_t size, uint64_t stream);
+  Block* alloc_segment(Pool& pool, size_t segment_size, uint64_t stream, bool* ok);
+  void free_block(Block* b);
+  void process_events();
+  bool release_cached_segments();
+  void release_segment(Block* head);
+  void record(TraceEvent::Kind kind, uint64_t id, int64_t size, MemTag tag, uint64_t stream);
+  [[noreturn]] void throw_oom(size_t bytes, MemTag tag);
+
+  std::unique_ptr<MemoryBacking> backing_;
+  mutable std::recursive_mutex mu_;
+  std::unique_ptr<Pool> small_;
+  std::unique_ptr<Pool> large_;
+  std::vector<std::pair<void*, Block*>> pending_;  // (event, block) awaiting completion
+  std::set<Block*> segments_;                      // segment head blocks
+  AllocatorStats stats_;
+  size_t limit_ = 0;
+  uint64_t next_id_ = 1;
+  uint64_t next_segment_id_ = 1;
+  bool trace_on_ = false;
+  std::vector<TraceEvent> trace_;
+  int64_t t0_ns_ = 0;
+};
+
+// The allocator for a device (created on first use). Host tensors use allocator(Device::cpu()).
+Allocator& allocator(Device device);
+// Page-locked host memory for device<->host copies (plain host memory in a CPU-only build or
+// without a GPU: the same accounting, standing for pinned memory).
+Allocator& pinned_allocator();
+
+// Human-readable byte count: "1.50 GiB".
+std::string format_bytes(int64_t bytes);
+
+}  // namespace leantune

@@ -1,0 +1,206 @@
+// The CUDA runtime behind engine/cuda_api.h: device and pinned backings for the caching
+// allocator, streams, events and copies. Every runtime call is checked.
+#include <cuda_runtime.h>
+
+#include "engine/check.h"
+#include "engine/cuda_api.h"
+
+namespace leantune {
+namespace {
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) CUDA_CHECK(cudaSetDevice(device));
+    target_ = device;
+  }
+  ~DeviceGuard() {
+    if (prev_ != target_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0;
+  int target_ = 0;
+};
+
+class CudaDeviceBacking final : public MemoryBacking {
+ public:
+  explicit CudaDeviceBacking(int device) : device_(device) {}
+  Device device() const override { return Device::cuda(device_); }
+  void* raw_alloc(size_t bytes) override {
+    DeviceGuard g(device_);
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear the sticky-free error so later checks are not confused
+      return nullptr;
+    }
+    CUDA_CHECK(err);
+    return p;
+  }
+  void raw_free(void* ptr, size_t) override {
+    DeviceGuard g(device_);
+    CUDA_CHECK(cudaFree(ptr));
+  }
+  void* event_record(const Stream& s) override {
+    DeviceGuard g(device_);
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(s.handle)));
+    return ev;
+  }
+  bool event_query(void* ev) override {
+    cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+    if (err == cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    CUDA_CHECK(err);
+    return true;
+  }
+  void event_destroy(void* ev) override { CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(ev))); }
+  void synchronize() override {
+    DeviceGuard g(device_);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  std::string name() const override { return "cuda:" + std::to_string(device_); }
+
+ private:
+  int device_;
+};
+
+class CudaPinnedBacking final : public MemoryBacking {
+ public:
+  Device device() const override { return Device::cpu(); }
+  void* raw_alloc(size_t bytes) override {
+    void* p = nullptr;
+    cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    CUDA_CHECK(err);
+    return p;
+  }
+  void raw_free(void* ptr, size_t) override { CUDA_CHECK(cudaFreeHost(ptr)); }
+  // Pinned blocks are reused only after the device streams that read them are done.
+  void* event_record(const Stream& s) override {
+    if (!s.device.is_cuda()) return nullptr;
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(s.handle)));
+    return ev;
+  }
+  bool event_query(void* ev) override {
+    cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+    if (err == cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    CUDA_CHECK(err);
+    return true;
+  }
+  void event_destroy(void* ev) override { CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(ev))); }
+  void synchronize() override { CUDA_CHECK(cudaDeviceSynchronize()); }
+  std::string name() const override { return "pinned host"; }
+};
+
+cudaMemcpyKind to_cuda(CopyKind k) {
+  switch (k) {
+    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
+    case CopyKind::kHostToHost: return cudaMemcpyHostToHost;
+  }
+  return cudaMemcpyDefault;
+}
+
+}  // namespace
+
+int cuda_device_count_impl() {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: a CPU-only run
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<MemoryBacking> cuda_make_device_backing(int device) {
+  return std::make_unique<CudaDeviceBacking>(device);
+}
+std::unique_ptr<MemoryBacking> cuda_make_pinned_backing() {
+  return std::make_unique<CudaPinnedBacking>();
+}
+
+void cuda_set_device(int device) { CUDA_CHECK(cudaSetDevice(device)); }
+
+void* cuda_stream_create(int device) {
+  DeviceGuard g(device);
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+void cuda_stream_synchronize(void* stream) {
+  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+void cuda_stream_wait_stream(void* stream, void* other) {
+  cudaEvent_t ev;
+  CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(other)));
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev, 0));
+  CUDA_CHECK(cudaEventDestroy(ev));
+}
+void* cuda_event_create(int device) {
+  DeviceGuard g(device);
+  cudaEvent_t ev;
+  CUDA_CHECK(cudaEventCreate(&ev));
+  return ev;
+}
+void cuda_event_destroy(void* ev) { CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(ev))); }
+void cuda_event_record(void* ev, void* stream) {
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(stream)));
+}
+bool cuda_event_query(void* ev) {
+  cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+  if (err == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  CUDA_CHECK(err);
+  return true;
+}
+void cuda_event_synchronize(void* ev) { CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(ev))); }
+void cuda_stream_wait_event(void* stream, void* ev) {
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(ev), 0));
+}
+float cuda_event_elapsed_ms(void* start, void* end) {
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  return ms;
+}
+void cuda_device_synchronize(int device) {
+  DeviceGuard g(device);
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+void cuda_memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, void* stream) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), static_cast<cudaStream_t>(stream)));
+}
+void cuda_memset_async(void* dst, int value, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)));
+}
+void cuda_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes) {
+  DeviceGuard g(device);
+  CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+std::string cuda_device_name(int device) {
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+}  // namespace leantune

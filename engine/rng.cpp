@@ -1,0 +1,61 @@
+#include "engine/rng.h"
+
+#include <cmath>
+
+#include "engine/cpu_kernels.h"
+
+namespace leantune {
+
+double sqrt_host(double x) { return std::sqrt(x); }
+
+uint64_t Generator::next_below(uint64_t n) {
+  LT_CHECK(n > 0, "next_below(0)");
+  PhiloxBlock b = next_block();
+  const uint64_t v = (static_cast<uint64_t>(b.w[0]) << 32) | b.w[1];
+  return v % n;
+}
+
+namespace {
+// kind 0: uniform in [a, b); 1: normal(a, b); 2: bernoulli(a).
+void cpu_fill(const Tensor& t, const PhiloxParams& p, int kind, double a, double b) {
+  LT_CHECK(t.is_contiguous(), "random fill of non-contiguous ", t.str());
+  const int64_t n = t.numel();
+  const int64_t blocks = (n + 3) / 4;
+  LT_DISPATCH_FLOAT(t.dtype(), T, {
+    T* out = static_cast<T*>(t.data_ptr());
+    cpu::parallel_for(blocks, 1024, [&](int64_t blk) {
+      const PhiloxBlock r = philox_block(p, static_cast<uint64_t>(blk));
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = blk * 4 + j;
+        if (i >= n) break;
+        double v;
+        if (kind == 0) {
+          v = a + (b - a) * static_cast<double>(philox_uniform(r.w[j]));
+        } else if (kind == 1) {
+          v = a + b * static_cast<double>(philox_normal(r, j));
+        } else {
+          v = philox_uniform(r.w[j]) < static_cast<float>(a) ? 1.0 : 0.0;
+        }
+        out[i] = cpu::from_double<T>(v);
+      }
+    });
+  });
+}
+
+void fill(const Tensor& t, Generator& gen, int kind, double a, double b) {
+  const PhiloxParams p = gen.take(t.numel());
+  if (t.numel() == 0) return;
+  if (t.device().is_cuda())
+    cuda_ops::philox_fill(t, p, kind, a, b);
+  else
+    cpu_fill(t, p, kind, a, b);
+}
+}  // namespace
+
+void uniform_(const Tensor& t, Generator& gen, double lo, double hi) { fill(t, gen, 0, lo, hi); }
+void normal_(const Tensor& t, Generator& gen, double mean, double std) {
+  fill(t, gen, 1, mean, std);
+}
+void bernoulli_(const Tensor& t, Generator& gen, double p) { fill(t, gen, 2, p, 0.0); }
+
+}  // namespace leantune

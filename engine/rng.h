@@ -1,0 +1,77 @@
+// Counter-based random numbers (Philox-4x32-10, engine/philox.h), bit-identical on the host
+// and on CUDA. A Generator is (seed, purpose, rank) plus an offset in 128-bit blocks that each
+// draw advances by ceil(n/4); saving and restoring the offset replays a stream exactly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/autograd.h"
+#include "engine/philox.h"
+#include "engine/tensor.h"
+
+namespace leantune {
+
+// Independent streams for independent uses, so that enabling one feature never shifts the
+// random numbers of another.
+enum class RngPurpose : uint32_t {
+  kInit = 1,
+  kDropout = 2,
+  kDataOrder = 3,
+  kSampling = 4,
+  kLoraInit = 5,
+  kTest = 100,
+};
+
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0, RngPurpose purpose = RngPurpose::kTest, uint32_t rank = 0)
+      : seed_(seed), purpose_(static_cast<uint32_t>(purpose)), rank_(rank) {}
+  uint64_t seed() const { return seed_; }
+  uint64_t offset() const { return offset_; }
+  void set_offset(uint64_t off) { offset_ = off; }
+  uint32_t purpose() const { return purpose_; }
+  uint32_t rank() const { return rank_; }
+  // Parameters for a draw of n values; advances the offset.
+  PhiloxParams take(int64_t n) {
+    PhiloxParams p{seed_, offset_, purpose_, rank_};
+    offset_ += static_cast<uint64_t>((n + 3) / 4);
+    return p;
+  }
+  PhiloxBlock next_block() { return philox_block(take(4), 0); }
+  // A uniform integer in [0, n) from one 128-bit block (64 bits, negligible modulo bias for the
+  // sizes we shuffle).
+  uint64_t next_below(uint64_t n);
+
+ private:
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+  uint32_t purpose_;
+  uint32_t rank_;
+};
+
+// Fills a float tensor (any device, contiguous) from the generator.
+void uniform_(const Tensor& t, Generator& gen, double lo = 0.0, double hi = 1.0);
+void normal_(const Tensor& t, Generator& gen, double mean = 0.0, double std = 1.0);
+// 1 with probability p, else 0, in t's dtype.
+void bernoulli_(const Tensor& t, Generator& gen, double p);
+
+// Offsets of registered generators are captured and replayed by checkpoint().
+class GeneratorReplay final : public ReplayableState {
+ public:
+  explicit GeneratorReplay(Generator* g) : g_(g) {}
+  std::shared_ptr<void> capture() override { return std::make_shared<uint64_t>(g_->offset()); }
+  void restore(const std::shared_ptr<void>& s) override {
+    g_->set_offset(*static_cast<uint64_t*>(s.get()));
+  }
+
+ private:
+  Generator* g_;
+};
+
+namespace cuda_ops {
+// CUDA fills (engine/rng.cu); kind 0 uniform, 1 normal, 2 bernoulli.
+void philox_fill(const Tensor& t, const PhiloxParams& p, int kind, double a, double b);
+}
+
+}  // namespace leantune
