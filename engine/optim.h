@@ -1,0 +1,81 @@
+// AdamW with decoupled weight decay (Loshchilov & Hutter; torch.optim.AdamW semantics):
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   p = p - lr * wd * p                      (decoupled decay, on the master value)
+//   p = p - lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+// State (m, v) is f32 and tagged kOptimizer. A parameter stored in bf16/f16 keeps an f32 master
+// copy (kOptimizer); the update runs on the master and the rounded value is written back to the
+// parameter. f32 parameters are updated in place (no master). Gradients may be any float dtype;
+// they are read as f32 (times grad_scale, for clipping).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace leantune {
+
+struct AdamWConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// One tensor's view of the fused step. master may be undefined (param is f32 then).
+struct AdamWTensor {
+  Tensor param;
+  Tensor grad;
+  Tensor master;
+  Tensor exp_avg;
+  Tensor exp_avg_sq;
+  double weight_decay = 0.0;
+};
+
+struct AdamWStepArgs {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  int64_t step;        // 1-based, for bias correction
+  double grad_scale;   // multiplies every gradient (clipping)
+};
+
+// The fused multi-tensor update (one pass over each tensor's data).
+void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args);
+void adamw_step_cpu(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args);
+void adamw_step_cuda(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args);
+
+class AdamW {
+ public:
+  struct Param {
+    std::string name;
+    Tensor tensor;
+    bool decay = true;  // biases and norms are usually excluded from weight decay
+  };
+  AdamW(std::vector<Param> params, AdamWConfig cfg);
+
+  // Applies one update from each parameter's .grad() (parameters without a gradient are
+  // skipped). lr overrides cfg.lr (the scheduler's value).
+  void step(double lr, double grad_scale = 1.0);
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t s) { step_ = s; }
+  const AdamWConfig& config() const { return cfg_; }
+
+  // State for checkpoints: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.master".
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+  // Restores from tensors saved by state_tensors(); missing or mis-shaped entries are an Error.
+  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state);
+  // Bytes of optimizer state held.
+  int64_t state_bytes() const;
+
+ private:
+  void ensure_state(size_t i);
+  std::vector<Param> params_;
+  AdamWConfig cfg_;
+  std::vector<AdamWTensor> state_;
+  int64_t step_ = 0;
+};
+
+}  // namespace leantune

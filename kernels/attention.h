@@ -1,0 +1,54 @@
+// attention: causal, grouped-query, variable-length scaled dot-product attention.
+//   q:[Tq,Hq,D], k:[Tk,Hk,D], v:[Tk,Hk,D] (one float dtype), Hq % Hk == 0 (GQA group Hq/Hk)
+//   cu_seqlens_q:[B+1], cu_seqlens_k:[B+1] i32 (host or device, prefix sums; sequence b owns
+//   rows [cu[b], cu[b+1]) of q and of k/v; lengths may differ between q and k, and may be 0)
+//   -> out:[Tq,Hq,D] (q's dtype), lse:[Hq,Tq] f32 (log-sum-exp of the scaled scores per row)
+// Causal alignment is bottom-right: query i of a sequence with Lq queries and Lk keys sees keys
+// j <= i + (Lk - Lq). (Training has Lq == Lk; decoding with a KV cache has Lq <= Lk.) A query row
+// that sees no key gets out = 0 and lse = -inf.
+// Scores and softmax in f32 (f64 for f64). Scale defaults to 1/sqrt(D).
+// Backward recomputes probabilities from lse: with P = exp(S*scale - lse), dV = P^T dO,
+// dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale; dK/dV of
+// a KV head sum over the query heads of its group. The lse lets partial results over disjoint
+// key blocks be merged exactly (ring attention).
+#pragma once
+
+#include "engine/tensor.h"
+
+namespace leantune::kernels {
+
+struct AttentionOptions {
+  bool causal = true;
+  double scale = 0.0;  // 0 = 1/sqrt(D)
+  int64_t max_seqlen_q = 0;  // 0 = computed from cu_seqlens (a hint for the CUDA launch)
+  int64_t max_seqlen_k = 0;
+};
+
+struct AttentionOutput {
+  Tensor out;
+  Tensor lse;
+};
+
+// Differentiable w.r.t. q, k, v (lse carries no gradient).
+AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                          const AttentionOptions& opt = {});
+
+void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                   const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& out,
+                   const Tensor& lse);
+// dq, dk, dv are overwritten.
+void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens_q,
+                   const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& dq,
+                   const Tensor& dk, const Tensor& dv);
+
+void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                        const AttentionOptions& opt, const Tensor& out, const Tensor& lse);
+void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens_q,
+                        const Tensor& cu_seqlens_k, const AttentionOptions& opt,
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+}  // namespace leantune::kernels

@@ -1,0 +1,42 @@
+// linear_cross_entropy: the LM head and the loss fused, chunked over tokens, never holding the
+// full [T,V] logits.
+//   hidden:[T,H], weight:[V,H] (same float dtype), targets:[T] i32|i64 (-100 ignored)
+//   -> loss: [] f32 (f64 for f64) = sum over valid t of nll_t / normalizer
+// For each chunk of `chunk_tokens` rows (only rows with a valid target are computed):
+//   logits_c = hidden_c W^T (f32 accumulate), lse_c, loss_c;
+//   when gradients are needed: G_c = (softmax - onehot) / normalizer,
+//   dhidden_c = G_c W, dW += G_c^T hidden_c (f32 accumulation buffer).
+// The gradients are computed during the forward pass (as Liger's FLCE does) and held until
+// backward, which scales them by dloss. Peak extra memory: the chunk's logits and G
+// (chunk_tokens x V floats) plus dW in f32 when W requires grad; independent of T.
+// Workspace is tagged kWorkspace; dhidden is tagged kActivation.
+#pragma once
+
+#include "engine/tensor.h"
+
+namespace leantune::kernels {
+
+struct LinearCrossEntropyOptions {
+  int64_t chunk_tokens = 1024;
+};
+
+Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                            double normalizer, const LinearCrossEntropyOptions& opt = {});
+
+// Raw entry point: loss value (sum of nll over valid rows, not normalised), and when dhidden /
+// dweight are defined, the gradients of (sum nll) * grad_scale. dweight is accumulated into.
+double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,
+                                    const Tensor& targets, double grad_scale,
+                                    const Tensor& dhidden, const Tensor& dweight,
+                                    const LinearCrossEntropyOptions& opt);
+double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& weight,
+                                         const Tensor& targets, double grad_scale,
+                                         const Tensor& dhidden, const Tensor& dweight,
+                                         const LinearCrossEntropyOptions& opt);
+
+// Per-token log-probabilities of the targets, chunked the same way (for preference and RL
+// losses): logp:[T] f32, 0 where the target is -100. Differentiable w.r.t. hidden and weight.
+Tensor linear_token_logprobs(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                             const LinearCrossEntropyOptions& opt = {});
+
+}  // namespace leantune::kernels
