@@ -1,0 +1,146 @@
+#include "engine/optim.h"
+
+#include <cmath>
+#include <unordered_map>
+
+#include "engine/cpu_kernels.h"
+#include "engine/ops.h"
+
+namespace leantune {
+
+namespace {
+// One tensor's update in f32 (f64 for f64 parameters, keeping gradchecks exact).
+template <typename P, typename G>
+void adamw_one(const AdamWTensor& t, const AdamWStepArgs& a) {
+  using A = cpu::acc_t<P>;
+  const int64_t n = t.param.numel();
+  P* p = static_cast<P*>(t.param.data_ptr());
+  const G* g = static_cast<const G*>(t.grad.data_ptr());
+  float* master = t.master.defined() ? t.master.data<float>() : nullptr;
+  A* m = static_cast<A*>(t.exp_avg.data_ptr());
+  A* v = static_cast<A*>(t.exp_avg_sq.data_ptr());
+  const A b1 = static_cast<A>(a.beta1), b2 = static_cast<A>(a.beta2);
+  const A bc1 = static_cast<A>(1.0 - std::pow(a.beta1, static_cast<double>(a.step)));
+  const A bc2_sqrt = static_cast<A>(std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
+  const A lr = static_cast<A>(a.lr), eps = static_cast<A>(a.eps);
+  const A decay = static_cast<A>(1.0 - a.lr * t.weight_decay);
+  const A gs = static_cast<A>(a.grad_scale);
+  const A step_size = lr / bc1;
+  cpu::parallel_for(n, 1 << 14, [&](int64_t i) {
+    const A gi = static_cast<A>(cpu::load(g, i)) * gs;
+    const A mi = b1 * m[i] + (A(1) - b1) * gi;
+    const A vi = b2 * v[i] + (A(1) - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    A w = master ? static_cast<A>(master[i]) : static_cast<A>(cpu::load(p, i));
+    w *= decay;
+    w -= step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+    if (master) master[i] = static_cast<float>(w);
+    cpu::store(p, i, w);
+  });
+}
+}  // namespace
+
+void adamw_step_cpu(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args) {
+  for (const AdamWTensor& t : tensors) {
+    LT_CHECK(t.param.is_contiguous() && t.grad.is_contiguous() &&
+                 t.grad.numel() == t.param.numel(),
+             "adamw: param ", t.param.str(), " grad ", t.grad.str());
+    LT_DISPATCH_FLOAT(t.param.dtype(), P, {
+      LT_DISPATCH_FLOAT(t.grad.dtype(), G, { adamw_one<P, G>(t, args); });
+    });
+  }
+}
+
+void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args) {
+  if (tensors.empty()) return;
+  if (tensors[0].param.device().is_cuda()) {
+#ifdef LEANTUNE_WITH_CUDA
+    adamw_step_cuda(tensors, args);
+    return;
+#else
+    LT_THROW(ErrorKind::kInternal, "CUDA tensors in a build without CUDA");
+#endif
+  }
+  adamw_step_cpu(tensors, args);
+}
+
+AdamW::AdamW(std::vector<Param> params, AdamWConfig cfg)
+    : params_(std::move(params)), cfg_(cfg), state_(params_.size()) {
+  for (const Param& p : params_)
+    LT_CHECK(dtype_is_floating(p.tensor.dtype()), "AdamW parameter ", p.name, " is ",
+             dtype_name(p.tensor.dtype()));
+}
+
+void AdamW::ensure_state(size_t i) {
+  AdamWTensor& s = state_[i];
+  if (s.exp_avg.defined()) return;
+  const Tensor& p = params_[i].tensor;
+  const DType sdt = p.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  s.param = p;
+  s.exp_avg = Tensor::zeros(p.shape(), sdt, p.device(), MemTag::kOptimizer);
+  s.exp_avg_sq = Tensor::zeros(p.shape(), sdt, p.device(), MemTag::kOptimizer);
+  if (p.dtype() != DType::kF32 && p.dtype() != DType::kF64) {
+    s.master = Tensor::empty(p.shape(), DType::kF32, p.device(), MemTag::kOptimizer);
+    ops::copy(s.master, p);
+  }
+  s.weight_decay = params_[i].decay ? cfg_.weight_decay : 0.0;
+}
+
+void AdamW::step(double lr, double grad_scale) {
+  ++step_;
+  std::vector<AdamWTensor> batch;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].tensor.grad();
+    if (!g.defined()) continue;
+    ensure_state(i);
+    AdamWTensor t = state_[i];
+    t.grad = g.is_contiguous() ? g : g.contiguous();
+    batch.push_back(t);
+  }
+  adamw_step(batch, AdamWStepArgs{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, grad_scale});
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const AdamWTensor& s = state_[i];
+    if (!s.exp_avg.defined()) continue;
+    out.emplace_back(params_[i].name + ".exp_avg", s.exp_avg);
+    out.emplace_back(params_[i].name + ".exp_avg_sq", s.exp_avg_sq);
+    if (s.master.defined()) out.emplace_back(params_[i].name + ".master", s.master);
+  }
+  return out;
+}
+
+void AdamW::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) {
+  std::unordered_map<std::string, Tensor> by_name(state.begin(), state.end());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto it = by_name.find(params_[i].name + ".exp_avg");
+    if (it == by_name.end()) continue;  // never updated before the checkpoint
+    ensure_state(i);
+    AdamWTensor& s = state_[i];
+    auto load = [&](const std::string& suffix, const Tensor& dst) {
+      auto f = by_name.find(params_[i].name + suffix);
+      LT_CHECK_INPUT(f != by_name.end(), "optimizer state lacks '", params_[i].name, suffix, "'");
+      LT_CHECK_INPUT(f->second.shape() == dst.shape(), "optimizer state '", params_[i].name,
+                     suffix, "' has shape ", shape_str(f->second.shape()), ", expected ",
+                     shape_str(dst.shape()));
+      ops::copy(dst, f->second);
+    };
+    load(".exp_avg", s.exp_avg);
+    load(".exp_avg_sq", s.exp_avg_sq);
+    if (s.master.defined()) load(".master", s.master);
+  }
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t b = 0;
+  for (const AdamWTensor& s : state_) {
+    if (s.exp_avg.defined()) b += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+    if (s.master.defined()) b += s.master.nbytes();
+  }
+  return b;
+}
+
+}  // namespace leantune
