@@ -1,0 +1,258 @@
+#include "models/decoder.h"
+
+#include <filesystem>
+#include <unordered_set>
+
+#include "engine/autograd.h"
+#include "engine/ops.h"
+#include "engine/rng.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/embedding.h"
+#include "kernels/linear.h"
+#include "kernels/linear_cross_entropy.h"
+#include "kernels/residual.h"
+#include "kernels/rms_norm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#include "loaders/safetensors.h"
+
+namespace leantune {
+
+namespace {
+Tensor param(const Shape& shape, Device device, DType dtype, const std::string& name) {
+  Tensor t = Tensor::empty(shape, dtype, device, MemTag::kParam);
+  t.set_name(name);
+  t.set_param(true);
+  return t;
+}
+
+LinearModule make_linear(const std::string& name, int64_t in, int64_t out, bool bias,
+                         Device device, DType dtype) {
+  LinearModule m;
+  m.name = name;
+  m.in_features = in;
+  m.out_features = out;
+  m.weight = param({out, in}, device, dtype, name + ".weight");
+  if (bias) m.bias = param({out}, device, dtype, name + ".bias");
+  return m;
+}
+}  // namespace
+
+DecoderModel::DecoderModel(ModelConfig cfg, Device device, DType dtype)
+    : cfg_(std::move(cfg)), device_(device), dtype_(dtype) {
+  LT_CHECK_INPUT(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 ||
+                     dtype == DType::kF64,
+                 "unsupported compute dtype ", dtype_name(dtype));
+  const int64_t h = cfg_.hidden_size, inter = cfg_.intermediate_size, d = cfg_.head_dim;
+  const int64_t nq = cfg_.num_attention_heads * d, nkv = cfg_.num_key_value_heads * d;
+  embed_tokens_ = param({cfg_.vocab_size, h}, device, dtype, "model.embed_tokens.weight");
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    DecoderLayer layer;
+    layer.input_layernorm = param({h}, device, dtype, p + "input_layernorm.weight");
+    layer.post_attention_layernorm = param({h}, device, dtype, p + "post_attention_layernorm.weight");
+    layer.q_proj = make_linear(p + "self_attn.q_proj", h, nq, cfg_.attention_bias, device, dtype);
+    layer.k_proj = make_linear(p + "self_attn.k_proj", h, nkv, cfg_.attention_bias, device, dtype);
+    layer.v_proj = make_linear(p + "self_attn.v_proj", h, nkv, cfg_.attention_bias, device, dtype);
+    layer.o_proj = make_linear(p + "self_attn.o_proj", nq, h, cfg_.o_proj_bias, device, dtype);
+    layer.gate_proj = make_linear(p + "mlp.gate_proj", h, inter, cfg_.mlp_bias, device, dtype);
+    layer.up_proj = make_linear(p + "mlp.up_proj", h, inter, cfg_.mlp_bias, device, dtype);
+    layer.down_proj = make_linear(p + "mlp.down_proj", inter, h, cfg_.mlp_bias, device, dtype);
+    layers_.push_back(std::move(layer));
+  }
+  norm_ = param({h}, device, dtype, "model.norm.weight");
+  if (!cfg_.tie_word_embeddings)
+    lm_head_ = make_linear("lm_head", h, cfg_.vocab_size, false, device, dtype);
+}
+
+std::vector<std::pair<std::string, Tensor>> DecoderModel::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  out.emplace_back("model.embed_tokens.weight", embed_tokens_);
+  auto add_linear = [&](const LinearModule& m) {
+    out.emplace_back(m.name + ".weight", m.weight);
+    if (m.bias.defined()) out.emplace_back(m.name + ".bias", m.bias);
+  };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const DecoderLayer& L = layers_[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    out.emplace_back(p + "input_layernorm.weight", L.input_layernorm);
+    for (const LinearModule* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj})
+      add_linear(*m);
+    out.emplace_back(p + "post_attention_layernorm.weight", L.post_attention_layernorm);
+    for (const LinearModule* m : {&L.gate_proj, &L.up_proj, &L.down_proj}) add_linear(*m);
+  }
+  out.emplace_back("model.norm.weight", norm_);
+  if (!tied()) out.emplace_back("lm_head.weight", lm_head_.weight);
+  return out;
+}
+
+std::vector<LinearModule*> DecoderModel::linear_modules() {
+  std::vector<LinearModule*> out;
+  for (DecoderLayer& L : layers_)
+    for (LinearModule* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj,
+                            &L.up_proj, &L.down_proj})
+      out.push_back(m);
+  if (!tied()) out.push_back(&lm_head_);
+  return out;
+}
+
+void DecoderModel::set_requires_grad(bool on) {
+  for (auto& [name, t] : named_parameters()) t.set_requires_grad(on);
+}
+
+int64_t DecoderModel::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+void DecoderModel::init_random(uint64_t seed) {
+  Generator gen(seed, RngPurpose::kInit);
+  NoGradGuard ng;
+  for (auto& [name, t] : named_parameters()) {
+    const bool is_norm = name.find("norm") != std::string::npos;
+    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (is_norm)
+      t.fill_(1.0);
+    else if (is_bias)
+      t.fill_(0.0);
+    else
+      normal_(t, gen, 0.0, cfg_.initializer_range);
+  }
+}
+
+void DecoderModel::load_weights(const TensorStore& store) {
+  NoGradGuard ng;
+  std::vector<std::string> missing;
+  auto params = named_parameters();
+  for (auto& [name, t] : params) {
+    if (!store.contains(name)) {
+      missing.push_back(name);
+      continue;
+    }
+    Tensor src = store.get(name);
+    LT_CHECK_INPUT(src.shape() == t.shape(), "tensor '", name, "' has shape ",
+                   shape_str(src.shape()), " in the checkpoint, the config needs ",
+                   shape_str(t.shape()));
+    LT_CHECK_INPUT(dtype_is_floating(src.dtype()), "tensor '", name, "' has dtype ",
+                   dtype_name(src.dtype()), "; expected a float type");
+    t.copy_(src);
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 5) list += ", ...";
+    LT_THROW(ErrorKind::kInput, "checkpoint lacks ", missing.size(), " tensor(s) the model needs: ",
+             list);
+  }
+  // A tied checkpoint may still store lm_head.weight; the embedding is what counts.
+  std::unordered_set<std::string> used;
+  for (auto& [name, t] : params) used.insert(name);
+  unused_.clear();
+  for (const std::string& n : store.names())
+    if (!used.count(n)) unused_.push_back(n);
+}
+
+std::unique_ptr<DecoderModel> DecoderModel::load(const std::string& dir, Device device,
+                                                 DType dtype) {
+  ModelConfig cfg = ModelConfig::load(dir);
+  auto model = std::make_unique<DecoderModel>(cfg, device, dtype);
+  model->load_weights(TensorStore::open(dir));
+  return model;
+}
+
+void DecoderModel::save(const std::string& dir, DType disk_dtype, uint64_t max_shard_bytes) const {
+  std::filesystem::create_directories(dir);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, t] : named_parameters())
+    tensors.emplace_back(name, t.dtype() == disk_dtype && t.device().is_cpu()
+                                   ? t.detach()
+                                   : t.detach().to(Device::cpu(), disk_dtype, MemTag::kOther));
+  save_model_tensors(dir, tensors, max_shard_bytes);
+  ModelConfig cfg = cfg_;
+  cfg.torch_dtype = disk_dtype;
+  cfg.save(dir);
+}
+
+Tensor DecoderModel::embed(const Tensor& ids) const { return kernels::embedding(embed_tokens_, ids); }
+
+Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
+                                   const Tensor& cu_seqlens, int64_t max_seqlen) const {
+  const DecoderLayer& L = layers_[i];
+  const int64_t t = h.size(0), d = cfg_.head_dim;
+  const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
+  Tensor x = kernels::rms_norm(h, L.input_layernorm, cfg_.rms_norm_eps);
+  Tensor q = L.q_proj.forward(x).view({t, nh, d});
+  Tensor k = L.k_proj.forward(x).view({t, nkv, d});
+  Tensor v = L.v_proj.forward(x).view({t, nkv, d});
+  q = kernels::rope(q, positions, cfg_.rope);
+  k = kernels::rope(k, positions, cfg_.rope);
+  kernels::AttentionOptions ao;
+  ao.max_seqlen_q = ao.max_seqlen_k = max_seqlen;
+  Tensor a = kernels::attention(q, k, v, cu_seqlens, cu_seqlens, ao).out.view({t, nh * d});
+  Tensor h1 = kernels::residual_add(h, L.o_proj.forward(a));
+  Tensor x2 = kernels::rms_norm(h1, L.post_attention_layernorm, cfg_.rms_norm_eps);
+  Tensor m = kernels::swiglu(L.gate_proj.forward(x2), L.up_proj.forward(x2));
+  return kernels::residual_add(h1, L.down_proj.forward(m));
+}
+
+Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
+                                   const Tensor& cu_seqlens, int64_t max_seqlen,
+                                   bool gradient_checkpointing) const {
+  Tensor h = embed(ids);
+  for (int64_t l = 0; l < num_layers(); ++l) {
+    if (gradient_checkpointing && grad_mode_enabled()) {
+      auto fn = [this, l, positions, cu_seqlens, max_seqlen](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{layer_forward(l, in[0], positions, cu_seqlens, max_seqlen)};
+      };
+      h = checkpoint(fn, {h})[0];
+    } else {
+      h = layer_forward(l, h, positions, cu_seqlens, max_seqlen);
+    }
+  }
+  return kernels::rms_norm(h, norm_, cfg_.rms_norm_eps);
+}
+
+Tensor DecoderModel::logits(const Tensor& hidden) const {
+  return kernels::linear(hidden, lm_head_weight());
+}
+
+ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& opt) {
+  LT_CHECK(batch.input_ids.defined() && batch.cu_seqlens.defined(), "forward on an empty batch");
+  Tensor ids = batch.input_ids.to(device_);
+  Tensor pos = batch.position_ids.to(device_);
+  Tensor cu = batch.cu_seqlens.to(device_);
+  int64_t max_seqlen = batch.max_seqlen;
+  if (max_seqlen <= 0) {
+    std::vector<int64_t> c = batch.cu_seqlens.to_i64();
+    for (size_t i = 1; i < c.size(); ++i) max_seqlen = std::max(max_seqlen, c[i] - c[i - 1]);
+  }
+  Tensor hidden = hidden_states(ids, pos, cu, max_seqlen, opt.gradient_checkpointing);
+  ForwardResult r;
+  Tensor targets_host;
+  if (opt.need_loss) {
+    LT_CHECK(batch.labels.defined(), "forward: loss asked for a batch without labels");
+    targets_host = kernels::shift_labels(batch.labels, batch.cu_seqlens);
+    int64_t n = 0;
+    for (int64_t v : targets_host.to_i64()) n += v != kernels::kIgnoreIndex;
+    r.label_tokens = n;
+  }
+  const bool need_full_logits = opt.need_logits || (opt.need_loss && !opt.fused_loss);
+  if (need_full_logits) r.logits = logits(hidden);
+  if (opt.need_loss) {
+    const double normalizer =
+        opt.normalizer > 0 ? opt.normalizer : static_cast<double>(std::max<int64_t>(r.label_tokens, 1));
+    Tensor targets = targets_host.to(device_);
+    if (opt.fused_loss) {
+      kernels::LinearCrossEntropyOptions lo;
+      lo.chunk_tokens = opt.loss_chunk_tokens;
+      r.loss = kernels::linear_cross_entropy(hidden, lm_head_weight(), targets, normalizer, lo);
+    } else {
+      r.loss = kernels::cross_entropy(r.logits, targets, normalizer);
+    }
+  }
+  return r;
+}
+
+}  // namespace leantune

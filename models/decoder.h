@@ -1,0 +1,109 @@
+// DecoderModel: the Llama / Qwen2 decoder-only transformer, built from ModelConfig.
+//
+// Parameters carry Hugging Face names (model.embed_tokens.weight,
+// model.layers.N.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight); with
+// tie_word_embeddings the head is the embedding matrix and lm_head.weight is not a separate
+// parameter. All parameters live on one device in one compute dtype, tagged MemTag::kParam.
+//
+// Forward takes a flat varlen Batch (loaders/batch.h): per layer
+//   x = rms_norm(h); q,k,v = proj(x) (+bias); rope(q,k); attention over cu_seqlens (causal, GQA);
+//   h = h + o_proj(attn); x = rms_norm(h); h = h + down(swiglu(gate(x), up(x)))
+// then the final norm and the LM head. The loss is the causal-LM cross entropy over shifted
+// labels, normalised by the caller's token count (micro-batch accumulation), computed by the
+// fused chunked linear_cross_entropy unless logits are asked for.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loaders/batch.h"
+#include "loaders/model_config.h"
+#include "models/linear_module.h"
+
+namespace leantune {
+
+class TensorStore;
+
+struct DecoderLayer {
+  Tensor input_layernorm;           // [H]
+  Tensor post_attention_layernorm;  // [H]
+  LinearModule q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+};
+
+struct ForwardOptions {
+  bool need_loss = true;
+  bool need_logits = false;     // full [T, V] logits (tests, generation, small models)
+  double normalizer = 0;        // tokens the loss is divided by; 0 = this batch's label tokens
+  bool gradient_checkpointing = false;
+  bool fused_loss = true;       // chunked linear_cross_entropy instead of logits + cross_entropy
+  int64_t loss_chunk_tokens = 1024;
+};
+
+struct ForwardResult {
+  Tensor loss;           // [] f32
+  Tensor logits;         // [T, V] when asked
+  int64_t label_tokens = 0;
+};
+
+class DecoderModel {
+ public:
+  // Allocates every parameter (uninitialised) on `device` in `dtype`.
+  DecoderModel(ModelConfig cfg, Device device, DType dtype);
+
+  // Loads an HF folder (single or sharded safetensors; f32/bf16/f16 on disk converted to
+  // `dtype`). Missing tensors are an Error naming them; tensors the model does not use are
+  // counted in unused_tensors().
+  static std::unique_ptr<DecoderModel> load(const std::string& dir, Device device, DType dtype);
+  // Normal(0, initializer_range) for projections and embeddings, ones for norms, zeros for
+  // biases, from the Philox stream (seed, kInit): the same model on every machine.
+  void init_random(uint64_t seed);
+  void load_weights(const TensorStore& store);
+  // Writes config.json + model.safetensors (sharded when max_shard_bytes > 0) in disk_dtype.
+  void save(const std::string& dir, DType disk_dtype, uint64_t max_shard_bytes = 0) const;
+
+  const ModelConfig& config() const { return cfg_; }
+  Device device() const { return device_; }
+  DType dtype() const { return dtype_; }
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  DecoderLayer& layer(int64_t i) { return layers_[i]; }
+  const DecoderLayer& layer(int64_t i) const { return layers_[i]; }
+  Tensor embed_tokens() const { return embed_tokens_; }
+  Tensor final_norm() const { return norm_; }
+  // The LM head matrix [V, H] (the embedding when tied).
+  Tensor lm_head_weight() const { return tied() ? embed_tokens_ : lm_head_.weight; }
+  bool tied() const { return cfg_.tie_word_embeddings; }
+  const std::vector<std::string>& unused_tensors() const { return unused_; }
+
+  // Every parameter with its HF name, in a fixed order (the tied head is not listed twice).
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<LinearModule*> linear_modules();
+  void set_requires_grad(bool on);
+  int64_t num_parameters() const;
+
+  ForwardResult forward(const Batch& batch, const ForwardOptions& opt = {});
+
+  // Pieces used by forward, the trainers and generation.
+  Tensor embed(const Tensor& ids) const;
+  // One decoder layer over a flat varlen batch. positions:[T] i64, cu_seqlens:[B+1] i32 on the
+  // model's device.
+  Tensor layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
+                       const Tensor& cu_seqlens, int64_t max_seqlen) const;
+  // Embedding -> all layers -> final norm.
+  Tensor hidden_states(const Tensor& ids, const Tensor& positions, const Tensor& cu_seqlens,
+                       int64_t max_seqlen, bool gradient_checkpointing) const;
+  // Normed hidden states [T, H] -> logits [T, V].
+  Tensor logits(const Tensor& hidden) const;
+
+ private:
+  ModelConfig cfg_;
+  Device device_;
+  DType dtype_;
+  Tensor embed_tokens_;
+  std::vector<DecoderLayer> layers_;
+  Tensor norm_;
+  LinearModule lm_head_;
+  std::vector<std::string> unused_;
+};
+
+}  // namespace leantune
