@@ -1,11 +1,15 @@
-// Until engine/ops_cuda.cu provides them (and always in a CPU-only build): CUDA tensors
-// reaching a raw op report that the op has no CUDA implementation.
+// CPU-only build: CUDA tensors cannot exist, but engine/ops.cpp and engine/rng.cpp still link
+// against the cuda_ops entry points; these report that the build has no CUDA backend. In CUDA
+// builds engine/ops_cuda.cu and engine/rng.cu provide them and this file compiles to nothing.
+#ifndef LEANTUNE_WITH_CUDA
 #include "engine/ops_cuda.h"
+#include "engine/rng.h"
 
 namespace leantune::cuda_ops {
 namespace {
 [[noreturn]] void missing(const char* op) {
-  LT_THROW(ErrorKind::kInternal, "ops::", op, " has no CUDA implementation in this build");
+  LT_THROW(ErrorKind::kInternal, "ops::", op,
+           " on a CUDA tensor: this build of leantune has no CUDA support");
 }
 }  // namespace
 void copy(const Tensor&, const Tensor&) { missing("copy"); }
@@ -25,14 +29,13 @@ Tensor argmax_last(const Tensor&) { missing("argmax_last"); }
 double sum_squares(const Tensor&) { missing("sum_squares"); }
 double max_abs(const Tensor&) { missing("max_abs"); }
 bool all_finite(const Tensor&) { missing("all_finite"); }
-void gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, double, double) { missing("gemm"); }
+void gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, double, double) {
+  missing("gemm");
+}
 Tensor softmax_last(const Tensor&, bool) { missing("softmax_last"); }
 Tensor index_rows(const Tensor&, const Tensor&) { missing("index_rows"); }
-}  // namespace leantune::cuda_ops
-
-#include "engine/rng.h"
-namespace leantune::cuda_ops {
 void philox_fill(const Tensor&, const PhiloxParams&, int, double, double) {
-  LT_THROW(ErrorKind::kInternal, "random fills have no CUDA implementation in this build");
+  missing("random fill");
 }
 }  // namespace leantune::cuda_ops
+#endif  // LEANTUNE_WITH_CUDA

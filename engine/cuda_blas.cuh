@@ -1,0 +1,60 @@
+// cuBLASLt / cuBLAS entry points shared by engine/ops_cuda.cu (gemm) and kernels/linear.cu,
+// and the deterministic column reduction used for bias and norm-weight gradients. Implemented
+// in engine/ops_cuda.cu.
+//
+// Everything here is column-major, as cuBLAS is: D[m,n] = alpha * op(A)[m,k] * op(B)[k,n]
+// + beta * C, with C == D (in-place accumulation when beta != 0), optionally + bias[m]
+// broadcast over the n columns. A row-major product is the same call on the transposes.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <library_types.h>
+
+#include <cstdint>
+
+#include "engine/device.h"
+#include "engine/dtype.h"
+
+namespace leantune::cu {
+
+struct LtGemm {
+  const void* a = nullptr;
+  cudaDataType_t a_type = CUDA_R_32F;
+  int64_t lda = 0;
+  bool trans_a = false;
+  const void* b = nullptr;
+  cudaDataType_t b_type = CUDA_R_32F;
+  int64_t ldb = 0;
+  bool trans_b = false;
+  void* d = nullptr;  // also C
+  cudaDataType_t d_type = CUDA_R_32F;
+  int64_t ldd = 0;
+  int64_t m = 0, n = 0, k = 0;
+  double alpha = 1.0;
+  double beta = 0.0;
+  const void* bias = nullptr;  // [m], D's dtype; nullptr = no bias epilogue
+};
+
+// cudaDataType_t of a float dtype (f32, f64, bf16, f16).
+cudaDataType_t cuda_data_type(DType dt);
+
+// Runs the product with cuBLASLt's heuristic algorithm number `rank` (0 = its first choice; the
+// heuristic is queried once per problem shape and cached). f32 inputs compute in strict f32 (no
+// TF32), 16-bit inputs accumulate in f32, f64 in f64. Workspace (at most 32 MiB) comes from the
+// caching allocator on the current stream of `dev`. Throws when cuBLASLt has no algorithm.
+void lt_gemm(const LtGemm& g, Device dev, cudaStream_t stream, int rank = 0);
+// How many heuristic algorithms cuBLASLt offers for the problem, up to `max` (benchmarks time
+// each of them to find the best).
+int lt_gemm_algo_count(const LtGemm& g, Device dev, int max);
+
+// f64 through cublasDgemm (column-major, same meaning as LtGemm without bias).
+void dgemm(const LtGemm& g, Device dev, cudaStream_t stream);
+
+// out[c] = sum over r of x[r * ld + c] for c < cols, in a fixed order (deterministic),
+// accumulated in f32 (f64 for f64 x). x: float dtype `x_type`; out: `out_type` (x's dtype or
+// f32). Split over rows into f32 partials when the columns alone cannot fill the device; the
+// partials come from the caching allocator.
+void column_sum(const void* x, DType x_type, int64_t rows, int64_t cols, int64_t ld, void* out,
+                DType out_type, Device dev, cudaStream_t stream);
+
+}  // namespace leantune::cu
