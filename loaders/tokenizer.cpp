@@ -27,18 +27,65 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // PCRE2 regex (UTF + UCP, JIT-compiled), with Rust/Oniguruma find_iter semantics.
 
+// tokenizers compiles its patterns with Oniguruma, whose \s is Unicode White_Space. PCRE2's \s
+// with UCP also matches U+180E (\h), so \s and \S are spelled out as White_Space classes
+// (\S inside a character class is left alone: no tokenizer pattern uses it).
+std::string oniguruma_to_pcre2(const std::string& p) {
+  static const std::string kSpace = "\\t-\\r\\x{85}\\p{Z}";
+  std::string out;
+  out.reserve(p.size() + 32);
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char n = p[i + 1];
+      if (n == 's') {
+        out += in_class ? kSpace : "[" + kSpace + "]";
+      } else if (n == 'S' && !in_class) {
+        out += "[^" + kSpace + "]";
+      } else {
+        out += c;
+        out += n;
+      }
+      ++i;
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member.
+      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < p.size() && p[i + 1] == ':') {
+      const size_t close = p.find(":]", i + 2);
+      if (close != std::string::npos) {
+        out.append(p, i, close + 2 - i);
+        i = close + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
 class Regex {
  public:
-  Regex(const std::string& pattern, bool literal, const std::string& where) {
+  Regex(const std::string& source_pattern, bool literal, const std::string& where) {
     int err = 0;
     PCRE2_SIZE err_offset = 0;
     uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    const std::string pattern = literal ? source_pattern : oniguruma_to_pcre2(source_pattern);
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
                           &err, &err_offset, nullptr);
     if (!code_) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
-      LT_THROW(ErrorKind::kInput, where, ": cannot compile regex '", pattern, "' at offset ",
+      LT_THROW(ErrorKind::kInput, where, ": cannot compile regex '", source_pattern, "' (as '",
+               pattern, "') at offset ",
                err_offset, ": ", reinterpret_cast<const char*>(msg));
     }
     jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
