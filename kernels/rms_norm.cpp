@@ -1,0 +1,212 @@
+// rms_norm: y = w * round(x * rstd), rstd = 1 / sqrt(mean(x^2) + eps), per row.
+//   x:[T,H] (any leading shape, H last), w:[H], one float dtype -> y like x (contiguous);
+//   rstd:[T] f32 (f64 for f64 x). round() is the rounding to x's dtype that Hugging Face applies
+//   before the weight multiply (a no-op for f32/f64).
+// Backward, with xh = x*rstd (unrounded), dxh = dy*w:
+//   dx = rstd * (dxh - xh * mean(dxh * xh)),   dw = sum_t dy * round(xh).
+// The CPU backward works on fixed blocks of kRowsPerBlock rows: each block writes its dx rows
+// and one partial dw row (f32/f64 scratch [blocks, H], kWorkspace); the partials are then summed
+// in block order, so dw does not depend on the number of threads.
+// Saved for backward: x, w, rstd.
+#include "kernels/rms_norm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/autograd.h"
+#include "engine/cpu_kernels.h"
+#include "engine/ops.h"
+
+namespace leantune::kernels {
+
+using cpu::acc_t;
+using cpu::load;
+using cpu::parallel_for;
+using cpu::store;
+
+namespace {
+
+constexpr int64_t kRowsPerBlock = 32;
+
+Tensor contig(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
+  ops::copy(c, t);
+  return c;
+}
+
+[[noreturn]] void no_cuda(const char* op, const Tensor& t) {
+  LT_THROW(ErrorKind::kInternal, op, ": ", t.str(),
+           " is on a CUDA device but this build has no CUDA backend");
+}
+
+DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+// Rows and hidden size of x, after checking x and w.
+std::pair<int64_t, int64_t> rows_cols(const char* op, const Tensor& x, const Tensor& w) {
+  LT_CHECK(x.dim() >= 1 && w.dim() == 1 && x.size(-1) == w.size(0) && x.dtype() == w.dtype() &&
+               dtype_is_floating(x.dtype()),
+           op, ": x ", x.str(), ", w ", w.str());
+  const int64_t h = w.size(0);
+  return {h == 0 ? 0 : x.numel() / h, h};
+}
+
+class RmsNormBackward final : public Node {
+ public:
+  SavedTensor x, w, rstd;
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    if (!grads[0].defined()) return {Tensor(), Tensor()};
+    const Tensor xs = x.unpack(), ws = w.unpack(), rs = rstd.unpack();
+    Tensor dy = grads[0];
+    if (dy.dtype() != xs.dtype()) dy = dy.to(xs.dtype());
+    Tensor dx, dw;
+    if (needs_input_grad(0)) dx = Tensor::empty(xs.shape(), xs.dtype(), xs.device());
+    if (needs_input_grad(1)) dw = Tensor::empty(ws.shape(), ws.dtype(), ws.device());
+    rms_norm_bwd(dy, xs, ws, rs, dx, dw);
+    return {dx, dw};
+  }
+  std::string name() const override { return "RmsNormBackward"; }
+  void release_saved() override {
+    x.reset();
+    w.reset();
+    rstd.reset();
+  }
+};
+
+}  // namespace
+
+void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
+                  const Tensor& rstd) {
+  const auto [rows, h] = rows_cols("rms_norm_fwd", x, w);
+  LT_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.is_contiguous(),
+           "rms_norm_fwd: y ", y.str(), " for x ", x.str());
+  LT_CHECK(rstd.numel() == rows && rstd.dtype() == stat_dtype(x.dtype()) && rstd.is_contiguous(),
+           "rms_norm_fwd: rstd ", rstd.str(), " for x ", x.str(), " (want [", rows, "] ",
+           dtype_name(stat_dtype(x.dtype())), ")");
+  if (x.device().is_cuda()) {
+#ifdef LEANTUNE_WITH_CUDA
+    rms_norm_fwd_cuda(x, w, eps, y, rstd);
+    return;
+#else
+    no_cuda("rms_norm_fwd", x);
+#endif
+  }
+  const Tensor xc = contig(x), wc = contig(w);
+  LT_DISPATCH_FLOAT(x.dtype(), T, {
+    using A = acc_t<T>;
+    const T* px = static_cast<const T*>(xc.data_ptr());
+    const T* pw = static_cast<const T*>(wc.data_ptr());
+    T* py = static_cast<T*>(y.data_ptr());
+    A* pr = static_cast<A*>(rstd.data_ptr());
+    parallel_for(rows, 16, [&](int64_t r) {
+      const T* xr = px + r * h;
+      T* yr = py + r * h;
+      A ss = 0;
+      for (int64_t j = 0; j < h; ++j) {
+        const A v = load(xr, j);
+        ss += v * v;
+      }
+      const A rs = A(1) / std::sqrt(ss / static_cast<A>(h) + static_cast<A>(eps));
+      pr[r] = rs;
+      for (int64_t j = 0; j < h; ++j) {
+        // Round x*rstd to T first, as Hugging Face's `weight * hidden.to(input_dtype)` does.
+        T xh;
+        store(&xh, 0, load(xr, j) * rs);
+        store(yr, j, load(pw, j) * load(&xh, 0));
+      }
+    });
+  });
+}
+
+void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                  const Tensor& dx, const Tensor& dw) {
+  const auto [rows, h] = rows_cols("rms_norm_bwd", x, w);
+  LT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), "rms_norm_bwd: dy ", dy.str(),
+           " for x ", x.str());
+  LT_CHECK(rstd.numel() == rows && rstd.dtype() == stat_dtype(x.dtype()), "rms_norm_bwd: rstd ",
+           rstd.str(), " for x ", x.str());
+  if (dx.defined())
+    LT_CHECK(dx.shape() == x.shape() && dx.dtype() == x.dtype() && dx.is_contiguous(),
+             "rms_norm_bwd: dx ", dx.str(), " for x ", x.str());
+  if (dw.defined())
+    LT_CHECK(dw.shape() == w.shape() && dw.dtype() == w.dtype() && dw.is_contiguous(),
+             "rms_norm_bwd: dw ", dw.str(), " for w ", w.str());
+  if (x.device().is_cuda()) {
+#ifdef LEANTUNE_WITH_CUDA
+    rms_norm_bwd_cuda(dy, x, w, rstd, dx, dw);
+    return;
+#else
+    no_cuda("rms_norm_bwd", x);
+#endif
+  }
+  if (!dx.defined() && !dw.defined()) return;
+  const Tensor xc = contig(x), wc = contig(w), gc = contig(dy), rc = contig(rstd);
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  Tensor partial;
+  if (dw.defined())
+    partial = Tensor::empty({std::max<int64_t>(blocks, 1), h}, stat_dtype(x.dtype()), x.device(),
+                            MemTag::kWorkspace);
+  LT_DISPATCH_FLOAT(x.dtype(), T, {
+    using A = acc_t<T>;
+    const T* px = static_cast<const T*>(xc.data_ptr());
+    const T* pw = static_cast<const T*>(wc.data_ptr());
+    const T* pg = static_cast<const T*>(gc.data_ptr());
+    const A* pr = static_cast<const A*>(rc.data_ptr());
+    T* pdx = dx.defined() ? static_cast<T*>(dx.data_ptr()) : nullptr;
+    A* pp = dw.defined() ? static_cast<A*>(partial.data_ptr()) : nullptr;
+    parallel_for(blocks, 1, [&](int64_t b) {
+      A* part = pp ? pp + b * h : nullptr;
+      if (part) std::fill(part, part + h, A(0));
+      const int64_t r1 = std::min(rows, (b + 1) * kRowsPerBlock);
+      for (int64_t r = b * kRowsPerBlock; r < r1; ++r) {
+        const T* xr = px + r * h;
+        const T* gr = pg + r * h;
+        const A rs = pr[r];
+        if (part) {
+          for (int64_t j = 0; j < h; ++j) {
+            T xh;
+            store(&xh, 0, load(xr, j) * rs);
+            part[j] += load(gr, j) * load(&xh, 0);
+          }
+        }
+        if (pdx) {
+          A dot = 0;
+          for (int64_t j = 0; j < h; ++j) dot += load(gr, j) * load(pw, j) * load(xr, j) * rs;
+          const A m = dot / static_cast<A>(h);
+          T* dr = pdx + r * h;
+          for (int64_t j = 0; j < h; ++j) {
+            const A xh = load(xr, j) * rs;
+            store(dr, j, rs * (load(gr, j) * load(pw, j) - xh * m));
+          }
+        }
+      }
+    });
+    if (pp) {
+      T* pdw = static_cast<T*>(dw.data_ptr());
+      parallel_for(h, 256, [&](int64_t j) {
+        A s = 0;
+        for (int64_t b = 0; b < blocks; ++b) s += pp[b * h + j];
+        store(pdw, j, s);
+      });
+    }
+  });
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  const auto [rows, h] = rows_cols("rms_norm", x, w);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor rstd = Tensor::empty({rows}, stat_dtype(x.dtype()), x.device());
+  rms_norm_fwd(x.detach(), w.detach(), eps, y, rstd);
+  if (node_needed({x, w})) {
+    auto node = std::make_shared<RmsNormBackward>();
+    node->set_next_edges({x, w});
+    node->x = SavedTensor(x);
+    node->w = SavedTensor(w);
+    node->rstd = SavedTensor(rstd);
+    set_history(y, node);
+  }
+  return y;
+}
+
+}  // namespace leantune::kernels

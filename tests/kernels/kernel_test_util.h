@@ -1,0 +1,98 @@
+// Helpers shared by the CPU kernel tests: host values, rounding through a dtype, comparison
+// against float64 references held as plain vectors, and readable parameter names.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/tensor.h"
+#include "testing/gradcheck.h"
+#include "testing/testing.h"
+
+namespace leantune::kernel_test {
+
+using Vec = std::vector<double>;
+
+inline std::string dt_name(DType dt) { return dtype_name(dt); }
+
+// Tensor from double values, rounded to `dt`.
+inline Tensor make(const Vec& v, const Shape& s, DType dt) {
+  return Tensor::from_doubles(v, s, dt, Device::cpu(), MemTag::kOther);
+}
+
+// The value x takes once stored in dtype dt (bf16/f16/f32 rounding; f64 unchanged).
+inline double round_to(double x, DType dt) {
+  Tensor t = Tensor::from_doubles({x}, {1}, dt, Device::cpu(), MemTag::kOther);
+  return t.to_f64()[0];
+}
+inline Vec round_all(Vec v, DType dt) {
+  Tensor t = Tensor::from_doubles(v, {static_cast<int64_t>(v.size())}, dt, Device::cpu(),
+                                  MemTag::kOther);
+  return t.to_f64();
+}
+
+// |a - r| <= atol + rtol*|r| elementwise against a double reference; NaN on either side only
+// matches NaN, infinities must match exactly.
+inline ::testing::AssertionResult near_ref(const Tensor& actual, const Vec& ref, double atol,
+                                           double rtol) {
+  Vec a = actual.to_f64();
+  if (a.size() != ref.size())
+    return ::testing::AssertionFailure() << a.size() << " values vs " << ref.size() << " in ref";
+  int64_t bad = 0, first = -1;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    bool ok;
+    if (std::isnan(a[i]) || std::isnan(ref[i])) {
+      ok = std::isnan(a[i]) && std::isnan(ref[i]);
+    } else if (std::isinf(a[i]) || std::isinf(ref[i])) {
+      ok = a[i] == ref[i];
+    } else {
+      const double d = std::abs(a[i] - ref[i]);
+      worst = std::max(worst, d);
+      ok = d <= atol + rtol * std::abs(ref[i]);
+    }
+    if (!ok && bad++ == 0) first = static_cast<int64_t>(i);
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << a.size() << " differ (atol " << atol
+                                       << ", rtol " << rtol << "); first at " << first << ": "
+                                       << a[first] << " vs ref " << ref[first] << "; max |diff| "
+                                       << worst;
+}
+inline ::testing::AssertionResult near_ref(const Tensor& actual, const Vec& ref,
+                                           testing::Tol t) {
+  return near_ref(actual, ref, t.atol, t.rtol);
+}
+
+inline double max_abs(const Vec& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// max |a - r| over the elements.
+inline double max_err(const Vec& a, const Vec& r) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - r[i]));
+  return m;
+}
+
+// Tolerance for a result of dtype dt whose elements are sums of terms of size `scale`: an
+// absolute floor proportional to the magnitude (cancellation makes relative error meaningless
+// near zero) plus the dtype's relative tolerance.
+inline testing::Tol scaled_tol(DType dt, double scale) {
+  testing::Tol t = testing::tol(dt);
+  switch (dt) {
+    case DType::kF64: return {1e-12 * scale + t.atol, t.rtol};
+    case DType::kF32: return {2e-6 * scale + t.atol, 1e-5};
+    case DType::kF16: return {2e-3 * scale + t.atol, 2e-3};
+    default: return {8e-3 * scale + t.atol, t.rtol};
+  }
+}
+
+}  // namespace leantune::kernel_test

@@ -1,0 +1,167 @@
+#include "kernels/rms_norm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernel_test_util.h"
+
+namespace leantune {
+namespace {
+
+using kernel_test::near_ref;
+using kernel_test::round_to;
+using kernel_test::scaled_tol;
+using kernel_test::Vec;
+using testing::Guarded;
+using testing::randn;
+
+struct RmsCase {
+  DType dt;
+  int64_t t, h;
+};
+
+std::string rms_name(const ::testing::TestParamInfo<RmsCase>& p) {
+  return std::string(dtype_name(p.param.dt)) + "_T" + std::to_string(p.param.t) + "_H" +
+         std::to_string(p.param.h);
+}
+
+constexpr double kEps = 1e-6;
+
+DType stat(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+struct RmsRef {
+  Vec y, rstd, dx, dw;
+};
+
+// Exact float64 math on the given (rounded) values; dw uses the unrounded x*rstd.
+RmsRef reference(const Vec& x, const Vec& w, const Vec& dy, int64_t t, int64_t h) {
+  RmsRef r{Vec(x.size()), Vec(t), Vec(x.size()), Vec(h, 0.0)};
+  for (int64_t i = 0; i < t; ++i) {
+    double ss = 0;
+    for (int64_t j = 0; j < h; ++j) ss += x[i * h + j] * x[i * h + j];
+    const double rs = 1.0 / std::sqrt(ss / h + kEps);
+    r.rstd[i] = rs;
+    double dot = 0;
+    for (int64_t j = 0; j < h; ++j) {
+      const double xh = x[i * h + j] * rs;
+      r.y[i * h + j] = w[j] * xh;
+      r.dw[j] += dy[i * h + j] * xh;
+      dot += dy[i * h + j] * w[j] * xh;
+    }
+    for (int64_t j = 0; j < h; ++j)
+      r.dx[i * h + j] = rs * (dy[i * h + j] * w[j] - x[i * h + j] * rs * dot / h);
+  }
+  return r;
+}
+
+class RmsNormTest : public ::testing::TestWithParam<RmsCase> {};
+
+TEST_P(RmsNormTest, ForwardMatchesFloat64Reference) {
+  const RmsCase c = GetParam();
+  Tensor x = randn({c.t, c.h}, c.dt, 1, Device::cpu(), 2.0);
+  Tensor w = randn({c.h}, c.dt, 2);
+  Guarded y({c.t, c.h}, c.dt, Device::cpu()), rstd({c.t}, stat(c.dt), Device::cpu());
+  kernels::rms_norm_fwd(x, w, kEps, y.payload(), rstd.payload());
+  EXPECT_TRUE(y.check());
+  EXPECT_TRUE(rstd.check());
+  Vec xv = x.to_f64(), wv = w.to_f64();
+  RmsRef r = reference(xv, wv, Vec(xv.size(), 0.0), c.t, c.h);
+  EXPECT_TRUE(near_ref(rstd.payload(), r.rstd, testing::tol(stat(c.dt))));
+  // Two roundings for 16-bit types (x*rstd, then the product), each within half an ulp.
+  testing::Tol t = testing::tol(c.dt);
+  if (c.dt == DType::kBF16) t.rtol = 2.0 / 128;
+  EXPECT_TRUE(near_ref(y.payload(), r.y, t));
+  // Hugging Face's order of roundings reproduced in double: w * round(x * rstd), rounded.
+  if (c.dt == DType::kBF16) {
+    Vec hf(xv.size());
+    for (int64_t i = 0; i < c.t; ++i)
+      for (int64_t j = 0; j < c.h; ++j) {
+        const float rs = static_cast<float>(r.rstd[i]);
+        const double xh = round_to(static_cast<float>(xv[i * c.h + j]) * rs, c.dt);
+        hf[i * c.h + j] = round_to(wv[j] * xh, c.dt);
+      }
+    // Only f32 rounding of the sum of squares differs: at most one bf16 ulp anywhere.
+    EXPECT_TRUE(near_ref(y.payload(), hf, 0.0, 1.0 / 128));
+  }
+}
+
+TEST_P(RmsNormTest, BackwardMatchesFloat64Reference) {
+  const RmsCase c = GetParam();
+  Tensor x = randn({c.t, c.h}, c.dt, 3, Device::cpu(), 2.0);
+  Tensor w = randn({c.h}, c.dt, 4);
+  Tensor dy = randn({c.t, c.h}, c.dt, 5);
+  Tensor y = Tensor::empty({c.t, c.h}, c.dt), rstd = Tensor::empty({c.t}, stat(c.dt));
+  kernels::rms_norm_fwd(x, w, kEps, y, rstd);
+  Guarded dx({c.t, c.h}, c.dt, Device::cpu()), dw({c.h}, c.dt, Device::cpu());
+  kernels::rms_norm_bwd(dy, x, w, rstd, dx.payload(), dw.payload());
+  EXPECT_TRUE(dx.check());
+  EXPECT_TRUE(dw.check());
+  RmsRef r = reference(x.to_f64(), w.to_f64(), dy.to_f64(), c.t, c.h);
+  EXPECT_TRUE(near_ref(dx.payload(), r.dx, scaled_tol(c.dt, kernel_test::max_abs(r.dx))));
+  EXPECT_TRUE(near_ref(dw.payload(), r.dw, scaled_tol(c.dt, std::sqrt(double(c.t)))));
+}
+
+TEST_P(RmsNormTest, AutogradMatchesRawBackwardAndFrozenWeightGetsNone) {
+  const RmsCase c = GetParam();
+  Tensor x = randn({c.t, c.h}, c.dt, 6).set_requires_grad(true);
+  Tensor w = randn({c.h}, c.dt, 7).set_requires_grad(true);
+  Tensor dy = randn({c.t, c.h}, c.dt, 8);
+  kernels::rms_norm(x, w, kEps).backward(dy);
+  Tensor y = Tensor::empty({c.t, c.h}, c.dt), rstd = Tensor::empty({c.t}, stat(c.dt));
+  kernels::rms_norm_fwd(x.detach(), w.detach(), kEps, y, rstd);
+  Tensor dx = Tensor::empty({c.t, c.h}, c.dt), dw = Tensor::empty({c.h}, c.dt);
+  kernels::rms_norm_bwd(dy, x.detach(), w.detach(), rstd, dx, dw);
+  EXPECT_TRUE(testing::all_close(x.grad(), dx, 0.0, 0.0));
+  EXPECT_TRUE(testing::all_close(w.grad(), dw, 0.0, 0.0));
+
+  Tensor x2 = x.detach().clone().set_requires_grad(true);
+  Tensor w2 = w.detach();
+  kernels::rms_norm(x2, w2, kEps).backward(dy);
+  EXPECT_TRUE(testing::all_close(x2.grad(), dx, 0.0, 0.0));
+  EXPECT_FALSE(w2.grad().defined());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormTest,
+                         ::testing::Values(RmsCase{DType::kF32, 1, 1}, RmsCase{DType::kF32, 19, 19},
+                                           RmsCase{DType::kF32, 71, 229},
+                                           RmsCase{DType::kBF16, 71, 229},
+                                           RmsCase{DType::kF16, 19, 64},
+                                           RmsCase{DType::kF64, 40, 8}),
+                         rms_name);
+
+TEST(RmsNorm, GradcheckFloat64) {
+  auto f = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{kernels::rms_norm(in[0], in[1], kEps)};
+  };
+  EXPECT_TRUE(testing::gradcheck(f, {randn({5, 7}, DType::kF64, 9), randn({7}, DType::kF64, 10)}));
+  // More rows than one backward block, so several dw partials are summed.
+  EXPECT_TRUE(testing::gradcheck(f, {randn({70, 3}, DType::kF64, 11), randn({3}, DType::kF64, 12)}));
+}
+
+TEST(RmsNorm, ThreeDimensionalInputNormalisesTheLastAxis) {
+  Tensor x = randn({2, 3, 8}, DType::kF32, 13);
+  Tensor w = randn({8}, DType::kF32, 14);
+  Tensor a = kernels::rms_norm(x, w, kEps);
+  Tensor b = kernels::rms_norm(x.reshape({6, 8}), w, kEps);
+  EXPECT_EQ(a.shape(), x.shape());
+  EXPECT_TRUE(testing::all_close(a.reshape({6, 8}), b, 0.0, 0.0));
+}
+
+TEST(RmsNorm, ZeroRowGivesZeroOutputAndNanRowStaysNan) {
+  Vec xv(8, 0.0);
+  for (int j = 4; j < 8; ++j) xv[j] = std::nan("");
+  Tensor x = kernel_test::make(xv, {2, 4}, DType::kF32);
+  Tensor y = kernels::rms_norm(x, Tensor::full({4}, 1.0, DType::kF32), kEps);
+  Vec yv = y.to_f64();
+  for (int j = 0; j < 4; ++j) EXPECT_EQ(yv[j], 0.0);
+  for (int j = 4; j < 8; ++j) EXPECT_TRUE(std::isnan(yv[j]));
+}
+
+TEST(RmsNorm, MismatchedWeightIsAnError) {
+  EXPECT_THROW(kernels::rms_norm(randn({3, 4}, DType::kF32, 1), randn({5}, DType::kF32, 2), kEps),
+               Error);
+}
+
+}  // namespace
+}  // namespace leantune
