@@ -1,0 +1,206 @@
+// cross_entropy over aligned targets, and shift_labels for causal LM targets.
+//   logits:[T,V] float, targets:[T] i32|i64 (host for the CPU path; -100 = ignored)
+//   -> loss_rows:[T], lse:[T] (f32, f64 for f64 logits), loss = sum(loss_rows) / normalizer.
+// Per row (softmax in f32, f64 for f64): lse = m + log(sum exp(z - m)), loss = lse - z[y];
+// ignored rows get loss 0 (their lse is still written).
+// Backward: dlogits = (exp(z - lse) - onehot(y)) * dloss / normalizer, zero rows where ignored.
+// Saved for backward: logits, targets and lse. Targets are validated on the host before any
+// work, so an out-of-range target throws without touching the outputs.
+#include "kernels/cross_entropy.h"
+
+#include <cmath>
+#include <limits>
+
+#include "engine/autograd.h"
+#include "engine/cpu_kernels.h"
+#include "engine/ops.h"
+
+namespace leantune::kernels {
+
+using cpu::acc_t;
+using cpu::load;
+using cpu::parallel_for;
+using cpu::store;
+
+namespace {
+
+Tensor contig(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
+  ops::copy(c, t);
+  return c;
+}
+
+[[noreturn]] void no_cuda(const char* op, const Tensor& t) {
+  LT_THROW(ErrorKind::kInternal, op, ": ", t.str(),
+           " is on a CUDA device but this build has no CUDA backend");
+}
+
+DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+void check_inputs(const char* op, const Tensor& logits, const Tensor& targets) {
+  LT_CHECK(logits.dim() == 2 && logits.size(1) > 0 && dtype_is_floating(logits.dtype()), op,
+           ": logits ", logits.str(), " must be [T, V] float with V > 0");
+  LT_CHECK(targets.dim() == 1 && targets.numel() == logits.size(0) &&
+               (targets.dtype() == DType::kI32 || targets.dtype() == DType::kI64),
+           op, ": targets ", targets.str(), " for logits ", logits.str());
+}
+
+// Host targets, each -100 or inside [0, V).
+std::vector<int64_t> checked_targets(const Tensor& targets, int64_t v, const char* op) {
+  std::vector<int64_t> y = targets.to_i64();
+  for (size_t t = 0; t < y.size(); ++t)
+    LT_CHECK_INPUT(y[t] == kIgnoreIndex || (y[t] >= 0 && y[t] < v), op, ": target ", y[t],
+                   " at position ", t, " is outside the vocabulary [0, ", v,
+                   ") and is not the ignore index ", kIgnoreIndex);
+  return y;
+}
+
+class CrossEntropyBackward final : public Node {
+ public:
+  SavedTensor logits, targets, lse;
+  double normalizer = 1.0;
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    if (!grads[0].defined() || !needs_input_grad(0)) return {Tensor()};
+    const Tensor z = logits.unpack();
+    Tensor dz = Tensor::empty(z.shape(), z.dtype(), z.device());
+    cross_entropy_bwd(z, targets.unpack(), lse.unpack(), grads[0].item() / normalizer, dz);
+    return {dz};
+  }
+  std::string name() const override { return "CrossEntropyBackward"; }
+  void release_saved() override {
+    logits.reset();
+    targets.reset();
+    lse.reset();
+  }
+};
+
+}  // namespace
+
+void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& loss_rows,
+                       const Tensor& lse) {
+  check_inputs("cross_entropy_fwd", logits, targets);
+  const int64_t rows = logits.size(0), v = logits.size(1);
+  const DType sd = stat_dtype(logits.dtype());
+  LT_CHECK(loss_rows.shape() == (Shape{rows}) && loss_rows.dtype() == sd &&
+               lse.shape() == (Shape{rows}) && lse.dtype() == sd && loss_rows.is_contiguous() &&
+               lse.is_contiguous(),
+           "cross_entropy_fwd: loss_rows ", loss_rows.str(), ", lse ", lse.str(), " for logits ",
+           logits.str(), " (want [", rows, "] ", dtype_name(sd), ")");
+  if (logits.device().is_cuda()) {
+#ifdef LEANTUNE_WITH_CUDA
+    cross_entropy_fwd_cuda(logits, targets, loss_rows, lse);
+    return;
+#else
+    no_cuda("cross_entropy_fwd", logits);
+#endif
+  }
+  const std::vector<int64_t> y = checked_targets(targets, v, "cross_entropy");
+  const Tensor zc = contig(logits);
+  LT_DISPATCH_FLOAT(logits.dtype(), T, {
+    using A = acc_t<T>;
+    const T* pz = static_cast<const T*>(zc.data_ptr());
+    A* pl = static_cast<A*>(loss_rows.data_ptr());
+    A* pe = static_cast<A*>(lse.data_ptr());
+    parallel_for(rows, 4, [&](int64_t r) {
+      const T* z = pz + r * v;
+      A m = -std::numeric_limits<A>::infinity();
+      for (int64_t j = 0; j < v; ++j) m = std::max(m, load(z, j));
+      A s = 0;
+      for (int64_t j = 0; j < v; ++j) s += std::exp(load(z, j) - m);
+      const A l = m + std::log(s);
+      pe[r] = l;
+      pl[r] = y[r] == kIgnoreIndex ? A(0) : l - load(z, y[r]);
+    });
+  });
+}
+
+void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                       double scale, const Tensor& dlogits) {
+  check_inputs("cross_entropy_bwd", logits, targets);
+  const int64_t rows = logits.size(0), v = logits.size(1);
+  LT_CHECK(lse.shape() == (Shape{rows}) && lse.dtype() == stat_dtype(logits.dtype()),
+           "cross_entropy_bwd: lse ", lse.str(), " for logits ", logits.str());
+  LT_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
+               dlogits.is_contiguous(),
+           "cross_entropy_bwd: dlogits ", dlogits.str(), " for logits ", logits.str());
+  if (logits.device().is_cuda()) {
+#ifdef LEANTUNE_WITH_CUDA
+    cross_entropy_bwd_cuda(logits, targets, lse, scale, dlogits);
+    return;
+#else
+    no_cuda("cross_entropy_bwd", logits);
+#endif
+  }
+  const std::vector<int64_t> y = checked_targets(targets, v, "cross_entropy_bwd");
+  const Tensor zc = contig(logits), ec = contig(lse);
+  LT_DISPATCH_FLOAT(logits.dtype(), T, {
+    using A = acc_t<T>;
+    const T* pz = static_cast<const T*>(zc.data_ptr());
+    const A* pe = static_cast<const A*>(ec.data_ptr());
+    T* pd = static_cast<T*>(dlogits.data_ptr());
+    const A sc = static_cast<A>(scale);
+    parallel_for(rows, 4, [&](int64_t r) {
+      const T* z = pz + r * v;
+      T* d = pd + r * v;
+      if (y[r] == kIgnoreIndex) {
+        for (int64_t j = 0; j < v; ++j) store(d, j, A(0));
+        return;
+      }
+      const A l = pe[r];
+      for (int64_t j = 0; j < v; ++j) store(d, j, std::exp(load(z, j) - l) * sc);
+      // p_y - 1 formed in the accumulation type before the one rounding.
+      store(d, y[r], (std::exp(load(z, y[r]) - l) - A(1)) * sc);
+    });
+  });
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double normalizer) {
+  check_inputs("cross_entropy", logits, targets);
+  LT_CHECK(normalizer > 0, "cross_entropy: normalizer ", normalizer,
+           " must be positive (the number of valid targets in the accumulated batch)");
+  const int64_t rows = logits.size(0);
+  const DType sd = stat_dtype(logits.dtype());
+  Tensor loss_rows = Tensor::empty({rows}, sd, logits.device(), MemTag::kWorkspace);
+  Tensor lse = Tensor::empty({rows}, sd, logits.device());
+  cross_entropy_fwd(logits.detach(), targets, loss_rows, lse);
+  const double total = ops::sum(loss_rows).item() / normalizer;
+  Tensor loss = Tensor::full({}, total, sd, logits.device());
+  if (node_needed({logits})) {
+    auto node = std::make_shared<CrossEntropyBackward>();
+    node->set_next_edges({logits});
+    node->logits = SavedTensor(logits);
+    node->targets = SavedTensor(targets);
+    node->lse = SavedTensor(lse);
+    node->normalizer = normalizer;
+    set_history(loss, node);
+  }
+  return loss;
+}
+
+Tensor shift_labels(const Tensor& labels, const Tensor& cu_seqlens) {
+  LT_CHECK(labels.dim() == 1 && (labels.dtype() == DType::kI32 || labels.dtype() == DType::kI64),
+           "shift_labels: labels ", labels.str(), " must be [T] i32|i64");
+  LT_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1 &&
+               (cu_seqlens.dtype() == DType::kI32 || cu_seqlens.dtype() == DType::kI64),
+           "shift_labels: cu_seqlens ", cu_seqlens.str(), " must be [B+1] i32|i64");
+  LT_CHECK(labels.device().is_cpu() && cu_seqlens.device().is_cpu(), "shift_labels: labels ",
+           labels.str(), " and cu_seqlens ", cu_seqlens.str(), " must be host tensors");
+  const int64_t n = labels.numel();
+  const std::vector<int64_t> lab = labels.to_i64(), cu = cu_seqlens.to_i64();
+  LT_CHECK(cu.front() == 0 && cu.back() <= n, "shift_labels: cu_seqlens [", cu.front(), " .. ",
+           cu.back(), "] for ", n, " labels");
+  std::vector<int64_t> out(static_cast<size_t>(n), kIgnoreIndex);
+  for (size_t b = 0; b + 1 < cu.size(); ++b) {
+    LT_CHECK(cu[b] <= cu[b + 1], "shift_labels: cu_seqlens decreases at ", b, ": ", cu[b], " > ",
+             cu[b + 1]);
+    // The last position of each sequence predicts nothing: it keeps -100.
+    for (int64_t t = cu[b]; t + 1 < cu[b + 1]; ++t) out[t] = lab[t + 1];
+  }
+  if (labels.dtype() == DType::kI64) return Tensor::from_vector(out, {n});
+  std::vector<int32_t> o32(out.begin(), out.end());
+  return Tensor::from_vector(o32, {n});
+}
+
+}  // namespace leantune::kernels
