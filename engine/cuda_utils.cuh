@@ -14,12 +14,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
 #include <vector>
 
 #include "engine/check.h"
+#include "engine/ops.h"
 #include "engine/stream.h"
 #include "engine/tensor.h"
 
@@ -117,6 +119,21 @@ inline void check_index_range(int64_t n, const char* op) {
 // Scratch memory from the caching allocator, tagged kWorkspace, on the current stream.
 inline Tensor workspace(size_t bytes, Device d) {
   return Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, d, MemTag::kWorkspace);
+}
+
+// t itself when contiguous, else a contiguous copy (kWorkspace). No autograd history.
+inline Tensor contiguous_ws(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
+  ops::copy(c, t);
+  return c;
+}
+// t on device d, contiguous: uploads a host tensor (small index and table operands).
+inline Tensor on_device_ws(const Tensor& t, Device d) {
+  if (t.device() == d) return contiguous_ws(t);
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), d, MemTag::kWorkspace);
+  ops::copy(c, t);
+  return c;
 }
 
 // Out-of-range ids reported by a kernel: the smallest bad position, or none. Kernels that gather

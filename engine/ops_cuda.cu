@@ -1415,7 +1415,7 @@ void column_sum(const void* x, DType x_type, int64_t rows, int64_t cols, int64_t
                 DType out_type, Device dev, cudaStream_t stream) {
   if (cols == 0) return;
   LT_CHECK(ld >= cols, "column_sum: ld ", ld, " < cols ", cols);
-  LT_CHECK(out_type == x_type || out_type == DType::kF32, "column_sum: output ",
+  LT_CHECK((x_type == DType::kF64) == (out_type == DType::kF64), "column_sum: output ",
            dtype_name(out_type), " for input ", dtype_name(x_type));
   DeviceGuard guard(dev);
   const int64_t col_blocks = (cols + kColX - 1) / kColX;
@@ -1430,28 +1430,24 @@ void column_sum(const void* x, DType x_type, int64_t rows, int64_t cols, int64_t
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(splits));
   LT_CU_DISPATCH_FLOAT(x_type, T, {
     using A = acc_of<T>;
-    auto run = [&](auto* o) {
-      using O = std::remove_pointer_t<decltype(o)>;
+    LT_CU_DISPATCH_FLOAT(out_type, O, {
+      O* o = static_cast<O*>(out);
       if (splits == 1) {
         column_sum_kernel<T, O, A><<<grid, block, 0, stream>>>(static_cast<const T*>(x), rows,
                                                                cols, ld, rows_per, o, nullptr);
         CUDA_CHECK_LAUNCH();
-        return;
+      } else {
+        Tensor partials = workspace(static_cast<size_t>(splits * cols) * sizeof(A), dev);
+        A* pp = static_cast<A*>(partials.data_ptr());
+        column_sum_kernel<T, O, A><<<grid, block, 0, stream>>>(static_cast<const T*>(x), rows,
+                                                               cols, ld, rows_per, o, pp);
+        CUDA_CHECK_LAUNCH();
+        column_sum_finalize_kernel<A, O>
+            <<<static_cast<unsigned>((cols + kFinalizeThreads - 1) / kFinalizeThreads),
+               kFinalizeThreads, 0, stream>>>(pp, splits, cols, o);
+        CUDA_CHECK_LAUNCH();
       }
-      Tensor partials = workspace(static_cast<size_t>(splits * cols) * sizeof(A), dev);
-      A* pp = static_cast<A*>(partials.data_ptr());
-      column_sum_kernel<T, O, A><<<grid, block, 0, stream>>>(static_cast<const T*>(x), rows, cols,
-                                                             ld, rows_per, o, pp);
-      CUDA_CHECK_LAUNCH();
-      column_sum_finalize_kernel<A, O>
-          <<<static_cast<unsigned>((cols + kFinalizeThreads - 1) / kFinalizeThreads),
-              kFinalizeThreads, 0, stream>>>(pp, splits, cols, o);
-      CUDA_CHECK_LAUNCH();
-    };
-    if (out_type == x_type)
-      run(static_cast<T*>(out));
-    else
-      run(static_cast<float*>(out));
+    });
   });
 }
 

@@ -1,0 +1,456 @@
+// rms_norm on CUDA.
+//   x:[..., H] (rows = numel/H), w:[H], one float dtype (f32, bf16, f16, f64); y like x;
+//   rstd:[rows] f32 (f64 for f64), contiguous.
+// Forward, per row, with the CPU path's operation order (f32 math; f64 for f64):
+//   ss = sum x^2;  rstd = 1 / sqrt(ss / H + eps);  xh = round_T(x * rstd);  y = round_T(w * xh)
+// Backward, with xh = x * rstd unrounded:
+//   dot = sum ((dy * w) * x) * rstd;  dx = rstd * (dy * w - xh * (dot / H))
+//   dw = sum over rows of dy * round_T(x * rstd)
+// Layout: a row is spread over `tpr` threads (a power of two, 32..256), each holding up to
+// kMaxIters 16-byte vectors of it in registers, so x and dy are read from memory exactly once;
+// several rows share a block when rows are short. The backward grid is persistent: each block
+// keeps per-column dw sums for the rows it visits in registers, folds its row lanes through shared
+// memory in a fixed order and writes one f32 (f64) partial row; a second pass (cu::column_sum)
+// adds the partial rows in order. No atomics: the result is deterministic for a given device.
+// Rows too long for registers (H/V > 256 * kMaxIters: H > 8192 in bf16, 4096 in f32) take a two-pass loop kernel instead.
+// Scratch: partials [P, H] f32 (f64), P = one resident wave of blocks (<= 8 * SMs), from the caching allocator (kWorkspace).
+// Outputs must be contiguous; strided x/dy/w are copied first. dx may alias dy (same thread
+// reads before it writes); y may alias x.
+#include "engine/cuda_blas.cuh"
+#include "engine/cuda_utils.cuh"
+#include "kernels/rms_norm.h"
+
+namespace leantune::kernels {
+namespace {
+
+using cu::add_rn;
+using cu::mul_rn;
+
+constexpr int kMaxIters = 4;       // vectors per thread per row
+constexpr int kMaxTpr = 256;       // threads per row (and per block)
+constexpr int kRowThreads = 256;   // target threads per block when rows are short
+constexpr int kLoopThreads = 256;  // loop kernels
+
+template <typename A>
+__device__ __forceinline__ A div_rn(A a, A b) {
+  if constexpr (std::is_same_v<A, float>) return __fdiv_rn(a, b);
+  else return __ddiv_rn(a, b);
+}
+template <typename A>
+__device__ __forceinline__ A sqrt_rn(A a) {
+  if constexpr (std::is_same_v<A, float>) return __fsqrt_rn(a);
+  else return __dsqrt_rn(a);
+}
+
+// Round through T (the rounding Hugging Face applies to x * rstd).
+template <typename T, typename A>
+__device__ __forceinline__ A round_through(A v) {
+  return static_cast<A>(cu::to_acc(cu::from_acc<T>(v)));
+}
+
+// Sum over the blockDim.x threads of row lane threadIdx.y; all threads get it. red: [8][32].
+template <typename A>
+__device__ __forceinline__ A row_sum(A v, A (*red)[32]) {
+  v = cu::warp_sum(v);
+  const int wpr = blockDim.x >> 5;
+  if (wpr == 1) return v;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();  // the previous call's readers are done with red
+  if (lane == 0) red[threadIdx.y][warp] = v;
+  __syncthreads();
+  return cu::warp_sum(lane < wpr ? red[threadIdx.y][lane] : A(0));
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kMaxTpr)
+    rms_norm_fwd_kernel(const T* x, const T* __restrict__ w, T* y, cu::acc_of<T>* __restrict__ rstd,
+                        int64_t rows, int64_t h, cu::acc_of<T> eps) {
+  using A = cu::acc_of<T>;
+  __shared__ A red[8][32];
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
+  const bool valid = row < rows;
+  const int64_t nvec = h / V;
+  const T* xr = x + row * h;
+  A xv[kMaxIters][V];
+  A ss = 0;
+#pragma unroll
+  for (int k = 0; k < kMaxIters; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (valid && j < nvec) {
+      if constexpr (V > 1) {
+        cu::load_vec<T, V>(xr + j * V, xv[k]);
+      } else {
+        xv[k][0] = cu::to_acc(xr[j]);
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) ss = add_rn(ss, mul_rn(xv[k][e], xv[k][e]));
+    }
+  }
+  ss = row_sum(ss, red);
+  const A rs = div_rn(A(1), sqrt_rn(add_rn(div_rn(ss, static_cast<A>(h)), eps)));
+  if (!valid) return;  // no barrier follows
+  if (threadIdx.x == 0) rstd[row] = rs;
+  T* yr = y + row * h;
+#pragma unroll
+  for (int k = 0; k < kMaxIters; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (j < nvec) {
+      A wv[V], out[V];
+      if constexpr (V > 1) {
+        cu::load_vec<T, V>(w + j * V, wv);
+      } else {
+        wv[0] = cu::to_acc(w[j]);
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) out[e] = mul_rn(wv[e], round_through<T>(mul_rn(xv[k][e], rs)));
+      if constexpr (V > 1) {
+        cu::store_vec<T, V>(yr + j * V, out);
+      } else {
+        yr[j] = cu::from_acc<T>(out[0]);
+      }
+    }
+  }
+}
+
+// Persistent over row groups (blockDim.y rows each). partial: [gridDim.x, h] or null; dx may be
+// null. Dynamic shared memory: blockDim.y * h accumulators when partial && blockDim.y > 1.
+template <typename T, int V>
+__global__ void __launch_bounds__(kMaxTpr)
+    rms_norm_bwd_kernel(const T* dy, const T* x, const T* __restrict__ w,
+                        const cu::acc_of<T>* __restrict__ rstd, T* dx,
+                        cu::acc_of<T>* __restrict__ partial, int64_t rows, int64_t h) {
+  using A = cu::acc_of<T>;
+  __shared__ A red[8][32];
+  extern __shared__ unsigned char dyn_smem[];
+  const int64_t nvec = h / V;
+  const int64_t groups = (rows + blockDim.y - 1) / blockDim.y;
+  A dw[kMaxIters][V];
+#pragma unroll
+  for (int k = 0; k < kMaxIters; ++k)
+#pragma unroll
+    for (int e = 0; e < V; ++e) dw[k][e] = 0;
+
+  for (int64_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+    const int64_t row = grp * blockDim.y + threadIdx.y;
+    const bool valid = row < rows;
+    const A rs = valid ? rstd[row] : A(0);
+    A xv[kMaxIters][V], gv[kMaxIters][V];
+    A dot = 0;
+#pragma unroll
+    for (int k = 0; k < kMaxIters; ++k) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (valid && j < nvec) {
+        if constexpr (V > 1) {
+          cu::load_vec<T, V>(x + row * h + j * V, xv[k]);
+          cu::load_vec<T, V>(dy + row * h + j * V, gv[k]);
+        } else {
+          xv[k][0] = cu::to_acc(x[row * h + j]);
+          gv[k][0] = cu::to_acc(dy[row * h + j]);
+        }
+        if (dx) {
+          A wv[V];
+          if constexpr (V > 1) {
+            cu::load_vec<T, V>(w + j * V, wv);
+          } else {
+            wv[0] = cu::to_acc(w[j]);
+          }
+#pragma unroll
+          for (int e = 0; e < V; ++e)
+            dot = add_rn(dot, mul_rn(mul_rn(mul_rn(gv[k][e], wv[e]), xv[k][e]), rs));
+        }
+        if (partial) {
+#pragma unroll
+          for (int e = 0; e < V; ++e)
+            dw[k][e] = add_rn(dw[k][e], mul_rn(gv[k][e], round_through<T>(mul_rn(xv[k][e], rs))));
+        }
+      }
+    }
+    if (dx) {
+      dot = row_sum(dot, red);
+      const A m = div_rn(dot, static_cast<A>(h));
+      if (valid) {
+#pragma unroll
+        for (int k = 0; k < kMaxIters; ++k) {
+          const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+          if (j < nvec) {
+            A wv[V], out[V];
+            if constexpr (V > 1) {
+              cu::load_vec<T, V>(w + j * V, wv);
+            } else {
+              wv[0] = cu::to_acc(w[j]);
+            }
+#pragma unroll
+            for (int e = 0; e < V; ++e)
+              out[e] = mul_rn(rs, add_rn(mul_rn(gv[k][e], wv[e]), -mul_rn(mul_rn(xv[k][e], rs), m)));
+            if constexpr (V > 1) {
+              cu::store_vec<T, V>(dx + row * h + j * V, out);
+            } else {
+              dx[row * h + j] = cu::from_acc<T>(out[0]);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (!partial) return;
+  A* prow = partial + static_cast<int64_t>(blockIdx.x) * h;
+  if (blockDim.y == 1) {
+#pragma unroll
+    for (int k = 0; k < kMaxIters; ++k) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (j < nvec)
+#pragma unroll
+        for (int e = 0; e < V; ++e) prow[j * V + e] = dw[k][e];
+    }
+    return;
+  }
+  // Fold the row lanes in lane order through shared memory.
+  A* acc = reinterpret_cast<A*>(dyn_smem);
+#pragma unroll
+  for (int k = 0; k < kMaxIters; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (j < nvec)
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[threadIdx.y * h + j * V + e] = dw[k][e];
+  }
+  __syncthreads();
+  if (threadIdx.y != 0) return;
+  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+    A t = 0;
+    for (unsigned ly = 0; ly < blockDim.y; ++ly) t = add_rn(t, acc[ly * h + c]);
+    prow[c] = t;
+  }
+}
+
+// Rows too long for registers: one block per row, two passes over x.
+template <typename T>
+__global__ void rms_norm_fwd_loop_kernel(const T* x, const T* __restrict__ w, T* y,
+                                         cu::acc_of<T>* __restrict__ rstd, int64_t h,
+                                         cu::acc_of<T> eps) {
+  using A = cu::acc_of<T>;
+  __shared__ A scratch[32];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * h;
+  A ss = 0;
+  for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+    const A v = cu::to_acc(xr[j]);
+    ss = add_rn(ss, mul_rn(v, v));
+  }
+  ss = cu::block_sum(ss, scratch);
+  const A rs = div_rn(A(1), sqrt_rn(add_rn(div_rn(ss, static_cast<A>(h)), eps)));
+  if (threadIdx.x == 0) rstd[row] = rs;
+  T* yr = y + row * h;
+  for (int64_t j = threadIdx.x; j < h; j += blockDim.x)
+    yr[j] = cu::from_acc<T>(mul_rn(cu::to_acc(w[j]), round_through<T>(mul_rn(cu::to_acc(xr[j]), rs))));
+}
+
+// Persistent; each block owns partial row blockIdx.x (zeroed here) and adds its rows in order.
+template <typename T>
+__global__ void rms_norm_bwd_loop_kernel(const T* dy, const T* x, const T* __restrict__ w,
+                                         const cu::acc_of<T>* __restrict__ rstd, T* dx,
+                                         cu::acc_of<T>* __restrict__ partial, int64_t rows,
+                                         int64_t h) {
+  using A = cu::acc_of<T>;
+  __shared__ A scratch[32];
+  A* prow = partial ? partial + static_cast<int64_t>(blockIdx.x) * h : nullptr;
+  if (prow)
+    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) prow[j] = 0;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * h;
+    const T* gr = dy + row * h;
+    const A rs = rstd[row];
+    A m = 0;
+    if (dx) {
+      A dot = 0;
+      for (int64_t j = threadIdx.x; j < h; j += blockDim.x)
+        dot = add_rn(dot, mul_rn(mul_rn(mul_rn(cu::to_acc(gr[j]), cu::to_acc(w[j])), cu::to_acc(xr[j])), rs));
+      dot = cu::block_sum(dot, scratch);
+      m = div_rn(dot, static_cast<A>(h));
+    }
+    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+      const A xv = cu::to_acc(xr[j]), gv = cu::to_acc(gr[j]);
+      if (dx)
+        dx[row * h + j] = cu::from_acc<T>(
+            mul_rn(rs, add_rn(mul_rn(gv, cu::to_acc(w[j])), -mul_rn(mul_rn(xv, rs), m))));
+      if (prow) prow[j] = add_rn(prow[j], mul_rn(gv, round_through<T>(mul_rn(xv, rs))));
+    }
+  }
+}
+
+struct RowConfig {
+  int vec;    // elements per vector access
+  int tpr;    // threads per row
+  int rpb;    // rows per block
+  bool regs;  // the row fits in registers
+};
+
+RowConfig row_config(int64_t h, int vec) {
+  RowConfig c;
+  c.vec = vec;
+  const int64_t nvec = h / vec;
+  c.tpr = 32;
+  while (static_cast<int64_t>(c.tpr) * kMaxIters < nvec && c.tpr < kMaxTpr) c.tpr *= 2;
+  c.regs = static_cast<int64_t>(c.tpr) * kMaxIters >= nvec;
+  c.rpb = std::max(1, kRowThreads / c.tpr);
+  return c;
+}
+
+template <typename T>
+bool can_vectorize(int64_t h, std::initializer_list<const void*> ptrs) {
+  if (h % cu::VecWidth<T>::value != 0) return false;
+  for (const void* p : ptrs)
+    if (p && !cu::aligned16(p)) return false;
+  return true;
+}
+
+void rms_norm_fwd_launch(const void* x, const void* w, void* y, void* rstd, int64_t rows,
+                         int64_t h, double eps, DType dt, int device, cudaStream_t stream) {
+  if (rows == 0 || h == 0) return;
+  LT_CHECK(rows < (int64_t{1} << 31), "rms_norm: too many rows ", rows);
+  LT_CU_DISPATCH_FLOAT(dt, T, {
+    using A = cu::acc_of<T>;
+    const T* px = static_cast<const T*>(x);
+    const T* pw = static_cast<const T*>(w);
+    T* py = static_cast<T*>(y);
+    A* pr = static_cast<A*>(rstd);
+    constexpr int kVec = cu::VecWidth<T>::value;
+    const bool vec = can_vectorize<T>(h, {x, w, y});
+    const RowConfig c = row_config(h, vec ? kVec : 1);
+    if (c.regs) {
+      const dim3 block(c.tpr, c.rpb);
+      const unsigned grid = static_cast<unsigned>((rows + c.rpb - 1) / c.rpb);
+      if (vec)
+        rms_norm_fwd_kernel<T, kVec><<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h,
+                                                                 static_cast<A>(eps));
+      else
+        rms_norm_fwd_kernel<T, 1><<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h,
+                                                              static_cast<A>(eps));
+    } else {
+      rms_norm_fwd_loop_kernel<T><<<static_cast<unsigned>(rows), kLoopThreads, 0, stream>>>(
+          px, pw, py, pr, h, static_cast<A>(eps));
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+// dw (when non-null) of dtype dw_type.
+void rms_norm_bwd_launch(const void* dy, const void* x, const void* w, const void* rstd, void* dx,
+                         void* dw, DType dw_type, int64_t rows, int64_t h, DType dt, Device dev,
+                         cudaStream_t stream) {
+  if (h == 0 || (!dx && !dw)) return;
+  if (rows == 0) {
+    if (dw) CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(h) * dtype_size(dw_type), stream));
+    return;
+  }
+  const int sms = cu::device_info(dev.index).sm_count;
+  LT_CU_DISPATCH_FLOAT(dt, T, {
+    using A = cu::acc_of<T>;
+    const T* pg = static_cast<const T*>(dy);
+    const T* px = static_cast<const T*>(x);
+    const T* pw = static_cast<const T*>(w);
+    const A* pr = static_cast<const A*>(rstd);
+    T* pdx = static_cast<T*>(dx);
+    constexpr int kVec = cu::VecWidth<T>::value;
+    const bool vec = can_vectorize<T>(h, {dy, x, w, dx});
+    const RowConfig c = row_config(h, vec ? kVec : 1);
+    const int threads = c.regs ? c.tpr * c.rpb : kLoopThreads;
+    const int64_t groups = c.regs ? (rows + c.rpb - 1) / c.rpb : rows;
+    const size_t smem = (dw && c.regs && c.rpb > 1) ? static_cast<size_t>(c.rpb * h) * sizeof(A) : 0;
+    LT_CHECK(smem <= 48 * 1024, "rms_norm_bwd: shared memory ", smem);
+    // One resident wave of persistent blocks: fewer partial rows than a grid sized by the work.
+    int per_sm = 0;
+    const void* fn = !c.regs ? reinterpret_cast<const void*>(&rms_norm_bwd_loop_kernel<T>)
+                     : vec   ? reinterpret_cast<const void*>(&rms_norm_bwd_kernel<T, kVec>)
+                             : reinterpret_cast<const void*>(&rms_norm_bwd_kernel<T, 1>);
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem));
+    per_sm = std::clamp(per_sm, 1, 8);
+    const int64_t grid = std::min<int64_t>(groups, static_cast<int64_t>(sms) * per_sm);
+    Tensor partial;
+    A* pp = nullptr;
+    if (dw) {
+      partial = cu::workspace(static_cast<size_t>(grid * h) * sizeof(A), dev);
+      pp = static_cast<A*>(partial.data_ptr());
+    }
+    if (c.regs) {
+      const dim3 block(c.tpr, c.rpb);
+      if (vec)
+        rms_norm_bwd_kernel<T, kVec><<<static_cast<unsigned>(grid), block, smem, stream>>>(
+            pg, px, pw, pr, pdx, pp, rows, h);
+      else
+        rms_norm_bwd_kernel<T, 1><<<static_cast<unsigned>(grid), block, smem, stream>>>(
+            pg, px, pw, pr, pdx, pp, rows, h);
+    } else {
+      rms_norm_bwd_loop_kernel<T><<<static_cast<unsigned>(grid), kLoopThreads, 0, stream>>>(
+          pg, px, pw, pr, pdx, pp, rows, h);
+    }
+    CUDA_CHECK_LAUNCH();
+    if (dw)
+      cu::column_sum(pp, dt == DType::kF64 ? DType::kF64 : DType::kF32, grid, h, h, dw, dw_type,
+                     dev, stream);
+  });
+}
+
+int64_t rows_of(const char* op, const Tensor& x, const Tensor& w) {
+  LT_CHECK(x.dim() >= 1 && w.dim() == 1 && x.size(-1) == w.size(0) && x.dtype() == w.dtype() &&
+               dtype_is_floating(x.dtype()),
+           op, ": x ", x.str(), ", w ", w.str());
+  return w.size(0) == 0 ? 0 : x.numel() / w.size(0);
+}
+
+DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+}  // namespace
+
+void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
+                       const Tensor& rstd) {
+  const char* op = "rms_norm_fwd_cuda";
+  const Device d = x.device();
+  LT_CHECK(d.is_cuda(), op, ": x ", x.str(), " is not on a CUDA device");
+  cu::check_on(w, d, op, "w");
+  const int64_t rows = rows_of(op, x, w);
+  cu::check_operand(y, d, op, "y");
+  cu::check_operand(rstd, d, op, "rstd");
+  LT_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype(), op, ": y ", y.str(), " for x ",
+           x.str());
+  LT_CHECK(rstd.numel() == rows && rstd.dtype() == stat_dtype(x.dtype()), op, ": rstd ",
+           rstd.str(), " for x ", x.str());
+  cu::DeviceGuard g(d);
+  const Tensor xc = cu::contiguous_ws(x), wc = cu::contiguous_ws(w);
+  rms_norm_fwd_launch(xc.data_ptr(), wc.data_ptr(), y.data_ptr(), rstd.data_ptr(), rows,
+                      w.size(0), eps, x.dtype(), d.index, cu::stream_of(d));
+}
+
+void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                       const Tensor& dx, const Tensor& dw) {
+  const char* op = "rms_norm_bwd_cuda";
+  const Device d = x.device();
+  LT_CHECK(d.is_cuda(), op, ": x ", x.str(), " is not on a CUDA device");
+  cu::check_on(w, d, op, "w");
+  cu::check_on(dy, d, op, "dy");
+  cu::check_on(rstd, d, op, "rstd");
+  const int64_t rows = rows_of(op, x, w);
+  LT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), op, ": dy ", dy.str(), " for x ",
+           x.str());
+  LT_CHECK(rstd.numel() == rows && rstd.dtype() == stat_dtype(x.dtype()), op, ": rstd ",
+           rstd.str(), " for x ", x.str());
+  if (dx.defined()) {
+    cu::check_operand(dx, d, op, "dx");
+    LT_CHECK(dx.shape() == x.shape() && dx.dtype() == x.dtype(), op, ": dx ", dx.str());
+  }
+  if (dw.defined()) {
+    cu::check_operand(dw, d, op, "dw");
+    LT_CHECK(dw.shape() == w.shape() && dtype_is_floating(dw.dtype()) &&
+                 (dw.dtype() == DType::kF64) == (x.dtype() == DType::kF64),
+             op, ": dw ", dw.str(), " for w ", w.str());
+  }
+  cu::DeviceGuard g(d);
+  const Tensor xc = cu::contiguous_ws(x), wc = cu::contiguous_ws(w), gc = cu::contiguous_ws(dy),
+               rc = cu::contiguous_ws(rstd);
+  rms_norm_bwd_launch(gc.data_ptr(), xc.data_ptr(), wc.data_ptr(), rc.data_ptr(),
+                      dx.defined() ? dx.data_ptr() : nullptr,
+                      dw.defined() ? dw.data_ptr() : nullptr,
+                      dw.defined() ? dw.dtype() : x.dtype(), rows, w.size(0), x.dtype(), d,
+                      cu::stream_of(d));
+}
+
+}  // namespace leantune::kernels
