@@ -2,7 +2,8 @@
 //   q:[Tq,Hq,D], k:[Tk,Hk,D], v:[Tk,Hk,D] (one float dtype), Hq % Hk == 0 (GQA group Hq/Hk)
 //   cu_seqlens_q:[B+1], cu_seqlens_k:[B+1] i32 (host or device, prefix sums; sequence b owns
 //   rows [cu[b], cu[b+1]) of q and of k/v; lengths may differ between q and k, and may be 0)
-//   -> out:[Tq,Hq,D] (q's dtype), lse:[Hq,Tq] f32 (log-sum-exp of the scaled scores per row)
+//   -> out:[Tq,Hq,D] (q's dtype), lse:[Hq,Tq] f32, f64 for f64 inputs (log-sum-exp of the
+//   scaled scores per row)
 // Causal alignment is bottom-right: query i of a sequence with Lq queries and Lk keys sees keys
 // j <= i + (Lk - Lq). (Training has Lq == Lk; decoding with a KV cache has Lq <= Lk.) A query row
 // that sees no key gets out = 0 and lse = -inf.

@@ -8,6 +8,7 @@
 // work, so an out-of-range target throws without touching the outputs.
 #include "kernels/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -23,6 +24,12 @@ using cpu::parallel_for;
 using cpu::store;
 
 namespace {
+
+// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
+// a parallel region costs more than that saves on the two shared cores the CPU path targets.
+int64_t grain_for(int64_t elems_per_item) {
+  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
+}
 
 Tensor contig(const Tensor& t) {
   if (t.is_contiguous()) return t;
@@ -103,7 +110,7 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor
     const T* pz = static_cast<const T*>(zc.data_ptr());
     A* pl = static_cast<A*>(loss_rows.data_ptr());
     A* pe = static_cast<A*>(lse.data_ptr());
-    parallel_for(rows, 4, [&](int64_t r) {
+    parallel_for(rows, grain_for(v), [&](int64_t r) {
       const T* z = pz + r * v;
       A m = -std::numeric_limits<A>::infinity();
       for (int64_t j = 0; j < v; ++j) m = std::max(m, load(z, j));
@@ -141,7 +148,7 @@ void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor
     const A* pe = static_cast<const A*>(ec.data_ptr());
     T* pd = static_cast<T*>(dlogits.data_ptr());
     const A sc = static_cast<A>(scale);
-    parallel_for(rows, 4, [&](int64_t r) {
+    parallel_for(rows, grain_for(v), [&](int64_t r) {
       const T* z = pz + r * v;
       T* d = pd + r * v;
       if (y[r] == kIgnoreIndex) {

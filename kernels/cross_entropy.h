@@ -16,7 +16,7 @@ constexpr int64_t kIgnoreIndex = -100;
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double normalizer);
 
-// loss_rows:[T] f32 per-row loss (0 for ignored), lse:[T] f32.
+// loss_rows:[T] f32 per-row loss (0 for ignored), lse:[T] f32 (both f64 for f64 logits).
 void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& loss_rows,
                        const Tensor& lse);
 // dlogits = (softmax - onehot) * scale on valid rows, 0 elsewhere.

@@ -6,6 +6,7 @@
 // Saved for backward: ids only (plus V). Scratch: the sort's index arrays (host vectors, O(T+V)).
 #include "kernels/embedding.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -21,6 +22,12 @@ using cpu::parallel_for;
 using cpu::store;
 
 namespace {
+
+// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
+// a parallel region costs more than that saves on the two shared cores the CPU path targets.
+int64_t grain_for(int64_t elems_per_item) {
+  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
+}
 
 Tensor contig(const Tensor& t) {
   if (t.is_contiguous()) return t;
@@ -84,7 +91,7 @@ void embedding_fwd(const Tensor& weight, const Tensor& ids, const Tensor& y) {
   const size_t row = static_cast<size_t>(h) * w.element_size();
   const char* src = static_cast<const char*>(w.data_ptr());
   char* dst = static_cast<char*>(y.data_ptr());
-  parallel_for(n, 256, [&](int64_t t) { std::memcpy(dst + t * row, src + id[t] * row, row); });
+  parallel_for(n, grain_for(h), [&](int64_t t) { std::memcpy(dst + t * row, src + id[t] * row, row); });
 }
 
 void embedding_bwd(const Tensor& dy, const Tensor& ids, const Tensor& dweight) {
@@ -117,7 +124,7 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, const Tensor& dweight) {
     using A = acc_t<T>;
     const T* pg = static_cast<const T*>(g.data_ptr());
     T* pw = static_cast<T*>(dweight.data_ptr());
-    parallel_for(v, 64, [&](int64_t r) {
+    parallel_for(v, grain_for(h), [&](int64_t r) {
       T* out = pw + r * h;
       const int64_t b = start[r], e = start[r + 1];
       if (b == e) {

@@ -26,6 +26,12 @@ using cpu::store;
 
 namespace {
 
+// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
+// a parallel region costs more than that saves on the two shared cores the CPU path targets.
+int64_t grain_for(int64_t elems_per_item) {
+  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
+}
+
 Tensor contig(const Tensor& t) {
   if (t.is_contiguous()) return t;
   Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
@@ -64,7 +70,7 @@ void bias_grad(const Tensor& dy, const Tensor& db) {
   LT_DISPATCH_FLOAT(dy.dtype(), T, {
     using A = acc_t<T>;
     const T* g = static_cast<const T*>(dy.data_ptr());
-    parallel_for(strips, 1, [&](int64_t s) {
+    parallel_for(strips, grain_for(rows * kStrip), [&](int64_t s) {
       const int64_t c0 = s * kStrip, n = std::min(kStrip, cols - c0);
       A acc[kStrip] = {};
       for (int64_t r = 0; r < rows; ++r) {
@@ -128,7 +134,7 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor&
     const int64_t rows = y.size(0), cols = y.size(1);
     const size_t row_bytes = static_cast<size_t>(cols) * y.element_size();
     char* dst = static_cast<char*>(y.data_ptr());
-    parallel_for(rows, 64,
+    parallel_for(rows, grain_for(cols),
                  [&](int64_t r) { std::memcpy(dst + r * row_bytes, bc.data_ptr(), row_bytes); });
     beta = 1.0;
   }

@@ -26,6 +26,12 @@ using cpu::store;
 
 namespace {
 
+// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
+// a parallel region costs more than that saves on the two shared cores the CPU path targets.
+int64_t grain_for(int64_t elems_per_item) {
+  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
+}
+
 constexpr int64_t kRowsPerBlock = 32;
 
 Tensor contig(const Tensor& t) {
@@ -99,7 +105,7 @@ void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
     const T* pw = static_cast<const T*>(wc.data_ptr());
     T* py = static_cast<T*>(y.data_ptr());
     A* pr = static_cast<A*>(rstd.data_ptr());
-    parallel_for(rows, 16, [&](int64_t r) {
+    parallel_for(rows, grain_for(h), [&](int64_t r) {
       const T* xr = px + r * h;
       T* yr = py + r * h;
       A ss = 0;
@@ -155,7 +161,7 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
     const A* pr = static_cast<const A*>(rc.data_ptr());
     T* pdx = dx.defined() ? static_cast<T*>(dx.data_ptr()) : nullptr;
     A* pp = dw.defined() ? static_cast<A*>(partial.data_ptr()) : nullptr;
-    parallel_for(blocks, 1, [&](int64_t b) {
+    parallel_for(blocks, grain_for(kRowsPerBlock * h), [&](int64_t b) {
       A* part = pp ? pp + b * h : nullptr;
       if (part) std::fill(part, part + h, A(0));
       const int64_t r1 = std::min(rows, (b + 1) * kRowsPerBlock);
@@ -184,7 +190,7 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
     });
     if (pp) {
       T* pdw = static_cast<T*>(dw.data_ptr());
-      parallel_for(h, 256, [&](int64_t j) {
+      parallel_for(h, grain_for(blocks), [&](int64_t j) {
         A s = 0;
         for (int64_t b = 0; b < blocks; ++b) s += pp[b * h + j];
         store(pdw, j, s);

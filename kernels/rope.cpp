@@ -12,6 +12,7 @@
 //            otherwise (1-s) * inv/factor + s * inv with s = (orig/wavelen - low)/(high - low).
 #include "kernels/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -27,6 +28,12 @@ using cpu::parallel_for;
 using cpu::store;
 
 namespace {
+
+// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
+// a parallel region costs more than that saves on the two shared cores the CPU path targets.
+int64_t grain_for(int64_t elems_per_item) {
+  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
+}
 
 Tensor contig(const Tensor& t) {
   if (t.is_contiguous()) return t;
@@ -151,7 +158,7 @@ void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_f
     const A* pf = static_cast<const A*>(ic.data_ptr());
     T* py = static_cast<T*>(y.data_ptr());
     const A sign = inverse ? A(-1) : A(1);
-    parallel_for(t, 4, [&](int64_t tok) {
+    parallel_for(t, grain_for(per_token), [&](int64_t tok) {
       std::vector<A> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
       const A p = static_cast<A>(pos[tok]);
       for (int64_t i = 0; i < half; ++i) {

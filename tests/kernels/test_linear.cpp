@@ -79,7 +79,9 @@ TEST_P(LinearTest, BackwardMatchesFloat64Reference) {
     }
   EXPECT_TRUE(near_ref(dx.payload(), rdx, scaled_tol(c.dt, std::sqrt(double(c.out)))));
   EXPECT_TRUE(near_ref(dw.payload(), rdw, scaled_tol(c.dt, std::sqrt(double(c.t)))));
-  if (c.bias) EXPECT_TRUE(near_ref(db.payload(), rdb, scaled_tol(c.dt, std::sqrt(double(c.t)))));
+  if (c.bias) {
+    EXPECT_TRUE(near_ref(db.payload(), rdb, scaled_tol(c.dt, std::sqrt(double(c.t)))));
+  }
 }
 
 TEST_P(LinearTest, AutogradMatchesRawBackward) {
@@ -94,7 +96,9 @@ TEST_P(LinearTest, AutogradMatchesRawBackward) {
   kernels::linear_bwd(dy, x.detach(), w.detach(), dx, dw, db);
   EXPECT_TRUE(testing::all_close(x.grad(), dx, 0.0, 0.0));
   EXPECT_TRUE(testing::all_close(w.grad(), dw, 0.0, 0.0));
-  if (c.bias) EXPECT_TRUE(testing::all_close(b.grad(), db, 0.0, 0.0));
+  if (c.bias) {
+    EXPECT_TRUE(testing::all_close(b.grad(), db, 0.0, 0.0));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,

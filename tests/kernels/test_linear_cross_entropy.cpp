@@ -111,9 +111,10 @@ TEST_P(LinearCrossEntropyTest, RawFusedPassMatchesFloat64Reference) {
   EXPECT_LT(rel_err(dxv, r.dx), lim);
   EXPECT_LT(rel_err(dwv, r.dw), lim);
   std::vector<int64_t> yv = y.to_i64();
-  for (int64_t i = 0; i < c.t; ++i)
-    if (yv[i] == kIgnoreIndex)
-      for (int64_t j = 0; j < c.h; ++j) ASSERT_EQ(dxv[i * c.h + j], 0.0) << "row " << i;
+  for (int64_t i = 0; i < c.t; ++i) {
+    if (yv[i] != kIgnoreIndex) continue;
+    for (int64_t j = 0; j < c.h; ++j) ASSERT_EQ(dxv[i * c.h + j], 0.0) << "row " << i;
+  }
 }
 
 TEST_P(LinearCrossEntropyTest, EqualsFullLogitsLinearPlusCrossEntropy) {

@@ -1,0 +1,499 @@
+// attention: causal, grouped-query, variable-length scaled dot-product attention (CPU path and
+// autograd node; the CUDA path is attention_*_cuda).
+//   q:[Tq,Hq,D], k/v:[Tk,Hk,D], one float dtype; rows may be strided (stride(0) free, heads and
+//   head_dim dense), other layouts are copied. cu_seqlens_q/k:[B+1] i32|i64 (read to the host).
+//   -> out:[Tq,Hq,D] contiguous (q's dtype), lse:[Hq,Tq] f32 (f64 for f64 inputs).
+// Query i of a sequence with Lq queries and Lk keys sees keys j <= i + Lk - Lq (causal,
+// bottom-right aligned); a row that sees nothing gets out = 0, lse = -inf, and zero gradients.
+// Rows of q/k beyond cu[B] belong to no sequence and are treated the same way.
+//
+// CPU algorithm. Work is split per (sequence, head) and parallelised with OpenMP (dynamic
+// schedule: sequences differ in length). K and V of the sequence's KV head are gathered once
+// into f32 (f64) scratch; queries are processed in blocks of kBlockQ rows, so the largest score
+// matrix is kBlockQ x Lk for one sequence, never [T, T] over the flat batch. Per block:
+//   S = scale * Q K[0:kmax]^T (OpenBLAS), masked softmax -> P = exp(S - lse), O = P V.
+// Backward tasks are (sequence, KV head): a task loops over the query heads of its group and
+// accumulates dK, dV for the group in scratch, so GQA sums need no atomics. Per block, with P
+// recomputed from the saved lse and Di = rowsum(dO * O):
+//   dV += P^T dO;  dS = P * (dO V^T - Di);  dQ = scale * dS K;  dK += scale * dS^T Q.
+// Scratch (kWorkspace): one slab per OpenMP thread, sized by the longest sequence:
+//   forward  (2 Lk + 2 kBlockQ) D + kBlockQ Lk values,
+//   backward (4 Lk + 3 kBlockQ) D + 2 kBlockQ Lk + 2 kBlockQ values.
+// Saved for backward: q, k, v, out, lse and both cu_seqlens.
+#include "kernels/attention.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/cpu_kernels.h"
+#include "engine/ops.h"
+
+namespace leantune::kernels {
+
+using cpu::acc_t;
+using cpu::load;
+using cpu::store;
+
+namespace {
+
+constexpr int64_t kBlockQ = 64;
+
+DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+// Row-major C = alpha op(A) op(B) + beta C on raw buffers.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+              n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+              n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Sequence boundaries, validated.
+struct Seqs {
+  std::vector<int64_t> q, k;
+  int64_t batch = 0;
+  int64_t max_q = 0, max_k = 0;
+};
+
+Seqs read_seqs(const Tensor& cu_q, const Tensor& cu_k, int64_t tq, int64_t tk) {
+  LT_CHECK(cu_q.dim() == 1 && cu_k.dim() == 1 && cu_q.numel() == cu_k.numel() &&
+               cu_q.numel() >= 1,
+           "attention: cu_seqlens_q ", cu_q.str(), " and cu_seqlens_k ", cu_k.str(),
+           " must both be [B+1]");
+  Seqs s;
+  s.q = cu_q.to_i64();
+  s.k = cu_k.to_i64();
+  s.batch = cu_q.numel() - 1;
+  for (const auto* cu : {&s.q, &s.k}) {
+    const int64_t total = cu == &s.q ? tq : tk;
+    LT_CHECK(cu->front() == 0 && cu->back() <= total, "attention: cu_seqlens run from ",
+             cu->front(), " to ", cu->back(), " for ", total, " rows");
+    for (int64_t b = 0; b < s.batch; ++b)
+      LT_CHECK((*cu)[b] <= (*cu)[b + 1], "attention: cu_seqlens decrease at ", b, ": ", (*cu)[b],
+               " > ", (*cu)[b + 1]);
+  }
+  for (int64_t b = 0; b < s.batch; ++b) {
+    s.max_q = std::max(s.max_q, s.q[b + 1] - s.q[b]);
+    s.max_k = std::max(s.max_k, s.k[b + 1] - s.k[b]);
+  }
+  return s;
+}
+
+struct Dims {
+  int64_t tq, tk, hq, hk, d, group;
+};
+
+Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  LT_CHECK(q.dim() == 3 && k.dim() == 3 && v.shape() == k.shape() && q.size(2) == k.size(2) &&
+               k.size(1) > 0 && q.size(1) % k.size(1) == 0,
+           op, ": q ", q.str(), ", k ", k.str(), ", v ", v.str(),
+           " (want q [Tq,Hq,D], k and v [Tk,Hk,D], Hq % Hk == 0)");
+  LT_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && dtype_is_floating(q.dtype()), op,
+           ": q ", q.str(), ", k ", k.str(), ", v ", v.str(), " need one float dtype");
+  return {q.size(0), k.size(0), q.size(1), k.size(1), q.size(2), q.size(1) / k.size(1)};
+}
+
+// A [T,H,D] tensor whose heads and head_dim are dense (any row stride); copies otherwise.
+Tensor rows_dense(const Tensor& t) {
+  const Shape& st = t.strides();
+  if (t.size(0) <= 1 ? t.is_contiguous()
+                     : (st[2] == 1 || t.size(2) <= 1) && (st[1] == t.size(2) || t.size(1) <= 1) &&
+                           st[0] >= t.size(1) * t.size(2))
+    return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
+  ops::copy(c, t);
+  return c;
+}
+
+int64_t row_stride(const Tensor& t) {
+  return t.size(0) <= 1 ? t.size(1) * t.size(2) : t.strides()[0];
+}
+
+// Copies rows [r0, r0+n) of head h of a [T,H,D] tensor into dst [n, D] (accumulation type).
+template <typename T, typename A>
+void gather(const T* base, int64_t stride, int64_t h, int64_t d, int64_t r0, int64_t n, A* dst) {
+  for (int64_t r = 0; r < n; ++r) {
+    const T* src = base + (r0 + r) * stride + h * d;
+    for (int64_t j = 0; j < d; ++j) dst[r * d + j] = static_cast<A>(load(src, j));
+  }
+}
+template <typename T, typename A>
+void scatter(const A* src, int64_t n, int64_t d, T* base, int64_t stride, int64_t h, int64_t r0) {
+  for (int64_t r = 0; r < n; ++r) {
+    T* dst = base + (r0 + r) * stride + h * d;
+    for (int64_t j = 0; j < d; ++j) store(dst, j, static_cast<acc_t<T>>(src[r * d + j]));
+  }
+}
+
+// Number of keys query i (of lq) sees out of lk.
+inline int64_t visible(bool causal, int64_t i, int64_t lq, int64_t lk) {
+  return causal ? std::clamp<int64_t>(i + lk - lq + 1, 0, lk) : lk;
+}
+
+// While OpenMP threads run tasks, each task's gemm must stay on its own thread: the pthreads
+// build of OpenBLAS would otherwise start its own workers inside every call and oversubscribe
+// the cores (measured 10x slower on 2 busy cores). The thread count is process-wide, so
+// concurrent users share one guard through a count.
+class BlasSingleThreaded {
+ public:
+  BlasSingleThreaded() {
+    std::lock_guard<std::mutex> lock(mu());
+    if (users()++ == 0) {
+      saved() = openblas_get_num_threads();
+      if (saved() != 1) openblas_set_num_threads(1);
+    }
+  }
+  ~BlasSingleThreaded() {
+    std::lock_guard<std::mutex> lock(mu());
+    if (--users() == 0 && saved() != 1) openblas_set_num_threads(saved());
+  }
+  BlasSingleThreaded(const BlasSingleThreaded&) = delete;
+  BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
+
+ private:
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static int& users() {
+    static int n = 0;
+    return n;
+  }
+  static int& saved() {
+    static int n = 1;
+    return n;
+  }
+};
+
+// Below this many multiply-adds a call runs on one thread: a parallel region costs more than it
+// saves (and much more when the cores are shared).
+constexpr double kParallelMinWork = 1 << 20;
+
+// Threads for `tasks` tasks totalling `work` multiply-adds (1 when nested or small).
+int worker_threads(int64_t tasks, double work) {
+  if (omp_in_parallel() || tasks < 2 || work < kParallelMinWork) return 1;
+  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), tasks));
+}
+
+// Runs f(task, thread) for task in [0, n) on `threads` OpenMP threads.
+template <typename F>
+void for_tasks(int64_t n, int threads, F&& f) {
+  if (threads <= 1) {
+    for (int64_t i = 0; i < n; ++i) f(i, 0);
+    return;
+  }
+  BlasSingleThreaded blas_guard;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) f(i, omp_get_thread_num());
+}
+
+// Multiply-adds of one pass over all (sequence, query head) score blocks.
+double score_work(const Seqs& s, const Dims& dm) {
+  double w = 0;
+  for (int64_t b = 0; b < s.batch; ++b)
+    w += static_cast<double>(s.q[b + 1] - s.q[b]) * static_cast<double>(s.k[b + 1] - s.k[b]);
+  return w * static_cast<double>(dm.hq * dm.d);
+}
+
+template <typename T>
+void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs& s,
+                  const Dims& dm, double scale_d, bool causal, const Tensor& out,
+                  const Tensor& lse) {
+  using A = acc_t<T>;
+  const int64_t d = dm.d, lk_max = s.max_k, bq = std::min(kBlockQ, std::max<int64_t>(s.max_q, 1));
+  const int64_t slab = 2 * lk_max * d + 2 * bq * d + bq * lk_max;
+  const int threads = worker_threads(s.batch * dm.hq, 2 * score_work(s, dm));
+  Tensor ws = Tensor::empty({threads * slab}, stat_dtype(q.dtype()), q.device(),
+                            MemTag::kWorkspace);
+  A* wsp = static_cast<A*>(ws.data_ptr());
+  const T* pq = static_cast<const T*>(q.data_ptr());
+  const T* pk = static_cast<const T*>(k.data_ptr());
+  const T* pv = static_cast<const T*>(v.data_ptr());
+  T* po = static_cast<T*>(out.data_ptr());
+  A* pl = static_cast<A*>(lse.data_ptr());
+  const int64_t sq = row_stride(q), sk = row_stride(k), sv = row_stride(v);
+  const int64_t so = dm.hq * d;
+  const A scale = static_cast<A>(scale_d);
+  const A neg_inf = -std::numeric_limits<A>::infinity();
+
+  for_tasks(s.batch * dm.hq, threads, [&](int64_t task, int thread) {
+    const int64_t b = task / dm.hq, h = task % dm.hq, hk = h / dm.group;
+    const int64_t q0 = s.q[b], lq = s.q[b + 1] - q0, k0 = s.k[b], lk = s.k[b + 1] - k0;
+    if (lq == 0) return;
+    A* kb = wsp + thread * slab;
+    A* vb = kb + lk_max * d;
+    A* qb = vb + lk_max * d;
+    A* ob = qb + bq * d;
+    A* sb = ob + bq * d;
+    gather(pk + k0 * sk, sk, hk, d, 0, lk, kb);
+    gather(pv + k0 * sv, sv, hk, d, 0, lk, vb);
+    for (int64_t i0 = 0; i0 < lq; i0 += bq) {
+      const int64_t nb = std::min(bq, lq - i0);
+      const int64_t kmax = visible(causal, i0 + nb - 1, lq, lk);
+      if (kmax == 0) {
+        std::fill(ob, ob + nb * d, A(0));
+        for (int64_t r = 0; r < nb; ++r) pl[h * dm.tq + q0 + i0 + r] = neg_inf;
+        scatter(ob, nb, d, po + q0 * so, so, h, i0);
+        continue;
+      }
+      gather(pq + q0 * sq, sq, h, d, i0, nb, qb);
+      gemm(false, true, nb, kmax, d, scale, qb, d, kb, d, A(0), sb, kmax);
+      for (int64_t r = 0; r < nb; ++r) {
+        A* row = sb + r * kmax;
+        const int64_t vis = visible(causal, i0 + r, lq, lk);
+        A l = neg_inf;
+        if (vis > 0) {
+          A m = row[0];
+          for (int64_t j = 1; j < vis; ++j) m = std::max(m, row[j]);
+          A sum = 0;
+          for (int64_t j = 0; j < vis; ++j) {
+            row[j] = std::exp(row[j] - m);
+            sum += row[j];
+          }
+          l = m + std::log(sum);
+          const A inv = A(1) / sum;
+          for (int64_t j = 0; j < vis; ++j) row[j] *= inv;
+        }
+        std::fill(row + vis, row + kmax, A(0));
+        pl[h * dm.tq + q0 + i0 + r] = l;
+      }
+      gemm(false, false, nb, d, kmax, A(1), sb, kmax, vb, d, A(0), ob, d);
+      scatter(ob, nb, d, po + q0 * so, so, h, i0);
+    }
+  });
+}
+
+template <typename T>
+void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, const Seqs& s, const Dims& dm,
+                   double scale_d, bool causal, const Tensor& dq, const Tensor& dk,
+                   const Tensor& dv) {
+  using A = acc_t<T>;
+  const int64_t d = dm.d, lk_max = s.max_k, bq = std::min(kBlockQ, std::max<int64_t>(s.max_q, 1));
+  const int64_t slab = 4 * lk_max * d + 3 * bq * d + 2 * bq * lk_max + 2 * bq;
+  const int threads = worker_threads(s.batch * dm.hk, 5 * score_work(s, dm));
+  Tensor ws = Tensor::empty({threads * slab}, stat_dtype(q.dtype()), q.device(),
+                            MemTag::kWorkspace);
+  A* wsp = static_cast<A*>(ws.data_ptr());
+  const T* pq = static_cast<const T*>(q.data_ptr());
+  const T* pk = static_cast<const T*>(k.data_ptr());
+  const T* pv = static_cast<const T*>(v.data_ptr());
+  const T* po = static_cast<const T*>(out.data_ptr());
+  const T* pg = static_cast<const T*>(dout.data_ptr());
+  const A* pl = static_cast<const A*>(lse.data_ptr());
+  T* pdq = dq.defined() ? static_cast<T*>(dq.data_ptr()) : nullptr;
+  T* pdk = dk.defined() ? static_cast<T*>(dk.data_ptr()) : nullptr;
+  T* pdv = dv.defined() ? static_cast<T*>(dv.data_ptr()) : nullptr;
+  const bool need_kv = pdk || pdv;
+  const int64_t sq = row_stride(q), sk = row_stride(k), sv = row_stride(v);
+  const int64_t so = row_stride(out), sg = row_stride(dout), sdq = dm.hq * d, sdk = dm.hk * d;
+  const A scale = static_cast<A>(scale_d);
+
+  for_tasks(s.batch * dm.hk, threads, [&](int64_t task, int thread) {
+    const int64_t b = task / dm.hk, hk = task % dm.hk;
+    const int64_t q0 = s.q[b], lq = s.q[b + 1] - q0, k0 = s.k[b], lk = s.k[b + 1] - k0;
+    A* kb = wsp + thread * slab;
+    A* vb = kb + lk_max * d;
+    A* dkb = vb + lk_max * d;
+    A* dvb = dkb + lk_max * d;
+    A* qb = dvb + lk_max * d;
+    A* gb = qb + bq * d;
+    A* dqb = gb + bq * d;
+    A* pb = dqb + bq * d;
+    A* dpb = pb + bq * lk_max;
+    A* di = dpb + bq * lk_max;
+    A* lb = di + bq;
+    gather(pk + k0 * sk, sk, hk, d, 0, lk, kb);
+    gather(pv + k0 * sv, sv, hk, d, 0, lk, vb);
+    std::fill(dkb, dkb + lk * d, A(0));
+    std::fill(dvb, dvb + lk * d, A(0));
+    for (int64_t h = hk * dm.group; h < (hk + 1) * dm.group; ++h) {
+      for (int64_t i0 = 0; i0 < lq; i0 += bq) {
+        const int64_t nb = std::min(bq, lq - i0);
+        const int64_t kmax = visible(causal, i0 + nb - 1, lq, lk);
+        if (kmax == 0) {
+          if (pdq) {
+            std::fill(dqb, dqb + nb * d, A(0));
+            scatter(dqb, nb, d, pdq + q0 * sdq, sdq, h, i0);
+          }
+          continue;
+        }
+        gather(pq + q0 * sq, sq, h, d, i0, nb, qb);
+        gather(pg + q0 * sg, sg, h, d, i0, nb, gb);
+        for (int64_t r = 0; r < nb; ++r) {
+          const T* orow = po + (q0 + i0 + r) * so + h * d;
+          A acc = 0;
+          for (int64_t j = 0; j < d; ++j) acc += gb[r * d + j] * load(orow, j);
+          di[r] = acc;
+          lb[r] = pl[h * dm.tq + q0 + i0 + r];
+        }
+        // P from the saved lse; masked and "sees nothing" entries are exactly 0.
+        gemm(false, true, nb, kmax, d, scale, qb, d, kb, d, A(0), pb, kmax);
+        for (int64_t r = 0; r < nb; ++r) {
+          A* row = pb + r * kmax;
+          const int64_t vis = std::isinf(lb[r]) ? 0 : visible(causal, i0 + r, lq, lk);
+          for (int64_t j = 0; j < vis; ++j) row[j] = std::exp(row[j] - lb[r]);
+          std::fill(row + vis, row + kmax, A(0));
+        }
+        if (pdv) gemm(true, false, kmax, d, nb, A(1), pb, kmax, gb, d, A(1), dvb, d);
+        gemm(false, true, nb, kmax, d, A(1), gb, d, vb, d, A(0), dpb, kmax);
+        for (int64_t r = 0; r < nb; ++r) {
+          A* dp = dpb + r * kmax;
+          const A* p = pb + r * kmax;
+          for (int64_t j = 0; j < kmax; ++j) dp[j] = p[j] * (dp[j] - di[r]);
+        }
+        if (pdq) {
+          gemm(false, false, nb, d, kmax, scale, dpb, kmax, kb, d, A(0), dqb, d);
+          scatter(dqb, nb, d, pdq + q0 * sdq, sdq, h, i0);
+        }
+        if (pdk) gemm(true, false, kmax, d, nb, scale, dpb, kmax, qb, d, A(1), dkb, d);
+      }
+    }
+    if (!need_kv) return;
+    if (pdk) scatter(dkb, lk, d, pdk + k0 * sdk, sdk, hk, 0);
+    if (pdv) scatter(dvb, lk, d, pdv + k0 * sdk, sdk, hk, 0);
+  });
+}
+
+// Zeroes rows [from, rows) of a contiguous [rows, ...] tensor.
+void zero_tail_rows(const Tensor& t, int64_t from) {
+  if (!t.defined() || from >= t.size(0)) return;
+  t.narrow(0, from, t.size(0) - from).zero_();
+}
+
+class AttentionBackward final : public Node {
+ public:
+  SavedTensor q, k, v, out, lse, cu_q, cu_k;
+  AttentionOptions opt;
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
+    const Tensor qs = q.unpack(), ks = k.unpack(), vs = v.unpack();
+    Tensor dout = grads[0];
+    if (dout.dtype() != qs.dtype()) dout = dout.to(qs.dtype());
+    Tensor dq, dk, dv;
+    if (needs_input_grad(0)) dq = Tensor::empty(qs.shape(), qs.dtype(), qs.device());
+    if (needs_input_grad(1)) dk = Tensor::empty(ks.shape(), ks.dtype(), ks.device());
+    if (needs_input_grad(2)) dv = Tensor::empty(vs.shape(), vs.dtype(), vs.device());
+    attention_bwd(dout, qs, ks, vs, out.unpack(), lse.unpack(), cu_q.unpack(), cu_k.unpack(), opt,
+                  dq, dk, dv);
+    return {dq, dk, dv};
+  }
+  std::string name() const override { return "AttentionBackward"; }
+  void release_saved() override {
+    for (SavedTensor* t : {&q, &k, &v, &out, &lse, &cu_q, &cu_k}) t->reset();
+  }
+};
+
+}  // namespace
+
+void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                   const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& out,
+                   const Tensor& lse) {
+  const Dims dm = check_qkv("attention_fwd", q, k, v);
+  LT_CHECK(out.shape() == q.shape() && out.dtype() == q.dtype() && out.is_contiguous(),
+           "attention_fwd: out ", out.str(), " for q ", q.str());
+  LT_CHECK(lse.shape() == (Shape{dm.hq, dm.tq}) && lse.dtype() == stat_dtype(q.dtype()) &&
+               lse.is_contiguous(),
+           "attention_fwd: lse ", lse.str(), " for q ", q.str(), " (want [", dm.hq, ", ", dm.tq,
+           "] ", dtype_name(stat_dtype(q.dtype())), ")");
+  if (q.device().is_cuda()) {
+#ifdef LEANTUNE_WITH_CUDA
+    attention_fwd_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, opt, out, lse);
+    return;
+#else
+    LT_THROW(ErrorKind::kInternal, "attention_fwd: ", q.str(),
+             " is on a CUDA device but this build has no CUDA backend");
+#endif
+  }
+  const Seqs s = read_seqs(cu_seqlens_q, cu_seqlens_k, dm.tq, dm.tk);
+  const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(double(dm.d));
+  // Rows outside every sequence: out = 0, lse = -inf.
+  zero_tail_rows(out, s.q.back());
+  if (s.q.back() < dm.tq)
+    lse.narrow(1, s.q.back(), dm.tq - s.q.back()).fill_(-std::numeric_limits<double>::infinity());
+  if (dm.d == 0 || s.q.back() == 0) return;
+  const Tensor qc = rows_dense(q), kc = rows_dense(k), vc = rows_dense(v);
+  LT_DISPATCH_FLOAT(q.dtype(), T,
+                    forward_impl<T>(qc, kc, vc, s, dm, scale, opt.causal, out, lse));
+}
+
+void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens_q,
+                   const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& dq,
+                   const Tensor& dk, const Tensor& dv) {
+  const Dims dm = check_qkv("attention_bwd", q, k, v);
+  LT_CHECK(dout.shape() == q.shape() && dout.dtype() == q.dtype() && out.shape() == q.shape() &&
+               out.dtype() == q.dtype(),
+           "attention_bwd: dout ", dout.str(), ", out ", out.str(), " for q ", q.str());
+  LT_CHECK(lse.shape() == (Shape{dm.hq, dm.tq}) && lse.dtype() == stat_dtype(q.dtype()),
+           "attention_bwd: lse ", lse.str(), " for q ", q.str());
+  auto check_grad = [](const Tensor& g, const Tensor& x, const char* name) {
+    if (g.defined())
+      LT_CHECK(g.shape() == x.shape() && g.dtype() == x.dtype() && g.is_contiguous(),
+               "attention_bwd: ", name, " ", g.str(), " for ", x.str());
+  };
+  check_grad(dq, q, "dq");
+  check_grad(dk, k, "dk");
+  check_grad(dv, v, "dv");
+  if (q.device().is_cuda()) {
+#ifdef LEANTUNE_WITH_CUDA
+    attention_bwd_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, opt, dq, dk, dv);
+    return;
+#else
+    LT_THROW(ErrorKind::kInternal, "attention_bwd: ", q.str(),
+             " is on a CUDA device but this build has no CUDA backend");
+#endif
+  }
+  const Seqs s = read_seqs(cu_seqlens_q, cu_seqlens_k, dm.tq, dm.tk);
+  const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(double(dm.d));
+  zero_tail_rows(dq, s.q.back());
+  zero_tail_rows(dk, s.k.back());
+  zero_tail_rows(dv, s.k.back());
+  if (dm.d == 0 || (!dq.defined() && !dk.defined() && !dv.defined())) return;
+  const Tensor qc = rows_dense(q), kc = rows_dense(k), vc = rows_dense(v);
+  const Tensor oc = rows_dense(out), gc = rows_dense(dout);
+  const Tensor lc = lse.is_contiguous() ? lse : lse.contiguous();
+  LT_DISPATCH_FLOAT(q.dtype(), T,
+                    backward_impl<T>(gc, qc, kc, vc, oc, lc, s, dm, scale, opt.causal, dq, dk,
+                                     dv));
+}
+
+AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                          const AttentionOptions& opt) {
+  const Dims dm = check_qkv("attention", q, k, v);
+  AttentionOutput r;
+  r.out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  r.lse = Tensor::empty({dm.hq, dm.tq}, stat_dtype(q.dtype()), q.device());
+  attention_fwd(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, opt, r.out,
+                r.lse);
+  if (node_needed({q, k, v})) {
+    auto node = std::make_shared<AttentionBackward>();
+    node->set_next_edges({q, k, v});
+    node->q = SavedTensor(q);
+    node->k = SavedTensor(k);
+    node->v = SavedTensor(v);
+    node->out = SavedTensor(r.out);
+    node->lse = SavedTensor(r.lse);
+    node->cu_q = SavedTensor(cu_seqlens_q);
+    node->cu_k = SavedTensor(cu_seqlens_k);
+    node->opt = opt;
+    // lse carries no gradient: only `out` is attached to the node.
+    set_history(r.out, node);
+  }
+  return r;
+}
+
+}  // namespace leantune::kernels
