@@ -204,25 +204,14 @@ class LinearTokenLogprobsBackward final : public Node {
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor()};
-    const Tensor x = hidden.unpack(), w = weight.unpack(), y = targets.unpack();
-    std::vector<int64_t> rows, tgt;
-    valid_rows(y, w.size(0), "linear_token_logprobs", &rows, &tgt);
-    const std::vector<double> g = grads[0].to_f64();
+    const Tensor x = hidden.unpack(), w = weight.unpack();
     const DType d = work_dtype(x.dtype());
+    // d logp / dz = onehot - softmax: the coefficient of (softmax - onehot) is -dlogp.
+    const Tensor coef = ops::scale(as(grads[0], d), -1.0);
     Tensor dx, dw;
     if (needs_input_grad(0)) dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     if (needs_input_grad(1)) dw = Tensor::zeros(w.shape(), d, w.device());
-    auto go = [&]<typename A>() {
-      // d logp / dz = onehot - softmax, i.e. coefficient -dlogp on (softmax - onehot).
-      std::vector<A> coef(rows.size());
-      for (size_t i = 0; i < rows.size(); ++i) coef[i] = static_cast<A>(-g[rows[i]]);
-      std::vector<A> lse, zy;
-      run<A>(x, w, rows, tgt, &coef, dx, dw, chunk_tokens, &lse, &zy);
-    };
-    if (d == DType::kF64)
-      go.template operator()<double>();
-    else
-      go.template operator()<float>();
+    linear_cross_entropy_rows(x, w, targets.unpack(), coef, Tensor(), dx, dw, {chunk_tokens});
     return {dx, dw};
   }
   std::string name() const override { return "LinearTokenLogprobsBackward"; }
@@ -298,27 +287,60 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
   return loss;
 }
 
-Tensor linear_token_logprobs(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
-                             const LinearCrossEntropyOptions& opt) {
-  check_inputs("linear_token_logprobs", hidden, weight, targets, opt);
-  LT_CHECK(hidden.device().is_cpu(), "linear_token_logprobs: ", hidden.str(),
-           " is on a CUDA device; only the CPU path exists for this op");
+void linear_cross_entropy_rows(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                               const Tensor& coef, const Tensor& nll, const Tensor& dhidden,
+                               const Tensor& dweight, const LinearCrossEntropyOptions& opt) {
+  check_inputs("linear_cross_entropy_rows", hidden, weight, targets, opt);
+  LT_CHECK(hidden.device().is_cpu(), "linear_cross_entropy_rows: ", hidden.str(),
+           " is on a CUDA device; only the CPU path exists for per-row outputs");
+  const int64_t t = hidden.size(0);
   const DType d = work_dtype(hidden.dtype());
+  const bool grads = dhidden.defined() || dweight.defined();
+  if (nll.defined())
+    LT_CHECK(nll.shape() == (Shape{t}) && nll.dtype() == d && nll.is_contiguous(),
+             "linear_cross_entropy_rows: nll ", nll.str(), " for hidden ", hidden.str(),
+             " (want [", t, "] ", dtype_name(d), ")");
+  if (grads)
+    LT_CHECK(coef.defined() && coef.shape() == (Shape{t}) && dtype_is_floating(coef.dtype()),
+             "linear_cross_entropy_rows: coef ", coef.defined() ? coef.str() : "undefined",
+             " for hidden ", hidden.str());
+  if (dhidden.defined())
+    LT_CHECK(dhidden.shape() == hidden.shape() && dtype_is_floating(dhidden.dtype()) &&
+                 dhidden.is_contiguous(),
+             "linear_cross_entropy_rows: dhidden ", dhidden.str(), " for hidden ", hidden.str());
+  if (dweight.defined())
+    LT_CHECK(dweight.shape() == weight.shape() && dtype_is_floating(dweight.dtype()),
+             "linear_cross_entropy_rows: dweight ", dweight.str(), " for weight ", weight.str());
   std::vector<int64_t> rows, tgt;
-  valid_rows(targets, weight.size(0), "linear_token_logprobs", &rows, &tgt);
-  std::vector<double> logp(static_cast<size_t>(hidden.size(0)), 0.0);
+  valid_rows(targets, weight.size(0), "linear_cross_entropy", &rows, &tgt);
   auto go = [&]<typename A>() {
+    std::vector<A> c;
+    if (grads) {
+      const std::vector<double> all = coef.to_f64();
+      for (int64_t r : rows) c.push_back(static_cast<A>(all[r]));
+    }
     std::vector<A> lse, zy;
-    run<A>(hidden.detach(), weight.detach(), rows, tgt, nullptr, Tensor(), Tensor(),
-           opt.chunk_tokens, &lse, &zy);
-    for (size_t i = 0; i < rows.size(); ++i) logp[rows[i]] = static_cast<double>(zy[i] - lse[i]);
+    run<A>(hidden, weight, rows, tgt, grads ? &c : nullptr, dhidden, dweight, opt.chunk_tokens,
+           &lse, &zy);
+    if (!nll.defined()) return;
+    A* out = static_cast<A*>(nll.data_ptr());
+    std::fill(out, out + t, A(0));
+    for (size_t i = 0; i < rows.size(); ++i) out[rows[i]] = lse[i] - zy[i];
   };
   if (d == DType::kF64)
     go.template operator()<double>();
   else
     go.template operator()<float>();
-  Tensor out = Tensor::from_doubles(logp, {hidden.size(0)}, d, hidden.device(),
-                                    current_mem_tag());
+}
+
+Tensor linear_token_logprobs(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                             const LinearCrossEntropyOptions& opt) {
+  check_inputs("linear_token_logprobs", hidden, weight, targets, opt);
+  Tensor nll = Tensor::empty({hidden.size(0)}, work_dtype(hidden.dtype()), hidden.device(),
+                             MemTag::kWorkspace);
+  linear_cross_entropy_rows(hidden.detach(), weight.detach(), targets, Tensor(), nll, Tensor(),
+                            Tensor(), opt);
+  Tensor out = ops::scale(nll, -1.0);
   if (node_needed({hidden, weight})) {
     auto node = std::make_shared<LinearTokenLogprobsBackward>();
     node->set_next_edges({hidden, weight});

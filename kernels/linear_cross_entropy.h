@@ -35,8 +35,18 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
                                          const LinearCrossEntropyOptions& opt);
 
 // Per-token log-probabilities of the targets, chunked the same way (for preference and RL
-// losses): logp:[T] f32, 0 where the target is -100. Differentiable w.r.t. hidden and weight.
+// losses): logp:[T] f32 (f64 for f64), 0 where the target is -100. Differentiable w.r.t. hidden
+// and weight; backward recomputes the logits chunk by chunk.
 Tensor linear_token_logprobs(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                              const LinearCrossEntropyOptions& opt = {});
+
+// Raw per-row entry point behind linear_token_logprobs (CPU only so far; a CUDA version would
+// make linear_token_logprobs work on the GPU). When nll is defined ([T] f32, f64 for f64 inputs)
+// it receives lse_t - z[t, y_t], 0 where ignored. When dhidden / dweight are defined, coef ([T],
+// nll's dtype rules) is required and they receive the gradients of sum_t coef[t] * nll_t:
+// dhidden overwritten (0 on ignored rows), dweight accumulated into.
+void linear_cross_entropy_rows(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                               const Tensor& coef, const Tensor& nll, const Tensor& dhidden,
+                               const Tensor& dweight, const LinearCrossEntropyOptions& opt);
 
 }  // namespace leantune::kernels

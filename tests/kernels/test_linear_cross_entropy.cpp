@@ -262,5 +262,27 @@ TEST(LinearTokenLogprobs, GradcheckFloat64) {
       testing::gradcheck(f, {randn({8, 5}, DType::kF64, 28), randn({6, 5}, DType::kF64, 29)}));
 }
 
+TEST(LinearCrossEntropyRows, PerRowNllAndCoefficientWeightedGradients) {
+  const int64_t t = 17, h = 6, v = 29;
+  Tensor x = randn({t, h}, DType::kF32, 30), w = randn({v, h}, DType::kF32, 31);
+  Tensor y = make_targets(t, v, 32);
+  Tensor coef = randn({t}, DType::kF32, 33);
+  Guarded nll({t}, DType::kF32, Device::cpu()), dx({t, h}, DType::kF32, Device::cpu());
+  Tensor dw = Tensor::full({v, h}, 0.5, DType::kF32);
+  kernels::linear_cross_entropy_rows(x, w, y, coef, nll.payload(), dx.payload(), dw, {4});
+  EXPECT_TRUE(nll.check());
+  EXPECT_TRUE(dx.check());
+  Ref r = reference(x.to_f64(), w.to_f64(), y.to_i64(), t, h, v, coef.to_f64());
+  EXPECT_TRUE(near_ref(nll.payload(), r.nll, 2e-6, 2e-5));
+  for (double& e : r.dw) e += 0.5;
+  EXPECT_LT(rel_err(dx.payload().to_f64(), r.dx), 1e-5);
+  EXPECT_LT(rel_err(dw.to_f64(), r.dw), 1e-5);
+  // Gradients need coefficients.
+  EXPECT_THROW(kernels::linear_cross_entropy_rows(x, w, y, Tensor(), Tensor(), dx.payload(),
+                                                  Tensor(), {4}),
+               Error);
+}
+
+
 }  // namespace
 }  // namespace leantune
