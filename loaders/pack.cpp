@@ -108,56 +108,51 @@ class BestFit {
     if (n == 0) return;
     sort_decreasing(items);
 
-    bin_space_.clear();
-    bin_length_.clear();
-    bin_first_.clear();
-    bin_last_.clear();
-    bin_next_.clear();
+    bins_.clear();
     item_next_.assign(static_cast<size_t>(n), -1);
-
-    for (int64_t k : order_) {
-      const int64_t len = items[static_cast<size_t>(k)].length;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t k = order_[static_cast<size_t>(r)];
+      const int64_t len = sorted_length_[static_cast<size_t>(r)];
       const int64_t space = len < max_length_ ? free_spaces_.next(len) : -1;
       int64_t b;
       if (space >= 0) {
         b = list_head_[static_cast<size_t>(space)];
-        list_head_[static_cast<size_t>(space)] = bin_next_[static_cast<size_t>(b)];
-        if (list_head_[static_cast<size_t>(space)] < 0) {
+        Bin& bin = bins_[static_cast<size_t>(b)];
+        list_head_[static_cast<size_t>(space)] = bin.next;
+        if (bin.next < 0) {
           list_tail_[static_cast<size_t>(space)] = -1;
           free_spaces_.reset(space);
         }
-        item_next_[static_cast<size_t>(bin_last_[static_cast<size_t>(b)])] = k;
-        bin_last_[static_cast<size_t>(b)] = k;
+        item_next_[static_cast<size_t>(bin.last)] = k;
+        bin.last = k;
       } else {
-        b = static_cast<int64_t>(bin_space_.size());
-        bin_space_.push_back(max_length_);
-        bin_length_.push_back(0);
-        bin_first_.push_back(k);
-        bin_last_.push_back(k);
-        bin_next_.push_back(-1);
+        b = static_cast<int64_t>(bins_.size());
+        bins_.push_back({max_length_, k, k, -1});
       }
-      bin_space_[static_cast<size_t>(b)] -= len;
-      bin_length_[static_cast<size_t>(b)] += len;
-      const int64_t left = bin_space_[static_cast<size_t>(b)];
-      if (left > 0) {
-        bin_next_[static_cast<size_t>(b)] = -1;
-        int64_t& tail = list_tail_[static_cast<size_t>(left)];
+      Bin& bin = bins_[static_cast<size_t>(b)];
+      bin.space -= len;
+      if (bin.space > 0) {
+        bin.next = -1;
+        int64_t& tail = list_tail_[static_cast<size_t>(bin.space)];
         if (tail < 0) {
-          list_head_[static_cast<size_t>(left)] = b;
-          free_spaces_.set(left);
+          list_head_[static_cast<size_t>(bin.space)] = b;
+          free_spaces_.set(bin.space);
         } else {
-          bin_next_[static_cast<size_t>(tail)] = b;
+          bins_[static_cast<size_t>(tail)].next = b;
         }
         tail = b;
       }
     }
 
-    for (size_t b = 0; b < bin_space_.size(); ++b) {
-      for (int64_t k = bin_first_[b]; k >= 0; k = item_next_[static_cast<size_t>(k)]) {
+    out->segments.reserve(out->segments.size() + items.size());
+    out->bin_offsets.reserve(out->bin_offsets.size() + bins_.size());
+    out->bin_lengths.reserve(out->bin_lengths.size() + bins_.size());
+    for (const Bin& bin : bins_) {
+      for (int64_t k = bin.first; k >= 0; k = item_next_[static_cast<size_t>(k)]) {
         out->segments.push_back(items[static_cast<size_t>(k)]);
       }
       out->bin_offsets.push_back(static_cast<int64_t>(out->segments.size()));
-      out->bin_lengths.push_back(bin_length_[b]);
+      out->bin_lengths.push_back(max_length_ - bin.space);
     }
     // Leave the lists empty for the next window (only the non-empty ones are touched).
     for (int64_t s = free_spaces_.next(1); s >= 0; s = free_spaces_.next(1)) {
@@ -177,6 +172,7 @@ class BestFit {
       std::stable_sort(order_.begin(), order_.end(), [&](int64_t a, int64_t b) {
         return items[static_cast<size_t>(a)].length > items[static_cast<size_t>(b)].length;
       });
+      fill_sorted_lengths(items);
       return;
     }
     // Counting sort: start_[len] = number of items strictly longer than len.
@@ -189,15 +185,30 @@ class BestFit {
       acc += c;
     }
     for (int64_t i = 0; i < n; ++i) {
-      order_[static_cast<size_t>(start_[static_cast<size_t>(items[static_cast<size_t>(i)].length)]++)] = i;
+      const int64_t len = items[static_cast<size_t>(i)].length;
+      order_[static_cast<size_t>(start_[static_cast<size_t>(len)]++)] = i;
+    }
+    fill_sorted_lengths(items);
+  }
+
+  void fill_sorted_lengths(const std::vector<Segment>& items) {
+    sorted_length_.resize(order_.size());
+    for (size_t r = 0; r < order_.size(); ++r) {
+      sorted_length_[r] = items[static_cast<size_t>(order_[r])].length;
     }
   }
 
   int64_t max_length_;
   NextSetBit free_spaces_;
   std::vector<int64_t> list_head_, list_tail_;
-  std::vector<int64_t> order_, start_;
-  std::vector<int64_t> bin_space_, bin_length_, bin_first_, bin_last_, bin_next_, item_next_;
+  // A bin's free space, its first and last item (items chain through item_next_), and the next
+  // bin in the FIFO list of its free space.
+  struct Bin {
+    int64_t space, first, last, next;
+  };
+  std::vector<Bin> bins_;
+  std::vector<int64_t> order_, sorted_length_, start_;
+  std::vector<int64_t> item_next_;
 };
 
 void pack_wrapped(std::span<const int64_t> lengths, int64_t first_item, int64_t max_length,

@@ -1,0 +1,721 @@
+// JSONL datasets: every TRL format parses, every bad-line category is reported with its file
+// and line (or skipped and counted), UTF-8 / surrogate validation, prompt extraction, and
+// tokenisation into SFT / preference / unpaired / prompt examples with truncation and drops.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/check.h"
+#include "loaders/chat_template.h"
+#include "loaders/dataset.h"
+#include "loaders/examples.h"
+#include "loaders/jsonl.h"
+#include "loaders/text_encoder.h"
+#include "loaders/tokenizer.h"
+#include "testing/testing.h"
+
+namespace leantune {
+namespace {
+
+std::string write_file(const std::string& dir, const std::string& name,
+                       const std::string& content) {
+  const std::string path = dir + "/" + name;
+  std::ofstream f(path, std::ios::binary);
+  f << content;
+  return path;
+}
+
+std::string write_lines(const std::string& name, const std::vector<std::string>& lines) {
+  std::string content;
+  for (const auto& l : lines) content += l + "\n";
+  return write_file(testing::temp_dir("ds"), name, content);
+}
+
+std::vector<Record> read_all(const std::string& path, DatasetReaderOptions opts = {},
+                             DatasetFormat* format = nullptr) {
+  DatasetReader r(path, opts);
+  std::vector<Record> out;
+  Record rec;
+  while (r.next(&rec)) out.push_back(rec);
+  if (format) *format = r.format();
+  return out;
+}
+
+// A byte-level encoder: byte b -> 100 + b, "<eos>" -> 2, BOS 1 with add_special_tokens.
+// Chat: "<role>" + content + "<eos>" per message, "<assistant>" as generation prompt; the
+// assistant mask covers an assistant message's content and its "<eos>".
+class FakeEncoder final : public TextEncoder {
+ public:
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override {
+    std::vector<int32_t> ids;
+    if (add_special_tokens) ids.push_back(1);
+    for (size_t i = 0; i < text.size();) {
+      if (text.substr(i, 5) == "<eos>") {
+        ids.push_back(2);
+        i += 5;
+      } else {
+        ids.push_back(100 + static_cast<unsigned char>(text[i]));
+        ++i;
+      }
+    }
+    return ids;
+  }
+  ChatIds encode_chat(const std::vector<Message>& messages, bool gen) const override {
+    ChatIds out;
+    for (const Message& m : messages) {
+      check_role(m.role);
+      append(&out, "<" + m.role + ">", 0);
+      append(&out, m.content + "<eos>", m.role == "assistant");
+    }
+    if (gen) append(&out, "<assistant>", 0);
+    return out;
+  }
+  std::string render_chat(const std::vector<Message>& messages, bool gen) const override {
+    std::string s;
+    for (const Message& m : messages) {
+      check_role(m.role);
+      s += "<" + m.role + ">" + m.content + "<eos>";
+    }
+    if (gen) s += "<assistant>";
+    return s;
+  }
+  std::string eos_token() const override { return "<eos>"; }
+  int32_t eos_token_id() const override { return 2; }
+  int32_t pad_token_id() const override { return 0; }
+  int64_t vocab_size() const override { return 356; }
+
+ private:
+  static void check_role(const std::string& role) {
+    LT_CHECK_INPUT(role == "system" || role == "user" || role == "assistant", "unknown role '",
+                   role, "'");
+  }
+  void append(ChatIds* out, const std::string& text, uint8_t mask) const {
+    for (int32_t id : encode(text, false)) {
+      out->ids.push_back(id);
+      out->assistant_mask.push_back(mask);
+    }
+  }
+};
+
+std::vector<int32_t> enc(const std::string& s, bool special = false) {
+  return FakeEncoder().encode(s, special);
+}
+
+// ---- formats
+
+TEST(DatasetFormats, Text) {
+  DatasetFormat f;
+  const auto recs = read_all(write_lines("t.jsonl", {R"({"text":"hello","other":1})",
+                                                     R"({"text":"world"})"}),
+                             {}, &f);
+  EXPECT_EQ(f.kind, DatasetKind::kLanguageModeling);
+  EXPECT_FALSE(f.conversational);
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0].text.text, "hello");
+  EXPECT_EQ(recs[1].line, 2);
+}
+
+TEST(DatasetFormats, DatasetTextFieldRenamesText) {
+  DatasetFormat f;
+  DatasetReaderOptions o;
+  o.dataset_text_field = "content";
+  const auto recs = read_all(write_lines("t.jsonl", {R"({"content":"abc"})"}), o, &f);
+  EXPECT_EQ(f.kind, DatasetKind::kLanguageModeling);
+  EXPECT_EQ(recs[0].text.text, "abc");
+  EXPECT_NE(f.name().find("content"), std::string::npos);
+}
+
+TEST(DatasetFormats, Messages) {
+  DatasetFormat f;
+  const auto recs = read_all(
+      write_lines("m.jsonl", {R"({"messages":[{"role":"user","content":"hi"},)"
+                              R"({"role":"assistant","content":"yo"}]})"}),
+      {}, &f);
+  EXPECT_TRUE(f.conversational);
+  ASSERT_EQ(recs[0].text.messages.size(), 2u);
+  EXPECT_EQ(recs[0].text.messages[1], (Message{"assistant", "yo"}));
+}
+
+TEST(DatasetFormats, PromptCompletionStringsAndMessages) {
+  DatasetFormat f;
+  auto recs = read_all(write_lines("pc.jsonl", {R"({"prompt":"The sky is","completion":" blue."})"}),
+                       {}, &f);
+  EXPECT_EQ(f.kind, DatasetKind::kPromptCompletion);
+  EXPECT_FALSE(f.conversational);
+  EXPECT_EQ(recs[0].completion.text, " blue.");
+  recs = read_all(write_lines("pcm.jsonl",
+                              {R"({"prompt":[{"role":"user","content":"q"}],)"
+                               R"("completion":[{"role":"assistant","content":"a"}]})"}),
+                  {}, &f);
+  EXPECT_EQ(f.kind, DatasetKind::kPromptCompletion);
+  EXPECT_TRUE(f.conversational);
+  EXPECT_EQ(recs[0].completion.messages[0].content, "a");
+}
+
+TEST(DatasetFormats, PreferenceExplicitAndImplicit) {
+  DatasetFormat f;
+  auto recs = read_all(
+      write_lines("p.jsonl", {R"({"prompt":"Q","chosen":" good","rejected":" bad"})"}), {}, &f);
+  EXPECT_EQ(f.kind, DatasetKind::kPreference);
+  EXPECT_FALSE(f.implicit_prompt);
+  EXPECT_EQ(recs[0].prompt.text, "Q");
+  // Implicit, strings: the shared prefix is the prompt; the space before the split goes with
+  // the completions (TRL's extract_prompt).
+  recs = read_all(write_lines("pi.jsonl", {R"({"chosen":"The sky is blue.","rejected":"The sky is green."})"}),
+                  {}, &f);
+  EXPECT_TRUE(f.implicit_prompt);
+  EXPECT_EQ(recs[0].prompt.text, "The sky is");
+  EXPECT_EQ(recs[0].chosen.text, " blue.");
+  EXPECT_EQ(recs[0].rejected.text, " green.");
+  // Implicit, conversational (TRL's docstring example).
+  recs = read_all(write_lines("pic.jsonl",
+                              {R"({"chosen":[{"role":"user","content":"What color is the sky?"},)"
+                               R"({"role":"assistant","content":"It is blue."}],)"
+                               R"("rejected":[{"role":"user","content":"What color is the sky?"},)"
+                               R"({"role":"assistant","content":"It is green."}]})"}),
+                  {}, &f);
+  EXPECT_TRUE(f.conversational);
+  EXPECT_TRUE(f.implicit_prompt);
+  ASSERT_EQ(recs[0].prompt.messages.size(), 1u);
+  EXPECT_EQ(recs[0].prompt.messages[0].content, "What color is the sky?");
+  ASSERT_EQ(recs[0].chosen.messages.size(), 1u);
+  EXPECT_EQ(recs[0].chosen.messages[0].content, "It is blue.");
+  EXPECT_EQ(recs[0].rejected.messages[0].content, "It is green.");
+  // A string prompt beside message lists is ignored and the prompt extracted
+  // (maybe_extract_prompt).
+  recs = read_all(write_lines("pim.jsonl",
+                              {R"({"prompt":"What color is the sky?",)"
+                               R"("chosen":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],)"
+                               R"("rejected":[{"role":"user","content":"q"},{"role":"assistant","content":"b"}]})"}),
+                  {}, &f);
+  EXPECT_TRUE(f.implicit_prompt);
+  EXPECT_EQ(recs[0].prompt.messages[0].content, "q");
+}
+
+TEST(DatasetFormats, ExtractPromptQuirks) {
+  // Identical up to the shorter length: TRL's loop leaves idx at min_length - 1.
+  TextField c{"abc", {}}, r{"abcd", {}}, p;
+  extract_prompt(&c, &r, &p, false);
+  EXPECT_EQ(p.text, "ab");
+  EXPECT_EQ(c.text, "c");
+  EXPECT_EQ(r.text, "cd");
+  // Differing at the first character: empty prompt.
+  TextField c2{"x", {}}, r2{"y", {}}, p2;
+  extract_prompt(&c2, &r2, &p2, false);
+  EXPECT_EQ(p2.text, "");
+  EXPECT_EQ(c2.text, "x");
+}
+
+TEST(DatasetFormats, UnpairedPromptOnlyTokenized) {
+  DatasetFormat f;
+  auto recs = read_all(
+      write_lines("u.jsonl", {R"({"prompt":"Q","completion":"A","label":true})",
+                              R"({"prompt":"Q","completion":"B","label":false})"}),
+      {}, &f);
+  EXPECT_EQ(f.kind, DatasetKind::kUnpairedPreference);
+  EXPECT_TRUE(recs[0].label);
+  EXPECT_FALSE(recs[1].label);
+  recs = read_all(write_lines("po.jsonl", {R"({"prompt":"Q"})"}), {}, &f);
+  EXPECT_EQ(f.kind, DatasetKind::kPromptOnly);
+  recs = read_all(write_lines("tk.jsonl", {R"({"input_ids":[5,6,7],"completion_mask":[0,1,1]})"}),
+                  {}, &f);
+  EXPECT_EQ(f.kind, DatasetKind::kTokenized);
+  EXPECT_TRUE(f.has_completion_mask);
+  EXPECT_EQ(recs[0].input_ids, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(recs[0].completion_mask, (std::vector<uint8_t>{0, 1, 1}));
+  recs = read_all(write_lines("tl.jsonl", {R"({"input_ids":[5,6,7],"labels":[-100,6,7]})"}), {},
+                  &f);
+  EXPECT_TRUE(f.has_labels);
+  EXPECT_EQ(recs[0].label_mask, (std::vector<uint8_t>{0, 1, 1}));
+}
+
+TEST(DatasetFormats, BlankLinesAndCrlf) {
+  DatasetReader r(write_file(testing::temp_dir("crlf"), "c.jsonl",
+                             "{\"text\":\"a\"}\r\n\r\n   \n{\"text\":\"b\"}"));
+  Record rec;
+  ASSERT_TRUE(r.next(&rec));
+  EXPECT_EQ(rec.text.text, "a");
+  ASSERT_TRUE(r.next(&rec));
+  EXPECT_EQ(rec.text.text, "b");
+  EXPECT_EQ(rec.line, 4);
+  EXPECT_FALSE(r.next(&rec));
+  EXPECT_EQ(r.blank_lines(), 2);
+}
+
+// ---- bad lines: strict mode names file:line; skip mode counts per category
+
+struct BadCase {
+  std::string name;
+  std::vector<std::string> lines;  // the bad one is the last
+  BadLineKind kind;
+  std::string needle;
+  std::string text_field = "text";
+};
+
+std::ostream& operator<<(std::ostream& os, const BadCase& c) { return os << c.name; }
+
+class DatasetBadLine : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(DatasetBadLine, StrictReportsFileAndLine) {
+  const BadCase& c = GetParam();
+  const std::string path = write_lines("bad.jsonl", c.lines);
+  DatasetReaderOptions o;
+  o.dataset_text_field = c.text_field;
+  o.vocab_size = 1000;
+  try {
+    read_all(path, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    const std::string what = e.what();
+    const std::string where = path + ":" + std::to_string(c.lines.size()) + ": ";
+    EXPECT_EQ(what.rfind(where, 0), 0u) << what;
+    EXPECT_NE(what.find(c.needle), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << "one line: " << what;
+  }
+}
+
+TEST_P(DatasetBadLine, SkipCountsCategory) {
+  const BadCase& c = GetParam();
+  std::vector<std::string> lines = c.lines;
+  // A valid line after the bad one, in the detected format.
+  lines.push_back(lines.size() > 1 ? lines[0] : R"({"text":"ok"})");
+  const std::string path = write_lines("bad.jsonl", lines);
+  DatasetReaderOptions o;
+  o.dataset_text_field = c.text_field;
+  o.skip_bad_lines = true;
+  o.vocab_size = 1000;
+  DatasetReader r(path, o);
+  Record rec;
+  int n = 0;
+  while (r.next(&rec)) ++n;
+  EXPECT_EQ(n, static_cast<int>(lines.size()) - 1);
+  EXPECT_EQ(r.bad_lines().total(), 1);
+  EXPECT_EQ(r.bad_lines().count(c.kind), 1) << r.bad_lines().summary();
+  EXPECT_NE(r.bad_lines().summary().find(bad_line_kind_name(c.kind)), std::string::npos);
+}
+
+const std::string kOk = R"({"prompt":"p","completion":"c"})";
+
+INSTANTIATE_TEST_SUITE_P(
+    Categories, DatasetBadLine,
+    ::testing::Values(
+        BadCase{"invalid_json", {kOk, R"({"prompt":"p","completion":)"}, BadLineKind::kInvalidJson,
+                "invalid JSON"},
+        BadCase{"trailing_garbage", {kOk, R"({"prompt":"p","completion":"c"} x)"},
+                BadLineKind::kInvalidJson, "invalid JSON"},
+        BadCase{"not_object", {kOk, R"(["p","c"])"}, BadLineKind::kNotObject,
+                "expected a JSON object, got array"},
+        BadCase{"missing_key", {kOk, kOk, R"({"prompt":"p"})"}, BadLineKind::kMissingKey,
+                "missing key 'completion'"},
+        BadCase{"unknown_format_first_line", {R"({"foo":1})"}, BadLineKind::kMissingKey,
+                "cannot detect the dataset format"},
+        BadCase{"wrong_type", {kOk, R"({"prompt":"p","completion":7})"}, BadLineKind::kWrongType,
+                "'completion' must be a string, got number"},
+        BadCase{"wrong_style", {kOk, R"({"prompt":"p","completion":[{"role":"assistant","content":"c"}]})"},
+                BadLineKind::kWrongType, "got a message list"},
+        BadCase{"message_missing_content",
+                {R"({"messages":[{"role":"user","content":"a"}]})", R"({"messages":[{"role":"user"}]})"},
+                BadLineKind::kMissingKey, "missing key 'content' in 'messages[0]'"},
+        BadCase{"label_not_bool",
+                {R"({"prompt":"p","completion":"c","label":true})", R"({"prompt":"p","completion":"c","label":1})"},
+                BadLineKind::kWrongType, "'label' must be a boolean"},
+        BadCase{"empty_text", {R"({"text":"a"})", R"({"text":""})"}, BadLineKind::kEmptyText,
+                "'text' is empty"},
+        BadCase{"empty_messages", {R"({"messages":[{"role":"user","content":"a"}]})", R"({"messages":[]})"},
+                BadLineKind::kEmptyText, "empty message list"},
+        BadCase{"empty_input_ids", {R"({"input_ids":[1]})", R"({"input_ids":[]})"},
+                BadLineKind::kEmptyText, "'input_ids' is empty"},
+        BadCase{"mask_length", {R"({"input_ids":[1],"completion_mask":[1]})", R"({"input_ids":[1,2],"completion_mask":[1]})"},
+                BadLineKind::kWrongType, "'completion_mask' has 1 values"},
+        BadCase{"token_out_of_range", {R"({"input_ids":[1]})", R"({"input_ids":[1,1000]})"},
+                BadLineKind::kOutOfRange, "'input_ids[1]' = 1000"},
+        BadCase{"negative_token", {R"({"input_ids":[1]})", R"({"input_ids":[-1]})"},
+                BadLineKind::kOutOfRange, "'input_ids[0]' = -1"},
+        BadCase{"mask_not_binary", {R"({"input_ids":[1],"completion_mask":[1]})", R"({"input_ids":[1],"completion_mask":[2]})"},
+                BadLineKind::kOutOfRange, "'completion_mask[0]' = 2"},
+        BadCase{"label_not_token", {R"({"input_ids":[1],"labels":[1]})", R"({"input_ids":[1],"labels":[5]})"},
+                BadLineKind::kWrongType, "neither -100 nor input_ids[0]"},
+        BadCase{"invalid_utf8", {kOk, "{\"prompt\":\"p\xff\",\"completion\":\"c\"}"},
+                BadLineKind::kInvalidUtf8, "invalid UTF-8 at byte 13"},
+        BadCase{"utf8_encoded_surrogate", {kOk, "{\"prompt\":\"\xed\xa0\x80\",\"completion\":\"c\"}"},
+                BadLineKind::kInvalidUtf8, "invalid UTF-8"},
+        BadCase{"overlong_utf8", {kOk, "{\"prompt\":\"\xc0\xaf\",\"completion\":\"c\"}"},
+                BadLineKind::kInvalidUtf8, "invalid UTF-8"},
+        BadCase{"lone_high_surrogate", {kOk, R"({"prompt":"a\ud800","completion":"c"})"},
+                BadLineKind::kLoneSurrogate, "lone surrogate escape '\\ud800'"},
+        BadCase{"high_then_other_escape", {kOk, R"({"prompt":"a\ud800\u0041","completion":"c"})"},
+                BadLineKind::kLoneSurrogate, "lone surrogate"},
+        BadCase{"lone_low_surrogate", {kOk, R"({"prompt":"a\uDC00","completion":"c"})"},
+                BadLineKind::kLoneSurrogate, "lone surrogate escape '\\uDC00'"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+
+TEST(DatasetBadLines, SkipSummaryCountsEveryCategory) {
+  const std::string path = write_lines(
+      "mixed.jsonl",
+      {R"({"text":"a"})", "{bad", R"([1])", R"({"other":1})", R"({"text":3})", R"({"text":""})",
+       "{\"text\":\"\xff\"}", R"({"text":"\ud800"})", R"({"text":"b"})", R"({"text":"\\ud800"})"});
+  DatasetReaderOptions o;
+  o.skip_bad_lines = true;
+  DatasetReader r(path, o);
+  Record rec;
+  std::vector<std::string> texts;
+  while (r.next(&rec)) texts.push_back(rec.text.text);
+  // An escaped backslash followed by "ud800" is text, not an escape.
+  EXPECT_EQ(texts, (std::vector<std::string>{"a", "b", "\\ud800"}));
+  const BadLineCounts& b = r.bad_lines();
+  EXPECT_EQ(b.count(BadLineKind::kInvalidJson), 1);
+  EXPECT_EQ(b.count(BadLineKind::kNotObject), 1);
+  EXPECT_EQ(b.count(BadLineKind::kMissingKey), 1);
+  EXPECT_EQ(b.count(BadLineKind::kWrongType), 1);
+  EXPECT_EQ(b.count(BadLineKind::kEmptyText), 1);
+  EXPECT_EQ(b.count(BadLineKind::kInvalidUtf8), 1);
+  EXPECT_EQ(b.count(BadLineKind::kLoneSurrogate), 1);
+  EXPECT_EQ(b.total(), 7);
+  EXPECT_EQ(b.summary(),
+            "7 bad lines skipped: invalid_utf8 1, lone_surrogate 1, invalid_json 1, not_object 1, "
+            "missing_key 1, wrong_type 1, empty_text 1");
+  ASSERT_EQ(b.examples.size(), BadLineCounts::kMaxExamples);
+  EXPECT_EQ(b.examples[0].rfind(path + ":2: ", 0), 0u) << b.examples[0];
+}
+
+TEST(DatasetBadLines, EmptyAndMissingFiles) {
+  const std::string dir = testing::temp_dir("files");
+  EXPECT_THROW(read_all(dir + "/nope.jsonl"), Error);
+  try {
+    read_all(write_file(dir, "empty.jsonl", ""));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("no valid example"), std::string::npos) << e.what();
+  }
+  DatasetReaderOptions o;
+  o.skip_bad_lines = true;
+  try {
+    read_all(write_lines("allbad.jsonl", {"{", "["}), o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2 bad lines skipped"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Utf8, Validator) {
+  EXPECT_EQ(find_invalid_utf8("plain ascii, long enough for the fast path"), std::string::npos);
+  EXPECT_EQ(find_invalid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), std::string::npos);
+  EXPECT_EQ(find_invalid_utf8("\xf4\x8f\xbf\xbf"), std::string::npos);  // U+10FFFF
+  EXPECT_EQ(find_invalid_utf8("ab\x80"), 2u);                           // stray continuation
+  EXPECT_EQ(find_invalid_utf8("abcdefghij\xc3"), 10u);                  // truncated
+  EXPECT_EQ(find_invalid_utf8("\xe0\x80\xaf"), 0u);                     // overlong
+  EXPECT_EQ(find_invalid_utf8("\xed\xbf\xbf"), 0u);                     // surrogate U+DFFF
+  EXPECT_EQ(find_invalid_utf8("\xf4\x90\x80\x80"), 0u);                 // above U+10FFFF
+  EXPECT_EQ(find_invalid_utf8("\xf5\x80\x80\x80"), 0u);
+  EXPECT_EQ(find_invalid_utf8(std::string_view("a\0b", 3)), std::string::npos);
+}
+
+TEST(Utf8, SurrogateEscapes) {
+  EXPECT_EQ(find_lone_surrogate_escape(R"("\ud83d\ude00")"), std::string::npos);
+  EXPECT_EQ(find_lone_surrogate_escape(R"("\ud83d")"), 1u);
+  EXPECT_EQ(find_lone_surrogate_escape(R"("\ude00\ud83d")"), 1u);
+  EXPECT_EQ(find_lone_surrogate_escape(R"("\\ud800")"), std::string::npos);
+  EXPECT_EQ(find_lone_surrogate_escape(R"("\\\ud800")"), 3u);
+  EXPECT_EQ(find_lone_surrogate_escape(R"("\u00e9\n\t")"), std::string::npos);
+}
+
+// ---- SFT tokenisation
+
+DataConfig sft_config() {
+  DataConfig c;
+  c.max_length = 0;
+  return c;
+}
+
+TEST(SftExamples, TextGetsEosOnce) {
+  FakeEncoder e;
+  const auto data = load_sft_data(write_lines("t.jsonl", {R"({"text":"ab"})", R"({"text":"cd<eos>"})"}),
+                                  &e, sft_config());
+  ASSERT_EQ(data.examples.size(), 2);
+  const auto ids0 = data.examples.ids(0);
+  EXPECT_EQ(std::vector<int32_t>(ids0.begin(), ids0.end()), (std::vector<int32_t>{1, 197, 198, 2}));
+  const auto ids1 = data.examples.ids(1);
+  EXPECT_EQ(std::vector<int32_t>(ids1.begin(), ids1.end()), (std::vector<int32_t>{1, 199, 200, 2}));
+  const auto m = data.examples.mask(0);
+  EXPECT_EQ(std::vector<uint8_t>(m.begin(), m.end()), (std::vector<uint8_t>{1, 1, 1, 1}));
+  EXPECT_FALSE(data.completion_only_loss);
+}
+
+TEST(SftExamples, PromptCompletionMask) {
+  FakeEncoder e;
+  const std::string path = write_lines("pc.jsonl", {R"({"prompt":"ab","completion":"c"})"});
+  auto data = load_sft_data(path, &e, sft_config());
+  EXPECT_TRUE(data.completion_only_loss);
+  auto ids = data.examples.ids(0);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), (std::vector<int32_t>{1, 197, 198, 199, 2}));
+  auto m = data.examples.mask(0);
+  EXPECT_EQ(std::vector<uint8_t>(m.begin(), m.end()), (std::vector<uint8_t>{0, 0, 0, 1, 1}));
+  DataConfig off = sft_config();
+  off.completion_only_loss = false;
+  data = load_sft_data(path, &e, off);
+  m = data.examples.mask(0);
+  EXPECT_EQ(std::vector<uint8_t>(m.begin(), m.end()), (std::vector<uint8_t>{1, 1, 1, 1, 1}));
+}
+
+TEST(SftExamples, ConversationalAssistantOnlyLoss) {
+  FakeEncoder e;
+  const std::string path = write_lines(
+      "m.jsonl", {R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]})"});
+  DataConfig c = sft_config();
+  c.assistant_only_loss = true;
+  const auto data = load_sft_data(path, &e, c);
+  const auto expected = FakeEncoder().encode_chat({{"user", "a"}, {"assistant", "b"}}, false);
+  auto ids = data.examples.ids(0);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), expected.ids);
+  auto m = data.examples.mask(0);
+  EXPECT_EQ(std::vector<uint8_t>(m.begin(), m.end()), expected.assistant_mask);
+  // Non-conversational data cannot use assistant_only_loss.
+  EXPECT_THROW(load_sft_data(write_lines("t.jsonl", {R"({"text":"x"})"}), &e, c), Error);
+}
+
+TEST(SftExamples, ConversationalPromptCompletion) {
+  FakeEncoder e;
+  const auto data = load_sft_data(
+      write_lines("pcm.jsonl", {R"({"prompt":[{"role":"user","content":"q"}],)"
+                                R"("completion":[{"role":"assistant","content":"a"}]})"}),
+      &e, sft_config());
+  const auto full = e.encode_chat({{"user", "q"}, {"assistant", "a"}}, false);
+  const auto prompt = e.encode_chat({{"user", "q"}}, true);
+  auto ids = data.examples.ids(0);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), full.ids);
+  // "<assistant>" of the generation prompt is also the start of the completion's header, so
+  // the common prefix covers it.
+  auto m = data.examples.mask(0);
+  size_t zeros = 0;
+  while (zeros < m.size() && m[zeros] == 0) ++zeros;
+  EXPECT_EQ(zeros, prompt.ids.size());
+  EXPECT_EQ(data.stats.prompt_mismatch, 0);
+}
+
+TEST(SftExamples, TruncationModesAndDrops) {
+  FakeEncoder e;
+  const std::string path = write_lines("t.jsonl", {R"({"text":"abcdef"})", R"({"text":"ab"})"});
+  DataConfig c = sft_config();
+  c.max_length = 4;
+  auto data = load_sft_data(path, &e, c);
+  auto ids = data.examples.ids(0);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), (std::vector<int32_t>{1, 197, 198, 199}));
+  EXPECT_EQ(data.stats.truncated_examples, 1);
+  EXPECT_EQ(data.stats.truncated_tokens, 4);  // bos a b c d e f eos: 8 -> 4
+  EXPECT_EQ(data.examples.cut(0), 4);
+  c.truncation_mode = "keep_end";
+  data = load_sft_data(path, &e, c);
+  ids = data.examples.ids(0);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), (std::vector<int32_t>{200, 201, 202, 2}));
+  // Packing: nothing is cut before the packer.
+  c.packing = true;
+  data = load_sft_data(path, &e, c);
+  EXPECT_EQ(data.examples.length(0), 8);
+  EXPECT_EQ(data.stats.truncated_examples, 0);
+}
+
+TEST(SftExamples, AcceptanceCase12DropsFullyMaskedExamples) {
+  const std::string path = write_lines(
+      "tk.jsonl", {R"({"input_ids":[1,2,3,4,5],"completion_mask":[0,0,0,1,1]})",
+                   R"({"input_ids":[6,7,8],"completion_mask":[1,1,1]})"});
+  DataConfig c = sft_config();
+  c.max_length = 3;
+  const auto data = load_sft_data(path, nullptr, c);
+  ASSERT_EQ(data.examples.size(), 1);
+  auto ids = data.examples.ids(0);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), (std::vector<int32_t>{6, 7, 8}));
+  EXPECT_EQ(data.examples.line(0), 2);
+  EXPECT_EQ(data.stats.dropped_examples, 1);
+  EXPECT_EQ(data.stats.dropped_tokens, 5);
+  EXPECT_NE(data.stats.summary().find("1 dropped with no trainable token"), std::string::npos)
+      << data.stats.summary();
+}
+
+TEST(SftExamples, TrainableOnlyAtFirstPositionIsDropped) {
+  const std::string path = write_lines(
+      "tk.jsonl", {R"({"input_ids":[1,2],"completion_mask":[1,0]})", R"({"input_ids":[3,4],"completion_mask":[0,1]})"});
+  const auto data = load_sft_data(path, nullptr, sft_config());
+  ASSERT_EQ(data.examples.size(), 1);
+  EXPECT_EQ(data.examples.line(0), 2);
+}
+
+TEST(SftExamples, BfdPackingChecksOnlyTheKeptPrefix) {
+  const std::string path = write_lines(
+      "tk.jsonl", {R"({"input_ids":[1,2,3,4],"completion_mask":[0,0,1,1]})", R"({"input_ids":[5,6],"completion_mask":[1,1]})"});
+  DataConfig c = sft_config();
+  c.max_length = 2;
+  c.packing = true;
+  auto data = load_sft_data(path, nullptr, c);
+  EXPECT_EQ(data.examples.size(), 1);  // bfd keeps [1,2]: nothing to learn
+  c.packing_strategy = "bfd_split";
+  data = load_sft_data(path, nullptr, c);
+  EXPECT_EQ(data.examples.size(), 2);
+}
+
+TEST(SftExamples, AllDroppedIsAnError) {
+  const std::string path = write_lines("tk.jsonl", {R"({"input_ids":[1,2],"completion_mask":[0,0]})"});
+  try {
+    load_sft_data(path, nullptr, sft_config());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("no example left"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SftExamples, TokenizerErrorsBecomeBadLines) {
+  FakeEncoder e;
+  const std::string path = write_lines(
+      "m.jsonl", {R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]})",
+                  R"({"messages":[{"role":"tool","content":"a"}]})"});
+  try {
+    load_sft_data(path, &e, sft_config());
+    FAIL();
+  } catch (const Error& err) {
+    EXPECT_EQ(std::string(err.what()).rfind(path + ":2: unknown role 'tool'", 0), 0u) << err.what();
+  }
+  DataConfig c = sft_config();
+  c.skip_bad_lines = true;
+  const auto data = load_sft_data(path, &e, c);
+  EXPECT_EQ(data.examples.size(), 1);
+  EXPECT_EQ(data.stats.bad_lines.count(BadLineKind::kTokenizer), 1);
+}
+
+TEST(SftExamples, FormatsSftCannotUse) {
+  FakeEncoder e;
+  EXPECT_THROW(load_sft_data(write_lines("p.jsonl", {R"({"prompt":"a"})"}), &e, sft_config()), Error);
+  EXPECT_THROW(load_sft_data(write_lines("t.jsonl", {R"({"text":"a"})"}), nullptr, sft_config()),
+               Error);
+}
+
+// ---- preference, unpaired, prompt-only
+
+TEST(PreferenceExamples, EosAndTruncation) {
+  FakeEncoder e;
+  const std::string path = write_lines(
+      "p.jsonl", {R"({"prompt":"abcd","chosen":"xyz","rejected":"w"})"});
+  DataConfig c;
+  c.max_length = 0;
+  c.max_prompt_length = 2;
+  c.max_completion_length = 3;
+  const auto data = load_preference_data(path, e, c);
+  ASSERT_EQ(data.examples.size(), 1u);
+  const auto& ex = data.examples[0];
+  EXPECT_EQ(ex.prompt_ids, enc("cd"));               // last 2 tokens
+  EXPECT_EQ(ex.chosen_ids, enc("xyz"));              // first 3 of x y z eos
+  EXPECT_EQ(ex.rejected_ids, (std::vector<int32_t>{100 + 'w', 2}));
+  EXPECT_EQ(data.stats.truncated_examples, 1);
+  EXPECT_EQ(data.stats.truncated_tokens, 3);
+}
+
+TEST(PreferenceExamples, ConversationalImplicitPrompt) {
+  FakeEncoder e;
+  const std::string path = write_lines(
+      "pc.jsonl", {R"({"chosen":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],)"
+                   R"("rejected":[{"role":"user","content":"q"},{"role":"assistant","content":"b"}]})"});
+  DataConfig c;
+  c.max_length = 0;
+  const auto data = load_preference_data(path, e, c);
+  const auto& ex = data.examples[0];
+  EXPECT_EQ(ex.prompt_ids, enc("<user>q<eos><assistant>"));
+  EXPECT_EQ(ex.chosen_ids, enc("a<eos><eos>"));  // the template's <eos> then the appended eos
+  EXPECT_EQ(ex.rejected_ids, enc("b<eos><eos>"));
+}
+
+TEST(PreferenceExamples, DropWhenMaxLengthLeavesNoCompletion) {
+  FakeEncoder e;
+  const std::string path = write_lines(
+      "p.jsonl", {R"({"prompt":"abcdef","chosen":"x","rejected":"y"})", R"({"prompt":"a","chosen":"x","rejected":"y"})"});
+  DataConfig c;
+  c.max_length = 4;
+  c.max_prompt_length = 0;
+  c.truncation_mode = "keep_start";
+  auto data = load_preference_data(path, e, c);
+  EXPECT_EQ(data.examples.size(), 1u);
+  EXPECT_EQ(data.stats.dropped_examples, 1);
+  c.truncation_mode = "keep_end";
+  data = load_preference_data(path, e, c);
+  EXPECT_EQ(data.examples.size(), 2u);
+}
+
+TEST(UnpairedExamples, FromUnpairedAndFromPreference) {
+  FakeEncoder e;
+  DataConfig c;
+  auto data = load_unpaired_data(
+      write_lines("u.jsonl", {R"({"prompt":"p","completion":"c","label":false})"}), e, c);
+  ASSERT_EQ(data.examples.size(), 1u);
+  EXPECT_FALSE(data.examples[0].label);
+  EXPECT_EQ(data.examples[0].completion_ids, enc("c<eos>"));
+  data = load_unpaired_data(
+      write_lines("p.jsonl", {R"({"prompt":"p","chosen":"g","rejected":"b"})"}), e, c);
+  ASSERT_EQ(data.examples.size(), 2u);
+  EXPECT_TRUE(data.examples[0].label);
+  EXPECT_EQ(data.examples[0].completion_ids, enc("g<eos>"));
+  EXPECT_FALSE(data.examples[1].label);
+}
+
+TEST(PromptExamples, PromptOnly) {
+  FakeEncoder e;
+  DataConfig c;
+  auto data = load_prompt_data(write_lines("po.jsonl", {R"({"prompt":"hi"})"}), e, c);
+  EXPECT_EQ(data.examples[0].prompt_ids, enc("hi"));
+  EXPECT_EQ(data.examples[0].prompt.text, "hi");
+  data = load_prompt_data(
+      write_lines("pom.jsonl", {R"({"prompt":[{"role":"user","content":"hi"}]})"}), e, c);
+  EXPECT_EQ(data.examples[0].prompt_ids, enc("<user>hi<eos><assistant>"));
+}
+
+// ---- the real tokenizer (committed fixture), when present
+
+std::string qwen_dir() {
+  for (const char* rel : {"tokenizers/qwen2.5", "tokenizers/qwen2.5-0.5b-instruct"}) {
+    const std::string p = testing::fixture_path(rel);
+    if (std::filesystem::exists(p + "/tokenizer.json")) return p;
+  }
+  return "";
+}
+
+TEST(SftExamples, QwenTokenizerText) {
+  const std::string dir = qwen_dir();
+  if (dir.empty()) GTEST_SKIP() << "no Qwen2.5 tokenizer fixture under tests/fixtures/tokenizers";
+  auto tok = Tokenizer::load(dir);
+  auto encoder = make_text_encoder(tok);
+  const auto data = load_sft_data(
+      write_lines("t.jsonl", {R"({"text":"Hello world"})",
+                              R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!"}]})"}),
+      encoder.get(), [] {
+        DataConfig c;
+        c.skip_bad_lines = true;  // the second line has another format
+        return c;
+      }());
+  ASSERT_EQ(data.examples.size(), 1);
+  const auto expected = tok->encode("Hello world" + *tok->eos_token(), true);
+  auto ids = data.examples.ids(0);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), expected);
+  EXPECT_EQ(ids.back(), *tok->eos_token_id());
+  EXPECT_EQ(data.stats.bad_lines.count(BadLineKind::kMissingKey), 1);
+}
+
+TEST(SftExamples, QwenTokenizerConversation) {
+  const std::string dir = qwen_dir();
+  if (dir.empty()) GTEST_SKIP() << "no Qwen2.5 tokenizer fixture under tests/fixtures/tokenizers";
+  auto tok = Tokenizer::load(dir);
+  auto encoder = make_text_encoder(tok);
+  DataConfig c;
+  c.assistant_only_loss = true;
+  const auto data = load_sft_data(
+      write_lines("m.jsonl", {R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!"}]})"}),
+      encoder.get(), c);
+  const ChatEncoding expected =
+      tok->chat_template().encode(*tok, {{"user", "Hi"}, {"assistant", "Hello!"}}, false);
+  auto ids = data.examples.ids(0);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), expected.ids);
+  auto m = data.examples.mask(0);
+  EXPECT_EQ(std::vector<uint8_t>(m.begin(), m.end()), expected.assistant_mask);
+}
+
+}  // namespace
+}  // namespace leantune
