@@ -34,6 +34,7 @@
 #include "engine/autograd.h"
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "kernels/softmax_cpu.h"
 
 namespace leantune::kernels {
 
@@ -256,11 +257,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs&
         if (vis > 0) {
           A m = row[0];
           for (int64_t j = 1; j < vis; ++j) m = std::max(m, row[j]);
-          A sum = 0;
-          for (int64_t j = 0; j < vis; ++j) {
-            row[j] = std::exp(row[j] - m);
-            sum += row[j];
-          }
+          const A sum = softmax_cpu::exp_shift_sum(row, vis, m);
           l = m + std::log(sum);
           const A inv = A(1) / sum;
           for (int64_t j = 0; j < vis; ++j) row[j] *= inv;
@@ -343,7 +340,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
         for (int64_t r = 0; r < nb; ++r) {
           A* row = pb + r * kmax;
           const int64_t vis = std::isinf(lb[r]) ? 0 : visible(causal, i0 + r, lq, lk);
-          for (int64_t j = 0; j < vis; ++j) row[j] = std::exp(row[j] - lb[r]);
+          softmax_cpu::exp_shift_sum(row, vis, lb[r]);
           std::fill(row + vis, row + kmax, A(0));
         }
         if (pdv) gemm(true, false, kmax, d, nb, A(1), pb, kmax, gb, d, A(1), dvb, d);

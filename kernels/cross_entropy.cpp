@@ -10,11 +10,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <limits>
 
 #include "engine/autograd.h"
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "kernels/softmax_cpu.h"
 
 namespace leantune::kernels {
 
@@ -44,6 +47,30 @@ Tensor contig(const Tensor& t) {
 }
 
 DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+// sum_j exp(z[j] - m): the vectorised row exp when the row is already in the math type.
+template <typename T, typename A>
+A row_sum_exp(const T* z, int64_t v, A m) {
+  if constexpr (std::is_same_v<T, A>) {
+    return softmax_cpu::sum_exp_shift(z, v, m);
+  } else {
+    A s = 0;
+    for (int64_t j = 0; j < v; ++j) s += std::exp(load(z, j) - m);
+    return s;
+  }
+}
+
+// d[j] = exp(z[j] - l) * sc.
+template <typename T, typename A>
+void row_scaled_softmax(const T* z, T* d, int64_t v, A l, A sc) {
+  if constexpr (std::is_same_v<T, A>) {
+    std::memcpy(d, z, static_cast<size_t>(v) * sizeof(T));
+    softmax_cpu::exp_shift_sum(d, v, l);
+    for (int64_t j = 0; j < v; ++j) d[j] *= sc;
+  } else {
+    for (int64_t j = 0; j < v; ++j) store(d, j, std::exp(load(z, j) - l) * sc);
+  }
+}
 
 void check_inputs(const char* op, const Tensor& logits, const Tensor& targets) {
   LT_CHECK(logits.dim() == 2 && logits.size(1) > 0 && dtype_is_floating(logits.dtype()), op,
@@ -114,9 +141,7 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor
       const T* z = pz + r * v;
       A m = -std::numeric_limits<A>::infinity();
       for (int64_t j = 0; j < v; ++j) m = std::max(m, load(z, j));
-      A s = 0;
-      for (int64_t j = 0; j < v; ++j) s += std::exp(load(z, j) - m);
-      const A l = m + std::log(s);
+      const A l = m + std::log(row_sum_exp(z, v, m));
       pe[r] = l;
       pl[r] = y[r] == kIgnoreIndex ? A(0) : l - load(z, y[r]);
     });
@@ -156,9 +181,9 @@ void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor
         return;
       }
       const A l = pe[r];
-      for (int64_t j = 0; j < v; ++j) store(d, j, std::exp(load(z, j) - l) * sc);
+      row_scaled_softmax(z, d, v, l, sc);
       // p_y - 1 formed in the accumulation type before the one rounding.
-      store(d, y[r], (std::exp(load(z, y[r]) - l) - A(1)) * sc);
+      store(d, y[r], (softmax_cpu::exp1(load(z, y[r]) - l) - A(1)) * sc);
     });
   });
 }

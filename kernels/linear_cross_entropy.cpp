@@ -25,6 +25,7 @@
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/softmax_cpu.h"
 
 namespace leantune::kernels {
 
@@ -115,19 +116,22 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
     A* pz = static_cast<A*>(zc.data_ptr());
     parallel_for(c, grain_for(v), [&](int64_t r) {
       A* z = pz + r * v;
+      const int64_t y = tgt[c0 + r];
+      const A zt = z[y];
       A m = -std::numeric_limits<A>::infinity();
       for (int64_t j = 0; j < v; ++j) m = std::max(m, z[j]);
-      A s = 0;
-      for (int64_t j = 0; j < v; ++j) s += std::exp(z[j] - m);
+      // With gradients, exp(z - m) is kept and normalised once the sum is known: one exp per
+      // logit in all.
+      const A s = grads ? softmax_cpu::exp_shift_sum(z, v, m) : softmax_cpu::sum_exp_shift(z, v, m);
       const A l = m + std::log(s);
-      const int64_t y = tgt[c0 + r];
       (*lse)[c0 + r] = l;
-      (*zy)[c0 + r] = z[y];
+      (*zy)[c0 + r] = zt;
       if (!grads) return;
       const A k = (*coef)[c0 + r];
-      for (int64_t j = 0; j < v; ++j) z[j] = std::exp(z[j] - l) * k;
+      const A ks = k / s;
+      for (int64_t j = 0; j < v; ++j) z[j] *= ks;
       // p_y - 1 is formed before scaling so that it keeps its precision when p_y is near 1.
-      z[y] = (std::exp((*zy)[c0 + r] - l) - A(1)) * k;
+      z[y] = (softmax_cpu::exp1(zt - l) - A(1)) * k;
     });
     if (!grads) continue;
     if (dhidden.defined()) {

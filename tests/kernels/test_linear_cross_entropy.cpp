@@ -283,6 +283,5 @@ TEST(LinearCrossEntropyRows, PerRowNllAndCoefficientWeightedGradients) {
                Error);
 }
 
-
 }  // namespace
 }  // namespace leantune
