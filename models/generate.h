@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/rng.h"
 #include "models/decoder.h"
 
 namespace leantune {

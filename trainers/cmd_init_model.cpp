@@ -1,0 +1,54 @@
+// trainer_bin init-model --config config.json --out DIR [--seed N] [--tokenizer DIR] [--dtype D]
+// Writes a randomly initialised model as a Hugging Face folder: config.json and
+// model.safetensors (normal init with std = initializer_range, norms set to one, biases zero),
+// plus the tokenizer files copied from --tokenizer.
+#include <cstdio>
+#include <filesystem>
+
+#include "models/decoder.h"
+#include "trainers/commands.h"
+#include "trainers/model_io.h"
+#include "trainers/options.h"
+
+namespace leantune {
+namespace {
+
+int run_init_model(const std::vector<std::string>& args) {
+  Options o("init-model");
+  o.add_string("model_config", "", "the model's config.json (Llama or Qwen2 architecture)");
+  o.add_string("out", "", "output folder (created)");
+  o.add_int("seed", 0, "random seed of the initialisation", 0);
+  o.add_string("tokenizer", "", "folder whose tokenizer files are copied into the output");
+  o.add_string("dtype", "", "dtype written to disk (default: the config's torch_dtype)",
+               {"", "float32", "bfloat16", "float16"});
+  // `--config` is the name the issue and users use for the model config here; Options reserves
+  // --config for option files, so translate it.
+  std::vector<std::string> a = args;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == "--config") a[i] = "--model_config";
+    else if (a[i].rfind("--config=", 0) == 0) a[i] = "--model_config=" + a[i].substr(9);
+  }
+  if (!o.parse(a)) {
+    std::printf("%s", o.help().c_str());
+    return 0;
+  }
+  LT_CHECK_INPUT(!o.get_string("model_config").empty(), "init-model: --config config.json is required");
+  LT_CHECK_INPUT(!o.get_string("out").empty(), "init-model: --out DIR is required");
+  ModelConfig cfg = ModelConfig::load(o.get_string("model_config"));
+  DType disk = cfg.torch_dtype;
+  if (!o.get_string("dtype").empty()) dtype_from_string(o.get_string("dtype"), &disk);
+  DecoderModel model(cfg, Device::cpu(), DType::kF32);
+  model.init_random(static_cast<uint64_t>(o.get_int("seed")));
+  const std::string out = o.get_string("out");
+  model.save(out, disk);
+  if (!o.get_string("tokenizer").empty()) copy_tokenizer_files(o.get_string("tokenizer"), out);
+  std::printf("wrote %s: %s, %lld parameters, %s\n", out.c_str(), cfg.architecture.c_str(),
+              static_cast<long long>(model.num_parameters()), dtype_name(disk));
+  return 0;
+}
+
+CommandRegistration reg("init-model", "write a randomly initialised model as an HF folder",
+                        run_init_model);
+
+}  // namespace
+}  // namespace leantune

@@ -1,0 +1,150 @@
+// trainer_bin pack --dataset F.jsonl [--tokenizer DIR] --max_length L
+//                  [--packing_strategy bfd|bfd_split|wrapped] --out OUT.jsonl
+// Packs a dataset offline exactly as training would (loaders/pack.h, TRL's pack_dataset) and
+// writes one JSON line per bin, in bin order:
+//   bfd, bfd_split  {"input_ids": [...], "seq_lengths": [...]}   one length per packed sequence
+//   wrapped         {"input_ids": [...]}                          a bin is one sequence (TRL)
+// plus "labels" ([...], -100 where no loss) on every line when some token of the dataset is
+// masked (completion_only_loss, assistant_only_loss or masks in a tokenized dataset).
+// A tokenized {"input_ids"} dataset needs no tokenizer. The output is written to OUT.tmp and
+// renamed, so an interrupted run leaves no partial file under OUT. A summary goes to stdout.
+// Bad input: exit 2 with one line naming the file (and line).
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "engine/check.h"
+#include "loaders/examples.h"
+#include "loaders/pack.h"
+#include "loaders/text_encoder.h"
+#include "loaders/tokenizer.h"
+#include "trainers/commands.h"
+#include "trainers/options.h"
+
+namespace leantune {
+namespace {
+
+void write_ints(std::string* out, const char* key, const int32_t* v, size_t n, bool first) {
+  if (!first) out->append(",");
+  out->append("\"").append(key).append("\":[");
+  char buf[16];
+  for (size_t i = 0; i < n; ++i) {
+    const int len = std::snprintf(buf, sizeof(buf), i ? ",%d" : "%d", v[i]);
+    out->append(buf, static_cast<size_t>(len));
+  }
+  out->append("]");
+}
+
+int run_pack(const std::vector<std::string>& args) {
+  Options o("pack");
+  o.add_string("dataset", "", "JSONL dataset in a TRL format");
+  o.add_string("tokenizer", "", "tokenizer folder (not needed for a tokenized dataset)");
+  o.add_string("chat_template", "", "override the chat template", {"", "chatml", "qwen2.5", "llama3", "llama3.1", "llama3.2"});
+  o.add_int("max_length", 0, "bin size in tokens", 1);
+  o.add_string("packing_strategy", "bfd", "how examples are packed", {"bfd", "bfd_split", "wrapped"});
+  o.add_int("packing_window", 0, "examples packed together (0 = all; 1000 = TRL's chunks)", 0);
+  o.add_string("out", "", "output JSONL path");
+  o.add_string("dataset_text_field", "text", "the text key of language-modeling data");
+  o.add_bool_or_none("completion_only_loss", std::nullopt, "mask prompt tokens (default: on for prompt-completion data)");
+  o.add_bool("assistant_only_loss", false, "mask all but assistant tokens (conversational data)");
+  o.add_bool("skip_bad_lines", false, "skip and count malformed lines instead of failing");
+  if (!o.parse(args)) {
+    std::printf("%s", o.help().c_str());
+    return 0;
+  }
+  const std::string dataset = o.get_string("dataset");
+  const std::string out_path = o.get_string("out");
+  LT_CHECK_INPUT(!dataset.empty(), "pack: --dataset F.jsonl is required");
+  LT_CHECK_INPUT(!out_path.empty(), "pack: --out OUT.jsonl is required");
+  LT_CHECK_INPUT(o.is_set("max_length"), "pack: --max_length L is required");
+
+  DataConfig cfg;
+  cfg.dataset_text_field = o.get_string("dataset_text_field");
+  cfg.skip_bad_lines = o.get_bool("skip_bad_lines");
+  cfg.max_length = o.get_int("max_length");
+  cfg.packing = true;
+  cfg.packing_strategy = o.get_string("packing_strategy");
+  cfg.packing_window = o.get_int("packing_window");
+  cfg.completion_only_loss = o.get_bool_or_none("completion_only_loss");
+  cfg.assistant_only_loss = o.get_bool("assistant_only_loss");
+  validate_data_config(cfg);
+
+  std::unique_ptr<TextEncoder> encoder;
+  if (!o.get_string("tokenizer").empty()) {
+    encoder = make_text_encoder(Tokenizer::load(o.get_string("tokenizer")),
+                                o.get_string("chat_template"));
+  }
+  const SftData data = load_sft_data(dataset, encoder.get(), cfg);
+  const TokenizedDataset& ex = data.examples;
+  const Packing packing = pack_lengths(ex.lengths(), cfg.max_length,
+                                       parse_packing_strategy(cfg.packing_strategy),
+                                       cfg.packing_window);
+  bool any_masked = false;
+  for (int64_t i = 0; i < ex.size() && !any_masked; ++i) {
+    for (uint8_t m : ex.mask(i)) {
+      if (!m) {
+        any_masked = true;
+        break;
+      }
+    }
+  }
+
+  const std::string tmp = out_path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  LT_CHECK_INPUT(f != nullptr, out_path, ": cannot write: ", std::strerror(errno));
+  std::unique_ptr<FILE, int (*)(FILE*)> guard(f, std::fclose);
+  std::string line;
+  std::vector<int32_t> ids, labels;
+  for (int64_t b = 0; b < packing.num_bins(); ++b) {
+    ids.clear();
+    labels.clear();
+    for (const Segment& s : packing.bin(b)) {
+      const auto src = ex.ids(s.item).subspan(static_cast<size_t>(s.begin),
+                                              static_cast<size_t>(s.length));
+      const auto mask = ex.mask(s.item).subspan(static_cast<size_t>(s.begin),
+                                                static_cast<size_t>(s.length));
+      for (size_t k = 0; k < src.size(); ++k) {
+        ids.push_back(src[k]);
+        labels.push_back(mask[k] ? src[k] : -100);
+      }
+    }
+    line = "{";
+    write_ints(&line, "input_ids", ids.data(), ids.size(), true);
+    if (!packing.bin_is_one_sequence()) {
+      const std::vector<int32_t> lens = packing.seq_lengths(b);
+      write_ints(&line, "seq_lengths", lens.data(), lens.size(), false);
+    }
+    if (any_masked) write_ints(&line, "labels", labels.data(), labels.size(), false);
+    line += "}\n";
+    LT_CHECK_INPUT(std::fwrite(line.data(), 1, line.size(), f) == line.size(), out_path,
+                   ": write failed: ", std::strerror(errno));
+  }
+  LT_CHECK_INPUT(std::fflush(f) == 0, out_path, ": write failed: ", std::strerror(errno));
+  guard.reset();
+  LT_CHECK_INPUT(std::rename(tmp.c_str(), out_path.c_str()) == 0, out_path,
+                 ": cannot rename from ", tmp, ": ", std::strerror(errno));
+
+  std::printf("%s\n", data.stats.summary().c_str());
+  std::printf(
+      "packed %lld examples with %s (max_length %lld) into %lld bins: efficiency %.4f, "
+      "%lld tokens dropped (%lld examples truncated), %lld fragments from %lld split examples "
+      "-> %s\n",
+      static_cast<long long>(ex.size()), packing_strategy_name(packing.strategy),
+      static_cast<long long>(packing.max_length), static_cast<long long>(packing.num_bins()),
+      packing.efficiency(), static_cast<long long>(packing.dropped_tokens),
+      static_cast<long long>(packing.truncated_items),
+      static_cast<long long>(packing.strategy == PackingStrategy::kBfdSplit
+                                 ? static_cast<int64_t>(packing.segments.size()) - ex.size() +
+                                       packing.split_items
+                                 : 0),
+      static_cast<long long>(packing.split_items), out_path.c_str());
+  return 0;
+}
+
+CommandRegistration reg("pack", "pack a JSONL dataset offline into max_length bins (TRL's BFD)",
+                        run_pack);
+
+}  // namespace
+}  // namespace leantune

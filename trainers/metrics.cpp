@@ -1,0 +1,136 @@
+#include "trainers/metrics.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "engine/check.h"
+#include "engine/cuda_api.h"
+
+namespace leantune {
+
+nlohmann::json memory_snapshot(Device device) {
+  AllocatorStats st = allocator(device).stats();
+  nlohmann::json tags = nlohmann::json::object();
+  for (int i = 0; i < kNumMemTags; ++i)
+    tags[mem_tag_name(static_cast<MemTag>(i))] = {{"current", st.by_tag[i].current},
+                                                  {"peak", st.by_tag[i].peak}};
+  nlohmann::json j = {{"allocated", st.allocated.current}, {"peak_allocated", st.allocated.peak},
+                      {"reserved", st.reserved.current},   {"peak_reserved", st.reserved.peak},
+                      {"by_tag", tags}};
+  if (device.is_cuda()) {
+    size_t free_b = 0, total_b = 0;
+    cuda_mem_get_info(device.index, &free_b, &total_b);
+    j["device_free"] = free_b;
+    j["device_total"] = total_b;
+  }
+  return j;
+}
+
+MetricsLogger::MetricsLogger(const std::string& path, int64_t total_steps, bool resume,
+                             int64_t start_step)
+    : total_steps_(total_steps),
+      tty_(::isatty(fileno(stderr)) != 0),
+      start_(std::chrono::steady_clock::now()),
+      start_step_(start_step) {
+  if (path.empty()) return;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  if (resume && std::filesystem::exists(path)) {
+    // Keep the records up to the checkpoint's step: the resumed run writes the rest again.
+    std::ifstream in(path);
+    std::vector<std::string> keep;
+    std::string line;
+    while (std::getline(in, line)) {
+      try {
+        auto j = nlohmann::json::parse(line);
+        if (j.value("step", int64_t{0}) <= start_step) keep.push_back(line);
+      } catch (const nlohmann::json::exception&) {
+        // A torn last line from a killed run: dropped.
+      }
+    }
+    in.close();
+    std::ofstream out(path, std::ios::trunc);
+    for (const auto& l : keep) out << l << "\n";
+  } else {
+    std::ofstream(path, std::ios::trunc).flush();
+  }
+  file_ = std::fopen(path.c_str(), "a");
+  LT_CHECK_INPUT(file_ != nullptr, "cannot open ", path, " for writing");
+}
+
+MetricsLogger::~MetricsLogger() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsLogger::log(const nlohmann::json& r) {
+  if (file_) {
+    std::string s = r.dump();
+    std::fprintf(file_, "%s\n", s.c_str());
+    std::fflush(file_);
+  }
+  print_progress(r);
+}
+
+namespace {
+std::string fmt_duration(double s) {
+  if (!(s >= 0) || s > 1e7) return "?";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(t / 3600),
+                  static_cast<long long>(t / 60 % 60), static_cast<long long>(t % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(t / 60),
+                  static_cast<long long>(t % 60));
+  return buf;
+}
+}  // namespace
+
+void MetricsLogger::print_progress(const nlohmann::json& r) {
+  if (!r.contains("loss")) {
+    std::string s = r.dump();
+    message(s);
+    return;
+  }
+  const int64_t step = r.value("step", int64_t{0});
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double per_step = step > start_step_ ? elapsed / static_cast<double>(step - start_step_) : 0;
+  const double eta = per_step * static_cast<double>(total_steps_ - step);
+  const double peak = r.contains("memory") ? r["memory"].value("peak_allocated", 0.0) : 0.0;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "step %lld/%lld  loss %.4f  grad_norm %.3f  lr %.2e  %.0f tok/s  peak %s  ETA %s",
+                static_cast<long long>(step), static_cast<long long>(total_steps_),
+                r.value("loss", 0.0), r.value("grad_norm", 0.0), r.value("learning_rate", 0.0),
+                r.value("tokens_per_second", 0.0), format_bytes(static_cast<int64_t>(peak)).c_str(),
+                fmt_duration(eta).c_str());
+  if (tty_) {
+    const int width = 24;
+    const int filled = total_steps_ > 0 ? static_cast<int>(width * step / total_steps_) : 0;
+    std::string bar(filled, '#');
+    bar += std::string(width - filled, '.');
+    std::fprintf(stderr, "\r[%s] %s\x1b[K", bar.c_str(), line);
+    bar_shown_ = true;
+  } else {
+    std::fprintf(stderr, "%s\n", line);
+  }
+  std::fflush(stderr);
+}
+
+void MetricsLogger::message(const std::string& text) {
+  if (bar_shown_) std::fprintf(stderr, "\n");
+  bar_shown_ = false;
+  std::fprintf(stderr, "%s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+void MetricsLogger::finish() {
+  if (bar_shown_) std::fprintf(stderr, "\n");
+  bar_shown_ = false;
+}
+
+}  // namespace leantune

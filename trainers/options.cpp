@@ -1,0 +1,376 @@
+#include "trainers/options.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "engine/check.h"
+#include "loaders/fs_util.h"
+
+namespace leantune {
+
+namespace {
+std::string dashes_to_underscores(std::string s) {
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+const char* type_name(Options::Type t) {
+  switch (t) {
+    case Options::Type::kBool: return "true or false";
+    case Options::Type::kBoolOrNone: return "true, false or none";
+    case Options::Type::kInt: return "an integer";
+    case Options::Type::kIntOrNone: return "an integer or none";
+    case Options::Type::kFloat: return "a number";
+    case Options::Type::kString: return "a string";
+    case Options::Type::kStringList: return "a list of strings";
+  }
+  return "?";
+}
+
+std::string show(const nlohmann::json& v) {
+  if (v.is_null()) return "none";
+  if (v.is_string()) return v.get<std::string>().empty() ? "\"\"" : v.get<std::string>();
+  if (v.is_array()) {
+    std::string s;
+    for (const auto& e : v) s += (s.empty() ? "" : ",") + e.get<std::string>();
+    return s.empty() ? "\"\"" : s;
+  }
+  return v.dump();
+}
+}  // namespace
+
+std::string Options::canonical(const std::string& name) const { return dashes_to_underscores(name); }
+
+Options::Spec& Options::spec(const std::string& name) {
+  return const_cast<Spec&>(static_cast<const Options*>(this)->spec(name));
+}
+
+const Options::Spec& Options::spec(const std::string& name0) const {
+  const std::string name = canonical(name0);
+  for (const Spec& s : specs_)
+    if (s.name == name) return s;
+  std::string best;
+  size_t best_d = 4;
+  for (const Spec& s : specs_) {
+    size_t d = edit_distance(name, s.name);
+    if (d < best_d) {
+      best_d = d;
+      best = s.name;
+    }
+  }
+  LT_THROW(ErrorKind::kInput, command_, ": unknown option --", name,
+           best.empty() ? "" : " (did you mean --" + best + "?)");
+}
+
+Options& Options::add_bool(const std::string& name, bool def, const std::string& help) {
+  specs_.push_back({name, Type::kBool, def, help, {}});
+  values_[name] = def;
+  return *this;
+}
+Options& Options::add_bool_or_none(const std::string& name, std::optional<bool> def,
+                                   const std::string& help) {
+  nlohmann::json d = def ? nlohmann::json(*def) : nlohmann::json(nullptr);
+  specs_.push_back({name, Type::kBoolOrNone, d, help, {}});
+  values_[name] = d;
+  return *this;
+}
+Options& Options::add_int(const std::string& name, int64_t def, const std::string& help,
+                          int64_t min, int64_t max) {
+  specs_.push_back({name, Type::kInt, def, help, {}, static_cast<double>(min), static_cast<double>(max)});
+  values_[name] = def;
+  return *this;
+}
+Options& Options::add_int_or_none(const std::string& name, std::optional<int64_t> def,
+                                  const std::string& help, int64_t min) {
+  nlohmann::json d = def ? nlohmann::json(*def) : nlohmann::json(nullptr);
+  specs_.push_back({name, Type::kIntOrNone, d, help, {}, static_cast<double>(min)});
+  values_[name] = d;
+  return *this;
+}
+Options& Options::add_float(const std::string& name, double def, const std::string& help,
+                            double min, double max) {
+  specs_.push_back({name, Type::kFloat, def, help, {}, min, max});
+  values_[name] = def;
+  return *this;
+}
+Options& Options::add_string(const std::string& name, const std::string& def,
+                             const std::string& help, std::vector<std::string> choices) {
+  specs_.push_back({name, Type::kString, def, help, std::move(choices)});
+  values_[name] = def;
+  return *this;
+}
+Options& Options::add_string_list(const std::string& name, std::vector<std::string> def,
+                                  const std::string& help) {
+  specs_.push_back({name, Type::kStringList, def, help, {}});
+  values_[name] = def;
+  return *this;
+}
+Options& Options::allow_positional(const std::string& name, const std::string& help) {
+  positional_name_ = name;
+  positional_help_ = help;
+  return *this;
+}
+
+void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string& where) {
+  auto bad = [&]() {
+    LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " expects ", type_name(s.type),
+             ", got ", v.dump());
+  };
+  nlohmann::json out;
+  switch (s.type) {
+    case Type::kBool:
+      if (!v.is_boolean()) bad();
+      out = v;
+      break;
+    case Type::kBoolOrNone:
+      if (v.is_string() && (v == "none" || v == "None")) {
+        out = nullptr;
+        break;
+      }
+      if (!v.is_boolean() && !v.is_null()) bad();
+      out = v;
+      break;
+    case Type::kInt:
+    case Type::kIntOrNone:
+      if (v.is_null() && s.type == Type::kIntOrNone) {
+        out = nullptr;
+        break;
+      }
+      if (v.is_string() && s.type == Type::kIntOrNone && (v == "none" || v == "None")) {
+        out = nullptr;
+        break;
+      }
+      if (!v.is_number_integer() && !(v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
+        bad();
+      out = v.get<int64_t>();
+      if (out.get<int64_t>() < s.min || out.get<int64_t>() > s.max)
+        LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be ",
+                 s.max < 9e18 ? "in [" + show(static_cast<int64_t>(s.min)) + ", " + show(static_cast<int64_t>(s.max)) + "]"
+                              : ">= " + show(static_cast<int64_t>(s.min)),
+                 ", got ", out.get<int64_t>());
+      break;
+    case Type::kFloat:
+      if (!v.is_number()) bad();
+      out = v.get<double>();
+      if (!std::isfinite(out.get<double>()) || out.get<double>() < s.min || out.get<double>() > s.max)
+        LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be in [", s.min, ", ", s.max,
+                 "], got ", v.dump());
+      break;
+    case Type::kString:
+      if (!v.is_string()) bad();
+      out = v;
+      if (!s.choices.empty() &&
+          std::find(s.choices.begin(), s.choices.end(), v.get<std::string>()) == s.choices.end()) {
+        std::string list;
+        for (const auto& c : s.choices) list += (list.empty() ? "" : ", ") + c;
+        LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be one of ", list,
+                 "; got '", v.get<std::string>(), "'");
+      }
+      break;
+    case Type::kStringList:
+      if (v.is_string()) {
+        out = nlohmann::json::array({v});
+      } else {
+        if (!v.is_array()) bad();
+        for (const auto& e : v)
+          if (!e.is_string()) bad();
+        out = v;
+      }
+      break;
+  }
+  values_[s.name] = out;
+  user_set_[s.name] = true;
+}
+
+void Options::set_from_text(Spec& s, const std::string& text, const std::string& where) {
+  auto bad = [&]() {
+    LT_THROW(ErrorKind::kInput, where, ": option --", s.name, " expects ", type_name(s.type),
+             ", got '", text, "'");
+  };
+  switch (s.type) {
+    case Type::kBool:
+    case Type::kBoolOrNone: {
+      std::string t = text;
+      std::transform(t.begin(), t.end(), t.begin(), ::tolower);
+      if (t == "true" || t == "1" || t == "yes") return set_from_json(s, true, where);
+      if (t == "false" || t == "0" || t == "no") return set_from_json(s, false, where);
+      if (s.type == Type::kBoolOrNone && (t == "none" || t == "null"))
+        return set_from_json(s, nullptr, where);
+      bad();
+      break;
+    }
+    case Type::kInt:
+    case Type::kIntOrNone: {
+      if (s.type == Type::kIntOrNone && (text == "none" || text == "None" || text == "null"))
+        return set_from_json(s, nullptr, where);
+      size_t used = 0;
+      int64_t v = 0;
+      try {
+        v = std::stoll(text, &used);
+      } catch (...) {
+        bad();
+      }
+      if (used != text.size()) bad();
+      return set_from_json(s, v, where);
+    }
+    case Type::kFloat: {
+      size_t used = 0;
+      double v = 0;
+      try {
+        v = std::stod(text, &used);
+      } catch (...) {
+        bad();
+      }
+      if (used != text.size()) bad();
+      return set_from_json(s, v, where);
+    }
+    case Type::kString:
+      return set_from_json(s, text, where);
+    case Type::kStringList: {
+      nlohmann::json arr = nlohmann::json::array();
+      std::stringstream ss(text);
+      std::string item;
+      while (std::getline(ss, item, ','))
+        if (!item.empty()) arr.push_back(item);
+      return set_from_json(s, arr, where);
+    }
+  }
+}
+
+void Options::apply_json(const nlohmann::json& j, const std::string& source) {
+  LT_CHECK_INPUT(j.is_object(), source, ": a config must be a JSON object of option -> value");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    Spec& s = spec(it.key());
+    set_from_json(s, it.value(), source);
+  }
+}
+
+bool Options::parse(const std::vector<std::string>& args) {
+  // The config file first, so that flags override it whatever their order.
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i], path;
+    if (a == "--config") {
+      LT_CHECK_INPUT(i + 1 < args.size(), command_, ": option --config needs a file");
+      path = args[i + 1];
+    } else if (a.rfind("--config=", 0) == 0) {
+      path = a.substr(9);
+    } else {
+      continue;
+    }
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_text_file(path));
+    } catch (const nlohmann::json::exception& e) {
+      LT_THROW(ErrorKind::kInput, path, ": invalid JSON config: ", e.what());
+    }
+    apply_json(j, path);
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") return false;
+    if (a.rfind("--", 0) != 0) {
+      LT_CHECK_INPUT(!positional_name_.empty(), command_, ": unexpected argument '", a, "'");
+      positional_.push_back(a);
+      continue;
+    }
+    std::string name = a.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    if (canonical(name) == "config") {
+      if (!has_value) ++i;
+      continue;
+    }
+    Spec& s = spec(name);
+    if (!has_value) {
+      const bool next_is_value = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
+      if ((s.type == Type::kBool || s.type == Type::kBoolOrNone) && !next_is_value) {
+        set_from_json(s, true, "command line");
+        continue;
+      }
+      LT_CHECK_INPUT(next_is_value, command_, ": option --", s.name, " needs a value (",
+                     type_name(s.type), ")");
+      value = args[++i];
+    }
+    set_from_text(s, value, "command line");
+  }
+  return true;
+}
+
+bool Options::get_bool(const std::string& name) const { return values_.at(spec(name).name).get<bool>(); }
+std::optional<bool> Options::get_bool_or_none(const std::string& name) const {
+  const auto& v = values_.at(spec(name).name);
+  if (v.is_null()) return std::nullopt;
+  return v.get<bool>();
+}
+int64_t Options::get_int(const std::string& name) const {
+  return values_.at(spec(name).name).get<int64_t>();
+}
+std::optional<int64_t> Options::get_int_or_none(const std::string& name) const {
+  const auto& v = values_.at(spec(name).name);
+  if (v.is_null()) return std::nullopt;
+  return v.get<int64_t>();
+}
+double Options::get_float(const std::string& name) const {
+  return values_.at(spec(name).name).get<double>();
+}
+const std::string& Options::get_string(const std::string& name) const {
+  return values_.at(spec(name).name).get_ref<const std::string&>();
+}
+std::vector<std::string> Options::get_string_list(const std::string& name) const {
+  return values_.at(spec(name).name).get<std::vector<std::string>>();
+}
+bool Options::is_set(const std::string& name) const {
+  auto it = user_set_.find(spec(name).name);
+  return it != user_set_.end() && it->second;
+}
+void Options::set(const std::string& name, const nlohmann::json& value) {
+  Spec& s = spec(name);
+  set_from_json(s, value, "internal");
+  user_set_[s.name] = false;
+}
+
+std::string Options::help() const {
+  std::ostringstream os;
+  os << "usage: trainer_bin " << command_;
+  if (!positional_name_.empty()) os << " " << positional_name_;
+  os << " [--config FILE.json] [--option value ...]\n\n";
+  if (!positional_name_.empty()) os << "  " << positional_name_ << "\n      " << positional_help_ << "\n";
+  os << "options (TRL names; a JSON config may set any of them, flags override it):\n";
+  for (const Spec& s : specs_) {
+    os << "  --" << s.name << " (" << type_name(s.type) << ", default " << show(s.def) << ")\n"
+       << "      " << s.help;
+    if (!s.choices.empty()) {
+      os << " [";
+      for (size_t i = 0; i < s.choices.size(); ++i) os << (i ? "|" : "") << s.choices[i];
+      os << "]";
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+nlohmann::json Options::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Spec& s : specs_) j[s.name] = values_.at(s.name);
+  return j;
+}
+
+}  // namespace leantune

@@ -1,0 +1,318 @@
+#include "trainers/sft.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "engine/autograd.h"
+#include "loaders/text_encoder.h"
+#include "models/generate.h"
+#include "trainers/commands.h"
+#include "trainers/model_io.h"
+
+namespace leantune {
+
+namespace fs = std::filesystem;
+
+std::string embedded_data_dir() {
+  if (const char* env = std::getenv("LEANTUNE_DATA_DIR")) return std::string(env) + "/embedded";
+#ifdef LEANTUNE_SOURCE_DIR
+  if (fs::exists(std::string(LEANTUNE_SOURCE_DIR) + "/data/embedded/config.json"))
+    return std::string(LEANTUNE_SOURCE_DIR) + "/data/embedded";
+#endif
+  LT_THROW(ErrorKind::kInput,
+           "the embedded default run's data folder was not found; set LEANTUNE_DATA_DIR to the "
+           "repository's data/ folder, or pass --model_name_or_path and --dataset");
+}
+
+Options sft_options() {
+  Options o("sft");
+  o.add_string("model_name_or_path", "",
+               "HF model folder to fine-tune (empty with no dataset: the built-in demo model)");
+  o.add_string("dataset", "", "training data: a JSONL file in a TRL format");
+  o.add_string("eval_dataset", "", "evaluation data (JSONL), evaluated every eval_steps");
+  o.add_string("dataset_text_field", "text", "the key of the text in language-modeling data");
+  o.add_int_or_none("max_length", 1024, "truncate (or pack) sequences to this many tokens; none = no limit", 1);
+  o.add_string("truncation_mode", "keep_start", "which end of a too-long sequence is kept",
+               {"keep_start", "keep_end"});
+  o.add_bool("packing", false, "pack examples into sequences of max_length tokens");
+  o.add_string("packing_strategy", "bfd", "how examples are packed", {"bfd", "bfd_split", "wrapped"});
+  o.add_int("packing_window", 0, "examples packed together (0 = the whole dataset; 1000 = TRL's chunks)", 0);
+  o.add_bool_or_none("padding_free", std::nullopt,
+                     "flat varlen batches without pad tokens (default: on with bfd packing)");
+  o.add_int_or_none("pad_to_multiple_of", std::nullopt, "pad each batch to a multiple of this", 1);
+  o.add_bool_or_none("completion_only_loss", std::nullopt,
+                     "loss only on completion tokens (default: on for prompt-completion data)");
+  o.add_bool("assistant_only_loss", false, "loss only on the assistant's tokens (chat data)");
+  o.add_string("chat_template", "", "override the tokenizer's chat template", {"", "chatml", "llama3"});
+  o.add_bool("skip_bad_lines", false, "skip (and count) malformed dataset lines instead of stopping");
+  o.add_bool("use_liger_kernel", true,
+             "fused chunked linear cross-entropy: the [tokens x vocab] logits never exist");
+  add_training_options(o);
+  return o;
+}
+
+SftTrainer::SftTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model,
+                       Options options, std::shared_ptr<Tokenizer> tokenizer,
+                       std::string tokenizer_dir, std::shared_ptr<DataLoader> train,
+                       std::shared_ptr<DataLoader> eval, DataStats train_stats, bool fused_loss)
+    : Trainer(std::move(args), std::move(model), std::move(options)),
+      tokenizer_(std::move(tokenizer)),
+      tokenizer_dir_(std::move(tokenizer_dir)),
+      train_(std::move(train)),
+      eval_(std::move(eval)),
+      train_stats_(std::move(train_stats)),
+      fused_loss_(fused_loss) {}
+
+Batch SftTrainer::next_micro_batch(BatchReport* report) {
+  // What padding every row to the batch's longest row would have cost (padding-free's saving).
+  const std::vector<int64_t> units = train_->sampler().batch(train_->epoch() + (train_->step_in_epoch() >= train_->batches_per_epoch() ? 1 : 0),
+                                                             train_->step_in_epoch() >= train_->batches_per_epoch() ? 0 : train_->step_in_epoch());
+  int64_t longest = 0, real = 0;
+  for (int64_t u : units) {
+    const int64_t n = static_cast<int64_t>(train_->unit_row(u).input_ids.size());
+    longest = std::max(longest, n);
+    real += n;
+  }
+  Batch b = train_->next(report);
+  if (train_->padding_free())
+    padded_tokens_avoided_ += longest * static_cast<int64_t>(units.size()) - real;
+  max_micro_tokens_ = std::max(max_micro_tokens_, b.num_tokens());
+  return b;
+}
+
+Tensor SftTrainer::compute_loss(const Batch& b, double normalizer) {
+  ForwardOptions fo;
+  fo.normalizer = normalizer;
+  fo.gradient_checkpointing = args_.gradient_checkpointing;
+  fo.fused_loss = fused_loss_;
+  return model_->forward(b, fo).loss;
+}
+
+std::optional<double> SftTrainer::evaluate() {
+  if (!eval_) return std::nullopt;
+  NoGradGuard ng;
+  double nll = 0;
+  int64_t tokens = 0;
+  std::vector<int64_t> all(eval_->num_units());
+  for (int64_t i = 0; i < eval_->num_units(); ++i) all[i] = i;
+  const int64_t bs = args_.per_device_eval_batch_size;
+  for (int64_t start = 0; start < eval_->num_units(); start += bs) {
+    std::vector<int64_t> units(all.begin() + start,
+                               all.begin() + std::min<int64_t>(start + bs, eval_->num_units()));
+    Batch b = eval_->collate_units(units, nullptr);
+    ForwardOptions fo;
+    fo.normalizer = 1.0;  // sum of token NLLs
+    fo.fused_loss = fused_loss_;
+    ForwardResult r = model_->forward(b, fo);
+    nll += r.loss.item();
+    tokens += r.label_tokens;
+  }
+  return tokens > 0 ? nll / static_cast<double>(tokens) : 0.0;
+}
+
+double SftTrainer::epoch_progress() const {
+  const double per = static_cast<double>(std::max<int64_t>(train_->batches_per_epoch(), 1));
+  return static_cast<double>(train_->epoch()) + static_cast<double>(train_->step_in_epoch()) / per;
+}
+
+nlohmann::json SftTrainer::data_state() const {
+  return nlohmann::json::parse(train_->state().to_json());
+}
+
+void SftTrainer::set_data_state(const nlohmann::json& s) {
+  train_->set_state(LoaderState::from_json(s.dump()));
+}
+
+void SftTrainer::write_model_extras(const std::string& dir) const {
+  if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);
+}
+
+void SftTrainer::on_train_begin(MetricsLogger& log) {
+  log.message(train_stats_.summary());
+  log.message(train_->summary());
+}
+
+nlohmann::json SftTrainer::technique_savings() const {
+  nlohmann::json s = nlohmann::json::object();
+  if (train_->padding_free())
+    s["padding_free"] = {{"pad_tokens_avoided", padded_tokens_avoided_},
+                         {"note", "tokens that padding each micro-batch to its longest row would have added"}};
+  if (fused_loss_) {
+    const int64_t v = model_->config().vocab_size;
+    s["chunked_loss"] = {{"largest_micro_batch_tokens", max_micro_tokens_},
+                         {"vocab_size", v},
+                         {"logits_bytes_not_materialised", max_micro_tokens_ * v * 4 * 2},
+                         {"note", "f32 logits and their gradient for the largest micro-batch"}};
+  }
+  if (args_.gradient_checkpointing)
+    s["gradient_checkpointing"] = {{"note", "only each layer's input is kept between forward and backward"}};
+  return s;
+}
+
+std::string format_memory_report(const nlohmann::json& r) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "memory report (%s): peak allocated %s, peak reserved %s\n",
+                r.value("device", "?").c_str(),
+                format_bytes(r.value("peak_allocated", int64_t{0})).c_str(),
+                format_bytes(r.value("peak_reserved", int64_t{0})).c_str());
+  out += line;
+  const std::pair<const char*, const char*> cats[] = {
+      {"param", "params"},           {"grad", "grads"},         {"optimizer", "optimizer states"},
+      {"activation", "activations"}, {"workspace", "workspace"}, {"kv_cache", "kv cache"},
+      {"comm", "communication"},     {"other", "other"}};
+  for (const auto& [tag, label] : cats) {
+    const int64_t v = r["peak_by_tag"].value(tag, int64_t{0});
+    std::snprintf(line, sizeof line, "  %-18s %12s\n", label, format_bytes(v).c_str());
+    out += line;
+  }
+  const auto& s = r["savings"];
+  if (!s.empty()) out += "  saved by the enabled techniques:\n";
+  if (s.contains("padding_free")) {
+    std::snprintf(line, sizeof line, "    padding-free batches: %lld pad tokens never computed\n",
+                  static_cast<long long>(s["padding_free"].value("pad_tokens_avoided", int64_t{0})));
+    out += line;
+  }
+  if (s.contains("chunked_loss")) {
+    const auto& c = s["chunked_loss"];
+    std::snprintf(line, sizeof line,
+                  "    chunked linear cross-entropy: [%lld x %lld] logits never materialised "
+                  "(%s with their gradient)\n",
+                  static_cast<long long>(c.value("largest_micro_batch_tokens", int64_t{0})),
+                  static_cast<long long>(c.value("vocab_size", int64_t{0})),
+                  format_bytes(c.value("logits_bytes_not_materialised", int64_t{0})).c_str());
+    out += line;
+  }
+  if (s.contains("gradient_checkpointing"))
+    out += "    gradient checkpointing: only decoder-layer inputs kept between forward and backward\n";
+  return out;
+}
+
+int run_sft(const Options& o) {
+  TrainingArguments args = training_arguments(o);
+  SftSetup setup;
+  setup.model_name_or_path = o.get_string("model_name_or_path");
+  setup.dataset = o.get_string("dataset");
+  setup.embedded = setup.model_name_or_path.empty() && setup.dataset.empty();
+  LT_CHECK_INPUT(setup.embedded || !setup.model_name_or_path.empty(),
+                 "sft: --model_name_or_path is required when --dataset is given");
+  LT_CHECK_INPUT(setup.embedded || !setup.dataset.empty(),
+                 "sft: --dataset is required when --model_name_or_path is given");
+  if (setup.embedded) {
+    const std::string dir = embedded_data_dir();
+    setup.tokenizer_dir = dir;
+    setup.model_config = dir + "/config.json";
+    setup.dataset = dir + "/stories.jsonl";
+  } else {
+    setup.tokenizer_dir = setup.model_name_or_path;
+  }
+
+  const Device device = Device::parse(args.device);
+  const DType dtype = args.bf16 ? DType::kBF16 : DType::kF32;
+  auto tokenizer = Tokenizer::load(setup.tokenizer_dir);
+  if (!o.get_string("chat_template").empty()) tokenizer->set_chat_template(o.get_string("chat_template"));
+  std::unique_ptr<TextEncoder> encoder = make_text_encoder(tokenizer, o.get_string("chat_template"));
+
+  DataConfig dc;
+  dc.dataset_text_field = o.get_string("dataset_text_field");
+  dc.skip_bad_lines = o.get_bool("skip_bad_lines");
+  dc.max_length = o.get_int_or_none("max_length").value_or(0);
+  dc.truncation_mode = o.get_string("truncation_mode");
+  dc.completion_only_loss = o.get_bool_or_none("completion_only_loss");
+  dc.assistant_only_loss = o.get_bool("assistant_only_loss");
+  dc.packing = o.get_bool("packing");
+  dc.packing_strategy = o.get_string("packing_strategy");
+  dc.packing_window = o.get_int("packing_window");
+  dc.padding_free = o.get_bool_or_none("padding_free");
+  dc.pad_to_multiple_of = o.get_int_or_none("pad_to_multiple_of").value_or(0);
+  dc.per_device_train_batch_size = args.per_device_train_batch_size;
+  dc.seed = args.seed;
+  validate_data_config(dc);
+
+  SftData train = load_sft_data(setup.dataset, encoder.get(), dc);
+  auto train_examples = std::make_shared<TokenizedDataset>(std::move(train.examples));
+  auto loader = std::make_shared<DataLoader>(train_examples, dc, encoder->pad_token_id());
+  std::shared_ptr<DataLoader> eval;
+  if (!o.get_string("eval_dataset").empty()) {
+    DataConfig ec = dc;
+    ec.shuffle = false;
+    ec.per_device_train_batch_size = args.per_device_eval_batch_size;
+    SftData ev = load_sft_data(o.get_string("eval_dataset"), encoder.get(), ec);
+    eval = std::make_shared<DataLoader>(std::make_shared<TokenizedDataset>(std::move(ev.examples)),
+                                        ec, encoder->pad_token_id());
+  }
+
+  std::shared_ptr<DecoderModel> model;
+  if (setup.embedded) {
+    model = std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
+    model->init_random(args.seed);
+  } else {
+    model = DecoderModel::load(setup.model_name_or_path, device, dtype);
+  }
+  LT_CHECK_INPUT(tokenizer->vocab_size() <= model->config().vocab_size, "the tokenizer has ",
+                 tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
+                 model->config().vocab_size);
+  model->set_requires_grad(true);
+  std::printf("sft: %s (%s, %lld parameters) on %s, %s\n",
+              setup.embedded ? "built-in demo model" : setup.model_name_or_path.c_str(),
+              model->config().architecture.c_str(), static_cast<long long>(model->num_parameters()),
+              device.str().c_str(), dtype_name(dtype));
+  std::fflush(stdout);
+
+  SftTrainer trainer(args, model, o, tokenizer, setup.tokenizer_dir, loader, eval, train.stats,
+                     o.get_bool("use_liger_kernel"));
+  TrainResult r = trainer.train();
+  if (r.interrupted) {
+    std::printf("sft: stopped at step %lld; resume with --resume_from_checkpoint latest\n",
+                static_cast<long long>(r.steps));
+    return 0;
+  }
+  std::printf("sft: %lld steps, final loss %.4f (first %.4f)%s; model written to %s\n",
+              static_cast<long long>(r.steps), r.losses.empty() ? 0.0 : r.losses.back(),
+              r.losses.empty() ? 0.0 : r.losses.front(),
+              r.skipped_steps ? (", " + std::to_string(r.skipped_steps) + " updates skipped").c_str() : "",
+              args.output_dir.c_str());
+  std::printf("%s", format_memory_report(r.memory).c_str());
+  if (setup.embedded) {
+    const std::string prompt = "One sunny day, Mia";
+    GenerationConfig g;
+    g.max_new_tokens = 48;
+    g.eos_token_ids = {encoder->eos_token_id()};
+    GenerationResult gen = generate(*model, {tokenizer->encode(prompt, true)}, g);
+    std::printf("sample: %s%s\n", prompt.c_str(), tokenizer->decode(gen.tokens[0], true).c_str());
+  }
+  return 0;
+}
+
+namespace {
+int sft_command(const std::vector<std::string>& argv) {
+  Options o = sft_options();
+  if (!o.parse(argv)) {
+    std::printf("%s", o.help().c_str());
+    return 0;
+  }
+  // The embedded default run: settings that make the built-in demo train in about a minute.
+  if (o.get_string("model_name_or_path").empty() && o.get_string("dataset").empty()) {
+    auto dflt = [&](const char* k, const nlohmann::json& v) {
+      if (!o.is_set(k)) o.set(k, v);
+    };
+    dflt("max_length", 256);
+    dflt("packing", true);
+    dflt("per_device_train_batch_size", 8);
+    dflt("learning_rate", 3e-3);
+    dflt("lr_scheduler_type", "cosine");
+    dflt("warmup_ratio", 0.05);
+    dflt("max_steps", 120);
+    dflt("logging_steps", 10);
+    dflt("save_steps", 0);
+    dflt("weight_decay", 0.01);
+    dflt("output_dir", "trainer_output/embedded");
+  }
+  return run_sft(o);
+}
+
+CommandRegistration reg("sft", "supervised fine-tuning (TRL SFTTrainer options); no options: the built-in demo", sft_command);
+}  // namespace
+
+}  // namespace leantune

@@ -1,0 +1,73 @@
+// SFT: causal-LM fine-tuning on TRL-format JSONL data (trainer_bin sft).
+//
+// Data: loaders/examples.h (tokenisation, loss masks, truncation) -> loaders/data_loader.h
+// (packing, padding-free collation, shuffling) -> flat varlen Batches. Loss: the decoder's
+// chunked linear cross-entropy over shifted labels, normalised by the label tokens of the whole
+// accumulated batch.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loaders/data_loader.h"
+#include "loaders/tokenizer.h"
+#include "trainers/trainer.h"
+
+namespace leantune {
+
+// Options of `trainer_bin sft` (model, data and training options, TRL names).
+Options sft_options();
+
+struct SftSetup {
+  std::string model_name_or_path;  // empty = the built-in embedded model
+  std::string tokenizer_dir;
+  std::string model_config;         // embedded: the config.json of the random-init model
+  std::string dataset;
+  bool embedded = false;
+};
+
+class SftTrainer final : public Trainer {
+ public:
+  SftTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
+             std::shared_ptr<Tokenizer> tokenizer, std::string tokenizer_dir,
+             std::shared_ptr<DataLoader> train, std::shared_ptr<DataLoader> eval,
+             DataStats train_stats, bool fused_loss);
+
+  const DataStats& train_stats() const { return train_stats_; }
+
+ protected:
+  int64_t micro_batches_per_epoch() const override { return train_->batches_per_epoch(); }
+  Batch next_micro_batch(BatchReport* report) override;
+  int64_t loss_tokens(const Batch& b) const override { return b.stats.label_tokens; }
+  Tensor compute_loss(const Batch& b, double normalizer) override;
+  std::optional<double> evaluate() override;
+  double epoch_progress() const override;
+  nlohmann::json data_state() const override;
+  void set_data_state(const nlohmann::json& s) override;
+  void write_model_extras(const std::string& dir) const override;
+  void on_train_begin(MetricsLogger& log) override;
+  nlohmann::json technique_savings() const override;
+
+ private:
+  std::shared_ptr<Tokenizer> tokenizer_;
+  std::string tokenizer_dir_;
+  std::shared_ptr<DataLoader> train_;
+  std::shared_ptr<DataLoader> eval_;
+  DataStats train_stats_;
+  bool fused_loss_;
+  int64_t padded_tokens_avoided_ = 0;
+  int64_t max_micro_tokens_ = 0;
+};
+
+// Runs `trainer_bin sft` with parsed options; returns the process exit code.
+int run_sft(const Options& o);
+
+// Prints the end-of-run memory report (peak by category and the savings of each technique).
+std::string format_memory_report(const nlohmann::json& report);
+
+// Where the embedded default run's files live (data/embedded in the source tree, or
+// $LEANTUNE_DATA_DIR/embedded).
+std::string embedded_data_dir();
+
+}  // namespace leantune

@@ -1,0 +1,321 @@
+#include "trainers/trainer.h"
+
+#include <csignal>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "engine/autograd.h"
+#include "engine/ops.h"
+#include "loaders/fs_util.h"
+#include "loaders/safetensors.h"
+#include "trainers/checkpoint.h"
+
+namespace leantune {
+
+namespace {
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+
+class SignalScope {
+ public:
+  SignalScope() {
+    g_stop.store(false);
+    prev_term_ = std::signal(SIGTERM, on_signal);
+    prev_int_ = std::signal(SIGINT, on_signal);
+  }
+  ~SignalScope() {
+    std::signal(SIGTERM, prev_term_);
+    std::signal(SIGINT, prev_int_);
+  }
+
+ private:
+  void (*prev_term_)(int);
+  void (*prev_int_)(int);
+};
+
+bool no_decay(const std::string& name) {
+  return name.find("norm") != std::string::npos ||
+         (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
+}
+}  // namespace
+
+bool stop_requested() { return g_stop.load(); }
+
+void add_training_options(Options& o) {
+  TrainingArguments d;
+  o.add_string("output_dir", d.output_dir, "where checkpoints, metrics.jsonl and the final model go");
+  o.add_int("per_device_train_batch_size", d.per_device_train_batch_size,
+            "examples (or packed sequences) per micro-batch", 1);
+  o.add_int("per_device_eval_batch_size", d.per_device_eval_batch_size,
+            "examples per evaluation batch", 1);
+  o.add_int("gradient_accumulation_steps", d.gradient_accumulation_steps,
+            "micro-batches per optimizer update", 1);
+  o.add_float("learning_rate", d.learning_rate, "peak learning rate of AdamW", 0.0);
+  o.add_string("lr_scheduler_type", d.lr_scheduler_type, "learning-rate schedule after warmup",
+               {"linear", "cosine", "constant", "constant_with_warmup"});
+  o.add_float("warmup_ratio", d.warmup_ratio, "fraction of updates used for linear warmup", 0.0, 1.0);
+  o.add_int("warmup_steps", d.warmup_steps, "updates of linear warmup (overrides warmup_ratio)", 0);
+  o.add_float("weight_decay", d.weight_decay,
+              "decoupled weight decay (not applied to biases and norm weights)", 0.0);
+  o.add_float("adam_beta1", d.adam_beta1, "AdamW beta1", 0.0, 1.0);
+  o.add_float("adam_beta2", d.adam_beta2, "AdamW beta2", 0.0, 1.0);
+  o.add_float("adam_epsilon", d.adam_epsilon, "AdamW epsilon", 0.0);
+  o.add_float("max_grad_norm", d.max_grad_norm, "clip the global gradient norm to this (0 = off)", 0.0);
+  o.add_float("num_train_epochs", d.num_train_epochs, "epochs over the training data", 0.0);
+  o.add_int("max_steps", d.max_steps, "total updates; overrides num_train_epochs when > 0");
+  o.add_int("logging_steps", d.logging_steps, "log every this many updates", 1);
+  o.add_int("eval_steps", d.eval_steps, "evaluate every this many updates (0 = only at the end)", 0);
+  o.add_int("save_steps", d.save_steps, "checkpoint every this many updates (0 = never)", 0);
+  o.add_int("save_total_limit", d.save_total_limit, "keep at most this many checkpoints (0 = all)", 0);
+  o.add_int("seed", static_cast<int64_t>(d.seed), "seed of data order, init and dropout", 0);
+  o.add_bool("bf16", d.bf16, "bf16 weights and activations, f32 master weights and optimizer state");
+  o.add_bool("gradient_checkpointing", d.gradient_checkpointing,
+             "recompute each decoder layer in backward, keeping only its input");
+  o.add_string("device", d.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is present)");
+  o.add_string("resume_from_checkpoint", "",
+               "a checkpoint folder, or 'latest' for the newest complete one in output_dir");
+}
+
+TrainingArguments training_arguments(const Options& o) {
+  TrainingArguments a;
+  a.output_dir = o.get_string("output_dir");
+  a.per_device_train_batch_size = o.get_int("per_device_train_batch_size");
+  a.per_device_eval_batch_size = o.get_int("per_device_eval_batch_size");
+  a.gradient_accumulation_steps = o.get_int("gradient_accumulation_steps");
+  a.learning_rate = o.get_float("learning_rate");
+  a.lr_scheduler_type = o.get_string("lr_scheduler_type");
+  a.warmup_ratio = o.get_float("warmup_ratio");
+  a.warmup_steps = o.get_int("warmup_steps");
+  a.weight_decay = o.get_float("weight_decay");
+  a.adam_beta1 = o.get_float("adam_beta1");
+  a.adam_beta2 = o.get_float("adam_beta2");
+  a.adam_epsilon = o.get_float("adam_epsilon");
+  a.max_grad_norm = o.get_float("max_grad_norm");
+  a.num_train_epochs = o.get_float("num_train_epochs");
+  a.max_steps = o.get_int("max_steps");
+  a.logging_steps = o.get_int("logging_steps");
+  a.eval_steps = o.get_int("eval_steps");
+  a.save_steps = o.get_int("save_steps");
+  a.save_total_limit = o.get_int("save_total_limit");
+  a.seed = static_cast<uint64_t>(o.get_int("seed"));
+  a.bf16 = o.get_bool("bf16");
+  a.gradient_checkpointing = o.get_bool("gradient_checkpointing");
+  a.device = o.get_string("device");
+  a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
+  LT_CHECK_INPUT(!a.output_dir.empty(), "option output_dir must not be empty");
+  LT_CHECK_INPUT(a.max_steps > 0 || a.num_train_epochs > 0,
+                 "options max_steps and num_train_epochs: one of them must be > 0");
+  return a;
+}
+
+Trainer::Trainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options)
+    : model_(std::move(model)), args_(std::move(args)), options_(std::move(options)) {}
+
+void Trainer::build_optimizer() {
+  trainable_.clear();
+  for (const auto& [name, t] : model_->named_parameters())
+    if (t.requires_grad()) trainable_.push_back({name, t, !no_decay(name)});
+  LT_CHECK_INPUT(!trainable_.empty(), "nothing to train: no parameter requires a gradient");
+  optimizer_ = std::make_unique<AdamW>(
+      trainable_, AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
+                              args_.adam_epsilon, args_.weight_decay});
+}
+
+double Trainer::grad_norm() const {
+  double s = 0;
+  for (const auto& p : trainable_) {
+    Tensor g = p.tensor.grad();
+    if (g.defined()) s += ops::sum_squares(g);
+  }
+  return std::sqrt(s);
+}
+
+void Trainer::zero_grads() {
+  for (auto& p : trainable_) p.tensor.zero_grad();
+}
+
+void Trainer::save_final_model() const {
+  const DType disk = model_->dtype() == DType::kF64 ? DType::kF32 : model_->dtype();
+  model_->save(args_.output_dir, disk);
+  write_model_extras(args_.output_dir);
+}
+
+void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
+  const std::string path = write_checkpoint(args_.output_dir, step, [&](const std::string& dir) {
+    model_->save(dir, model_->dtype());
+    write_model_extras(dir);
+    save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_tensors(),
+                     {{"step", std::to_string(optimizer_->step_count())}});
+    nlohmann::json st = {{"global_step", step},
+                         {"epoch", epoch_progress()},
+                         {"num_tokens", num_tokens_},
+                         {"consecutive_nonfinite", consecutive_nonfinite_},
+                         {"skipped_steps", skipped_steps_},
+                         {"optimizer_step", optimizer_->step_count()},
+                         {"total_steps", total_steps_},
+                         {"data_state", data_state()},
+                         {"options", options_.to_json()}};
+    write_text_atomic(dir + "/trainer_state.json", st.dump(1));
+  });
+  rotate_checkpoints(args_.output_dir, args_.save_total_limit);
+  log.message("saved " + path);
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+  model_->load_weights(TensorStore::open(dir));
+  nlohmann::json st;
+  try {
+    st = nlohmann::json::parse(read_text_file(dir + "/trainer_state.json"));
+  } catch (const nlohmann::json::exception& e) {
+    LT_THROW(ErrorKind::kInput, dir, "/trainer_state.json: ", e.what());
+  }
+  auto opt_file = SafetensorsFile::open(dir + "/optimizer.safetensors");
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (const auto& e : opt_file->entries()) state.emplace_back(e.name, opt_file->tensor(e.name));
+  optimizer_->load_state_tensors(state);
+  optimizer_->set_step_count(st.at("optimizer_step").get<int64_t>());
+  step_ = st.at("global_step").get<int64_t>();
+  num_tokens_ = st.value("num_tokens", int64_t{0});
+  consecutive_nonfinite_ = st.value("consecutive_nonfinite", int64_t{0});
+  skipped_steps_ = st.value("skipped_steps", int64_t{0});
+  set_data_state(st.at("data_state"));
+}
+
+nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
+  nlohmann::json snap = memory_snapshot(model_->device());
+  nlohmann::json r = {{"device", model_->device().str()},
+                      {"peak_allocated", snap["peak_allocated"]},
+                      {"peak_reserved", snap["peak_reserved"]},
+                      {"peak_by_tag", nlohmann::json::object()},
+                      {"savings", savings}};
+  for (auto it = snap["by_tag"].begin(); it != snap["by_tag"].end(); ++it)
+    r["peak_by_tag"][it.key()] = it.value()["peak"];
+  return r;
+}
+
+TrainResult Trainer::train() {
+  SignalScope signals;
+  TrainResult result;
+  const int64_t per_epoch = micro_batches_per_epoch();
+  LT_CHECK_INPUT(per_epoch > 0, "the training data yields no micro-batch");
+  const int64_t updates_per_epoch =
+      std::max<int64_t>(1, (per_epoch + args_.gradient_accumulation_steps - 1) /
+                               args_.gradient_accumulation_steps);
+  total_steps_ = args_.max_steps > 0
+                     ? args_.max_steps
+                     : static_cast<int64_t>(std::ceil(args_.num_train_epochs * updates_per_epoch));
+  LT_CHECK_INPUT(total_steps_ > 0, "no training steps (num_train_epochs too small)");
+  scheduler_ = LrScheduler::make(args_.lr_scheduler_type, args_.learning_rate, total_steps_,
+                                 args_.warmup_steps, args_.warmup_ratio);
+  build_optimizer();
+  bool resumed = false;
+  if (!args_.resume_from_checkpoint.empty()) {
+    const std::string dir = resolve_checkpoint(args_.resume_from_checkpoint, args_.output_dir);
+    load_checkpoint(dir);
+    resumed = true;
+  }
+  std::filesystem::create_directories(args_.output_dir);
+  MetricsLogger log(args_.output_dir + "/metrics.jsonl", total_steps_, resumed, step_);
+  if (resumed) log.message("resumed from step " + std::to_string(step_));
+  on_train_begin(log);
+  allocator(model_->device()).reset_peak_stats();
+
+  double window_loss = 0, window_norm = 0;
+  int64_t window_steps = 0, window_tokens = 0, window_real = 0, window_total = 0;
+  auto window_start = std::chrono::steady_clock::now();
+
+  while (step_ < total_steps_) {
+    const int64_t update = step_ + 1;
+    // Fetch the whole accumulated batch first: the loss normaliser spans all of it.
+    std::vector<Batch> micro;
+    std::vector<BatchReport> reports;
+    int64_t normalizer = 0;
+    for (int64_t i = 0; i < args_.gradient_accumulation_steps; ++i) {
+      BatchReport rep;
+      micro.push_back(next_micro_batch(&rep));
+      reports.push_back(rep);
+      normalizer += loss_tokens(micro.back());
+    }
+    double step_loss = 0;
+    bool finite = true;
+    for (size_t i = 0; i < micro.size(); ++i) {
+      Tensor loss = compute_loss(micro[i], static_cast<double>(std::max<int64_t>(normalizer, 1)));
+      if (nan_steps_.count(update)) loss = ops::scale(loss, std::nan(""));
+      const double lv = loss.item();
+      step_loss += lv;
+      if (!std::isfinite(lv)) finite = false;
+      if (loss.requires_grad()) loss.backward();
+      num_tokens_ += reports[i].real_tokens;
+      window_tokens += reports[i].real_tokens;
+      window_real += reports[i].real_tokens;
+      window_total += reports[i].real_tokens + reports[i].pad_tokens;
+    }
+    const double norm = grad_norm();
+    if (!finite || !std::isfinite(norm)) {
+      ++consecutive_nonfinite_;
+      ++skipped_steps_;
+      log.message("step " + std::to_string(update) + ": non-finite " +
+                  (finite ? std::string("gradient") : std::string("loss")) +
+                  ", update skipped (" + std::to_string(consecutive_nonfinite_) + " in a row)");
+      zero_grads();
+      if (consecutive_nonfinite_ >= args_.max_consecutive_nonfinite)
+        LT_THROW(ErrorKind::kNonFinite, "stopping at step ", update, ": ", consecutive_nonfinite_,
+                 " consecutive non-finite steps");
+    } else {
+      consecutive_nonfinite_ = 0;
+      double scale = 1.0;
+      if (args_.max_grad_norm > 0) scale = std::min(1.0, args_.max_grad_norm / (norm + 1e-6));
+      optimizer_->step(scheduler_.lr(step_), scale);
+      zero_grads();
+    }
+    const double lr_used = scheduler_.lr(step_);
+    step_ = update;
+    result.losses.push_back(step_loss);
+    window_loss += step_loss;
+    window_norm += finite ? norm : 0;
+    ++window_steps;
+
+    if (step_ % args_.logging_steps == 0 || step_ == total_steps_) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+      nlohmann::json rec = {{"step", step_},
+                            {"epoch", epoch_progress()},
+                            {"loss", window_loss / window_steps},
+                            {"grad_norm", window_norm / window_steps},
+                            {"learning_rate", lr_used},
+                            {"tokens_per_second", secs > 0 ? window_tokens / secs : 0.0},
+                            {"num_tokens", num_tokens_},
+                            {"padding_efficiency", window_total > 0 ? static_cast<double>(window_real) / window_total : 1.0},
+                            {"memory", memory_snapshot(model_->device())}};
+      log.log(rec);
+      window_loss = window_norm = 0;
+      window_steps = window_tokens = window_real = window_total = 0;
+      window_start = std::chrono::steady_clock::now();
+    }
+    if (args_.eval_steps > 0 && step_ % args_.eval_steps == 0 && step_ < total_steps_) {
+      if (auto ev = evaluate()) log.log({{"step", step_}, {"eval_loss", *ev}});
+    }
+    const bool stop = stop_requested() || (stop_after_ > 0 && step_ >= stop_after_);
+    if ((args_.save_steps > 0 && step_ % args_.save_steps == 0 && step_ < total_steps_) || stop)
+      save_checkpoint(step_, log);
+    if (stop) {
+      log.message("stopped at step " + std::to_string(step_) + " (checkpoint saved)");
+      result.interrupted = true;
+      break;
+    }
+  }
+  log.finish();
+  result.steps = step_;
+  result.skipped_steps = skipped_steps_;
+  if (!result.interrupted) {
+    if (auto ev = evaluate()) {
+      result.final_eval_loss = *ev;
+      log.log({{"step", step_}, {"eval_loss", *ev}});
+    }
+    save_final_model();
+  }
+  result.memory = memory_report(technique_savings());
+  return result;
+}
+
+}  // namespace leantune

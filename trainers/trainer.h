@@ -1,0 +1,140 @@
+// The training loop shared by every trainer (SFT now; DPO, KTO, GRPO... plug in the same way).
+//
+// One optimizer update ("step") = gradient_accumulation_steps micro-batches. The loss of each
+// micro-batch is normalised by the number of loss tokens across the WHOLE accumulated batch
+// (not averaged per micro-batch), so 4 x 1 and 1 x 4 give the same gradients. Then:
+// gradient norm -> non-finite check (a non-finite loss or gradient skips the update, names the
+// step, is counted; 10 in a row stop the run with exit 4) -> clipping to max_grad_norm ->
+// AdamW with the scheduled learning rate. Logging every logging_steps (metrics.jsonl and the
+// progress bar), evaluation every eval_steps, a checkpoint every save_steps (at most
+// save_total_limit kept), SIGTERM/SIGINT -> checkpoint and a clean return. At the end the final
+// model is written to output_dir as an HF folder and a memory report is printed.
+//
+// Subclasses provide the data and the loss through the virtual hooks below.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/optim.h"
+#include "loaders/batch.h"
+#include "loaders/collate.h"
+#include "models/decoder.h"
+#include "trainers/metrics.h"
+#include "trainers/options.h"
+#include "trainers/schedule.h"
+
+namespace leantune {
+
+struct TrainingArguments {
+  std::string output_dir = "trainer_output";
+  int64_t per_device_train_batch_size = 8;
+  int64_t per_device_eval_batch_size = 8;
+  int64_t gradient_accumulation_steps = 1;
+  double learning_rate = 2e-5;
+  std::string lr_scheduler_type = "linear";
+  double warmup_ratio = 0.0;
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;
+  double num_train_epochs = 3.0;
+  int64_t max_steps = -1;
+  int64_t logging_steps = 10;
+  int64_t eval_steps = 0;
+  int64_t save_steps = 500;
+  int64_t save_total_limit = 0;
+  uint64_t seed = 42;
+  bool bf16 = false;
+  bool gradient_checkpointing = false;
+  std::string device = "auto";
+  std::string resume_from_checkpoint;
+  int64_t max_consecutive_nonfinite = 10;
+};
+
+// Declares the options every trainer shares (TRL/transformers names and defaults).
+void add_training_options(Options& o);
+TrainingArguments training_arguments(const Options& o);
+
+struct TrainResult {
+  int64_t steps = 0;
+  std::vector<double> losses;  // per update
+  bool interrupted = false;
+  int64_t skipped_steps = 0;
+  double final_eval_loss = 0;
+  nlohmann::json memory;
+};
+
+class Trainer {
+ public:
+  Trainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options);
+  virtual ~Trainer() = default;
+
+  TrainResult train();
+
+  // Test hooks: updates (1-based) whose loss is made NaN before backward.
+  void set_nan_injection(std::set<int64_t> steps) { nan_steps_ = std::move(steps); }
+  // Stop (as on SIGTERM: checkpoint and return) after this update.
+  void set_stop_after(int64_t step) { stop_after_ = step; }
+  DecoderModel& model() { return *model_; }
+  const TrainingArguments& args() const { return args_; }
+
+ protected:
+  // Micro-batches per epoch of this rank (for num_train_epochs -> total steps).
+  virtual int64_t micro_batches_per_epoch() const = 0;
+  // The next micro-batch (the data side moves across epochs by itself).
+  virtual Batch next_micro_batch(BatchReport* report) = 0;
+  // Tokens the loss of this batch is normalised over when accumulated (label tokens for SFT).
+  virtual int64_t loss_tokens(const Batch& b) const = 0;
+  // Forward (and nothing else) of one micro-batch, loss divided by `normalizer`.
+  virtual Tensor compute_loss(const Batch& b, double normalizer) = 0;
+  // Mean loss over the evaluation data (nullopt when there is none).
+  virtual std::optional<double> evaluate() { return std::nullopt; }
+  virtual double epoch_progress() const = 0;  // fractional epoch, for logs
+  virtual nlohmann::json data_state() const = 0;
+  virtual void set_data_state(const nlohmann::json& s) = 0;
+  // Extra files for the model folder (tokenizer files).
+  virtual void write_model_extras(const std::string& dir) const {}
+  // Called once before the loop, after resuming.
+  virtual void on_train_begin(MetricsLogger& log) {}
+  // Memory-report lines a trainer adds (what its techniques saved).
+  virtual nlohmann::json technique_savings() const { return nlohmann::json::object(); }
+
+  std::shared_ptr<DecoderModel> model_;
+  TrainingArguments args_;
+  Options options_;
+
+ private:
+  void build_optimizer();
+  void save_checkpoint(int64_t step, MetricsLogger& log);
+  void load_checkpoint(const std::string& dir);
+  void save_final_model() const;
+  double grad_norm() const;
+  void zero_grads();
+  nlohmann::json memory_report(const nlohmann::json& savings) const;
+
+  std::vector<AdamW::Param> trainable_;
+  std::unique_ptr<AdamW> optimizer_;
+  LrScheduler scheduler_;
+  int64_t total_steps_ = 0;
+  int64_t step_ = 0;
+  int64_t num_tokens_ = 0;
+  int64_t consecutive_nonfinite_ = 0;
+  int64_t skipped_steps_ = 0;
+  std::set<int64_t> nan_steps_;
+  int64_t stop_after_ = -1;
+};
+
+// Set by SIGTERM/SIGINT while train() runs.
+bool stop_requested();
+
+}  // namespace leantune
