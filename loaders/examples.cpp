@@ -80,6 +80,14 @@ bool has_trainable(std::span<const uint8_t> mask, size_t limit) {
   return false;
 }
 
+bool has_any(std::span<const uint8_t> mask, size_t limit) {
+  limit = std::min(limit, mask.size());
+  for (size_t i = 0; i < limit; ++i) {
+    if (mask[i]) return true;
+  }
+  return false;
+}
+
 int64_t count_label_tokens(std::span<const uint8_t> mask) {
   int64_t n = 0;
   for (size_t i = 1; i < mask.size(); ++i) n += mask[i];
@@ -185,19 +193,20 @@ void completion_texts(const TextField& prompt, const std::vector<const TextField
   }
 }
 
+// where: "file:line" of the line the format was detected on.
 void check_sft_format(const DatasetFormat& f, const TextEncoder* encoder, const DataConfig& cfg,
-                      const std::string& path) {
+                      const std::string& where) {
   const bool sft_kind = f.kind == DatasetKind::kLanguageModeling ||
                         f.kind == DatasetKind::kPromptCompletion ||
                         f.kind == DatasetKind::kTokenized;
-  LT_CHECK_INPUT(sft_kind, path, ": dataset format ", f.name(),
+  LT_CHECK_INPUT(sft_kind, where, ": dataset format ", f.name(),
                  " cannot be used for SFT (expected '", cfg.dataset_text_field,
                  "', 'messages', 'prompt'+'completion' or 'input_ids')");
-  LT_CHECK_INPUT(f.kind == DatasetKind::kTokenized || encoder != nullptr, path,
+  LT_CHECK_INPUT(f.kind == DatasetKind::kTokenized || encoder != nullptr, where,
                  ": dataset format ", f.name(), " needs a tokenizer");
   LT_CHECK_INPUT(!cfg.assistant_only_loss || f.conversational ||
                      (f.kind == DatasetKind::kTokenized && f.has_assistant_masks),
-                 path, ": assistant_only_loss=true needs conversational data (message lists), "
+                 where, ": assistant_only_loss=true needs conversational data (message lists), "
                  "but the dataset format is ", f.name());
 }
 
@@ -286,7 +295,7 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
   while (reader.next(&rec)) {
     if (first) {
       out.format = reader.format();
-      check_sft_format(out.format, encoder, cfg, reader.path());
+      check_sft_format(out.format, encoder, cfg, reader.path() + ":" + std::to_string(rec.line));
       out.completion_only_loss = resolve_completion_only_loss(cfg, out.format);
       first = false;
     }
@@ -305,8 +314,12 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
       kept_ids = kept_ids.subspan(from, static_cast<size_t>(max_len));
       kept_mask = kept_mask.subspan(from, static_cast<size_t>(max_len));
     }
-    const size_t limit = bfd_cut ? static_cast<size_t>(max_len) : kept_mask.size();
-    if (!has_trainable(kept_mask, limit)) {
+    // Packing: TRL does not filter, and a first position is only masked inside the bin, so
+    // any mask bit in what the packer keeps counts. Otherwise the first position never trains.
+    const bool trainable =
+        cfg.packing ? has_any(kept_mask, bfd_cut ? static_cast<size_t>(max_len) : kept_mask.size())
+                    : has_trainable(kept_mask, kept_mask.size());
+    if (!trainable) {
       ++st.dropped_examples;
       st.dropped_tokens += n;
       continue;
@@ -395,7 +408,8 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
   while (reader.next(&rec)) {
     if (first) {
       out.format = reader.format();
-      LT_CHECK_INPUT(out.format.kind == DatasetKind::kPreference, path, ": dataset format ",
+      LT_CHECK_INPUT(out.format.kind == DatasetKind::kPreference, path, ":", rec.line,
+                     ": dataset format ",
                      out.format.name(),
                      " is not a preference format ('prompt'+'chosen'+'rejected' or "
                      "'chosen'+'rejected')");
@@ -451,7 +465,7 @@ UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
       out.format = reader.format();
       LT_CHECK_INPUT(out.format.kind == DatasetKind::kUnpairedPreference ||
                          out.format.kind == DatasetKind::kPreference,
-                     path, ": dataset format ", out.format.name(),
+                     path, ":", rec.line, ": dataset format ", out.format.name(),
                      " is not an unpaired preference format ('prompt'+'completion'+'label', or a "
                      "preference dataset to unpair)");
       first = false;
@@ -512,7 +526,8 @@ PromptData load_prompt_data(const std::string& path, const TextEncoder& enc,
       out.format = reader.format();
       LT_CHECK_INPUT(out.format.kind != DatasetKind::kLanguageModeling &&
                          out.format.kind != DatasetKind::kTokenized,
-                     path, ": dataset format ", out.format.name(), " has no 'prompt'");
+                     path, ":", rec.line, ": dataset format ", out.format.name(),
+                     " has no 'prompt'");
       first = false;
     }
     PromptExample ex;

@@ -17,12 +17,13 @@
 //   truncation         without packing and with max_length > 0: ids and mask are sliced together
 //                      ([:L] keep_start, [-L:] keep_end). With packing nothing is cut here: the
 //                      packer cuts (bfd counts its overflow).
-//   drop               an example with no trainable token is dropped and counted. Trainable means
-//                      mask = 1 at a position >= 1: the label of a sequence's first position never
-//                      reaches the loss (causal shift; TRL also masks it when packing), so an
-//                      example trainable only there would feed a zero-label batch to the loss.
-//                      With bfd packing the check looks at the first max_length tokens, which is
-//                      all the packer keeps.
+//   drop               an example with no trainable token is dropped and counted. Without
+//                      packing, trainable means mask = 1 at a position >= 1: the label of a
+//                      sequence's first position never reaches the loss (causal shift), so an
+//                      example trainable only there would feed a zero-label batch to the loss
+//                      (stricter than TRL's "any label" filter). With packing TRL filters nothing;
+//                      we drop only examples whose mask is all 0 in what the packer keeps (the
+//                      first max_length tokens for bfd), so a 1-token document still packs.
 //
 // Preference (the old DPOTrainer.tokenize_row + concatenated_forward, trl_semantics.md §1):
 //   conversational     prompt text = render(prompt, add_generation_prompt); chosen text =

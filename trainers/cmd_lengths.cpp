@@ -75,9 +75,9 @@ int run_lengths(const std::vector<std::string>& args) {
               static_cast<long long>(s.max), static_cast<long long>(s.min), s.mean);
   std::printf("histogram:\n%s\n", text_histogram(lengths).c_str());
 
-  std::printf("%-12s %-10s %16s %14s\n", "max_length", "", "examples_whole", "tokens_kept");
+  std::printf("%-12s %-18s %15s %13s\n", "max_length", "", "examples_whole", "tokens_kept");
   for (const CandidateRow& r : candidate_table(lengths)) {
-    std::printf("%-12lld %-10s %15.2f%% %13.2f%%\n", static_cast<long long>(r.max_length),
+    std::printf("%-12lld %-18s %14.2f%% %12.2f%%\n", static_cast<long long>(r.max_length),
                 r.label.c_str(), 100.0 * r.examples_kept, 100.0 * r.tokens_kept);
   }
   const int64_t rec = recommend_max_length(lengths);
