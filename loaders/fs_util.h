@@ -1,0 +1,48 @@
+// Atomic file output, file reading and strict JSON parsing, used by the safetensors reader and
+// writer, the model config and checkpoints.
+//
+// Atomic write contract: the content goes to a fresh temporary file in the destination's own
+// directory (so the rename cannot cross file systems), is flushed and fsynced, then renamed
+// over the destination, and the directory is fsynced so the rename itself is durable. A file
+// carrying the final name is therefore either the old complete file or the new complete file,
+// never a half-written one; after a crash at most a stray "<name>.tmp.*" file remains. The old
+// file is replaced, never truncated, so readers that still map it keep seeing the old bytes.
+//
+// Every failure throws leantune::Error of kind kInput naming the path and the system error
+// (a bad output directory, a full disk and a missing input are problems of the user's setup).
+#pragma once
+
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace leantune {
+
+// Writes via a temp file in the same directory, fsync, rename, fsync of the directory.
+// `write` produces the content on the stream; if it throws, the temp file is removed and the
+// destination is untouched. Write errors reported by the stream are detected and thrown.
+void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
+void write_text_atomic(const std::string& path, const std::string& text);
+// fsync of a directory, making renames and creations inside it durable.
+void fsync_dir(const std::string& dir);
+// The whole file as bytes. Error(kInput) naming the path on failure.
+std::string read_text_file(const std::string& path);
+// The directory part of a path ("." for a bare file name).
+std::string parent_dir(const std::string& path);
+
+// Parses JSON text strictly: a duplicate key in any object is an error (nlohmann::json alone
+// silently keeps the last value), and so is nesting deeper than max_depth (root = depth 0;
+// negative = unlimited), checked while parsing so deep input is rejected before it is built.
+// Errors are kind kInput and name `source`.
+nlohmann::json parse_json_strict(std::string_view text, const std::string& source,
+                                 int max_depth = -1);
+// A name from a file, made safe for a one-line message: control and non-ASCII bytes become
+// \xHH escapes and text beyond max_chars is cut with "...".
+std::string printable(std::string_view s, size_t max_chars = 120);
+// read_text_file + parse_json_strict.
+nlohmann::json read_json_file(const std::string& path);
+
+}  // namespace leantune
