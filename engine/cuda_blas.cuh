@@ -52,8 +52,8 @@ void dgemm(const LtGemm& g, Device dev, cudaStream_t stream);
 
 // out[c] = sum over r of x[r * ld + c] for c < cols, in a fixed order (deterministic),
 // accumulated in f32 (f64 for f64 x). x: float dtype `x_type`; out: any float dtype (f64 only
-// with f64 x), rounded once. Split over rows into f32 partials when the columns alone cannot fill the device; the
-// partials come from the caching allocator.
+// with f64 x), rounded once. Split over rows into f32 partials when the columns alone cannot fill
+// the device; the partials come from the caching allocator.
 void column_sum(const void* x, DType x_type, int64_t rows, int64_t cols, int64_t ld, void* out,
                 DType out_type, Device dev, cudaStream_t stream);
 

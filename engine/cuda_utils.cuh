@@ -83,8 +83,8 @@ inline unsigned grid_blocks(int64_t work, int64_t per_block, int device, int wav
                             int threads = 256) {
   const int64_t needed = (work + per_block - 1) / per_block;
   const DeviceInfo& info = device_info(device);
-  const int64_t fill = static_cast<int64_t>(info.sm_count) *
-                       std::max(1, info.max_threads_per_sm / threads) * waves;
+  const int64_t fill =
+      static_cast<int64_t>(info.sm_count) * std::max(1, info.max_threads_per_sm / threads) * waves;
   const int64_t b = std::min(needed, std::max<int64_t>(fill, 1));
   return static_cast<unsigned>(std::max<int64_t>(b, 1));
 }
@@ -174,36 +174,72 @@ using acc_of = typename AccOf<T>::type;
 }  // namespace leantune::cu
 
 // Binds T to the CUDA storage type of a floating dtype.
-#define LT_CU_DISPATCH_FLOAT(dtype, T, ...)                                                \
-  switch (dtype) {                                                                         \
-    case ::leantune::DType::kF32: { using T = float; __VA_ARGS__; break; }                 \
-    case ::leantune::DType::kF64: { using T = double; __VA_ARGS__; break; }                \
-    case ::leantune::DType::kBF16: { using T = __nv_bfloat16; __VA_ARGS__; break; }        \
-    case ::leantune::DType::kF16: { using T = __half; __VA_ARGS__; break; }                \
-    default:                                                                               \
-      LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",                     \
-               ::leantune::dtype_name(dtype), " on CUDA (expected a floating type)");      \
+#define LT_CU_DISPATCH_FLOAT(dtype, T, ...)                                           \
+  switch (dtype) {                                                                    \
+    case ::leantune::DType::kF32: {                                                   \
+      using T = float;                                                                \
+      __VA_ARGS__;                                                                    \
+      break;                                                                          \
+    }                                                                                 \
+    case ::leantune::DType::kF64: {                                                   \
+      using T = double;                                                               \
+      __VA_ARGS__;                                                                    \
+      break;                                                                          \
+    }                                                                                 \
+    case ::leantune::DType::kBF16: {                                                  \
+      using T = __nv_bfloat16;                                                        \
+      __VA_ARGS__;                                                                    \
+      break;                                                                          \
+    }                                                                                 \
+    case ::leantune::DType::kF16: {                                                   \
+      using T = __half;                                                               \
+      __VA_ARGS__;                                                                    \
+      break;                                                                          \
+    }                                                                                 \
+    default:                                                                          \
+      LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",                \
+               ::leantune::dtype_name(dtype), " on CUDA (expected a floating type)"); \
   }
 
 // f32, bf16 and f16 only: the fused kernels do not instantiate f64 (CPU covers f64 checks).
-#define LT_CU_DISPATCH_F32_16(dtype, T, ...)                                               \
-  switch (dtype) {                                                                         \
-    case ::leantune::DType::kF32: { using T = float; __VA_ARGS__; break; }                 \
-    case ::leantune::DType::kBF16: { using T = __nv_bfloat16; __VA_ARGS__; break; }        \
-    case ::leantune::DType::kF16: { using T = __half; __VA_ARGS__; break; }                \
-    default:                                                                               \
-      LT_THROW(::leantune::ErrorKind::kInternal, "dtype ", ::leantune::dtype_name(dtype),  \
-               " is unsupported on CUDA for this op (use f32, bf16 or f16)");              \
+#define LT_CU_DISPATCH_F32_16(dtype, T, ...)                                              \
+  switch (dtype) {                                                                        \
+    case ::leantune::DType::kF32: {                                                       \
+      using T = float;                                                                    \
+      __VA_ARGS__;                                                                        \
+      break;                                                                              \
+    }                                                                                     \
+    case ::leantune::DType::kBF16: {                                                      \
+      using T = __nv_bfloat16;                                                            \
+      __VA_ARGS__;                                                                        \
+      break;                                                                              \
+    }                                                                                     \
+    case ::leantune::DType::kF16: {                                                       \
+      using T = __half;                                                                   \
+      __VA_ARGS__;                                                                        \
+      break;                                                                              \
+    }                                                                                     \
+    default:                                                                              \
+      LT_THROW(::leantune::ErrorKind::kInternal, "dtype ", ::leantune::dtype_name(dtype), \
+               " is unsupported on CUDA for this op (use f32, bf16 or f16)");             \
   }
 
 // Binds I to the index type of an i32/i64 tensor.
-#define LT_CU_DISPATCH_INDEX(dtype, I, ...)                                                \
-  switch (dtype) {                                                                         \
-    case ::leantune::DType::kI32: { using I = int32_t; __VA_ARGS__; break; }               \
-    case ::leantune::DType::kI64: { using I = int64_t; __VA_ARGS__; break; }               \
-    default:                                                                               \
-      LT_THROW(::leantune::ErrorKind::kInternal, "index dtype ",                           \
-               ::leantune::dtype_name(dtype), " must be i32 or i64");                      \
+#define LT_CU_DISPATCH_INDEX(dtype, I, ...)                                                     \
+  switch (dtype) {                                                                              \
+    case ::leantune::DType::kI32: {                                                             \
+      using I = int32_t;                                                                        \
+      __VA_ARGS__;                                                                              \
+      break;                                                                                    \
+    }                                                                                           \
+    case ::leantune::DType::kI64: {                                                             \
+      using I = int64_t;                                                                        \
+      __VA_ARGS__;                                                                              \
+      break;                                                                                    \
+    }                                                                                           \
+    default:                                                                                    \
+      LT_THROW(::leantune::ErrorKind::kInternal, "index dtype ", ::leantune::dtype_name(dtype), \
+               " must be i32 or i64");                                                          \
   }
 
 namespace leantune::cu {

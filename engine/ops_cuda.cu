@@ -83,8 +83,8 @@ Layout coalesce(const Shape& shape, const Shape* strides[], int nops) {
     for (int o = 0; o < nops; ++o) st[o][nd] = (*strides[o])[d];
     ++nd;
   }
-  LT_CHECK(nd <= kMaxDims, "strided copy with ", nd, " non-mergeable dimensions (max ",
-           kMaxDims, ")");
+  LT_CHECK(nd <= kMaxDims, "strided copy with ", nd, " non-mergeable dimensions (max ", kMaxDims,
+           ")");
   out.nd = nd;
   for (int i = 0; i < nd; ++i) {  // reverse: outermost first
     out.size[i] = size[nd - 1 - i];
@@ -132,8 +132,8 @@ struct RawOf<16> {
 
 // Same dtype, any strides: dst[layout 0] = src[layout 1], moved as raw element bytes.
 template <int kBytes>
-__global__ void copy_strided_kernel(const void* __restrict__ src, void* __restrict__ dst,
-                                    Layout L, int64_t n) {
+__global__ void copy_strided_kernel(const void* __restrict__ src, void* __restrict__ dst, Layout L,
+                                    int64_t n) {
   using R = typename RawOf<kBytes>::type;
   const R* s = static_cast<const R*>(src);
   R* d = static_cast<R*>(dst);
@@ -149,40 +149,79 @@ __global__ void copy_strided_kernel(const void* __restrict__ src, void* __restri
 // through double too: engine/cpu_kernels.h).
 __device__ double load_as_double(const void* p, int64_t i, DType dt) {
   switch (dt) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF64: return static_cast<const double*>(p)[i];
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(p)[i];
-    case DType::kI16: return static_cast<const int16_t*>(p)[i];
-    case DType::kI8: return static_cast<const int8_t*>(p)[i];
-    case DType::kU8: return static_cast<const uint8_t*>(p)[i];
-    case DType::kU16: return static_cast<const uint16_t*>(p)[i];
-    case DType::kU32: return static_cast<const uint32_t*>(p)[i];
-    case DType::kU64: return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
-    case DType::kBool: return static_cast<const bool*>(p)[i] ? 1.0 : 0.0;
-    default: return 0.0;
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kF64:
+      return static_cast<const double*>(p)[i];
+    case DType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kI32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::kI16:
+      return static_cast<const int16_t*>(p)[i];
+    case DType::kI8:
+      return static_cast<const int8_t*>(p)[i];
+    case DType::kU8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DType::kU16:
+      return static_cast<const uint16_t*>(p)[i];
+    case DType::kU32:
+      return static_cast<const uint32_t*>(p)[i];
+    case DType::kU64:
+      return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
+    case DType::kBool:
+      return static_cast<const bool*>(p)[i] ? 1.0 : 0.0;
+    default:
+      return 0.0;
   }
 }
 __device__ void store_from_double(void* p, int64_t i, DType dt, double v) {
   switch (dt) {
-    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::kF64: static_cast<double*>(p)[i] = v; break;
+    case DType::kF32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DType::kF64:
+      static_cast<double*>(p)[i] = v;
+      break;
     case DType::kBF16:
       static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(static_cast<float>(v));
       break;
-    case DType::kF16: static_cast<__half*>(p)[i] = __float2half_rn(static_cast<float>(v)); break;
-    case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::kI16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
-    case DType::kI8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case DType::kU8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DType::kU16: static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); break;
-    case DType::kU32: static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v); break;
-    case DType::kU64: static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v); break;
-    case DType::kBool: static_cast<bool*>(p)[i] = v != 0.0; break;
-    default: break;
+    case DType::kF16:
+      static_cast<__half*>(p)[i] = __float2half_rn(static_cast<float>(v));
+      break;
+    case DType::kI64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kI32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kI16:
+      static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v);
+      break;
+    case DType::kI8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      break;
+    case DType::kU8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::kU16:
+      static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v);
+      break;
+    case DType::kU32:
+      static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v);
+      break;
+    case DType::kU64:
+      static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v);
+      break;
+    case DType::kBool:
+      static_cast<bool*>(p)[i] = v != 0.0;
+      break;
+    default:
+      break;
   }
 }
 
@@ -247,8 +286,8 @@ void same_device_copy(const Tensor& dst, const Tensor& src) {
   if (n == 0) return;
   const bool contig = dst.is_contiguous() && src.is_contiguous();
   if (dst.dtype() == src.dtype() && contig) {
-    CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(),
-                               cudaMemcpyDeviceToDevice, s));
+    CUDA_CHECK(
+        cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice, s));
     return;
   }
   auto is_f = [](DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; };
@@ -273,11 +312,20 @@ void same_device_copy(const Tensor& dst, const Tensor& src) {
   const unsigned blocks = blocks_for(n, d);
   if (dst.dtype() == src.dtype()) {
     switch (dst.element_size()) {
-      case 1: copy_strided_kernel<1><<<blocks, kThreads, 0, s>>>(base_ptr(src), base_ptr(dst), L, n); break;
-      case 2: copy_strided_kernel<2><<<blocks, kThreads, 0, s>>>(base_ptr(src), base_ptr(dst), L, n); break;
-      case 4: copy_strided_kernel<4><<<blocks, kThreads, 0, s>>>(base_ptr(src), base_ptr(dst), L, n); break;
-      case 8: copy_strided_kernel<8><<<blocks, kThreads, 0, s>>>(base_ptr(src), base_ptr(dst), L, n); break;
-      default: LT_THROW(ErrorKind::kInternal, "copy: element size ", dst.element_size());
+      case 1:
+        copy_strided_kernel<1><<<blocks, kThreads, 0, s>>>(base_ptr(src), base_ptr(dst), L, n);
+        break;
+      case 2:
+        copy_strided_kernel<2><<<blocks, kThreads, 0, s>>>(base_ptr(src), base_ptr(dst), L, n);
+        break;
+      case 4:
+        copy_strided_kernel<4><<<blocks, kThreads, 0, s>>>(base_ptr(src), base_ptr(dst), L, n);
+        break;
+      case 8:
+        copy_strided_kernel<8><<<blocks, kThreads, 0, s>>>(base_ptr(src), base_ptr(dst), L, n);
+        break;
+      default:
+        LT_THROW(ErrorKind::kInternal, "copy: element size ", dst.element_size());
     }
     CUDA_CHECK_LAUNCH();
     return;
@@ -309,9 +357,8 @@ void host_to_device(const Tensor& dst, const Tensor& src) {
   cu::DeviceGuard g(d);
   const Stream stream = current_stream(d);
   cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
-  Tensor target = dst.is_contiguous()
-                      ? dst
-                      : Tensor::empty(dst.shape(), dst.dtype(), d, MemTag::kWorkspace);
+  Tensor target =
+      dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), d, MemTag::kWorkspace);
   CUDA_CHECK(cudaMemcpyAsync(target.data_ptr(), staged.data_ptr(), staged.nbytes(),
                              cudaMemcpyHostToDevice, s));
   // Pinned memory is read asynchronously: keep its block from reuse until the copy is done.
@@ -326,10 +373,10 @@ void device_to_host(const Tensor& dst, const Tensor& src) {
   cudaStream_t s = cu::stream_of(d);
   Tensor srcc = contiguous_on_device(src);
   const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype();
-  Tensor host = direct ? dst : Tensor::empty(src.shape(), src.dtype(), Device::cpu(),
-                                             MemTag::kWorkspace);
-  CUDA_CHECK(cudaMemcpyAsync(host.data_ptr(), srcc.data_ptr(), srcc.nbytes(),
-                             cudaMemcpyDeviceToHost, s));
+  Tensor host =
+      direct ? dst : Tensor::empty(src.shape(), src.dtype(), Device::cpu(), MemTag::kWorkspace);
+  CUDA_CHECK(
+      cudaMemcpyAsync(host.data_ptr(), srcc.data_ptr(), srcc.nbytes(), cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
   if (!direct) ops::copy(dst, host);
 }
@@ -402,9 +449,12 @@ enum class BinOp : int { kAdd, kMul, kDiv };
 
 template <BinOp kOp, typename A>
 __device__ __forceinline__ A binary_apply(A x, A y, A alpha) {
-  if constexpr (kOp == BinOp::kAdd) return add_rn(x, mul_rn(alpha, y));
-  else if constexpr (kOp == BinOp::kMul) return mul_rn(x, y);
-  else return x / y;
+  if constexpr (kOp == BinOp::kAdd)
+    return add_rn(x, mul_rn(alpha, y));
+  else if constexpr (kOp == BinOp::kMul)
+    return mul_rn(x, y);
+  else
+    return x / y;
 }
 
 // out[i] = op(a[i], b[j]) with j = i (same), 0 (scalar) or i % bn (row). out may alias a.
@@ -462,15 +512,15 @@ void binary_launch(const Tensor& out, const Tensor& a, const Tensor& b, Bcast ki
     const T* pb = static_cast<const T*>(b.data_ptr());
     T* po = static_cast<T*>(out.data_ptr());
     constexpr int kVec = cu::VecWidth<T>::value;
-    const bool vec = cu::aligned16(pa) && cu::aligned16(po) &&
-                     (kind != Bcast::kSame || cu::aligned16(pb));
+    const bool vec =
+        cu::aligned16(pa) && cu::aligned16(po) && (kind != Bcast::kSame || cu::aligned16(pb));
     const unsigned blocks = blocks_for(vec ? (n + kVec - 1) / kVec : n, d);
     if (vec)
-      binary_kernel<T, kOp, kVec><<<blocks, kThreads, 0, s>>>(pa, pb, po, n, bn, kind,
-                                                             static_cast<A>(alpha));
+      binary_kernel<T, kOp, kVec>
+          <<<blocks, kThreads, 0, s>>>(pa, pb, po, n, bn, kind, static_cast<A>(alpha));
     else
-      binary_kernel<T, kOp, 1><<<blocks, kThreads, 0, s>>>(pa, pb, po, n, bn, kind,
-                                                          static_cast<A>(alpha));
+      binary_kernel<T, kOp, 1>
+          <<<blocks, kThreads, 0, s>>>(pa, pb, po, n, bn, kind, static_cast<A>(alpha));
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -523,35 +573,55 @@ template <typename A>
 __device__ __forceinline__ A unary_apply(A v, int op, A alpha, A beta) {
   constexpr bool kF = std::is_same_v<A, float>;
   switch (op) {
-    case static_cast<int>(ops::Unary::kNeg): return -v;
+    case static_cast<int>(ops::Unary::kNeg):
+      return -v;
     case static_cast<int>(ops::Unary::kExp):
-      if constexpr (kF) return expf(v); else return exp(v);
+      if constexpr (kF)
+        return expf(v);
+      else
+        return exp(v);
     case static_cast<int>(ops::Unary::kLog):
-      if constexpr (kF) return logf(v); else return log(v);
-    case static_cast<int>(ops::Unary::kSigmoid): return sigmoid_acc(v);
+      if constexpr (kF)
+        return logf(v);
+      else
+        return log(v);
+    case static_cast<int>(ops::Unary::kSigmoid):
+      return sigmoid_acc(v);
     case static_cast<int>(ops::Unary::kLogSigmoid):
       if constexpr (kF)
         return v >= 0 ? -log1pf(expf(-v)) : v - log1pf(expf(v));
       else
         return v >= 0 ? -log1p(exp(-v)) : v - log1p(exp(v));
     case static_cast<int>(ops::Unary::kTanh):
-      if constexpr (kF) return tanhf(v); else return tanh(v);
-    case static_cast<int>(ops::Unary::kRelu): return v > 0 ? v : A(0);
-    case static_cast<int>(ops::Unary::kSquare): return mul_rn(v, v);
+      if constexpr (kF)
+        return tanhf(v);
+      else
+        return tanh(v);
+    case static_cast<int>(ops::Unary::kRelu):
+      return v > 0 ? v : A(0);
+    case static_cast<int>(ops::Unary::kSquare):
+      return mul_rn(v, v);
     case static_cast<int>(ops::Unary::kSqrt):
-      if constexpr (kF) return sqrtf(v); else return sqrt(v);
-    case static_cast<int>(ops::Unary::kAbs): return fabs(v);
-    case static_cast<int>(ops::Unary::kSilu): return mul_rn(v, sigmoid_acc(v));
-    case kUnaryAffine: return add_rn(mul_rn(v, alpha), beta);
-    case kUnaryScale: return mul_rn(v, alpha);
-    default: return v;
+      if constexpr (kF)
+        return sqrtf(v);
+      else
+        return sqrt(v);
+    case static_cast<int>(ops::Unary::kAbs):
+      return fabs(v);
+    case static_cast<int>(ops::Unary::kSilu):
+      return mul_rn(v, sigmoid_acc(v));
+    case kUnaryAffine:
+      return add_rn(mul_rn(v, alpha), beta);
+    case kUnaryScale:
+      return mul_rn(v, alpha);
+    default:
+      return v;
   }
 }
 
 // y[i] = f(x[i]); y may alias x.
 template <typename T, int N>
-__global__ void unary_kernel(const T* x, T* y, int64_t n, int op, acc_of<T> alpha,
-                             acc_of<T> beta) {
+__global__ void unary_kernel(const T* x, T* y, int64_t n, int op, acc_of<T> alpha, acc_of<T> beta) {
   using A = acc_of<T>;
   const int64_t nvec = n / N;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -585,11 +655,11 @@ void unary_launch(const Tensor& y, const Tensor& x, int op, double alpha, double
     const bool vec = cu::aligned16(px) && cu::aligned16(py);
     const unsigned blocks = blocks_for(vec ? (n + kVec - 1) / kVec : n, d);
     if (vec)
-      unary_kernel<T, kVec><<<blocks, kThreads, 0, s>>>(px, py, n, op, static_cast<A>(alpha),
-                                                       static_cast<A>(beta));
+      unary_kernel<T, kVec>
+          <<<blocks, kThreads, 0, s>>>(px, py, n, op, static_cast<A>(alpha), static_cast<A>(beta));
     else
-      unary_kernel<T, 1><<<blocks, kThreads, 0, s>>>(px, py, n, op, static_cast<A>(alpha),
-                                                    static_cast<A>(beta));
+      unary_kernel<T, 1>
+          <<<blocks, kThreads, 0, s>>>(px, py, n, op, static_cast<A>(alpha), static_cast<A>(beta));
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -613,10 +683,14 @@ __device__ __forceinline__ double max_nan(double a, double b) {
 
 __device__ __forceinline__ double rmode_elem(double v, RMode mode) {
   switch (mode) {
-    case RMode::kSum: return v;
-    case RMode::kSumSq: return __dmul_rn(v, v);
-    case RMode::kMaxAbs: return fabs(v);
-    default: return isfinite(v) ? 0.0 : 1.0;
+    case RMode::kSum:
+      return v;
+    case RMode::kSumSq:
+      return __dmul_rn(v, v);
+    case RMode::kMaxAbs:
+      return fabs(v);
+    default:
+      return isfinite(v) ? 0.0 : 1.0;
   }
 }
 __device__ __forceinline__ double rmode_combine(double a, double b, RMode mode) {
@@ -640,14 +714,16 @@ __global__ void reduce_partials_kernel(const T* __restrict__ x, int64_t n, RMode
       r[0] = cu::to_acc(x[v]);
     }
 #pragma unroll
-    for (int j = 0; j < N; ++j) acc = rmode_combine(acc, rmode_elem(static_cast<double>(r[j]), mode), mode);
+    for (int j = 0; j < N; ++j)
+      acc = rmode_combine(acc, rmode_elem(static_cast<double>(r[j]), mode), mode);
   }
   for (int64_t i = nvec * N + tid; i < n; i += stride)
     acc = rmode_combine(acc, rmode_elem(static_cast<double>(cu::to_acc(x[i])), mode), mode);
   // Block combine in a fixed tree order.
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc = rmode_combine(acc, __shfl_xor_sync(0xffffffffu, acc, o), mode);
+  for (int o = 16; o > 0; o >>= 1)
+    acc = rmode_combine(acc, __shfl_xor_sync(0xffffffffu, acc, o), mode);
   if (lane == 0) scratch[warp] = acc;
   __syncthreads();
   if (warp == 0) {
@@ -683,9 +759,11 @@ Tensor reduce_partials(const Tensor& x, RMode mode) {
     partials = Tensor::empty({blocks}, DType::kF64, d, MemTag::kWorkspace);
     double* pp = partials.data<double>();
     if (vec)
-      reduce_partials_kernel<T, kVec><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(px, n, mode, pp);
+      reduce_partials_kernel<T, kVec>
+          <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(px, n, mode, pp);
     else
-      reduce_partials_kernel<T, 1><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(px, n, mode, pp);
+      reduce_partials_kernel<T, 1>
+          <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(px, n, mode, pp);
     CUDA_CHECK_LAUNCH();
   });
   return partials;
@@ -730,7 +808,8 @@ __global__ void sum_dim_kernel(const T* __restrict__ x, int64_t outer, int64_t n
   const int64_t k0 = blockIdx.y * k_per_split;
   const int64_t k1 = std::min(n, k0 + k_per_split);
   double acc = 0.0;
-  for (int64_t k = k0; k < k1; ++k) acc += static_cast<double>(cu::to_acc(x[(o * n + k) * inner + i]));
+  for (int64_t k = k0; k < k1; ++k)
+    acc += static_cast<double>(cu::to_acc(x[(o * n + k) * inner + i]));
   if (partials)
     partials[blockIdx.y * cols + col] = acc;
   else
@@ -738,8 +817,8 @@ __global__ void sum_dim_kernel(const T* __restrict__ x, int64_t outer, int64_t n
 }
 
 template <typename T>
-__global__ void sum_splits_kernel(const double* __restrict__ partials, int64_t splits,
-                                  int64_t cols, T* __restrict__ out) {
+__global__ void sum_splits_kernel(const double* __restrict__ partials, int64_t splits, int64_t cols,
+                                  T* __restrict__ out) {
   const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (col >= cols) return;
   double acc = 0.0;
@@ -833,7 +912,8 @@ __global__ void softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64
   if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = m;
   __syncthreads();
   {
-    A t = (threadIdx.x & 31) < static_cast<int>(blockDim.x >> 5) ? scratch[threadIdx.x & 31] : A(-INFINITY);
+    A t = (threadIdx.x & 31) < static_cast<int>(blockDim.x >> 5) ? scratch[threadIdx.x & 31]
+                                                                 : A(-INFINITY);
     m = cu::warp_max(t);
   }
   A sum = 0;
@@ -841,7 +921,8 @@ __global__ void softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64
   sum = cu::block_sum(sum, scratch);
   if constexpr (kLog) {
     const A lse = m + log(sum);
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) q[k] = cu::from_acc<T>(cu::to_acc(p[k]) - lse);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+      q[k] = cu::from_acc<T>(cu::to_acc(p[k]) - lse);
   } else {
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
       q[k] = cu::from_acc<T>(exp(cu::to_acc(p[k]) - m) / sum);
@@ -912,11 +993,20 @@ void fill(const Tensor& t, double value) {
   void* p = contig ? t.data_ptr() : base_ptr(t);
   const unsigned blocks = blocks_for(n, d);
   switch (t.element_size()) {
-    case 1: fill_kernel<1><<<blocks, kThreads, 0, s>>>(p, L, n, pattern, contig); break;
-    case 2: fill_kernel<2><<<blocks, kThreads, 0, s>>>(p, L, n, pattern, contig); break;
-    case 4: fill_kernel<4><<<blocks, kThreads, 0, s>>>(p, L, n, pattern, contig); break;
-    case 8: fill_kernel<8><<<blocks, kThreads, 0, s>>>(p, L, n, pattern, contig); break;
-    default: LT_THROW(ErrorKind::kInternal, "fill: element size ", t.element_size());
+    case 1:
+      fill_kernel<1><<<blocks, kThreads, 0, s>>>(p, L, n, pattern, contig);
+      break;
+    case 2:
+      fill_kernel<2><<<blocks, kThreads, 0, s>>>(p, L, n, pattern, contig);
+      break;
+    case 4:
+      fill_kernel<4><<<blocks, kThreads, 0, s>>>(p, L, n, pattern, contig);
+      break;
+    case 8:
+      fill_kernel<8><<<blocks, kThreads, 0, s>>>(p, L, n, pattern, contig);
+      break;
+    default:
+      LT_THROW(ErrorKind::kInternal, "fill: element size ", t.element_size());
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -955,9 +1045,11 @@ Tensor sum(const Tensor& x0) {
   cudaStream_t s = cu::stream_of(d);
   const int np = static_cast<int>(partials.numel());
   if (out_dt == DType::kF64)
-    finalize_sum_kernel<double><<<1, kThreads, 0, s>>>(partials.data<double>(), np, out.data<double>());
+    finalize_sum_kernel<double>
+        <<<1, kThreads, 0, s>>>(partials.data<double>(), np, out.data<double>());
   else
-    finalize_sum_kernel<float><<<1, kThreads, 0, s>>>(partials.data<double>(), np, out.data<float>());
+    finalize_sum_kernel<float>
+        <<<1, kThreads, 0, s>>>(partials.data<double>(), np, out.data<float>());
   CUDA_CHECK_LAUNCH();
   return out;
 }
@@ -995,8 +1087,8 @@ Tensor sum_dim(const Tensor& x0, int64_t dim, bool keepdim) {
     } else {
       // Enough splits of the reduced dimension to give the device ~8 threads per core slot.
       const int64_t target = static_cast<int64_t>(cu::device_info(d.index).sm_count) * 2048;
-      int64_t splits = std::clamp<int64_t>(target / std::max<int64_t>(cols, 1), 1,
-                                           std::max<int64_t>(n / 64, 1));
+      int64_t splits =
+          std::clamp<int64_t>(target / std::max<int64_t>(cols, 1), 1, std::max<int64_t>(n / 64, 1));
       const int64_t k_per = (n + splits - 1) / splits;
       splits = (n + k_per - 1) / k_per;
       const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
@@ -1007,11 +1099,12 @@ Tensor sum_dim(const Tensor& x0, int64_t dim, bool keepdim) {
         CUDA_CHECK_LAUNCH();
       } else {
         Tensor partials = Tensor::empty({splits, cols}, DType::kF64, d, MemTag::kWorkspace);
-        sum_dim_kernel<T><<<grid, kThreads, 0, s>>>(px, outer, n, inner, k_per, po,
-                                                    partials.data<double>());
+        sum_dim_kernel<T>
+            <<<grid, kThreads, 0, s>>>(px, outer, n, inner, k_per, po, partials.data<double>());
         CUDA_CHECK_LAUNCH();
-        sum_splits_kernel<T><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads,
-                               0, s>>>(partials.data<double>(), splits, cols, po);
+        sum_splits_kernel<T>
+            <<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+                partials.data<double>(), splits, cols, po);
         CUDA_CHECK_LAUNCH();
       }
     }
@@ -1102,20 +1195,36 @@ Tensor index_rows(const Tensor& table0, const Tensor& ids0) {
   const int64_t row_bytes = h * static_cast<int64_t>(table.element_size());
   if (n == 0 || row_bytes == 0) return out;
   cu::BadIndexFlag flag(d, s);
-  const bool w16 = row_bytes % 16 == 0 && cu::aligned16(table.data_ptr()) &&
-                   cu::aligned16(out.data_ptr());
+  const bool w16 =
+      row_bytes % 16 == 0 && cu::aligned16(table.data_ptr()) && cu::aligned16(out.data_ptr());
   const int word = w16 ? 16 : static_cast<int>(table.element_size());
   const int64_t words = row_bytes / word;
   const unsigned blocks = blocks_for(n * words, d);
   LT_CU_DISPATCH_INDEX(ids.dtype(), I, {
     const I* pi = static_cast<const I*>(ids.data_ptr());
     switch (word) {
-      case 16: gather_rows_kernel<I, 16><<<blocks, kThreads, 0, s>>>(table.data_ptr(), pi, out.data_ptr(), n, v, words, flag.ptr()); break;
-      case 1: gather_rows_kernel<I, 1><<<blocks, kThreads, 0, s>>>(table.data_ptr(), pi, out.data_ptr(), n, v, words, flag.ptr()); break;
-      case 2: gather_rows_kernel<I, 2><<<blocks, kThreads, 0, s>>>(table.data_ptr(), pi, out.data_ptr(), n, v, words, flag.ptr()); break;
-      case 4: gather_rows_kernel<I, 4><<<blocks, kThreads, 0, s>>>(table.data_ptr(), pi, out.data_ptr(), n, v, words, flag.ptr()); break;
-      case 8: gather_rows_kernel<I, 8><<<blocks, kThreads, 0, s>>>(table.data_ptr(), pi, out.data_ptr(), n, v, words, flag.ptr()); break;
-      default: LT_THROW(ErrorKind::kInternal, "index_rows: element size ", word);
+      case 16:
+        gather_rows_kernel<I, 16><<<blocks, kThreads, 0, s>>>(table.data_ptr(), pi, out.data_ptr(),
+                                                              n, v, words, flag.ptr());
+        break;
+      case 1:
+        gather_rows_kernel<I, 1><<<blocks, kThreads, 0, s>>>(table.data_ptr(), pi, out.data_ptr(),
+                                                             n, v, words, flag.ptr());
+        break;
+      case 2:
+        gather_rows_kernel<I, 2><<<blocks, kThreads, 0, s>>>(table.data_ptr(), pi, out.data_ptr(),
+                                                             n, v, words, flag.ptr());
+        break;
+      case 4:
+        gather_rows_kernel<I, 4><<<blocks, kThreads, 0, s>>>(table.data_ptr(), pi, out.data_ptr(),
+                                                             n, v, words, flag.ptr());
+        break;
+      case 8:
+        gather_rows_kernel<I, 8><<<blocks, kThreads, 0, s>>>(table.data_ptr(), pi, out.data_ptr(),
+                                                             n, v, words, flag.ptr());
+        break;
+      default:
+        LT_THROW(ErrorKind::kInternal, "index_rows: element size ", word);
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -1205,8 +1314,8 @@ void lt_build(const LtGemm& g, LtDescs* x) {
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   if (g.bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                                sizeof(epi)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
                                                 sizeof(g.bias)));
   }
@@ -1285,7 +1394,8 @@ std::vector<LtAlgo> lt_heuristics(const LtGemm& g, const LtDescs& x, int device,
                                               requested, res, &returned));
   std::vector<LtAlgo> algos;
   for (int i = 0; i < returned; ++i)
-    if (res[i].state == CUBLAS_STATUS_SUCCESS) algos.push_back(LtAlgo{res[i].algo, res[i].workspaceSize});
+    if (res[i].state == CUBLAS_STATUS_SUCCESS)
+      algos.push_back(LtAlgo{res[i].algo, res[i].workspaceSize});
   std::lock_guard<std::mutex> lk(mu);
   cache.emplace(key, algos);
   return algos;
@@ -1305,11 +1415,16 @@ void check_gemm_args(const LtGemm& g) {
 
 cudaDataType_t cuda_data_type(DType dt) {
   switch (dt) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kF64: return CUDA_R_64F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: LT_THROW(ErrorKind::kInternal, "no cuBLAS type for ", dtype_name(dt));
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kF64:
+      return CUDA_R_64F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      LT_THROW(ErrorKind::kInternal, "no cuBLAS type for ", dtype_name(dt));
   }
 }
 
@@ -1330,8 +1445,8 @@ void lt_gemm(const LtGemm& g, Device dev, cudaStream_t stream, int rank) {
   const float alpha_f = static_cast<float>(g.alpha), beta_f = static_cast<float>(g.beta);
   const void* alpha = is_64f(g) ? static_cast<const void*>(&g.alpha) : &alpha_f;
   const void* beta = is_64f(g) ? static_cast<const void*>(&g.beta) : &beta_f;
-  CUBLAS_CHECK(cublasLtMatmul(lt_handle(dev.index), x.op, alpha, g.a, x.a, g.b, x.b, beta, g.d,
-                              x.d, g.d, x.d, &r.algo, ws.defined() ? ws.data_ptr() : nullptr,
+  CUBLAS_CHECK(cublasLtMatmul(lt_handle(dev.index), x.op, alpha, g.a, x.a, g.b, x.b, beta, g.d, x.d,
+                              g.d, x.d, &r.algo, ws.defined() ? ws.data_ptr() : nullptr,
                               r.workspace, stream));
 }
 
@@ -1356,12 +1471,11 @@ void dgemm(const LtGemm& g, Device dev, cudaStream_t stream) {
   cublasHandle_t h = blas_handle(dev.index);
   CUBLAS_CHECK(cublasSetStream(h, stream));
   CUBLAS_CHECK(cublasSetWorkspace(h, ws.data_ptr(), kLtWorkspaceBytes));
-  CUBLAS_CHECK(cublasDgemm(h, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                           g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(g.m),
-                           static_cast<int>(g.n), static_cast<int>(g.k), &g.alpha,
-                           static_cast<const double*>(g.a), static_cast<int>(g.lda),
-                           static_cast<const double*>(g.b), static_cast<int>(g.ldb), &g.beta,
-                           static_cast<double*>(g.d), static_cast<int>(g.ldd)));
+  CUBLAS_CHECK(cublasDgemm(
+      h, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &g.alpha,
+      static_cast<const double*>(g.a), static_cast<int>(g.lda), static_cast<const double*>(g.b),
+      static_cast<int>(g.ldb), &g.beta, static_cast<double*>(g.d), static_cast<int>(g.ldd)));
 }
 
 // ---------------------------------------------------------------- column_sum
@@ -1376,9 +1490,8 @@ constexpr int kFinalizeThreads = 256;
 // sums rows y, y+8, ...; the 8 lane sums are added in lane order. One split writes `out`
 // directly, several write partials[split][col] (A).
 template <typename T, typename O, typename A>
-__global__ void column_sum_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
-                                  int64_t ld, int64_t rows_per, O* __restrict__ out,
-                                  A* __restrict__ partials) {
+__global__ void column_sum_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t ld,
+                                  int64_t rows_per, O* __restrict__ out, A* __restrict__ partials) {
   __shared__ A tile[kColY][kColX + 1];
   const int64_t col = blockIdx.x * static_cast<int64_t>(kColX) + threadIdx.x;
   const int64_t r0 = blockIdx.y * rows_per;
@@ -1421,8 +1534,7 @@ void column_sum(const void* x, DType x_type, int64_t rows, int64_t cols, int64_t
   const int64_t col_blocks = (cols + kColX - 1) / kColX;
   const int64_t target = static_cast<int64_t>(device_info(dev.index).sm_count) * 8;
   // Split the rows when the columns give too few blocks; keep >= 64 rows per split.
-  int64_t splits = std::clamp<int64_t>(target / col_blocks, 1,
-                                       std::max<int64_t>(rows / 64, 1));
+  int64_t splits = std::clamp<int64_t>(target / col_blocks, 1, std::max<int64_t>(rows / 64, 1));
   splits = std::min<int64_t>(splits, 65535);
   const int64_t rows_per = std::max<int64_t>((rows + splits - 1) / splits, 1);
   splits = std::max<int64_t>((rows + rows_per - 1) / rows_per, 1);
@@ -1433,14 +1545,14 @@ void column_sum(const void* x, DType x_type, int64_t rows, int64_t cols, int64_t
     LT_CU_DISPATCH_FLOAT(out_type, O, {
       O* o = static_cast<O*>(out);
       if (splits == 1) {
-        column_sum_kernel<T, O, A><<<grid, block, 0, stream>>>(static_cast<const T*>(x), rows,
-                                                               cols, ld, rows_per, o, nullptr);
+        column_sum_kernel<T, O, A><<<grid, block, 0, stream>>>(static_cast<const T*>(x), rows, cols,
+                                                               ld, rows_per, o, nullptr);
         CUDA_CHECK_LAUNCH();
       } else {
         Tensor partials = workspace(static_cast<size_t>(splits * cols) * sizeof(A), dev);
         A* pp = static_cast<A*>(partials.data_ptr());
-        column_sum_kernel<T, O, A><<<grid, block, 0, stream>>>(static_cast<const T*>(x), rows,
-                                                               cols, ld, rows_per, o, pp);
+        column_sum_kernel<T, O, A>
+            <<<grid, block, 0, stream>>>(static_cast<const T*>(x), rows, cols, ld, rows_per, o, pp);
         CUDA_CHECK_LAUNCH();
         column_sum_finalize_kernel<A, O>
             <<<static_cast<unsigned>((cols + kFinalizeThreads - 1) / kFinalizeThreads),
@@ -1497,8 +1609,8 @@ RowMajor as_row_major(const Tensor& x, DType want) {
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
           double beta) {
-  LT_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm needs 2-D tensors: ", a.str(),
-           ", ", b.str(), ", ", c.str());
+  LT_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm needs 2-D tensors: ", a.str(), ", ",
+           b.str(), ", ", c.str());
   const Device d = c.device();
   LT_CHECK(a.device() == d && b.device() == d, "gemm: tensors on different devices");
   const int64_t m = ta ? a.size(1) : a.size(0);

@@ -66,8 +66,8 @@ void philox_fill(const Tensor& t, const PhiloxParams& p, int kind, double a, dou
   // (b - a) is formed once here; the host forms the same double per element.
   const double b_minus_a = b - a;
   LT_CU_DISPATCH_FLOAT(t.dtype(), T, {
-    philox_fill_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<T*>(t.data_ptr()), n, p, kind, a,
-                                                    b_minus_a, b);
+    philox_fill_kernel<T>
+        <<<grid, kThreads, 0, s>>>(static_cast<T*>(t.data_ptr()), n, p, kind, a, b_minus_a, b);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -145,30 +145,31 @@ void embedding_fwd_launch(const void* weight, const void* ids, DType id_type, vo
     const I* pi = static_cast<const I*>(ids);
     switch (word) {
       case 16:
-        embedding_fwd_kernel<I, 16><<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab,
-                                                                     words, first_bad);
+        embedding_fwd_kernel<I, 16>
+            <<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab, words, first_bad);
         break;
       case 8:
-        embedding_fwd_kernel<I, 8><<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab,
-                                                                    words, first_bad);
+        embedding_fwd_kernel<I, 8>
+            <<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab, words, first_bad);
         break;
       case 4:
-        embedding_fwd_kernel<I, 4><<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab,
-                                                                    words, first_bad);
+        embedding_fwd_kernel<I, 4>
+            <<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab, words, first_bad);
         break;
       case 2:
-        embedding_fwd_kernel<I, 2><<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab,
-                                                                    words, first_bad);
+        embedding_fwd_kernel<I, 2>
+            <<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab, words, first_bad);
         break;
-      default: LT_THROW(ErrorKind::kInternal, "embedding: element size ", word);
+      default:
+        LT_THROW(ErrorKind::kInternal, "embedding: element size ", word);
     }
     CUDA_CHECK_LAUNCH();
   });
 }
 
-void embedding_bwd_launch(const void* dy, const void* ids, DType id_type, void* dweight,
-                          int64_t n, int64_t vocab, int64_t h, DType dt,
-                          unsigned long long* first_bad, Device dev, cudaStream_t stream) {
+void embedding_bwd_launch(const void* dy, const void* ids, DType id_type, void* dweight, int64_t n,
+                          int64_t vocab, int64_t h, DType dt, unsigned long long* first_bad,
+                          Device dev, cudaStream_t stream) {
   CUDA_CHECK(cudaMemsetAsync(dweight, 0, static_cast<size_t>(vocab * h) * dtype_size(dt), stream));
   if (n == 0 || h == 0) return;
   // Keys and positions, then CUB's stable radix sort over the bits that vocab needs.
@@ -198,15 +199,16 @@ void embedding_bwd_launch(const void* dy, const void* ids, DType id_type, void* 
     const bool vec = h % kVec == 0 && cu::aligned16(dy) && cu::aligned16(dweight);
     const int64_t nvec = vec ? h / kVec : h;
     const int threads = static_cast<int>(std::clamp<int64_t>((nvec + 31) / 32 * 32, 32, kThreads));
-    const int64_t blocks = std::min<int64_t>(n, static_cast<int64_t>(cu::device_info(dev.index).sm_count) * 32);
+    const int64_t blocks =
+        std::min<int64_t>(n, static_cast<int64_t>(cu::device_info(dev.index).sm_count) * 32);
     const T* pg = static_cast<const T*>(dy);
     T* pw = static_cast<T*>(dweight);
     if (vec)
-      embedding_bwd_kernel<T, kVec><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-          pg, pks, pps, n, vocab, h, pw);
+      embedding_bwd_kernel<T, kVec>
+          <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(pg, pks, pps, n, vocab, h, pw);
     else
-      embedding_bwd_kernel<T, 1><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-          pg, pks, pps, n, vocab, h, pw);
+      embedding_bwd_kernel<T, 1>
+          <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(pg, pks, pps, n, vocab, h, pw);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -226,8 +228,7 @@ Tensor checked_ids(const Tensor& ids, int64_t vocab, Device d, const char* op) {
   return cu::on_device_ws(ids, d);
 }
 
-void throw_if_bad(const cu::BadIndexFlag& flag, const Tensor& ids, int64_t vocab,
-                  const char* op) {
+void throw_if_bad(const cu::BadIndexFlag& flag, const Tensor& ids, int64_t vocab, const char* op) {
   const int64_t bad = flag.first_bad();
   if (bad < 0) return;
   const int64_t id = ids.narrow(0, bad, 1).to_i64()[0];
@@ -281,8 +282,8 @@ void embedding_bwd_cuda(const Tensor& dy, const Tensor& ids, const Tensor& dweig
     ops::copy(gc, dy);
   }
   cu::BadIndexFlag flag(d, s);
-  embedding_bwd_launch(gc.data_ptr(), idd.data_ptr(), idd.dtype(), dweight.data_ptr(), n, vocab,
-                       h, dweight.dtype(), flag.ptr(), d, s);
+  embedding_bwd_launch(gc.data_ptr(), idd.data_ptr(), idd.dtype(), dweight.data_ptr(), n, vocab, h,
+                       dweight.dtype(), flag.ptr(), d, s);
   if (ids.device().is_cuda()) throw_if_bad(flag, idd, vocab, op);
 }
 

@@ -44,8 +44,8 @@ Rows as_rows(const Tensor& t, DType want) {
 }
 
 // D[m,n] (column-major, ld m) = op(A) op(B) (+ bias), with f64 routed to cublasDgemm.
-void gemm_launch(const Rows& a, bool ta, const Rows& b, bool tb, void* d, DType d_type,
-                 int64_t m, int64_t n, int64_t k, const void* bias, DType in_type, Device dev,
+void gemm_launch(const Rows& a, bool ta, const Rows& b, bool tb, void* d, DType d_type, int64_t m,
+                 int64_t n, int64_t k, const void* bias, DType in_type, Device dev,
                  cudaStream_t stream) {
   cu::LtGemm g;
   g.a = a.ptr;
@@ -73,8 +73,8 @@ void check_grad_out(const Tensor& t, const Shape& s, DType dt, Device d, const c
                     const char* name) {
   cu::check_operand(t, d, op, name);
   LT_CHECK(t.shape() == s, op, ": ", name, " ", t.str(), " must have shape ", shape_str(s));
-  LT_CHECK(t.dtype() == dt || (t.dtype() == DType::kF32 && dt != DType::kF64), op, ": ", name,
-           " ", t.str(), " must be ", dtype_name(dt), " or f32");
+  LT_CHECK(t.dtype() == dt || (t.dtype() == DType::kF32 && dt != DType::kF64), op, ": ", name, " ",
+           t.str(), " must be ", dtype_name(dt), " or f32");
 }
 
 }  // namespace
@@ -88,18 +88,24 @@ void linear_fwd_cuda(const Tensor& x, const Tensor& w, const Tensor& b, const Te
   cu::check_on(w, d, op, "W");
   if (b.defined()) {
     cu::check_on(b, d, op, "b");
-    LT_CHECK(b.dim() == 1 && b.size(0) == w.size(0) && b.dtype() == w.dtype(), op, ": b ",
-             b.str(), " for W ", w.str());
+    LT_CHECK(b.dim() == 1 && b.size(0) == w.size(0) && b.dtype() == w.dtype(), op, ": b ", b.str(),
+             " for W ", w.str());
   }
   const int64_t t = x.size(0), in = x.size(1), out = w.size(0);
   cu::check_operand(y, d, op, "y");
-  LT_CHECK(y.shape() == (Shape{t, out}) && y.dtype() == x.dtype(), op, ": y ", y.str(),
-           " for x ", x.str(), " and W ", w.str());
+  LT_CHECK(y.shape() == (Shape{t, out}) && y.dtype() == x.dtype(), op, ": y ", y.str(), " for x ",
+           x.str(), " and W ", w.str());
   if (t == 0 || out == 0) return;
   cu::DeviceGuard g(d);
   cudaStream_t s = cu::stream_of(d);
   const DType dt = x.dtype();
-  const Tensor bc = b.defined() ? cu::contiguous_ws(b) : Tensor();
+  Tensor bc = b.defined() ? cu::contiguous_ws(b) : Tensor();
+  // The bias epilogue reads 16-byte vectors: give it an aligned copy of an unaligned view.
+  if (bc.defined() && !cu::aligned16(bc.data_ptr())) {
+    Tensor aligned = Tensor::empty(bc.shape(), bc.dtype(), d, MemTag::kWorkspace);
+    ops::copy(aligned, bc);
+    bc = aligned;
+  }
   if (in == 0) {
     ops::fill(y, 0.0);
     if (bc.defined()) ops::add_(y, bc);
@@ -155,8 +161,8 @@ void linear_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const T
         ops::fill(dw, 0.0);
       } else {
         // dW^T[in,out] = x^T (A: column-major [in,T]) * dy (B stored [out,T], transposed).
-        gemm_launch(as_rows(x, dt), false, gr, true, dw.data_ptr(), dw.dtype(), in, out, t,
-                    nullptr, dt, d, s);
+        gemm_launch(as_rows(x, dt), false, gr, true, dw.data_ptr(), dw.dtype(), in, out, t, nullptr,
+                    dt, d, s);
       }
     }
   }

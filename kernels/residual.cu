@@ -29,8 +29,8 @@ __global__ void residual_add_fwd_kernel(const T* a, const T* b, T* y, int64_t n)
     y[i] = cu::from_acc<T>(cu::add_rn(cu::to_acc(a[i]), cu::to_acc(b[i])));
 }
 
-void residual_add_fwd_launch(const void* a, const void* b, void* y, int64_t n, DType dt,
-                             int device, cudaStream_t stream) {
+void residual_add_fwd_launch(const void* a, const void* b, void* y, int64_t n, DType dt, int device,
+                             cudaStream_t stream) {
   if (n == 0) return;
   LT_CU_DISPATCH_FLOAT(dt, T, {
     constexpr int kVec = cu::VecWidth<T>::value;
@@ -61,8 +61,8 @@ void residual_add_fwd_cuda(const Tensor& a, const Tensor& b, const Tensor& y) {
            op, ": a ", a.str(), ", b ", b.str(), ", y ", y.str());
   cu::DeviceGuard g(d);
   const Tensor ac = cu::contiguous_ws(a), bc = cu::contiguous_ws(b);
-  residual_add_fwd_launch(ac.data_ptr(), bc.data_ptr(), y.data_ptr(), y.numel(), y.dtype(),
-                          d.index, cu::stream_of(d));
+  residual_add_fwd_launch(ac.data_ptr(), bc.data_ptr(), y.data_ptr(), y.numel(), y.dtype(), d.index,
+                          cu::stream_of(d));
 }
 
 }  // namespace leantune::kernels

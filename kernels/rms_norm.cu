@@ -12,10 +12,10 @@
 // keeps per-column dw sums for the rows it visits in registers, folds its row lanes through shared
 // memory in a fixed order and writes one f32 (f64) partial row; a second pass (cu::column_sum)
 // adds the partial rows in order. No atomics: the result is deterministic for a given device.
-// Rows too long for registers (H/V > 256 * kMaxIters: H > 8192 in bf16, 4096 in f32) take a two-pass loop kernel instead.
-// Scratch: partials [P, H] f32 (f64), P = one resident wave of blocks (<= 8 * SMs), from the caching allocator (kWorkspace).
-// Outputs must be contiguous; strided x/dy/w are copied first. dx may alias dy (same thread
-// reads before it writes); y may alias x.
+// Rows too long for registers (H/V > 256 * kMaxIters: H > 8192 in bf16, 4096 in f32) take a
+// two-pass loop kernel instead. Scratch: partials [P, H] f32 (f64), P = one resident wave of blocks
+// (<= 8 * SMs), from the caching allocator (kWorkspace). Outputs must be contiguous; strided x/dy/w
+// are copied first. dx may alias dy (same thread reads before it writes); y may alias x.
 #include "engine/cuda_blas.cuh"
 #include "engine/cuda_utils.cuh"
 #include "kernels/rms_norm.h"
@@ -33,13 +33,17 @@ constexpr int kLoopThreads = 256;  // loop kernels
 
 template <typename A>
 __device__ __forceinline__ A div_rn(A a, A b) {
-  if constexpr (std::is_same_v<A, float>) return __fdiv_rn(a, b);
-  else return __ddiv_rn(a, b);
+  if constexpr (std::is_same_v<A, float>)
+    return __fdiv_rn(a, b);
+  else
+    return __ddiv_rn(a, b);
 }
 template <typename A>
 __device__ __forceinline__ A sqrt_rn(A a) {
-  if constexpr (std::is_same_v<A, float>) return __fsqrt_rn(a);
-  else return __dsqrt_rn(a);
+  if constexpr (std::is_same_v<A, float>)
+    return __fsqrt_rn(a);
+  else
+    return __dsqrt_rn(a);
 }
 
 // Round through T (the rounding Hugging Face applies to x * rstd).
@@ -181,7 +185,8 @@ __global__ void __launch_bounds__(kMaxTpr)
             }
 #pragma unroll
             for (int e = 0; e < V; ++e)
-              out[e] = mul_rn(rs, add_rn(mul_rn(gv[k][e], wv[e]), -mul_rn(mul_rn(xv[k][e], rs), m)));
+              out[e] =
+                  mul_rn(rs, add_rn(mul_rn(gv[k][e], wv[e]), -mul_rn(mul_rn(xv[k][e], rs), m)));
             if constexpr (V > 1) {
               cu::store_vec<T, V>(dx + row * h + j * V, out);
             } else {
@@ -241,7 +246,8 @@ __global__ void rms_norm_fwd_loop_kernel(const T* x, const T* __restrict__ w, T*
   if (threadIdx.x == 0) rstd[row] = rs;
   T* yr = y + row * h;
   for (int64_t j = threadIdx.x; j < h; j += blockDim.x)
-    yr[j] = cu::from_acc<T>(mul_rn(cu::to_acc(w[j]), round_through<T>(mul_rn(cu::to_acc(xr[j]), rs))));
+    yr[j] =
+        cu::from_acc<T>(mul_rn(cu::to_acc(w[j]), round_through<T>(mul_rn(cu::to_acc(xr[j]), rs))));
 }
 
 // Persistent; each block owns partial row blockIdx.x (zeroed here) and adds its rows in order.
@@ -263,7 +269,9 @@ __global__ void rms_norm_bwd_loop_kernel(const T* dy, const T* x, const T* __res
     if (dx) {
       A dot = 0;
       for (int64_t j = threadIdx.x; j < h; j += blockDim.x)
-        dot = add_rn(dot, mul_rn(mul_rn(mul_rn(cu::to_acc(gr[j]), cu::to_acc(w[j])), cu::to_acc(xr[j])), rs));
+        dot = add_rn(
+            dot,
+            mul_rn(mul_rn(mul_rn(cu::to_acc(gr[j]), cu::to_acc(w[j])), cu::to_acc(xr[j])), rs));
       dot = cu::block_sum(dot, scratch);
       m = div_rn(dot, static_cast<A>(h));
     }
@@ -303,8 +311,8 @@ bool can_vectorize(int64_t h, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-void rms_norm_fwd_launch(const void* x, const void* w, void* y, void* rstd, int64_t rows,
-                         int64_t h, double eps, DType dt, int device, cudaStream_t stream) {
+void rms_norm_fwd_launch(const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t h,
+                         double eps, DType dt, int device, cudaStream_t stream) {
   if (rows == 0 || h == 0) return;
   LT_CHECK(rows < (int64_t{1} << 31), "rms_norm: too many rows ", rows);
   LT_CU_DISPATCH_FLOAT(dt, T, {
@@ -320,11 +328,11 @@ void rms_norm_fwd_launch(const void* x, const void* w, void* y, void* rstd, int6
       const dim3 block(c.tpr, c.rpb);
       const unsigned grid = static_cast<unsigned>((rows + c.rpb - 1) / c.rpb);
       if (vec)
-        rms_norm_fwd_kernel<T, kVec><<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h,
-                                                                 static_cast<A>(eps));
+        rms_norm_fwd_kernel<T, kVec>
+            <<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h, static_cast<A>(eps));
       else
-        rms_norm_fwd_kernel<T, 1><<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h,
-                                                              static_cast<A>(eps));
+        rms_norm_fwd_kernel<T, 1>
+            <<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h, static_cast<A>(eps));
     } else {
       rms_norm_fwd_loop_kernel<T><<<static_cast<unsigned>(rows), kLoopThreads, 0, stream>>>(
           px, pw, py, pr, h, static_cast<A>(eps));
@@ -339,7 +347,8 @@ void rms_norm_bwd_launch(const void* dy, const void* x, const void* w, const voi
                          cudaStream_t stream) {
   if (h == 0 || (!dx && !dw)) return;
   if (rows == 0) {
-    if (dw) CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(h) * dtype_size(dw_type), stream));
+    if (dw)
+      CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(h) * dtype_size(dw_type), stream));
     return;
   }
   const int sms = cu::device_info(dev.index).sm_count;
@@ -355,7 +364,8 @@ void rms_norm_bwd_launch(const void* dy, const void* x, const void* w, const voi
     const RowConfig c = row_config(h, vec ? kVec : 1);
     const int threads = c.regs ? c.tpr * c.rpb : kLoopThreads;
     const int64_t groups = c.regs ? (rows + c.rpb - 1) / c.rpb : rows;
-    const size_t smem = (dw && c.regs && c.rpb > 1) ? static_cast<size_t>(c.rpb * h) * sizeof(A) : 0;
+    const size_t smem =
+        (dw && c.regs && c.rpb > 1) ? static_cast<size_t>(c.rpb * h) * sizeof(A) : 0;
     LT_CHECK(smem <= 48 * 1024, "rms_norm_bwd: shared memory ", smem);
     // One resident wave of persistent blocks: fewer partial rows than a grid sized by the work.
     int per_sm = 0;
@@ -412,12 +422,12 @@ void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, const Tenso
   cu::check_operand(rstd, d, op, "rstd");
   LT_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype(), op, ": y ", y.str(), " for x ",
            x.str());
-  LT_CHECK(rstd.numel() == rows && rstd.dtype() == stat_dtype(x.dtype()), op, ": rstd ",
-           rstd.str(), " for x ", x.str());
+  LT_CHECK(rstd.numel() == rows && rstd.dtype() == stat_dtype(x.dtype()), op, ": rstd ", rstd.str(),
+           " for x ", x.str());
   cu::DeviceGuard g(d);
   const Tensor xc = cu::contiguous_ws(x), wc = cu::contiguous_ws(w);
-  rms_norm_fwd_launch(xc.data_ptr(), wc.data_ptr(), y.data_ptr(), rstd.data_ptr(), rows,
-                      w.size(0), eps, x.dtype(), d.index, cu::stream_of(d));
+  rms_norm_fwd_launch(xc.data_ptr(), wc.data_ptr(), y.data_ptr(), rstd.data_ptr(), rows, w.size(0),
+                      eps, x.dtype(), d.index, cu::stream_of(d));
 }
 
 void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
@@ -431,8 +441,8 @@ void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const
   const int64_t rows = rows_of(op, x, w);
   LT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), op, ": dy ", dy.str(), " for x ",
            x.str());
-  LT_CHECK(rstd.numel() == rows && rstd.dtype() == stat_dtype(x.dtype()), op, ": rstd ",
-           rstd.str(), " for x ", x.str());
+  LT_CHECK(rstd.numel() == rows && rstd.dtype() == stat_dtype(x.dtype()), op, ": rstd ", rstd.str(),
+           " for x ", x.str());
   if (dx.defined()) {
     cu::check_operand(dx, d, op, "dx");
     LT_CHECK(dx.shape() == x.shape() && dx.dtype() == x.dtype(), op, ": dx ", dx.str());
@@ -448,9 +458,8 @@ void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const
                rc = cu::contiguous_ws(rstd);
   rms_norm_bwd_launch(gc.data_ptr(), xc.data_ptr(), wc.data_ptr(), rc.data_ptr(),
                       dx.defined() ? dx.data_ptr() : nullptr,
-                      dw.defined() ? dw.data_ptr() : nullptr,
-                      dw.defined() ? dw.dtype() : x.dtype(), rows, w.size(0), x.dtype(), d,
-                      cu::stream_of(d));
+                      dw.defined() ? dw.data_ptr() : nullptr, dw.defined() ? dw.dtype() : x.dtype(),
+                      rows, w.size(0), x.dtype(), d, cu::stream_of(d));
 }
 
 }  // namespace leantune::kernels

@@ -75,9 +75,9 @@ __global__ void rope_apply_kernel(const T* x, T* y, const int32_t* pos32, const 
   }
 }
 
-void rope_apply_launch(const void* x, void* y, const void* pos, bool pos64,
-                       const void* inv_freq, int64_t tokens, int64_t heads, int64_t half,
-                       bool inverse, DType dt, int device, cudaStream_t stream) {
+void rope_apply_launch(const void* x, void* y, const void* pos, bool pos64, const void* inv_freq,
+                       int64_t tokens, int64_t heads, int64_t half, bool inverse, DType dt,
+                       int device, cudaStream_t stream) {
   if (tokens == 0 || heads == 0 || half == 0) return;
   const int32_t* p32 = pos64 ? nullptr : static_cast<const int32_t*>(pos);
   const int64_t* p64 = pos64 ? static_cast<const int64_t*>(pos) : nullptr;
@@ -91,11 +91,11 @@ void rope_apply_launch(const void* x, void* y, const void* pos, bool pos64,
     T* py = static_cast<T*>(y);
     const A* pf = static_cast<const A*>(inv_freq);
     if (vec)
-      rope_apply_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(px, py, p32, p64, pf, tokens,
-                                                                  heads, half, inverse);
+      rope_apply_kernel<T, kVec>
+          <<<blocks, kThreads, 0, stream>>>(px, py, p32, p64, pf, tokens, heads, half, inverse);
     else
-      rope_apply_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(px, py, p32, p64, pf, tokens,
-                                                               heads, half, inverse);
+      rope_apply_kernel<T, 1>
+          <<<blocks, kThreads, 0, stream>>>(px, py, p32, p64, pf, tokens, heads, half, inverse);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -128,8 +128,7 @@ void rope_apply_cuda(const Tensor& x, const Tensor& position_ids, const Tensor& 
   const Tensor inv = cu::on_device_ws(inv_freq, d);
   const int64_t heads = t == 0 || dim == 0 ? 0 : x.numel() / (t * dim);
   rope_apply_launch(xc.data_ptr(), y.data_ptr(), pos.data_ptr(), pos.dtype() == DType::kI64,
-                    inv.data_ptr(), t, heads, half, inverse, x.dtype(), d.index,
-                    cu::stream_of(d));
+                    inv.data_ptr(), t, heads, half, inverse, x.dtype(), d.index, cu::stream_of(d));
 }
 
 }  // namespace leantune::kernels

@@ -83,8 +83,8 @@ __global__ void swiglu_bwd_kernel(const T* dy, const T* gate, const T* up, T* dg
   }
 }
 
-void swiglu_fwd_launch(const void* gate, const void* up, void* y, int64_t n, DType dt,
-                       int device, cudaStream_t stream) {
+void swiglu_fwd_launch(const void* gate, const void* up, void* y, int64_t n, DType dt, int device,
+                       cudaStream_t stream) {
   if (n == 0) return;
   LT_CU_DISPATCH_FLOAT(dt, T, {
     constexpr int kVec = cu::VecWidth<T>::value;
@@ -159,8 +159,7 @@ void swiglu_bwd_cuda(const Tensor& dy, const Tensor& gate, const Tensor& up, con
     cu::check_contiguous(dup, op, "dup");
   }
   cu::DeviceGuard g(d);
-  const Tensor gc = cu::contiguous_ws(gate), uc = cu::contiguous_ws(up),
-               dc = cu::contiguous_ws(dy);
+  const Tensor gc = cu::contiguous_ws(gate), uc = cu::contiguous_ws(up), dc = cu::contiguous_ws(dy);
   swiglu_bwd_launch(dc.data_ptr(), gc.data_ptr(), uc.data_ptr(),
                     dgate.defined() ? dgate.data_ptr() : nullptr,
                     dup.defined() ? dup.data_ptr() : nullptr, gate.numel(), gate.dtype(), d.index,

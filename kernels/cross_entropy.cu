@@ -1,0 +1,297 @@
+// cross_entropy on CUDA.
+//   logits:[T,V] (f32, bf16, f16, f64), targets:[T] i32|i64 (host or device; -100 = ignored)
+//   forward:  lse[t] = m + log(sum_j exp(z_j - m)) for every row (m = row max), and
+//             loss_rows[t] = lse[t] - z[t, y_t], 0 for ignored rows; both [T] f32 (f64 for f64)
+//   backward: dlogits[t, j] = exp(z_j - lse[t]) * scale, minus scale at j = y_t (p_y - 1 formed
+//             in f32 before the one rounding); zero rows where ignored. dlogits may alias logits.
+// Targets are validated on the host before any launch (device targets are copied back for it, a
+// stream synchronisation the caller's loss readback would make anyway), so a bad target throws
+// (kInput, naming it) with the outputs untouched, as on the CPU path.
+// One block per row. The forward reads the row once: each thread keeps an online (max, sum)
+// over its 16-byte vectors, the block merges them (merging rescales sums by exp(m_a - m_b), so
+// the result equals the two-pass formula up to rounding). The backward reads z once and writes
+// dlogits once. f32 math (f64 for f64); expf/logf are the accurate versions (no fast math).
+#include "engine/cuda_utils.cuh"
+#include "kernels/cross_entropy.h"
+
+namespace leantune::kernels {
+namespace {
+
+template <typename A>
+__device__ __forceinline__ A exp_acc(A v) {
+  if constexpr (std::is_same_v<A, float>)
+    return expf(v);
+  else
+    return exp(v);
+}
+template <typename A>
+__device__ __forceinline__ A log_acc(A v) {
+  if constexpr (std::is_same_v<A, float>)
+    return logf(v);
+  else
+    return log(v);
+}
+
+template <typename A>
+struct Online {
+  A m;
+  A s;
+};
+
+template <typename A>
+__device__ __forceinline__ Online<A> online_merge(Online<A> a, Online<A> b) {
+  if (a.m == -INFINITY) return b;
+  if (b.m == -INFINITY) return a;
+  const A m = fmax(a.m, b.m);
+  return {m, a.s * exp_acc(a.m - m) + b.s * exp_acc(b.m - m)};
+}
+
+// Adds N values to the running state. Values equal to -inf add exp(-inf) = 0 and are skipped,
+// so a leading run of -inf cannot turn the state into NaN.
+template <typename A, int N>
+__device__ __forceinline__ void online_add(Online<A>& st, const A (&v)[N]) {
+  A vm = v[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) vm = fmax(vm, v[j]);
+  if (vm == -INFINITY) return;
+  if (vm > st.m) {
+    st.s = st.m == -INFINITY ? A(0) : st.s * exp_acc(st.m - vm);
+    st.m = vm;
+  }
+  A add = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) add += exp_acc(v[j] - st.m);
+  st.s += add;
+}
+
+// loss_rows and lse for row blockIdx.x; targets are already validated.
+template <typename T, int N>
+__global__ void cross_entropy_fwd_kernel(const T* __restrict__ logits,
+                                         const int64_t* __restrict__ targets, int64_t v,
+                                         cu::acc_of<T>* __restrict__ loss_rows,
+                                         cu::acc_of<T>* __restrict__ lse) {
+  using A = cu::acc_of<T>;
+  __shared__ A sm[32], ss[32];
+  const int64_t row = blockIdx.x;
+  const T* z = logits + row * v;
+  Online<A> st{A(-INFINITY), A(0)};
+  const int64_t nvec = v / N;
+  constexpr int kUnroll = 4;
+  int64_t k = threadIdx.x;
+  // kUnroll independent 16-byte loads in flight per thread.
+  for (; k + (kUnroll - 1) * static_cast<int64_t>(blockDim.x) < nvec; k += kUnroll * blockDim.x) {
+    A x[kUnroll][N];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if constexpr (N > 1) {
+        cu::load_vec<T, N>(z + (k + u * static_cast<int64_t>(blockDim.x)) * N, x[u]);
+      } else {
+        x[u][0] = cu::to_acc(z[k + u * static_cast<int64_t>(blockDim.x)]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) online_add(st, x[u]);
+  }
+  for (; k < nvec; k += blockDim.x) {
+    A x[N];
+    if constexpr (N > 1) {
+      cu::load_vec<T, N>(z + k * N, x);
+    } else {
+      x[0] = cu::to_acc(z[k]);
+    }
+    online_add(st, x);
+  }
+  for (int64_t j = nvec * N + threadIdx.x; j < v; j += blockDim.x) {
+    const A x[1] = {cu::to_acc(z[j])};
+    online_add(st, x);
+  }
+  // Block merge: warps by shuffles, then the warp results in warp order.
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const Online<A> other{__shfl_xor_sync(0xffffffffu, st.m, o),
+                          __shfl_xor_sync(0xffffffffu, st.s, o)};
+    st = online_merge(st, other);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm[warp] = st.m;
+    ss[warp] = st.s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Online<A> t{A(-INFINITY), A(0)};
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w)
+      t = online_merge(t, Online<A>{sm[w], ss[w]});
+    // All -inf (or empty) rows: the CPU's m + log(sum exp(z - m)) is NaN there too.
+    const A l = t.m == -INFINITY ? A(NAN) : t.m + log_acc(t.s);
+    lse[row] = l;
+    const int64_t y = targets[row];
+    loss_rows[row] = y == kIgnoreIndex ? A(0) : l - cu::to_acc(z[y]);
+  }
+}
+
+template <typename T, int N>
+__global__ void cross_entropy_bwd_kernel(const T* logits, const int64_t* __restrict__ targets,
+                                         const cu::acc_of<T>* __restrict__ lse, int64_t v,
+                                         cu::acc_of<T> scale, T* dlogits) {
+  using A = cu::acc_of<T>;
+  const int64_t row = blockIdx.x;
+  const T* z = logits + row * v;
+  T* d = dlogits + row * v;
+  const int64_t y = targets[row];
+  const int64_t nvec = v / N;
+  if (y == kIgnoreIndex) {
+    A zero[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) zero[j] = 0;
+    for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
+      if constexpr (N > 1) {
+        cu::store_vec<T, N>(d + k * N, zero);
+      } else {
+        d[k] = cu::from_acc<T>(zero[0]);
+      }
+    }
+    for (int64_t j = nvec * N + threadIdx.x; j < v; j += blockDim.x) d[j] = cu::from_acc<T>(A(0));
+    return;
+  }
+  const A l = lse[row];
+  auto grad = [&](A zj, int64_t j) {
+    const A p = exp_acc(zj - l);
+    return j == y ? cu::mul_rn(p - A(1), scale) : cu::mul_rn(p, scale);
+  };
+  for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
+    A x[N];
+    if constexpr (N > 1) {
+      cu::load_vec<T, N>(z + k * N, x);
+    } else {
+      x[0] = cu::to_acc(z[k]);
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) x[j] = grad(x[j], k * N + j);
+    if constexpr (N > 1) {
+      cu::store_vec<T, N>(d + k * N, x);
+    } else {
+      d[k] = cu::from_acc<T>(x[0]);
+    }
+  }
+  for (int64_t j = nvec * N + threadIdx.x; j < v; j += blockDim.x)
+    d[j] = cu::from_acc<T>(grad(cu::to_acc(z[j]), j));
+}
+
+int block_threads(int64_t nvec) {
+  if (nvec >= 8192) return 512;
+  if (nvec >= 1024) return 256;
+  return 128;
+}
+
+void cross_entropy_fwd_launch(const void* logits, const int64_t* targets, void* loss_rows,
+                              void* lse, int64_t rows, int64_t v, DType dt, cudaStream_t stream) {
+  if (rows == 0) return;
+  LT_CU_DISPATCH_FLOAT(dt, T, {
+    using A = cu::acc_of<T>;
+    constexpr int kVec = cu::VecWidth<T>::value;
+    const bool vec = v % kVec == 0 && cu::aligned16(logits);
+    const int threads = block_threads(vec ? v / kVec : v);
+    const T* pz = static_cast<const T*>(logits);
+    A* pl = static_cast<A*>(loss_rows);
+    A* pe = static_cast<A*>(lse);
+    if (vec)
+      cross_entropy_fwd_kernel<T, kVec>
+          <<<static_cast<unsigned>(rows), threads, 0, stream>>>(pz, targets, v, pl, pe);
+    else
+      cross_entropy_fwd_kernel<T, 1>
+          <<<static_cast<unsigned>(rows), threads, 0, stream>>>(pz, targets, v, pl, pe);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void cross_entropy_bwd_launch(const void* logits, const int64_t* targets, const void* lse,
+                              double scale, void* dlogits, int64_t rows, int64_t v, DType dt,
+                              cudaStream_t stream) {
+  if (rows == 0) return;
+  LT_CU_DISPATCH_FLOAT(dt, T, {
+    using A = cu::acc_of<T>;
+    constexpr int kVec = cu::VecWidth<T>::value;
+    const bool vec = v % kVec == 0 && cu::aligned16(logits) && cu::aligned16(dlogits);
+    const int threads = block_threads(vec ? v / kVec : v);
+    const T* pz = static_cast<const T*>(logits);
+    const A* pe = static_cast<const A*>(lse);
+    T* pd = static_cast<T*>(dlogits);
+    if (vec)
+      cross_entropy_bwd_kernel<T, kVec><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
+          pz, targets, pe, v, static_cast<A>(scale), pd);
+    else
+      cross_entropy_bwd_kernel<T, 1><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
+          pz, targets, pe, v, static_cast<A>(scale), pd);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+void check_inputs(const char* op, const Tensor& logits, const Tensor& targets) {
+  LT_CHECK(logits.device().is_cuda() && logits.dim() == 2 && logits.size(1) > 0 &&
+               dtype_is_floating(logits.dtype()),
+           op, ": logits ", logits.str(), " must be [T, V] float on a CUDA device, V > 0");
+  LT_CHECK(targets.dim() == 1 && targets.numel() == logits.size(0) &&
+               (targets.dtype() == DType::kI32 || targets.dtype() == DType::kI64),
+           op, ": targets ", targets.str(), " for logits ", logits.str());
+  LT_CHECK(targets.device().is_cpu() || targets.device() == logits.device(), op, ": targets ",
+           targets.str(), " for logits on ", logits.device().str());
+  LT_CHECK(logits.size(0) < (int64_t{1} << 31), op, ": too many rows in ", logits.str());
+}
+
+// Targets checked on the host with the CPU path's message, then as i64 on the device.
+Tensor checked_targets(const Tensor& targets, int64_t v, Device d, const char* op) {
+  std::vector<int64_t> y = targets.to_i64();
+  for (size_t t = 0; t < y.size(); ++t)
+    LT_CHECK_INPUT(y[t] == kIgnoreIndex || (y[t] >= 0 && y[t] < v), op, ": target ", y[t],
+                   " at position ", t, " is outside the vocabulary [0, ", v,
+                   ") and is not the ignore index ", kIgnoreIndex);
+  if (targets.device() == d && targets.dtype() == DType::kI64) return cu::contiguous_ws(targets);
+  Tensor out = Tensor::empty(targets.shape(), DType::kI64, d, MemTag::kWorkspace);
+  ops::copy(out, Tensor::from_vector(y, targets.shape()));
+  return out;
+}
+
+}  // namespace
+
+void cross_entropy_fwd_cuda(const Tensor& logits, const Tensor& targets, const Tensor& loss_rows,
+                            const Tensor& lse) {
+  const char* op = "cross_entropy";
+  check_inputs(op, logits, targets);
+  const Device d = logits.device();
+  const int64_t rows = logits.size(0), v = logits.size(1);
+  const DType sd = stat_dtype(logits.dtype());
+  cu::check_operand(loss_rows, d, op, "loss_rows");
+  cu::check_operand(lse, d, op, "lse");
+  LT_CHECK(loss_rows.shape() == (Shape{rows}) && loss_rows.dtype() == sd &&
+               lse.shape() == (Shape{rows}) && lse.dtype() == sd,
+           op, ": loss_rows ", loss_rows.str(), ", lse ", lse.str(), " for logits ", logits.str());
+  cu::DeviceGuard g(d);
+  const Tensor y = checked_targets(targets, v, d, op);
+  const Tensor zc = cu::contiguous_ws(logits);
+  cross_entropy_fwd_launch(zc.data_ptr(), y.data<int64_t>(), loss_rows.data_ptr(), lse.data_ptr(),
+                           rows, v, logits.dtype(), cu::stream_of(d));
+}
+
+void cross_entropy_bwd_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            double scale, const Tensor& dlogits) {
+  const char* op = "cross_entropy_bwd";
+  check_inputs(op, logits, targets);
+  const Device d = logits.device();
+  const int64_t rows = logits.size(0), v = logits.size(1);
+  cu::check_on(lse, d, op, "lse");
+  LT_CHECK(lse.shape() == (Shape{rows}) && lse.dtype() == stat_dtype(logits.dtype()), op, ": lse ",
+           lse.str(), " for logits ", logits.str());
+  cu::check_operand(dlogits, d, op, "dlogits");
+  LT_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype(), op, ": dlogits ",
+           dlogits.str(), " for logits ", logits.str());
+  cu::DeviceGuard g(d);
+  const Tensor y = checked_targets(targets, v, d, op);
+  const Tensor zc = cu::contiguous_ws(logits), ec = cu::contiguous_ws(lse);
+  cross_entropy_bwd_launch(zc.data_ptr(), y.data<int64_t>(), ec.data_ptr(), scale,
+                           dlogits.data_ptr(), rows, v, logits.dtype(), cu::stream_of(d));
+}
+
+}  // namespace leantune::kernels
