@@ -51,13 +51,13 @@ DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF3
 // Row-major C = alpha op(A) op(B) + beta C on raw buffers.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-              n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
           int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-              n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Sequence boundaries, validated.
@@ -68,8 +68,7 @@ struct Seqs {
 };
 
 Seqs read_seqs(const Tensor& cu_q, const Tensor& cu_k, int64_t tq, int64_t tk) {
-  LT_CHECK(cu_q.dim() == 1 && cu_k.dim() == 1 && cu_q.numel() == cu_k.numel() &&
-               cu_q.numel() >= 1,
+  LT_CHECK(cu_q.dim() == 1 && cu_k.dim() == 1 && cu_q.numel() == cu_k.numel() && cu_q.numel() >= 1,
            "attention: cu_seqlens_q ", cu_q.str(), " and cu_seqlens_k ", cu_k.str(),
            " must both be [B+1]");
   Seqs s;
@@ -97,7 +96,7 @@ struct Dims {
 
 Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   LT_CHECK(q.dim() == 3 && k.dim() == 3 && v.shape() == k.shape() && q.size(2) == k.size(2) &&
-               k.size(1) > 0 && q.size(1) % k.size(1) == 0,
+               q.size(2) > 0 && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
            op, ": q ", q.str(), ", k ", k.str(), ", v ", v.str(),
            " (want q [Tq,Hq,D], k and v [Tk,Hk,D], Hq % Hk == 0)");
   LT_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && dtype_is_floating(q.dtype()), op,
@@ -208,15 +207,14 @@ double score_work(const Seqs& s, const Dims& dm) {
 }
 
 template <typename T>
-void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs& s,
-                  const Dims& dm, double scale_d, bool causal, const Tensor& out,
-                  const Tensor& lse) {
+void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs& s, const Dims& dm,
+                  double scale_d, bool causal, const Tensor& out, const Tensor& lse) {
   using A = acc_t<T>;
   const int64_t d = dm.d, lk_max = s.max_k, bq = std::min(kBlockQ, std::max<int64_t>(s.max_q, 1));
   const int64_t slab = 2 * lk_max * d + 2 * bq * d + bq * lk_max;
   const int threads = worker_threads(s.batch * dm.hq, 2 * score_work(s, dm));
-  Tensor ws = Tensor::empty({threads * slab}, stat_dtype(q.dtype()), q.device(),
-                            MemTag::kWorkspace);
+  Tensor ws =
+      Tensor::empty({threads * slab}, stat_dtype(q.dtype()), q.device(), MemTag::kWorkspace);
   A* wsp = static_cast<A*>(ws.data_ptr());
   const T* pq = static_cast<const T*>(q.data_ptr());
   const T* pk = static_cast<const T*>(k.data_ptr());
@@ -280,8 +278,8 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   const int64_t d = dm.d, lk_max = s.max_k, bq = std::min(kBlockQ, std::max<int64_t>(s.max_q, 1));
   const int64_t slab = 4 * lk_max * d + 3 * bq * d + 2 * bq * lk_max + 2 * bq;
   const int threads = worker_threads(s.batch * dm.hk, 5 * score_work(s, dm));
-  Tensor ws = Tensor::empty({threads * slab}, stat_dtype(q.dtype()), q.device(),
-                            MemTag::kWorkspace);
+  Tensor ws =
+      Tensor::empty({threads * slab}, stat_dtype(q.dtype()), q.device(), MemTag::kWorkspace);
   A* wsp = static_cast<A*>(ws.data_ptr());
   const T* pq = static_cast<const T*>(q.data_ptr());
   const T* pk = static_cast<const T*>(k.data_ptr());
@@ -420,10 +418,9 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   zero_tail_rows(out, s.q.back());
   if (s.q.back() < dm.tq)
     lse.narrow(1, s.q.back(), dm.tq - s.q.back()).fill_(-std::numeric_limits<double>::infinity());
-  if (dm.d == 0 || s.q.back() == 0) return;
+  if (s.q.back() == 0) return;
   const Tensor qc = rows_dense(q), kc = rows_dense(k), vc = rows_dense(v);
-  LT_DISPATCH_FLOAT(q.dtype(), T,
-                    forward_impl<T>(qc, kc, vc, s, dm, scale, opt.causal, out, lse));
+  LT_DISPATCH_FLOAT(q.dtype(), T, forward_impl<T>(qc, kc, vc, s, dm, scale, opt.causal, out, lse));
 }
 
 void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -458,13 +455,12 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   zero_tail_rows(dq, s.q.back());
   zero_tail_rows(dk, s.k.back());
   zero_tail_rows(dv, s.k.back());
-  if (dm.d == 0 || (!dq.defined() && !dk.defined() && !dv.defined())) return;
+  if (!dq.defined() && !dk.defined() && !dv.defined()) return;
   const Tensor qc = rows_dense(q), kc = rows_dense(k), vc = rows_dense(v);
   const Tensor oc = rows_dense(out), gc = rows_dense(dout);
   const Tensor lc = lse.is_contiguous() ? lse : lse.contiguous();
   LT_DISPATCH_FLOAT(q.dtype(), T,
-                    backward_impl<T>(gc, qc, kc, vc, oc, lc, s, dm, scale, opt.causal, dq, dk,
-                                     dv));
+                    backward_impl<T>(gc, qc, kc, vc, oc, lc, s, dm, scale, opt.causal, dq, dk, dv));
 }
 
 AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -474,8 +470,7 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v,
   AttentionOutput r;
   r.out = Tensor::empty(q.shape(), q.dtype(), q.device());
   r.lse = Tensor::empty({dm.hq, dm.tq}, stat_dtype(q.dtype()), q.device());
-  attention_fwd(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, opt, r.out,
-                r.lse);
+  attention_fwd(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, opt, r.out, r.lse);
   if (node_needed({q, k, v})) {
     auto node = std::make_shared<AttentionBackward>();
     node->set_next_edges({q, k, v});

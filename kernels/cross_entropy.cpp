@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 #include <limits>
+#include <type_traits>
 
 #include "engine/autograd.h"
 #include "engine/cpu_kernels.h"
@@ -148,8 +148,8 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor
   });
 }
 
-void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                       double scale, const Tensor& dlogits) {
+void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
+                       const Tensor& dlogits) {
   check_inputs("cross_entropy_bwd", logits, targets);
   const int64_t rows = logits.size(0), v = logits.size(1);
   LT_CHECK(lse.shape() == (Shape{rows}) && lse.dtype() == stat_dtype(logits.dtype()),

@@ -91,12 +91,13 @@ void embedding_fwd(const Tensor& weight, const Tensor& ids, const Tensor& y) {
   const size_t row = static_cast<size_t>(h) * w.element_size();
   const char* src = static_cast<const char*>(w.data_ptr());
   char* dst = static_cast<char*>(y.data_ptr());
-  parallel_for(n, grain_for(h), [&](int64_t t) { std::memcpy(dst + t * row, src + id[t] * row, row); });
+  parallel_for(n, grain_for(h),
+               [&](int64_t t) { std::memcpy(dst + t * row, src + id[t] * row, row); });
 }
 
 void embedding_bwd(const Tensor& dy, const Tensor& ids, const Tensor& dweight) {
-  LT_CHECK(dweight.dim() == 2 && ids.dim() == 1, "embedding_bwd: dweight ", dweight.str(),
-           ", ids ", ids.str());
+  LT_CHECK(dweight.dim() == 2 && ids.dim() == 1, "embedding_bwd: dweight ", dweight.str(), ", ids ",
+           ids.str());
   const int64_t v = dweight.size(0), h = dweight.size(1), n = ids.numel();
   LT_CHECK(dy.shape() == (Shape{n, h}), "embedding_bwd: dy ", dy.str(), " for ids ", ids.str(),
            " and dweight ", dweight.str());

@@ -58,8 +58,8 @@ void check_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor
   LT_CHECK(x.dtype() == w.dtype() && dtype_is_floating(x.dtype()), op, ": x ", x.str(), ", W ",
            w.str(), " need one float dtype");
   if (b.defined())
-    LT_CHECK(b.dim() == 1 && b.size(0) == w.size(0) && b.dtype() == w.dtype(), op, ": b ",
-             b.str(), " for W ", w.str());
+    LT_CHECK(b.dim() == 1 && b.size(0) == w.size(0) && b.dtype() == w.dtype(), op, ": b ", b.str(),
+             " for W ", w.str());
 }
 
 // db[j] = sum_t dy[t, j]; rows are walked in order inside each column strip.
@@ -117,9 +117,9 @@ class LinearBackward final : public Node {
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
   check_shapes("linear_fwd", x, w, b);
-  LT_CHECK(y.shape() == (Shape{x.size(0), w.size(0)}) && y.dtype() == x.dtype() &&
-               y.is_contiguous(),
-           "linear_fwd: y ", y.str(), " for x ", x.str(), " and W ", w.str());
+  LT_CHECK(
+      y.shape() == (Shape{x.size(0), w.size(0)}) && y.dtype() == x.dtype() && y.is_contiguous(),
+      "linear_fwd: y ", y.str(), " for x ", x.str(), " and W ", w.str());
   if (x.device().is_cuda()) {
 #ifdef LEANTUNE_WITH_CUDA
     linear_fwd_cuda(x, w, b, y);
@@ -148,18 +148,18 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor
   if (dx.defined()) {
     LT_CHECK(w.defined() && w.dim() == 2 && w.size(0) == dy.size(1), "linear_bwd: W ",
              w.defined() ? w.str() : "undefined", " for dy ", dy.str());
-    LT_CHECK(dx.shape() == (Shape{dy.size(0), w.size(1)}) && dx.is_contiguous(),
-             "linear_bwd: dx ", dx.str(), " for dy ", dy.str(), " and W ", w.str());
+    LT_CHECK(dx.shape() == (Shape{dy.size(0), w.size(1)}) && dx.is_contiguous(), "linear_bwd: dx ",
+             dx.str(), " for dy ", dy.str(), " and W ", w.str());
   }
   if (dw.defined()) {
     LT_CHECK(x.defined() && x.dim() == 2 && x.size(0) == dy.size(0), "linear_bwd: x ",
              x.defined() ? x.str() : "undefined", " for dy ", dy.str());
-    LT_CHECK(dw.shape() == (Shape{dy.size(1), x.size(1)}) && dw.is_contiguous(),
-             "linear_bwd: dW ", dw.str(), " for dy ", dy.str(), " and x ", x.str());
+    LT_CHECK(dw.shape() == (Shape{dy.size(1), x.size(1)}) && dw.is_contiguous(), "linear_bwd: dW ",
+             dw.str(), " for dy ", dy.str(), " and x ", x.str());
   }
   if (db.defined())
-    LT_CHECK(db.shape() == (Shape{dy.size(1)}) && db.is_contiguous(), "linear_bwd: db ",
-             db.str(), " for dy ", dy.str());
+    LT_CHECK(db.shape() == (Shape{dy.size(1)}) && db.is_contiguous(), "linear_bwd: db ", db.str(),
+             " for dy ", dy.str());
   if (dy.device().is_cuda()) {
 #ifdef LEANTUNE_WITH_CUDA
     linear_bwd_cuda(dy, x, w, dx, dw, db);

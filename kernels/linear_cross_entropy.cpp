@@ -52,13 +52,13 @@ Tensor as(const Tensor& t, DType dt) {
   return c;
 }
 
-void check_inputs(const char* op, const Tensor& hidden, const Tensor& weight,
-                  const Tensor& targets, const LinearCrossEntropyOptions& opt) {
+void check_inputs(const char* op, const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                  const LinearCrossEntropyOptions& opt) {
   LT_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1) &&
                weight.size(0) > 0,
            op, ": hidden ", hidden.str(), ", weight ", weight.str());
-  LT_CHECK(hidden.dtype() == weight.dtype() && dtype_is_floating(hidden.dtype()), op,
-           ": hidden ", hidden.str(), " and weight ", weight.str(), " need one float dtype");
+  LT_CHECK(hidden.dtype() == weight.dtype() && dtype_is_floating(hidden.dtype()), op, ": hidden ",
+           hidden.str(), " and weight ", weight.str(), " need one float dtype");
   LT_CHECK(targets.dim() == 1 && targets.numel() == hidden.size(0) &&
                (targets.dtype() == DType::kI32 || targets.dtype() == DType::kI64),
            op, ": targets ", targets.str(), " for hidden ", hidden.str());
@@ -85,9 +85,9 @@ void valid_rows(const Tensor& targets, int64_t v, const char* op, std::vector<in
 // to.
 template <typename A>
 void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t>& rows,
-                const std::vector<int64_t>& tgt, const std::vector<A>* coef,
-                const Tensor& dhidden, const Tensor& dw_acc, int64_t chunk_tokens,
-                std::vector<A>* lse, std::vector<A>* zy) {
+                const std::vector<int64_t>& tgt, const std::vector<A>* coef, const Tensor& dhidden,
+                const Tensor& dw_acc, int64_t chunk_tokens, std::vector<A>* lse,
+                std::vector<A>* zy) {
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t h = hidden.size(1), v = w.size(0);
   lse->assign(static_cast<size_t>(n), A(0));
@@ -229,9 +229,8 @@ class LinearTokenLogprobsBackward final : public Node {
 }  // namespace
 
 double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,
-                                    const Tensor& targets, double grad_scale,
-                                    const Tensor& dhidden, const Tensor& dweight,
-                                    const LinearCrossEntropyOptions& opt) {
+                                    const Tensor& targets, double grad_scale, const Tensor& dhidden,
+                                    const Tensor& dweight, const LinearCrossEntropyOptions& opt) {
   check_inputs("linear_cross_entropy", hidden, weight, targets, opt);
   if (dhidden.defined())
     LT_CHECK(dhidden.shape() == hidden.shape() && dtype_is_floating(dhidden.dtype()) &&
@@ -242,8 +241,8 @@ double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,
              "linear_cross_entropy: dweight ", dweight.str(), " for weight ", weight.str());
   if (hidden.device().is_cuda()) {
 #ifdef LEANTUNE_WITH_CUDA
-    return linear_cross_entropy_fwd_bwd_cuda(hidden, weight, targets, grad_scale, dhidden,
-                                             dweight, opt);
+    return linear_cross_entropy_fwd_bwd_cuda(hidden, weight, targets, grad_scale, dhidden, dweight,
+                                             opt);
 #else
     LT_THROW(ErrorKind::kInternal, "linear_cross_entropy: ", hidden.str(),
              " is on a CUDA device but this build has no CUDA backend");
@@ -302,8 +301,8 @@ void linear_cross_entropy_rows(const Tensor& hidden, const Tensor& weight, const
   const bool grads = dhidden.defined() || dweight.defined();
   if (nll.defined())
     LT_CHECK(nll.shape() == (Shape{t}) && nll.dtype() == d && nll.is_contiguous(),
-             "linear_cross_entropy_rows: nll ", nll.str(), " for hidden ", hidden.str(),
-             " (want [", t, "] ", dtype_name(d), ")");
+             "linear_cross_entropy_rows: nll ", nll.str(), " for hidden ", hidden.str(), " (want [",
+             t, "] ", dtype_name(d), ")");
   if (grads)
     LT_CHECK(coef.defined() && coef.shape() == (Shape{t}) && dtype_is_floating(coef.dtype()),
              "linear_cross_entropy_rows: coef ", coef.defined() ? coef.str() : "undefined",

@@ -96,13 +96,12 @@ std::vector<double> rope_inv_freq(const RopeConfig& cfg) {
     const float f = static_cast<float>(cfg.factor);
     for (float& v : inv) v = v / f;
   } else if (type == "llama3") {
-    LT_CHECK_INPUT(cfg.factor > 0 && cfg.high_freq_factor != cfg.low_freq_factor &&
-                       cfg.low_freq_factor > 0 && cfg.high_freq_factor > 0 &&
-                       cfg.original_max_position_embeddings > 0,
-                   "rope_scaling llama3: factor ", cfg.factor, ", low_freq_factor ",
-                   cfg.low_freq_factor, ", high_freq_factor ", cfg.high_freq_factor,
-                   ", original_max_position_embeddings ", cfg.original_max_position_embeddings,
-                   " are not valid");
+    LT_CHECK_INPUT(
+        cfg.factor > 0 && cfg.high_freq_factor != cfg.low_freq_factor && cfg.low_freq_factor > 0 &&
+            cfg.high_freq_factor > 0 && cfg.original_max_position_embeddings > 0,
+        "rope_scaling llama3: factor ", cfg.factor, ", low_freq_factor ", cfg.low_freq_factor,
+        ", high_freq_factor ", cfg.high_freq_factor, ", original_max_position_embeddings ",
+        cfg.original_max_position_embeddings, " are not valid");
     const float factor = static_cast<float>(cfg.factor);
     const float lo = static_cast<float>(cfg.low_freq_factor);
     const float band = static_cast<float>(cfg.high_freq_factor - cfg.low_freq_factor);
@@ -126,8 +125,8 @@ std::vector<double> rope_inv_freq(const RopeConfig& cfg) {
   return std::vector<double>(inv.begin(), inv.end());
 }
 
-void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq,
-                bool inverse, const Tensor& y) {
+void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq, bool inverse,
+                const Tensor& y) {
   LT_CHECK(x.dim() >= 2 && dtype_is_floating(x.dtype()), "rope: x ", x.str(),
            " must be [T, ..., D] float");
   const int64_t t = x.size(0), d = x.size(-1), half = d / 2;

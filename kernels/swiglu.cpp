@@ -44,9 +44,9 @@ A sigmoid(A x) {
 }
 
 void check_pair(const char* op, const Tensor& gate, const Tensor& up) {
-  LT_CHECK(gate.shape() == up.shape() && gate.dtype() == up.dtype() &&
-               dtype_is_floating(gate.dtype()),
-           op, ": gate ", gate.str(), ", up ", up.str());
+  LT_CHECK(
+      gate.shape() == up.shape() && gate.dtype() == up.dtype() && dtype_is_floating(gate.dtype()),
+      op, ": gate ", gate.str(), ", up ", up.str());
 }
 
 void check_out(const char* op, const Tensor& ref, const Tensor& t, const char* what) {
@@ -107,8 +107,8 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& y) {
 void swiglu_bwd(const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,
                 const Tensor& dup) {
   check_pair("swiglu_bwd", gate, up);
-  LT_CHECK(dy.shape() == gate.shape() && dy.dtype() == gate.dtype(), "swiglu_bwd: dy ",
-           dy.str(), " for gate ", gate.str());
+  LT_CHECK(dy.shape() == gate.shape() && dy.dtype() == gate.dtype(), "swiglu_bwd: dy ", dy.str(),
+           " for gate ", gate.str());
   check_out("swiglu_bwd", gate, dgate, "dgate");
   check_out("swiglu_bwd", gate, dup, "dup");
   if (gate.device().is_cuda()) {

@@ -31,8 +31,8 @@ inline double round_to(double x, DType dt) {
   return t.to_f64()[0];
 }
 inline Vec round_all(Vec v, DType dt) {
-  Tensor t = Tensor::from_doubles(v, {static_cast<int64_t>(v.size())}, dt, Device::cpu(),
-                                  MemTag::kOther);
+  Tensor t =
+      Tensor::from_doubles(v, {static_cast<int64_t>(v.size())}, dt, Device::cpu(), MemTag::kOther);
   return t.to_f64();
 }
 
@@ -59,13 +59,12 @@ inline ::testing::AssertionResult near_ref(const Tensor& actual, const Vec& ref,
     if (!ok && bad++ == 0) first = static_cast<int64_t>(i);
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << a.size() << " differ (atol " << atol
-                                       << ", rtol " << rtol << "); first at " << first << ": "
-                                       << a[first] << " vs ref " << ref[first] << "; max |diff| "
-                                       << worst;
+  return ::testing::AssertionFailure()
+         << bad << " of " << a.size() << " differ (atol " << atol << ", rtol " << rtol
+         << "); first at " << first << ": " << a[first] << " vs ref " << ref[first]
+         << "; max |diff| " << worst;
 }
-inline ::testing::AssertionResult near_ref(const Tensor& actual, const Vec& ref,
-                                           testing::Tol t) {
+inline ::testing::AssertionResult near_ref(const Tensor& actual, const Vec& ref, testing::Tol t) {
   return near_ref(actual, ref, t.atol, t.rtol);
 }
 
@@ -88,10 +87,14 @@ inline double max_err(const Vec& a, const Vec& r) {
 inline testing::Tol scaled_tol(DType dt, double scale) {
   testing::Tol t = testing::tol(dt);
   switch (dt) {
-    case DType::kF64: return {1e-12 * scale + t.atol, t.rtol};
-    case DType::kF32: return {2e-6 * scale + t.atol, 1e-5};
-    case DType::kF16: return {2e-3 * scale + t.atol, 2e-3};
-    default: return {8e-3 * scale + t.atol, t.rtol};
+    case DType::kF64:
+      return {1e-12 * scale + t.atol, t.rtol};
+    case DType::kF32:
+      return {2e-6 * scale + t.atol, 1e-5};
+    case DType::kF16:
+      return {2e-3 * scale + t.atol, 2e-3};
+    default:
+      return {8e-3 * scale + t.atol, t.rtol};
   }
 }
 

@@ -1,11 +1,10 @@
-#include "kernels/attention.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <numeric>
 
 #include "kernel_test_util.h"
+#include "kernels/attention.h"
 
 namespace leantune {
 namespace {
@@ -167,10 +166,9 @@ class AttentionTest : public ::testing::TestWithParam<AttnCase> {
 };
 
 TEST_P(AttentionTest, ForwardAndBackwardMatchFloat64Reference) {
-  Guarded out({tq_, c_.hq, c_.d}, c_.dt, Device::cpu()), lse({c_.hq, tq_}, stat(c_.dt),
-                                                              Device::cpu());
-  kernels::attention_fwd(q_, k_, v_, cu_of(c_.lq), cu_of(lk_), opt_, out.payload(),
-                         lse.payload());
+  Guarded out({tq_, c_.hq, c_.d}, c_.dt, Device::cpu()),
+      lse({c_.hq, tq_}, stat(c_.dt), Device::cpu());
+  kernels::attention_fwd(q_, k_, v_, cu_of(c_.lq), cu_of(lk_), opt_, out.payload(), lse.payload());
   EXPECT_TRUE(out.check());
   EXPECT_TRUE(lse.check());
   Tensor g = randn({tq_, c_.hq, c_.d}, c_.dt, 4);
@@ -186,9 +184,8 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchFloat64Reference) {
   }
   EXPECT_TRUE(near_ref(lse.payload(), r.lse, c_.dt == DType::kF64 ? 1e-12 : 1e-5, 1e-5));
 
-  Guarded dq({tq_, c_.hq, c_.d}, c_.dt, Device::cpu()), dk({tk_, c_.hk, c_.d}, c_.dt,
-                                                            Device::cpu()),
-      dv({tk_, c_.hk, c_.d}, c_.dt, Device::cpu());
+  Guarded dq({tq_, c_.hq, c_.d}, c_.dt, Device::cpu()),
+      dk({tk_, c_.hk, c_.d}, c_.dt, Device::cpu()), dv({tk_, c_.hk, c_.d}, c_.dt, Device::cpu());
   kernels::attention_bwd(g, q_, k_, v_, out.payload(), lse.payload(), cu_of(c_.lq), cu_of(lk_),
                          opt_, dq.payload(), dk.payload(), dv.payload());
   EXPECT_TRUE(dq.check());
@@ -196,9 +193,9 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchFloat64Reference) {
   EXPECT_TRUE(dv.check());
   // Gradients sum over keys and over the query heads of a group: an absolute floor scaled by
   // the gradient's magnitude.
-  for (auto [got, want, name] : {std::tuple{dq.payload(), &r.dq, "dq"},
-                                 std::tuple{dk.payload(), &r.dk, "dk"},
-                                 std::tuple{dv.payload(), &r.dv, "dv"}}) {
+  for (auto [got, want, name] :
+       {std::tuple{dq.payload(), &r.dq, "dq"}, std::tuple{dk.payload(), &r.dk, "dk"},
+        std::tuple{dv.payload(), &r.dv, "dv"}}) {
     const double mag = std::max(1.0, kernel_test::max_abs(*want));
     testing::Tol t = kernel_test::scaled_tol(c_.dt, mag);
     if (c_.dt == DType::kBF16) t = {2e-2 * mag, 2e-2};
@@ -229,9 +226,9 @@ TEST_P(AttentionTest, VarlenBatchEqualsEachSequenceAlone) {
   for (size_t b = 0; b < c_.lq.size(); ++b) {
     const int64_t nq = c_.lq[b], nk = lk_[b];
     if (nq > 0) {
-      kernels::AttentionOutput one = kernels::attention(
-          q_.narrow(0, q0, nq), k_.narrow(0, k0, nk), v_.narrow(0, k0, nk), cu_of({nq}),
-          cu_of({nk}), opt_);
+      kernels::AttentionOutput one =
+          kernels::attention(q_.narrow(0, q0, nq), k_.narrow(0, k0, nk), v_.narrow(0, k0, nk),
+                             cu_of({nq}), cu_of({nk}), opt_);
       EXPECT_TRUE(testing::all_close(all.out.narrow(0, q0, nq), one.out, 0.0, 0.0)) << "seq " << b;
       EXPECT_TRUE(testing::all_close(all.lse.narrow(1, q0, nq), one.lse, 0.0, 0.0)) << "seq " << b;
     }
@@ -244,19 +241,19 @@ const std::vector<int64_t> kVarlen = {5, 1, 0, 9};
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, AttentionTest,
-    ::testing::Values(
-        AttnCase{DType::kF32, 2, 2, 64, kVarlen, {}, true, "varlen_len1_len0"},
-        AttnCase{DType::kF32, 4, 2, 128, kVarlen, {}, true, "varlen_gqa2"},
-        AttnCase{DType::kF32, 4, 1, 64, {19}, {}, true, "gqa4_len19"},
-        AttnCase{DType::kF32, 2, 1, 16, {150, 71}, {}, true, "multiblock"},
-        AttnCase{DType::kF32, 2, 2, 8, {1, 3, 2}, {7, 8, 2}, true, "decode_lq_lt_lk"},
-        AttnCase{DType::kF32, 2, 1, 8, {4, 2}, {2, 0}, true, "lq_gt_lk_rows_see_nothing"},
-        AttnCase{DType::kF32, 2, 2, 8, {6, 3}, {4, 5}, false, "noncausal"},
-        AttnCase{DType::kBF16, 4, 2, 64, {33, 1, 0, 20}, {}, true, "varlen"},
-        AttnCase{DType::kBF16, 4, 1, 128, {1, 5}, {9, 5}, true, "decode"},
-        AttnCase{DType::kF16, 2, 1, 64, {7, 12}, {}, true, "varlen"},
-        AttnCase{DType::kF64, 4, 4, 8, {3, 0, 6}, {}, true, "varlen"},
-        AttnCase{DType::kF32, 1, 1, 1, {1}, {}, true, "single"}),
+    ::testing::Values(AttnCase{DType::kF32, 2, 2, 64, kVarlen, {}, true, "varlen_len1_len0"},
+                      AttnCase{DType::kF32, 4, 2, 128, kVarlen, {}, true, "varlen_gqa2"},
+                      AttnCase{DType::kF32, 4, 1, 64, {19}, {}, true, "gqa4_len19"},
+                      AttnCase{DType::kF32, 2, 1, 16, {150, 71}, {}, true, "multiblock"},
+                      AttnCase{DType::kF32, 2, 2, 8, {1, 3, 2}, {7, 8, 2}, true, "decode_lq_lt_lk"},
+                      AttnCase{
+                          DType::kF32, 2, 1, 8, {4, 2}, {2, 0}, true, "lq_gt_lk_rows_see_nothing"},
+                      AttnCase{DType::kF32, 2, 2, 8, {6, 3}, {4, 5}, false, "noncausal"},
+                      AttnCase{DType::kBF16, 4, 2, 64, {33, 1, 0, 20}, {}, true, "varlen"},
+                      AttnCase{DType::kBF16, 4, 1, 128, {1, 5}, {9, 5}, true, "decode"},
+                      AttnCase{DType::kF16, 2, 1, 64, {7, 12}, {}, true, "varlen"},
+                      AttnCase{DType::kF64, 4, 4, 8, {3, 0, 6}, {}, true, "varlen"},
+                      AttnCase{DType::kF32, 1, 1, 1, {1}, {}, true, "single"}),
     attn_name);
 
 struct GradCase {
@@ -286,8 +283,7 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionGradcheck,
     ::testing::Values(GradCase{2, 2, 64, {3, 1, 0, 2}, {}}, GradCase{4, 2, 64, {3, 1, 0, 2}, {}},
                       GradCase{4, 1, 64, {4, 2}, {}}, GradCase{2, 1, 128, {3, 1}, {}},
-                      GradCase{4, 1, 128, {1, 0, 3}, {}},
-                      GradCase{2, 1, 8, {1, 2, 3}, {4, 2, 5}}),
+                      GradCase{4, 1, 128, {1, 0, 3}, {}}, GradCase{2, 1, 8, {1, 2, 3}, {4, 2, 5}}),
     [](const ::testing::TestParamInfo<GradCase>& p) {
       return "Hq" + std::to_string(p.param.hq) + "_Hk" + std::to_string(p.param.hk) + "_D" +
              std::to_string(p.param.d) + "_case" + std::to_string(p.index);

@@ -1,10 +1,9 @@
-#include "kernels/cross_entropy.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "kernel_test_util.h"
+#include "kernels/cross_entropy.h"
 
 namespace leantune {
 namespace {
@@ -43,8 +42,7 @@ struct CeRef {
   Vec loss, lse, grad;
 };
 
-CeRef reference(const Vec& z, const std::vector<int64_t>& y, int64_t t, int64_t v,
-                double scale) {
+CeRef reference(const Vec& z, const std::vector<int64_t>& y, int64_t t, int64_t v, double scale) {
   CeRef r{Vec(t), Vec(t), Vec(z.size(), 0.0)};
   for (int64_t i = 0; i < t; ++i) {
     double m = -INFINITY;
@@ -102,8 +100,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyTest,
                          ::testing::Values(CeCase{DType::kF32, 1, 1}, CeCase{DType::kF32, 19, 19},
                                            CeCase{DType::kF32, 71, 229},
                                            CeCase{DType::kBF16, 71, 229},
-                                           CeCase{DType::kF16, 19, 50},
-                                           CeCase{DType::kF64, 9, 13}),
+                                           CeCase{DType::kF16, 19, 50}, CeCase{DType::kF64, 9, 13}),
                          ce_name);
 
 TEST(CrossEntropy, GradcheckFloat64) {
@@ -187,8 +184,8 @@ TEST(ShiftLabels, ShiftsInsideEachSequenceOnly) {
   Tensor labels = make({10, 11, 12, 13, 20, 30, 31, 32, 99}, {9}, DType::kI64);
   Tensor cu = Tensor::from_vector<int32_t>({0, 4, 5, 5, 8}, {5});
   std::vector<int64_t> got = kernels::shift_labels(labels, cu).to_i64();
-  std::vector<int64_t> want = {11, 12, 13, kIgnoreIndex, kIgnoreIndex, 31, 32, kIgnoreIndex,
-                               kIgnoreIndex};
+  std::vector<int64_t> want = {11, 12, 13,           kIgnoreIndex, kIgnoreIndex,
+                               31, 32, kIgnoreIndex, kIgnoreIndex};
   EXPECT_EQ(got, want);
   Tensor l32 = make({1, -100, 3}, {3}, DType::kI32);
   Tensor s32 = kernels::shift_labels(l32, Tensor::from_vector<int32_t>({0, 3}, {2}));

@@ -1,8 +1,7 @@
-#include "kernels/embedding.h"
-
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.h"
+#include "kernels/embedding.h"
 
 namespace leantune {
 namespace {
@@ -21,8 +20,8 @@ struct EmbCase {
 
 std::string emb_name(const ::testing::TestParamInfo<EmbCase>& i) {
   const EmbCase& c = i.param;
-  return std::string(dtype_name(c.dt)) + "_ids" + dtype_name(c.id_dt) + "_V" +
-         std::to_string(c.v) + "_H" + std::to_string(c.h) + "_T" + std::to_string(c.t);
+  return std::string(dtype_name(c.dt)) + "_ids" + dtype_name(c.id_dt) + "_V" + std::to_string(c.v) +
+         "_H" + std::to_string(c.h) + "_T" + std::to_string(c.t);
 }
 
 // Ids with many repeats (t > v in most cases) and both ends of the vocabulary present.
@@ -85,15 +84,14 @@ TEST_P(EmbeddingTest, AutogradGivesTheSameWeightGradient) {
   EXPECT_TRUE(testing::all_close(w.grad(), ref, 0.0, 0.0));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, EmbeddingTest,
-    ::testing::Values(EmbCase{DType::kF32, DType::kI64, 1, 1, 1},
-                      EmbCase{DType::kF32, DType::kI32, 19, 19, 19},
-                      EmbCase{DType::kF32, DType::kI64, 71, 229, 300},
-                      EmbCase{DType::kBF16, DType::kI32, 71, 229, 300},
-                      EmbCase{DType::kF16, DType::kI64, 19, 64, 71},
-                      EmbCase{DType::kF64, DType::kI32, 23, 8, 0}),
-    emb_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, EmbeddingTest,
+                         ::testing::Values(EmbCase{DType::kF32, DType::kI64, 1, 1, 1},
+                                           EmbCase{DType::kF32, DType::kI32, 19, 19, 19},
+                                           EmbCase{DType::kF32, DType::kI64, 71, 229, 300},
+                                           EmbCase{DType::kBF16, DType::kI32, 71, 229, 300},
+                                           EmbCase{DType::kF16, DType::kI64, 19, 64, 71},
+                                           EmbCase{DType::kF64, DType::kI32, 23, 8, 0}),
+                         emb_name);
 
 TEST(Embedding, GradcheckFloat64) {
   Tensor ids = make_ids(13, 7, DType::kI64, 8);

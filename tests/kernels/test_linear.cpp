@@ -1,10 +1,9 @@
-#include "kernels/linear.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "kernel_test_util.h"
+#include "kernels/linear.h"
 
 namespace leantune {
 namespace {
@@ -23,8 +22,8 @@ struct LinCase {
 
 std::string lin_name(const ::testing::TestParamInfo<LinCase>& i) {
   const LinCase& c = i.param;
-  return std::string(dtype_name(c.dt)) + "_T" + std::to_string(c.t) + "_in" +
-         std::to_string(c.in) + "_out" + std::to_string(c.out) + (c.bias ? "_bias" : "_nobias");
+  return std::string(dtype_name(c.dt)) + "_T" + std::to_string(c.t) + "_in" + std::to_string(c.in) +
+         "_out" + std::to_string(c.out) + (c.bias ? "_bias" : "_nobias");
 }
 
 // Float64 references over the (already rounded) input values.
@@ -117,9 +116,9 @@ TEST(Linear, GradcheckWithAndWithoutBias) {
     auto f = [bias](const std::vector<Tensor>& in) {
       return std::vector<Tensor>{kernels::linear(in[0], in[1], bias ? in[2] : Tensor())};
     };
-    EXPECT_TRUE(testing::gradcheck(f, {randn({5, 7}, DType::kF64, 11),
-                                       randn({3, 7}, DType::kF64, 12),
-                                       randn({3}, DType::kF64, 13)}))
+    EXPECT_TRUE(
+        testing::gradcheck(f, {randn({5, 7}, DType::kF64, 11), randn({3, 7}, DType::kF64, 12),
+                               randn({3}, DType::kF64, 13)}))
         << "bias " << bias;
   }
 }
@@ -147,8 +146,8 @@ TEST(Linear, StridedInputEqualsContiguous) {
   Tensor base = randn({6, 20}, DType::kF32, 17);
   Tensor x = base.narrow(1, 3, 9);
   Tensor w = randn({4, 9}, DType::kF32, 18);
-  EXPECT_TRUE(testing::all_close(kernels::linear(x, w), kernels::linear(x.contiguous(), w),
-                                 0.0, 0.0));
+  EXPECT_TRUE(
+      testing::all_close(kernels::linear(x, w), kernels::linear(x.contiguous(), w), 0.0, 0.0));
 }
 
 TEST(Linear, ShapeMismatchIsAnError) {

@@ -1,5 +1,3 @@
-#include "kernels/linear_cross_entropy.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +6,7 @@
 #include "kernel_test_util.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear.h"
+#include "kernels/linear_cross_entropy.h"
 
 namespace leantune {
 namespace {
@@ -153,7 +152,8 @@ TEST(LinearCrossEntropy, GradcheckFloat64) {
   auto f = [&](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{kernels::linear_cross_entropy(in[0], in[1], y, 5.0, {4})};
   };
-  EXPECT_TRUE(testing::gradcheck(f, {randn({9, 4}, DType::kF64, 8), randn({7, 4}, DType::kF64, 9)}));
+  EXPECT_TRUE(
+      testing::gradcheck(f, {randn({9, 4}, DType::kF64, 8), randn({7, 4}, DType::kF64, 9)}));
 }
 
 TEST(LinearCrossEntropy, ChunkingDoesNotChangeTheResultBeyondRounding) {
@@ -278,9 +278,9 @@ TEST(LinearCrossEntropyRows, PerRowNllAndCoefficientWeightedGradients) {
   EXPECT_LT(rel_err(dx.payload().to_f64(), r.dx), 1e-5);
   EXPECT_LT(rel_err(dw.to_f64(), r.dw), 1e-5);
   // Gradients need coefficients.
-  EXPECT_THROW(kernels::linear_cross_entropy_rows(x, w, y, Tensor(), Tensor(), dx.payload(),
-                                                  Tensor(), {4}),
-               Error);
+  EXPECT_THROW(
+      kernels::linear_cross_entropy_rows(x, w, y, Tensor(), Tensor(), dx.payload(), Tensor(), {4}),
+      Error);
 }
 
 }  // namespace

@@ -1,8 +1,7 @@
-#include "kernels/residual.h"
-
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.h"
+#include "kernels/residual.h"
 
 namespace leantune {
 namespace {
@@ -19,7 +18,10 @@ struct ResCase {
 
 std::string res_name(const ::testing::TestParamInfo<ResCase>& i) {
   std::string s = dtype_name(i.param.dt);
-  for (int64_t d : i.param.shape) s += "_" + std::to_string(d);
+  for (int64_t d : i.param.shape) {
+    s += '_';
+    s += std::to_string(d);
+  }
   return s;
 }
 
@@ -47,20 +49,19 @@ TEST_P(ResidualTest, BackwardPassesTheGradientToBoth) {
   EXPECT_TRUE(testing::all_close(b.grad(), dy, 0.0, 0.0));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, ResidualTest,
-                         ::testing::Values(ResCase{DType::kF32, {1}},
-                                           ResCase{DType::kF32, {19, 19}},
-                                           ResCase{DType::kF32, {71, 229}},
-                                           ResCase{DType::kBF16, {71, 229}},
-                                           ResCase{DType::kF16, {19, 3, 5}},
-                                           ResCase{DType::kF64, {7, 4}}),
-                         res_name);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ResidualTest,
+    ::testing::Values(ResCase{DType::kF32, {1}}, ResCase{DType::kF32, {19, 19}},
+                      ResCase{DType::kF32, {71, 229}}, ResCase{DType::kBF16, {71, 229}},
+                      ResCase{DType::kF16, {19, 3, 5}}, ResCase{DType::kF64, {7, 4}}),
+    res_name);
 
 TEST(Residual, GradcheckFloat64) {
   auto f = [](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{kernels::residual_add(in[0], in[1])};
   };
-  EXPECT_TRUE(testing::gradcheck(f, {randn({4, 6}, DType::kF64, 6), randn({4, 6}, DType::kF64, 7)}));
+  EXPECT_TRUE(
+      testing::gradcheck(f, {randn({4, 6}, DType::kF64, 6), randn({4, 6}, DType::kF64, 7)}));
 }
 
 TEST(Residual, OnlyTheInputThatNeedsItGetsAGradient) {

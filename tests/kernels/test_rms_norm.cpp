@@ -1,10 +1,9 @@
-#include "kernels/rms_norm.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "kernel_test_util.h"
+#include "kernels/rms_norm.h"
 
 namespace leantune {
 namespace {
@@ -136,7 +135,8 @@ TEST(RmsNorm, GradcheckFloat64) {
   };
   EXPECT_TRUE(testing::gradcheck(f, {randn({5, 7}, DType::kF64, 9), randn({7}, DType::kF64, 10)}));
   // More rows than one backward block, so several dw partials are summed.
-  EXPECT_TRUE(testing::gradcheck(f, {randn({70, 3}, DType::kF64, 11), randn({3}, DType::kF64, 12)}));
+  EXPECT_TRUE(
+      testing::gradcheck(f, {randn({70, 3}, DType::kF64, 11), randn({3}, DType::kF64, 12)}));
 }
 
 TEST(RmsNorm, ThreeDimensionalInputNormalisesTheLastAxis) {

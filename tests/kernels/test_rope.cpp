@@ -1,11 +1,10 @@
-#include "kernels/rope.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <numbers>
 
 #include "kernel_test_util.h"
+#include "kernels/rope.h"
 
 namespace leantune {
 namespace {
@@ -95,14 +94,12 @@ TEST_P(RopeTest, AutogradAppliesTheInverseRotation) {
   EXPECT_TRUE(testing::all_close(x.grad(), ref, 0.0, 0.0));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, RopeTest,
-                         ::testing::Values(RopeCase{DType::kF32, 1, 1, 2},
-                                           RopeCase{DType::kF32, 19, 3, 64},
-                                           RopeCase{DType::kF32, 71, 2, 128},
-                                           RopeCase{DType::kBF16, 71, 5, 64},
-                                           RopeCase{DType::kF16, 19, 2, 128},
-                                           RopeCase{DType::kF64, 40, 2, 8}),
-                         rope_name);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, RopeTest,
+    ::testing::Values(RopeCase{DType::kF32, 1, 1, 2}, RopeCase{DType::kF32, 19, 3, 64},
+                      RopeCase{DType::kF32, 71, 2, 128}, RopeCase{DType::kBF16, 71, 5, 64},
+                      RopeCase{DType::kF16, 19, 2, 128}, RopeCase{DType::kF64, 40, 2, 8}),
+    rope_name);
 
 TEST(Rope, GradcheckFloat64) {
   RopeConfig cfg;
@@ -216,9 +213,9 @@ TEST(RopeInvFreq, BadConfigsAreErrors) {
   cfg.head_dim = 8;
   cfg.scaling_type = "yarn";
   EXPECT_THROW(kernels::rope_inv_freq(cfg), Error);
-  EXPECT_THROW(kernels::rope(randn({2, 1, 6}, DType::kF32, 1), positions(2, DType::kI64),
-                             RopeConfig{}),
-               Error);
+  EXPECT_THROW(
+      kernels::rope(randn({2, 1, 6}, DType::kF32, 1), positions(2, DType::kI64), RopeConfig{}),
+      Error);
 }
 
 }  // namespace

@@ -1,10 +1,9 @@
-#include "kernels/swiglu.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "kernel_test_util.h"
+#include "kernels/swiglu.h"
 
 namespace leantune {
 namespace {
