@@ -39,6 +39,51 @@ void FlatU64Map::put(uint64_t key, uint64_t value) {
   values_[i] = value;
 }
 
+void FlatStringMap::reserve(size_t n) {
+  size_t cap = 16;
+  while (cap < n * 2) cap <<= 1;
+  if (cap > slots_.size()) rehash(cap);
+}
+
+void FlatStringMap::rehash(size_t capacity) {
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(capacity, Slot{});
+  mask_ = capacity - 1;
+  for (const Slot& s : old) {
+    if (s.len == kEmptyLen) continue;
+    size_t i = s.hash & mask_;
+    while (slots_[i].len != kEmptyLen) i = (i + 1) & mask_;
+    slots_[i] = s;
+  }
+}
+
+void FlatStringMap::insert(std::string_view key, uint64_t value, bool overwrite) {
+  LT_CHECK(key.size() < kEmptyLen && arena_.size() + key.size() < (1ULL << 32),
+           "string map too large");
+  if ((size_ + 1) * 2 > slots_.size()) rehash(std::max<size_t>(16, slots_.size() * 2));
+  const uint64_t h = hash_bytes(key);
+  size_t i = h & mask_;
+  while (slots_[i].len != kEmptyLen) {
+    Slot& s = slots_[i];
+    if (s.hash == h && s.len == key.size() &&
+        std::memcmp(arena_.data() + s.off, key.data(), key.size()) == 0) {
+      if (overwrite) s.value = value;
+      return;
+    }
+    i = (i + 1) & mask_;
+  }
+  slots_[i] =
+      Slot{h, value, static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(key.size())};
+  arena_.append(key);
+  ++size_;
+}
+
+void FlatStringMap::clear() {
+  std::fill(slots_.begin(), slots_.end(), Slot{});
+  arena_.clear();
+  size_ = 0;
+}
+
 namespace {
 
 constexpr size_t kCacheMaxWordBytes = 256;
@@ -46,7 +91,7 @@ constexpr size_t kCacheMaxEntries = 1 << 17;
 constexpr size_t kScanMaxSymbols = 48;  // above this the heap loop is faster
 
 struct WordCache {
-  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>> map;
+  FlatStringMap map;  // word -> (offset << 32 | count) into ids
   std::vector<int32_t> ids;
 };
 
@@ -89,42 +134,43 @@ struct BpeModel::Scratch {
   std::vector<Entry> heap;
 };
 
-BpeModel::BpeModel(StringIdMap vocab, const std::vector<std::pair<std::string, std::string>>& merges,
-                   Options options, const std::string& source)
+BpeModel::BpeModel(FlatStringMap vocab,
+                   const std::vector<std::pair<std::string, std::string>>& merges, Options options,
+                   const std::string& source)
     : vocab_(std::move(vocab)), options_(std::move(options)), instance_id_(g_next_instance++) {
   std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
   raw_vocab_.reserve(vocab_.size());
   std::string raw;
-  for (const auto& [token, id] : vocab_) {
-    LT_CHECK_INPUT(id >= 0, source, ": vocab id ", id, " of token '", token, "' is negative");
+  vocab_.for_each([&](std::string_view token, uint64_t value) {
+    const auto id = static_cast<int32_t>(value);
     max_id_ = std::max(max_id_, id);
     if (unicode::byte_level_to_bytes(token, raw)) {
-      raw_vocab_.emplace(raw, id);
+      raw_vocab_.insert(raw, value);
       if (raw.size() == 1) byte_id_[static_cast<unsigned char>(raw[0])] = id;
     }
-  }
+  });
   if (options_.unk_token) {
-    auto it = vocab_.find(*options_.unk_token);
-    LT_CHECK_INPUT(it != vocab_.end(), source, ": unk_token '", *options_.unk_token,
+    const auto unk = token_to_id(*options_.unk_token);
+    LT_CHECK_INPUT(unk.has_value(), source, ": unk_token '", *options_.unk_token,
                    "' is not in the vocab");
-    unk_id_ = it->second;
+    unk_id_ = *unk;
   }
   merges_.reserve(merges.size());
   std::string joined;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [a, b] = merges[rank];
-    auto ia = vocab_.find(a);
-    auto ib = vocab_.find(b);
-    LT_CHECK_INPUT(ia != vocab_.end() && ib != vocab_.end(), source, ": merge ", rank, " ('", a,
-                   "' '", b, "') uses a token that is not in the vocab");
+    const auto ia = token_to_id(a);
+    const auto ib = token_to_id(b);
+    LT_CHECK_INPUT(ia && ib, source, ": merge ", rank, " ('", a, "' '", b,
+                   "') uses a token that is not in the vocab");
     joined.assign(a).append(b);
-    auto im = vocab_.find(joined);
-    LT_CHECK_INPUT(im != vocab_.end(), source, ": merge ", rank, " ('", a, "' '", b,
-                   "') makes '", joined, "' which is not in the vocab");
+    const auto im = token_to_id(joined);
+    LT_CHECK_INPUT(im.has_value(), source, ": merge ", rank, " ('", a, "' '", b, "') makes '",
+                   joined, "' which is not in the vocab");
     // Later duplicates overwrite earlier ones, as in tokenizers' HashMap collect.
-    merges_.put((static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
-                    static_cast<uint32_t>(ib->second),
-                (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(im->second));
+    merges_.put(
+        (static_cast<uint64_t>(static_cast<uint32_t>(*ia)) << 32) | static_cast<uint32_t>(*ib),
+        (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(*im));
   }
 }
 
@@ -271,9 +317,9 @@ void BpeModel::encode_word(std::string_view bytes, std::vector<int32_t>& ids,
                            std::vector<uint32_t>* lengths) const {
   if (bytes.empty()) return;
   if (options_.ignore_merges) {
-    auto it = raw_vocab_.find(bytes);
-    if (it != raw_vocab_.end()) {
-      ids.push_back(it->second);
+    const uint64_t id = raw_vocab_.find(bytes);
+    if (id != FlatStringMap::kMissing) {
+      ids.push_back(static_cast<int32_t>(id));
       if (lengths) lengths->push_back(static_cast<uint32_t>(bytes.size()));
       return;
     }
@@ -286,9 +332,10 @@ void BpeModel::encode_word(std::string_view bytes, std::vector<int32_t>& ids,
   WordCache& cache = t_caches.get(instance_id_);
   const bool cacheable = bytes.size() < kCacheMaxWordBytes;
   if (cacheable && !lengths) {
-    auto it = cache.map.find(bytes);
-    if (it != cache.map.end()) {
-      const auto [off, count] = it->second;
+    const uint64_t hit = cache.map.find(bytes);
+    if (hit != FlatStringMap::kMissing) {
+      const auto off = static_cast<uint32_t>(hit >> 32);
+      const auto count = static_cast<uint32_t>(hit);
       ids.insert(ids.end(), cache.ids.begin() + off, cache.ids.begin() + off + count);
       return;
     }
@@ -312,10 +359,9 @@ void BpeModel::encode_word(std::string_view bytes, std::vector<int32_t>& ids,
       cache.map.clear();
       cache.ids.clear();
     }
-    const auto off = static_cast<uint32_t>(cache.ids.size());
+    const auto off = static_cast<uint64_t>(cache.ids.size());
     cache.ids.insert(cache.ids.end(), ids.begin() + first, ids.end());
-    cache.map.emplace(std::string(bytes),
-                      std::make_pair(off, static_cast<uint32_t>(ids.size() - first)));
+    cache.map.insert(bytes, (off << 32) | static_cast<uint64_t>(ids.size() - first));
   }
 }
 

@@ -82,9 +82,9 @@ class ChatTemplate {
 
   ChatTemplateKind kind_ = ChatTemplateKind::kChatML;
   std::string name_;
-  std::optional<std::string> default_system_;   // ChatML
-  bool llama_system_header_ = false;            // Llama-3.1/3.2 date header
-  bool llama_date_from_clock_ = false;          // template uses strftime_now
+  std::optional<std::string> default_system_;  // ChatML
+  bool llama_system_header_ = false;           // Llama-3.1/3.2 date header
+  bool llama_date_from_clock_ = false;         // template uses strftime_now
   std::string llama_fallback_date_ = "26 Jul 2024";
   std::optional<std::string> date_string_;
   std::string bos_token_ = "<|begin_of_text|>";

@@ -77,7 +77,7 @@ class Regex {
   Regex(const std::string& source_pattern, bool literal, const std::string& where) {
     int err = 0;
     PCRE2_SIZE err_offset = 0;
-    uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    const uint32_t options = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
     const std::string pattern = literal ? source_pattern : oniguruma_to_pcre2(source_pattern);
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
                           &err, &err_offset, nullptr);
@@ -85,8 +85,7 @@ class Regex {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
       LT_THROW(ErrorKind::kInput, where, ": cannot compile regex '", source_pattern, "' (as '",
-               pattern, "') at offset ",
-               err_offset, ": ", reinterpret_cast<const char*>(msg));
+               pattern, "') at offset ", err_offset, ": ", reinterpret_cast<const char*>(msg));
     }
     jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
   }
@@ -106,8 +105,7 @@ class Regex {
                                   ts.context);
       if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
         // Pathologically long runs: the interpreter keeps its backtracking state on the heap.
-        rc = pcre2_match(code_, subject, s.size(), start, PCRE2_NO_UTF_CHECK, ts.data,
-                         ts.context);
+        rc = pcre2_match(code_, subject, s.size(), start, PCRE2_NO_UTF_CHECK, ts.data, ts.context);
       }
       if (rc == PCRE2_ERROR_NOMATCH) return;
       if (rc < 0) {
@@ -266,8 +264,8 @@ struct PreTokStep {
 };
 
 struct TemplateItem {
-  bool is_sequence = false;         // the input sequence "A"
-  std::vector<int32_t> special_ids; // a SpecialToken's ids
+  bool is_sequence = false;          // the input sequence "A"
+  std::vector<int32_t> special_ids;  // a SpecialToken's ids
 };
 
 const char* kGpt2Pattern =
@@ -288,6 +286,188 @@ json parse_json(std::string_view text, const std::string& source) {
   } catch (const json::exception& e) {
     LT_THROW(ErrorKind::kInput, source, ": invalid JSON: ", e.what());
   }
+}
+
+// tokenizer.json is mostly model.vocab and model.merges (hundreds of thousands of entries): a SAX
+// pass stores those two straight into flat containers and builds a DOM for the rest only.
+struct ParsedTokenizerJson {
+  json root;
+  FlatStringMap vocab;
+  std::vector<std::pair<std::string, std::string>> merges;
+  bool has_vocab = false;
+  bool has_merges = false;
+};
+
+class TokenizerJsonSax {
+ public:
+  explicit TokenizerJsonSax(ParsedTokenizerJson& out) : out_(out) {}
+
+  bool null() { return value(json()); }
+  bool boolean(bool v) { return value(v); }
+  bool number_integer(json::number_integer_t v) {
+    if (mode_ == Mode::kVocab) return vocab_id(v);
+    return value(v);
+  }
+  bool number_unsigned(json::number_unsigned_t v) {
+    if (mode_ == Mode::kVocab) {
+      return vocab_id(
+          v > static_cast<json::number_unsigned_t>(INT32_MAX) ? -1 : static_cast<int64_t>(v));
+    }
+    return value(v);
+  }
+  bool number_float(json::number_float_t v, const std::string&) {
+    if (mode_ == Mode::kVocab)
+      return fail("model.vocab: the id of '" + key_ + "' is not an integer");
+    return value(v);
+  }
+  bool string(json::string_t& v) {
+    if (mode_ == Mode::kVocab)
+      return fail("model.vocab: the id of '" + key_ + "' is not an integer");
+    if (mode_ == Mode::kMerges) return merge_string(v);
+    return value(std::move(v));
+  }
+  bool binary(json::binary_t& v) { return value(json::binary(v)); }
+
+  bool start_object(size_t) {
+    if (mode_ != Mode::kDom) return fail(where() + ": unexpected object");
+    if (at_model_key("vocab")) {
+      mode_ = Mode::kVocab;
+      out_.has_vocab = true;
+      return value(json::object());
+    }
+    return open(json::object());
+  }
+  bool key(json::string_t& k) {
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() {
+    if (mode_ == Mode::kVocab) {
+      mode_ = Mode::kDom;
+      return true;
+    }
+    return close();
+  }
+  bool start_array(size_t) {
+    if (mode_ == Mode::kVocab) return fail(where() + ": unexpected array");
+    if (mode_ == Mode::kMerges) {
+      if (in_pair_) return fail(where() + ": a merge must be \"a b\" or [\"a\", \"b\"]");
+      in_pair_ = true;
+      pair_.clear();
+      return true;
+    }
+    if (at_model_key("merges")) {
+      mode_ = Mode::kMerges;
+      out_.has_merges = true;
+      return value(json::array());
+    }
+    return open(json::array());
+  }
+  bool end_array() {
+    if (mode_ == Mode::kMerges) {
+      if (!in_pair_) {
+        mode_ = Mode::kDom;
+        return true;
+      }
+      in_pair_ = false;
+      if (pair_.size() != 2) return fail(where() + ": a merge must be \"a b\" or [\"a\", \"b\"]");
+      out_.merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+      return true;
+    }
+    return close();
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& e) {
+    return fail(std::string("invalid JSON: ") + e.what());
+  }
+
+  const std::string& error() const { return error_; }
+
+ private:
+  enum class Mode { kDom, kVocab, kMerges };
+
+  std::string where() const {
+    return mode_ == Mode::kVocab ? "model.vocab"
+                                 : "model.merges[" + std::to_string(out_.merges.size()) + "]";
+  }
+  bool fail(std::string msg) {
+    if (error_.empty()) error_ = std::move(msg);
+    return false;
+  }
+  // The next container opens under key `k` of the root's "model" object.
+  bool at_model_key(const char* k) const {
+    return stack_.size() == 2 && stack_[1]->is_object() && key_ == k && path_.size() == 2 &&
+           path_[1] == "model";
+  }
+  bool vocab_id(int64_t v) {
+    if (v < 0 || v > INT32_MAX)
+      return fail("model.vocab: the id of '" + key_ + "' is out of range");
+    out_.vocab.insert(key_, static_cast<uint64_t>(v));
+    return true;
+  }
+  bool merge_string(std::string& v) {
+    if (in_pair_) {
+      pair_.push_back(std::move(v));
+      return true;
+    }
+    const size_t sp = v.find(' ');
+    if (sp == std::string::npos) return fail(where() + " '" + v + "' is not of the form 'a b'");
+    out_.merges.emplace_back(v.substr(0, sp), v.substr(sp + 1));
+    return true;
+  }
+  json* insert(json&& v) {
+    if (stack_.empty()) {
+      out_.root = std::move(v);
+      return &out_.root;
+    }
+    json& top = *stack_.back();
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    json& slot = top[key_];
+    slot = std::move(v);
+    return &slot;
+  }
+  bool value(json&& v) {
+    insert(std::move(v));
+    return true;
+  }
+  bool open(json&& v) {
+    const std::string k = !stack_.empty() && stack_.back()->is_object() ? key_ : std::string();
+    stack_.push_back(insert(std::move(v)));
+    path_.push_back(k);
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    path_.pop_back();
+    return true;
+  }
+
+  ParsedTokenizerJson& out_;
+  std::vector<json*> stack_;
+  std::vector<std::string> path_;  // the key each open container sits under
+  std::string key_;
+  Mode mode_ = Mode::kDom;
+  bool in_pair_ = false;
+  std::vector<std::string> pair_;
+  std::string error_;
+};
+
+ParsedTokenizerJson parse_tokenizer_json(std::string_view text, const std::string& source) {
+  ParsedTokenizerJson out;
+  TokenizerJsonSax sax(out);
+  const bool ok = json::sax_parse(text.begin(), text.end(), &sax);
+  if (!ok || !sax.error().empty()) {
+    LT_THROW(ErrorKind::kInput, source, ": ", sax.error().empty() ? "invalid JSON" : sax.error());
+  }
+  return out;
+}
+
+const json& member(const json& j, const char* key) {
+  static const json kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
 }
 
 bool json_bool(const json& j, const char* key, bool dflt) {
@@ -323,9 +503,9 @@ struct Tokenizer::Impl {
   std::vector<TemplateItem> template_single;
   enum class DecoderKind { kNone, kByteLevel } decoder = DecoderKind::kNone;
 
-  std::vector<std::string> id_to_token;   // token strings as in tokenizer.json ("" = none)
-  std::vector<std::string> decoded;       // bytes the decoder produces for each id
-  std::vector<uint8_t> special;           // per id
+  std::vector<std::string> id_to_token;  // token strings as in tokenizer.json ("" = none)
+  std::vector<std::string> decoded;      // bytes the decoder produces for each id
+  std::vector<uint8_t> special;          // per id
   StringIdMap added_by_content;
   int64_t vocab_size = 0;
 
@@ -334,7 +514,7 @@ struct Tokenizer::Impl {
   std::optional<ChatTemplate> chat;
   std::string chat_error;
 
-  void load_model(const json& model);
+  void load_model(const json& model, ParsedTokenizerJson& parsed);
   void load_added(const json& list);
   void load_normalizer(const json& j);
   void load_pretokenizer(const json& j);
@@ -350,7 +530,7 @@ struct Tokenizer::Impl {
   // How normalized bytes of a text segment map back to the input (offsets mode only).
   struct SegMap {
     enum class Kind { kLinear, kTable, kCoarse } kind = Kind::kLinear;
-    uint32_t ob = 0, oe = 0;  // the segment's input range
+    uint32_t ob = 0, oe = 0;                           // the segment's input range
     std::vector<std::pair<uint32_t, uint32_t>> table;  // per normalized byte
   };
   struct Piece {
@@ -378,7 +558,7 @@ struct Tokenizer::Impl {
                   const std::function<void(int32_t, size_t, size_t)>& on_token) const;
 };
 
-void Tokenizer::Impl::load_model(const json& model) {
+void Tokenizer::Impl::load_model(const json& model, ParsedTokenizerJson& parsed) {
   LT_CHECK_INPUT(model.is_object(), source, ": \"model\" is missing");
   const std::string type = model.value("type", model.contains("merges") ? "BPE" : "");
   LT_CHECK_INPUT(type == "BPE", source, ": model type '", type,
@@ -386,8 +566,7 @@ void Tokenizer::Impl::load_model(const json& model) {
   LT_CHECK_INPUT(!json_bool(model, "byte_fallback", false), source,
                  ": BPE byte_fallback is not supported");
   if (model.contains("dropout") && !model["dropout"].is_null()) {
-    LT_CHECK_INPUT(model["dropout"].get<double>() == 0.0, source,
-                   ": BPE dropout is not supported");
+    LT_CHECK_INPUT(model["dropout"].get<double>() == 0.0, source, ": BPE dropout is not supported");
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(key) && !model[key].is_null()) {
@@ -395,41 +574,15 @@ void Tokenizer::Impl::load_model(const json& model) {
                      " is not supported");
     }
   }
-  LT_CHECK_INPUT(model.contains("vocab") && model["vocab"].is_object(), source,
-                 ": model.vocab must be an object");
-  StringIdMap vocab;
-  vocab.reserve(model["vocab"].size());
-  for (const auto& [token, id] : model["vocab"].items()) {
-    LT_CHECK_INPUT(id.is_number_integer(), source, ": vocab id of '", token, "' is not an integer");
-    vocab.emplace(token, id.get<int32_t>());
-  }
-  std::vector<std::pair<std::string, std::string>> merges;
-  if (model.contains("merges")) {
-    const json& m = model["merges"];
-    LT_CHECK_INPUT(m.is_array(), source, ": model.merges must be an array");
-    merges.reserve(m.size());
-    for (size_t i = 0; i < m.size(); ++i) {
-      const json& e = m[i];
-      if (e.is_string()) {
-        const std::string& s = e.get_ref<const std::string&>();
-        const size_t sp = s.find(' ');
-        LT_CHECK_INPUT(sp != std::string::npos, source, ": merge ", i, " '", s,
-                       "' is not of the form 'a b'");
-        merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-      } else {
-        LT_CHECK_INPUT(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(),
-                       source, ": merge ", i, " must be \"a b\" or [\"a\", \"b\"]");
-        merges.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
-      }
-    }
-  }
+  LT_CHECK_INPUT(parsed.has_vocab, source, ": model.vocab must be an object");
   BpeModel::Options options;
   options.ignore_merges = json_bool(model, "ignore_merges", false);
   options.fuse_unk = json_bool(model, "fuse_unk", false);
   if (model.contains("unk_token") && model["unk_token"].is_string()) {
     options.unk_token = model["unk_token"].get<std::string>();
   }
-  bpe = std::make_unique<BpeModel>(std::move(vocab), merges, options, source);
+  bpe = std::make_unique<BpeModel>(std::move(parsed.vocab), parsed.merges, options, source);
+  parsed.merges.clear();
 }
 
 void Tokenizer::Impl::load_added(const json& list) {
@@ -574,7 +727,7 @@ void Tokenizer::Impl::finish() {
   vocab_size = max_id + 1;
   id_to_token.assign(vocab_size, std::string());
   special.assign(vocab_size, 0);
-  for (const auto& [token, id] : bpe->vocab()) id_to_token[id] = token;
+  bpe->vocab().for_each([&](std::string_view token, uint64_t id) { id_to_token[id] = token; });
   std::vector<int32_t> special_ids;
   for (size_t i = 0; i < added.size(); ++i) {
     const AddedToken& a = added[i];
@@ -664,8 +817,8 @@ std::pair<uint32_t, uint32_t> Tokenizer::Impl::to_input(const SegMap& map, int64
     case SegMap::Kind::kTable: {
       if (map.table.empty()) return {map.ob, map.ob};
       if (ne == nb) {
-        const uint32_t p = nb < static_cast<int64_t>(map.table.size()) ? map.table[nb].first
-                                                                       : map.oe;
+        const uint32_t p =
+            nb < static_cast<int64_t>(map.table.size()) ? map.table[nb].first : map.oe;
         return {p, p};
       }
       return {map.table[nb].first, map.table[ne - 1].second};
@@ -676,10 +829,9 @@ std::pair<uint32_t, uint32_t> Tokenizer::Impl::to_input(const SegMap& map, int64
   return {map.ob, map.oe};
 }
 
-void Tokenizer::Impl::find_added(const TokenTrie& trie, std::string_view s,
-                                 const std::function<void(size_t, size_t)>& on_text,
-                                 const std::function<void(int32_t, size_t, size_t)>& on_token)
-    const {
+void Tokenizer::Impl::find_added(
+    const TokenTrie& trie, std::string_view s, const std::function<void(size_t, size_t)>& on_text,
+    const std::function<void(int32_t, size_t, size_t)>& on_token) const {
   size_t start_offset = 0;
   size_t pos = 0;
   size_t b, e;
@@ -822,10 +974,10 @@ void Tokenizer::Impl::run_pretokenizers(size_t step, const Piece& piece, const S
     }
     if (last < piece.text.size()) marks.emplace_back(last, piece.text.size(), false);
   }
-  const SplitBehavior behavior = s.kind == PreTokStep::Kind::kDigits
-                                     ? (s.individual_digits ? SplitBehavior::kIsolated
-                                                            : SplitBehavior::kContiguous)
-                                     : s.behavior;
+  const SplitBehavior behavior =
+      s.kind == PreTokStep::Kind::kDigits
+          ? (s.individual_digits ? SplitBehavior::kIsolated : SplitBehavior::kContiguous)
+          : s.behavior;
   std::vector<std::pair<size_t, size_t>> spans;
   spans.reserve(marks.size());
   switch (behavior) {
@@ -902,14 +1054,13 @@ void Tokenizer::Impl::encode_segment(std::string_view text, uint32_t ob, Output 
     run(0, ntext.size());
     return;
   }
-  find_added(
-      normalized_trie, ntext, run, [&](int32_t id, size_t b, size_t e) {
-        out.ids->push_back(id);
-        if (out.offsets) {
-          out.offsets->push_back(to_input(*map, static_cast<int64_t>(b), static_cast<int64_t>(e),
-                                          0, static_cast<uint32_t>(ntext.size())));
-        }
-      });
+  find_added(normalized_trie, ntext, run, [&](int32_t id, size_t b, size_t e) {
+    out.ids->push_back(id);
+    if (out.offsets) {
+      out.offsets->push_back(to_input(*map, static_cast<int64_t>(b), static_cast<int64_t>(e), 0,
+                                      static_cast<uint32_t>(ntext.size())));
+    }
+  });
 }
 
 void Tokenizer::Impl::encode(std::string_view text, bool add_special, Output out) const {
@@ -926,8 +1077,8 @@ void Tokenizer::Impl::encode(std::string_view text, bool add_special, Output out
   std::vector<int32_t> body_ids;
   std::vector<std::pair<uint32_t, uint32_t>> body_offsets;
   const bool wrap = add_special && has_template;
-  Output body{wrap ? &body_ids : out.ids, out.offsets ? (wrap ? &body_offsets : out.offsets)
-                                                      : nullptr};
+  Output body{wrap ? &body_ids : out.ids,
+              out.offsets ? (wrap ? &body_offsets : out.offsets) : nullptr};
   if (raw_trie.empty()) {
     encode_segment(text, 0, body, work);
   } else {
@@ -967,14 +1118,15 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json,
                                                 const std::string& source) {
   auto impl = std::make_unique<Impl>();
   impl->source = source;
-  const json tj = parse_json(tokenizer_json, source);
+  ParsedTokenizerJson parsed = parse_tokenizer_json(tokenizer_json, source);
+  const json& tj = parsed.root;
   LT_CHECK_INPUT(tj.is_object(), source, ": not a tokenizer.json object");
-  impl->load_normalizer(tj.value("normalizer", json()));
-  impl->load_model(tj.value("model", json()));
-  impl->load_added(tj.value("added_tokens", json()));
-  impl->load_pretokenizer(tj.value("pre_tokenizer", json()));
-  impl->load_post_processor(tj.value("post_processor", json()));
-  impl->load_decoder(tj.value("decoder", json()));
+  impl->load_normalizer(member(tj, "normalizer"));
+  impl->load_model(member(tj, "model"), parsed);
+  impl->load_added(member(tj, "added_tokens"));
+  impl->load_pretokenizer(member(tj, "pre_tokenizer"));
+  impl->load_post_processor(member(tj, "post_processor"));
+  impl->load_decoder(member(tj, "decoder"));
   impl->finish();
 
   const std::string cfg_source = source + " (tokenizer_config.json)";
@@ -1034,7 +1186,8 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
     impl.chat.reset();
     impl.chat_error.clear();
     try {
-      ChatTemplate t = ChatTemplate::detect(impl.chat_source, (dir / "chat_template.jinja").string());
+      ChatTemplate t =
+          ChatTemplate::detect(impl.chat_source, (dir / "chat_template.jinja").string());
       if (impl.bos) t.set_bos_token(*impl.bos);
       impl.chat = std::move(t);
     } catch (const Error& e) {
@@ -1082,9 +1235,7 @@ int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   auto a = impl_->added_by_content.find(token);
   if (a != impl_->added_by_content.end()) return a->second;
-  auto v = impl_->bpe->vocab().find(token);
-  if (v != impl_->bpe->vocab().end()) return v->second;
-  return std::nullopt;
+  return impl_->bpe->token_to_id(token);
 }
 
 std::string Tokenizer::id_to_token(int32_t id) const {

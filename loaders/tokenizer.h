@@ -49,9 +49,9 @@ class Tokenizer {
   static std::shared_ptr<Tokenizer> load(const std::string& path);
   // From file contents; the config texts may be empty. source names the origin in errors.
   static std::shared_ptr<Tokenizer> from_json(std::string_view tokenizer_json,
-                                               std::string_view tokenizer_config_json = {},
-                                               std::string_view special_tokens_map_json = {},
-                                               const std::string& source = "<memory>");
+                                              std::string_view tokenizer_config_json = {},
+                                              std::string_view special_tokens_map_json = {},
+                                              const std::string& source = "<memory>");
 
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);

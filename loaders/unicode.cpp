@@ -3,6 +3,7 @@
 
 #include <utf8proc.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -195,8 +196,7 @@ bool is_python_space(char32_t c) {
 
 bool is_word_char(char32_t c) {
   if (c < 0x80) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
   }
   if (c == 0x200C || c == 0x200D) return true;
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
@@ -220,62 +220,123 @@ bool is_word_char(char32_t c) {
 bool is_numeric(char32_t c) {
   if (c < 0x80) return c >= '0' && c <= '9';
   const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
-  return cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_NL ||
-         cat == UTF8PROC_CATEGORY_NO;
+  return cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_NO;
 }
 
 namespace {
-// True when the code point can be neither changed nor combined with a neighbour by any normal
-// form: canonical combining class 0, no decomposition, not the second of a composition pair,
-// not a conjoining Hangul jamo (composed algorithmically).
-inline bool inert_under_normalization(char32_t c) {
+
+// True when no normal form changes the code point or combines it with a neighbour: canonical
+// combining class 0, no decomposition, not the second element of a composition pair, not Hangul
+// (syllables and conjoining jamo are decomposed and composed algorithmically).
+bool inert_under_all_forms(char32_t c) {
   if ((c >= 0x1100 && c <= 0x11FF) || (c >= 0xA960 && c <= 0xA97F) ||
-      (c >= 0xD7B0 && c <= 0xD7FF)) {
+      (c >= 0xAC00 && c <= 0xD7FF)) {
     return false;
   }
   const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(c));
   return p->combining_class == 0 && p->decomp_seqindex == UINT16_MAX &&
          (p->comb_index == UINT16_MAX || (p->comb_index & 0x8000) == 0);
 }
-}  // namespace
 
-bool normalize(std::string_view s, NormalForm form, std::string& out) {
-  // Most text is unchanged by normalization; prove it cheaply before calling utf8proc.
-  bool inert = true;
-  size_t i = 0;
-  while (i < s.size()) {
-    if (i + 8 <= s.size() && is_ascii_block(s.data() + i)) {
-      i += 8;
-      continue;
-    }
-    if (static_cast<unsigned char>(s[i]) < 0x80) {
-      ++i;
-      continue;
-    }
-    if (!inert_under_normalization(next_code_point(s, i))) {
-      inert = false;
-      break;
-    }
+// NFC_Quick_Check=Yes with combining class 0: NFC leaves the code point as it is and never
+// combines it with its neighbours (precomposed letters such as U+00E9 qualify; a string made only
+// of such code points is in NFC). Computed from utf8proc once per BMP code point, on first use.
+bool nfc_inert(char32_t c) {
+  if (c >= 0x10000) return inert_under_all_forms(c);
+  static std::atomic<uint8_t> known[0x10000];  // 0 unknown, 1 inert, 2 not
+  const uint8_t k = known[c].load(std::memory_order_relaxed);
+  if (k != 0) return k == 1;
+  bool inert = false;
+  const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(c));
+  const bool hangul_jamo =
+      (c >= 0x1100 && c <= 0x11FF) || (c >= 0xA960 && c <= 0xA97F) || (c >= 0xD7B0 && c <= 0xD7FF);
+  if (!hangul_jamo && !(c >= 0xD800 && c <= 0xDFFF) && p->combining_class == 0 &&
+      (p->comb_index == UINT16_MAX || (p->comb_index & 0x8000) == 0)) {
+    std::string one;
+    append_utf8(one, c);
+    utf8proc_uint8_t* result = nullptr;
+    const utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(one.data()),
+                     static_cast<utf8proc_ssize_t>(one.size()), &result,
+                     static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    inert = n == static_cast<utf8proc_ssize_t>(one.size()) &&
+            std::memcmp(result, one.data(), one.size()) == 0;
+    std::free(result);
   }
-  if (inert) return false;
+  known[c].store(inert ? 1 : 2, std::memory_order_relaxed);
+  return inert;
+}
+
+void utf8proc_normalize(std::string_view s, NormalForm form, std::string& out) {
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case NormalForm::kNFC: options |= UTF8PROC_COMPOSE; break;
-    case NormalForm::kNFD: options |= UTF8PROC_DECOMPOSE; break;
-    case NormalForm::kNFKC: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case NormalForm::kNFKD: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    case NormalForm::kNFC:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case NormalForm::kNFD:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case NormalForm::kNFKC:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormalForm::kNFKD:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
   }
   utf8proc_uint8_t* result = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                   static_cast<utf8proc_ssize_t>(s.size()), &result,
-                   static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                          static_cast<utf8proc_ssize_t>(s.size()), &result,
+                                          static_cast<utf8proc_option_t>(options));
   if (n < 0) {
     std::free(result);
     LT_THROW(ErrorKind::kInternal, "utf8proc normalization failed: ", utf8proc_errmsg(n));
   }
-  out.assign(reinterpret_cast<const char*>(result), static_cast<size_t>(n));
+  out.append(reinterpret_cast<const char*>(result), static_cast<size_t>(n));
   std::free(result);
+}
+
+}  // namespace
+
+bool normalize(std::string_view s, NormalForm form, std::string& out) {
+  // Most text is unchanged; prove it cheaply and hand only the parts that may change to
+  // utf8proc. Every normal form maps a chunk that starts at an ASCII character independently of
+  // what precedes it (ASCII characters have combining class 0, are never the second element of
+  // a composition, and are unchanged), so chunks [ASCII char, next ASCII char) without a
+  // suspicious code point are copied as they are.
+  const bool nfc = form == NormalForm::kNFC;
+  size_t copied = 0;       // s[0, copied) is already in out
+  size_t chunk_start = 0;  // the last position before which nothing can interact
+  bool changed = false;
+  size_t i = 0;
+  while (i < s.size()) {
+    if (i + 8 <= s.size() && is_ascii_block(s.data() + i)) {
+      i += 8;
+      chunk_start = i - 1;
+      continue;
+    }
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      chunk_start = i++;
+      continue;
+    }
+    const char32_t c = next_code_point(s, i);
+    if (nfc ? nfc_inert(c) : inert_under_all_forms(c)) continue;
+    // Normalize from the chunk start (the last ASCII character, or the start) to the next
+    // ASCII character: the inert characters before it may still compose with it.
+    const size_t b = chunk_start;
+    size_t e = i;
+    while (e < s.size() && static_cast<unsigned char>(s[e]) >= 0x80) ++e;
+    if (!changed) {
+      out.clear();
+      changed = true;
+    }
+    out.append(s.data() + copied, b - copied);
+    utf8proc_normalize(s.substr(b, e - b), form, out);
+    copied = e;
+    i = e;
+    chunk_start = e;
+  }
+  if (!changed) return false;
+  out.append(s.data() + copied, s.size() - copied);
   return true;
 }
 

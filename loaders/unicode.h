@@ -67,8 +67,9 @@ bool is_word_char(char32_t c);
 bool is_numeric(char32_t c);
 
 enum class NormalForm { kNFC, kNFD, kNFKC, kNFKD };
-// Normalizes valid UTF-8; returns false (out untouched) when the text is already in that form
-// by a cheap check (pure ASCII), true with out set otherwise.
+// Normalizes valid UTF-8. Returns false (out untouched) when a cheap scan proves the text is
+// already in that form, else true with out set to the normalized text (only the chunks that may
+// change go through utf8proc).
 bool normalize(std::string_view s, NormalForm form, std::string& out);
 // Simple (1:1) lowercase mapping of every code point.
 std::string to_lower(std::string_view s);

@@ -12,7 +12,6 @@
 // prints the text followed by a newline. Nothing else goes to stdout. --file - reads stdin.
 // Bad input or usage throws Error(kInput) (exit 2 through main.cpp), with one line naming it.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -62,9 +61,9 @@ std::vector<int32_t> parse_ids(const std::string& input) {
     LT_CHECK_INPUT(j[i].is_number_integer(), "tokenize --decode: element ", i, " (", j[i].dump(),
                    ") is not an integer id");
     const auto v = j[i].get<int64_t>();
-    LT_CHECK_INPUT(v >= std::numeric_limits<int32_t>::min() &&
-                       v <= std::numeric_limits<int32_t>::max(),
-                   "tokenize --decode: element ", i, " (", v, ") is out of range");
+    LT_CHECK_INPUT(
+        v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+        "tokenize --decode: element ", i, " (", v, ") is out of range");
     ids.push_back(static_cast<int32_t>(v));
   }
   return ids;
@@ -157,8 +156,7 @@ int run_tokenize(const std::vector<std::string>& args) {
   return 0;
 }
 
-const CommandRegistration kTokenize("tokenize",
-                                    "encode text or a chat to token ids, or decode ids",
+const CommandRegistration kTokenize("tokenize", "encode text or a chat to token ids, or decode ids",
                                     run_tokenize);
 
 }  // namespace

@@ -1,0 +1,135 @@
+// Fuzz target for the tokenizer: arbitrary bytes are encoded with the Qwen2.5 tokenizer (loaded
+// once). Valid UTF-8 must encode without error, every id must be in the vocab, the ids with
+// offsets must equal the plain ids, and decode(encode(x)) must give back x after NFC (the
+// Qwen2.5 normalizer; x itself when x is already NFC). Invalid UTF-8 must be rejected with an
+// Error of kind kInput naming the byte offset that utf8_find_invalid reports, and its
+// utf8_replace_invalid() repair must then encode like valid input. Anything else -- a crash, a
+// sanitizer report, another exception, an internal Error, a wrong round trip -- aborts.
+//
+// The first input byte also selects add_special_tokens, so both paths are covered.
+//
+// Two builds from this file (tests/loaders/tokenizer.cmake):
+//   - fuzz_tokenizer: libFuzzer + ASan + UBSan, only with clang and LEANTUNE_FUZZ=ON:
+//       cmake -S . -B build-fuzz -DLEANTUNE_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ \
+//             -DCMAKE_C_COMPILER=clang -DLEANTUNE_CUDA=OFF
+//       cmake --build build-fuzz --target fuzz_tokenizer
+//       build-fuzz/fuzz_tokenizer -max_total_time=3600 -max_len=4096 tests/fuzz/corpus/tokenizer
+//     (copy the corpus first if new inputs should not land in the source tree).
+//   - fuzz_tokenizer_corpus: a plain driver (main below, built with ASan + UBSan) that feeds
+//     every file of a corpus directory to the same entry point; a ctest test runs it on the
+//     committed corpus.
+// The tokenizer folder is LT_FUZZ_TOKENIZER_DIR (set by the build), or the environment variable
+// LEANTUNE_FUZZ_TOKENIZER when it is set.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/check.h"
+#include "loaders/tokenizer.h"
+#include "loaders/unicode.h"
+
+namespace {
+
+[[noreturn]] void fail(const char* what, std::string_view input) {
+  std::fprintf(stderr, "fuzz_tokenizer: %s on input of %zu bytes\n", what, input.size());
+  std::abort();
+}
+
+const leantune::Tokenizer& qwen() {
+  static const std::shared_ptr<leantune::Tokenizer> tok = [] {
+    const char* env = std::getenv("LEANTUNE_FUZZ_TOKENIZER");
+    const std::string dir = env && *env ? env : LT_FUZZ_TOKENIZER_DIR;
+    try {
+      return leantune::Tokenizer::load(dir);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fuzz_tokenizer: cannot load %s: %s\n", dir.c_str(), e.what());
+      std::abort();
+    }
+  }();
+  return *tok;
+}
+
+void check_valid(const leantune::Tokenizer& tok, std::string_view text, bool add_special) {
+  const std::vector<int32_t> ids = tok.encode(text, add_special);
+  for (int32_t id : ids) {
+    if (id < 0 || id >= tok.vocab_size()) fail("id out of range", text);
+  }
+  if (tok.encode_with_offsets(text, add_special).ids != ids) fail("offsets path differs", text);
+  std::string nfc;
+  const std::string_view want =
+      leantune::unicode::normalize(text, leantune::unicode::NormalForm::kNFC, nfc)
+          ? std::string_view(nfc)
+          : text;
+  // skip_special_tokens drops only what add_special_tokens added (Qwen2.5 adds nothing) and
+  // special tokens that were in the text; compare without skipping.
+  if (tok.decode(ids, false) != want) fail("decode(encode(x)) != NFC(x)", text);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const leantune::Tokenizer& tok = qwen();
+  const bool add_special = (data[0] & 1) != 0;
+  const std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  const size_t bad = leantune::utf8_find_invalid(text);
+  try {
+    if (bad == std::string_view::npos) {
+      check_valid(tok, text, add_special);
+      return 0;
+    }
+    try {
+      tok.encode(text, add_special);
+      fail("invalid UTF-8 accepted", text);
+    } catch (const leantune::Error& e) {
+      if (e.kind() != leantune::ErrorKind::kInput) throw;
+      if (std::string(e.what()).find("byte " + std::to_string(bad)) == std::string::npos) {
+        fail("invalid UTF-8 error does not name the offset", text);
+      }
+    }
+    const std::string repaired = leantune::utf8_replace_invalid(text);
+    if (leantune::utf8_find_invalid(repaired) != std::string_view::npos) {
+      fail("repair left invalid UTF-8", text);
+    }
+    check_valid(tok, repaired, add_special);
+  } catch (const leantune::Error& e) {
+    std::fprintf(stderr, "fuzz_tokenizer: unexpected error: %s\n", e.what());
+    std::abort();
+  }
+  return 0;
+}
+
+#ifndef LEANTUNE_LIBFUZZER
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    return 2;
+  }
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(argv[1])) {
+    if (e.is_regular_file()) files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) {
+    std::fprintf(stderr, "fuzz_tokenizer: no corpus files in %s\n", argv[1]);
+    return 1;
+  }
+  for (const auto& p : files) {
+    std::ifstream in(p, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  }
+  std::printf("fuzz_tokenizer: %zu corpus inputs passed\n", files.size());
+  return 0;
+}
+#endif
