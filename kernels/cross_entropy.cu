@@ -10,17 +10,19 @@
 // One block per row. The forward reads the row once: each thread keeps an online (max, sum)
 // over its 16-byte vectors, the block merges them (merging rescales sums by exp(m_a - m_b), so
 // the result equals the two-pass formula up to rounding). The backward reads z once and writes
-// dlogits once. f32 math (f64 for f64); expf/logf are the accurate versions (no fast math).
+// dlogits once. f32 math (f64 for f64): exp as exp2f(x log2 e) (a few ulps), logf accurate.
 #include "engine/cuda_utils.cuh"
 #include "kernels/cross_entropy.h"
 
 namespace leantune::kernels {
 namespace {
 
+// exp(v) in f32 as exp2(v * log2 e): the ex2 unit plus one multiply, accurate to a few ulps
+// (the forward does one exp per logit, so this keeps it memory-bound); f64 uses exp.
 template <typename A>
 __device__ __forceinline__ A exp_acc(A v) {
   if constexpr (std::is_same_v<A, float>)
-    return expf(v);
+    return exp2f(v * 1.4426950408889634f);
   else
     return exp(v);
 }
