@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kMaxTpr)
                         cu::acc_of<T>* __restrict__ partial, int64_t rows, int64_t h) {
   using A = cu::acc_of<T>;
   __shared__ A red[8][32];
-  extern __shared__ unsigned char dyn_smem[];
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
   const int64_t nvec = h / V;
   const int64_t groups = (rows + blockDim.y - 1) / blockDim.y;
   A dw[kMaxIters][V];
