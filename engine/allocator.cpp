@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "engine/check.h"
@@ -115,7 +116,15 @@ Allocator::Allocator(std::unique_ptr<MemoryBacking> backing)
     : backing_(std::move(backing)),
       small_(new Pool{true, {}}),
       large_(new Pool{false, {}}),
-      t0_ns_(now_ns()) {}
+      t0_ns_(now_ns()) {
+  const char* env = std::getenv("LEANTUNE_ALLOC_POISON");
+  poison_ = env && env[0] == '1' && backing_->device().is_cpu();
+}
+
+void Allocator::set_poison(bool on) {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  poison_ = on && backing_->device().is_cpu();
+}
 
 Allocator::~Allocator() {
   std::lock_guard<std::recursive_mutex> lk(mu_);
@@ -234,6 +243,7 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
   stats_.active_blocks++;
   stats_.num_allocs++;
   record(TraceEvent::kAlloc, b->id, sz, tag, stream.id);
+  if (poison_) std::memset(b->ptr, 0xff, b->size);
   return b;
 }
 
@@ -248,6 +258,7 @@ void Allocator::free(Block* b) {
   stats_.active_blocks--;
   stats_.num_frees++;
   record(TraceEvent::kFree, b->id, sz, b->tag, b->stream);
+  if (poison_) std::memset(b->ptr, 0xff, b->size);
   b->allocated = false;
   for (const Stream& s : b->stream_uses) {
     void* ev = backing_->event_record(s);

@@ -142,6 +142,12 @@ class Allocator {
   // Largest free cached block, in bytes.
   size_t largest_free_block() const;
 
+  // Debug: fill every block handed out, and every block freed, with 0xFF bytes (NaN for every
+  // float type), so that a kernel reading memory it never wrote, or memory already freed, fails
+  // loudly instead of depending on what another user left there. Host backings only. Also
+  // enabled by LEANTUNE_ALLOC_POISON=1.
+  void set_poison(bool on);
+
   void set_trace_enabled(bool on);
   bool trace_enabled() const;
   std::vector<TraceEvent> trace() const;
@@ -178,6 +184,7 @@ class Allocator {
   uint64_t next_id_ = 1;
   uint64_t next_segment_id_ = 1;
   bool trace_on_ = false;
+  bool poison_ = false;
   std::vector<TraceEvent> trace_;
   int64_t t0_ns_ = 0;
 };

@@ -2,7 +2,7 @@
 # Installs the Debian packages leantune builds against, only those missing. Idempotent.
 set -euo pipefail
 pkgs=(cmake make g++ pkg-config googletest libgtest-dev libgmock-dev libbenchmark-dev
-      nlohmann-json3-dev libopenblas-dev libpcre2-dev libutf8proc-dev libcli11-dev libfmt-dev
+      nlohmann-json3-dev libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libcli11-dev libfmt-dev
       libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
