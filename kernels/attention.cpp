@@ -141,41 +141,6 @@ inline int64_t visible(bool causal, int64_t i, int64_t lq, int64_t lk) {
   return causal ? std::clamp<int64_t>(i + lk - lq + 1, 0, lk) : lk;
 }
 
-// While OpenMP threads run tasks, each task's gemm must stay on its own thread: the pthreads
-// build of OpenBLAS would otherwise start its own workers inside every call and oversubscribe
-// the cores (measured 10x slower on 2 busy cores). The thread count is process-wide, so
-// concurrent users share one guard through a count.
-class BlasSingleThreaded {
- public:
-  BlasSingleThreaded() {
-    std::lock_guard<std::mutex> lock(mu());
-    if (users()++ == 0) {
-      saved() = openblas_get_num_threads();
-      if (saved() != 1) openblas_set_num_threads(1);
-    }
-  }
-  ~BlasSingleThreaded() {
-    std::lock_guard<std::mutex> lock(mu());
-    if (--users() == 0 && saved() != 1) openblas_set_num_threads(saved());
-  }
-  BlasSingleThreaded(const BlasSingleThreaded&) = delete;
-  BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
-
- private:
-  static std::mutex& mu() {
-    static std::mutex m;
-    return m;
-  }
-  static int& users() {
-    static int n = 0;
-    return n;
-  }
-  static int& saved() {
-    static int n = 1;
-    return n;
-  }
-};
-
 // Below this many multiply-adds a call runs on one thread: a parallel region costs more than it
 // saves (and much more when the cores are shared).
 constexpr double kParallelMinWork = 1 << 20;
@@ -186,14 +151,14 @@ int worker_threads(int64_t tasks, double work) {
   return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), tasks));
 }
 
-// Runs f(task, thread) for task in [0, n) on `threads` OpenMP threads.
+// Runs f(task, thread) for task in [0, n) on `threads` OpenMP threads. OpenBLAS is the OpenMP
+// build (see CMakeLists.txt): a GEMM called inside this region runs on its calling thread.
 template <typename F>
 void for_tasks(int64_t n, int threads, F&& f) {
   if (threads <= 1) {
     for (int64_t i = 0; i < n; ++i) f(i, 0);
     return;
   }
-  BlasSingleThreaded blas_guard;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < n; ++i) f(i, omp_get_thread_num());
 }
