@@ -4,6 +4,14 @@
 
 namespace leantune {
 
-Tensor LinearModule::forward(const Tensor& x) const { return kernels::linear(x, weight, bias); }
+Tensor LinearModule::forward(const Tensor& x) const {
+  Tensor y = base ? base->forward(x, bias) : kernels::linear(x, weight, bias);
+  return adapter ? adapter->forward(x, y) : y;
+}
+
+Tensor LinearModule::dense_weight(DType dtype) const {
+  if (base) return base->dequantize(dtype);
+  return weight.dtype() == dtype ? weight : weight.to(dtype);
+}
 
 }  // namespace leantune
