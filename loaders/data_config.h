@@ -4,6 +4,9 @@
 // option for any bad value. Resolution rules (TRL's):
 //   padding_free         unset -> on iff packing with bfd/bfd_split; packing with bfd/bfd_split
 //                        forces it on even when set false (TRL: padding_free or bfd-packing).
+//                        Without packing it is allowed with max_length set (TRL raises there
+//                        because its collator would not truncate; here truncation happens when
+//                        the examples are loaded, so max_length is always enforced).
 //   completion_only_loss unset -> on for prompt_completion data and for tokenized data that
 //                        carries a completion_mask.
 //   max_length           0 = none (no truncation; packing requires max_length > 0).

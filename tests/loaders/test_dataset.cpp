@@ -400,6 +400,48 @@ TEST(DatasetBadLines, EmptyAndMissingFiles) {
   }
 }
 
+// Mutated lines (random byte flips, truncations, insertions) never crash the reader: every
+// line is either a record or one counted bad line.
+TEST(DatasetBadLines, RandomMutationsAreRecordsOrCountedBadLines) {
+  const std::vector<std::string> seeds = {
+      R"({"prompt":"The sky is","completion":" blue.","x":[1,2,{"y":null}]})",
+      R"({"prompt":"caf\u00e9 \ud83d\ude00","completion":"\"q\" \\ end"})",
+      "{\"prompt\":\"\xe2\x82\xac\",\"completion\":\"\xf0\x9f\x98\x80\"}"};
+  uint64_t x = 12345;
+  auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  std::vector<std::string> lines = {seeds[0]};
+  const char alphabet[] = "{}[]\",:u0d8c \x80\xff\xed\xa0\n";
+  for (int i = 0; i < 3000; ++i) {
+    std::string l = seeds[next() % seeds.size()];
+    const int edits = 1 + static_cast<int>(next() % 4);
+    for (int e = 0; e < edits && !l.empty(); ++e) {
+      const size_t at = next() % l.size();
+      switch (next() % 3) {
+        case 0: l[at] = alphabet[next() % (sizeof(alphabet) - 1)]; break;
+        case 1: l.resize(at); break;
+        default: l.insert(at, 1, alphabet[next() % (sizeof(alphabet) - 1)]); break;
+      }
+    }
+    if (l.find('\n') != std::string::npos) l.erase(l.find('\n'));
+    if (l.find_first_not_of(" \t\r") == std::string::npos) l = "x";
+    lines.push_back(l);
+  }
+  DatasetReaderOptions o;
+  o.skip_bad_lines = true;
+  DatasetReader r(write_lines("fuzz.jsonl", lines), o);
+  Record rec;
+  int64_t records = 0;
+  while (r.next(&rec)) ++records;
+  EXPECT_EQ(records + r.bad_lines().total(), static_cast<int64_t>(lines.size()));
+  EXPECT_GT(records, 0);
+  EXPECT_GT(r.bad_lines().total(), 0);
+}
+
 TEST(Utf8, Validator) {
   EXPECT_EQ(find_invalid_utf8("plain ascii, long enough for the fast path"), std::string::npos);
   EXPECT_EQ(find_invalid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), std::string::npos);
