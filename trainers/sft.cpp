@@ -66,8 +66,11 @@ SftTrainer::SftTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> mod
 
 Batch SftTrainer::next_micro_batch(BatchReport* report) {
   // What padding every row to the batch's longest row would have cost (padding-free's saving).
-  const std::vector<int64_t> units = train_->sampler().batch(train_->epoch() + (train_->step_in_epoch() >= train_->batches_per_epoch() ? 1 : 0),
-                                                             train_->step_in_epoch() >= train_->batches_per_epoch() ? 0 : train_->step_in_epoch());
+  // The loader rolls over to the next epoch when the current one is exhausted.
+  const bool rollover = train_->step_in_epoch() >= train_->batches_per_epoch();
+  const int64_t epoch = train_->epoch() + (rollover ? 1 : 0);
+  const int64_t step = rollover ? 0 : train_->step_in_epoch();
+  const std::vector<int64_t> units = train_->sampler().batch(epoch, step);
   int64_t longest = 0, real = 0;
   for (int64_t u : units) {
     const int64_t n = static_cast<int64_t>(train_->unit_row(u).input_ids.size());
@@ -189,9 +192,10 @@ std::string format_memory_report(const nlohmann::json& r) {
   return out;
 }
 
-int run_sft(const Options& o) {
+SftRun make_sft_run(const Options& o) {
   TrainingArguments args = training_arguments(o);
-  SftSetup setup;
+  SftRun run;
+  SftSetup& setup = run.setup;
   setup.model_name_or_path = o.get_string("model_name_or_path");
   setup.dataset = o.get_string("dataset");
   setup.embedded = setup.model_name_or_path.empty() && setup.dataset.empty();
@@ -210,9 +214,11 @@ int run_sft(const Options& o) {
 
   const Device device = Device::parse(args.device);
   const DType dtype = args.bf16 ? DType::kBF16 : DType::kF32;
-  auto tokenizer = Tokenizer::load(setup.tokenizer_dir);
-  if (!o.get_string("chat_template").empty()) tokenizer->set_chat_template(o.get_string("chat_template"));
-  std::unique_ptr<TextEncoder> encoder = make_text_encoder(tokenizer, o.get_string("chat_template"));
+  run.tokenizer = Tokenizer::load(setup.tokenizer_dir);
+  if (!o.get_string("chat_template").empty())
+    run.tokenizer->set_chat_template(o.get_string("chat_template"));
+  std::unique_ptr<TextEncoder> encoder = make_text_encoder(run.tokenizer, o.get_string("chat_template"));
+  run.eos_token_id = encoder->eos_token_id();
 
   DataConfig dc;
   dc.dataset_text_field = o.get_string("dataset_text_field");
@@ -243,46 +249,70 @@ int run_sft(const Options& o) {
                                         ec, encoder->pad_token_id());
   }
 
-  std::shared_ptr<DecoderModel> model;
   if (setup.embedded) {
-    model = std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
-    model->init_random(args.seed);
+    run.model = std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
+    run.model->init_random(args.seed);
   } else {
-    model = DecoderModel::load(setup.model_name_or_path, device, dtype);
+    run.model = DecoderModel::load(setup.model_name_or_path, device, dtype);
   }
-  LT_CHECK_INPUT(tokenizer->vocab_size() <= model->config().vocab_size, "the tokenizer has ",
-                 tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
-                 model->config().vocab_size);
-  model->set_requires_grad(true);
-  std::printf("sft: %s (%s, %lld parameters) on %s, %s\n",
-              setup.embedded ? "built-in demo model" : setup.model_name_or_path.c_str(),
-              model->config().architecture.c_str(), static_cast<long long>(model->num_parameters()),
-              device.str().c_str(), dtype_name(dtype));
-  std::fflush(stdout);
+  LT_CHECK_INPUT(run.tokenizer->vocab_size() <= run.model->config().vocab_size, "the tokenizer has ",
+                 run.tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
+                 run.model->config().vocab_size);
+  run.model->set_requires_grad(true);
+  run.trainer = std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer,
+                                             setup.tokenizer_dir, loader, eval, train.stats,
+                                             o.get_bool("use_liger_kernel"));
+  return run;
+}
 
-  SftTrainer trainer(args, model, o, tokenizer, setup.tokenizer_dir, loader, eval, train.stats,
-                     o.get_bool("use_liger_kernel"));
-  TrainResult r = trainer.train();
+int run_sft(const Options& o) {
+  SftRun run = make_sft_run(o);
+  const TrainingArguments& args = run.trainer->args();
+  std::printf("sft: %s (%s, %lld parameters) on %s, %s\n",
+              run.setup.embedded ? "built-in demo model" : run.setup.model_name_or_path.c_str(),
+              run.model->config().architecture.c_str(),
+              static_cast<long long>(run.model->num_parameters()), run.model->device().str().c_str(),
+              dtype_name(run.model->dtype()));
+  std::fflush(stdout);
+  TrainResult r = run.trainer->train();
   if (r.interrupted) {
     std::printf("sft: stopped at step %lld; resume with --resume_from_checkpoint latest\n",
                 static_cast<long long>(r.steps));
     return 0;
   }
-  std::printf("sft: %lld steps, final loss %.4f (first %.4f)%s; model written to %s\n",
-              static_cast<long long>(r.steps), r.losses.empty() ? 0.0 : r.losses.back(),
-              r.losses.empty() ? 0.0 : r.losses.front(),
-              r.skipped_steps ? (", " + std::to_string(r.skipped_steps) + " updates skipped").c_str() : "",
-              args.output_dir.c_str());
+  std::string skipped =
+      r.skipped_steps ? ", " + std::to_string(r.skipped_steps) + " updates skipped" : "";
+  std::printf("sft: %lld steps, loss %.4f -> %.4f%s; model written to %s\n",
+              static_cast<long long>(r.steps), r.losses.empty() ? 0.0 : r.losses.front(),
+              r.losses.empty() ? 0.0 : r.losses.back(), skipped.c_str(), args.output_dir.c_str());
   std::printf("%s", format_memory_report(r.memory).c_str());
-  if (setup.embedded) {
+  if (run.setup.embedded) {
     const std::string prompt = "One sunny day, Mia";
     GenerationConfig g;
     g.max_new_tokens = 48;
-    g.eos_token_ids = {encoder->eos_token_id()};
-    GenerationResult gen = generate(*model, {tokenizer->encode(prompt, true)}, g);
-    std::printf("sample: %s%s\n", prompt.c_str(), tokenizer->decode(gen.tokens[0], true).c_str());
+    g.eos_token_ids = {run.eos_token_id};
+    GenerationResult gen = generate(*run.model, {run.tokenizer->encode(prompt, true)}, g);
+    std::printf("sample: %s%s\n", prompt.c_str(), run.tokenizer->decode(gen.tokens[0], true).c_str());
   }
   return 0;
+}
+
+void apply_embedded_defaults(Options& o) {
+  if (!o.get_string("model_name_or_path").empty() || !o.get_string("dataset").empty()) return;
+  auto dflt = [&](const char* k, const nlohmann::json& v) {
+    if (!o.is_set(k)) o.set(k, v);
+  };
+  dflt("max_length", 256);
+  dflt("packing", true);
+  dflt("per_device_train_batch_size", 8);
+  dflt("learning_rate", 3e-3);
+  dflt("lr_scheduler_type", "cosine");
+  dflt("warmup_ratio", 0.05);
+  dflt("max_steps", 120);
+  dflt("logging_steps", 10);
+  dflt("save_steps", 0);
+  dflt("weight_decay", 0.01);
+  dflt("output_dir", "trainer_output/embedded");
 }
 
 namespace {
@@ -292,23 +322,7 @@ int sft_command(const std::vector<std::string>& argv) {
     std::printf("%s", o.help().c_str());
     return 0;
   }
-  // The embedded default run: settings that make the built-in demo train in about a minute.
-  if (o.get_string("model_name_or_path").empty() && o.get_string("dataset").empty()) {
-    auto dflt = [&](const char* k, const nlohmann::json& v) {
-      if (!o.is_set(k)) o.set(k, v);
-    };
-    dflt("max_length", 256);
-    dflt("packing", true);
-    dflt("per_device_train_batch_size", 8);
-    dflt("learning_rate", 3e-3);
-    dflt("lr_scheduler_type", "cosine");
-    dflt("warmup_ratio", 0.05);
-    dflt("max_steps", 120);
-    dflt("logging_steps", 10);
-    dflt("save_steps", 0);
-    dflt("weight_decay", 0.01);
-    dflt("output_dir", "trainer_output/embedded");
-  }
+  apply_embedded_defaults(o);
   return run_sft(o);
 }
 

@@ -60,6 +60,20 @@ class SftTrainer final : public Trainer {
   int64_t max_micro_tokens_ = 0;
 };
 
+// Everything `trainer_bin sft` builds before training: model, tokenizer, data, trainer.
+struct SftRun {
+  SftSetup setup;
+  std::shared_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<DecoderModel> model;
+  std::unique_ptr<SftTrainer> trainer;
+  int32_t eos_token_id = 0;
+};
+// Builds the run from parsed options (Error(kInput) for any bad option, file or data).
+SftRun make_sft_run(const Options& o);
+// For the embedded demo when no model and no dataset are given: the demo's settings for
+// options the user did not set.
+void apply_embedded_defaults(Options& o);
+
 // Runs `trainer_bin sft` with parsed options; returns the process exit code.
 int run_sft(const Options& o);
 

@@ -1,0 +1,60 @@
+#include "trainer_test_util.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "loaders/model_config.h"
+#include "models/decoder.h"
+#include "testing/testing.h"
+#include "trainers/model_io.h"
+
+namespace leantune::testing {
+
+std::string make_tiny_model(const std::string& dir) {
+  DecoderModel m(ModelConfig::load(fixture_path("trainer/tiny_config.json")), Device::cpu(),
+                 DType::kF32);
+  m.init_random(1);
+  m.save(dir, DType::kF32);
+  copy_tokenizer_files(std::string(LT_SOURCE_DIR) + "/data/embedded", dir);
+  return dir;
+}
+
+std::string small_dataset() { return fixture_path("trainer/stories_small.jsonl"); }
+
+std::string trainer_bin() { return std::string(LT_BINARY_DIR) + "/trainer_bin"; }
+
+int run_command(const std::string& cmd, std::string* out) {
+  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+  const int status = ::pclose(p);
+  if (out) *out = text;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::vector<std::pair<int64_t, double>> read_losses(const std::string& path) {
+  std::vector<std::pair<int64_t, double>> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+  }
+  return out;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace leantune::testing
