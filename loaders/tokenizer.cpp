@@ -6,6 +6,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -593,9 +594,11 @@ void Tokenizer::Impl::load_added(const json& list) {
     LT_CHECK_INPUT(t.contains("id") && t["id"].is_number_integer() && t.contains("content") &&
                        t["content"].is_string(),
                    source, ": an added token needs an integer id and a string content");
-    a.id = t["id"].get<int32_t>();
+    const auto id = t["id"].get<int64_t>();
     a.content = t["content"].get<std::string>();
-    LT_CHECK_INPUT(a.id >= 0, source, ": added token '", a.content, "' has a negative id");
+    LT_CHECK_INPUT(id >= 0 && id <= INT32_MAX, source, ": added token '", a.content, "' has id ",
+                   id, " outside [0, 2^31)");
+    a.id = static_cast<int32_t>(id);
     a.special = json_bool(t, "special", false);
     a.lstrip = json_bool(t, "lstrip", false);
     a.rstrip = json_bool(t, "rstrip", false);
@@ -724,6 +727,10 @@ void Tokenizer::Impl::load_decoder(const json& j) {
 void Tokenizer::Impl::finish() {
   int64_t max_id = bpe->max_id();
   for (const auto& a : added) max_id = std::max<int64_t>(max_id, a.id);
+  // Ids index dense tables; a corrupt file must not make us allocate gigabytes.
+  constexpr int64_t kMaxIds = int64_t{1} << 26;
+  LT_CHECK_INPUT(max_id < kMaxIds, source, ": token id ", max_id, " is implausibly large (limit ",
+                 kMaxIds, ")");
   vocab_size = max_id + 1;
   id_to_token.assign(vocab_size, std::string());
   special.assign(vocab_size, 0);
@@ -1121,12 +1128,17 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json,
   ParsedTokenizerJson parsed = parse_tokenizer_json(tokenizer_json, source);
   const json& tj = parsed.root;
   LT_CHECK_INPUT(tj.is_object(), source, ": not a tokenizer.json object");
-  impl->load_normalizer(member(tj, "normalizer"));
-  impl->load_model(member(tj, "model"), parsed);
-  impl->load_added(member(tj, "added_tokens"));
-  impl->load_pretokenizer(member(tj, "pre_tokenizer"));
-  impl->load_post_processor(member(tj, "post_processor"));
-  impl->load_decoder(member(tj, "decoder"));
+  try {
+    impl->load_normalizer(member(tj, "normalizer"));
+    impl->load_model(member(tj, "model"), parsed);
+    impl->load_added(member(tj, "added_tokens"));
+    impl->load_pretokenizer(member(tj, "pre_tokenizer"));
+    impl->load_post_processor(member(tj, "post_processor"));
+    impl->load_decoder(member(tj, "decoder"));
+  } catch (const json::exception& e) {
+    // A missing key or a value of the wrong type somewhere in the file.
+    LT_THROW(ErrorKind::kInput, source, ": unexpected tokenizer.json content: ", e.what());
+  }
   impl->finish();
 
   const std::string cfg_source = source + " (tokenizer_config.json)";

@@ -10,8 +10,7 @@
 //
 // Two builds from this file (tests/loaders/tokenizer.cmake):
 //   - fuzz_tokenizer: libFuzzer + ASan + UBSan, only with clang and LEANTUNE_FUZZ=ON:
-//       cmake -S . -B build-fuzz -DLEANTUNE_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ \
-//             -DCMAKE_C_COMPILER=clang -DLEANTUNE_CUDA=OFF
+//       CXX=clang++ CC=clang cmake -S . -B build-fuzz -DLEANTUNE_FUZZ=ON -DLEANTUNE_CUDA=OFF
 //       cmake --build build-fuzz --target fuzz_tokenizer
 //       build-fuzz/fuzz_tokenizer -max_total_time=3600 -max_len=4096 tests/fuzz/corpus/tokenizer
 //     (copy the corpus first if new inputs should not land in the source tree).

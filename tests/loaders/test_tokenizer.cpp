@@ -321,6 +321,16 @@ TEST(TokenizerFiles, BadFilesAreInputErrorsNamingTheProblem) {
       R"({"model": {"type": "BPE", "vocab": {}}, "pre_tokenizer": {"type": "Split", )"
       R"("pattern": {"Regex": "(["}, "behavior": "Isolated", "invert": false}})",
       "cannot compile regex");
+  expect_input_error(R"({"model": {"type": "BPE", "vocab": {"a": 2000000000}}})",
+                     "implausibly large");
+  expect_input_error(
+      R"({"model": {"type": "BPE", "vocab": {}}, "added_tokens": [{"id": -4, "content": "x"}]})",
+      "outside [0, 2^31)");
+  expect_input_error(R"({"model": {"type": "BPE", "vocab": {}}, "normalizer": {"type": 7}})",
+                     "unexpected tokenizer.json content");
+  expect_input_error(R"({"model": {"type": "BPE", "vocab": {"a": "x"}}})", "not an integer");
+  expect_input_error(R"({"model": {"type": "BPE", "vocab": {}, "merges": [["a"]]}})",
+                     "a merge must be");
   try {
     Tokenizer::load(fixture_dir() + "no_such_folder");
     ADD_FAILURE();
