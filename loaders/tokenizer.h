@@ -18,6 +18,11 @@
 // sequence of byte tokens; like tokenizers (String::from_utf8_lossy) it replaces each maximal
 // invalid subpart with U+FFFD.
 //
+// Known divergence: the regex classes come from PCRE2's Unicode tables (10.42: Unicode 14),
+// tokenizers' from Oniguruma's (newer). Code points assigned after Unicode 14 (e.g. CJK
+// Extension H, U+31350..U+323AF) are not \p{L}/\p{N} here and may split differently.
+// decode() throws Error(kInput) for ids outside the vocab where tokenizers skips them silently.
+//
 // Thread safety: a loaded Tokenizer is immutable apart from an internal, locked BPE cache;
 // encode/decode may be called from several threads. set_chat_template() is not thread-safe.
 #pragma once
