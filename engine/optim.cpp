@@ -144,3 +144,11 @@ int64_t AdamW::state_bytes() const {
 }
 
 }  // namespace leantune
+
+#ifndef LEANTUNE_WITH_CUDA
+namespace leantune {
+void adamw_step_cuda(const std::vector<AdamWTensor>&, const AdamWStepArgs&) {
+  LT_THROW(ErrorKind::kInput, "adamw_step_cuda: this build of leantune has no CUDA support");
+}
+}  // namespace leantune
+#endif
