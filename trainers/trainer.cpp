@@ -237,6 +237,15 @@ TrainResult Trainer::train() {
       reports.push_back(rep);
       normalizer += loss_tokens(micro.back());
     }
+    if (normalizer == 0) {
+      // Packed or truncated data can leave an accumulated batch with nothing to predict: the
+      // update would only apply weight decay and stale momentum. Skipped and counted.
+      ++skipped_steps_;
+      step_ = update;
+      result.losses.push_back(0.0);
+      log.message("step " + std::to_string(update) + ": no label token in the batch, update skipped");
+      continue;
+    }
     double step_loss = 0;
     bool finite = true;
     for (size_t i = 0; i < micro.size(); ++i) {
