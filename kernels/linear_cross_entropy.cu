@@ -1,0 +1,498 @@
+// linear_cross_entropy on CUDA: the LM head and the loss fused, chunked over the rows that have a
+// valid target, never holding the full [T, V] logits (kernels/linear_cross_entropy.h).
+//   hidden:[T,H], weight:[V,H] (one float dtype, inner stride 1; other layouts are copied),
+//   targets:[T] i32|i64 on the host or the device (-100 = ignored) -> sum over valid rows of
+//   nll_t = lse_t - z[t, y_t] (a double); with gradients, of (sum nll) * grad_scale:
+//   dhidden [T,H] (any float dtype, contiguous; overwritten, 0 on ignored rows) and
+//   dweight [V,H] (any float dtype; accumulated into).
+// Math: the work dtype A is f32 (f64 for f64 inputs); logits are stored in the input dtype (bf16
+// or f16 for 16-bit inputs, as Liger and QuACK do; f32 for f32, f64 for f64), every product
+// accumulates in A. Targets are read back to the host once (a device tensor costs one
+// synchronisation), validated there (a bad target throws kInput before any work, naming it) and
+// compacted into the list of valid rows, so no GEMM work is spent on ignored rows.
+// Per chunk of c valid rows:
+//   X_c  = hidden[rows]                         (a view when the rows are consecutive, else a
+//                                                gather into a [c,H] buffer)
+//   Z    = X_c W^T               [c,V]          cuBLASLt, logits dtype, A accumulation
+//   rows kernel: lse_r by a one-pass online max/sum, nll_r = lse_r - z_y; with gradients Z is
+//   overwritten by G = (softmax - onehot) * grad_scale (p_y - 1 formed in A before the rounding)
+//   dX_c = G W                   [c,H]          written straight into dhidden when the rows are
+//                                                consecutive, else into a buffer and scattered
+//   dW  += G^T X_c               [V,H]          cuBLASLt with beta = 1 into an A-typed
+//                                                accumulator: dweight itself when it is A-typed and
+//                                                contiguous, else a copy written back at the end
+// The per-row nll values land in one [n] array that is copied back and summed in row order in
+// double at the end (deterministic whatever the chunking; the one synchronisation).
+// Chunk size: c = min(opt.chunk_tokens, valid rows, budget rows) with the budget rows chosen so
+// that the chunk's logits and X_c / dX_c buffers stay within kChunkBudgetBytes (768 MiB; rounded
+// down to a multiple of 128 rows): 2560 rows for V = 151936 in bf16 at H = 1536.
+// Peak extra device memory: c (V sizeof(logits) + H (sizeof(hidden) + sizeof(dX buffer))) +
+// 12 n bytes (row list, targets, nll) + cuBLASLt workspace (<= 32 MiB); plus, only when dweight is
+// not A-typed and contiguous, a [V,H] A-typed accumulator, and contiguous copies of hidden/weight
+// when their rows are not dense. Nothing else grows with T. All scratch is tagged kWorkspace.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "engine/cuda_blas.cuh"
+#include "engine/cuda_utils.cuh"
+#include "kernels/cross_entropy.h"
+#include "kernels/linear_cross_entropy.h"
+
+namespace leantune::kernels {
+namespace {
+
+constexpr int64_t kChunkBudgetBytes = int64_t{768} << 20;
+constexpr int64_t kChunkRowQuantum = 128;
+
+template <typename A>
+__device__ __forceinline__ A exp_acc(A v) {
+  if constexpr (std::is_same_v<A, float>)
+    return exp2f(v * 1.4426950408889634f);
+  else
+    return exp(v);
+}
+template <typename A>
+__device__ __forceinline__ A log_acc(A v) {
+  if constexpr (std::is_same_v<A, float>)
+    return logf(v);
+  else
+    return log(v);
+}
+
+template <typename A>
+struct Online {
+  A m;
+  A s;
+};
+
+template <typename A>
+__device__ __forceinline__ Online<A> online_merge(Online<A> a, Online<A> b) {
+  if (a.m == -INFINITY) return b;
+  if (b.m == -INFINITY) return a;
+  const A m = fmax(a.m, b.m);
+  return {m, a.s * exp_acc(a.m - m) + b.s * exp_acc(b.m - m)};
+}
+
+// Adds N values to a running (max, sum); -inf values add nothing (no -inf - -inf).
+template <typename A, int N>
+__device__ __forceinline__ void online_add(Online<A>& st, const A (&v)[N]) {
+  A vm = v[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) vm = fmax(vm, v[j]);
+  if (vm == -INFINITY) return;
+  if (vm > st.m) {
+    st.s = st.m == -INFINITY ? A(0) : st.s * exp_acc(st.m - vm);
+    st.m = vm;
+  }
+  A add = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) add += exp_acc(v[j] - st.m);
+  st.s += add;
+}
+
+template <typename T, int N, typename A>
+__device__ __forceinline__ void load_n(const T* p, A (&x)[N]) {
+  if constexpr (N > 1)
+    cu::load_vec<T, N>(p, x);
+  else
+    x[0] = cu::to_acc(p[0]);
+}
+template <typename T, int N, typename A>
+__device__ __forceinline__ void store_n(T* p, const A (&x)[N]) {
+  if constexpr (N > 1)
+    cu::store_vec<T, N>(p, x);
+  else
+    p[0] = cu::from_acc<T>(x[0]);
+}
+
+// One block per chunk row r: lse by an online max/sum over z[r, :] (one read), nll[r] =
+// lse - z[r, y_r]; when `grads`, z[r, :] is overwritten by (softmax - onehot) * scale (a second
+// read and one write). N = elements per vector access (1 when unaligned).
+template <typename T, int N>
+__global__ void linear_ce_rows_kernel(T* z, int64_t v, const int32_t* __restrict__ targets,
+                                      cu::acc_of<T>* __restrict__ nll, cu::acc_of<T> scale,
+                                      bool grads) {
+  using A = cu::acc_of<T>;
+  __shared__ A sm[32], ss[32];
+  __shared__ A lse_sh;
+  const int64_t row = blockIdx.x;
+  T* zr = z + row * v;
+  const int64_t nvec = v / N;
+  Online<A> st{A(-INFINITY), A(0)};
+  constexpr int kUnroll = 4;
+  int64_t k = threadIdx.x;
+  // kUnroll independent vector loads in flight per thread.
+  for (; k + (kUnroll - 1) * static_cast<int64_t>(blockDim.x) < nvec; k += kUnroll * blockDim.x) {
+    A x[kUnroll][N];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      load_n<T, N>(zr + (k + u * static_cast<int64_t>(blockDim.x)) * N, x[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) online_add(st, x[u]);
+  }
+  for (; k < nvec; k += blockDim.x) {
+    A x[N];
+    load_n<T, N>(zr + k * N, x);
+    online_add(st, x);
+  }
+  for (int64_t j = nvec * N + threadIdx.x; j < v; j += blockDim.x) {
+    const A x[1] = {cu::to_acc(zr[j])};
+    online_add(st, x);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const Online<A> other{__shfl_xor_sync(0xffffffffu, st.m, o),
+                          __shfl_xor_sync(0xffffffffu, st.s, o)};
+    st = online_merge(st, other);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm[warp] = st.m;
+    ss[warp] = st.s;
+  }
+  __syncthreads();
+  const int64_t y = targets[row];
+  if (threadIdx.x == 0) {
+    Online<A> t{A(-INFINITY), A(0)};
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w)
+      t = online_merge(t, Online<A>{sm[w], ss[w]});
+    // A row of -inf logits has no softmax: NaN, as on the CPU path.
+    const A l = t.m == -INFINITY ? A(NAN) : t.m + log_acc(t.s);
+    lse_sh = l;
+    // z[y] is read here, before any thread overwrites the row (after the barrier below).
+    nll[row] = l - cu::to_acc(zr[y]);
+  }
+  if (!grads) return;
+  __syncthreads();
+  const A l = lse_sh;
+  for (int64_t kk = threadIdx.x; kk < nvec; kk += blockDim.x) {
+    A x[N];
+    load_n<T, N>(zr + kk * N, x);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const A p = exp_acc(x[j] - l);
+      x[j] = kk * N + j == y ? (p - A(1)) * scale : p * scale;
+    }
+    store_n<T, N>(zr + kk * N, x);
+  }
+  for (int64_t j = nvec * N + threadIdx.x; j < v; j += blockDim.x) {
+    const A p = exp_acc(cu::to_acc(zr[j]) - l);
+    zr[j] = cu::from_acc<T>(j == y ? (p - A(1)) * scale : p * scale);
+  }
+}
+
+// dst[r, :] = src[rows[r], :] for r < c (row strides ld_src, ld_dst; both of dtype T).
+template <typename T>
+__global__ void linear_ce_gather_kernel(const T* __restrict__ src, int64_t ld_src,
+                                        const int32_t* __restrict__ rows, T* __restrict__ dst,
+                                        int64_t ld_dst, int64_t c, int64_t h) {
+  const int64_t n = c * h;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / h, j = i % h;
+    dst[r * ld_dst + j] = src[rows[r] * ld_src + j];
+  }
+}
+
+// dst[rows[r], :] = convert(src[r, :]) for r < c; dst is [T,h] contiguous.
+template <typename S, typename D>
+__global__ void linear_ce_scatter_kernel(const S* __restrict__ src,
+                                         const int32_t* __restrict__ rows, D* __restrict__ dst,
+                                         int64_t c, int64_t h) {
+  const int64_t n = c * h;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / h, j = i % h;
+    dst[rows[r] * h + j] = cu::from_acc<D>(cu::to_acc(src[i]));
+  }
+}
+
+int rows_block_threads(int64_t nvec) {
+  if (nvec >= 8192) return 512;
+  if (nvec >= 1024) return 256;
+  return 128;
+}
+
+void linear_ce_rows_launch(void* z, DType dt, int64_t c, int64_t v, const int32_t* targets,
+                           void* nll, double scale, bool grads, cudaStream_t stream) {
+  if (c == 0) return;
+  LT_CU_DISPATCH_FLOAT(dt, T, {
+    using A = cu::acc_of<T>;
+    constexpr int kVec = cu::VecWidth<T>::value;
+    // Row starts stay 16-byte aligned when V is a multiple of the vector width.
+    const bool vec = v % kVec == 0 && cu::aligned16(z);
+    const int threads = rows_block_threads(vec ? v / kVec : v);
+    T* pz = static_cast<T*>(z);
+    A* pn = static_cast<A*>(nll);
+    if (vec)
+      linear_ce_rows_kernel<T, kVec><<<static_cast<unsigned>(c), threads, 0, stream>>>(
+          pz, v, targets, pn, static_cast<A>(scale), grads);
+    else
+      linear_ce_rows_kernel<T, 1><<<static_cast<unsigned>(c), threads, 0, stream>>>(
+          pz, v, targets, pn, static_cast<A>(scale), grads);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void linear_ce_gather_launch(const void* src, int64_t ld_src, const int32_t* rows, void* dst,
+                             int64_t c, int64_t h, DType dt, Device dev, cudaStream_t stream) {
+  if (c == 0 || h == 0) return;
+  const unsigned blocks = cu::grid_blocks(c * h, 256, dev.index, 4, 256);
+  LT_CU_DISPATCH_FLOAT(dt, T, {
+    linear_ce_gather_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<const T*>(src), ld_src, rows,
+                                                           static_cast<T*>(dst), h, c, h);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void linear_ce_scatter_launch(const void* src, DType src_dt, const int32_t* rows, void* dst,
+                              DType dst_dt, int64_t c, int64_t h, Device dev, cudaStream_t stream) {
+  if (c == 0 || h == 0) return;
+  const unsigned blocks = cu::grid_blocks(c * h, 256, dev.index, 4, 256);
+  LT_CU_DISPATCH_FLOAT(src_dt, S, {
+    LT_CU_DISPATCH_FLOAT(dst_dt, Dt, {
+      linear_ce_scatter_kernel<S, Dt><<<blocks, 256, 0, stream>>>(static_cast<const S*>(src), rows,
+                                                                  static_cast<Dt*>(dst), c, h);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+// A 2-D operand with unit inner stride: pointer and leading dimension; copied otherwise.
+struct Rows2d {
+  Tensor keep;
+  const void* ptr = nullptr;
+  int64_t ld = 0;
+};
+
+Rows2d as_rows(const Tensor& t) {
+  Rows2d r;
+  const int64_t rows = t.size(0), cols = t.size(1);
+  if ((t.strides()[1] == 1 || cols == 1) && (rows <= 1 || t.strides()[0] >= cols)) {
+    r.keep = t;
+    r.ptr = t.data_ptr();
+    r.ld = rows <= 1 ? std::max<int64_t>(cols, 1) : std::max<int64_t>(t.strides()[0], 1);
+    return r;
+  }
+  r.keep = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
+  ops::copy(r.keep, t);
+  r.ptr = r.keep.data_ptr();
+  r.ld = std::max<int64_t>(cols, 1);
+  return r;
+}
+
+// Column-major D[m,n] (ld ldd) = alpha op(A) op(B) + beta D, inputs of dtype `in`, D of `out`.
+void gemm(const void* a, int64_t lda, bool ta, const void* b, int64_t ldb, bool tb, void* d,
+          int64_t ldd, int64_t m, int64_t n, int64_t k, double beta, DType in, DType out,
+          Device dev, cudaStream_t stream) {
+  cu::LtGemm g;
+  g.a = a;
+  g.a_type = cu::cuda_data_type(in);
+  g.lda = lda;
+  g.trans_a = ta;
+  g.b = b;
+  g.b_type = g.a_type;
+  g.ldb = ldb;
+  g.trans_b = tb;
+  g.d = d;
+  g.d_type = cu::cuda_data_type(out);
+  g.ldd = ldd;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.alpha = 1.0;
+  g.beta = beta;
+  if (in == DType::kF64)
+    cu::dgemm(g, dev, stream);
+  else
+    cu::lt_gemm(g, dev, stream);
+}
+
+DType work_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+// Rows per chunk for the memory budget (multiple of kChunkRowQuantum when that many fit).
+int64_t budget_rows(int64_t v, int64_t h, size_t logit_bytes, size_t in_bytes, size_t dx_bytes) {
+  const int64_t per_row =
+      v * static_cast<int64_t>(logit_bytes) + h * static_cast<int64_t>(in_bytes + dx_bytes) + 16;
+  const int64_t rows = std::max<int64_t>(1, kChunkBudgetBytes / per_row);
+  return rows >= kChunkRowQuantum ? rows / kChunkRowQuantum * kChunkRowQuantum : rows;
+}
+
+}  // namespace
+
+double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& weight,
+                                         const Tensor& targets, double grad_scale,
+                                         const Tensor& dhidden, const Tensor& dweight,
+                                         const LinearCrossEntropyOptions& opt) {
+  const char* op = "linear_cross_entropy_cuda";
+  LT_CHECK(hidden.defined() && weight.defined() && targets.defined(), op,
+           ": hidden, weight and targets must be defined");
+  const Device d = hidden.device();
+  LT_CHECK(d.is_cuda(), op, ": hidden ", hidden.str(), " is not on a CUDA device");
+  cu::check_on(weight, d, op, "weight");
+  LT_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1) &&
+               weight.size(0) > 0,
+           op, ": hidden ", hidden.str(), ", weight ", weight.str());
+  LT_CHECK(hidden.dtype() == weight.dtype() && dtype_is_floating(hidden.dtype()), op, ": hidden ",
+           hidden.str(), " and weight ", weight.str(), " need one float dtype");
+  LT_CHECK(targets.dim() == 1 && targets.numel() == hidden.size(0) &&
+               (targets.dtype() == DType::kI32 || targets.dtype() == DType::kI64),
+           op, ": targets ", targets.str(), " for hidden ", hidden.str());
+  LT_CHECK(targets.device().is_cpu() || targets.device() == d, op, ": targets ", targets.str(),
+           " for hidden on ", d.str());
+  LT_CHECK(opt.chunk_tokens > 0, op, ": chunk_tokens ", opt.chunk_tokens, " must be positive");
+  const int64_t t = hidden.size(0), h = hidden.size(1), v = weight.size(0);
+  LT_CHECK(t < (int64_t{1} << 31) && v < (int64_t{1} << 31), op, ": ", hidden.str(), " x ",
+           weight.str(), " exceed the 32-bit row and target indices");
+  if (dhidden.defined()) {
+    cu::check_operand(dhidden, d, op, "dhidden");
+    LT_CHECK(dhidden.shape() == hidden.shape() && dtype_is_floating(dhidden.dtype()), op,
+             ": dhidden ", dhidden.str(), " for hidden ", hidden.str());
+  }
+  if (dweight.defined()) {
+    cu::check_on(dweight, d, op, "dweight");
+    LT_CHECK(dweight.shape() == weight.shape() && dtype_is_floating(dweight.dtype()), op,
+             ": dweight ", dweight.str(), " for weight ", weight.str());
+  }
+
+  // Valid rows and their targets, checked on the host with the CPU path's message.
+  const std::vector<int64_t> y = targets.to_i64();
+  std::vector<int32_t> rows, tgt;
+  rows.reserve(y.size());
+  tgt.reserve(y.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (y[i] == kIgnoreIndex) continue;
+    LT_CHECK_INPUT(y[i] >= 0 && y[i] < v, "linear_cross_entropy: target ", y[i], " at position ", i,
+                   " is outside the vocabulary [0, ", v, ") and is not the ignore index ",
+                   kIgnoreIndex);
+    rows.push_back(static_cast<int32_t>(i));
+    tgt.push_back(static_cast<int32_t>(y[i]));
+  }
+  const int64_t n = static_cast<int64_t>(rows.size());
+
+  cu::DeviceGuard guard(d);
+  cudaStream_t stream = cu::stream_of(d);
+  const bool grads = dhidden.defined() || dweight.defined();
+  // Ignored rows get zero gradients: zero everything, the chunks overwrite the valid rows.
+  if (dhidden.defined() && n < t && dhidden.numel() > 0)
+    CUDA_CHECK(cudaMemsetAsync(dhidden.data_ptr(), 0, dhidden.nbytes(), stream));
+  // h == 0: every logit is 0, so nll = log V per valid row and no gradient flows.
+  if (n == 0 || h == 0) return static_cast<double>(n) * std::log(static_cast<double>(v));
+
+  const DType in = hidden.dtype();
+  const DType wdt = work_dtype(in);  // A
+  const DType logit_dt = in;         // bf16/f16 logits for 16-bit inputs, else A
+  const Rows2d hr = as_rows(hidden), wr = as_rows(weight);
+
+  // dX: straight into dhidden when its dtype is one cuBLASLt can write from these inputs.
+  const bool dx_direct_type =
+      dhidden.defined() &&
+      (dhidden.dtype() == in || (dhidden.dtype() == DType::kF32 && in != DType::kF64));
+  const DType dx_dt = dhidden.defined() ? (dx_direct_type ? dhidden.dtype() : wdt) : wdt;
+
+  // Rows per chunk.
+  const int64_t cap = std::min<int64_t>({opt.chunk_tokens, n,
+                                         budget_rows(v, h, dtype_size(logit_dt), dtype_size(in),
+                                                     dhidden.defined() ? dtype_size(dx_dt) : 0)});
+  // A chunk uses hidden / dhidden rows in place when its valid rows are consecutive and the
+  // views are 16-byte aligned (cuBLASLt's fast kernels need it); else gather / scatter.
+  const char* hbase = static_cast<const char*>(hr.ptr);
+  const size_t in_size = dtype_size(in);
+  auto x_view = [&](int64_t c0) {
+    return hbase + static_cast<size_t>(rows[c0]) * static_cast<size_t>(hr.ld) * in_size;
+  };
+  auto dx_view = [&](int64_t c0) {
+    return static_cast<char*>(dhidden.data_ptr()) +
+           static_cast<size_t>(rows[c0]) * static_cast<size_t>(h) * dtype_size(dhidden.dtype());
+  };
+  auto consecutive = [&](int64_t c0, int64_t c) { return rows[c0 + c - 1] - rows[c0] == c - 1; };
+  auto x_in_place = [&](int64_t c0, int64_t c) {
+    return consecutive(c0, c) && cu::aligned16(x_view(c0)) &&
+           (static_cast<size_t>(hr.ld) * in_size) % 16 == 0;
+  };
+  auto dx_in_place = [&](int64_t c0, int64_t c) {
+    return dx_direct_type && consecutive(c0, c) && cu::aligned16(dx_view(c0)) &&
+           (static_cast<size_t>(h) * dtype_size(dhidden.dtype())) % 16 == 0;
+  };
+  bool any_gather = false, any_scatter = false;
+  for (int64_t c0 = 0; c0 < n; c0 += cap) {
+    const int64_t c = std::min(cap, n - c0);
+    any_gather = any_gather || !x_in_place(c0, c);
+    any_scatter = any_scatter || (dhidden.defined() && !dx_in_place(c0, c));
+  }
+
+  // Device-side row list, targets and per-row nll.
+  Tensor rows_d = Tensor::empty({n}, DType::kI32, d, MemTag::kWorkspace);
+  Tensor tgt_d = Tensor::empty({n}, DType::kI32, d, MemTag::kWorkspace);
+  ops::copy(rows_d, Tensor::from_vector(rows, {n}));
+  ops::copy(tgt_d, Tensor::from_vector(tgt, {n}));
+  Tensor nll = Tensor::empty({n}, wdt, d, MemTag::kWorkspace);
+  const int32_t* prow = rows_d.data<int32_t>();
+  const int32_t* ptgt = tgt_d.data<int32_t>();
+
+  Tensor zbuf = Tensor::empty({cap, v}, logit_dt, d, MemTag::kWorkspace);
+  Tensor xbuf, dxbuf;
+  if (any_gather) xbuf = Tensor::empty({cap, h}, in, d, MemTag::kWorkspace);
+  if (any_scatter) dxbuf = Tensor::empty({cap, h}, dx_dt, d, MemTag::kWorkspace);
+
+  // dW accumulator: dweight itself when it is A-typed and contiguous, else an A-typed copy.
+  Tensor dw_acc;
+  if (dweight.defined()) {
+    if (dweight.dtype() == wdt && dweight.is_contiguous()) {
+      dw_acc = dweight;
+    } else {
+      dw_acc = Tensor::empty(dweight.shape(), wdt, d, MemTag::kWorkspace);
+      ops::copy(dw_acc, dweight);
+    }
+  }
+
+  for (int64_t c0 = 0; c0 < n; c0 += cap) {
+    const int64_t c = std::min(cap, n - c0);
+    // X_c: a view of hidden, or gathered rows.
+    const void* xc;
+    int64_t ldx;
+    if (x_in_place(c0, c)) {
+      xc = x_view(c0);
+      ldx = hr.ld;
+    } else {
+      linear_ce_gather_launch(hr.ptr, hr.ld, prow + c0, xbuf.data_ptr(), c, h, in, d, stream);
+      xc = xbuf.data_ptr();
+      ldx = h;
+    }
+    // Z^T[V,c] = W X_c^T: column-major A = W ([H,V] stored, transposed), B = X_c ([H,c]).
+    gemm(wr.ptr, wr.ld, true, xc, ldx, false, zbuf.data_ptr(), v, v, c, h, 0.0, in, logit_dt, d,
+         stream);
+    linear_ce_rows_launch(zbuf.data_ptr(), logit_dt, c, v, ptgt + c0,
+                          static_cast<char*>(nll.data_ptr()) + c0 * dtype_size(wdt), grad_scale,
+                          grads, stream);
+    if (!grads) continue;
+    if (dhidden.defined()) {
+      // dX_c^T[H,c] = W^T G^T: A = W ([H,V] stored), B = G ([V,c] stored).
+      const bool direct = dx_in_place(c0, c);
+      void* dx = direct ? dx_view(c0) : dxbuf.data_ptr();
+      gemm(wr.ptr, wr.ld, false, zbuf.data_ptr(), v, false, dx, h, h, c, v, 0.0, in, dx_dt, d,
+           stream);
+      if (!direct)
+        linear_ce_scatter_launch(dxbuf.data_ptr(), dx_dt, prow + c0, dhidden.data_ptr(),
+                                 dhidden.dtype(), c, h, d, stream);
+    }
+    if (dw_acc.defined()) {
+      // dW^T[H,V] += X_c^T G: A = X_c ([H,c] stored), B = G ([V,c] stored, transposed).
+      gemm(xc, ldx, false, zbuf.data_ptr(), v, true, dw_acc.data_ptr(), h, h, v, c, 1.0, in, wdt, d,
+           stream);
+    }
+  }
+  if (dweight.defined() && !dw_acc.shares_storage(dweight)) ops::copy(dweight, dw_acc);
+
+  // The one synchronisation: the per-row losses, summed in row order in double.
+  const std::vector<double> rows_nll = nll.to_f64();
+  double loss = 0;
+  for (double x : rows_nll) loss += x;
+  return loss;
+}
+
+}  // namespace leantune::kernels
