@@ -16,6 +16,11 @@
 //   - numel * dtype size is computed with overflow checks and equals end - begin;
 //   - sorted by offset, each tensor begins exactly where the previous one ended, the first at
 //     0 and the last ends at the end of the data section: no gap, overlap or trailing bytes.
+// Where this reader is stricter than the reference (safetensors-rs): duplicate keys, unknown
+// keys in a tensor entry, padding other than spaces, NUL bytes in the header, "-0" as an
+// integer, dimensions beyond int64 (and non-zero dimensions whose product exceeds int64, even
+// in an empty tensor), and dtypes leantune has no DType for (newer reference versions also know
+// F4, F6_E2M3, F6_E3M2, F8_E8M0 and C64) are all rejected.
 // No allocation is sized from a number in the file before that number has been validated
 // against the file's size.
 //

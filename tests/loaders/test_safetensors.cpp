@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/check.h"
+#include "engine/device.h"
 #include "engine/tensor.h"
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
@@ -187,6 +188,23 @@ TEST(Safetensors, StridedTensorsAreWrittenContiguousAndBitExact) {
   EXPECT_EQ(f->tensor("t").shape(), (Shape{3, 2}));
   EXPECT_EQ(f->tensor("t").to_i64(), (std::vector<int64_t>{v[0], v[3], v[1], v[4], v[2], v[5]}));
   EXPECT_EQ(f->tensor("col").to_i64(), (std::vector<int64_t>{v[1], v[2], v[4], v[5]}));
+}
+
+TEST(SafetensorsCuda, DeviceTensorsAreSavedFromHostCopies) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string path = temp_dir("x") + "/d.safetensors";
+  std::vector<float> v(24);
+  for (int i = 0; i < 24; ++i) v[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  const Tensor dev = Tensor::from_vector(v, {4, 6}, Device::cuda());
+  save_safetensors(path, {{"d", dev}, {"dt", dev.transpose(0, 1)}});
+  auto f = SafetensorsFile::open(path);
+  EXPECT_EQ(f->tensor("d").to_f32(), v);
+  std::vector<float> vt(24);
+  for (int r = 0; r < 4; ++r) {
+    for (int c = 0; c < 6; ++c) vt[c * 4 + r] = v[r * 6 + c];
+  }
+  EXPECT_EQ(f->tensor("dt").shape(), (Shape{6, 4}));
+  EXPECT_EQ(f->tensor("dt").to_f32(), vt);
 }
 
 TEST(Safetensors, ViewsKeepTheMappingAliveAndConvertOnRequest) {
