@@ -175,7 +175,10 @@ void DecoderModel::save(const std::string& dir, DType disk_dtype, uint64_t max_s
   cfg.save(dir);
 }
 
-Tensor DecoderModel::embed(const Tensor& ids) const { return kernels::embedding(embed_tokens_, ids); }
+Tensor DecoderModel::embed(const Tensor& ids) const {
+  if (embedding_override.embed) return embedding_override.embed(embed_tokens_, ids);
+  return kernels::embedding(embed_tokens_, ids);
+}
 
 Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
                                    const Tensor& cu_seqlens, int64_t max_seqlen) const {

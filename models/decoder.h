@@ -13,6 +13,7 @@
 // fused chunked linear_cross_entropy unless logits are asked for.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,7 +72,10 @@ class DecoderModel {
   Tensor embed_tokens() const { return embed_tokens_; }
   Tensor final_norm() const { return norm_; }
   // The LM head matrix [V, H] (the embedding when tied).
-  Tensor lm_head_weight() const { return tied() ? embed_tokens_ : lm_head_.weight; }
+  Tensor lm_head_weight() const {
+    if (!tied()) return lm_head_.weight;
+    return embedding_override.matrix ? embedding_override.matrix(embed_tokens_) : embed_tokens_;
+  }
   bool tied() const { return cfg_.tie_word_embeddings; }
   const std::vector<std::string>& unused_tensors() const { return unused_; }
 
@@ -104,6 +108,16 @@ class DecoderModel {
   Tensor norm_;
   LinearModule lm_head_;
   std::vector<std::string> unused_;
+
+ public:
+  // Trainable tokens (models/trainable_tokens.h) set these so that a few embedding rows train
+  // while embed_tokens stays frozen: embed() then calls `embed` and the tied head uses
+  // `matrix` (embed_tokens with those rows replaced). Empty functions: the plain embedding.
+  struct EmbeddingOverride {
+    std::function<Tensor(const Tensor& weight, const Tensor& ids)> embed;
+    std::function<Tensor(const Tensor& weight)> matrix;
+  };
+  EmbeddingOverride embedding_override;
 };
 
 }  // namespace leantune
