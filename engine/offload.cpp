@@ -140,9 +140,7 @@ class OffloadState final : public SavedTensorHooks,
     int64_t layer;
   };
 
-  Stream copy_stream() const {
-    return opt_.use_streams ? side_ : current_stream(opt_.device);
-  }
+  Stream copy_stream() const { return opt_.use_streams ? side_ : current_stream(opt_.device); }
   std::shared_ptr<void> keep(const Tensor& t, int64_t* counter);
   std::shared_ptr<HostCopy> offload(const Tensor& t, int64_t lo, int64_t hi, int64_t layer);
   void restore(HostCopy& c);

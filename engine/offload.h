@@ -59,7 +59,7 @@
 namespace leantune {
 
 struct OffloadOptions {
-  Device device = Device::cpu();   // the training device: its allocator's memory is offloaded
+  Device device = Device::cpu();    // the training device: its allocator's memory is offloaded
   int64_t min_offload_size = 1024;  // bytes; smaller tensors stay (TRL's default)
   bool use_streams = true;          // side copy stream + events; false: copies on the compute
                                     // stream, no prefetch (TRL's use_streams=False)
@@ -68,22 +68,22 @@ struct OffloadOptions {
 };
 
 struct OffloadStats {
-  int64_t tensors_packed = 0;       // every saved tensor seen
-  int64_t tensors_offloaded = 0;    // host copies made
-  int64_t bytes_offloaded = 0;      // bytes copied device -> host
-  int64_t views_deduplicated = 0;   // saved tensors served by an existing host copy
-  int64_t skipped_small = 0;        // under min_offload_size
-  int64_t skipped_param = 0;        // parameters and their storage
-  int64_t skipped_grad = 0;         // MemTag::kGrad storage
-  int64_t skipped_no_offload = 0;   // saved inside a NoOffloadScope
-  int64_t skipped_host = 0;         // not device memory of options.device
-  int64_t host_bytes_current = 0;   // bytes of live host copies
+  int64_t tensors_packed = 0;      // every saved tensor seen
+  int64_t tensors_offloaded = 0;   // host copies made
+  int64_t bytes_offloaded = 0;     // bytes copied device -> host
+  int64_t views_deduplicated = 0;  // saved tensors served by an existing host copy
+  int64_t skipped_small = 0;       // under min_offload_size
+  int64_t skipped_param = 0;       // parameters and their storage
+  int64_t skipped_grad = 0;        // MemTag::kGrad storage
+  int64_t skipped_no_offload = 0;  // saved inside a NoOffloadScope
+  int64_t skipped_host = 0;        // not device memory of options.device
+  int64_t host_bytes_current = 0;  // bytes of live host copies
   int64_t host_bytes_peak = 0;
-  int64_t prefetches = 0;           // reloads started ahead of use
-  int64_t restores_on_demand = 0;   // reloads started by unpack
-  int64_t bytes_restored = 0;       // bytes copied host -> device
-  int64_t stash_hits = 0;           // unpacks served by a device tensor still in the stash
-  int64_t stash_waits = 0;          // times compute waited for the oldest in-flight copy
+  int64_t prefetches = 0;          // reloads started ahead of use
+  int64_t restores_on_demand = 0;  // reloads started by unpack
+  int64_t bytes_restored = 0;      // bytes copied host -> device
+  int64_t stash_hits = 0;          // unpacks served by a device tensor still in the stash
+  int64_t stash_waits = 0;         // times compute waited for the oldest in-flight copy
   int64_t skipped() const {
     return skipped_small + skipped_param + skipped_grad + skipped_no_offload + skipped_host;
   }

@@ -20,8 +20,7 @@ OffloadArguments offload_arguments(const Options& o) {
   return a;
 }
 
-std::unique_ptr<ActivationOffloader> make_step_offloader(const OffloadArguments& a,
-                                                         Device device) {
+std::unique_ptr<ActivationOffloader> make_step_offloader(const OffloadArguments& a, Device device) {
   if (!a.activation_offloading) return nullptr;
   OffloadOptions opt;
   opt.device = device;

@@ -37,7 +37,6 @@ void add_offload_options(Options& o);
 OffloadArguments offload_arguments(const Options& o);
 
 // The offloader for one micro-batch on `device`, or nullptr when offloading is off.
-std::unique_ptr<ActivationOffloader> make_step_offloader(const OffloadArguments& a,
-                                                         Device device);
+std::unique_ptr<ActivationOffloader> make_step_offloader(const OffloadArguments& a, Device device);
 
 }  // namespace leantune

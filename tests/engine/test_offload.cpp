@@ -1,8 +1,6 @@
 // Activation offloading on the CPU backend: which saved tensors move, where their bytes live
 // (allocator stats of the training device and of the pinned pool), dedup of views, bit-exact
 // restore, prefetch by layer, and gradients equal to those without offloading.
-#include "engine/offload.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +10,7 @@
 
 #include "engine/autograd.h"
 #include "engine/functional.h"
+#include "engine/offload.h"
 #include "testing/testing.h"
 
 namespace leantune {
@@ -108,7 +107,7 @@ TEST(ActivationOffload, MovesBytesFromTheDeviceAllocatorToThePinnedPool) {
 TEST(ActivationOffload, MinOffloadSizeIsRespected) {
   const int64_t pin0 = pinned_activation_bytes();
   std::vector<SavedTensor> saved;
-  ActivationOffloader off;  // default: 1024 bytes
+  ActivationOffloader off;                   // default: 1024 bytes
   saved.emplace_back(activation({255}, 5));  // 1020 bytes: stays
   saved.emplace_back(activation({256}, 6));  // 1024 bytes: moves
   EXPECT_EQ(off.stats().skipped_small, 1);
@@ -357,6 +356,28 @@ TEST(ActivationOffload, GradientsEqualWithOffloadingCheckpointingAndBoth) {
         EXPECT_EQ(off->stats().bytes_restored, off->stats().bytes_offloaded);
       }
     }
+  }
+}
+
+TEST(ActivationOffload, GradientsEqualUnderEveryOption) {
+  Chain chain(3, 48, 32);
+  const std::vector<double> plain = chain.grads(true, false);
+  OffloadOptions no_streams, no_stash, everything, no_prefetch;
+  no_streams.use_streams = false;
+  no_stash.max_fwd_stash_size = 0;
+  everything.min_offload_size = 0;  // small tensors (the scalar loss's inputs) move too
+  no_prefetch.prefetch = false;
+  int i = 0;
+  for (const OffloadOptions& o : {no_streams, no_stash, everything, no_prefetch}) {
+    for (bool ckpt : {false, true}) {
+      ActivationOffloader off(o);
+      const std::vector<double> g = chain.grads(true, ckpt);
+      ASSERT_EQ(g.size(), plain.size());
+      EXPECT_EQ(std::memcmp(g.data(), plain.data(), g.size() * sizeof(double)), 0)
+          << "options " << i << ", checkpointing " << ckpt;
+      EXPECT_EQ(off.stats().host_bytes_current, 0) << i;
+    }
+    ++i;
   }
 }
 

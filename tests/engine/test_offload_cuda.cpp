@@ -49,7 +49,7 @@ TEST(ActivationOffloadCuda, RoundTripIsBitIdenticalAndReleasesDeviceMemory) {
   std::vector<SavedTensor> saved;
   std::vector<std::vector<float>> expected;
   {
-    Tensor a = device_activation({256, 1024}, 1);              // 1 MiB
+    Tensor a = device_activation({256, 1024}, 1);               // 1 MiB
     Tensor b = device_activation({512, 512}, 2, DType::kBF16);  // 512 KiB
     const std::vector<Tensor> views = {a, b.transpose(0, 1), a.narrow(0, 3, 100)};
     for (const Tensor& v : views) {

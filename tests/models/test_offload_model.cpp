@@ -2,8 +2,6 @@
 // with offloading, with gradient checkpointing and with both; the activation bytes held on the
 // training device between forward and backward fall to the head's; the pinned pool holds them;
 // LoRA-style adapters on frozen weights work the same.
-#include "engine/offload.h"
-
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,6 +13,7 @@
 
 #include "engine/autograd.h"
 #include "engine/functional.h"
+#include "engine/offload.h"
 #include "engine/rng.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear.h"
@@ -106,7 +105,7 @@ struct StepResult {
 enum class Mode { kScoped, kModelForward };
 
 StepResult train_step(DecoderModel& m, const Batch& b, bool checkpointing, bool offload,
-               Mode mode = Mode::kScoped, const std::vector<Tensor>* only = nullptr) {
+                      Mode mode = Mode::kScoped, const std::vector<Tensor>* only = nullptr) {
   for (auto& [name, p] : m.named_parameters()) p.zero_grad();
   if (only)
     for (Tensor t : *only) t.zero_grad();
@@ -206,13 +205,12 @@ TEST_F(OffloadModel, ActivationsLeaveTheDeviceBetweenForwardAndBackward) {
   const StepResult base = train_step(*model_, batch_, false, false);
   const StepResult off = train_step(*model_, batch_, false, true);
   std::cout << "[ activation bytes after forward ] without offloading "
-            << base.activation_after_forward << ", with offloading "
-            << off.activation_after_forward << "; pinned pool " << off.pinned_after_forward
-            << "; offloaded " << off.stats.tensors_offloaded << " tensors, "
-            << off.stats.bytes_offloaded << " bytes; skipped " << off.stats.skipped()
-            << " (small " << off.stats.skipped_small << ", param " << off.stats.skipped_param
-            << ", no-offload " << off.stats.skipped_no_offload << ", grad "
-            << off.stats.skipped_grad << ")\n";
+            << base.activation_after_forward << ", with offloading " << off.activation_after_forward
+            << "; pinned pool " << off.pinned_after_forward << "; offloaded "
+            << off.stats.tensors_offloaded << " tensors, " << off.stats.bytes_offloaded
+            << " bytes; skipped " << off.stats.skipped() << " (small " << off.stats.skipped_small
+            << ", param " << off.stats.skipped_param << ", no-offload "
+            << off.stats.skipped_no_offload << ", grad " << off.stats.skipped_grad << ")\n";
   // What stays: the head's saved tensors (final norm input [T,H] and its rstd, the loss's
   // precomputed dhidden [T,H]), tensors under 1 KiB, and the scalar loss.
   EXPECT_GE(off.activation_after_forward, 2 * row_bytes);
@@ -220,7 +218,8 @@ TEST_F(OffloadModel, ActivationsLeaveTheDeviceBetweenForwardAndBackward) {
   EXPECT_GT(base.activation_after_forward, 10 * off.activation_after_forward);
   // Everything else moved into the pinned pool (whose blocks round up to 512 bytes).
   EXPECT_GE(off.pinned_after_forward, off.stats.bytes_offloaded);
-  EXPECT_LE(off.pinned_after_forward, off.stats.bytes_offloaded + 512 * off.stats.tensors_offloaded);
+  EXPECT_LE(off.pinned_after_forward,
+            off.stats.bytes_offloaded + 512 * off.stats.tensors_offloaded);
   EXPECT_EQ(off.stats.host_bytes_peak, off.stats.bytes_offloaded);
   EXPECT_EQ(base.activation_after_forward - off.activation_after_forward,
             off.stats.bytes_offloaded);
