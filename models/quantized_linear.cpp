@@ -1,0 +1,138 @@
+// Nf4Linear / Int8Linear: the LinearBase subclasses and their autograd node. The products
+// themselves (dequantize into the scratch, dense GEMM) are kernels/quant's; this file flattens
+// leading dimensions, allocates outputs and records the backward node.
+// Saved for backward: the quantized weight (a shallow copy: the same storage as the module's)
+// and x's shape and dtype; nothing goes through the saved-tensor hooks because nothing
+// activation-sized is kept.
+#include "models/quantized_linear.h"
+
+#include <utility>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/ops.h"
+
+namespace leantune {
+
+namespace {
+
+// Per-format entry points, so that one forward and one node serve both formats.
+struct Nf4Ops {
+  using Weight = kernels::Nf4Weight;
+  static constexpr const char* kNode = "Nf4LinearBackward";
+  static void fwd(const Tensor& x, const Weight& w, const Tensor& b, const Tensor& y) {
+    kernels::nf4_linear_fwd(x, w, b, y);
+  }
+  static void bwd(const Tensor& dy, const Weight& w, const Tensor& dx, const Tensor& db) {
+    kernels::nf4_linear_bwd(dy, w, dx, db);
+  }
+};
+struct Int8Ops {
+  using Weight = kernels::Int8Weight;
+  static constexpr const char* kNode = "Int8LinearBackward";
+  static void fwd(const Tensor& x, const Weight& w, const Tensor& b, const Tensor& y) {
+    kernels::int8_linear_fwd(x, w, b, y);
+  }
+  static void bwd(const Tensor& dy, const Weight& w, const Tensor& dx, const Tensor& db) {
+    kernels::int8_linear_bwd(dy, w, dx, db);
+  }
+};
+
+template <typename Ops>
+class QuantLinearBackward final : public Node {
+ public:
+  typename Ops::Weight w;
+  Shape x_shape;
+  int64_t in = 0, out = 0;
+  DType dtype = DType::kF32;
+  bool has_bias = false;
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    std::vector<Tensor> res(2);
+    if (!grads[0].defined()) return res;
+    const Tensor& g = grads[0];
+    Tensor dy = g.reshape({-1, out});
+    if (dy.dtype() != dtype || !dy.is_contiguous()) {
+      Tensor c = Tensor::empty(dy.shape(), dtype, dy.device(), MemTag::kWorkspace);
+      ops::copy(c, dy);
+      dy = c;
+    }
+    Tensor dx, db;
+    if (needs_input_grad(0)) dx = Tensor::empty({dy.size(0), in}, dtype, dy.device());
+    if (has_bias && needs_input_grad(1)) db = Tensor::empty({out}, dtype, dy.device());
+    Ops::bwd(dy, w, dx, db);
+    if (dx.defined()) res[0] = dx.view(x_shape);
+    res[1] = db;
+    return res;
+  }
+  std::string name() const override { return Ops::kNode; }
+};
+
+template <typename Ops>
+Tensor quant_forward(const typename Ops::Weight& w, int64_t out, int64_t in, const Tensor& x,
+                     const Tensor& bias) {
+  LT_CHECK(x.defined() && x.dim() >= 1 && x.size(x.dim() - 1) == in, Ops::kNode, ": input ",
+           x.defined() ? x.str() : "undefined", " for a linear with ", in, " input features");
+  const Tensor x2 = x.detach().reshape({-1, in});
+  Tensor y = Tensor::empty({x2.size(0), out}, x.dtype(), x.device());
+  Ops::fwd(x2, w, bias.defined() ? bias.detach() : Tensor(), y);
+  Shape ys = x.shape();
+  ys.back() = out;
+  y = y.view(ys);
+  if (node_needed({x, bias})) {
+    auto node = std::make_shared<QuantLinearBackward<Ops>>();
+    node->set_next_edges({x, bias});
+    node->w = w;
+    node->x_shape = x.shape();
+    node->in = in;
+    node->out = out;
+    node->dtype = x.dtype();
+    node->has_bias = bias.defined();
+    set_history(y, node);
+  }
+  return y;
+}
+
+}  // namespace
+
+Nf4Linear::Nf4Linear(kernels::Nf4Weight w) : w_(std::move(w)) {
+  LT_CHECK(w_.shape.size() == 2, "Nf4Linear: weight shape ", shape_str(w_.shape),
+           " is not [out, in]");
+  kernels::check_nf4(w_, "Nf4Linear");
+}
+
+std::shared_ptr<Nf4Linear> Nf4Linear::quantize(const Tensor& w, Device device, bool double_quant) {
+  LT_CHECK(w.defined() && w.dim() == 2, "Nf4Linear::quantize: weight ",
+           w.defined() ? w.str() : "undefined", " is not [out, in]");
+  kernels::Nf4Weight q =
+      kernels::nf4_quantize(w.device().is_cpu() ? w : w.detach().to(Device::cpu()), double_quant,
+                            device.is_cpu() ? MemTag::kParam : MemTag::kOther);
+  return std::make_shared<Nf4Linear>(device.is_cpu() ? q : q.to(device, MemTag::kParam));
+}
+
+Tensor Nf4Linear::forward(const Tensor& x, const Tensor& bias) const {
+  return quant_forward<Nf4Ops>(w_, out_features(), in_features(), x, bias);
+}
+
+Tensor Nf4Linear::dequantize(DType dtype) const { return kernels::nf4_dequantize(w_, dtype); }
+
+Int8Linear::Int8Linear(kernels::Int8Weight w) : w_(std::move(w)) {
+  kernels::check_int8(w_, "Int8Linear");
+}
+
+std::shared_ptr<Int8Linear> Int8Linear::quantize(const Tensor& w, Device device) {
+  LT_CHECK(w.defined() && w.dim() == 2, "Int8Linear::quantize: weight ",
+           w.defined() ? w.str() : "undefined", " is not [out, in]");
+  kernels::Int8Weight q =
+      kernels::int8_quantize(w.device().is_cpu() ? w : w.detach().to(Device::cpu()),
+                             device.is_cpu() ? MemTag::kParam : MemTag::kOther);
+  return std::make_shared<Int8Linear>(device.is_cpu() ? q : q.to(device, MemTag::kParam));
+}
+
+Tensor Int8Linear::forward(const Tensor& x, const Tensor& bias) const {
+  return quant_forward<Int8Ops>(w_, out_features(), in_features(), x, bias);
+}
+
+Tensor Int8Linear::dequantize(DType dtype) const { return kernels::int8_dequantize(w_, dtype); }
+
+}  // namespace leantune
