@@ -27,6 +27,9 @@ class LoraLinearBackward final : public Node {
   double p = 0.0;
   PhiloxParams params{};
   Shape x_shape;
+  int64_t in = 0, r = 0, out_f = 0;
+  DType dtype = DType::kF32;
+  Device device;
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     const Tensor& dy = grads[0];
@@ -35,19 +38,16 @@ class LoraLinearBackward final : public Node {
     if (needs_input_grad(1)) out[1] = dy;
     const bool need_x = needs_input_grad(0), need_a = needs_input_grad(2),
                need_b = needs_input_grad(3);
-    if (!need_x && !need_a && !need_b) return out;
-    const Tensor A = a.unpack(), B = b.unpack();
-    const int64_t in = A.size(1), r = A.size(0), out_f = B.size(0);
     const Tensor dy2 = as_rows(dy, out_f);
     const int64_t t = dy2.size(0);
     if (need_b) {
-      Tensor db = Tensor::empty({out_f, r}, B.dtype(), B.device());
+      Tensor db = Tensor::empty({out_f, r}, dtype, device);
       ops::gemm(dy2, true, u.unpack(), false, db, scaling);
       out[3] = db;
     }
     if (!need_x && !need_a) return out;
-    Tensor du = Tensor::empty({t, r}, A.dtype(), A.device());
-    ops::gemm(dy2, false, B, false, du, scaling);
+    Tensor du = Tensor::empty({t, r}, dtype, device);
+    ops::gemm(dy2, false, b.unpack(), false, du, scaling);
     if (need_a) {
       Tensor xd = as_rows(x.unpack(), in);
       if (p > 0.0) {
@@ -55,13 +55,13 @@ class LoraLinearBackward final : public Node {
         kernels::dropout_fwd(xd, dropped, p, params);
         xd = dropped;
       }
-      Tensor da = Tensor::empty({r, in}, A.dtype(), A.device());
+      Tensor da = Tensor::empty({r, in}, dtype, device);
       ops::gemm(du, true, xd, false, da);
       out[2] = da;
     }
     if (need_x) {
-      Tensor dx = Tensor::empty({t, in}, A.dtype(), A.device());
-      ops::gemm(du, false, A, false, dx);
+      Tensor dx = Tensor::empty({t, in}, dtype, device);
+      ops::gemm(du, false, a.unpack(), false, dx);
       if (p > 0.0) kernels::dropout_bwd(dx, dx, p, params);
       out[0] = dx.view(x_shape);
     }
@@ -171,10 +171,15 @@ Tensor lora_linear(const Tensor& x, const Tensor& base_out, const Tensor& A, con
     node->p = dropout_p;
     node->params = params;
     node->x_shape = x.shape();
+    node->in = in;
+    node->r = r;
+    node->out_f = out_f;
+    node->dtype = A.dtype();
+    node->device = A.device();
     if (node->needs_input_grad(2)) node->x = SavedTensor(x);
     if (node->needs_input_grad(3)) node->u = SavedTensor(u);
-    if (node->needs_input_grad(0) || node->needs_input_grad(2)) node->a = SavedTensor(A);
-    node->b = SavedTensor(B);
+    if (node->needs_input_grad(0)) node->a = SavedTensor(A);
+    if (node->needs_input_grad(0) || node->needs_input_grad(2)) node->b = SavedTensor(B);
     set_history(y, node);
   }
   return y;

@@ -140,6 +140,36 @@ INSTANTIATE_TEST_SUITE_P(
                       OpCase{{1, 8}, 8, 1, 0.0, "one_row_rank1"}),
     [](const auto& info) { return info.param.name; });
 
+// Gradients only where asked for, each equal to the one of the full backward.
+TEST(LoraLinearOpPartial, EachInputAlone) {
+  const Tensor x = testing::randn({6, 5}, DType::kF64, 41);
+  const Tensor base = testing::randn({6, 4}, DType::kF64, 42);
+  const Tensor a = testing::randn({3, 5}, DType::kF64, 43);
+  const Tensor b = testing::randn({4, 3}, DType::kF64, 44);
+  const Tensor g = testing::randn({6, 4}, DType::kF64, 45);
+  auto grads = [&](std::vector<bool> need) {
+    std::vector<Tensor> in = {x.clone(), base.clone(), a.clone(), b.clone()};
+    for (size_t i = 0; i < in.size(); ++i) in[i].set_requires_grad(need[i]);
+    Generator gen(3, RngPurpose::kDropout);
+    lora_linear(in[0], in[1], in[2], in[3], 1.5, 0.25, &gen).backward(g);
+    std::vector<Tensor> out;
+    for (const Tensor& t : in) out.push_back(t.grad());
+    return out;
+  };
+  const std::vector<Tensor> all = grads({true, true, true, true});
+  for (size_t i = 0; i < 4; ++i) {
+    std::vector<bool> need(4, false);
+    need[i] = true;
+    const std::vector<Tensor> one = grads(need);
+    for (size_t j = 0; j < 4; ++j) {
+      ASSERT_EQ(one[j].defined(), j == i) << i << " " << j;
+      if (j == i) {
+        EXPECT_EQ(one[j].to_f64(), all[j].to_f64()) << i;
+      }
+    }
+  }
+}
+
 // Only the Philox coordinates and u = x A^T ([T, r]) are kept for backward beyond what the base
 // projection already holds: the dropped copy of x is freed after forward.
 TEST(LoraLinearMemory, DroppedInputIsNotKeptForBackward) {
