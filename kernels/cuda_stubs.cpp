@@ -4,6 +4,7 @@
 #include "engine/check.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/dropout.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
 #include "kernels/linear_cross_entropy.h"
@@ -78,6 +79,9 @@ void swiglu_fwd_cuda(const Tensor& gate, const Tensor& up, const Tensor& y) {
 void swiglu_bwd_cuda(const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,
                      const Tensor& dup) {
   no_cuda("swiglu_bwd_cuda");
+}
+void dropout_apply_cuda(const Tensor& x, const Tensor& y, double p, const PhiloxParams& params) {
+  no_cuda("dropout_apply_cuda");
 }
 
 }  // namespace leantune::kernels

@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "engine/autograd.h"
+#include "engine/offload.h"
 #include "engine/ops.h"
 #include "engine/rng.h"
 #include "kernels/attention.h"
@@ -205,6 +206,8 @@ Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
                                    bool gradient_checkpointing) const {
   Tensor h = embed(ids);
   for (int64_t l = 0; l < num_layers(); ++l) {
+    // What layer l saves is reloaded when backward nears it (activation offloading).
+    OffloadLayerScope offload_layer(l);
     if (gradient_checkpointing && grad_mode_enabled()) {
       auto fn = [this, l, positions, cu_seqlens, max_seqlen](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{layer_forward(l, in[0], positions, cu_seqlens, max_seqlen)};
@@ -214,6 +217,8 @@ Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
       h = layer_forward(l, h, positions, cu_seqlens, max_seqlen);
     }
   }
+  // The final norm stays on the device under offloading, like the LM head and the loss.
+  NoOffloadScope head;
   return kernels::rms_norm(h, norm_, cfg_.rms_norm_eps);
 }
 
@@ -232,6 +237,8 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
     for (size_t i = 1; i < c.size(); ++i) max_seqlen = std::max(max_seqlen, c[i] - c[i - 1]);
   }
   Tensor hidden = hidden_states(ids, pos, cu, max_seqlen, opt.gradient_checkpointing);
+  // LM head and loss: much memory traffic for little compute if offloaded (as TRL decides).
+  NoOffloadScope head;
   ForwardResult r;
   Tensor targets_host;
   if (opt.need_loss) {

@@ -9,6 +9,7 @@
 #include "models/generate.h"
 #include "trainers/commands.h"
 #include "trainers/model_io.h"
+#include "trainers/peft_options.h"
 
 namespace leantune {
 
@@ -48,6 +49,7 @@ Options sft_options() {
   o.add_bool("skip_bad_lines", false, "skip (and count) malformed dataset lines instead of stopping");
   o.add_bool("use_liger_kernel", true,
              "fused chunked linear cross-entropy: the [tokens x vocab] logits never exist");
+  add_peft_options(o);
   add_training_options(o);
   return o;
 }
@@ -84,6 +86,32 @@ Batch SftTrainer::next_micro_batch(BatchReport* report) {
   return b;
 }
 
+void SftTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter) {
+  peft_ = std::move(peft);
+  base_model_name_or_path_ = std::move(base_model_name_or_path);
+  merge_adapter_ = merge_adapter;
+}
+
+std::vector<std::pair<std::string, Tensor>> SftTrainer::trainable_parameters() const {
+  return peft_.active() ? peft_.trainable_parameters(*model_) : Trainer::trainable_parameters();
+}
+
+void SftTrainer::save_model(const std::string& dir, bool final_output) const {
+  if (!peft_.active()) return Trainer::save_model(dir, final_output);
+  save_peft(peft_, *model_, dir, base_model_name_or_path_);
+  write_model_extras(dir);
+  if (final_output && merge_adapter_) {
+    const DType disk = model_->dtype() == DType::kF64 ? DType::kF32 : model_->dtype();
+    merge_and_save(peft_, *model_, dir + "/merged", disk);
+    write_model_extras(dir + "/merged");
+  }
+}
+
+void SftTrainer::load_model(const std::string& dir) {
+  if (!peft_.active()) return Trainer::load_model(dir);
+  load_peft_checkpoint(peft_, *model_, dir);
+}
+
 Tensor SftTrainer::compute_loss(const Batch& b, double normalizer) {
   ForwardOptions fo;
   fo.normalizer = normalizer;
@@ -95,6 +123,7 @@ Tensor SftTrainer::compute_loss(const Batch& b, double normalizer) {
 std::optional<double> SftTrainer::evaluate() {
   if (!eval_) return std::nullopt;
   NoGradGuard ng;
+  peft_.set_training(false);
   double nll = 0;
   int64_t tokens = 0;
   std::vector<int64_t> all(eval_->num_units());
@@ -111,6 +140,7 @@ std::optional<double> SftTrainer::evaluate() {
     nll += r.loss.item();
     tokens += r.label_tokens;
   }
+  peft_.set_training(true);
   return tokens > 0 ? nll / static_cast<double>(tokens) : 0.0;
 }
 
@@ -150,6 +180,17 @@ nlohmann::json SftTrainer::technique_savings() const {
   }
   if (args_.gradient_checkpointing)
     s["gradient_checkpointing"] = {{"note", "only each layer's input is kept between forward and backward"}};
+  if (peft_.active()) {
+    const int64_t total = model_->num_parameters();
+    const int64_t trainable = peft_.num_trainable_parameters(*model_);
+    // Per frozen parameter: its gradient (compute dtype), AdamW's two f32 moments, and the f32
+    // master copy that 16-bit weights would need.
+    const int64_t per = static_cast<int64_t>(dtype_size(model_->dtype())) + 8 +
+                        (model_->dtype() == DType::kF32 ? 0 : 4);
+    s["peft"] = {{"trainable_parameters", trainable},
+                 {"total_parameters", total},
+                 {"grad_and_optimizer_bytes_avoided", std::max<int64_t>(total - trainable, 0) * per}};
+  }
   return s;
 }
 
@@ -187,8 +228,27 @@ std::string format_memory_report(const nlohmann::json& r) {
                   format_bytes(c.value("logits_bytes_not_materialised", int64_t{0})).c_str());
     out += line;
   }
+  if (s.contains("activation_offloading")) {
+    const auto& a = s["activation_offloading"];
+    std::snprintf(line, sizeof line,
+                  "    activation offloading: up to %s of saved activations per micro-batch held "
+                  "in pinned host memory instead of the device (%lld tensors moved in all)\n",
+                  format_bytes(a.value("bytes_offloaded_per_micro_batch_max", int64_t{0})).c_str(),
+                  static_cast<long long>(a.value("tensors_offloaded", int64_t{0})));
+    out += line;
+  }
   if (s.contains("gradient_checkpointing"))
     out += "    gradient checkpointing: only decoder-layer inputs kept between forward and backward\n";
+  if (s.contains("peft")) {
+    const auto& p = s["peft"];
+    std::snprintf(line, sizeof line,
+                  "    LoRA: %lld of %lld parameters trained; %s of gradients and optimizer state "
+                  "never allocated\n",
+                  static_cast<long long>(p.value("trainable_parameters", int64_t{0})),
+                  static_cast<long long>(p.value("total_parameters", int64_t{0})),
+                  format_bytes(p.value("grad_and_optimizer_bytes_avoided", int64_t{0})).c_str());
+    out += line;
+  }
   return out;
 }
 
@@ -210,6 +270,10 @@ SftRun make_sft_run(const Options& o) {
     setup.dataset = dir + "/stories.jsonl";
   } else {
     setup.tokenizer_dir = setup.model_name_or_path;
+    // An adapter folder without tokenizer files uses its base model's.
+    if (is_adapter_dir(setup.model_name_or_path) &&
+        !fs::exists(fs::path(setup.model_name_or_path) / "tokenizer.json"))
+      setup.tokenizer_dir = resolve_base_model_path(setup.model_name_or_path);
   }
 
   const Device device = Device::parse(args.device);
@@ -249,19 +313,30 @@ SftRun make_sft_run(const Options& o) {
                                         ec, encoder->pad_token_id());
   }
 
+  PeftSetup peft;
+  std::string base_name = setup.model_name_or_path;
   if (setup.embedded) {
     run.model = std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
     run.model->init_random(args.seed);
+    run.model->set_requires_grad(true);
+    peft = apply_peft_options(o, *run.model, args.seed);
+  } else if (is_adapter_dir(setup.model_name_or_path)) {
+    // Continue training a PEFT adapter: its base is loaded and frozen, the adapter trains on.
+    run.model = load_model_or_adapter(setup.model_name_or_path, device, dtype, &peft, args.seed);
+    peft.set_training(true);
+    base_name = resolve_base_model_path(setup.model_name_or_path);
   } else {
     run.model = DecoderModel::load(setup.model_name_or_path, device, dtype);
+    run.model->set_requires_grad(true);
+    peft = apply_peft_options(o, *run.model, args.seed);
   }
   LT_CHECK_INPUT(run.tokenizer->vocab_size() <= run.model->config().vocab_size, "the tokenizer has ",
                  run.tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
                  run.model->config().vocab_size);
-  run.model->set_requires_grad(true);
   run.trainer = std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer,
                                              setup.tokenizer_dir, loader, eval, train.stats,
                                              o.get_bool("use_liger_kernel"));
+  run.trainer->set_peft(std::move(peft), base_name, o.get_bool("merge_adapter"));
   return run;
 }
 
@@ -287,6 +362,7 @@ int run_sft(const Options& o) {
               r.losses.empty() ? 0.0 : r.losses.back(), skipped.c_str(), args.output_dir.c_str());
   std::printf("%s", format_memory_report(r.memory).c_str());
   if (run.setup.embedded) {
+    run.trainer->peft().set_training(false);
     const std::string prompt = "One sunny day, Mia";
     GenerationConfig g;
     g.max_new_tokens = 48;

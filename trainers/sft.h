@@ -12,6 +12,7 @@
 
 #include "loaders/data_loader.h"
 #include "loaders/tokenizer.h"
+#include "models/peft_io.h"
 #include "trainers/trainer.h"
 
 namespace leantune {
@@ -35,6 +36,10 @@ class SftTrainer final : public Trainer {
              DataStats train_stats, bool fused_loss);
 
   const DataStats& train_stats() const { return train_stats_; }
+  // LoRA / trainable tokens (inactive for full fine-tuning). base_model_name_or_path goes into
+  // adapter_config.json; merge_adapter also writes output_dir/merged.
+  void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
+  PeftSetup& peft() { return peft_; }
 
  protected:
   int64_t micro_batches_per_epoch() const override { return train_->batches_per_epoch(); }
@@ -48,8 +53,14 @@ class SftTrainer final : public Trainer {
   void write_model_extras(const std::string& dir) const override;
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
+  std::vector<std::pair<std::string, Tensor>> trainable_parameters() const override;
+  void save_model(const std::string& dir, bool final_output) const override;
+  void load_model(const std::string& dir) override;
 
  private:
+  PeftSetup peft_;
+  std::string base_model_name_or_path_;
+  bool merge_adapter_ = false;
   std::shared_ptr<Tokenizer> tokenizer_;
   std::string tokenizer_dir_;
   std::shared_ptr<DataLoader> train_;

@@ -10,6 +10,7 @@
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
 #include "trainers/checkpoint.h"
+#include "trainers/offload_options.h"
 
 namespace leantune {
 
@@ -72,6 +73,7 @@ void add_training_options(Options& o) {
   o.add_bool("bf16", d.bf16, "bf16 weights and activations, f32 master weights and optimizer state");
   o.add_bool("gradient_checkpointing", d.gradient_checkpointing,
              "recompute each decoder layer in backward, keeping only its input");
+  add_offload_options(o);
   o.add_string("device", d.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is present)");
   o.add_string("resume_from_checkpoint", "",
                "a checkpoint folder, or 'latest' for the newest complete one in output_dir");
@@ -101,6 +103,9 @@ TrainingArguments training_arguments(const Options& o) {
   a.seed = static_cast<uint64_t>(o.get_int("seed"));
   a.bf16 = o.get_bool("bf16");
   a.gradient_checkpointing = o.get_bool("gradient_checkpointing");
+  const OffloadArguments off = offload_arguments(o);
+  a.activation_offloading = off.activation_offloading;
+  a.min_offload_size = off.min_offload_size;
   a.device = o.get_string("device");
   a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
   LT_CHECK_INPUT(!a.output_dir.empty(), "option output_dir must not be empty");
@@ -112,10 +117,26 @@ TrainingArguments training_arguments(const Options& o) {
 Trainer::Trainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options)
     : model_(std::move(model)), args_(std::move(args)), options_(std::move(options)) {}
 
+std::vector<std::pair<std::string, Tensor>> Trainer::trainable_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : model_->named_parameters())
+    if (t.requires_grad()) out.emplace_back(name, t);
+  return out;
+}
+
+void Trainer::save_model(const std::string& dir, bool final_output) const {
+  // Checkpoints keep the compute dtype (bit-exact resume); the final model is written in it too
+  // (f64 models, used by tests, are written as f32).
+  const DType disk = model_->dtype() == DType::kF64 ? DType::kF32 : model_->dtype();
+  model_->save(dir, final_output ? disk : model_->dtype());
+  write_model_extras(dir);
+}
+
+void Trainer::load_model(const std::string& dir) { model_->load_weights(TensorStore::open(dir)); }
+
 void Trainer::build_optimizer() {
   trainable_.clear();
-  for (const auto& [name, t] : model_->named_parameters())
-    if (t.requires_grad()) trainable_.push_back({name, t, !no_decay(name)});
+  for (const auto& [name, t] : trainable_parameters()) trainable_.push_back({name, t, !no_decay(name)});
   LT_CHECK_INPUT(!trainable_.empty(), "nothing to train: no parameter requires a gradient");
   optimizer_ = std::make_unique<AdamW>(
       trainable_, AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
@@ -135,16 +156,9 @@ void Trainer::zero_grads() {
   for (auto& p : trainable_) p.tensor.zero_grad();
 }
 
-void Trainer::save_final_model() const {
-  const DType disk = model_->dtype() == DType::kF64 ? DType::kF32 : model_->dtype();
-  model_->save(args_.output_dir, disk);
-  write_model_extras(args_.output_dir);
-}
-
 void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
   const std::string path = write_checkpoint(args_.output_dir, step, [&](const std::string& dir) {
-    model_->save(dir, model_->dtype());
-    write_model_extras(dir);
+    save_model(dir, false);
     save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_tensors(),
                      {{"step", std::to_string(optimizer_->step_count())}});
     nlohmann::json st = {{"global_step", step},
@@ -163,7 +177,7 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
-  model_->load_weights(TensorStore::open(dir));
+  load_model(dir);
   nlohmann::json st;
   try {
     st = nlohmann::json::parse(read_text_file(dir + "/trainer_state.json"));
@@ -184,11 +198,19 @@ void Trainer::load_checkpoint(const std::string& dir) {
 
 nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
   nlohmann::json snap = memory_snapshot(model_->device());
+  nlohmann::json all_savings = savings;
+  if (args_.activation_offloading)
+    all_savings["activation_offloading"] = {
+        {"bytes_offloaded_per_micro_batch_max", offload_totals_.host_bytes_peak},
+        {"tensors_offloaded", offload_totals_.tensors_offloaded},
+        {"bytes_offloaded", offload_totals_.bytes_offloaded},
+        {"prefetches", offload_totals_.prefetches}};
   nlohmann::json r = {{"device", model_->device().str()},
                       {"peak_allocated", snap["peak_allocated"]},
                       {"peak_reserved", snap["peak_reserved"]},
                       {"peak_by_tag", nlohmann::json::object()},
-                      {"savings", savings}};
+                      {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
+                      {"savings", all_savings}};
   for (auto it = snap["by_tag"].begin(); it != snap["by_tag"].end(); ++it)
     r["peak_by_tag"][it.key()] = it.value()["peak"];
   return r;
@@ -249,12 +271,22 @@ TrainResult Trainer::train() {
     double step_loss = 0;
     bool finite = true;
     for (size_t i = 0; i < micro.size(); ++i) {
-      Tensor loss = compute_loss(micro[i], static_cast<double>(std::max<int64_t>(normalizer, 1)));
+      // One offloader per micro-batch, around its forward and backward.
+      std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
+          OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
+      Tensor loss = compute_loss(micro[i], static_cast<double>(normalizer));
       if (nan_steps_.count(update)) loss = ops::scale(loss, std::nan(""));
       const double lv = loss.item();
       step_loss += lv;
       if (!std::isfinite(lv)) finite = false;
       if (loss.requires_grad()) loss.backward();
+      if (offloader) {
+        const OffloadStats st = offloader->stats();
+        offload_totals_.tensors_offloaded += st.tensors_offloaded;
+        offload_totals_.bytes_offloaded += st.bytes_offloaded;
+        offload_totals_.prefetches += st.prefetches;
+        offload_totals_.host_bytes_peak = std::max(offload_totals_.host_bytes_peak, st.host_bytes_peak);
+      }
       num_tokens_ += reports[i].real_tokens;
       window_tokens += reports[i].real_tokens;
       window_real += reports[i].real_tokens;
@@ -321,7 +353,7 @@ TrainResult Trainer::train() {
       result.final_eval_loss = *ev;
       log.log({{"step", step_}, {"eval_loss", *ev}});
     }
-    save_final_model();
+    save_model(args_.output_dir, true);
   }
   result.memory = memory_report(technique_savings());
   return result;

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/offload.h"
 #include "engine/optim.h"
 #include "loaders/batch.h"
 #include "loaders/collate.h"
@@ -56,6 +57,8 @@ struct TrainingArguments {
   uint64_t seed = 42;
   bool bf16 = false;
   bool gradient_checkpointing = false;
+  bool activation_offloading = false;
+  int64_t min_offload_size = 1024;
   std::string device = "auto";
   std::string resume_from_checkpoint;
   int64_t max_consecutive_nonfinite = 10;
@@ -104,6 +107,14 @@ class Trainer {
   virtual void set_data_state(const nlohmann::json& s) = 0;
   // Extra files for the model folder (tokenizer files).
   virtual void write_model_extras(const std::string& dir) const {}
+  // What the optimizer updates (default: every model parameter that requires grad; LoRA
+  // returns its adapters).
+  virtual std::vector<std::pair<std::string, Tensor>> trainable_parameters() const;
+  // Writes the trained weights to dir (default: the model as an HF folder; LoRA writes the
+  // adapter). `final_output` is true for the end-of-training save into output_dir.
+  virtual void save_model(const std::string& dir, bool final_output) const;
+  // Restores what save_model wrote into a checkpoint.
+  virtual void load_model(const std::string& dir);
   // Called once before the loop, after resuming.
   virtual void on_train_begin(MetricsLogger& log) {}
   // Memory-report lines a trainer adds (what its techniques saved).
@@ -117,7 +128,6 @@ class Trainer {
   void build_optimizer();
   void save_checkpoint(int64_t step, MetricsLogger& log);
   void load_checkpoint(const std::string& dir);
-  void save_final_model() const;
   double grad_norm() const;
   void zero_grads();
   nlohmann::json memory_report(const nlohmann::json& savings) const;
@@ -132,6 +142,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   std::set<int64_t> nan_steps_;
   int64_t stop_after_ = -1;
+  OffloadStats offload_totals_;
 };
 
 // Set by SIGTERM/SIGINT while train() runs.
