@@ -182,13 +182,20 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
       }
       break;
     case Type::kStringList:
+      // Integers are accepted as their decimal text, so a config can list token ids as numbers.
       if (v.is_string()) {
         out = nlohmann::json::array({v});
       } else {
         if (!v.is_array()) bad();
-        for (const auto& e : v)
-          if (!e.is_string()) bad();
-        out = v;
+        out = nlohmann::json::array();
+        for (const auto& e : v) {
+          if (e.is_string())
+            out.push_back(e);
+          else if (e.is_number_integer())
+            out.push_back(std::to_string(e.get<int64_t>()));
+          else
+            bad();
+        }
       }
       break;
   }

@@ -39,7 +39,8 @@ class Options {
   // choices: allowed values (empty = any string).
   Options& add_string(const std::string& name, const std::string& def, const std::string& help,
                       std::vector<std::string> choices = {});
-  // Comma-separated on the command line, a JSON array of strings (or one string) in a config.
+  // Comma-separated on the command line; in a config a JSON array of strings or integers (or
+  // one string).
   Options& add_string_list(const std::string& name, std::vector<std::string> def,
                            const std::string& help);
   // Positional arguments (e.g. the PATH of inspect) are collected, in order.
