@@ -1,8 +1,10 @@
 // Quantized frozen weights: NF4 (QLoRA's load_in_4bit, bit-exact with bitsandbytes) and
 // row-wise int8 (load_in_8bit), their dequantization, and the linear products that use them.
 //
-// NF4 (bitsandbytes quantize_4bit(w, blocksize=64, quant_type="nf4"), the semantics of its
-// default torch kernel, which its CUDA kernel shares up to exact ties):
+// NF4 (bitsandbytes quantize_4bit(w, blocksize=64, quant_type="nf4"), operation for operation
+// as its default torch kernel, the one its CPU backend runs; its CUDA kernel differs only on
+// exact ties, a short last block (reciprocal instead of division) and all-zero blocks (code 0,
+// which decodes to -0.0, instead of 7)):
 //   - The weight (any shape, n elements) is flattened row-major into blocks of 64 elements;
 //     when n % 64 != 0 the last block is shorter (nothing is padded).
 //   - absmax[b] = max |w| over block b, in f32 (16-bit weights are widened first, f64 ones
@@ -25,7 +27,7 @@
 //     (nearest code). bnb's native CPU library (quantize_blockwise on host tensors) searches
 //     approximately and maps values near 0 to a neighbour (0.0 -> code 131); not reproduced.
 //   - recovered absmax[b] = f32(f32(kDynamicMap[qabsmax[b]] * absmax2[b / 256]) + offset).
-//   Storage: n/2 + blocks + 4 * ceil(blocks / 256) + 4 bytes (about 0.502 B/param) instead of
+//   Storage: n/2 + blocks + 4 * ceil(blocks / 256) + 4 bytes (about 0.516 B/param) instead of
 //   n/2 + 4 * blocks (0.5625 B/param).
 //
 // Int8 (load_in_8bit: LLM.int8()'s row-wise weight quantization, without the outlier
