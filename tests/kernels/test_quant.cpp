@@ -14,6 +14,7 @@
 
 #include "engine/allocator.h"
 #include "engine/ops.h"
+#include "engine/stream.h"
 #include "kernel_test_util.h"
 #include "kernels/linear.h"
 #include "kernels/quant.h"
@@ -429,6 +430,25 @@ TEST(QuantWorkspace, GrowsToLargestWeightAndIsReused) {
   kernels::release_quant_workspace(cpu);
   EXPECT_EQ(kernels::quant_workspace_bytes(cpu), 0);
   EXPECT_LT(allocator(cpu).stats().tag(MemTag::kWorkspace).current, ws);
+}
+
+// Work on another stream gets a buffer of its own (reuse is only ordered within a stream).
+TEST(QuantWorkspace, OneBufferPerStream) {
+  const Device cpu = Device::cpu();
+  kernels::release_quant_workspace(cpu);
+  const Int8Weight w = kernels::int8_quantize(randn({9, 33}, DType::kF32, 35));
+  const Tensor x = randn({2, 33}, DType::kF32, 36);
+  Tensor y = Tensor::empty({2, 9}, DType::kF32), y2 = Tensor::empty({2, 9}, DType::kF32);
+  kernels::int8_linear_fwd(x, w, Tensor(), y);
+  EXPECT_EQ(kernels::quant_workspace_bytes(cpu), 9 * 33 * 4);
+  {
+    StreamGuard g(new_stream(cpu));
+    kernels::int8_linear_fwd(x, w, Tensor(), y2);
+  }
+  EXPECT_EQ(kernels::quant_workspace_bytes(cpu), 2 * 9 * 33 * 4);
+  EXPECT_TRUE(same_bits(y, y2));
+  kernels::release_quant_workspace(cpu);
+  EXPECT_EQ(kernels::quant_workspace_bytes(cpu), 0);
 }
 
 // ---------------------------------------------------------------- errors
