@@ -29,19 +29,21 @@ Tensor param(const Shape& shape, Device device, DType dtype, const std::string& 
 }
 
 LinearModule make_linear(const std::string& name, int64_t in, int64_t out, bool bias,
-                         Device device, DType dtype) {
+                         Device device, DType dtype, bool allocate_weight = true) {
   LinearModule m;
   m.name = name;
   m.in_features = in;
   m.out_features = out;
-  m.weight = param({out, in}, device, dtype, name + ".weight");
+  if (allocate_weight) m.weight = param({out, in}, device, dtype, name + ".weight");
   if (bias) m.bias = param({out}, device, dtype, name + ".bias");
   return m;
 }
 }  // namespace
 
-DecoderModel::DecoderModel(ModelConfig cfg, Device device, DType dtype)
+DecoderModel::DecoderModel(ModelConfig cfg, Device device, DType dtype,
+                           bool allocate_linear_weights)
     : cfg_(std::move(cfg)), device_(device), dtype_(dtype) {
+  const bool w = allocate_linear_weights;
   LT_CHECK_INPUT(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 ||
                      dtype == DType::kF64,
                  "unsupported compute dtype ", dtype_name(dtype));
@@ -53,13 +55,13 @@ DecoderModel::DecoderModel(ModelConfig cfg, Device device, DType dtype)
     DecoderLayer layer;
     layer.input_layernorm = param({h}, device, dtype, p + "input_layernorm.weight");
     layer.post_attention_layernorm = param({h}, device, dtype, p + "post_attention_layernorm.weight");
-    layer.q_proj = make_linear(p + "self_attn.q_proj", h, nq, cfg_.attention_bias, device, dtype);
-    layer.k_proj = make_linear(p + "self_attn.k_proj", h, nkv, cfg_.attention_bias, device, dtype);
-    layer.v_proj = make_linear(p + "self_attn.v_proj", h, nkv, cfg_.attention_bias, device, dtype);
-    layer.o_proj = make_linear(p + "self_attn.o_proj", nq, h, cfg_.o_proj_bias, device, dtype);
-    layer.gate_proj = make_linear(p + "mlp.gate_proj", h, inter, cfg_.mlp_bias, device, dtype);
-    layer.up_proj = make_linear(p + "mlp.up_proj", h, inter, cfg_.mlp_bias, device, dtype);
-    layer.down_proj = make_linear(p + "mlp.down_proj", inter, h, cfg_.mlp_bias, device, dtype);
+    layer.q_proj = make_linear(p + "self_attn.q_proj", h, nq, cfg_.attention_bias, device, dtype, w);
+    layer.k_proj = make_linear(p + "self_attn.k_proj", h, nkv, cfg_.attention_bias, device, dtype, w);
+    layer.v_proj = make_linear(p + "self_attn.v_proj", h, nkv, cfg_.attention_bias, device, dtype, w);
+    layer.o_proj = make_linear(p + "self_attn.o_proj", nq, h, cfg_.o_proj_bias, device, dtype, w);
+    layer.gate_proj = make_linear(p + "mlp.gate_proj", h, inter, cfg_.mlp_bias, device, dtype, w);
+    layer.up_proj = make_linear(p + "mlp.up_proj", h, inter, cfg_.mlp_bias, device, dtype, w);
+    layer.down_proj = make_linear(p + "mlp.down_proj", inter, h, cfg_.mlp_bias, device, dtype, w);
     layers_.push_back(std::move(layer));
   }
   norm_ = param({h}, device, dtype, "model.norm.weight");
@@ -71,7 +73,7 @@ std::vector<std::pair<std::string, Tensor>> DecoderModel::named_parameters() con
   std::vector<std::pair<std::string, Tensor>> out;
   out.emplace_back("model.embed_tokens.weight", embed_tokens_);
   auto add_linear = [&](const LinearModule& m) {
-    out.emplace_back(m.name + ".weight", m.weight);
+    if (m.weight.defined()) out.emplace_back(m.name + ".weight", m.weight);
     if (m.bias.defined()) out.emplace_back(m.name + ".bias", m.bias);
   };
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -105,6 +107,8 @@ void DecoderModel::set_requires_grad(bool on) {
 int64_t DecoderModel::num_parameters() const {
   int64_t n = 0;
   for (const auto& [name, t] : named_parameters()) n += t.numel();
+  for (const LinearModule* m : const_cast<DecoderModel*>(this)->linear_modules())
+    if (!m->weight.defined()) n += m->in_features * m->out_features;
   return n;
 }
 
@@ -166,10 +170,15 @@ std::unique_ptr<DecoderModel> DecoderModel::load(const std::string& dir, Device 
 void DecoderModel::save(const std::string& dir, DType disk_dtype, uint64_t max_shard_bytes) const {
   std::filesystem::create_directories(dir);
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [name, t] : named_parameters())
+  auto add = [&](const std::string& name, const Tensor& t) {
     tensors.emplace_back(name, t.dtype() == disk_dtype && t.device().is_cpu()
                                    ? t.detach()
                                    : t.detach().to(Device::cpu(), disk_dtype, MemTag::kOther));
+  };
+  for (const auto& [name, t] : named_parameters()) add(name, t);
+  // Quantized weights are written dequantized: the folder is a plain HF model.
+  for (LinearModule* m : const_cast<DecoderModel*>(this)->linear_modules())
+    if (!m->weight.defined() && m->base) add(m->name + ".weight", m->dense_weight(disk_dtype));
   save_model_tensors(dir, tensors, max_shard_bytes);
   ModelConfig cfg = cfg_;
   cfg.torch_dtype = disk_dtype;

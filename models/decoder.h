@@ -49,8 +49,11 @@ struct ForwardResult {
 
 class DecoderModel {
  public:
-  // Allocates every parameter (uninitialised) on `device` in `dtype`.
-  DecoderModel(ModelConfig cfg, Device device, DType dtype);
+  // Allocates every parameter (uninitialised) on `device` in `dtype`. Without
+  // allocate_linear_weights the projections' dense weights are left undefined, for a caller
+  // that gives every module a quantized `base` (loading a quantized model never holds the
+  // whole dense model).
+  DecoderModel(ModelConfig cfg, Device device, DType dtype, bool allocate_linear_weights = true);
 
   // Loads an HF folder (single or sharded safetensors; f32/bf16/f16 on disk converted to
   // `dtype`). Missing tensors are an Error naming them; tensors the model does not use are
@@ -79,10 +82,12 @@ class DecoderModel {
   bool tied() const { return cfg_.tie_word_embeddings; }
   const std::vector<std::string>& unused_tensors() const { return unused_; }
 
-  // Every parameter with its HF name, in a fixed order (the tied head is not listed twice).
+  // Every dense parameter with its HF name, in a fixed order (the tied head is not listed
+  // twice; the weight of a module whose `base` is quantized is not a parameter).
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
   std::vector<LinearModule*> linear_modules();
   void set_requires_grad(bool on);
+  // Parameters of the model as defined by its config, quantized weights included.
   int64_t num_parameters() const;
 
   ForwardResult forward(const Batch& batch, const ForwardOptions& opt = {});

@@ -102,20 +102,24 @@ std::shared_ptr<DecoderModel> load_quantized(const std::string& dir, Device devi
   }
   check_model_dtype(cfg, dtype);
   const ModelConfig mc = ModelConfig::load(dir);
-  auto model = std::make_shared<DecoderModel>(mc, device, dtype);
-  // Release the dense weights that will be quantized before anything is read.
+  // Dense weights are allocated only for the modules that stay dense: the whole dense model
+  // never sits on the device.
+  auto model = std::make_shared<DecoderModel>(mc, device, dtype, /*allocate_linear_weights=*/false);
   std::vector<LinearModule*> to_quantize;
   QuantizeReport rep;
   for (LinearModule* m : model->linear_modules()) {
     if (quant_skips(cfg, m->name)) {
       ++rep.skipped_modules;
+      if (!m->weight.defined()) {
+        m->weight = Tensor::empty({m->out_features, m->in_features}, dtype, device, MemTag::kParam);
+        m->weight.set_name(m->name + ".weight");
+        m->weight.set_param(true);
+      }
       continue;
     }
     check_quantizable(*m);
     to_quantize.push_back(m);
   }
-  for (LinearModule* m : to_quantize) m->weight = Tensor();
-  allocator(device).empty_cache();
 
   const TensorStore store = TensorStore::open(dir);
   NoGradGuard ng;

@@ -8,8 +8,11 @@
 #include "loaders/text_encoder.h"
 #include "models/generate.h"
 #include "trainers/commands.h"
+#include "trainers/estimate.h"
 #include "trainers/model_io.h"
+#include "models/quantize_model.h"
 #include "trainers/peft_options.h"
+#include "trainers/quant_options.h"
 
 namespace leantune {
 
@@ -50,6 +53,7 @@ Options sft_options() {
   o.add_bool("use_liger_kernel", true,
              "fused chunked linear cross-entropy: the [tokens x vocab] logits never exist");
   add_peft_options(o);
+  add_quant_options(o);
   add_training_options(o);
   return o;
 }
@@ -180,6 +184,16 @@ nlohmann::json SftTrainer::technique_savings() const {
   }
   if (args_.gradient_checkpointing)
     s["gradient_checkpointing"] = {{"note", "only each layer's input is kept between forward and backward"}};
+  {
+    // The planning estimate for this run's largest micro-batch, beside the measured peak.
+    int64_t longest = 0;
+    for (int64_t u = 0; u < train_->num_units(); ++u)
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(train_->unit_row(u).input_ids.size()));
+    const EstimateConfig ec = estimate_config_from_options(options_, model_->config(),
+                                                           model_->device().is_cpu(),
+                                                           max_micro_tokens_, longest);
+    s["estimate"] = estimate_memory(ec).to_json();
+  }
   if (peft_.active()) {
     const int64_t total = model_->num_parameters();
     const int64_t trainable = peft_.num_trainable_parameters(*model_);
@@ -212,7 +226,15 @@ std::string format_memory_report(const nlohmann::json& r) {
     out += line;
   }
   const auto& s = r["savings"];
-  if (!s.empty()) out += "  saved by the enabled techniques:\n";
+  if (s.contains("estimate")) {
+    const int64_t est = s["estimate"].value("peak", int64_t{0});
+    const int64_t measured = r.value("peak_allocated", int64_t{0});
+    std::snprintf(line, sizeof line, "  estimated peak %s (trainer_bin estimate): %+.1f%% of measured\n",
+                  format_bytes(est).c_str(),
+                  measured > 0 ? 100.0 * static_cast<double>(est - measured) / static_cast<double>(measured) : 0.0);
+    out += line;
+  }
+  if (s.size() > (s.contains("estimate") ? 1u : 0u)) out += "  saved by the enabled techniques:\n";
   if (s.contains("padding_free")) {
     std::snprintf(line, sizeof line, "    padding-free batches: %lld pad tokens never computed\n",
                   static_cast<long long>(s["padding_free"].value("pad_tokens_avoided", int64_t{0})));
@@ -313,20 +335,34 @@ SftRun make_sft_run(const Options& o) {
                                         ec, encoder->pad_token_id());
   }
 
+  // QLoRA: the base is quantized while loading (before adapters and the optimizer exist, so
+  // nothing keeps the dense weights alive).
+  const QuantConfig quant = quant_config_from_options(o, dtype);
+  const bool adapter_dir = !setup.embedded && is_adapter_dir(setup.model_name_or_path);
+  LT_CHECK_INPUT(!quant.enabled() || o.get_bool("use_peft") || adapter_dir,
+                 "options load_in_4bit / load_in_8bit need use_peft: a quantized base is frozen, "
+                 "only adapters train");
   PeftSetup peft;
   std::string base_name = setup.model_name_or_path;
   if (setup.embedded) {
     run.model = std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
     run.model->init_random(args.seed);
+    if (quant.enabled()) quantize_model(*run.model, quant);
     run.model->set_requires_grad(true);
     peft = apply_peft_options(o, *run.model, args.seed);
-  } else if (is_adapter_dir(setup.model_name_or_path)) {
+  } else if (adapter_dir) {
     // Continue training a PEFT adapter: its base is loaded and frozen, the adapter trains on.
-    run.model = load_model_or_adapter(setup.model_name_or_path, device, dtype, &peft, args.seed);
-    peft.set_training(true);
     base_name = resolve_base_model_path(setup.model_name_or_path);
+    if (quant.enabled()) {
+      run.model = load_quantized(base_name, device, dtype, quant);
+      peft = load_adapter(setup.model_name_or_path, *run.model, args.seed);
+    } else {
+      run.model = load_model_or_adapter(setup.model_name_or_path, device, dtype, &peft, args.seed);
+    }
+    peft.set_training(true);
   } else {
-    run.model = DecoderModel::load(setup.model_name_or_path, device, dtype);
+    run.model = quant.enabled() ? load_quantized(setup.model_name_or_path, device, dtype, quant)
+                                : DecoderModel::load(setup.model_name_or_path, device, dtype);
     run.model->set_requires_grad(true);
     peft = apply_peft_options(o, *run.model, args.seed);
   }

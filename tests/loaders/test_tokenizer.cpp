@@ -4,6 +4,7 @@
 // synthetic tokenizer.json files that use the options the real ones do not, and the error paths
 // (invalid UTF-8, bad files, bad ids) must throw leantune::Error of kind kInput.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -390,9 +391,11 @@ struct CommandResult {
 
 CommandResult run_tokenize(const std::string& args, const std::string& stdin_text = "") {
   const std::string bin = std::string(LT_BINARY_DIR) + "/trainer_bin";
+  // Per-process names: ctest runs the tests of this file in parallel processes.
   const std::string dir = ::testing::TempDir();
-  const std::string in_path = dir + "/lt_tokenize_in.txt";
-  const std::string err_path = dir + "/lt_tokenize_err.txt";
+  const std::string id = std::to_string(::getpid());
+  const std::string in_path = dir + "/lt_tokenize_in_" + id + ".txt";
+  const std::string err_path = dir + "/lt_tokenize_err_" + id + ".txt";
   std::ofstream(in_path, std::ios::binary) << stdin_text;
   const std::string cmd = bin + " tokenize " + args + " < " + in_path + " 2> " + err_path;
   FILE* p = popen(cmd.c_str(), "r");

@@ -1,0 +1,102 @@
+// trainer_bin estimate --model_name_or_path PATH [the sft options] [--budget_gib G]
+// Predicts the peak device memory of an sft run by category before anything is allocated
+// (trainers/estimate.h). PATH is an HF model folder or a bare config.json (a shape without
+// weights, for planning); no PATH: the built-in demo model. With --budget_gib, also lists the
+// option changes that bring the run under the budget.
+#include <cstdio>
+#include <filesystem>
+
+#include "trainers/commands.h"
+#include "trainers/estimate.h"
+#include "trainers/sft.h"
+
+namespace leantune {
+namespace {
+
+void print_estimate(const MemoryEstimate& e) {
+  std::printf("  %-22s %12s\n", "params", format_bytes(e.params).c_str());
+  std::printf("  %-22s %12s\n", "grads", format_bytes(e.grads).c_str());
+  std::printf("  %-22s %12s\n", "optimizer states", format_bytes(e.optimizer).c_str());
+  std::printf("  %-22s %12s\n", "activations", format_bytes(e.activations).c_str());
+  std::printf("  %-22s %12s\n", "loss (held)", format_bytes(e.loss).c_str());
+  std::printf("  %-22s %12s\n", "workspace at peak", format_bytes(e.workspace).c_str());
+  std::printf("  %-22s %12s  (during %s)\n", "peak", format_bytes(e.peak).c_str(),
+              e.peak_phase.c_str());
+}
+
+int run_estimate(const std::vector<std::string>& args) {
+  Options o = sft_options();
+  o.add_float("budget_gib", 0.0, "device memory available (GiB); 0 = no budget check", 0.0);
+  if (!o.parse(args)) {
+    std::printf("%s", o.help().c_str());
+    return 0;
+  }
+  std::string path = o.get_string("model_name_or_path");
+  if (path.empty()) path = embedded_data_dir() + "/config.json";
+  const ModelConfig model = ModelConfig::load(path);
+  const Device device = Device::parse(o.get_string("device"));
+  const EstimateConfig cfg = estimate_config_from_options(o, model, device.is_cpu());
+  const MemoryEstimate e = estimate_memory(cfg);
+  std::printf("estimate for %s (%s, %lld parameters, %lld trainable) on %s, %s, %lld tokens per "
+              "micro-batch:\n",
+              path.c_str(), model.architecture.c_str(),
+              static_cast<long long>(e.total_parameters),
+              static_cast<long long>(e.trainable_parameters), device.str().c_str(),
+              dtype_name(cfg.dtype), static_cast<long long>(cfg.micro_batch_tokens));
+  print_estimate(e);
+  const double budget = o.get_float("budget_gib");
+  if (budget <= 0) return 0;
+  const int64_t limit = static_cast<int64_t>(budget * 1024.0 * 1024.0 * 1024.0);
+  std::printf("budget %.2f GiB: %s\n", budget, e.peak <= limit ? "fits" : "does not fit");
+  if (e.peak <= limit) return 0;
+  struct Variant {
+    std::string what;
+    EstimateConfig c;
+  };
+  std::vector<Variant> variants;
+  auto with = [&](const std::string& what, auto change) {
+    EstimateConfig c = cfg;
+    change(c);
+    variants.push_back({what, c});
+  };
+  with("--gradient_checkpointing", [](EstimateConfig& c) { c.gradient_checkpointing = true; });
+  with("--activation_offloading", [](EstimateConfig& c) { c.activation_offloading = true; });
+  with("--gradient_checkpointing --activation_offloading", [](EstimateConfig& c) {
+    c.gradient_checkpointing = c.activation_offloading = true;
+  });
+  with("--use_peft", [](EstimateConfig& c) { c.use_peft = true; });
+  with("--use_peft --gradient_checkpointing", [](EstimateConfig& c) {
+    c.use_peft = c.gradient_checkpointing = true;
+  });
+  with("--use_peft --load_in_4bit --gradient_checkpointing", [](EstimateConfig& c) {
+    c.use_peft = c.load_in_4bit = c.gradient_checkpointing = true;
+  });
+  with("--use_peft --load_in_4bit --gradient_checkpointing --activation_offloading",
+       [](EstimateConfig& c) {
+         c.use_peft = c.load_in_4bit = c.gradient_checkpointing = c.activation_offloading = true;
+       });
+  for (int64_t div = 2; div <= 64 && cfg.micro_batch_tokens / div >= 1; div *= 2) {
+    with("micro-batches " + std::to_string(div) + "x smaller (per_device_train_batch_size / " +
+             std::to_string(div) + ", gradient_accumulation_steps x " + std::to_string(div) + ")",
+         [div](EstimateConfig& c) {
+           c.micro_batch_tokens /= div;
+           c.gradient_accumulation_steps *= div;
+         });
+  }
+  int shown = 0;
+  std::printf("options that fit:\n");
+  for (const Variant& v : variants) {
+    const MemoryEstimate ev = estimate_memory(v.c);
+    if (ev.peak > limit) continue;
+    std::printf("  %-80s peak %s\n", v.what.c_str(), format_bytes(ev.peak).c_str());
+    ++shown;
+  }
+  if (!shown) std::printf("  none of the single changes tried; combine them or shorten max_length\n");
+  return 0;
+}
+
+CommandRegistration reg("estimate", "predict the peak memory of an sft run before running it",
+                        run_estimate);
+
+}  // namespace
+}  // namespace leantune

@@ -1,0 +1,89 @@
+// Memory estimate: the peak device memory of a training run, by category, predicted from the
+// model's shape and the training options before anything is allocated (trainer_bin estimate),
+// and printed beside the measured peak in the end-of-run memory report.
+//
+// The model mirrors what leantune's ops keep, not a generic rule of thumb:
+//   params      dense weights in the compute dtype; NF4 weights at n/2 + absmax (4 B per 64,
+//               or 1 B per 64 + 4 B per 16384 with double quantization); int8 at n + 4 B/row;
+//               LoRA A/B and trainable-token deltas.
+//   grads       one per trainable parameter in its dtype; the LM head's gradient from the fused
+//               loss in f32.
+//   optimizer   AdamW: two f32 moments per trainable parameter, plus an f32 master copy for
+//               16-bit parameters.
+//   activations what backward needs, per decoder layer: the inputs of both norms, q/k/v/out of
+//               attention and its f32 log-sum-exp, gate and up of swiglu, and the input of
+//               every projection whose weight trains or that carries a LoRA adapter (a frozen
+//               projection keeps nothing but its weight); with gradient checkpointing only each
+//               layer's input, plus one layer's set while it is recomputed; with activation
+//               offloading nothing but what stays by rule (the head) plus the two layers being
+//               prefetched in backward.
+//   loss        the fused linear cross-entropy holds dhidden and (when the head trains) the
+//               head's f32 gradient from forward to backward, and a chunk of logits as
+//               workspace; the unfused path holds [tokens x vocab] logits and their gradient.
+//   workspace   backward temporaries of one layer, f32 conversion buffers of 16-bit GEMMs on the
+//               CPU, attention score blocks.
+// Peak = params + max(forward end, each point of backward, the optimizer step), with the
+// optimizer state counted from the second step on, and gradients held across micro-batches
+// when gradient_accumulation_steps > 1.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "loaders/model_config.h"
+
+namespace leantune {
+
+struct EstimateConfig {
+  ModelConfig model;
+  DType dtype = DType::kF32;
+  bool cpu = true;                   // 16-bit GEMMs on the CPU convert operands to f32
+  int64_t micro_batch_tokens = 0;    // tokens of the largest micro-batch
+  int64_t max_seqlen = 0;            // longest sequence in it
+  int64_t gradient_accumulation_steps = 1;
+  bool gradient_checkpointing = false;
+  bool activation_offloading = false;
+  int64_t min_offload_size = 1024;
+  bool fused_loss = true;
+  int64_t loss_chunk_tokens = 1024;
+  // PEFT
+  bool use_peft = false;
+  int64_t lora_r = 16;
+  std::vector<std::string> lora_target_modules;  // empty: q_proj, v_proj
+  std::vector<std::string> lora_modules_to_save;
+  int64_t trainable_tokens = 0;
+  // Quantized base
+  bool load_in_4bit = false;
+  bool load_in_8bit = false;
+  bool double_quant = true;
+};
+
+struct MemoryEstimate {
+  int64_t params = 0;
+  int64_t grads = 0;
+  int64_t optimizer = 0;
+  int64_t activations = 0;  // saved for backward at the end of forward
+  int64_t loss = 0;         // held by the loss between forward and backward
+  int64_t workspace = 0;    // transient at the peak
+  int64_t peak = 0;
+  std::string peak_phase;   // "forward", "backward", "optimizer step"
+  int64_t trainable_parameters = 0;
+  int64_t total_parameters = 0;
+  nlohmann::json to_json() const;
+};
+
+MemoryEstimate estimate_memory(const EstimateConfig& cfg);
+
+}  // namespace leantune
+
+namespace leantune {
+class Options;
+// The estimate inputs a set of sft options describes (micro-batch tokens =
+// per_device_train_batch_size x max_length unless given).
+EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu,
+                                            int64_t micro_batch_tokens = 0,
+                                            int64_t max_seqlen = 0);
+}  // namespace leantune
