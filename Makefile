@@ -17,11 +17,12 @@ build: configure
 run: build
 	@$(BUILD)/trainer_bin sft
 
+# Tests run in parallel: OpenMP threads sleep instead of spinning while they wait.
 test: build
-	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	@cd $(BUILD) && OMP_WAIT_POLICY=PASSIVE ctest --output-on-failure -j$(JOBS)
 
 test-cpu: build
-	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE gpu
+	@cd $(BUILD) && OMP_WAIT_POLICY=PASSIVE ctest --output-on-failure -j$(JOBS) -LE gpu
 
 format:
 	@clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu')

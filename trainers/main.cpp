@@ -1,6 +1,9 @@
 // trainer_bin: the command-line entry point. Every subcommand's errors are caught here and
 // reported as one line on stderr with a distinct exit code (engine/check.h: exit_code()).
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -8,6 +11,15 @@
 #include "trainers/commands.h"
 
 int main(int argc, char** argv) {
+  // OpenMP threads that spin while waiting steal the CPU from each other and from whatever else
+  // runs on the machine; with one busy core out of two, spinning made training 6x slower than
+  // one thread. The runtime reads OMP_WAIT_POLICY when it loads, before main, so trainer_bin
+  // sets it and starts itself again (once) unless the user chose a policy.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    ::execv("/proc/self/exe", argv);
+    // If re-executing is impossible, run as is.
+  }
   try {
     return leantune::run_command_line(argc, argv);
   } catch (const leantune::Error& e) {

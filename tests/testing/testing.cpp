@@ -7,6 +7,14 @@
 
 namespace leantune::testing {
 
+namespace {
+// Before any allocator exists (static initialisation, before main): poison blocks in tests.
+const bool g_poison = [] {
+  ::setenv("LEANTUNE_ALLOC_POISON", "1", 0);
+  return true;
+}();
+}  // namespace
+
 Tol tol(DType dt) {
   switch (dt) {
     case DType::kF64: return {1e-12, 1e-10};
