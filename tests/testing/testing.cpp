@@ -1,6 +1,7 @@
 #include "testing/testing.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
