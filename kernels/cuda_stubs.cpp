@@ -4,7 +4,6 @@
 #include "engine/check.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
-#include "kernels/dropout.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
 #include "kernels/linear_cross_entropy.h"
@@ -80,9 +79,5 @@ void swiglu_bwd_cuda(const Tensor& dy, const Tensor& gate, const Tensor& up, con
                      const Tensor& dup) {
   no_cuda("swiglu_bwd_cuda");
 }
-void dropout_apply_cuda(const Tensor& x, const Tensor& y, double p, const PhiloxParams& params) {
-  no_cuda("dropout_apply_cuda");
-}
-
 }  // namespace leantune::kernels
 #endif
