@@ -236,10 +236,12 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
   b->id = next_id_++;
   const auto sz = static_cast<int64_t>(b->size);
   stats_.allocated.add(sz);
-  if (stats_.allocated.current == stats_.allocated.peak)
-    stats_.reserved_at_peak_allocated = stats_.reserved.current;
   stats_.requested.add(static_cast<int64_t>(bytes));
   stats_.by_tag[static_cast<int>(tag)].add(sz);
+  if (stats_.allocated.current == stats_.allocated.peak) {
+    stats_.reserved_at_peak_allocated = stats_.reserved.current;
+    for (int i = 0; i < kNumMemTags; ++i) stats_.by_tag_at_peak[i] = stats_.by_tag[i].current;
+  }
   stats_.active_blocks++;
   stats_.num_allocs++;
   record(TraceEvent::kAlloc, b->id, sz, tag, stream.id);
@@ -372,6 +374,7 @@ void Allocator::reset_peak_stats() {
   stats_.requested.peak = stats_.requested.current;
   stats_.reserved.peak = stats_.reserved.current;
   for (auto& t : stats_.by_tag) t.peak = t.current;
+  for (int i = 0; i < kNumMemTags; ++i) stats_.by_tag_at_peak[i] = stats_.by_tag[i].current;
   stats_.reserved_at_peak_allocated = stats_.reserved.current;
 }
 

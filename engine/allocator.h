@@ -99,6 +99,7 @@ struct AllocatorStats {
   int64_t num_alloc_retries = 0;
   int64_t num_ooms = 0;
   int64_t reserved_at_peak_allocated = 0;
+  int64_t by_tag_at_peak[kNumMemTags] = {};  // allocated bytes per tag when allocation peaked
   // Reserved minus allocated at the moment allocation peaked.
   int64_t fragmentation_bytes() const { return reserved_at_peak_allocated - allocated.peak; }
   const MemStat& tag(MemTag t) const { return by_tag[static_cast<int>(t)]; }

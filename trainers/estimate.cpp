@@ -153,16 +153,20 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     loss_ws = chunk * v * 4 + 2 * chunk * h * 4 + (b == 2 ? v * h * 4 : 0);
   } else {
     loss_held = t * v * b;            // logits
-    loss_ws = t * v * b + t * v * 4;  // their gradient and the f32 softmax rows
+    loss_ws = t * v * 4;  // f32 softmax rows, which become the gradient
   }
   e.loss = loss_held;
 
   // ---- transients
-  // One layer's backward: the gradients flowing through the MLP and attention.
-  const int64_t layer_bwd_ws = 3 * t * inter * b + 3 * t * h * b + t * (nq + 2 * nkv) * b;
+  // One layer's backward at its widest point, the MLP: the gradients of gate and up while the
+  // gradient of the layer output and of the norm input are live (measured on the CPU backend:
+  // the attention half of a layer's backward is narrower).
+  const int64_t layer_bwd_ws = 2 * t * inter * b + 2 * t * h * b;
   // 16-bit GEMMs on the CPU read f32 copies of both operands and write an f32 output.
-  const int64_t widest = std::max(inter, std::max(nq, h));
-  const int64_t gemm_ws = (c.cpu && b == 2) ? (t * widest * 4 * 2 + widest * h * 4) : 0;
+  int64_t gemm_ws = 0;
+  if (c.cpu && b == 2)
+    for (const ModuleShape& s : layer_modules(m))
+      gemm_ws = std::max(gemm_ws, t * (s.in + s.out) * 4 + s.in * s.out * 4);
   const int64_t seq = std::max<int64_t>(c.max_seqlen, 1);
   const int64_t attn_ws = c.cpu ? 2 * 64 * seq * 4 * 2 : 0;
 

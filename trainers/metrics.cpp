@@ -17,7 +17,8 @@ nlohmann::json memory_snapshot(Device device) {
   nlohmann::json tags = nlohmann::json::object();
   for (int i = 0; i < kNumMemTags; ++i)
     tags[mem_tag_name(static_cast<MemTag>(i))] = {{"current", st.by_tag[i].current},
-                                                  {"peak", st.by_tag[i].peak}};
+                                                  {"peak", st.by_tag[i].peak},
+                                                  {"at_peak", st.by_tag_at_peak[i]}};
   nlohmann::json j = {{"allocated", st.allocated.current}, {"peak_allocated", st.allocated.peak},
                       {"reserved", st.reserved.current},   {"peak_reserved", st.reserved.peak},
                       {"by_tag", tags}};

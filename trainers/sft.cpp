@@ -216,13 +216,17 @@ std::string format_memory_report(const nlohmann::json& r) {
                 format_bytes(r.value("peak_allocated", int64_t{0})).c_str(),
                 format_bytes(r.value("peak_reserved", int64_t{0})).c_str());
   out += line;
+  std::snprintf(line, sizeof line, "  %-18s %12s %12s\n", "by tag", "at the peak", "own peak");
+  out += line;
   const std::pair<const char*, const char*> cats[] = {
       {"param", "params"},           {"grad", "grads"},         {"optimizer", "optimizer states"},
       {"activation", "activations"}, {"workspace", "workspace"}, {"kv_cache", "kv cache"},
       {"comm", "communication"},     {"other", "other"}};
   for (const auto& [tag, label] : cats) {
     const int64_t v = r["peak_by_tag"].value(tag, int64_t{0});
-    std::snprintf(line, sizeof line, "  %-18s %12s\n", label, format_bytes(v).c_str());
+    const int64_t at = r.contains("at_peak_by_tag") ? r["at_peak_by_tag"].value(tag, int64_t{0}) : v;
+    std::snprintf(line, sizeof line, "  %-18s %12s %12s\n", label, format_bytes(at).c_str(),
+                  format_bytes(v).c_str());
     out += line;
   }
   const auto& s = r["savings"];

@@ -209,10 +209,13 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
                       {"peak_allocated", snap["peak_allocated"]},
                       {"peak_reserved", snap["peak_reserved"]},
                       {"peak_by_tag", nlohmann::json::object()},
+                      {"at_peak_by_tag", nlohmann::json::object()},
                       {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
                       {"savings", all_savings}};
-  for (auto it = snap["by_tag"].begin(); it != snap["by_tag"].end(); ++it)
+  for (auto it = snap["by_tag"].begin(); it != snap["by_tag"].end(); ++it) {
     r["peak_by_tag"][it.key()] = it.value()["peak"];
+    r["at_peak_by_tag"][it.key()] = it.value()["at_peak"];
+  }
   return r;
 }
 

@@ -1,0 +1,183 @@
+// Model-level memory techniques end to end on the tiny model (CPU): the planning estimate
+// against the measured peak, what each technique saves, that checkpointing and offloading do
+// not change the numbers, and the PEFT/QLoRA runs' files; plus `trainer_bin estimate`.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "loaders/safetensors.h"
+#include "testing/testing.h"
+#include "trainer_test_util.h"
+#include "trainers/estimate.h"
+#include "trainers/sft.h"
+
+namespace leantune {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::make_tiny_model;
+using testing::run_command;
+using testing::small_dataset;
+using testing::trainer_bin;
+
+const std::string& tiny_model() {
+  static const std::string dir = make_tiny_model(testing::temp_dir("tiny_model"));
+  return dir;
+}
+
+struct RunOutcome {
+  TrainResult result;
+  std::string out_dir;
+  int64_t measured_peak = 0;
+  int64_t estimated_peak = 0;
+};
+
+RunOutcome train(const std::vector<std::string>& extra, int64_t steps = 3) {
+  Options o = sft_options();
+  RunOutcome r;
+  r.out_dir = testing::temp_dir("out");
+  std::vector<std::string> args = {"--model_name_or_path", tiny_model(), "--dataset",
+                                   small_dataset(), "--output_dir", r.out_dir,
+                                   "--max_length", "64", "--per_device_train_batch_size", "4",
+                                   "--max_steps", std::to_string(steps), "--logging_steps", "1",
+                                   "--save_steps", "0", "--learning_rate", "1e-3",
+                                   "--seed", "3", "--device", "cpu"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  EXPECT_TRUE(o.parse(args));
+  SftRun run = make_sft_run(o);
+  r.result = run.trainer->train();
+  r.measured_peak = r.result.memory.value("peak_allocated", int64_t{0});
+  r.estimated_peak = r.result.memory["savings"]["estimate"].value("peak", int64_t{0});
+  return r;
+}
+
+struct EstimateCase {
+  std::string name;
+  std::vector<std::string> flags;
+};
+
+class EstimateVsMeasured : public ::testing::TestWithParam<EstimateCase> {};
+
+TEST_P(EstimateVsMeasured, WithinTenPercent) {
+  const RunOutcome r = train(GetParam().flags);
+  ASSERT_GT(r.measured_peak, 0);
+  ASSERT_GT(r.estimated_peak, 0);
+  const double rel = static_cast<double>(r.estimated_peak - r.measured_peak) /
+                     static_cast<double>(r.measured_peak);
+  EXPECT_LE(std::abs(rel), 0.10) << "estimated " << r.estimated_peak << " measured "
+                                 << r.measured_peak;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TinyModelCpu, EstimateVsMeasured,
+    ::testing::Values(
+        EstimateCase{"full", {}},
+        EstimateCase{"full_checkpointing", {"--gradient_checkpointing", "true"}},
+        EstimateCase{"full_offloading", {"--activation_offloading", "true"}},
+        EstimateCase{"full_checkpointing_offloading",
+                     {"--gradient_checkpointing", "true", "--activation_offloading", "true"}},
+        EstimateCase{"full_bf16", {"--bf16", "true"}},
+        EstimateCase{"full_unfused_loss", {"--use_liger_kernel", "false"}},
+        EstimateCase{"lora", {"--use_peft", "true"}},
+        EstimateCase{"lora_checkpointing", {"--use_peft", "true", "--gradient_checkpointing", "true"}},
+        EstimateCase{"lora_all_linear", {"--use_peft", "true", "--lora_target_modules", "all-linear"}},
+        EstimateCase{"qlora", {"--use_peft", "true", "--load_in_4bit", "true"}},
+        EstimateCase{"qlora_checkpointing",
+                     {"--use_peft", "true", "--load_in_4bit", "true", "--gradient_checkpointing",
+                      "true"}},
+        EstimateCase{"qlora_checkpointing_offloading",
+                     {"--use_peft", "true", "--load_in_4bit", "true", "--gradient_checkpointing",
+                      "true", "--activation_offloading", "true"}},
+        EstimateCase{"lora_int8", {"--use_peft", "true", "--load_in_8bit", "true"}}),
+    [](const ::testing::TestParamInfo<EstimateCase>& i) { return i.param.name; });
+
+TEST(MemoryTechniques, EachTechniqueLowersTheMeasuredPeak) {
+  const int64_t full = train({}).measured_peak;
+  const int64_t ckpt = train({"--gradient_checkpointing", "true"}).measured_peak;
+  const int64_t offload = train({"--activation_offloading", "true"}).measured_peak;
+  const int64_t lora = train({"--use_peft", "true"}).measured_peak;
+  const int64_t qlora = train({"--use_peft", "true", "--load_in_4bit", "true"}).measured_peak;
+  const int64_t qlora_ckpt =
+      train({"--use_peft", "true", "--load_in_4bit", "true", "--gradient_checkpointing", "true"})
+          .measured_peak;
+  EXPECT_LT(ckpt, full);
+  EXPECT_LT(offload, full);
+  EXPECT_LT(lora, full);
+  EXPECT_LT(qlora, lora);
+  EXPECT_LT(qlora_ckpt, qlora);
+}
+
+TEST(MemoryTechniques, CheckpointingAndOffloadingLeaveTheLossesUnchanged) {
+  const std::vector<double> plain = train({}, 4).result.losses;
+  ASSERT_EQ(plain.size(), 4u);
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--gradient_checkpointing", "true"},
+        std::vector<std::string>{"--activation_offloading", "true"},
+        std::vector<std::string>{"--gradient_checkpointing", "true", "--activation_offloading",
+                                 "true"}}) {
+    const std::vector<double> l = train(flags, 4).result.losses;
+    ASSERT_EQ(l.size(), plain.size());
+    for (size_t i = 0; i < l.size(); ++i) EXPECT_EQ(l[i], plain[i]) << flags[0] << " step " << i;
+  }
+}
+
+TEST(MemoryTechniques, QloraWritesAnAdapterAndLeavesTheBaseAlone) {
+  const std::string base_before = testing::read_file(tiny_model() + "/model.safetensors");
+  const RunOutcome r = train({"--use_peft", "true", "--load_in_4bit", "true", "--lora_target_modules",
+                              "all-linear", "--learning_rate", "1e-2"},
+                             6);
+  EXPECT_EQ(testing::read_file(tiny_model() + "/model.safetensors"), base_before);
+  ASSERT_TRUE(fs::exists(r.out_dir + "/adapter_config.json"));
+  ASSERT_TRUE(fs::exists(r.out_dir + "/adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(r.out_dir + "/model.safetensors"));
+  auto f = SafetensorsFile::open(r.out_dir + "/adapter_model.safetensors");
+  // Two layers x seven projections x (A, B), PEFT's names.
+  EXPECT_EQ(f->entries().size(), 28u);
+  EXPECT_NE(nullptr, f->find("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+  const auto& l = r.result.losses;
+  ASSERT_EQ(l.size(), 6u);
+  EXPECT_LT(l.back(), l.front());
+}
+
+TEST(EstimateCommand, BareConfigAndBudgetSuggestions) {
+  std::string out;
+  const std::string cmd = trainer_bin() + " estimate --model_name_or_path " +
+                          std::string(LT_SOURCE_DIR) +
+                          "/bench/configs/qwen2.5-0.5b.json --max_length 2048"
+                          " --per_device_train_batch_size 8 --device cpu --budget_gib 4";
+  ASSERT_EQ(run_command(cmd, &out), 0) << out;
+  EXPECT_NE(out.find("494032768 parameters"), std::string::npos) << out;
+  EXPECT_NE(out.find("budget 4.00 GiB: does not fit"), std::string::npos) << out;
+  EXPECT_NE(out.find("--use_peft --load_in_4bit --gradient_checkpointing"), std::string::npos)
+      << out;
+}
+
+TEST(Estimate, TechniquesShrinkTheirCategories) {
+  EstimateConfig c;
+  c.model = ModelConfig::load(std::string(LT_SOURCE_DIR) + "/bench/configs/llama3-8b.json");
+  c.dtype = DType::kBF16;
+  c.cpu = false;
+  c.micro_batch_tokens = 8192;
+  c.max_seqlen = 8192;
+  const MemoryEstimate full = estimate_memory(c);
+  // bf16 weights, grads; f32 moments and master weights: 2 + 2 + 12 bytes per parameter.
+  EXPECT_EQ(full.params, full.total_parameters * 2);
+  EXPECT_EQ(full.optimizer, full.trainable_parameters * 12);
+  EstimateConfig ck = c;
+  ck.gradient_checkpointing = true;
+  const MemoryEstimate ckpt = estimate_memory(ck);
+  // Only one [tokens x hidden] input per layer stays, plus the head's.
+  const int64_t t = 8192, h = 4096;
+  EXPECT_EQ(ckpt.activations, 32 * t * h * 2 + t * h * 2 + 4 * t);
+  EstimateConfig q = ck;
+  q.use_peft = q.load_in_4bit = true;
+  q.lora_target_modules = {"all-linear"};
+  const MemoryEstimate qlora = estimate_memory(q);
+  // NF4 layers (0.52 B/param) beside the 16-bit embedding and head: about 5.8 GB of 16 GB.
+  EXPECT_LT(qlora.params, full.params * 4 / 10);
+  EXPECT_LT(qlora.trainable_parameters, full.trainable_parameters / 100);
+  EXPECT_LT(qlora.peak, ckpt.peak / 3);
+}
+
+}  // namespace
+}  // namespace leantune
