@@ -194,6 +194,11 @@ nlohmann::json SftTrainer::technique_savings() const {
                                                            max_micro_tokens_, longest);
     s["estimate"] = estimate_memory(ec).to_json();
   }
+  if (!quant_kind_.empty())
+    s["quantized_base"] = {{"kind", quant_kind_},
+                           {"modules", quant_report_.quantized_modules},
+                           {"dense_bytes", quant_report_.dense_bytes},
+                           {"quantized_bytes", quant_report_.quantized_bytes}};
   if (peft_.active()) {
     const int64_t total = model_->num_parameters();
     const int64_t trainable = peft_.num_trainable_parameters(*model_);
@@ -265,6 +270,15 @@ std::string format_memory_report(const nlohmann::json& r) {
   }
   if (s.contains("gradient_checkpointing"))
     out += "    gradient checkpointing: only decoder-layer inputs kept between forward and backward\n";
+  if (s.contains("quantized_base")) {
+    const auto& q = s["quantized_base"];
+    std::snprintf(line, sizeof line,
+                  "    quantized base (%s): %lld frozen linear weights in %s instead of %s\n",
+                  q.value("kind", "").c_str(), static_cast<long long>(q.value("modules", int64_t{0})),
+                  format_bytes(q.value("quantized_bytes", int64_t{0})).c_str(),
+                  format_bytes(q.value("dense_bytes", int64_t{0})).c_str());
+    out += line;
+  }
   if (s.contains("peft")) {
     const auto& p = s["peft"];
     std::snprintf(line, sizeof line,
@@ -347,25 +361,27 @@ SftRun make_sft_run(const Options& o) {
                  "options load_in_4bit / load_in_8bit need use_peft: a quantized base is frozen, "
                  "only adapters train");
   PeftSetup peft;
+  QuantizeReport quant_report;
   std::string base_name = setup.model_name_or_path;
   if (setup.embedded) {
     run.model = std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
     run.model->init_random(args.seed);
-    if (quant.enabled()) quantize_model(*run.model, quant);
+    if (quant.enabled()) quant_report = quantize_model(*run.model, quant);
     run.model->set_requires_grad(true);
     peft = apply_peft_options(o, *run.model, args.seed);
   } else if (adapter_dir) {
     // Continue training a PEFT adapter: its base is loaded and frozen, the adapter trains on.
     base_name = resolve_base_model_path(setup.model_name_or_path);
     if (quant.enabled()) {
-      run.model = load_quantized(base_name, device, dtype, quant);
+      run.model = load_quantized(base_name, device, dtype, quant, &quant_report);
       peft = load_adapter(setup.model_name_or_path, *run.model, args.seed);
     } else {
       run.model = load_model_or_adapter(setup.model_name_or_path, device, dtype, &peft, args.seed);
     }
     peft.set_training(true);
   } else {
-    run.model = quant.enabled() ? load_quantized(setup.model_name_or_path, device, dtype, quant)
+    run.model = quant.enabled() ? load_quantized(setup.model_name_or_path, device, dtype, quant,
+                                                 &quant_report)
                                 : DecoderModel::load(setup.model_name_or_path, device, dtype);
     run.model->set_requires_grad(true);
     peft = apply_peft_options(o, *run.model, args.seed);
@@ -377,6 +393,7 @@ SftRun make_sft_run(const Options& o) {
                                              setup.tokenizer_dir, loader, eval, train.stats,
                                              o.get_bool("use_liger_kernel"));
   run.trainer->set_peft(std::move(peft), base_name, o.get_bool("merge_adapter"));
+  if (quant.enabled()) run.trainer->set_quantized_base(quant.kind(), quant_report);
   return run;
 }
 

@@ -13,6 +13,7 @@
 #include "loaders/data_loader.h"
 #include "loaders/tokenizer.h"
 #include "models/peft_io.h"
+#include "models/quantize_model.h"
 #include "trainers/trainer.h"
 
 namespace leantune {
@@ -39,6 +40,11 @@ class SftTrainer final : public Trainer {
   // LoRA / trainable tokens (inactive for full fine-tuning). base_model_name_or_path goes into
   // adapter_config.json; merge_adapter also writes output_dir/merged.
   void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
+  // What quantizing the frozen base saved (QLoRA), for the memory report.
+  void set_quantized_base(std::string kind, QuantizeReport report) {
+    quant_kind_ = std::move(kind);
+    quant_report_ = report;
+  }
   PeftSetup& peft() { return peft_; }
 
  protected:
@@ -67,6 +73,8 @@ class SftTrainer final : public Trainer {
   std::shared_ptr<DataLoader> eval_;
   DataStats train_stats_;
   bool fused_loss_;
+  std::string quant_kind_;
+  QuantizeReport quant_report_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;
 };

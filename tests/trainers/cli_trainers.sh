@@ -66,4 +66,15 @@ done
 "$bin" generate --model "$tmp/model" --prompt "Hi" --chat --max_new_tokens 4 --temperature 0.8 \
     --top_p 0.9 --seed 1 --device cpu >"$tmp/gen2" 2>&1 || { echo "FAIL: generate --chat"; cat "$tmp/gen2"; fail=1; }
 [ -s "$tmp/model/model.safetensors" ] && [ -s "$tmp/model/tokenizer.json" ] || { echo "FAIL: init-model files"; fail=1; }
+
+# The embedded default with every model-level technique at once: the memory report names each
+# saving, and the run writes a PEFT adapter.
+"$bin" sft --max_steps 2 --logging_steps 1 --output_dir "$tmp/all" --device cpu --use_peft true \
+    --load_in_4bit true --gradient_checkpointing true --activation_offloading true \
+    >"$tmp/all.log" 2>&1 || { echo "FAIL: sft with every technique"; cat "$tmp/all.log"; fail=1; }
+for line in "estimated peak" "chunked linear cross-entropy:" "activation offloading:" \
+    "gradient checkpointing:" "quantized base (nf4): 28 frozen linear weights" "LoRA: 28672 of"; do
+  grep -qF "$line" "$tmp/all.log" || { echo "FAIL: memory report lacks '$line'"; cat "$tmp/all.log"; fail=1; }
+done
+[ -s "$tmp/all/adapter_model.safetensors" ] || { echo "FAIL: no adapter written"; fail=1; }
 exit $fail
