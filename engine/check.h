@@ -63,6 +63,12 @@ std::string str_cat(const Args&... args) {
       LT_THROW(::leantune::ErrorKind::kInput, ##__VA_ARGS__);           \
   } while (0)
 
+// A CUDA tensor or CUDA entry point reached in a build without the CUDA backend.
+#define LT_THROW_NO_CUDA(op)                                               \
+  LT_THROW(::leantune::ErrorKind::kInput, op,                              \
+           ": this build of leantune has no CUDA backend (configure with " \
+           "-DLEANTUNE_CUDA=ON on a machine with nvcc)")
+
 // One generator for every library's status codes: ok-value, a to-string function, a label.
 #define LT_LIB_CHECK_GEN(expr, ok, to_string, label)                                          \
   do {                                                                                        \

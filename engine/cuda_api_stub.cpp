@@ -6,7 +6,7 @@
 namespace leantune {
 namespace {
 [[noreturn]] void no_cuda() {
-  LT_THROW(ErrorKind::kInput, "this build of leantune has no CUDA support (built with LEANTUNE_CUDA=OFF)");
+  LT_THROW_NO_CUDA("cuda");
 }
 }  // namespace
 

@@ -8,8 +8,7 @@
 namespace leantune::cuda_ops {
 namespace {
 [[noreturn]] void missing(const char* op) {
-  LT_THROW(ErrorKind::kInternal, "ops::", op,
-           " on a CUDA tensor: this build of leantune has no CUDA support");
+  LT_THROW_NO_CUDA(op);
 }
 }  // namespace
 void copy(const Tensor&, const Tensor&) { missing("copy"); }

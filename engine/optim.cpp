@@ -59,7 +59,7 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& ar
     adamw_step_cuda(tensors, args);
     return;
 #else
-    LT_THROW(ErrorKind::kInternal, "CUDA tensors in a build without CUDA");
+    LT_THROW_NO_CUDA("adamw_step");
 #endif
   }
   adamw_step_cpu(tensors, args);
@@ -148,7 +148,7 @@ int64_t AdamW::state_bytes() const {
 #ifndef LEANTUNE_WITH_CUDA
 namespace leantune {
 void adamw_step_cuda(const std::vector<AdamWTensor>&, const AdamWStepArgs&) {
-  LT_THROW(ErrorKind::kInput, "adamw_step_cuda: this build of leantune has no CUDA support");
+  LT_THROW_NO_CUDA("adamw_step_cuda");
 }
 }  // namespace leantune
 #endif

@@ -41,11 +41,6 @@ Tensor contig(const Tensor& t) {
   return c;
 }
 
-[[noreturn]] void no_cuda(const char* op, const Tensor& t) {
-  LT_THROW(ErrorKind::kInternal, op, ": ", t.str(),
-           " is on a CUDA device but this build has no CUDA backend");
-}
-
 DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 // sum_j exp(z[j] - m): the vectorised row exp when the row is already in the math type.
@@ -127,7 +122,7 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor
     cross_entropy_fwd_cuda(logits, targets, loss_rows, lse);
     return;
 #else
-    no_cuda("cross_entropy_fwd", logits);
+    LT_THROW_NO_CUDA("cross_entropy_fwd");
 #endif
   }
   const std::vector<int64_t> y = checked_targets(targets, v, "cross_entropy");
@@ -162,7 +157,7 @@ void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor
     cross_entropy_bwd_cuda(logits, targets, lse, scale, dlogits);
     return;
 #else
-    no_cuda("cross_entropy_bwd", logits);
+    LT_THROW_NO_CUDA("cross_entropy_bwd");
 #endif
   }
   const std::vector<int64_t> y = checked_targets(targets, v, "cross_entropy_bwd");

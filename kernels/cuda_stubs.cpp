@@ -13,71 +13,66 @@
 #include "kernels/swiglu.h"
 
 namespace leantune::kernels {
-namespace {
-[[noreturn]] void no_cuda(const char* fn) {
-  LT_THROW(ErrorKind::kInput, fn, ": this build of leantune has no CUDA support");
-}
-}  // namespace
 
 void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                         const AttentionOptions& opt, const Tensor& out, const Tensor& lse) {
-  no_cuda("attention_fwd_cuda");
+  LT_THROW_NO_CUDA("attention_fwd_cuda");
 }
 void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens_q,
                         const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& dq,
                         const Tensor& dk, const Tensor& dv) {
-  no_cuda("attention_bwd_cuda");
+  LT_THROW_NO_CUDA("attention_bwd_cuda");
 }
 void cross_entropy_fwd_cuda(const Tensor& logits, const Tensor& targets, const Tensor& loss_rows,
                             const Tensor& lse) {
-  no_cuda("cross_entropy_fwd_cuda");
+  LT_THROW_NO_CUDA("cross_entropy_fwd_cuda");
 }
 void cross_entropy_bwd_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             double scale, const Tensor& dlogits) {
-  no_cuda("cross_entropy_bwd_cuda");
+  LT_THROW_NO_CUDA("cross_entropy_bwd_cuda");
 }
 void embedding_fwd_cuda(const Tensor& weight, const Tensor& ids, const Tensor& y) {
-  no_cuda("embedding_fwd_cuda");
+  LT_THROW_NO_CUDA("embedding_fwd_cuda");
 }
 void embedding_bwd_cuda(const Tensor& dy, const Tensor& ids, const Tensor& dweight) {
-  no_cuda("embedding_bwd_cuda");
+  LT_THROW_NO_CUDA("embedding_bwd_cuda");
 }
 void linear_fwd_cuda(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
-  no_cuda("linear_fwd_cuda");
+  LT_THROW_NO_CUDA("linear_fwd_cuda");
 }
 void linear_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
                      const Tensor& dw, const Tensor& db) {
-  no_cuda("linear_bwd_cuda");
+  LT_THROW_NO_CUDA("linear_bwd_cuda");
 }
 double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& weight,
                                          const Tensor& targets, double grad_scale,
                                          const Tensor& dhidden, const Tensor& dweight,
                                          const LinearCrossEntropyOptions& opt) {
-  no_cuda("linear_cross_entropy_fwd_bwd_cuda");
+  LT_THROW_NO_CUDA("linear_cross_entropy_fwd_bwd_cuda");
 }
 void residual_add_fwd_cuda(const Tensor& a, const Tensor& b, const Tensor& y) {
-  no_cuda("residual_add_fwd_cuda");
+  LT_THROW_NO_CUDA("residual_add_fwd_cuda");
 }
 void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
                        const Tensor& rstd) {
-  no_cuda("rms_norm_fwd_cuda");
+  LT_THROW_NO_CUDA("rms_norm_fwd_cuda");
 }
 void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                        const Tensor& dx, const Tensor& dw) {
-  no_cuda("rms_norm_bwd_cuda");
+  LT_THROW_NO_CUDA("rms_norm_bwd_cuda");
 }
 void rope_apply_cuda(const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq,
                      bool inverse, const Tensor& y) {
-  no_cuda("rope_apply_cuda");
+  LT_THROW_NO_CUDA("rope_apply_cuda");
 }
 void swiglu_fwd_cuda(const Tensor& gate, const Tensor& up, const Tensor& y) {
-  no_cuda("swiglu_fwd_cuda");
+  LT_THROW_NO_CUDA("swiglu_fwd_cuda");
 }
 void swiglu_bwd_cuda(const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,
                      const Tensor& dup) {
-  no_cuda("swiglu_bwd_cuda");
+  LT_THROW_NO_CUDA("swiglu_bwd_cuda");
 }
 }  // namespace leantune::kernels
 #endif

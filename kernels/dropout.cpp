@@ -62,8 +62,7 @@ void apply(const char* op, const Tensor& x, const Tensor& y, double p, const Phi
     dropout_apply_cuda(contig(x), y, p, params);
     return;
 #else
-    LT_THROW(ErrorKind::kInternal, op, ": ", y.str(),
-             " is on a CUDA device but this build has no CUDA backend");
+    LT_THROW_NO_CUDA(op);
 #endif
   }
   apply_cpu(x, y, p, params);
@@ -114,7 +113,7 @@ Tensor dropout(const Tensor& x, double p, Generator& gen) {
 #ifndef LEANTUNE_WITH_CUDA
 // CPU-only builds: the entry point exists so that the GPU tests link (they skip before calling).
 void dropout_apply_cuda(const Tensor& x, const Tensor& y, double p, const PhiloxParams& params) {
-  LT_THROW(ErrorKind::kInput, "dropout_apply_cuda: this build of leantune has no CUDA support");
+  LT_THROW_NO_CUDA("dropout_apply_cuda");
 }
 #endif
 

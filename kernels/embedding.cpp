@@ -36,11 +36,6 @@ Tensor contig(const Tensor& t) {
   return c;
 }
 
-[[noreturn]] void no_cuda(const char* op, const Tensor& t) {
-  LT_THROW(ErrorKind::kInternal, op, ": ", t.str(),
-           " is on a CUDA device but this build has no CUDA backend");
-}
-
 // Ids as host int64 values, each checked against [0, V).
 std::vector<int64_t> checked_ids(const Tensor& ids, int64_t v, const char* op) {
   LT_CHECK(ids.dtype() == DType::kI32 || ids.dtype() == DType::kI64, op, ": ids ", ids.str(),
@@ -83,7 +78,7 @@ void embedding_fwd(const Tensor& weight, const Tensor& ids, const Tensor& y) {
     embedding_fwd_cuda(weight, ids, y);
     return;
 #else
-    no_cuda("embedding_fwd", weight);
+    LT_THROW_NO_CUDA("embedding_fwd");
 #endif
   }
   const std::vector<int64_t> id = checked_ids(ids, v, "embedding");
@@ -108,7 +103,7 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, const Tensor& dweight) {
     embedding_bwd_cuda(dy, ids, dweight);
     return;
 #else
-    no_cuda("embedding_bwd", dweight);
+    LT_THROW_NO_CUDA("embedding_bwd");
 #endif
   }
   const std::vector<int64_t> id = checked_ids(ids, v, "embedding_bwd");

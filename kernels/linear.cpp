@@ -47,11 +47,6 @@ Tensor as(const Tensor& t, DType dt) {
   return c;
 }
 
-[[noreturn]] void no_cuda(const char* op, const Tensor& t) {
-  LT_THROW(ErrorKind::kInternal, op, ": ", t.str(),
-           " is on a CUDA device but this build has no CUDA backend");
-}
-
 void check_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
   LT_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), op, ": x ", x.str(), ", W ",
            w.str());
@@ -125,7 +120,7 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor&
     linear_fwd_cuda(x, w, b, y);
     return;
 #else
-    no_cuda("linear_fwd", x);
+    LT_THROW_NO_CUDA("linear_fwd");
 #endif
   }
   double beta = 0.0;
@@ -165,7 +160,7 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor
     linear_bwd_cuda(dy, x, w, dx, dw, db);
     return;
 #else
-    no_cuda("linear_bwd", dy);
+    LT_THROW_NO_CUDA("linear_bwd");
 #endif
   }
   const Tensor g = contig(dy);

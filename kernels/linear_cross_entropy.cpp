@@ -244,8 +244,7 @@ double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,
     return linear_cross_entropy_fwd_bwd_cuda(hidden, weight, targets, grad_scale, dhidden, dweight,
                                              opt);
 #else
-    LT_THROW(ErrorKind::kInternal, "linear_cross_entropy: ", hidden.str(),
-             " is on a CUDA device but this build has no CUDA backend");
+    LT_THROW_NO_CUDA("linear_cross_entropy");
 #endif
   }
   std::vector<int64_t> rows, tgt;

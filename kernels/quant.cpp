@@ -164,11 +164,6 @@ int64_t grain_for(int64_t elems_per_item) {
   return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
 }
 
-[[noreturn]] void no_cuda(const char* op, const Tensor& t) {
-  LT_THROW(ErrorKind::kInternal, op, ": ", t.str(),
-           " is on a CUDA device but this build has no CUDA backend");
-}
-
 std::string weight_label(const Tensor& w) {
   return w.name().empty() ? w.str() : "'" + w.name() + "' " + w.str();
 }
@@ -462,7 +457,7 @@ Tensor nf4_block_absmax(const Nf4Weight& w, MemTag tag) {
     nf4_block_absmax_cuda(w.qabsmax, w.absmax2, w.offset, out);
     return out;
 #else
-    no_cuda("nf4_block_absmax", w.packed);
+    LT_THROW_NO_CUDA("nf4_block_absmax");
 #endif
   }
   const uint8_t* q = w.qabsmax.data<uint8_t>();
@@ -483,7 +478,7 @@ void nf4_dequantize(const Nf4Weight& w, const Tensor& out) {
     nf4_dequantize_cuda(w.packed, absmax, n, out);
     return;
 #else
-    no_cuda("nf4_dequantize", w.packed);
+    LT_THROW_NO_CUDA("nf4_dequantize");
 #endif
   }
   const uint8_t* pk = w.packed.data<uint8_t>();
@@ -518,7 +513,7 @@ void int8_dequantize(const Int8Weight& w, const Tensor& out) {
     int8_dequantize_cuda(w.q, w.absmax, out);
     return;
 #else
-    no_cuda("int8_dequantize", w.q);
+    LT_THROW_NO_CUDA("int8_dequantize");
 #endif
   }
   const int8_t* qp = w.q.data<int8_t>();

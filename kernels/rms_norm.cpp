@@ -41,11 +41,6 @@ Tensor contig(const Tensor& t) {
   return c;
 }
 
-[[noreturn]] void no_cuda(const char* op, const Tensor& t) {
-  LT_THROW(ErrorKind::kInternal, op, ": ", t.str(),
-           " is on a CUDA device but this build has no CUDA backend");
-}
-
 DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 // Rows and hidden size of x, after checking x and w.
@@ -95,7 +90,7 @@ void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
     rms_norm_fwd_cuda(x, w, eps, y, rstd);
     return;
 #else
-    no_cuda("rms_norm_fwd", x);
+    LT_THROW_NO_CUDA("rms_norm_fwd");
 #endif
   }
   const Tensor xc = contig(x), wc = contig(w);
@@ -143,7 +138,7 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
     rms_norm_bwd_cuda(dy, x, w, rstd, dx, dw);
     return;
 #else
-    no_cuda("rms_norm_bwd", x);
+    LT_THROW_NO_CUDA("rms_norm_bwd");
 #endif
   }
   if (!dx.defined() && !dw.defined()) return;

@@ -143,8 +143,7 @@ void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_f
     rope_apply_cuda(x, position_ids, inv_freq, inverse, y);
     return;
 #else
-    LT_THROW(ErrorKind::kInternal, "rope_apply: ", x.str(),
-             " is on a CUDA device but this build has no CUDA backend");
+    LT_THROW_NO_CUDA("rope_apply");
 #endif
   }
   const std::vector<int64_t> pos = position_ids.to_i64();

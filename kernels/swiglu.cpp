@@ -30,11 +30,6 @@ Tensor contig(const Tensor& t) {
   return c;
 }
 
-[[noreturn]] void no_cuda(const char* op, const Tensor& t) {
-  LT_THROW(ErrorKind::kInternal, op, ": ", t.str(),
-           " is on a CUDA device but this build has no CUDA backend");
-}
-
 // Overflow-free logistic function: exp of a non-positive argument only.
 template <typename A>
 A sigmoid(A x) {
@@ -87,7 +82,7 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& y) {
     swiglu_fwd_cuda(gate, up, y);
     return;
 #else
-    no_cuda("swiglu_fwd", gate);
+    LT_THROW_NO_CUDA("swiglu_fwd");
 #endif
   }
   const Tensor gc = contig(gate), uc = contig(up);
@@ -116,7 +111,7 @@ void swiglu_bwd(const Tensor& dy, const Tensor& gate, const Tensor& up, const Te
     swiglu_bwd_cuda(dy, gate, up, dgate, dup);
     return;
 #else
-    no_cuda("swiglu_bwd", gate);
+    LT_THROW_NO_CUDA("swiglu_bwd");
 #endif
   }
   const Tensor gc = contig(gate), uc = contig(up), dc = contig(dy);

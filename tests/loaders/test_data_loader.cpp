@@ -109,7 +109,9 @@ TEST_P(Sharding, EveryBatchOnceAndEqualCounts) {
   }
   const EpochSampler r0(c.units, c.batch_size, 9, true, 0, c.world);
   EXPECT_EQ(extra, r0.repeated_batches_per_epoch());
-  if (global % c.world == 0) EXPECT_EQ(extra, 0);
+  if (global % c.world == 0) {
+    EXPECT_EQ(extra, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, Sharding,

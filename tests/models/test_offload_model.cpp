@@ -99,6 +99,7 @@ struct StepResult {
   std::vector<std::pair<std::string, std::vector<float>>> grads;
   int64_t activation_after_forward = 0;  // device kActivation bytes held, relative to before
   int64_t pinned_after_forward = 0;      // pinned-pool kActivation bytes, relative to before
+  int64_t activation_peak = 0;           // device kActivation peak over the step, relative
   OffloadStats stats;
 };
 
@@ -110,6 +111,7 @@ StepResult train_step(DecoderModel& m, const Batch& b, bool checkpointing, bool 
   if (only)
     for (Tensor t : *only) t.zero_grad();
   StepResult r;
+  allocator(Device::cpu()).reset_peak_stats();
   const int64_t dev0 = device_activation_bytes(), pin0 = pinned_activation_bytes();
   std::optional<ActivationOffloader> off;
   if (offload) off.emplace();
@@ -125,6 +127,7 @@ StepResult train_step(DecoderModel& m, const Batch& b, bool checkpointing, bool 
   r.pinned_after_forward = pinned_activation_bytes() - pin0;
   r.loss = loss.item();
   loss.backward();
+  r.activation_peak = allocator(Device::cpu()).stats().tag(MemTag::kActivation).peak - dev0;
   if (off) r.stats = off->stats();
   off.reset();
   for (auto& [name, p] : m.named_parameters())
@@ -247,6 +250,28 @@ TEST_F(OffloadModel, WithCheckpointingOnlyLayerInputsMove) {
   EXPECT_EQ(both.stats.bytes_offloaded, kLayers * row_bytes);
   EXPECT_EQ(ckpt.activation_after_forward - both.activation_after_forward, kLayers * row_bytes);
   EXPECT_EQ(both.stats.prefetches, kLayers);
+}
+
+TEST_F(OffloadModel, CheckpointingKeepsLayerInputsPlusOneLayer) {
+  const int64_t row_bytes = batch_.num_tokens() * model_->config().hidden_size * 4;
+  const StepResult plain = train_step(*model_, batch_, false, false);
+  const StepResult ckpt = train_step(*model_, batch_, true, false);
+  // After forward: one [T, H] input per layer plus what the head keeps (its norm input, rstd
+  // and the loss's dhidden: two rows and a little).
+  const int64_t head = ckpt.activation_after_forward - kLayers * row_bytes;
+  EXPECT_GE(head, 2 * row_bytes);
+  EXPECT_LE(head, 2 * row_bytes + 8 * 1024);
+  // One layer's saved activations, from the run without checkpointing.
+  const int64_t layer = (plain.activation_after_forward - head) / kLayers;
+  EXPECT_GT(layer, 4 * row_bytes);
+  std::cout << "[ activation peak ] without checkpointing " << plain.activation_peak
+            << ", with " << ckpt.activation_peak << "; layer inputs " << kLayers * row_bytes
+            << ", one layer's activations " << layer << ", head " << head << "\n";
+  // The peak: the inputs, the head, one recomputed layer and that layer's backward temporaries
+  // (at most one more layer's worth), well under the peak without checkpointing.
+  EXPECT_GE(ckpt.activation_peak, kLayers * row_bytes + head + layer - row_bytes);
+  EXPECT_LE(ckpt.activation_peak, kLayers * row_bytes + head + 2 * layer);
+  EXPECT_LT(ckpt.activation_peak, plain.activation_peak);
 }
 
 // LoRA on q_proj and v_proj: y = base(x) + (x A^T) B^T * scale, base weights frozen.
