@@ -5,6 +5,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -46,6 +47,12 @@ inline T from_double(double v) {
   else if constexpr (std::is_same_v<T, f16_t>) return f16_t{f32_to_f16(static_cast<float>(v))};
   else if constexpr (std::is_same_v<T, bool>) return v != 0.0;
   else return static_cast<T>(v);
+}
+
+// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
+// a parallel region costs more than that saves on the two shared cores the CPU path targets.
+inline int64_t grain_for(int64_t elems_per_item) {
+  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
 }
 
 // Parallel loop over [0, n) in chunks; runs inline when n is small.

@@ -182,6 +182,13 @@ A sigmoid(A x) {
 
 // ---------------------------------------------------------------- copy / fill
 
+Tensor contiguous_workspace(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
+  copy(c, t);
+  return c;
+}
+
 void copy(const Tensor& dst, const Tensor& src) {
   LT_CHECK(dst.shape() == src.shape(), "copy: shapes ", shape_str(dst.shape()), " and ",
            shape_str(src.shape()));

@@ -52,6 +52,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 Tensor softmax_last(const Tensor& x);
 Tensor log_softmax_last(const Tensor& x);
 
+// `t` itself when contiguous, else a contiguous copy tagged kWorkspace (an op's scratch).
+Tensor contiguous_workspace(const Tensor& t);
+
 // Gathers rows: out[i] = table[ids[i]] for a 2-D table and 1-D i32/i64 ids.
 Tensor index_rows(const Tensor& table, const Tensor& ids);
 

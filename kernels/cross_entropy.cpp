@@ -28,19 +28,6 @@ using cpu::store;
 
 namespace {
 
-// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
-// a parallel region costs more than that saves on the two shared cores the CPU path targets.
-int64_t grain_for(int64_t elems_per_item) {
-  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
-}
-
-Tensor contig(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
-  ops::copy(c, t);
-  return c;
-}
-
 DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 // sum_j exp(z[j] - m): the vectorised row exp when the row is already in the math type.
@@ -126,13 +113,13 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor
 #endif
   }
   const std::vector<int64_t> y = checked_targets(targets, v, "cross_entropy");
-  const Tensor zc = contig(logits);
+  const Tensor zc = ops::contiguous_workspace(logits);
   LT_DISPATCH_FLOAT(logits.dtype(), T, {
     using A = acc_t<T>;
     const T* pz = static_cast<const T*>(zc.data_ptr());
     A* pl = static_cast<A*>(loss_rows.data_ptr());
     A* pe = static_cast<A*>(lse.data_ptr());
-    parallel_for(rows, grain_for(v), [&](int64_t r) {
+    parallel_for(rows, cpu::grain_for(v), [&](int64_t r) {
       const T* z = pz + r * v;
       A m = -std::numeric_limits<A>::infinity();
       for (int64_t j = 0; j < v; ++j) m = std::max(m, load(z, j));
@@ -161,14 +148,14 @@ void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor
 #endif
   }
   const std::vector<int64_t> y = checked_targets(targets, v, "cross_entropy_bwd");
-  const Tensor zc = contig(logits), ec = contig(lse);
+  const Tensor zc = ops::contiguous_workspace(logits), ec = ops::contiguous_workspace(lse);
   LT_DISPATCH_FLOAT(logits.dtype(), T, {
     using A = acc_t<T>;
     const T* pz = static_cast<const T*>(zc.data_ptr());
     const A* pe = static_cast<const A*>(ec.data_ptr());
     T* pd = static_cast<T*>(dlogits.data_ptr());
     const A sc = static_cast<A>(scale);
-    parallel_for(rows, grain_for(v), [&](int64_t r) {
+    parallel_for(rows, cpu::grain_for(v), [&](int64_t r) {
       const T* z = pz + r * v;
       T* d = pd + r * v;
       if (y[r] == kIgnoreIndex) {

@@ -15,19 +15,12 @@ using cpu::store;
 
 namespace {
 
-Tensor contig(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
-  ops::copy(c, t);
-  return c;
-}
-
 void check_p(double p) {
   LT_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability ", p, " outside [0, 1]");
 }
 
 void apply_cpu(const Tensor& x, const Tensor& y, double p, const PhiloxParams& params) {
-  const Tensor xc = contig(x);
+  const Tensor xc = ops::contiguous_workspace(x);
   const int64_t n = y.numel();
   const int64_t blocks = (n + 3) / 4;
   const float keep_below = static_cast<float>(1.0 - p);
@@ -59,7 +52,7 @@ void apply(const char* op, const Tensor& x, const Tensor& y, double p, const Phi
   if (y.numel() == 0) return;
   if (y.device().is_cuda()) {
 #ifdef LEANTUNE_WITH_CUDA
-    dropout_apply_cuda(contig(x), y, p, params);
+    dropout_apply_cuda(ops::contiguous_workspace(x), y, p, params);
     return;
 #else
     LT_THROW_NO_CUDA(op);

@@ -23,19 +23,6 @@ using cpu::store;
 
 namespace {
 
-// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
-// a parallel region costs more than that saves on the two shared cores the CPU path targets.
-int64_t grain_for(int64_t elems_per_item) {
-  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
-}
-
-Tensor contig(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
-  ops::copy(c, t);
-  return c;
-}
-
 // Ids as host int64 values, each checked against [0, V).
 std::vector<int64_t> checked_ids(const Tensor& ids, int64_t v, const char* op) {
   LT_CHECK(ids.dtype() == DType::kI32 || ids.dtype() == DType::kI64, op, ": ids ", ids.str(),
@@ -82,11 +69,11 @@ void embedding_fwd(const Tensor& weight, const Tensor& ids, const Tensor& y) {
 #endif
   }
   const std::vector<int64_t> id = checked_ids(ids, v, "embedding");
-  const Tensor w = contig(weight);
+  const Tensor w = ops::contiguous_workspace(weight);
   const size_t row = static_cast<size_t>(h) * w.element_size();
   const char* src = static_cast<const char*>(w.data_ptr());
   char* dst = static_cast<char*>(y.data_ptr());
-  parallel_for(n, grain_for(h),
+  parallel_for(n, cpu::grain_for(h),
                [&](int64_t t) { std::memcpy(dst + t * row, src + id[t] * row, row); });
 }
 
@@ -115,12 +102,13 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, const Tensor& dweight) {
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t t = 0; t < n; ++t) order[fill[id[t]]++] = t;
   }
-  const Tensor g = dy.dtype() == dweight.dtype() ? contig(dy) : dy.to(dweight.dtype());
+  const Tensor g =
+      dy.dtype() == dweight.dtype() ? ops::contiguous_workspace(dy) : dy.to(dweight.dtype());
   LT_DISPATCH_FLOAT(dweight.dtype(), T, {
     using A = acc_t<T>;
     const T* pg = static_cast<const T*>(g.data_ptr());
     T* pw = static_cast<T*>(dweight.data_ptr());
-    parallel_for(v, grain_for(h), [&](int64_t r) {
+    parallel_for(v, cpu::grain_for(h), [&](int64_t r) {
       T* out = pw + r * h;
       const int64_t b = start[r], e = start[r + 1];
       if (b == e) {

@@ -26,22 +26,9 @@ using cpu::store;
 
 namespace {
 
-// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
-// a parallel region costs more than that saves on the two shared cores the CPU path targets.
-int64_t grain_for(int64_t elems_per_item) {
-  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
-}
-
-Tensor contig(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
-  ops::copy(c, t);
-  return c;
-}
-
 // t converted to `dt` and made contiguous (no copy when it already is both).
 Tensor as(const Tensor& t, DType dt) {
-  if (t.dtype() == dt) return contig(t);
+  if (t.dtype() == dt) return ops::contiguous_workspace(t);
   Tensor c = Tensor::empty(t.shape(), dt, t.device(), MemTag::kWorkspace);
   ops::copy(c, t);
   return c;
@@ -65,7 +52,7 @@ void bias_grad(const Tensor& dy, const Tensor& db) {
   LT_DISPATCH_FLOAT(dy.dtype(), T, {
     using A = acc_t<T>;
     const T* g = static_cast<const T*>(dy.data_ptr());
-    parallel_for(strips, grain_for(rows * kStrip), [&](int64_t s) {
+    parallel_for(strips, cpu::grain_for(rows * kStrip), [&](int64_t s) {
       const int64_t c0 = s * kStrip, n = std::min(kStrip, cols - c0);
       A acc[kStrip] = {};
       for (int64_t r = 0; r < rows; ++r) {
@@ -125,15 +112,15 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor&
   }
   double beta = 0.0;
   if (b.defined() && y.numel() > 0) {
-    const Tensor bc = contig(b);
+    const Tensor bc = ops::contiguous_workspace(b);
     const int64_t rows = y.size(0), cols = y.size(1);
     const size_t row_bytes = static_cast<size_t>(cols) * y.element_size();
     char* dst = static_cast<char*>(y.data_ptr());
-    parallel_for(rows, grain_for(cols),
+    parallel_for(rows, cpu::grain_for(cols),
                  [&](int64_t r) { std::memcpy(dst + r * row_bytes, bc.data_ptr(), row_bytes); });
     beta = 1.0;
   }
-  ops::gemm(contig(x), false, contig(w), true, y, 1.0, beta);
+  ops::gemm(ops::contiguous_workspace(x), false, ops::contiguous_workspace(w), true, y, 1.0, beta);
 }
 
 void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
@@ -163,9 +150,9 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor
     LT_THROW_NO_CUDA("linear_bwd");
 #endif
   }
-  const Tensor g = contig(dy);
-  if (dx.defined()) ops::gemm(g, false, contig(w), false, dx, 1.0, 0.0);
-  if (dw.defined()) ops::gemm(g, true, contig(x), false, dw, 1.0, 0.0);
+  const Tensor g = ops::contiguous_workspace(dy);
+  if (dx.defined()) ops::gemm(g, false, ops::contiguous_workspace(w), false, dx, 1.0, 0.0);
+  if (dw.defined()) ops::gemm(g, true, ops::contiguous_workspace(x), false, dw, 1.0, 0.0);
   if (db.defined()) bias_grad(g.dtype() == db.dtype() ? g : as(g, db.dtype()), db);
 }
 

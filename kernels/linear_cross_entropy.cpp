@@ -36,12 +36,6 @@ using cpu::store;
 
 namespace {
 
-// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
-// a parallel region costs more than that saves on the two shared cores the CPU path targets.
-int64_t grain_for(int64_t elems_per_item) {
-  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
-}
-
 DType work_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 // t as a contiguous tensor of dtype dt (no copy when it already is one).
@@ -107,14 +101,14 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
     A* px = static_cast<A*>(xc.data_ptr());
     LT_DISPATCH_FLOAT(hidden.dtype(), T, {
       const T* ph = static_cast<const T*>(hidden.data_ptr());
-      parallel_for(c, grain_for(h), [&](int64_t r) {
+      parallel_for(c, cpu::grain_for(h), [&](int64_t r) {
         const T* src = ph + rows[c0 + r] * h;
         for (int64_t j = 0; j < h; ++j) px[r * h + j] = static_cast<A>(load(src, j));
       });
     });
     ops::gemm(xc, false, w, true, zc, 1.0, 0.0);
     A* pz = static_cast<A*>(zc.data_ptr());
-    parallel_for(c, grain_for(v), [&](int64_t r) {
+    parallel_for(c, cpu::grain_for(v), [&](int64_t r) {
       A* z = pz + r * v;
       const int64_t y = tgt[c0 + r];
       const A zt = z[y];
@@ -140,7 +134,7 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
       const A* pdx = static_cast<const A*>(dxc.data_ptr());
       LT_DISPATCH_FLOAT(dhidden.dtype(), T, {
         T* pd = static_cast<T*>(dhidden.data_ptr());
-        parallel_for(c, grain_for(h), [&](int64_t r) {
+        parallel_for(c, cpu::grain_for(h), [&](int64_t r) {
           T* dst = pd + rows[c0 + r] * h;
           for (int64_t j = 0; j < h; ++j) store(dst, j, static_cast<acc_t<T>>(pdx[r * h + j]));
         });

@@ -160,10 +160,6 @@ float quantize_block(int64_t len, bool full, const Midpoints<N>& mid, Load&& loa
 }
 
 // Loop items below which parallel_for stays serial (about 32K elements of work).
-int64_t grain_for(int64_t elems_per_item) {
-  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
-}
-
 std::string weight_label(const Tensor& w) {
   return w.name().empty() ? w.str() : "'" + w.name() + "' " + w.str();
 }
@@ -315,7 +311,7 @@ void dynamic8_quantize(const Tensor& x, int64_t blocksize, const Tensor& q, cons
   uint8_t* qp = q.data<uint8_t>();
   float* ap = absmax.data<float>();
   const bool ragged = n % blocksize != 0;
-  parallel_for(blocks, grain_for(blocksize), [&](int64_t b) {
+  parallel_for(blocks, cpu::grain_for(blocksize), [&](int64_t b) {
     const int64_t start = b * blocksize, len = std::min(blocksize, n - start);
     const bool full = !(ragged && b == blocks - 1);
     ap[b] = quantize_block(
@@ -337,7 +333,8 @@ void dynamic8_dequantize(const Tensor& q, const Tensor& absmax, int64_t blocksiz
   const uint8_t* qp = q.data<uint8_t>();
   const float* ap = absmax.data<float>();
   float* op = out.data<float>();
-  parallel_for(n, grain_for(1), [&](int64_t i) { op[i] = kDynamicMap[qp[i]] * ap[i / blocksize]; });
+  parallel_for(n, cpu::grain_for(1),
+               [&](int64_t i) { op[i] = kDynamicMap[qp[i]] * ap[i / blocksize]; });
 }
 
 Nf4Weight nf4_quantize(const Tensor& w, bool double_quant, MemTag tag) {
@@ -362,7 +359,7 @@ Nf4Weight nf4_quantize(const Tensor& w, bool double_quant, MemTag tag) {
   std::atomic<bool> finite{true};
   LT_DISPATCH_FLOAT(src.dtype(), T, {
     const T* p = static_cast<const T*>(src.data_ptr());
-    parallel_for(blocks, grain_for(kNf4BlockSize), [&](int64_t b) {
+    parallel_for(blocks, cpu::grain_for(kNf4BlockSize), [&](int64_t b) {
       const int64_t start = b * kNf4BlockSize, len = std::min(kNf4BlockSize, n - start);
       const bool full = !(ragged && b == blocks - 1);
       bool ok = true;
@@ -413,7 +410,7 @@ Int8Weight int8_quantize(const Tensor& w, MemTag tag) {
   std::atomic<bool> finite{true};
   LT_DISPATCH_FLOAT(src.dtype(), T, {
     const T* p = static_cast<const T*>(src.data_ptr());
-    parallel_for(rows, grain_for(cols), [&](int64_t r) {
+    parallel_for(rows, cpu::grain_for(cols), [&](int64_t r) {
       // Int8Params rounds the weight to f16 before quantizing it.
       auto half = [&](int64_t c) {
         return f16_to_f32(f32_to_f16(static_cast<float>(cpu::load(p, r * cols + c))));
@@ -486,7 +483,7 @@ void nf4_dequantize(const Nf4Weight& w, const Tensor& out) {
   const int64_t blocks = w.num_blocks();
   LT_DISPATCH_FLOAT(out.dtype(), T, {
     T* o = static_cast<T*>(out.data_ptr());
-    parallel_for(blocks, grain_for(kNf4BlockSize), [&](int64_t b) {
+    parallel_for(blocks, cpu::grain_for(kNf4BlockSize), [&](int64_t b) {
       const int64_t start = b * kNf4BlockSize, end = std::min(start + kNf4BlockSize, n);
       const float a = am[b];
       for (int64_t i = start; i < end; ++i) {
@@ -520,7 +517,7 @@ void int8_dequantize(const Int8Weight& w, const Tensor& out) {
   const float* am = w.absmax.data<float>();
   LT_DISPATCH_FLOAT(out.dtype(), T, {
     T* o = static_cast<T*>(out.data_ptr());
-    parallel_for(rows, grain_for(cols), [&](int64_t r) {
+    parallel_for(rows, cpu::grain_for(cols), [&](int64_t r) {
       const float scale = am[r] * kInv127;
       for (int64_t c = 0; c < cols; ++c)
         cpu::store(o, r * cols + c, static_cast<float>(qp[r * cols + c]) * scale);

@@ -17,13 +17,6 @@ using cpu::store;
 
 namespace {
 
-Tensor contig(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
-  ops::copy(c, t);
-  return c;
-}
-
 class ResidualAddBackward final : public Node {
  public:
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
@@ -49,7 +42,7 @@ void residual_add_fwd(const Tensor& a, const Tensor& b, const Tensor& y) {
              " is on a CUDA device but this build has no CUDA backend");
 #endif
   }
-  const Tensor ac = contig(a), bc = contig(b);
+  const Tensor ac = ops::contiguous_workspace(a), bc = ops::contiguous_workspace(b);
   const int64_t n = y.numel();
   LT_DISPATCH_FLOAT(y.dtype(), T, {
     const T* pa = static_cast<const T*>(ac.data_ptr());

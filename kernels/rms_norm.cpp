@@ -26,20 +26,7 @@ using cpu::store;
 
 namespace {
 
-// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
-// a parallel region costs more than that saves on the two shared cores the CPU path targets.
-int64_t grain_for(int64_t elems_per_item) {
-  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
-}
-
 constexpr int64_t kRowsPerBlock = 32;
-
-Tensor contig(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
-  ops::copy(c, t);
-  return c;
-}
 
 DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
@@ -93,14 +80,14 @@ void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
     LT_THROW_NO_CUDA("rms_norm_fwd");
 #endif
   }
-  const Tensor xc = contig(x), wc = contig(w);
+  const Tensor xc = ops::contiguous_workspace(x), wc = ops::contiguous_workspace(w);
   LT_DISPATCH_FLOAT(x.dtype(), T, {
     using A = acc_t<T>;
     const T* px = static_cast<const T*>(xc.data_ptr());
     const T* pw = static_cast<const T*>(wc.data_ptr());
     T* py = static_cast<T*>(y.data_ptr());
     A* pr = static_cast<A*>(rstd.data_ptr());
-    parallel_for(rows, grain_for(h), [&](int64_t r) {
+    parallel_for(rows, cpu::grain_for(h), [&](int64_t r) {
       const T* xr = px + r * h;
       T* yr = py + r * h;
       A ss = 0;
@@ -142,7 +129,8 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
 #endif
   }
   if (!dx.defined() && !dw.defined()) return;
-  const Tensor xc = contig(x), wc = contig(w), gc = contig(dy), rc = contig(rstd);
+  const Tensor xc = ops::contiguous_workspace(x), wc = ops::contiguous_workspace(w),
+               gc = ops::contiguous_workspace(dy), rc = ops::contiguous_workspace(rstd);
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   Tensor partial;
   if (dw.defined())
@@ -156,7 +144,7 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
     const A* pr = static_cast<const A*>(rc.data_ptr());
     T* pdx = dx.defined() ? static_cast<T*>(dx.data_ptr()) : nullptr;
     A* pp = dw.defined() ? static_cast<A*>(partial.data_ptr()) : nullptr;
-    parallel_for(blocks, grain_for(kRowsPerBlock * h), [&](int64_t b) {
+    parallel_for(blocks, cpu::grain_for(kRowsPerBlock * h), [&](int64_t b) {
       A* part = pp ? pp + b * h : nullptr;
       if (part) std::fill(part, part + h, A(0));
       const int64_t r1 = std::min(rows, (b + 1) * kRowsPerBlock);
@@ -185,7 +173,7 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
     });
     if (pp) {
       T* pdw = static_cast<T*>(dw.data_ptr());
-      parallel_for(h, grain_for(blocks), [&](int64_t j) {
+      parallel_for(h, cpu::grain_for(blocks), [&](int64_t j) {
         A s = 0;
         for (int64_t b = 0; b < blocks; ++b) s += pp[b * h + j];
         store(pdw, j, s);

@@ -29,19 +29,6 @@ using cpu::store;
 
 namespace {
 
-// Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
-// a parallel region costs more than that saves on the two shared cores the CPU path targets.
-int64_t grain_for(int64_t elems_per_item) {
-  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(elems_per_item, 1));
-}
-
-Tensor contig(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
-  ops::copy(c, t);
-  return c;
-}
-
 DType table_dtype(DType x) { return x == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 // The [D/2] table for x's dtype and device.
@@ -147,7 +134,7 @@ void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_f
 #endif
   }
   const std::vector<int64_t> pos = position_ids.to_i64();
-  const Tensor xc = contig(x), ic = contig(inv_freq);
+  const Tensor xc = ops::contiguous_workspace(x), ic = ops::contiguous_workspace(inv_freq);
   const int64_t per_token = t == 0 ? 0 : x.numel() / t;
   const int64_t heads = d == 0 ? 0 : per_token / d;
   LT_DISPATCH_FLOAT(x.dtype(), T, {
@@ -156,7 +143,7 @@ void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_f
     const A* pf = static_cast<const A*>(ic.data_ptr());
     T* py = static_cast<T*>(y.data_ptr());
     const A sign = inverse ? A(-1) : A(1);
-    parallel_for(t, grain_for(per_token), [&](int64_t tok) {
+    parallel_for(t, cpu::grain_for(per_token), [&](int64_t tok) {
       std::vector<A> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
       const A p = static_cast<A>(pos[tok]);
       for (int64_t i = 0; i < half; ++i) {

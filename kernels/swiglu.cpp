@@ -23,13 +23,6 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 14;
 
-Tensor contig(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
-  ops::copy(c, t);
-  return c;
-}
-
 // Overflow-free logistic function: exp of a non-positive argument only.
 template <typename A>
 A sigmoid(A x) {
@@ -85,7 +78,7 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& y) {
     LT_THROW_NO_CUDA("swiglu_fwd");
 #endif
   }
-  const Tensor gc = contig(gate), uc = contig(up);
+  const Tensor gc = ops::contiguous_workspace(gate), uc = ops::contiguous_workspace(up);
   const int64_t n = y.numel();
   LT_DISPATCH_FLOAT(y.dtype(), T, {
     using A = acc_t<T>;
@@ -114,7 +107,8 @@ void swiglu_bwd(const Tensor& dy, const Tensor& gate, const Tensor& up, const Te
     LT_THROW_NO_CUDA("swiglu_bwd");
 #endif
   }
-  const Tensor gc = contig(gate), uc = contig(up), dc = contig(dy);
+  const Tensor gc = ops::contiguous_workspace(gate), uc = ops::contiguous_workspace(up),
+               dc = ops::contiguous_workspace(dy);
   const int64_t n = gate.numel();
   LT_DISPATCH_FLOAT(gate.dtype(), T, {
     using A = acc_t<T>;
