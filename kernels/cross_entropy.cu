@@ -13,58 +13,12 @@
 // dlogits once. f32 math (f64 for f64): exp as exp2f(x log2 e) (a few ulps), logf accurate.
 #include "engine/cuda_utils.cuh"
 #include "kernels/cross_entropy.h"
+#include "kernels/online_softmax.cuh"
 
 namespace leantune::kernels {
 namespace {
 
-// exp(v) in f32 as exp2(v * log2 e): the ex2 unit plus one multiply, accurate to a few ulps
-// (the forward does one exp per logit, so this keeps it memory-bound); f64 uses exp.
-template <typename A>
-__device__ __forceinline__ A exp_acc(A v) {
-  if constexpr (std::is_same_v<A, float>)
-    return exp2f(v * 1.4426950408889634f);
-  else
-    return exp(v);
-}
-template <typename A>
-__device__ __forceinline__ A log_acc(A v) {
-  if constexpr (std::is_same_v<A, float>)
-    return logf(v);
-  else
-    return log(v);
-}
-
-template <typename A>
-struct Online {
-  A m;
-  A s;
-};
-
-template <typename A>
-__device__ __forceinline__ Online<A> online_merge(Online<A> a, Online<A> b) {
-  if (a.m == -INFINITY) return b;
-  if (b.m == -INFINITY) return a;
-  const A m = fmax(a.m, b.m);
-  return {m, a.s * exp_acc(a.m - m) + b.s * exp_acc(b.m - m)};
-}
-
-// Adds N values to the running state. Values equal to -inf add exp(-inf) = 0 and are skipped,
-// so a leading run of -inf cannot turn the state into NaN.
-template <typename A, int N>
-__device__ __forceinline__ void online_add(Online<A>& st, const A (&v)[N]) {
-  A vm = v[0];
-#pragma unroll
-  for (int j = 1; j < N; ++j) vm = fmax(vm, v[j]);
-  if (vm == -INFINITY) return;
-  if (vm > st.m) {
-    st.s = st.m == -INFINITY ? A(0) : st.s * exp_acc(st.m - vm);
-    st.m = vm;
-  }
-  A add = 0;
-#pragma unroll
-  for (int j = 0; j < N; ++j) add += exp_acc(v[j] - st.m);
-  st.s += add;
-}
+using online::exp_acc;
 
 // loss_rows and lse for row blockIdx.x; targets are already validated.
 template <typename T, int N>
@@ -76,56 +30,8 @@ __global__ void cross_entropy_fwd_kernel(const T* __restrict__ logits,
   __shared__ A sm[32], ss[32];
   const int64_t row = blockIdx.x;
   const T* z = logits + row * v;
-  Online<A> st{A(-INFINITY), A(0)};
-  const int64_t nvec = v / N;
-  constexpr int kUnroll = 4;
-  int64_t k = threadIdx.x;
-  // kUnroll independent 16-byte loads in flight per thread.
-  for (; k + (kUnroll - 1) * static_cast<int64_t>(blockDim.x) < nvec; k += kUnroll * blockDim.x) {
-    A x[kUnroll][N];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if constexpr (N > 1) {
-        cu::load_vec<T, N>(z + (k + u * static_cast<int64_t>(blockDim.x)) * N, x[u]);
-      } else {
-        x[u][0] = cu::to_acc(z[k + u * static_cast<int64_t>(blockDim.x)]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) online_add(st, x[u]);
-  }
-  for (; k < nvec; k += blockDim.x) {
-    A x[N];
-    if constexpr (N > 1) {
-      cu::load_vec<T, N>(z + k * N, x);
-    } else {
-      x[0] = cu::to_acc(z[k]);
-    }
-    online_add(st, x);
-  }
-  for (int64_t j = nvec * N + threadIdx.x; j < v; j += blockDim.x) {
-    const A x[1] = {cu::to_acc(z[j])};
-    online_add(st, x);
-  }
-  // Block merge: warps by shuffles, then the warp results in warp order.
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const Online<A> other{__shfl_xor_sync(0xffffffffu, st.m, o),
-                          __shfl_xor_sync(0xffffffffu, st.s, o)};
-    st = online_merge(st, other);
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sm[warp] = st.m;
-    ss[warp] = st.s;
-  }
-  __syncthreads();
+  const A l = online::block_row_lse<T, N>(z, v, sm, ss);
   if (threadIdx.x == 0) {
-    Online<A> t{A(-INFINITY), A(0)};
-    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w)
-      t = online_merge(t, Online<A>{sm[w], ss[w]});
-    // All -inf (or empty) rows: the CPU's m + log(sum exp(z - m)) is NaN there too.
-    const A l = t.m == -INFINITY ? A(NAN) : t.m + log_acc(t.s);
     lse[row] = l;
     const int64_t y = targets[row];
     loss_rows[row] = y == kIgnoreIndex ? A(0) : l - cu::to_acc(z[y]);

@@ -41,6 +41,7 @@
 #include "engine/cuda_utils.cuh"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear_cross_entropy.h"
+#include "kernels/online_softmax.cuh"
 
 namespace leantune::kernels {
 namespace {
@@ -48,66 +49,9 @@ namespace {
 constexpr int64_t kChunkBudgetBytes = int64_t{768} << 20;
 constexpr int64_t kChunkRowQuantum = 128;
 
-template <typename A>
-__device__ __forceinline__ A exp_acc(A v) {
-  if constexpr (std::is_same_v<A, float>)
-    return exp2f(v * 1.4426950408889634f);
-  else
-    return exp(v);
-}
-template <typename A>
-__device__ __forceinline__ A log_acc(A v) {
-  if constexpr (std::is_same_v<A, float>)
-    return logf(v);
-  else
-    return log(v);
-}
-
-template <typename A>
-struct Online {
-  A m;
-  A s;
-};
-
-template <typename A>
-__device__ __forceinline__ Online<A> online_merge(Online<A> a, Online<A> b) {
-  if (a.m == -INFINITY) return b;
-  if (b.m == -INFINITY) return a;
-  const A m = fmax(a.m, b.m);
-  return {m, a.s * exp_acc(a.m - m) + b.s * exp_acc(b.m - m)};
-}
-
-// Adds N values to a running (max, sum); -inf values add nothing (no -inf - -inf).
-template <typename A, int N>
-__device__ __forceinline__ void online_add(Online<A>& st, const A (&v)[N]) {
-  A vm = v[0];
-#pragma unroll
-  for (int j = 1; j < N; ++j) vm = fmax(vm, v[j]);
-  if (vm == -INFINITY) return;
-  if (vm > st.m) {
-    st.s = st.m == -INFINITY ? A(0) : st.s * exp_acc(st.m - vm);
-    st.m = vm;
-  }
-  A add = 0;
-#pragma unroll
-  for (int j = 0; j < N; ++j) add += exp_acc(v[j] - st.m);
-  st.s += add;
-}
-
-template <typename T, int N, typename A>
-__device__ __forceinline__ void load_n(const T* p, A (&x)[N]) {
-  if constexpr (N > 1)
-    cu::load_vec<T, N>(p, x);
-  else
-    x[0] = cu::to_acc(p[0]);
-}
-template <typename T, int N, typename A>
-__device__ __forceinline__ void store_n(T* p, const A (&x)[N]) {
-  if constexpr (N > 1)
-    cu::store_vec<T, N>(p, x);
-  else
-    p[0] = cu::from_acc<T>(x[0]);
-}
+using online::exp_acc;
+using online::load_n;
+using online::store_n;
 
 // One block per chunk row r: lse by an online max/sum over z[r, :] (one read), nll[r] =
 // lse - z[r, y_r]; when `grads`, z[r, :] is overwritten by (softmax - onehot) * scale (a second
@@ -122,49 +66,12 @@ __global__ void linear_ce_rows_kernel(T* z, int64_t v, const int32_t* __restrict
   const int64_t row = blockIdx.x;
   T* zr = z + row * v;
   const int64_t nvec = v / N;
-  Online<A> st{A(-INFINITY), A(0)};
-  constexpr int kUnroll = 4;
-  int64_t k = threadIdx.x;
-  // kUnroll independent vector loads in flight per thread.
-  for (; k + (kUnroll - 1) * static_cast<int64_t>(blockDim.x) < nvec; k += kUnroll * blockDim.x) {
-    A x[kUnroll][N];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      load_n<T, N>(zr + (k + u * static_cast<int64_t>(blockDim.x)) * N, x[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) online_add(st, x[u]);
-  }
-  for (; k < nvec; k += blockDim.x) {
-    A x[N];
-    load_n<T, N>(zr + k * N, x);
-    online_add(st, x);
-  }
-  for (int64_t j = nvec * N + threadIdx.x; j < v; j += blockDim.x) {
-    const A x[1] = {cu::to_acc(zr[j])};
-    online_add(st, x);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const Online<A> other{__shfl_xor_sync(0xffffffffu, st.m, o),
-                          __shfl_xor_sync(0xffffffffu, st.s, o)};
-    st = online_merge(st, other);
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sm[warp] = st.m;
-    ss[warp] = st.s;
-  }
-  __syncthreads();
+  const A row_lse = online::block_row_lse<T, N>(zr, v, sm, ss);
   const int64_t y = targets[row];
   if (threadIdx.x == 0) {
-    Online<A> t{A(-INFINITY), A(0)};
-    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w)
-      t = online_merge(t, Online<A>{sm[w], ss[w]});
-    // A row of -inf logits has no softmax: NaN, as on the CPU path.
-    const A l = t.m == -INFINITY ? A(NAN) : t.m + log_acc(t.s);
-    lse_sh = l;
+    lse_sh = row_lse;
     // z[y] is read here, before any thread overwrites the row (after the barrier below).
-    nll[row] = l - cu::to_acc(zr[y]);
+    nll[row] = row_lse - cu::to_acc(zr[y]);
   }
   if (!grads) return;
   __syncthreads();
