@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.cuh"
 #include "engine/allocator.h"
 #include "engine/check.h"
 #include "engine/rng.h"
@@ -36,27 +37,8 @@ namespace {
 
 const lt::Device kGpu = lt::Device::cuda(0);
 
-cudaStream_t stream() { return static_cast<cudaStream_t>(lt::current_stream(kGpu).handle); }
-
 double median_ms(const std::function<void()>& fn, int reps) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) fn();
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    CUDA_CHECK(cudaEventRecord(a, stream()));
-    fn();
-    CUDA_CHECK(cudaEventRecord(b, stream()));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return lt::bench::median_ms(fn, reps, 2);
 }
 
 lt::Tensor randn(const lt::Shape& s, uint64_t seed) {

@@ -1,0 +1,43 @@
+// Shared timing for the CUDA benchmarks: CUDA events around each call on the current stream of
+// cuda:0, warm-up calls first, the median of the timed calls.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "engine/check.h"
+#include "engine/device.h"
+#include "engine/stream.h"
+
+namespace leantune::bench {
+
+inline cudaStream_t gpu_stream() {
+  return static_cast<cudaStream_t>(current_stream(Device::cuda(0)).handle);
+}
+
+// Median milliseconds of `reps` calls of fn after `warmup` untimed ones.
+inline double median_ms(const std::function<void()>& fn, int reps, int warmup) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    CUDA_CHECK(cudaEventRecord(a, gpu_stream()));
+    fn();
+    CUDA_CHECK(cudaEventRecord(b, gpu_stream()));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms.empty() ? 0.0 : ms[ms.size() / 2];
+}
+
+}  // namespace leantune::bench
