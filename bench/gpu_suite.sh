@@ -24,7 +24,7 @@
 # Machines without a package registry: the build needs Debian's -dev packages. Prepare them here,
 # in the repository root (carried/ is git-ignored; keep it under the 64 MiB a lent machine takes):
 #   ../shared/tools/carry-debs carried googletest libgtest-dev nlohmann-json3-dev \
-#       libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread libpcre2-dev libutf8proc-dev \
+#       libopenblas-dev libopenblas-openmp-dev libopenblas0-openmp libpcre2-dev libutf8proc-dev \
 #       libutf8proc2 libcli11-dev libfmt-dev libfmt9 libbenchmark-dev libbenchmark1debian \
 #       pkgconf pkgconf-bin libpkgconf3
 # (libopenmpi-dev can be added; MPI is optional and its runtime pulls in many packages.) When a
