@@ -70,13 +70,13 @@ std::vector<Op> synthetic_trace(int steps, int layers, int64_t hidden, uint64_t 
       s.push_back(alloc(th / 4, MemTag::kActivation));      // v
       s.push_back(alloc(th, MemTag::kActivation));          // attn out
       s.push_back(alloc(t * 4 * 16, MemTag::kActivation));  // lse
-      uint64_t tmp = alloc(th, MemTag::kWorkspace);          // o_proj out, consumed by residual
+      uint64_t tmp = alloc(th, MemTag::kWorkspace);         // o_proj out, consumed by residual
       s.push_back(alloc(th, MemTag::kActivation));          // residual
       release(tmp);
-      s.push_back(alloc(ti, MemTag::kActivation));          // gate
-      s.push_back(alloc(ti, MemTag::kActivation));          // up
-      s.push_back(alloc(ti, MemTag::kActivation));          // swiglu out
-      s.push_back(alloc(th, MemTag::kActivation));          // layer out
+      s.push_back(alloc(ti, MemTag::kActivation));  // gate
+      s.push_back(alloc(ti, MemTag::kActivation));  // up
+      s.push_back(alloc(ti, MemTag::kActivation));  // swiglu out
+      s.push_back(alloc(th, MemTag::kActivation));  // layer out
     }
     uint64_t logits = alloc(t * 1024 * 4, MemTag::kWorkspace);  // a chunked loss buffer
     release(logits);
@@ -103,7 +103,8 @@ std::vector<Op> load_trace(const std::string& path) {
   nlohmann::json j = nlohmann::json::parse(in);
   std::vector<Op> ops;
   std::map<std::string, MemTag> tags;
-  for (int i = 0; i < kNumMemTags; ++i) tags[mem_tag_name(static_cast<MemTag>(i))] = static_cast<MemTag>(i);
+  for (int i = 0; i < kNumMemTags; ++i)
+    tags[mem_tag_name(static_cast<MemTag>(i))] = static_cast<MemTag>(i);
   for (const auto& e : j.at("events")) {
     const std::string kind = e.at("kind");
     if (kind == "alloc")
@@ -197,10 +198,14 @@ Result run_uncached(const std::vector<Op>& ops, MemoryBacking& backing) {
 }
 
 nlohmann::json to_json(const Result& r) {
-  return {{"ns_per_alloc", r.ns_alloc},     {"ns_per_free", r.ns_free},
-          {"peak_allocated_bytes", r.peak_allocated}, {"peak_reserved_bytes", r.peak_reserved},
-          {"fragmentation_bytes", r.fragmentation},   {"segment_allocs", r.segments},
-          {"alloc_retries", r.retries},     {"allocations", r.allocs}};
+  return {{"ns_per_alloc", r.ns_alloc},
+          {"ns_per_free", r.ns_free},
+          {"peak_allocated_bytes", r.peak_allocated},
+          {"peak_reserved_bytes", r.peak_reserved},
+          {"fragmentation_bytes", r.fragmentation},
+          {"segment_allocs", r.segments},
+          {"alloc_retries", r.retries},
+          {"allocations", r.allocs}};
 }
 
 }  // namespace
@@ -219,13 +224,20 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--device") device = next();
-    else if (a == "--trace") trace = next();
-    else if (a == "--record") record = next();
-    else if (a == "--steps") steps = std::stoi(next());
-    else if (a == "--layers") layers = std::stoi(next());
-    else if (a == "--hidden") hidden = std::stoll(next());
-    else if (a == "--seed") seed = std::stoull(next());
+    if (a == "--device")
+      device = next();
+    else if (a == "--trace")
+      trace = next();
+    else if (a == "--record")
+      record = next();
+    else if (a == "--steps")
+      steps = std::stoi(next());
+    else if (a == "--layers")
+      layers = std::stoi(next());
+    else if (a == "--hidden")
+      hidden = std::stoll(next());
+    else if (a == "--seed")
+      seed = std::stoull(next());
     else {
       std::fprintf(stderr, "bench_allocator: unknown option %s\n", a.c_str());
       return 2;
@@ -233,7 +245,8 @@ int main(int argc, char** argv) {
   }
   try {
     Device dev = Device::parse(device);
-    std::vector<Op> ops = trace.empty() ? synthetic_trace(steps, layers, hidden, seed) : load_trace(trace);
+    std::vector<Op> ops =
+        trace.empty() ? synthetic_trace(steps, layers, hidden, seed) : load_trace(trace);
     std::unique_ptr<MemoryBacking> raw =
         dev.is_cuda() ? cuda_make_device_backing(dev.index) : make_host_backing(false);
     Allocator alloc(dev.is_cuda() ? cuda_make_device_backing(dev.index) : make_host_backing(false));
@@ -258,9 +271,8 @@ int main(int argc, char** argv) {
           {"allocator_ns_per_free", warm.ns_free},
           {"allocator_baseline_ns_per_alloc", base.ns_alloc},
           {"allocator_fragmentation_fraction",
-           warm.peak_reserved > 0
-               ? static_cast<double>(warm.fragmentation) / warm.peak_reserved
-               : 0.0}}}};
+           warm.peak_reserved > 0 ? static_cast<double>(warm.fragmentation) / warm.peak_reserved
+                                  : 0.0}}}};
     std::printf("%s\n", out.dump(2).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_allocator: %s\n", e.what());

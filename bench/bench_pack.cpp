@@ -90,9 +90,12 @@ int main(int argc, char** argv) {
   int repeats = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--n") n = std::atoll(argv[i + 1]);
-    else if (a == "--max_length") max_length = std::atoll(argv[i + 1]);
-    else if (a == "--repeats") repeats = std::max(1, std::atoi(argv[i + 1]));
+    if (a == "--n")
+      n = std::atoll(argv[i + 1]);
+    else if (a == "--max_length")
+      max_length = std::atoll(argv[i + 1]);
+    else if (a == "--repeats")
+      repeats = std::max(1, std::atoi(argv[i + 1]));
   }
   const std::vector<int64_t> lengths = make_lengths(n, 20240917);
   int64_t total = 0, over = 0;
@@ -124,7 +127,8 @@ int main(int argc, char** argv) {
   const double bfd_copy = time_copy(sub, max_length, PackingStrategy::kBfd, &copied);
   int64_t copied_split = 0;
   const double split_copy = time_copy(sub, max_length, PackingStrategy::kBfdSplit, &copied_split);
-  std::printf("  },\n  \"with_token_copy\": {\"sequences\": %lld,\n", static_cast<long long>(subset));
+  std::printf("  },\n  \"with_token_copy\": {\"sequences\": %lld,\n",
+              static_cast<long long>(subset));
   std::printf("    \"bfd\": {\"seconds\": %.4f, \"tokens\": %lld},\n", bfd_copy,
               static_cast<long long>(copied));
   std::printf("    \"bfd_split\": {\"seconds\": %.4f, \"tokens\": %lld}\n  }\n}\n", split_copy,

@@ -13,9 +13,9 @@ namespace leantune {
 
 namespace {
 constexpr size_t kMinBlockSize = 512;
-constexpr size_t kSmallSize = 1 << 20;         // requests up to 1 MiB use the small pool
-constexpr size_t kSmallBuffer = 2 << 20;       // small-pool segments
-constexpr size_t kLargeBuffer = 20 << 20;      // large-pool segments for requests < 10 MiB
+constexpr size_t kSmallSize = 1 << 20;     // requests up to 1 MiB use the small pool
+constexpr size_t kSmallBuffer = 2 << 20;   // small-pool segments
+constexpr size_t kLargeBuffer = 20 << 20;  // large-pool segments for requests < 10 MiB
 constexpr size_t kMinLargeAlloc = 10 << 20;
 constexpr size_t kRoundLarge = 2 << 20;
 
@@ -188,8 +188,8 @@ Block* Allocator::alloc_segment(Pool& pool, size_t segment_size, uint64_t stream
 }
 
 Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
-  LT_CHECK(stream.device.type == device().type,
-           "stream on ", stream.device.str(), " used with the allocator of ", device().str());
+  LT_CHECK(stream.device.type == device().type, "stream on ", stream.device.str(),
+           " used with the allocator of ", device().str());
   std::lock_guard<std::recursive_mutex> lk(mu_);
   process_events();
   const size_t size = round_up(std::max<size_t>(bytes, 1), kMinBlockSize);
@@ -197,8 +197,9 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
   Pool& pool = size <= kSmallSize ? *small_ : *large_;
   Block* b = find_free_block(pool, size, stream.id);
   if (!b) {
-    const size_t seg = pool.small ? kSmallBuffer
-                                  : (size < kMinLargeAlloc ? kLargeBuffer : round_up(size, kRoundLarge));
+    const size_t seg = pool.small
+                           ? kSmallBuffer
+                           : (size < kMinLargeAlloc ? kLargeBuffer : round_up(size, kRoundLarge));
     bool ok = false;
     b = alloc_segment(pool, seg, stream.id, &ok);
     if (!ok) {
@@ -403,8 +404,9 @@ void Allocator::throw_oom(size_t bytes, MemTag tag) {
   const char* hint = "a smaller per_device_train_batch_size or max_length";
   switch (worst_tag) {
     case MemTag::kActivation:
-      hint = "gradient_checkpointing, activation_offloading, or a smaller "
-             "per_device_train_batch_size / max_length";
+      hint =
+          "gradient_checkpointing, activation_offloading, or a smaller "
+          "per_device_train_batch_size / max_length";
       break;
     case MemTag::kOptimizer:
     case MemTag::kGrad:
@@ -424,8 +426,8 @@ void Allocator::throw_oom(size_t bytes, MemTag tag) {
            format_bytes(static_cast<int64_t>(bytes)), " (", mem_tag_name(tag), "); allocated ",
            format_bytes(stats_.allocated.current), ", reserved ",
            format_bytes(stats_.reserved.current), limit, ", largest free block ",
-           format_bytes(static_cast<int64_t>(largest_free_block())), "; held by tag: ",
-           by_tag.empty() ? "nothing" : by_tag, ". Try ", hint, ".");
+           format_bytes(static_cast<int64_t>(largest_free_block())),
+           "; held by tag: ", by_tag.empty() ? "nothing" : by_tag, ". Try ", hint, ".");
 }
 
 void Allocator::set_trace_enabled(bool on) {
@@ -446,8 +448,7 @@ void Allocator::clear_trace() {
 }
 
 std::string Allocator::trace_json() const {
-  static constexpr const char* kKinds[] = {"alloc", "free", "segment_alloc", "segment_free",
-                                           "oom"};
+  static constexpr const char* kKinds[] = {"alloc", "free", "segment_alloc", "segment_free", "oom"};
   std::lock_guard<std::recursive_mutex> lk(mu_);
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : trace_) {
@@ -472,17 +473,17 @@ Allocator& allocator(Device device) {
     if (!host) host = new Allocator(make_host_backing(false));
     return *host;
   }
-  LT_CHECK_INPUT(device.index >= 0 && device.index < cuda_device_count(),
-                 "device ", device.str(), " is not available (", cuda_device_count(),
-                 " CUDA devices)");
+  LT_CHECK_INPUT(device.index >= 0 && device.index < cuda_device_count(), "device ", device.str(),
+                 " is not available (", cuda_device_count(), " CUDA devices)");
   if (cuda.size() <= static_cast<size_t>(device.index)) cuda.resize(device.index + 1, nullptr);
-  if (!cuda[device.index]) cuda[device.index] = new Allocator(cuda_make_device_backing(device.index));
+  if (!cuda[device.index])
+    cuda[device.index] = new Allocator(cuda_make_device_backing(device.index));
   return *cuda[device.index];
 }
 
 Allocator& pinned_allocator() {
-  static Allocator* pinned = new Allocator(
-      cuda_available() ? cuda_make_pinned_backing() : make_host_backing(true));
+  static Allocator* pinned =
+      new Allocator(cuda_available() ? cuda_make_pinned_backing() : make_host_backing(true));
   return *pinned;
 }
 

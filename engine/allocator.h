@@ -87,12 +87,12 @@ struct MemStat {
 };
 
 struct AllocatorStats {
-  MemStat allocated;                    // bytes in blocks handed out (rounded sizes)
-  MemStat requested;                    // bytes asked for
-  MemStat reserved;                     // bytes in segments obtained from the backing
-  MemStat by_tag[kNumMemTags];          // allocated bytes per tag
-  int64_t segments = 0;                 // current number of segments
-  int64_t active_blocks = 0;            // current number of allocated blocks
+  MemStat allocated;            // bytes in blocks handed out (rounded sizes)
+  MemStat requested;            // bytes asked for
+  MemStat reserved;             // bytes in segments obtained from the backing
+  MemStat by_tag[kNumMemTags];  // allocated bytes per tag
+  int64_t segments = 0;         // current number of segments
+  int64_t active_blocks = 0;    // current number of allocated blocks
   int64_t num_allocs = 0;
   int64_t num_frees = 0;
   int64_t num_segment_allocs = 0;

@@ -134,8 +134,8 @@ void remove_backward_observer(BackwardObserver* obs) {
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
               bool retain_graph) {
-  LT_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(),
-           " roots and ", grads.size(), " gradients");
+  LT_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(), " roots and ",
+           grads.size(), " gradients");
   struct State {
     std::vector<Tensor> inputs;
     int deps = 0;
@@ -218,12 +218,13 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     if (!retain_graph) n->release_saved();
     const auto& edges = n->next_edges();
     if (any && !dynamic_cast<AccumulateGrad*>(n))
-      LT_CHECK(out.size() == edges.size(), n->name(), " returned ", out.size(),
-               " gradients for ", edges.size(), " inputs");
+      LT_CHECK(out.size() == edges.size(), n->name(), " returned ", out.size(), " gradients for ",
+               edges.size(), " inputs");
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& e = edges[i];
       if (!e.valid()) continue;
-      if (any && i < out.size() && out[i].defined()) add_grad(e.fn.get(), e.input_nr, std::move(out[i]));
+      if (any && i < out.size() && out[i].defined())
+        add_grad(e.fn.get(), e.input_nr, std::move(out[i]));
       State& s = state[e.fn.get()];
       if (--s.deps == 0) {
         s.deps = -1;
@@ -272,7 +273,8 @@ class CheckpointBackward final : public Node {
       SavedTensorHooksGuard keep(std::make_shared<KeepHooks>());
       outs = fn(in);
     }
-    for (size_t i = 0; i < g_replayable.size() && i < now.size(); ++i) g_replayable[i]->restore(now[i]);
+    for (size_t i = 0; i < g_replayable.size() && i < now.size(); ++i)
+      g_replayable[i]->restore(now[i]);
     LT_CHECK(outs.size() == grads.size(), "checkpointed function returned ", outs.size(),
              " outputs on recompute, ", grads.size(), " the first time");
     std::vector<Tensor> roots, gs;

@@ -139,8 +139,8 @@ class SavedTensor {
 
  private:
   bool defined_ = false;
-  Tensor tensor_;                          // when no hooks were active
-  std::shared_ptr<void> packed_;           // when hooks were active
+  Tensor tensor_;                 // when no hooks were active
+  std::shared_ptr<void> packed_;  // when hooks were active
   std::shared_ptr<SavedTensorHooks> hooks_;
 };
 

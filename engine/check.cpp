@@ -10,10 +10,14 @@ namespace leantune {
 
 int exit_code(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kInput: return 2;
-    case ErrorKind::kOutOfMemory: return 3;
-    case ErrorKind::kNonFinite: return 4;
-    case ErrorKind::kInternal: return 1;
+    case ErrorKind::kInput:
+      return 2;
+    case ErrorKind::kOutOfMemory:
+      return 3;
+    case ErrorKind::kNonFinite:
+      return 4;
+    case ErrorKind::kInternal:
+      return 1;
   }
   return 1;
 }

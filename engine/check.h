@@ -16,10 +16,10 @@
 namespace leantune {
 
 enum class ErrorKind {
-  kInternal,   // a bug or an unexpected library failure: exit 1
-  kInput,      // bad input file, bad option, bad data: exit 2
-  kOutOfMemory,// the caching allocator could not satisfy a request: exit 3
-  kNonFinite,  // training stopped after repeated non-finite steps: exit 4
+  kInternal,     // a bug or an unexpected library failure: exit 1
+  kInput,        // bad input file, bad option, bad data: exit 2
+  kOutOfMemory,  // the caching allocator could not satisfy a request: exit 3
+  kNonFinite,    // training stopped after repeated non-finite steps: exit 4
 };
 
 class Error : public std::runtime_error {
@@ -46,8 +46,8 @@ std::string str_cat(const Args&... args) {
 
 }  // namespace leantune
 
-#define LT_THROW(kind, ...)                                                  \
-  ::leantune::detail::throw_error(kind, __FILE__, __LINE__,                  \
+#define LT_THROW(kind, ...)                                 \
+  ::leantune::detail::throw_error(kind, __FILE__, __LINE__, \
                                   ::leantune::detail::str_cat(__VA_ARGS__))
 
 #define LT_CHECK(cond, ...)                                                                  \
@@ -57,10 +57,10 @@ std::string str_cat(const Args&... args) {
   } while (0)
 
 // User-facing: the message alone is what the user sees, so it must name the file/line/option.
-#define LT_CHECK_INPUT(cond, ...)                                       \
-  do {                                                                  \
-    if (!(cond)) [[unlikely]]                                           \
-      LT_THROW(::leantune::ErrorKind::kInput, ##__VA_ARGS__);           \
+#define LT_CHECK_INPUT(cond, ...)                             \
+  do {                                                        \
+    if (!(cond)) [[unlikely]]                                 \
+      LT_THROW(::leantune::ErrorKind::kInput, ##__VA_ARGS__); \
   } while (0)
 
 // A CUDA tensor or CUDA entry point reached in a build without the CUDA backend.
@@ -70,19 +70,20 @@ std::string str_cat(const Args&... args) {
            "-DLEANTUNE_CUDA=ON on a machine with nvcc)")
 
 // One generator for every library's status codes: ok-value, a to-string function, a label.
-#define LT_LIB_CHECK_GEN(expr, ok, to_string, label)                                          \
-  do {                                                                                        \
-    auto _lt_status = (expr);                                                                 \
-    if (_lt_status != (ok)) [[unlikely]]                                                      \
+#define LT_LIB_CHECK_GEN(expr, ok, to_string, label)                                             \
+  do {                                                                                           \
+    auto _lt_status = (expr);                                                                    \
+    if (_lt_status != (ok)) [[unlikely]]                                                         \
       LT_THROW(::leantune::ErrorKind::kInternal, label " error ", static_cast<long>(_lt_status), \
-               " (", to_string(_lt_status), ") in ", #expr);                                  \
+               " (", to_string(_lt_status), ") in ", #expr);                                     \
   } while (0)
 
 #define CUDA_CHECK(expr) LT_LIB_CHECK_GEN(expr, cudaSuccess, cudaGetErrorString, "CUDA")
 #define CUBLAS_CHECK(expr) \
   LT_LIB_CHECK_GEN(expr, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, "cuBLAS")
 #define NCCL_CHECK(expr) LT_LIB_CHECK_GEN(expr, ncclSuccess, ncclGetErrorString, "NCCL")
-#define MPI_CHECK(expr) LT_LIB_CHECK_GEN(expr, MPI_SUCCESS, ::leantune::detail::mpi_error_string, "MPI")
+#define MPI_CHECK(expr) \
+  LT_LIB_CHECK_GEN(expr, MPI_SUCCESS, ::leantune::detail::mpi_error_string, "MPI")
 // After every kernel launch.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 

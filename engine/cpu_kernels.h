@@ -37,16 +37,23 @@ inline void store(f16_t* p, int64_t i, float v) { p[i].bits = f32_to_f16(v); }
 // Generic value conversion for copies between any numeric types.
 template <typename T>
 inline double to_double(T v) {
-  if constexpr (std::is_same_v<T, bf16_t>) return bf16_to_f32(v.bits);
-  else if constexpr (std::is_same_v<T, f16_t>) return f16_to_f32(v.bits);
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return bf16_to_f32(v.bits);
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return f16_to_f32(v.bits);
+  else
+    return static_cast<double>(v);
 }
 template <typename T>
 inline T from_double(double v) {
-  if constexpr (std::is_same_v<T, bf16_t>) return bf16_t{f32_to_bf16(static_cast<float>(v))};
-  else if constexpr (std::is_same_v<T, f16_t>) return f16_t{f32_to_f16(static_cast<float>(v))};
-  else if constexpr (std::is_same_v<T, bool>) return v != 0.0;
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return bf16_t{f32_to_bf16(static_cast<float>(v))};
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return f16_t{f32_to_f16(static_cast<float>(v))};
+  else if constexpr (std::is_same_v<T, bool>)
+    return v != 0.0;
+  else
+    return static_cast<T>(v);
 }
 
 // Loop items below which a parallel_for stays serial: about 32K elements of work in all, since
@@ -69,34 +76,102 @@ inline void parallel_for(int64_t n, int64_t grain, F&& f) {
 }  // namespace leantune::cpu
 
 // Dispatch over floating dtypes: binds T to float, double, bf16_t or f16_t.
-#define LT_DISPATCH_FLOAT(dtype, T, ...)                                                 \
-  switch (dtype) {                                                                       \
-    case ::leantune::DType::kF32: { using T = float; __VA_ARGS__; break; }               \
-    case ::leantune::DType::kF64: { using T = double; __VA_ARGS__; break; }              \
-    case ::leantune::DType::kBF16: { using T = ::leantune::bf16_t; __VA_ARGS__; break; } \
-    case ::leantune::DType::kF16: { using T = ::leantune::f16_t; __VA_ARGS__; break; }   \
-    default:                                                                             \
-      LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",                   \
-               ::leantune::dtype_name(dtype), " (expected a floating type)");            \
+#define LT_DISPATCH_FLOAT(dtype, T, ...)                                      \
+  switch (dtype) {                                                            \
+    case ::leantune::DType::kF32: {                                           \
+      using T = float;                                                        \
+      __VA_ARGS__;                                                            \
+      break;                                                                  \
+    }                                                                         \
+    case ::leantune::DType::kF64: {                                           \
+      using T = double;                                                       \
+      __VA_ARGS__;                                                            \
+      break;                                                                  \
+    }                                                                         \
+    case ::leantune::DType::kBF16: {                                          \
+      using T = ::leantune::bf16_t;                                           \
+      __VA_ARGS__;                                                            \
+      break;                                                                  \
+    }                                                                         \
+    case ::leantune::DType::kF16: {                                           \
+      using T = ::leantune::f16_t;                                            \
+      __VA_ARGS__;                                                            \
+      break;                                                                  \
+    }                                                                         \
+    default:                                                                  \
+      LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",        \
+               ::leantune::dtype_name(dtype), " (expected a floating type)"); \
   }
 
 // Dispatch over every numeric dtype copies can convert between.
-#define LT_DISPATCH_ALL(dtype, T, ...)                                                   \
-  switch (dtype) {                                                                       \
-    case ::leantune::DType::kF32: { using T = float; __VA_ARGS__; break; }               \
-    case ::leantune::DType::kF64: { using T = double; __VA_ARGS__; break; }              \
-    case ::leantune::DType::kBF16: { using T = ::leantune::bf16_t; __VA_ARGS__; break; } \
-    case ::leantune::DType::kF16: { using T = ::leantune::f16_t; __VA_ARGS__; break; }   \
-    case ::leantune::DType::kI64: { using T = int64_t; __VA_ARGS__; break; }             \
-    case ::leantune::DType::kI32: { using T = int32_t; __VA_ARGS__; break; }             \
-    case ::leantune::DType::kI16: { using T = int16_t; __VA_ARGS__; break; }             \
-    case ::leantune::DType::kI8: { using T = int8_t; __VA_ARGS__; break; }               \
-    case ::leantune::DType::kU8: { using T = uint8_t; __VA_ARGS__; break; }              \
-    case ::leantune::DType::kU16: { using T = uint16_t; __VA_ARGS__; break; }            \
-    case ::leantune::DType::kU32: { using T = uint32_t; __VA_ARGS__; break; }            \
-    case ::leantune::DType::kU64: { using T = uint64_t; __VA_ARGS__; break; }            \
-    case ::leantune::DType::kBool: { using T = bool; __VA_ARGS__; break; }               \
-    default:                                                                             \
-      LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",                   \
-               ::leantune::dtype_name(dtype), " for conversion");                        \
+#define LT_DISPATCH_ALL(dtype, T, ...)                                 \
+  switch (dtype) {                                                     \
+    case ::leantune::DType::kF32: {                                    \
+      using T = float;                                                 \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kF64: {                                    \
+      using T = double;                                                \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kBF16: {                                   \
+      using T = ::leantune::bf16_t;                                    \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kF16: {                                    \
+      using T = ::leantune::f16_t;                                     \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kI64: {                                    \
+      using T = int64_t;                                               \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kI32: {                                    \
+      using T = int32_t;                                               \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kI16: {                                    \
+      using T = int16_t;                                               \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kI8: {                                     \
+      using T = int8_t;                                                \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kU8: {                                     \
+      using T = uint8_t;                                               \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kU16: {                                    \
+      using T = uint16_t;                                              \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kU32: {                                    \
+      using T = uint32_t;                                              \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kU64: {                                    \
+      using T = uint64_t;                                              \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::leantune::DType::kBool: {                                   \
+      using T = bool;                                                  \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    default:                                                           \
+      LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ", \
+               ::leantune::dtype_name(dtype), " for conversion");      \
   }

@@ -59,7 +59,9 @@ class CudaDeviceBacking final : public MemoryBacking {
     CUDA_CHECK(err);
     return true;
   }
-  void event_destroy(void* ev) override { CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(ev))); }
+  void event_destroy(void* ev) override {
+    CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(ev)));
+  }
   void synchronize() override {
     DeviceGuard g(device_);
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -101,17 +103,23 @@ class CudaPinnedBacking final : public MemoryBacking {
     CUDA_CHECK(err);
     return true;
   }
-  void event_destroy(void* ev) override { CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(ev))); }
+  void event_destroy(void* ev) override {
+    CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(ev)));
+  }
   void synchronize() override { CUDA_CHECK(cudaDeviceSynchronize()); }
   std::string name() const override { return "pinned host"; }
 };
 
 cudaMemcpyKind to_cuda(CopyKind k) {
   switch (k) {
-    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
-    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
-    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
-    case CopyKind::kHostToHost: return cudaMemcpyHostToHost;
+    case CopyKind::kHostToDevice:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
+    case CopyKind::kHostToHost:
+      return cudaMemcpyHostToHost;
   }
   return cudaMemcpyDefault;
 }
@@ -172,13 +180,17 @@ bool cuda_event_query(void* ev) {
   CUDA_CHECK(err);
   return true;
 }
-void cuda_event_synchronize(void* ev) { CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(ev))); }
+void cuda_event_synchronize(void* ev) {
+  CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(ev)));
+}
 void cuda_stream_wait_event(void* stream, void* ev) {
-  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(ev), 0));
+  CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(ev), 0));
 }
 float cuda_event_elapsed_ms(void* start, void* end) {
   float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
   return ms;
 }
 void cuda_device_synchronize(int device) {

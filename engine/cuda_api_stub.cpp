@@ -5,9 +5,7 @@
 
 namespace leantune {
 namespace {
-[[noreturn]] void no_cuda() {
-  LT_THROW_NO_CUDA("cuda");
-}
+[[noreturn]] void no_cuda() { LT_THROW_NO_CUDA("cuda"); }
 }  // namespace
 
 int cuda_device_count_impl() { return 0; }

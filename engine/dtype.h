@@ -74,8 +74,8 @@ LT_HD uint16_t f16_from_bits32(uint32_t x) {
   uint32_t ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-  if (ax < 0x38800000u) {                                                 // below 2^-14
-    if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);            // <= 2^-25: zero
+  if (ax < 0x38800000u) {                                               // below 2^-14
+    if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);          // <= 2^-25: zero
     uint32_t e = ax >> 23;
     uint32_t m = (ax & 0x7fffffu) | 0x800000u;
     uint32_t shift = 126u - e;
@@ -127,15 +127,45 @@ inline float to_f32(f16_t v) { return f16_to_f32(v.bits); }
 
 template <typename T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::kF64; };
-template <> struct DTypeOf<bf16_t> { static constexpr DType value = DType::kBF16; };
-template <> struct DTypeOf<f16_t> { static constexpr DType value = DType::kF16; };
-template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kI64; };
-template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kI32; };
-template <> struct DTypeOf<int16_t> { static constexpr DType value = DType::kI16; };
-template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::kI8; };
-template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::kU8; };
-template <> struct DTypeOf<bool> { static constexpr DType value = DType::kBool; };
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::kF32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::kF64;
+};
+template <>
+struct DTypeOf<bf16_t> {
+  static constexpr DType value = DType::kBF16;
+};
+template <>
+struct DTypeOf<f16_t> {
+  static constexpr DType value = DType::kF16;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::kI64;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::kI32;
+};
+template <>
+struct DTypeOf<int16_t> {
+  static constexpr DType value = DType::kI16;
+};
+template <>
+struct DTypeOf<int8_t> {
+  static constexpr DType value = DType::kI8;
+};
+template <>
+struct DTypeOf<uint8_t> {
+  static constexpr DType value = DType::kU8;
+};
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::kBool;
+};
 
 }  // namespace leantune

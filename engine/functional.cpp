@@ -155,10 +155,11 @@ Tensor mask_of2(const Tensor& a, const Tensor& b, const std::function<bool(doubl
 }  // namespace
 
 Tensor relu(const Tensor& a) {
-  return record(ops::unary(a, Unary::kRelu), {a}, {a}, "ReluBackward",
-                [](const Tensor& g, const std::vector<Tensor>& s) {
-                  return std::vector<Tensor>{ops::mul(g, mask_of(s[0], [](double v) { return v > 0; }))};
-                });
+  return record(
+      ops::unary(a, Unary::kRelu), {a}, {a}, "ReluBackward",
+      [](const Tensor& g, const std::vector<Tensor>& s) {
+        return std::vector<Tensor>{ops::mul(g, mask_of(s[0], [](double v) { return v > 0; }))};
+      });
 }
 
 Tensor square(const Tensor& a) {
@@ -182,21 +183,19 @@ Tensor clamp(const Tensor& a, double lo, double hi) {
 Tensor minimum(const Tensor& a, const Tensor& b) {
   Tensor ma = mask_of2(a, b, [](double x, double y) { return x <= y; });
   Tensor out = ops::add(ops::mul(a, ma), ops::mul(b, ops::affine(ma, -1.0, 1.0)));
-  return record(out, {a, b}, {ma}, "MinimumBackward",
-                [](const Tensor& g, const std::vector<Tensor>& s) {
-                  return std::vector<Tensor>{ops::mul(g, s[0]),
-                                             ops::mul(g, ops::affine(s[0], -1.0, 1.0))};
-                });
+  return record(
+      out, {a, b}, {ma}, "MinimumBackward", [](const Tensor& g, const std::vector<Tensor>& s) {
+        return std::vector<Tensor>{ops::mul(g, s[0]), ops::mul(g, ops::affine(s[0], -1.0, 1.0))};
+      });
 }
 
 Tensor maximum(const Tensor& a, const Tensor& b) {
   Tensor ma = mask_of2(a, b, [](double x, double y) { return x >= y; });
   Tensor out = ops::add(ops::mul(a, ma), ops::mul(b, ops::affine(ma, -1.0, 1.0)));
-  return record(out, {a, b}, {ma}, "MaximumBackward",
-                [](const Tensor& g, const std::vector<Tensor>& s) {
-                  return std::vector<Tensor>{ops::mul(g, s[0]),
-                                             ops::mul(g, ops::affine(s[0], -1.0, 1.0))};
-                });
+  return record(
+      out, {a, b}, {ma}, "MaximumBackward", [](const Tensor& g, const std::vector<Tensor>& s) {
+        return std::vector<Tensor>{ops::mul(g, s[0]), ops::mul(g, ops::affine(s[0], -1.0, 1.0))};
+      });
 }
 
 Tensor sum(const Tensor& a) {
@@ -227,8 +226,7 @@ Tensor sum_dim(const Tensor& a, int64_t dim, bool keepdim) {
                   keep[d] = 1;
                   Tensor gk = g.reshape(keep).contiguous();
                   Tensor gi = Tensor::empty(as, g.dtype(), g.device());
-                  for (int64_t k = 0; k < as[d]; ++k)
-                    gi.narrow(d, k, 1).copy_(gk);
+                  for (int64_t k = 0; k < as[d]; ++k) gi.narrow(d, k, 1).copy_(gk);
                   return std::vector<Tensor>{gi};
                 });
 }

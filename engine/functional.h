@@ -26,7 +26,7 @@ Tensor square(const Tensor& a);
 Tensor clamp(const Tensor& a, double lo, double hi);  // gradient 0 where clamped
 Tensor minimum(const Tensor& a, const Tensor& b);     // same shapes; ties send grad to a
 Tensor maximum(const Tensor& a, const Tensor& b);
-Tensor sum(const Tensor& a);                          // -> one element
+Tensor sum(const Tensor& a);  // -> one element
 Tensor mean(const Tensor& a);
 Tensor sum_dim(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);

@@ -121,12 +121,15 @@ void cpu_binary(const Tensor& out, const Tensor& a, const Tensor& b, Bcast kind,
     T* po = static_cast<T*>(out.data_ptr());
     using A = acc_t<T>;
     if (kind == Bcast::kSame) {
-      parallel_for(n, kGrain, [&](int64_t i) { store(po, i, static_cast<A>(f(load(pa, i), load(pb, i)))); });
+      parallel_for(n, kGrain,
+                   [&](int64_t i) { store(po, i, static_cast<A>(f(load(pa, i), load(pb, i)))); });
     } else if (kind == Bcast::kScalar) {
       const A bv = load(pb, 0);
       parallel_for(n, kGrain, [&](int64_t i) { store(po, i, static_cast<A>(f(load(pa, i), bv))); });
     } else {
-      parallel_for(n, kGrain, [&](int64_t i) { store(po, i, static_cast<A>(f(load(pa, i), load(pb, i % bn)))); });
+      parallel_for(n, kGrain, [&](int64_t i) {
+        store(po, i, static_cast<A>(f(load(pa, i), load(pb, i % bn))));
+      });
     }
   });
 }
@@ -218,11 +221,13 @@ void fill(const Tensor& t, double value) {
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   if (any_cuda(a)) return cuda_ops::add(a, b, alpha);
-  return binary_op(a, b, "add", [alpha](auto x, auto y) { return x + static_cast<decltype(x)>(alpha) * y; });
+  return binary_op(a, b, "add",
+                   [alpha](auto x, auto y) { return x + static_cast<decltype(x)>(alpha) * y; });
 }
 void add_(const Tensor& a, const Tensor& b, double alpha) {
   if (any_cuda(a)) return cuda_ops::add_(a, b, alpha);
-  binary_inplace(a, b, "add_", [alpha](auto x, auto y) { return x + static_cast<decltype(x)>(alpha) * y; });
+  binary_inplace(a, b, "add_",
+                 [alpha](auto x, auto y) { return x + static_cast<decltype(x)>(alpha) * y; });
 }
 Tensor sub(const Tensor& a, const Tensor& b) { return add(a, b, -1.0); }
 Tensor mul(const Tensor& a, const Tensor& b) {
@@ -259,17 +264,28 @@ void scale_(const Tensor& a, double s) {
 Tensor unary(const Tensor& x, Unary op) {
   if (any_cuda(x)) return cuda_ops::unary(x, op);
   switch (op) {
-    case Unary::kNeg: return cpu_unary_map(x, [](auto v) { return -v; });
-    case Unary::kExp: return cpu_unary_map(x, [](auto v) { return std::exp(v); });
-    case Unary::kLog: return cpu_unary_map(x, [](auto v) { return std::log(v); });
-    case Unary::kSigmoid: return cpu_unary_map(x, [](auto v) { return sigmoid(v); });
-    case Unary::kLogSigmoid: return cpu_unary_map(x, [](auto v) { return log_sigmoid(v); });
-    case Unary::kTanh: return cpu_unary_map(x, [](auto v) { return std::tanh(v); });
-    case Unary::kRelu: return cpu_unary_map(x, [](auto v) { return v > 0 ? v : decltype(v)(0); });
-    case Unary::kSquare: return cpu_unary_map(x, [](auto v) { return v * v; });
-    case Unary::kSqrt: return cpu_unary_map(x, [](auto v) { return std::sqrt(v); });
-    case Unary::kAbs: return cpu_unary_map(x, [](auto v) { return std::abs(v); });
-    case Unary::kSilu: return cpu_unary_map(x, [](auto v) { return v * sigmoid(v); });
+    case Unary::kNeg:
+      return cpu_unary_map(x, [](auto v) { return -v; });
+    case Unary::kExp:
+      return cpu_unary_map(x, [](auto v) { return std::exp(v); });
+    case Unary::kLog:
+      return cpu_unary_map(x, [](auto v) { return std::log(v); });
+    case Unary::kSigmoid:
+      return cpu_unary_map(x, [](auto v) { return sigmoid(v); });
+    case Unary::kLogSigmoid:
+      return cpu_unary_map(x, [](auto v) { return log_sigmoid(v); });
+    case Unary::kTanh:
+      return cpu_unary_map(x, [](auto v) { return std::tanh(v); });
+    case Unary::kRelu:
+      return cpu_unary_map(x, [](auto v) { return v > 0 ? v : decltype(v)(0); });
+    case Unary::kSquare:
+      return cpu_unary_map(x, [](auto v) { return v * v; });
+    case Unary::kSqrt:
+      return cpu_unary_map(x, [](auto v) { return std::sqrt(v); });
+    case Unary::kAbs:
+      return cpu_unary_map(x, [](auto v) { return std::abs(v); });
+    case Unary::kSilu:
+      return cpu_unary_map(x, [](auto v) { return v * sigmoid(v); });
   }
   LT_THROW(ErrorKind::kInternal, "unknown unary op");
 }
@@ -283,8 +299,8 @@ Tensor sum(const Tensor& x0) {
   const int64_t n = x.numel();
   LT_DISPATCH_FLOAT(x.dtype(), T, {
     const T* p = static_cast<const T*>(x.data_ptr());
-    _Pragma("omp parallel for reduction(+ : total) if (n > kGrain)")
-    for (int64_t i = 0; i < n; ++i) total += static_cast<double>(load(p, i));
+    _Pragma("omp parallel for reduction(+ : total) if (n > kGrain)") for (int64_t i = 0; i < n; ++i)
+        total += static_cast<double>(load(p, i));
   });
   const DType out_dt = x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   return Tensor::scalar(total, out_dt, x.device());
@@ -369,8 +385,8 @@ double sum_squares(const Tensor& x0) {
   const int64_t n = x.numel();
   LT_DISPATCH_FLOAT(x.dtype(), T, {
     const T* p = static_cast<const T*>(x.data_ptr());
-    _Pragma("omp parallel for reduction(+ : total) if (n > kGrain)")
-    for (int64_t i = 0; i < n; ++i) {
+    _Pragma("omp parallel for reduction(+ : total) if (n > kGrain)") for (int64_t i = 0; i < n;
+                                                                          ++i) {
       const double v = load(p, i);
       total += v * v;
     }
@@ -402,8 +418,8 @@ bool all_finite(const Tensor& x0) {
   int bad = 0;
   LT_DISPATCH_FLOAT(x.dtype(), T, {
     const T* p = static_cast<const T*>(x.data_ptr());
-    _Pragma("omp parallel for reduction(| : bad) if (n > kGrain)")
-    for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(static_cast<double>(load(p, i)));
+    _Pragma("omp parallel for reduction(| : bad) if (n > kGrain)") for (int64_t i = 0; i < n; ++i)
+        bad |= !std::isfinite(static_cast<double>(load(p, i)));
   });
   return bad == 0;
 }
@@ -421,8 +437,8 @@ Tensor as_f32(const Tensor& t) {
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
           double beta) {
-  LT_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm needs 2-D tensors: ", a.str(),
-           ", ", b.str(), ", ", c.str());
+  LT_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm needs 2-D tensors: ", a.str(), ", ",
+           b.str(), ", ", c.str());
   const int64_t m = ta ? a.size(1) : a.size(0);
   const int64_t k = ta ? a.size(0) : a.size(1);
   const int64_t kb = tb ? b.size(1) : b.size(0);
@@ -435,19 +451,24 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
   LT_CHECK(c.is_contiguous(), "gemm output must be contiguous: ", c.str());
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    if (beta == 0.0) fill(c, 0.0); else scale_(c, beta);
+    if (beta == 0.0)
+      fill(c, 0.0);
+    else
+      scale_(c, beta);
     return;
   }
   if (a.dtype() == DType::kF64) {
     LT_CHECK(b.dtype() == DType::kF64 && c.dtype() == DType::kF64, "gemm: mixed f64 inputs");
     Tensor ac = a.contiguous(), bc = b.contiguous();
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                m, n, k, alpha, ac.data<double>(), ac.size(1), bc.data<double>(), bc.size(1), beta,
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+                k, alpha, ac.data<double>(), ac.size(1), bc.data<double>(), bc.size(1), beta,
                 c.data<double>(), n);
     return;
   }
   Tensor af = as_f32(a), bf = as_f32(b);
-  Tensor cf = c.dtype() == DType::kF32 ? c : Tensor::empty(c.shape(), DType::kF32, c.device(), MemTag::kWorkspace);
+  Tensor cf = c.dtype() == DType::kF32
+                  ? c
+                  : Tensor::empty(c.shape(), DType::kF32, c.device(), MemTag::kWorkspace);
   if (c.dtype() != DType::kF32 && beta != 0.0) cpu_copy(cf, c);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
               k, static_cast<float>(alpha), af.data<float>(), af.size(1), bf.data<float>(),

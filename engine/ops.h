@@ -1,8 +1,9 @@
 // Raw tensor math used by the engine, the trainers and the tests: no autograd. Inputs may be
 // on the host or on a CUDA device (both operands on the same device). Float ops accept f32,
 // f64, bf16 and f16 and compute in f32 (f64 for f64 inputs); outputs take the input dtype unless
-// stated; outputs carry current_mem_tag(). Binary ops take equal shapes, or a `b` with one element (a scalar), or a `b` whose
-// shape equals the trailing dimensions of `a` (a row broadcast, as for a bias).
+// stated; outputs carry current_mem_tag(). Binary ops take equal shapes, or a `b` with one element
+// (a scalar), or a `b` whose shape equals the trailing dimensions of `a` (a row broadcast, as for a
+// bias).
 #pragma once
 
 #include "engine/tensor.h"
@@ -24,7 +25,19 @@ void scale_(const Tensor& a, double s);
 // a * alpha + beta, elementwise.
 Tensor affine(const Tensor& a, double alpha, double beta);
 
-enum class Unary { kNeg, kExp, kLog, kSigmoid, kLogSigmoid, kTanh, kRelu, kSquare, kSqrt, kAbs, kSilu };
+enum class Unary {
+  kNeg,
+  kExp,
+  kLog,
+  kSigmoid,
+  kLogSigmoid,
+  kTanh,
+  kRelu,
+  kSquare,
+  kSqrt,
+  kAbs,
+  kSilu
+};
 Tensor unary(const Tensor& x, Unary op);
 
 // Sum of all elements as a one-element tensor (f32, or f64 for f64 input); accumulates in

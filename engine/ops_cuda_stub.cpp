@@ -7,9 +7,7 @@
 
 namespace leantune::cuda_ops {
 namespace {
-[[noreturn]] void missing(const char* op) {
-  LT_THROW_NO_CUDA(op);
-}
+[[noreturn]] void missing(const char* op) { LT_THROW_NO_CUDA(op); }
 }  // namespace
 void copy(const Tensor&, const Tensor&) { missing("copy"); }
 void fill(const Tensor&, double) { missing("fill"); }

@@ -21,7 +21,8 @@ void adamw_one(const AdamWTensor& t, const AdamWStepArgs& a) {
   A* v = static_cast<A*>(t.exp_avg_sq.data_ptr());
   const A b1 = static_cast<A>(a.beta1), b2 = static_cast<A>(a.beta2);
   const A bc1 = static_cast<A>(1.0 - std::pow(a.beta1, static_cast<double>(a.step)));
-  const A bc2_sqrt = static_cast<A>(std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
+  const A bc2_sqrt =
+      static_cast<A>(std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
   const A lr = static_cast<A>(a.lr), eps = static_cast<A>(a.eps);
   const A decay = static_cast<A>(1.0 - a.lr * t.weight_decay);
   const A gs = static_cast<A>(a.grad_scale);
@@ -43,12 +44,10 @@ void adamw_one(const AdamWTensor& t, const AdamWStepArgs& a) {
 
 void adamw_step_cpu(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args) {
   for (const AdamWTensor& t : tensors) {
-    LT_CHECK(t.param.is_contiguous() && t.grad.is_contiguous() &&
-                 t.grad.numel() == t.param.numel(),
+    LT_CHECK(t.param.is_contiguous() && t.grad.is_contiguous() && t.grad.numel() == t.param.numel(),
              "adamw: param ", t.param.str(), " grad ", t.grad.str());
-    LT_DISPATCH_FLOAT(t.param.dtype(), P, {
-      LT_DISPATCH_FLOAT(t.grad.dtype(), G, { adamw_one<P, G>(t, args); });
-    });
+    LT_DISPATCH_FLOAT(t.param.dtype(), P,
+                      { LT_DISPATCH_FLOAT(t.grad.dtype(), G, { adamw_one<P, G>(t, args); }); });
   }
 }
 
@@ -123,8 +122,8 @@ void AdamW::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>
     auto load = [&](const std::string& suffix, const Tensor& dst) {
       auto f = by_name.find(params_[i].name + suffix);
       LT_CHECK_INPUT(f != by_name.end(), "optimizer state lacks '", params_[i].name, suffix, "'");
-      LT_CHECK_INPUT(f->second.shape() == dst.shape(), "optimizer state '", params_[i].name,
-                     suffix, "' has shape ", shape_str(f->second.shape()), ", expected ",
+      LT_CHECK_INPUT(f->second.shape() == dst.shape(), "optimizer state '", params_[i].name, suffix,
+                     "' has shape ", shape_str(f->second.shape()), ", expected ",
                      shape_str(dst.shape()));
       ops::copy(dst, f->second);
     };

@@ -38,8 +38,8 @@ struct AdamWStepArgs {
   double beta1;
   double beta2;
   double eps;
-  int64_t step;        // 1-based, for bias correction
-  double grad_scale;   // multiplies every gradient (clipping)
+  int64_t step;       // 1-based, for bias correction
+  double grad_scale;  // multiplies every gradient (clipping)
 };
 
 // The fused multi-tensor update (one pass over each tensor's data).

@@ -126,22 +126,22 @@ LT_HD void philox_sincos2pi(double v, double* s_out, double* c_out) {
   // Angle past the octant's start: x = f * pi/4 in [0, pi/4).
   const double x = LT_DMUL(f, 0.7853981633974483);
   const double x2 = LT_DMUL(x, x);
-  double sp = -1.0 / 1307674368000.0;                      // -1/15!
-  sp = LT_DADD(LT_DMUL(sp, x2), 1.0 / 6227020800.0);       // 1/13!
-  sp = LT_DADD(LT_DMUL(sp, x2), -1.0 / 39916800.0);        // -1/11!
-  sp = LT_DADD(LT_DMUL(sp, x2), 1.0 / 362880.0);           // 1/9!
-  sp = LT_DADD(LT_DMUL(sp, x2), -1.0 / 5040.0);            // -1/7!
-  sp = LT_DADD(LT_DMUL(sp, x2), 1.0 / 120.0);              // 1/5!
-  sp = LT_DADD(LT_DMUL(sp, x2), -1.0 / 6.0);               // -1/3!
+  double sp = -1.0 / 1307674368000.0;                 // -1/15!
+  sp = LT_DADD(LT_DMUL(sp, x2), 1.0 / 6227020800.0);  // 1/13!
+  sp = LT_DADD(LT_DMUL(sp, x2), -1.0 / 39916800.0);   // -1/11!
+  sp = LT_DADD(LT_DMUL(sp, x2), 1.0 / 362880.0);      // 1/9!
+  sp = LT_DADD(LT_DMUL(sp, x2), -1.0 / 5040.0);       // -1/7!
+  sp = LT_DADD(LT_DMUL(sp, x2), 1.0 / 120.0);         // 1/5!
+  sp = LT_DADD(LT_DMUL(sp, x2), -1.0 / 6.0);          // -1/3!
   sp = LT_DADD(LT_DMUL(sp, x2), 1.0);
   const double sx = LT_DMUL(sp, x);
-  double cp = 1.0 / 20922789888000.0;                      // 1/16!
-  cp = LT_DADD(LT_DMUL(cp, x2), -1.0 / 87178291200.0);     // -1/14!
-  cp = LT_DADD(LT_DMUL(cp, x2), 1.0 / 479001600.0);        // 1/12!
-  cp = LT_DADD(LT_DMUL(cp, x2), -1.0 / 3628800.0);         // -1/10!
-  cp = LT_DADD(LT_DMUL(cp, x2), 1.0 / 40320.0);            // 1/8!
-  cp = LT_DADD(LT_DMUL(cp, x2), -1.0 / 720.0);             // -1/6!
-  cp = LT_DADD(LT_DMUL(cp, x2), 1.0 / 24.0);               // 1/4!
+  double cp = 1.0 / 20922789888000.0;                   // 1/16!
+  cp = LT_DADD(LT_DMUL(cp, x2), -1.0 / 87178291200.0);  // -1/14!
+  cp = LT_DADD(LT_DMUL(cp, x2), 1.0 / 479001600.0);     // 1/12!
+  cp = LT_DADD(LT_DMUL(cp, x2), -1.0 / 3628800.0);      // -1/10!
+  cp = LT_DADD(LT_DMUL(cp, x2), 1.0 / 40320.0);         // 1/8!
+  cp = LT_DADD(LT_DMUL(cp, x2), -1.0 / 720.0);          // -1/6!
+  cp = LT_DADD(LT_DMUL(cp, x2), 1.0 / 24.0);            // 1/4!
   cp = LT_DADD(LT_DMUL(cp, x2), -0.5);
   cp = LT_DADD(LT_DMUL(cp, x2), 1.0);
   const double cx = cp;
@@ -149,14 +149,38 @@ LT_HD void philox_sincos2pi(double v, double* s_out, double* c_out) {
   const double h = 0.7071067811865476;
   double s, c;
   switch (oct) {
-    case 0: s = sx; c = cx; break;
-    case 1: s = LT_DMUL(h, LT_DADD(cx, sx)); c = LT_DMUL(h, LT_DSUB(cx, sx)); break;
-    case 2: s = cx; c = -sx; break;
-    case 3: s = LT_DMUL(h, LT_DSUB(cx, sx)); c = -LT_DMUL(h, LT_DADD(cx, sx)); break;
-    case 4: s = -sx; c = -cx; break;
-    case 5: s = -LT_DMUL(h, LT_DADD(cx, sx)); c = -LT_DMUL(h, LT_DSUB(cx, sx)); break;
-    case 6: s = -cx; c = sx; break;
-    default: s = -LT_DMUL(h, LT_DSUB(cx, sx)); c = LT_DMUL(h, LT_DADD(cx, sx)); break;
+    case 0:
+      s = sx;
+      c = cx;
+      break;
+    case 1:
+      s = LT_DMUL(h, LT_DADD(cx, sx));
+      c = LT_DMUL(h, LT_DSUB(cx, sx));
+      break;
+    case 2:
+      s = cx;
+      c = -sx;
+      break;
+    case 3:
+      s = LT_DMUL(h, LT_DSUB(cx, sx));
+      c = -LT_DMUL(h, LT_DADD(cx, sx));
+      break;
+    case 4:
+      s = -sx;
+      c = -cx;
+      break;
+    case 5:
+      s = -LT_DMUL(h, LT_DADD(cx, sx));
+      c = -LT_DMUL(h, LT_DSUB(cx, sx));
+      break;
+    case 6:
+      s = -cx;
+      c = sx;
+      break;
+    default:
+      s = -LT_DMUL(h, LT_DSUB(cx, sx));
+      c = LT_DMUL(h, LT_DADD(cx, sx));
+      break;
   }
   *s_out = s;
   *c_out = c;

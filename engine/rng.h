@@ -72,6 +72,6 @@ class GeneratorReplay final : public ReplayableState {
 namespace cuda_ops {
 // CUDA fills (engine/rng.cu); kind 0 uniform, 1 normal, 2 bernoulli.
 void philox_fill(const Tensor& t, const PhiloxParams& p, int kind, double a, double b);
-}
+}  // namespace cuda_ops
 
 }  // namespace leantune

@@ -118,8 +118,8 @@ Tensor Tensor::scalar(double v, DType dtype, Device device) {
 Tensor Tensor::from_blob(void* ptr, const Shape& shape, DType dtype, Device device,
                          std::shared_ptr<void> keepalive) {
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
-  return Tensor(new_impl(shape, dtype,
-                         std::make_shared<Storage>(ptr, bytes, device, std::move(keepalive))));
+  return Tensor(
+      new_impl(shape, dtype, std::make_shared<Storage>(ptr, bytes, device, std::move(keepalive))));
 }
 
 // ---------------------------------------------------------------- metadata
@@ -251,8 +251,7 @@ Shape infer_shape(const Shape& shape, int64_t numel, const Tensor& t) {
     }
   }
   if (infer >= 0) {
-    LT_CHECK(known > 0 && numel % known == 0, "cannot reshape ", t.str(), " to ",
-             shape_str(shape));
+    LT_CHECK(known > 0 && numel % known == 0, "cannot reshape ", t.str(), " to ", shape_str(shape));
     out[infer] = numel / known;
   }
   LT_CHECK(shape_numel(out) == numel, "cannot reshape ", t.str(), " to ", shape_str(shape));
@@ -346,9 +345,8 @@ Tensor Tensor::to(Device device, DType dtype, MemTag tag) const {
     DType src_dt = this->dtype();
     Device src_dev = this->device();
     MemTag src_tag = this->tag();
-    return with_view_history(*this, out, "ToBackward", [=](const Tensor& g) {
-      return g.to(src_dev, src_dt, src_tag);
-    });
+    return with_view_history(*this, out, "ToBackward",
+                             [=](const Tensor& g) { return g.to(src_dev, src_dt, src_tag); });
   }
   return out;
 }
@@ -408,8 +406,7 @@ Tensor Tensor::grad() const {
 }
 void Tensor::set_grad(const Tensor& g) {
   check_defined();
-  if (g.defined())
-    LT_CHECK(g.shape() == shape(), "grad ", g.str(), " does not match ", str());
+  if (g.defined()) LT_CHECK(g.shape() == shape(), "grad ", g.str(), " does not match ", str());
   impl_->grad = g;
 }
 void Tensor::zero_grad() {

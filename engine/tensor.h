@@ -78,7 +78,7 @@ class Tensor {
   // Host values of type T (float, double, int32_t, int64_t, uint8_t, ...) -> dtype of T.
   template <typename T>
   static Tensor from_vector(const std::vector<T>& v, const Shape& shape,
-                           Device device = Device::cpu(), MemTag tag = MemTag::kOther);
+                            Device device = Device::cpu(), MemTag tag = MemTag::kOther);
   // Double values converted to any dtype (rounded to nearest even for bf16/f16).
   static Tensor from_doubles(const std::vector<double>& v, const Shape& shape, DType dtype,
                              Device device = Device::cpu(), MemTag tag = MemTag::kOther);
@@ -187,8 +187,7 @@ struct TensorImpl {
 Tensor make_view(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset);
 
 template <typename T>
-Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape, Device device,
-                           MemTag tag) {
+Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape, Device device, MemTag tag) {
   static_assert(std::is_trivially_copyable_v<T>);
   LT_CHECK(static_cast<int64_t>(v.size()) == shape_numel(shape), "from_vector: ", v.size(),
            " values for shape ", shape_str(shape));

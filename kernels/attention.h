@@ -20,7 +20,7 @@ namespace leantune::kernels {
 
 struct AttentionOptions {
   bool causal = true;
-  double scale = 0.0;  // 0 = 1/sqrt(D)
+  double scale = 0.0;        // 0 = 1/sqrt(D)
   int64_t max_seqlen_q = 0;  // 0 = computed from cu_seqlens (a hint for the CUDA launch)
   int64_t max_seqlen_k = 0;
 };
@@ -49,7 +49,7 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                         const AttentionOptions& opt, const Tensor& out, const Tensor& lse);
 void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens_q,
-                        const Tensor& cu_seqlens_k, const AttentionOptions& opt,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv);
+                        const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& dq,
+                        const Tensor& dk, const Tensor& dv);
 
 }  // namespace leantune::kernels

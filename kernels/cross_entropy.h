@@ -20,8 +20,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double normali
 void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& loss_rows,
                        const Tensor& lse);
 // dlogits = (softmax - onehot) * scale on valid rows, 0 elsewhere.
-void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                       double scale, const Tensor& dlogits);
+void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
+                       const Tensor& dlogits);
 
 void cross_entropy_fwd_cuda(const Tensor& logits, const Tensor& targets, const Tensor& loss_rows,
                             const Tensor& lse);

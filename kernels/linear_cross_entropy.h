@@ -26,9 +26,8 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
 // Raw entry point: loss value (sum of nll over valid rows, not normalised), and when dhidden /
 // dweight are defined, the gradients of (sum nll) * grad_scale. dweight is accumulated into.
 double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,
-                                    const Tensor& targets, double grad_scale,
-                                    const Tensor& dhidden, const Tensor& dweight,
-                                    const LinearCrossEntropyOptions& opt);
+                                    const Tensor& targets, double grad_scale, const Tensor& dhidden,
+                                    const Tensor& dweight, const LinearCrossEntropyOptions& opt);
 double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& weight,
                                          const Tensor& targets, double grad_scale,
                                          const Tensor& dhidden, const Tensor& dweight,

@@ -2,7 +2,8 @@
 //   x:[T,H], w:[H] (same float dtype) -> y:[T,H]; rstd:[T] f32 (f64 for f64), saved for backward
 // Statistics in f32 (f64 for f64 input); as in Hugging Face, x*rstd is rounded to x's dtype
 // before the multiply by w.
-// Backward: with xh = x*rstd, dxh = dy*w:  dx = rstd * (dxh - xh * mean(dxh*xh)),  dw = sum_t dy*xh.
+// Backward: with xh = x*rstd, dxh = dy*w:  dx = rstd * (dxh - xh * mean(dxh*xh)),  dw = sum_t
+// dy*xh.
 #pragma once
 
 #include "engine/tensor.h"

@@ -34,8 +34,8 @@ std::vector<double> rope_inv_freq(const RopeConfig& cfg);
 Tensor rope(const Tensor& x, const Tensor& position_ids, const RopeConfig& cfg);
 
 // inv_freq:[D/2] f32 (f64 for f64 x) on x's device. inverse = true rotates by -angle.
-void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq,
-                bool inverse, const Tensor& y);
+void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq, bool inverse,
+                const Tensor& y);
 void rope_apply_cuda(const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq,
                      bool inverse, const Tensor& y);
 

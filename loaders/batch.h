@@ -14,9 +14,9 @@
 namespace leantune {
 
 struct BatchStats {
-  int64_t real_tokens = 0;     // tokens of real data
-  int64_t pad_tokens = 0;      // padding added (pad_to_multiple_of, padded batches)
-  int64_t label_tokens = 0;    // positions that contribute to the loss (after the shift)
+  int64_t real_tokens = 0;   // tokens of real data
+  int64_t pad_tokens = 0;    // padding added (pad_to_multiple_of, padded batches)
+  int64_t label_tokens = 0;  // positions that contribute to the loss (after the shift)
   int64_t sequences = 0;
 };
 

@@ -30,8 +30,9 @@
 //
 // API
 //   Batch collate(std::span<const Row> rows, const CollateOptions& opts)
-//   PreferenceBatch collate_preference(std::span<const PreferenceExample>, PreferenceCollateOptions)
-//   BatchReport report(const Batch&, int64_t dropped_tokens)   efficiency = real / total
+//   PreferenceBatch collate_preference(std::span<const PreferenceExample>,
+//   PreferenceCollateOptions) BatchReport report(const Batch&, int64_t dropped_tokens)   efficiency
+//   = real / total
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/check.h"
@@ -11,8 +10,8 @@
 
 namespace leantune {
 
-EpochSampler::EpochSampler(int64_t units, int64_t batch_size, uint64_t seed, bool shuffle,
-                           int rank, int world_size)
+EpochSampler::EpochSampler(int64_t units, int64_t batch_size, uint64_t seed, bool shuffle, int rank,
+                           int world_size)
     : units_(units),
       batch_size_(batch_size),
       seed_(seed),
@@ -58,9 +57,9 @@ std::vector<int64_t> EpochSampler::batch(int64_t epoch, int64_t j) const {
 }
 
 std::string LoaderState::to_json() const {
-  nlohmann::json j = {{"epoch", epoch},           {"step", step},   {"units", units},
-                      {"batch_size", batch_size}, {"seed", seed},   {"shuffle", shuffle},
-                      {"rank", rank},             {"world_size", world_size}};
+  nlohmann::json j = {
+      {"epoch", epoch}, {"step", step},       {"units", units}, {"batch_size", batch_size},
+      {"seed", seed},   {"shuffle", shuffle}, {"rank", rank},   {"world_size", world_size}};
   return j.dump();
 }
 
@@ -99,8 +98,8 @@ DataLoader::DataLoader(std::shared_ptr<const TokenizedDataset> data, const DataC
   collate_.padding_free = resolve_padding_free(cfg);
   collate_.pad_to_multiple_of = cfg.pad_to_multiple_of;
   collate_.pad_token_id = pad_token_id;
-  sampler_ = EpochSampler(units, cfg.per_device_train_batch_size, cfg.seed, cfg.shuffle, rank,
-                          world_size);
+  sampler_ =
+      EpochSampler(units, cfg.per_device_train_batch_size, cfg.seed, cfg.shuffle, rank, world_size);
   LT_CHECK_INPUT(units > 0, "the dataset has no example to train on");
 }
 
@@ -116,10 +115,10 @@ Row DataLoader::unit_row(int64_t unit) const {
   row.input_ids.reserve(static_cast<size_t>(packing_.bin_lengths[static_cast<size_t>(unit)]));
   row.loss_mask.reserve(row.input_ids.capacity());
   for (const Segment& s : packing_.bin(unit)) {
-    const auto ids = data_->ids(s.item).subspan(static_cast<size_t>(s.begin),
-                                                static_cast<size_t>(s.length));
-    const auto mask = data_->mask(s.item).subspan(static_cast<size_t>(s.begin),
-                                                  static_cast<size_t>(s.length));
+    const auto ids =
+        data_->ids(s.item).subspan(static_cast<size_t>(s.begin), static_cast<size_t>(s.length));
+    const auto mask =
+        data_->mask(s.item).subspan(static_cast<size_t>(s.begin), static_cast<size_t>(s.length));
     row.input_ids.insert(row.input_ids.end(), ids.begin(), ids.end());
     row.loss_mask.insert(row.loss_mask.end(), mask.begin(), mask.end());
   }
@@ -183,9 +182,8 @@ void DataLoader::set_state(const LoaderState& s) {
                  "data loader state does not match this run: saved units ", s.units,
                  ", batch size ", s.batch_size, ", seed ", s.seed, ", shuffle ", s.shuffle,
                  ", rank ", s.rank, "/", s.world_size, "; now units ", sampler_.units(),
-                 ", batch size ", sampler_.batch_size(), ", seed ", sampler_.seed(),
-                 ", shuffle ", sampler_.shuffle(), ", rank ", sampler_.rank(), "/",
-                 sampler_.world_size());
+                 ", batch size ", sampler_.batch_size(), ", seed ", sampler_.seed(), ", shuffle ",
+                 sampler_.shuffle(), ", rank ", sampler_.rank(), "/", sampler_.world_size());
   LT_CHECK_INPUT(s.step <= sampler_.batches_per_epoch(), "data loader state: step ", s.step,
                  " beyond the ", sampler_.batches_per_epoch(), " batches of an epoch");
   epoch_ = s.epoch;
@@ -195,25 +193,24 @@ void DataLoader::set_state(const LoaderState& s) {
 std::string DataLoader::summary() const {
   char buf[512];
   if (packed_) {
-    std::snprintf(buf, sizeof(buf),
-                  "packing %s (max_length %lld): %lld examples -> %lld bins, efficiency %.4f, "
-                  "%lld tokens dropped; ",
-                  packing_strategy_name(packing_.strategy),
-                  static_cast<long long>(packing_.max_length),
-                  static_cast<long long>(data_->size()),
-                  static_cast<long long>(packing_.num_bins()), packing_.efficiency(),
-                  static_cast<long long>(packing_.dropped_tokens));
+    std::snprintf(
+        buf, sizeof(buf),
+        "packing %s (max_length %lld): %lld examples -> %lld bins, efficiency %.4f, "
+        "%lld tokens dropped; ",
+        packing_strategy_name(packing_.strategy), static_cast<long long>(packing_.max_length),
+        static_cast<long long>(data_->size()), static_cast<long long>(packing_.num_bins()),
+        packing_.efficiency(), static_cast<long long>(packing_.dropped_tokens));
   } else {
     std::snprintf(buf, sizeof(buf), "no packing: %lld examples; ",
                   static_cast<long long>(data_->size()));
   }
   std::string s = buf;
-  std::snprintf(buf, sizeof(buf),
-                "%s; %lld micro-batches of %lld per epoch on rank %d/%d (%lld repeated)",
-                collate_.padding_free ? "padding-free" : "padded",
-                static_cast<long long>(sampler_.batches_per_epoch()),
-                static_cast<long long>(sampler_.batch_size()), sampler_.rank(),
-                sampler_.world_size(), static_cast<long long>(sampler_.repeated_batches_per_epoch()));
+  std::snprintf(
+      buf, sizeof(buf), "%s; %lld micro-batches of %lld per epoch on rank %d/%d (%lld repeated)",
+      collate_.padding_free ? "padding-free" : "padded",
+      static_cast<long long>(sampler_.batches_per_epoch()),
+      static_cast<long long>(sampler_.batch_size()), sampler_.rank(), sampler_.world_size(),
+      static_cast<long long>(sampler_.repeated_batches_per_epoch()));
   return s + buf;
 }
 

@@ -12,12 +12,18 @@ using nlohmann::json;
 
 const char* dataset_kind_name(DatasetKind kind) {
   switch (kind) {
-    case DatasetKind::kLanguageModeling: return "language_modeling";
-    case DatasetKind::kPromptOnly: return "prompt_only";
-    case DatasetKind::kPromptCompletion: return "prompt_completion";
-    case DatasetKind::kPreference: return "preference";
-    case DatasetKind::kUnpairedPreference: return "unpaired_preference";
-    case DatasetKind::kTokenized: return "tokenized";
+    case DatasetKind::kLanguageModeling:
+      return "language_modeling";
+    case DatasetKind::kPromptOnly:
+      return "prompt_only";
+    case DatasetKind::kPromptCompletion:
+      return "prompt_completion";
+    case DatasetKind::kPreference:
+      return "preference";
+    case DatasetKind::kUnpairedPreference:
+      return "unpaired_preference";
+    case DatasetKind::kTokenized:
+      return "tokenized";
   }
   return "unknown";
 }
@@ -140,8 +146,8 @@ void read_field(const json& obj, const std::string& key, bool conversational, bo
 template <typename T>
 void read_int_list(const json& v, const char* key, int64_t lo, int64_t hi, std::vector<T>* out) {
   if (!v.is_array()) {
-    fail(BadLineKind::kWrongType, std::string("'") + key + "' must be a list of integers, got " +
-                                      v.type_name());
+    fail(BadLineKind::kWrongType,
+         std::string("'") + key + "' must be a list of integers, got " + v.type_name());
   }
   out->resize(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
@@ -160,9 +166,9 @@ void read_int_list(const json& v, const char* key, int64_t lo, int64_t hi, std::
       x = e.get<int64_t>();
     }
     if (x < lo || x > hi) {
-      fail(BadLineKind::kOutOfRange, std::string("'") + key + "[" + std::to_string(i) + "]' = " +
-                                         std::to_string(x) + " is outside [" + std::to_string(lo) +
-                                         ", " + std::to_string(hi) + "]");
+      fail(BadLineKind::kOutOfRange, std::string("'") + key + "[" + std::to_string(i) +
+                                         "]' = " + std::to_string(x) + " is outside [" +
+                                         std::to_string(lo) + ", " + std::to_string(hi) + "]");
     }
     (*out)[i] = static_cast<T>(x);
   }
@@ -232,10 +238,10 @@ DatasetFormat detect_format(const json& obj, const std::string& text_field) {
     return f;
   }
   if (obj.contains("prompt") && obj.contains("completion")) {
-    f.kind = obj.contains("label") ? DatasetKind::kUnpairedPreference
-                                   : DatasetKind::kPromptCompletion;
-    f.conversational = looks_conversational(obj["prompt"]) ||
-                       looks_conversational(obj["completion"]);
+    f.kind =
+        obj.contains("label") ? DatasetKind::kUnpairedPreference : DatasetKind::kPromptCompletion;
+    f.conversational =
+        looks_conversational(obj["prompt"]) || looks_conversational(obj["completion"]);
     return f;
   }
   if (obj.contains("prompt")) {
@@ -244,8 +250,8 @@ DatasetFormat detect_format(const json& obj, const std::string& text_field) {
     return f;
   }
   fail(BadLineKind::kMissingKey,
-       "cannot detect the dataset format from keys " + keys_of(obj) +
-           "; expected one of: '" + text_field +
+       "cannot detect the dataset format from keys " + keys_of(obj) + "; expected one of: '" +
+           text_field +
            "', 'messages', 'prompt'+'completion', 'prompt'+'chosen'+'rejected', "
            "'chosen'+'rejected', 'prompt'+'completion'+'label', 'prompt', 'input_ids'");
 }
@@ -299,8 +305,8 @@ bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
         }
         break;
       case DatasetKind::kTokenized: {
-        const int64_t hi = options_.vocab_size > 0 ? options_.vocab_size - 1
-                                                   : std::numeric_limits<int32_t>::max();
+        const int64_t hi =
+            options_.vocab_size > 0 ? options_.vocab_size - 1 : std::numeric_limits<int32_t>::max();
         read_int_list(require(obj, "input_ids"), "input_ids", 0, hi, &r->input_ids);
         if (r->input_ids.empty()) fail(BadLineKind::kEmptyText, "'input_ids' is empty");
         const size_t n = r->input_ids.size();
@@ -308,7 +314,8 @@ bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
           out->clear();
           auto it = obj.find(key);
           if (!expected) return;
-          if (it == obj.end()) fail(BadLineKind::kMissingKey, std::string("missing key '") + key + "'");
+          if (it == obj.end())
+            fail(BadLineKind::kMissingKey, std::string("missing key '") + key + "'");
           read_int_list(*it, key, 0, 1, out);
           if (out->size() != n) {
             fail(BadLineKind::kWrongType, std::string("'") + key + "' has " +
@@ -321,8 +328,8 @@ bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
         r->label_mask.clear();
         if (f.has_labels) {
           std::vector<int64_t> labels;
-          read_int_list(require(obj, "labels"), "labels", -100,
-                        std::numeric_limits<int32_t>::max(), &labels);
+          read_int_list(require(obj, "labels"), "labels", -100, std::numeric_limits<int32_t>::max(),
+                        &labels);
           if (labels.size() != n) {
             fail(BadLineKind::kWrongType, "'labels' has " + std::to_string(labels.size()) +
                                               " values but 'input_ids' has " + std::to_string(n));

@@ -13,7 +13,8 @@
 //   preference            {"prompt","chosen","rejected"}; implicit prompt {"chosen","rejected"}:
 //                         the prompt is extracted as TRL's extract_prompt does (see below)
 //   unpaired_preference   {"prompt","completion","label": bool}
-//   tokenized             {"input_ids":[int...]} with optional "completion_mask" / "assistant_masks"
+//   tokenized             {"input_ids":[int...]} with optional "completion_mask" /
+//   "assistant_masks"
 //                         (0/1 lists of the same length) and optional "labels" (each label -100
 //                         or equal to its input id; other labels are rejected)
 // Keys outside the format are ignored. Detection order: input_ids, messages, the text field,
@@ -36,11 +37,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "loaders/jsonl.h"
 
@@ -88,8 +88,8 @@ struct Record {
   TextField completion;  // prompt_completion and unpaired_preference
   TextField chosen;
   TextField rejected;
-  bool label = false;  // unpaired_preference
-  std::vector<int32_t> input_ids;       // tokenized
+  bool label = false;                    // unpaired_preference
+  std::vector<int32_t> input_ids;        // tokenized
   std::vector<uint8_t> completion_mask;  // tokenized, when present
   std::vector<uint8_t> assistant_masks;  // tokenized, when present
   std::vector<uint8_t> label_mask;       // tokenized with "labels": 1 where label != -100

@@ -32,8 +32,8 @@ std::vector<int64_t> TokenizedDataset::lengths() const {
 }
 
 std::string DataStats::summary() const {
-  std::string s = path + ": " + std::to_string(examples) + " examples, " +
-                  std::to_string(tokens) + " tokens kept";
+  std::string s = path + ": " + std::to_string(examples) + " examples, " + std::to_string(tokens) +
+                  " tokens kept";
   if (truncated_examples > 0) {
     s += "; " + std::to_string(truncated_examples) + " truncated (" +
          std::to_string(truncated_tokens) + " tokens cut)";
@@ -43,8 +43,8 @@ std::string DataStats::summary() const {
          std::to_string(dropped_tokens) + " tokens)";
   }
   if (prompt_mismatch > 0) {
-    s += "; " + std::to_string(prompt_mismatch) +
-         " prompts not a token prefix of prompt+completion";
+    s +=
+        "; " + std::to_string(prompt_mismatch) + " prompts not a token prefix of prompt+completion";
   }
   s += "; " + bad_lines.summary();
   return s;
@@ -206,8 +206,10 @@ void check_sft_format(const DatasetFormat& f, const TextEncoder* encoder, const 
                  ": dataset format ", f.name(), " needs a tokenizer");
   LT_CHECK_INPUT(!cfg.assistant_only_loss || f.conversational ||
                      (f.kind == DatasetKind::kTokenized && f.has_assistant_masks),
-                 where, ": assistant_only_loss=true needs conversational data (message lists), "
-                 "but the dataset format is ", f.name());
+                 where,
+                 ": assistant_only_loss=true needs conversational data (message lists), "
+                 "but the dataset format is ",
+                 f.name());
 }
 
 }  // namespace
@@ -251,8 +253,7 @@ void tokenize_sft_record(const Record& r, const DatasetFormat& f, const TextEnco
       std::vector<uint8_t> assistant;
       if (f.conversational) {
         prompt_ids = enc->encode_chat(r.prompt.messages, /*add_generation_prompt=*/true).ids;
-        ChatIds full =
-            enc->encode_chat(concat(r.prompt.messages, r.completion.messages), false);
+        ChatIds full = enc->encode_chat(concat(r.prompt.messages, r.completion.messages), false);
         *ids = std::move(full.ids);
         assistant = std::move(full.assistant_mask);
       } else {
@@ -299,9 +300,8 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
       out.completion_only_loss = resolve_completion_only_loss(cfg, out.format);
       first = false;
     }
-    if (!guard.run(rec.line, [&] {
-          tokenize_sft_record(rec, out.format, encoder, cfg, &ids, &mask, &st);
-        })) {
+    if (!guard.run(rec.line,
+                   [&] { tokenize_sft_record(rec, out.format, encoder, cfg, &ids, &mask, &st); })) {
       continue;
     }
     const int64_t n = static_cast<int64_t>(ids.size());
@@ -338,9 +338,8 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
   return out;
 }
 
-void build_preference_sequence(std::span<const int32_t> prompt,
-                               std::span<const int32_t> completion, int64_t max_length,
-                               TruncationMode mode, std::vector<int32_t>* ids,
+void build_preference_sequence(std::span<const int32_t> prompt, std::span<const int32_t> completion,
+                               int64_t max_length, TruncationMode mode, std::vector<int32_t>* ids,
                                std::vector<uint8_t>* completion_mask) {
   ids->assign(prompt.begin(), prompt.end());
   ids->insert(ids->end(), completion.begin(), completion.end());
@@ -409,8 +408,7 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
     if (first) {
       out.format = reader.format();
       LT_CHECK_INPUT(out.format.kind == DatasetKind::kPreference, path, ":", rec.line,
-                     ": dataset format ",
-                     out.format.name(),
+                     ": dataset format ", out.format.name(),
                      " is not a preference format ('prompt'+'chosen'+'rejected' or "
                      "'chosen'+'rejected')");
       first = false;
@@ -427,8 +425,8 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
     }
     ex.chosen_ids = std::move(comps[0]);
     ex.rejected_ids = std::move(comps[1]);
-    const int64_t n = static_cast<int64_t>(ex.prompt_ids.size() + ex.chosen_ids.size() +
-                                           ex.rejected_ids.size());
+    const int64_t n =
+        static_cast<int64_t>(ex.prompt_ids.size() + ex.chosen_ids.size() + ex.rejected_ids.size());
     const bool ok = completion_survives(ex.prompt_ids, ex.chosen_ids, cfg, mode, &cut) &
                     completion_survives(ex.prompt_ids, ex.rejected_ids, cfg, mode, &cut);
     if (!ok) {

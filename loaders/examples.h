@@ -91,14 +91,14 @@ class TokenizedDataset {
 
 struct DataStats {
   std::string path;
-  std::string format;          // DatasetFormat::name()
-  int64_t lines = 0;           // lines read, blank ones included
+  std::string format;  // DatasetFormat::name()
+  int64_t lines = 0;   // lines read, blank ones included
   int64_t blank_lines = 0;
-  BadLineCounts bad_lines;     // skipped lines (skip_bad_lines)
-  int64_t records = 0;         // valid lines
-  int64_t examples = 0;        // examples kept
-  int64_t tokens = 0;          // tokens kept (after truncation)
-  int64_t label_tokens = 0;    // kept tokens whose label reaches the loss (position >= 1)
+  BadLineCounts bad_lines;   // skipped lines (skip_bad_lines)
+  int64_t records = 0;       // valid lines
+  int64_t examples = 0;      // examples kept
+  int64_t tokens = 0;        // tokens kept (after truncation)
+  int64_t label_tokens = 0;  // kept tokens whose label reaches the loss (position >= 1)
   int64_t truncated_examples = 0;
   int64_t truncated_tokens = 0;  // tokens cut away from kept examples
   int64_t dropped_examples = 0;  // no trainable token left
@@ -120,8 +120,7 @@ struct SftData {
 // throws Error(kInput) for a record kind SFT cannot use. stats gets prompt_mismatch.
 void tokenize_sft_record(const Record& record, const DatasetFormat& format,
                          const TextEncoder* encoder, const DataConfig& cfg,
-                         std::vector<int32_t>* ids, std::vector<uint8_t>* mask,
-                         DataStats* stats);
+                         std::vector<int32_t>* ids, std::vector<uint8_t>* mask, DataStats* stats);
 
 // Loads, tokenises, truncates and filters a whole JSONL file (streamed). encoder may be null
 // only for tokenized data. Throws Error(kInput) on bad lines (unless skip_bad_lines), on a
@@ -130,7 +129,7 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
 
 struct PreferenceExample {
   std::vector<int32_t> prompt_ids;
-  std::vector<int32_t> chosen_ids;    // completion only, eos included, after max_completion_length
+  std::vector<int32_t> chosen_ids;  // completion only, eos included, after max_completion_length
   std::vector<int32_t> rejected_ids;
   int64_t line = 0;
 };

@@ -26,8 +26,8 @@ std::string errno_text(int err) { return std::strerror(err); }
 int open_temp(const std::string& path, std::string* temp_path) {
   static std::atomic<uint64_t> counter{0};
   for (int attempt = 0; attempt < 100; ++attempt) {
-    *temp_path = path + ".tmp." + std::to_string(::getpid()) + "." +
-                 std::to_string(counter.fetch_add(1));
+    *temp_path =
+        path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
     const int fd = ::open(temp_path->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) return fd;
     if (errno != EEXIST) {
@@ -73,8 +73,8 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
   }
   try {
     write(f);
-    LT_CHECK_INPUT(std::fflush(f) == 0 && !std::ferror(f), path, ": write failed: ",
-                   errno_text(errno));
+    LT_CHECK_INPUT(std::fflush(f) == 0 && !std::ferror(f), path,
+                   ": write failed: ", errno_text(errno));
     LT_CHECK_INPUT(::fsync(::fileno(f)) == 0, path, ": fsync failed: ", errno_text(errno));
   } catch (...) {
     std::fclose(f);
@@ -89,8 +89,8 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(temp.c_str());
-    LT_THROW(ErrorKind::kInput, path, ": cannot rename temporary file into place: ",
-             errno_text(err));
+    LT_THROW(ErrorKind::kInput, path,
+             ": cannot rename temporary file into place: ", errno_text(err));
   }
   fsync_dir(parent_dir(path));
 }
@@ -116,15 +116,13 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
-nlohmann::json parse_json_strict(std::string_view text, const std::string& source,
-                                 int max_depth) {
+nlohmann::json parse_json_strict(std::string_view text, const std::string& source, int max_depth) {
   using json = nlohmann::json;
   // One key set per open object; the callback sees object starts, keys and ends in order.
   std::vector<std::set<std::string>> open_objects;
   auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
     if (max_depth >= 0 && depth > max_depth) {
-      LT_THROW(ErrorKind::kInput, source, ": JSON nested deeper than ", max_depth,
-               " levels");
+      LT_THROW(ErrorKind::kInput, source, ": JSON nested deeper than ", max_depth, " levels");
     }
     switch (event) {
       case json::parse_event_t::object_start:

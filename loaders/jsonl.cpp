@@ -11,16 +11,26 @@ namespace leantune {
 
 const char* bad_line_kind_name(BadLineKind kind) {
   switch (kind) {
-    case BadLineKind::kInvalidUtf8: return "invalid_utf8";
-    case BadLineKind::kLoneSurrogate: return "lone_surrogate";
-    case BadLineKind::kInvalidJson: return "invalid_json";
-    case BadLineKind::kNotObject: return "not_object";
-    case BadLineKind::kMissingKey: return "missing_key";
-    case BadLineKind::kWrongType: return "wrong_type";
-    case BadLineKind::kEmptyText: return "empty_text";
-    case BadLineKind::kOutOfRange: return "out_of_range";
-    case BadLineKind::kTokenizer: return "tokenizer_error";
-    case BadLineKind::kCount: break;
+    case BadLineKind::kInvalidUtf8:
+      return "invalid_utf8";
+    case BadLineKind::kLoneSurrogate:
+      return "lone_surrogate";
+    case BadLineKind::kInvalidJson:
+      return "invalid_json";
+    case BadLineKind::kNotObject:
+      return "not_object";
+    case BadLineKind::kMissingKey:
+      return "missing_key";
+    case BadLineKind::kWrongType:
+      return "wrong_type";
+    case BadLineKind::kEmptyText:
+      return "empty_text";
+    case BadLineKind::kOutOfRange:
+      return "out_of_range";
+    case BadLineKind::kTokenizer:
+      return "tokenizer_error";
+    case BadLineKind::kCount:
+      break;
   }
   return "unknown";
 }

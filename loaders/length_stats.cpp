@@ -67,7 +67,8 @@ std::vector<CandidateRow> candidate_table(std::span<const int64_t> lengths) {
       {s.p50, "p50"}, {s.p90, "p90"}, {s.p95, "p95"}, {s.p99, "p99"}, {s.max, "max"}};
   for (const auto& [v, name] : pct) {
     if (v <= 0) continue;
-    auto it = std::find_if(points.begin(), points.end(), [&](const auto& p) { return p.first == v; });
+    auto it =
+        std::find_if(points.begin(), points.end(), [&](const auto& p) { return p.first == v; });
     if (it == points.end()) {
       points.push_back({v, name});
     } else {
@@ -115,14 +116,15 @@ std::vector<StrategyEfficiency> strategy_efficiencies(std::span<const int64_t> l
     int64_t longest = 0;
     const int64_t end = std::min(n, b + batch_size);
     for (int64_t i = b; i < end; ++i) {
-      longest = std::max(longest, std::min(lengths[static_cast<size_t>(order[static_cast<size_t>(i)])],
-                                           max_length));
+      longest = std::max(
+          longest,
+          std::min(lengths[static_cast<size_t>(order[static_cast<size_t>(i)])], max_length));
     }
     processed += longest * (end - b);
   }
   const int64_t batches = (n + batch_size - 1) / batch_size;
-  out.push_back({"padded", processed > 0 ? static_cast<double>(truncated) / processed : 0, kept,
-                 batches});
+  out.push_back(
+      {"padded", processed > 0 ? static_cast<double>(truncated) / processed : 0, kept, batches});
   out.push_back({"padding_free", truncated > 0 ? 1.0 : 0.0, kept, batches});
   for (PackingStrategy s :
        {PackingStrategy::kBfd, PackingStrategy::kBfdSplit, PackingStrategy::kWrapped}) {
@@ -152,8 +154,7 @@ std::string text_histogram(std::span<const int64_t> lengths, int bar_width) {
   char buf[128];
   for (size_t k = first; k < counts.size(); ++k) {
     if (k == 0) {
-      std::snprintf(buf, sizeof(buf), "  %-17s %9lld |", "0",
-                    static_cast<long long>(counts[k]));
+      std::snprintf(buf, sizeof(buf), "  %-17s %9lld |", "0", static_cast<long long>(counts[k]));
     } else {
       const long long lo = 1ll << (k - 1), hi = 1ll << k;
       char range[48];
@@ -176,11 +177,20 @@ std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -265,8 +275,8 @@ std::string svg_histogram(std::span<const int64_t> lengths, const std::string& t
                   "<text x=\"%.1f\" y=\"%d\" fill=\"%s\">%s %lld</text>\n",
                   x_of(static_cast<double>(v)), top, x_of(static_cast<double>(v)), top + plot_h,
                   rec ? "#c03030" : "#606060", rec ? "6,3" : "2,3",
-                  x_of(static_cast<double>(v)) + 4, top + 12 + 14 * row, rec ? "#c03030" : "#404040",
-                  name, static_cast<long long>(v));
+                  x_of(static_cast<double>(v)) + 4, top + 12 + 14 * row,
+                  rec ? "#c03030" : "#404040", name, static_cast<long long>(v));
     o += buf;
     ++row;
   }

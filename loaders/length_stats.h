@@ -56,10 +56,10 @@ std::vector<CandidateRow> candidate_table(std::span<const int64_t> lengths);
 int64_t recommend_max_length(std::span<const int64_t> lengths);
 
 struct StrategyEfficiency {
-  std::string name;         // padded, padding_free, bfd, bfd_split, wrapped
-  double efficiency = 0;    // real / processed tokens
-  double tokens_kept = 0;   // fraction of the dataset's tokens that reach training
-  int64_t rows = 0;         // micro-batches (padded, padding_free) or bins (packing)
+  std::string name;        // padded, padding_free, bfd, bfd_split, wrapped
+  double efficiency = 0;   // real / processed tokens
+  double tokens_kept = 0;  // fraction of the dataset's tokens that reach training
+  int64_t rows = 0;        // micro-batches (padded, padding_free) or bins (packing)
 };
 
 std::vector<StrategyEfficiency> strategy_efficiencies(std::span<const int64_t> lengths,

@@ -83,10 +83,14 @@ class Reader {
 
 std::string torch_dtype_name(DType t) {
   switch (t) {
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    case DType::kF64: return "float64";
-    default: return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    case DType::kF64:
+      return "float64";
+    default:
+      return "float32";
   }
 }
 
@@ -113,8 +117,8 @@ void read_rope_scaling(const json& rs, const std::string& key, const Reader& top
     return;
   }
   if (t != "linear" && t != "llama3") {
-    top.fail(sub("rope_type"), "is '" + printable(t) +
-                                   "', which is not supported (default, linear, llama3)");
+    top.fail(sub("rope_type"),
+             "is '" + printable(t) + "', which is not supported (default, linear, llama3)");
   }
   cfg->scaling_type = t;
   cfg->factor = top.number(need("factor"), sub("factor"));
@@ -122,8 +126,8 @@ void read_rope_scaling(const json& rs, const std::string& key, const Reader& top
   if (t == "llama3") {
     cfg->low_freq_factor = top.number(need("low_freq_factor"), sub("low_freq_factor"));
     cfg->high_freq_factor = top.number(need("high_freq_factor"), sub("high_freq_factor"));
-    cfg->original_max_position_embeddings = top.integer(
-        need("original_max_position_embeddings"), sub("original_max_position_embeddings"));
+    cfg->original_max_position_embeddings = top.integer(need("original_max_position_embeddings"),
+                                                        sub("original_max_position_embeddings"));
     if (cfg->low_freq_factor <= 0 || cfg->high_freq_factor <= cfg->low_freq_factor) {
       top.fail(sub("high_freq_factor"), "must exceed low_freq_factor, which must be positive");
     }
@@ -156,22 +160,22 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   } else if (model_type == "qwen2") {
     c.architecture = kQwen2;
   } else {
-    r.fail("architectures", model_type.empty() ? "is missing (and so is model_type)"
-                                               : "is missing and model_type '" +
-                                                     printable(model_type) +
-                                                     "' is not llama or qwen2");
+    r.fail("architectures",
+           model_type.empty()
+               ? "is missing (and so is model_type)"
+               : "is missing and model_type '" + printable(model_type) + "' is not llama or qwen2");
   }
   if (c.architecture == kLlama) {
     c.model_type = "llama";
   } else if (c.architecture == kQwen2) {
     c.model_type = "qwen2";
   } else {
-    LT_THROW(ErrorKind::kInput, source, ": unsupported architecture '",
-             printable(c.architecture), "' (supported: ", kLlama, ", ", kQwen2, ")");
+    LT_THROW(ErrorKind::kInput, source, ": unsupported architecture '", printable(c.architecture),
+             "' (supported: ", kLlama, ", ", kQwen2, ")");
   }
   if (!model_type.empty() && model_type != c.model_type) {
-    r.fail("model_type", "is '" + printable(model_type) + "' but the architecture is " +
-                             c.architecture);
+    r.fail("model_type",
+           "is '" + printable(model_type) + "' but the architecture is " + c.architecture);
   }
   const bool llama = c.model_type == "llama";
 
@@ -238,8 +242,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     if (name.rfind("torch.", 0) == 0) name = name.substr(6);
     if (!dtype_from_string(name, &c.torch_dtype) || !dtype_is_floating(c.torch_dtype) ||
         dtype_size(c.torch_dtype) < 2) {
-      r.fail(dtype_key, "is '" + printable(name) +
-                            "', not one of float32, bfloat16, float16, float64");
+      r.fail(dtype_key,
+             "is '" + printable(name) + "', not one of float32, bfloat16, float16, float64");
     }
   }
   return c;
@@ -295,8 +299,8 @@ json ModelConfig::to_json() const {
 
   j["bos_token_id"] = bos_token_id ? json(*bos_token_id) : json(nullptr);
   j["pad_token_id"] = pad_token_id ? json(*pad_token_id) : json(nullptr);
-  const bool eos_was_list = raw.is_object() && raw.contains("eos_token_id") &&
-                            raw["eos_token_id"].is_array();
+  const bool eos_was_list =
+      raw.is_object() && raw.contains("eos_token_id") && raw["eos_token_id"].is_array();
   if (eos_token_ids.empty()) {
     j["eos_token_id"] = nullptr;
   } else if (eos_token_ids.size() == 1 && !eos_was_list) {
@@ -333,8 +337,8 @@ std::string ModelConfig::summary() const {
   os << architecture << " (" << model_type << "): " << num_hidden_layers << " layers, hidden "
      << hidden_size << ", intermediate " << intermediate_size << ", " << num_attention_heads
      << " attention heads / " << num_key_value_heads << " key-value heads of dim " << head_dim
-     << ", vocab " << vocab_size << ", max positions " << max_position_embeddings
-     << ", rope theta " << rope.theta;
+     << ", vocab " << vocab_size << ", max positions " << max_position_embeddings << ", rope theta "
+     << rope.theta;
   if (!rope.scaling_type.empty()) {
     os << " with " << rope.scaling_type << " scaling (factor " << rope.factor;
     if (rope.scaling_type == "llama3") {
@@ -343,8 +347,8 @@ std::string ModelConfig::summary() const {
     }
     os << ")";
   }
-  os << ", rms_norm_eps " << rms_norm_eps << ", "
-     << (tie_word_embeddings ? "tied" : "untied") << " embeddings";
+  os << ", rms_norm_eps " << rms_norm_eps << ", " << (tie_word_embeddings ? "tied" : "untied")
+     << " embeddings";
   if (attention_bias) os << ", q/k/v bias";
   if (o_proj_bias) os << ", o_proj bias";
   if (mlp_bias) os << ", mlp bias";

@@ -18,9 +18,12 @@ PackingStrategy parse_packing_strategy(std::string_view name) {
 
 const char* packing_strategy_name(PackingStrategy s) {
   switch (s) {
-    case PackingStrategy::kBfd: return "bfd";
-    case PackingStrategy::kBfdSplit: return "bfd_split";
-    case PackingStrategy::kWrapped: return "wrapped";
+    case PackingStrategy::kBfd:
+      return "bfd";
+    case PackingStrategy::kBfdSplit:
+      return "bfd_split";
+    case PackingStrategy::kWrapped:
+      return "wrapped";
   }
   return "unknown";
 }

@@ -55,9 +55,9 @@ struct Segment {
 struct Packing {
   PackingStrategy strategy = PackingStrategy::kBfd;
   int64_t max_length = 0;
-  std::vector<Segment> segments;           // bin after bin
-  std::vector<int64_t> bin_offsets{0};     // num_bins + 1 offsets into segments
-  std::vector<int64_t> bin_lengths;        // tokens per bin
+  std::vector<Segment> segments;        // bin after bin
+  std::vector<int64_t> bin_offsets{0};  // num_bins + 1 offsets into segments
+  std::vector<int64_t> bin_lengths;     // tokens per bin
 
   int64_t input_items = 0;
   int64_t empty_items = 0;      // dropped: no tokens

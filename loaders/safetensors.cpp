@@ -12,9 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "engine/check.h"
 #include "loaders/fs_util.h"
@@ -134,10 +133,10 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
                  shape_str(e.shape), ": byte size overflows 64 bits");
 
   const json& offs = v["data_offsets"];
-  LT_CHECK_INPUT(offs.is_array() && offs.size() == 2, where, " data_offsets is ",
-                 json_brief(offs), ", not an array [begin, end]");
-  LT_CHECK_INPUT(as_u64(offs[0], &e.begin) && as_u64(offs[1], &e.end), where,
-                 " data_offsets ", json_brief(offs), " are not non-negative integers");
+  LT_CHECK_INPUT(offs.is_array() && offs.size() == 2, where, " data_offsets is ", json_brief(offs),
+                 ", not an array [begin, end]");
+  LT_CHECK_INPUT(as_u64(offs[0], &e.begin) && as_u64(offs[1], &e.end), where, " data_offsets ",
+                 json_brief(offs), " are not non-negative integers");
   LT_CHECK_INPUT(e.begin <= e.end, where, " data_offsets [", e.begin, ", ", e.end,
                  "] end before begin");
   LT_CHECK_INPUT(e.end <= data_size, where, " data_offsets [", e.begin, ", ", e.end,
@@ -152,12 +151,11 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
 
 // ------------------------------------------------------------------------------- parsing
 
-std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header,
-                                                       uint64_t data_size,
+std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header, uint64_t data_size,
                                                        std::map<std::string, std::string>* metadata,
                                                        const std::string& path) {
-  LT_CHECK_INPUT(header.size() <= kSafetensorsMaxHeaderSize, path, ": header of ",
-                 header.size(), " bytes exceeds the limit of ", kSafetensorsMaxHeaderSize);
+  LT_CHECK_INPUT(header.size() <= kSafetensorsMaxHeaderSize, path, ": header of ", header.size(),
+                 " bytes exceeds the limit of ", kSafetensorsMaxHeaderSize);
   const size_t bad = find_invalid_utf8(header);
   LT_CHECK_INPUT(bad == std::string_view::npos, path, ": header is not valid UTF-8 (byte ", bad,
                  ")");
@@ -183,8 +181,8 @@ std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header,
       LT_CHECK_INPUT(value.is_object(), path, ": __metadata__ is ", value.type_name(),
                      ", not an object of strings");
       for (const auto& [mk, mv] : value.items()) {
-        LT_CHECK_INPUT(mv.is_string(), path, ": __metadata__ value of '", printable(mk),
-                       "' is ", json_brief(mv), ", not a string");
+        LT_CHECK_INPUT(mv.is_string(), path, ": __metadata__ value of '", printable(mk), "' is ",
+                       json_brief(mv), ", not a string");
         meta.emplace(mk, mv.get<std::string>());
       }
       continue;
@@ -280,8 +278,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   f->file_size_ = mapping->size;
   static const uint8_t kNoBytes[1] = {0};
   const auto* bytes = mapping->addr ? static_cast<const uint8_t*>(mapping->addr) : kNoBytes;
-  f->entries_ = parse_safetensors_buffer(bytes, mapping->size, &f->metadata_, path,
-                                         &f->header_size_);
+  f->entries_ =
+      parse_safetensors_buffer(bytes, mapping->size, &f->metadata_, path, &f->header_size_);
   f->mapping_ = std::move(mapping);
   for (size_t i = 0; i < f->entries_.size(); ++i) f->index_.emplace(f->entries_[i].name, i);
   return f;
@@ -360,8 +358,7 @@ void check_names(const std::string& path,
                  const std::vector<std::pair<std::string, Tensor>>& tensors) {
   std::set<std::string> seen;
   for (const auto& [name, t] : tensors) {
-    LT_CHECK_INPUT(name != kMetadataKey, path, ": a tensor may not be named '", kMetadataKey,
-                   "'");
+    LT_CHECK_INPUT(name != kMetadataKey, path, ": a tensor may not be named '", kMetadataKey, "'");
     LT_CHECK_INPUT(seen.insert(name).second, path, ": tensor name '", printable(name),
                    "' given twice");
     LT_CHECK_INPUT(t.defined(), path, ": tensor '", printable(name), "' is undefined");
@@ -431,8 +428,8 @@ void save_safetensors(const std::string& path,
     uint8_t prefix[8];
     write_u64_le(text.size(), prefix);
     auto put = [&](const void* p, size_t n) {
-      LT_CHECK_INPUT(n == 0 || std::fwrite(p, 1, n, f) == n, path, ": write failed: ",
-                     std::strerror(errno));
+      LT_CHECK_INPUT(n == 0 || std::fwrite(p, 1, n, f) == n, path,
+                     ": write failed: ", std::strerror(errno));
     };
     put(prefix, 8);
     put(text.data(), text.size());
@@ -461,8 +458,7 @@ TensorStore TensorStore::open(const std::string& path) {
     } else if (fs::exists(index, ec)) {
       index_path = index;
     } else {
-      LT_THROW(ErrorKind::kInput, path, ": folder has neither ", kSingleFile, " nor ",
-               kIndexFile);
+      LT_THROW(ErrorKind::kInput, path, ": folder has neither ", kSingleFile, " nor ", kIndexFile);
     }
   } else if (path.size() >= 11 && path.compare(path.size() - 11, 11, ".index.json") == 0) {
     index_path = path;
@@ -629,8 +625,7 @@ void save_model_tensors(const std::string& dir,
   bool removed = false;
   for (const auto& de : fs::directory_iterator(dir, ec)) {
     const std::string name = de.path().filename().string();
-    const bool weight_file = name == kSingleFile || name == kIndexFile ||
-                             is_shard_name(name);
+    const bool weight_file = name == kSingleFile || name == kIndexFile || is_shard_name(name);
     if (weight_file && keep.count(name) == 0) {
       fs::remove(de.path(), ec);
       removed = true;

@@ -63,7 +63,7 @@ class SafetensorsFile {
   static std::shared_ptr<SafetensorsFile> open(const std::string& path);
 
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // offset order
-  const SafetensorsEntry* find(const std::string& name) const;  // nullptr if absent
+  const SafetensorsEntry* find(const std::string& name) const;               // nullptr if absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Zero-copy host view over the mapping (an aligned copy when the bytes are misaligned).
   // Error(kInput) naming the file when the tensor is absent.
@@ -91,8 +91,7 @@ class SafetensorsFile {
 
 // Validates a header (the JSON text after the 8-byte length, padding included) for a data
 // section of data_size bytes. Returns the entries in offset order. `metadata` may be null.
-std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header,
-                                                       uint64_t data_size,
+std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header, uint64_t data_size,
                                                        std::map<std::string, std::string>* metadata,
                                                        const std::string& path_for_errors);
 

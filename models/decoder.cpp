@@ -28,8 +28,8 @@ Tensor param(const Shape& shape, Device device, DType dtype, const std::string& 
   return t;
 }
 
-LinearModule make_linear(const std::string& name, int64_t in, int64_t out, bool bias,
-                         Device device, DType dtype, bool allocate_weight = true) {
+LinearModule make_linear(const std::string& name, int64_t in, int64_t out, bool bias, Device device,
+                         DType dtype, bool allocate_weight = true) {
   LinearModule m;
   m.name = name;
   m.in_features = in;
@@ -44,9 +44,9 @@ DecoderModel::DecoderModel(ModelConfig cfg, Device device, DType dtype,
                            bool allocate_linear_weights)
     : cfg_(std::move(cfg)), device_(device), dtype_(dtype) {
   const bool w = allocate_linear_weights;
-  LT_CHECK_INPUT(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 ||
-                     dtype == DType::kF64,
-                 "unsupported compute dtype ", dtype_name(dtype));
+  LT_CHECK_INPUT(
+      dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF64,
+      "unsupported compute dtype ", dtype_name(dtype));
   const int64_t h = cfg_.hidden_size, inter = cfg_.intermediate_size, d = cfg_.head_dim;
   const int64_t nq = cfg_.num_attention_heads * d, nkv = cfg_.num_key_value_heads * d;
   embed_tokens_ = param({cfg_.vocab_size, h}, device, dtype, "model.embed_tokens.weight");
@@ -54,10 +54,14 @@ DecoderModel::DecoderModel(ModelConfig cfg, Device device, DType dtype,
     const std::string p = "model.layers." + std::to_string(l) + ".";
     DecoderLayer layer;
     layer.input_layernorm = param({h}, device, dtype, p + "input_layernorm.weight");
-    layer.post_attention_layernorm = param({h}, device, dtype, p + "post_attention_layernorm.weight");
-    layer.q_proj = make_linear(p + "self_attn.q_proj", h, nq, cfg_.attention_bias, device, dtype, w);
-    layer.k_proj = make_linear(p + "self_attn.k_proj", h, nkv, cfg_.attention_bias, device, dtype, w);
-    layer.v_proj = make_linear(p + "self_attn.v_proj", h, nkv, cfg_.attention_bias, device, dtype, w);
+    layer.post_attention_layernorm =
+        param({h}, device, dtype, p + "post_attention_layernorm.weight");
+    layer.q_proj =
+        make_linear(p + "self_attn.q_proj", h, nq, cfg_.attention_bias, device, dtype, w);
+    layer.k_proj =
+        make_linear(p + "self_attn.k_proj", h, nkv, cfg_.attention_bias, device, dtype, w);
+    layer.v_proj =
+        make_linear(p + "self_attn.v_proj", h, nkv, cfg_.attention_bias, device, dtype, w);
     layer.o_proj = make_linear(p + "self_attn.o_proj", nq, h, cfg_.o_proj_bias, device, dtype, w);
     layer.gate_proj = make_linear(p + "mlp.gate_proj", h, inter, cfg_.mlp_bias, device, dtype, w);
     layer.up_proj = make_linear(p + "mlp.up_proj", h, inter, cfg_.mlp_bias, device, dtype, w);
@@ -80,8 +84,7 @@ std::vector<std::pair<std::string, Tensor>> DecoderModel::named_parameters() con
     const DecoderLayer& L = layers_[l];
     const std::string p = "model.layers." + std::to_string(l) + ".";
     out.emplace_back(p + "input_layernorm.weight", L.input_layernorm);
-    for (const LinearModule* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj})
-      add_linear(*m);
+    for (const LinearModule* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj}) add_linear(*m);
     out.emplace_back(p + "post_attention_layernorm.weight", L.post_attention_layernorm);
     for (const LinearModule* m : {&L.gate_proj, &L.up_proj, &L.down_proj}) add_linear(*m);
   }
@@ -93,8 +96,8 @@ std::vector<std::pair<std::string, Tensor>> DecoderModel::named_parameters() con
 std::vector<LinearModule*> DecoderModel::linear_modules() {
   std::vector<LinearModule*> out;
   for (DecoderLayer& L : layers_)
-    for (LinearModule* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj,
-                            &L.up_proj, &L.down_proj})
+    for (LinearModule* m :
+         {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj})
       out.push_back(m);
   if (!tied()) out.push_back(&lm_head_);
   return out;
@@ -148,8 +151,8 @@ void DecoderModel::load_weights(const TensorStore& store) {
     std::string list;
     for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
     if (missing.size() > 5) list += ", ...";
-    LT_THROW(ErrorKind::kInput, "checkpoint lacks ", missing.size(), " tensor(s) the model needs: ",
-             list);
+    LT_THROW(ErrorKind::kInput, "checkpoint lacks ", missing.size(),
+             " tensor(s) the model needs: ", list);
   }
   // A tied checkpoint may still store lm_head.weight; the embedding is what counts.
   std::unordered_set<std::string> used;
@@ -260,8 +263,9 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
   const bool need_full_logits = opt.need_logits || (opt.need_loss && !opt.fused_loss);
   if (need_full_logits) r.logits = logits(hidden);
   if (opt.need_loss) {
-    const double normalizer =
-        opt.normalizer > 0 ? opt.normalizer : static_cast<double>(std::max<int64_t>(r.label_tokens, 1));
+    const double normalizer = opt.normalizer > 0
+                                  ? opt.normalizer
+                                  : static_cast<double>(std::max<int64_t>(r.label_tokens, 1));
     Tensor targets = targets_host.to(device_);
     if (opt.fused_loss) {
       kernels::LinearCrossEntropyOptions lo;

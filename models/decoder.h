@@ -34,16 +34,16 @@ struct DecoderLayer {
 
 struct ForwardOptions {
   bool need_loss = true;
-  bool need_logits = false;     // full [T, V] logits (tests, generation, small models)
-  double normalizer = 0;        // tokens the loss is divided by; 0 = this batch's label tokens
+  bool need_logits = false;  // full [T, V] logits (tests, generation, small models)
+  double normalizer = 0;     // tokens the loss is divided by; 0 = this batch's label tokens
   bool gradient_checkpointing = false;
-  bool fused_loss = true;       // chunked linear_cross_entropy instead of logits + cross_entropy
+  bool fused_loss = true;  // chunked linear_cross_entropy instead of logits + cross_entropy
   int64_t loss_chunk_tokens = 1024;
 };
 
 struct ForwardResult {
-  Tensor loss;           // [] f32
-  Tensor logits;         // [T, V] when asked
+  Tensor loss;    // [] f32
+  Tensor logits;  // [T, V] when asked
   int64_t label_tokens = 0;
 };
 

@@ -60,9 +60,9 @@ int32_t sample_token(const std::vector<float>& logits, const GenerationConfig& c
 namespace {
 
 struct KVCache {
-  int64_t capacity = 0;            // rows per sequence
-  std::vector<Tensor> k, v;        // per layer [B * capacity, Hkv, D]
-  std::vector<int64_t> lengths;    // filled rows per sequence
+  int64_t capacity = 0;          // rows per sequence
+  std::vector<Tensor> k, v;      // per layer [B * capacity, Hkv, D]
+  std::vector<int64_t> lengths;  // filled rows per sequence
 };
 
 // One layer over `rows` new tokens; rows[i] belongs to sequence seq[i] at position pos[i].
@@ -168,11 +168,13 @@ GenerationResult generate(const DecoderModel& model,
       h = layer_cached(model, l, h, tpos, seq, pos, cache, prefill, tcu, max_len);
     // Only the last row of each sequence needs logits.
     Tensor rows = Tensor::empty({static_cast<int64_t>(last_row.size()), h.size(1)}, h.dtype(), dev);
-    for (size_t i = 0; i < last_row.size(); ++i) rows.narrow(0, i, 1).copy_(h.narrow(0, last_row[i], 1));
+    for (size_t i = 0; i < last_row.size(); ++i)
+      rows.narrow(0, i, 1).copy_(h.narrow(0, last_row[i], 1));
     Tensor logits = model.logits(kernels::rms_norm(rows, model.final_norm(), c.rms_norm_eps));
     std::vector<float> lv = logits.to_f32();
     const int64_t vsz = logits.size(1);
-    for (size_t i = 0; i < active.size(); ++i) cache.lengths[active[i]] += prefill ? prompts[active[i]].size() : 1;
+    for (size_t i = 0; i < active.size(); ++i)
+      cache.lengths[active[i]] += prefill ? prompts[active[i]].size() : 1;
     std::vector<int64_t> next_active;
     ids.clear();
     seq.clear();

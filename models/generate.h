@@ -32,11 +32,11 @@ struct GenerationResult {
   int64_t kv_cache_bytes = 0;
 };
 
-GenerationResult generate(const DecoderModel& model, const std::vector<std::vector<int32_t>>& prompts,
+GenerationResult generate(const DecoderModel& model,
+                          const std::vector<std::vector<int32_t>>& prompts,
                           const GenerationConfig& cfg);
 
 // Picks the next token from one row of logits (host values) per the config; exposed for tests.
-int32_t sample_token(const std::vector<float>& logits, const GenerationConfig& cfg,
-                     Generator& gen);
+int32_t sample_token(const std::vector<float>& logits, const GenerationConfig& cfg, Generator& gen);
 
 }  // namespace leantune

@@ -86,8 +86,8 @@ void rotate_checkpoints(const std::string& output_dir, int64_t limit) {
   if (!fs::is_directory(output_dir)) return;
   for (const auto& e : fs::directory_iterator(output_dir)) {
     const std::string n = e.path().filename().string();
-    const bool stale = n.rfind(".checkpoint-", 0) == 0 &&
-                       (n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos);
+    const bool stale = n.rfind(".checkpoint-", 0) == 0 && (n.find(".tmp-") != std::string::npos ||
+                                                           n.find(".old-") != std::string::npos);
     if (stale) fs::remove_all(e.path());
   }
   if (limit <= 0) return;

@@ -37,12 +37,12 @@ int run_estimate(const std::vector<std::string>& args) {
   const Device device = Device::parse(o.get_string("device"));
   const EstimateConfig cfg = estimate_config_from_options(o, model, device.is_cpu());
   const MemoryEstimate e = estimate_memory(cfg);
-  std::printf("estimate for %s (%s, %lld parameters, %lld trainable) on %s, %s, %lld tokens per "
-              "micro-batch:\n",
-              path.c_str(), model.architecture.c_str(),
-              static_cast<long long>(e.total_parameters),
-              static_cast<long long>(e.trainable_parameters), device.str().c_str(),
-              dtype_name(cfg.dtype), static_cast<long long>(cfg.micro_batch_tokens));
+  std::printf(
+      "estimate for %s (%s, %lld parameters, %lld trainable) on %s, %s, %lld tokens per "
+      "micro-batch:\n",
+      path.c_str(), model.architecture.c_str(), static_cast<long long>(e.total_parameters),
+      static_cast<long long>(e.trainable_parameters), device.str().c_str(), dtype_name(cfg.dtype),
+      static_cast<long long>(cfg.micro_batch_tokens));
   print_estimate(e);
   const double budget = o.get_float("budget_gib");
   if (budget <= 0) return 0;
@@ -61,16 +61,13 @@ int run_estimate(const std::vector<std::string>& args) {
   };
   with("--gradient_checkpointing", [](EstimateConfig& c) { c.gradient_checkpointing = true; });
   with("--activation_offloading", [](EstimateConfig& c) { c.activation_offloading = true; });
-  with("--gradient_checkpointing --activation_offloading", [](EstimateConfig& c) {
-    c.gradient_checkpointing = c.activation_offloading = true;
-  });
+  with("--gradient_checkpointing --activation_offloading",
+       [](EstimateConfig& c) { c.gradient_checkpointing = c.activation_offloading = true; });
   with("--use_peft", [](EstimateConfig& c) { c.use_peft = true; });
-  with("--use_peft --gradient_checkpointing", [](EstimateConfig& c) {
-    c.use_peft = c.gradient_checkpointing = true;
-  });
-  with("--use_peft --load_in_4bit --gradient_checkpointing", [](EstimateConfig& c) {
-    c.use_peft = c.load_in_4bit = c.gradient_checkpointing = true;
-  });
+  with("--use_peft --gradient_checkpointing",
+       [](EstimateConfig& c) { c.use_peft = c.gradient_checkpointing = true; });
+  with("--use_peft --load_in_4bit --gradient_checkpointing",
+       [](EstimateConfig& c) { c.use_peft = c.load_in_4bit = c.gradient_checkpointing = true; });
   with("--use_peft --load_in_4bit --gradient_checkpointing --activation_offloading",
        [](EstimateConfig& c) {
          c.use_peft = c.load_in_4bit = c.gradient_checkpointing = c.activation_offloading = true;
@@ -91,7 +88,8 @@ int run_estimate(const std::vector<std::string>& args) {
     std::printf("  %-80s peak %s\n", v.what.c_str(), format_bytes(ev.peak).c_str());
     ++shown;
   }
-  if (!shown) std::printf("  none of the single changes tried; combine them or shorten max_length\n");
+  if (!shown)
+    std::printf("  none of the single changes tried; combine them or shorten max_length\n");
   return 0;
 }
 

@@ -42,9 +42,8 @@ int run_generate(const std::vector<std::string>& args) {
   auto model = DecoderModel::load(o.get_string("model"), dev, dt);
   std::vector<int32_t> ids;
   if (o.get_bool("chat")) {
-    ids = tok->chat_template()
-              .encode(*tok, {ChatMessage{"user", o.get_string("prompt")}}, true)
-              .ids;
+    ids =
+        tok->chat_template().encode(*tok, {ChatMessage{"user", o.get_string("prompt")}}, true).ids;
   } else {
     ids = tok->encode(o.get_string("prompt"), true);
   }

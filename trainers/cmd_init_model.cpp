@@ -25,14 +25,17 @@ int run_init_model(const std::vector<std::string>& args) {
   // --config for option files, so translate it.
   std::vector<std::string> a = args;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == "--config") a[i] = "--model_config";
-    else if (a[i].rfind("--config=", 0) == 0) a[i] = "--model_config=" + a[i].substr(9);
+    if (a[i] == "--config")
+      a[i] = "--model_config";
+    else if (a[i].rfind("--config=", 0) == 0)
+      a[i] = "--model_config=" + a[i].substr(9);
   }
   if (!o.parse(a)) {
     std::printf("%s", o.help().c_str());
     return 0;
   }
-  LT_CHECK_INPUT(!o.get_string("model_config").empty(), "init-model: --config config.json is required");
+  LT_CHECK_INPUT(!o.get_string("model_config").empty(),
+                 "init-model: --config config.json is required");
   LT_CHECK_INPUT(!o.get_string("out").empty(), "init-model: --out DIR is required");
   ModelConfig cfg = ModelConfig::load(o.get_string("model_config"));
   DType disk = cfg.torch_dtype;

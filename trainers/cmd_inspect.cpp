@@ -7,7 +7,6 @@
 // fully validated first, so a bad file produces one error line naming it and exit code 2
 // (thrown as Error kInput and reported by main.cpp).
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -25,7 +24,8 @@ namespace leantune {
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string human(double n) {
@@ -117,8 +117,8 @@ int run_inspect(const std::vector<std::string>& args) {
       const int64_t expected = config->num_parameters();
       const int64_t actual = store->num_elements();
       std::printf("config parameter count %s the tensors (%lld vs %lld)\n",
-                  expected == actual ? "matches" : "differs from",
-                  static_cast<long long>(expected), static_cast<long long>(actual));
+                  expected == actual ? "matches" : "differs from", static_cast<long long>(expected),
+                  static_cast<long long>(actual));
     }
   }
   return 0;

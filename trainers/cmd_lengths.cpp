@@ -27,12 +27,14 @@ int run_lengths(const std::vector<std::string>& args) {
   Options o("lengths");
   o.add_string("dataset", "", "JSONL dataset in a TRL format");
   o.add_string("tokenizer", "", "tokenizer folder (not needed for a tokenized dataset)");
-  o.add_string("chat_template", "", "override the chat template", {"", "chatml", "qwen2.5", "llama3", "llama3.1", "llama3.2"});
+  o.add_string("chat_template", "", "override the chat template",
+               {"", "chatml", "qwen2.5", "llama3", "llama3.1", "llama3.2"});
   o.add_string("plot", "", "write an SVG histogram to this path");
   o.add_int("per_device_train_batch_size", 8, "batch size for the padded-efficiency estimate", 1);
   o.add_int("seed", 42, "shuffle seed for the padded-efficiency estimate", 0);
   o.add_string("dataset_text_field", "text", "the text key of language-modeling data");
-  o.add_bool_or_none("completion_only_loss", std::nullopt, "mask prompt tokens (default: on for prompt-completion data)");
+  o.add_bool_or_none("completion_only_loss", std::nullopt,
+                     "mask prompt tokens (default: on for prompt-completion data)");
   o.add_bool("assistant_only_loss", false, "mask all but assistant tokens (conversational data)");
   o.add_bool("skip_bad_lines", false, "skip and count malformed lines instead of failing");
   if (!o.parse(args)) {
@@ -68,11 +70,12 @@ int run_lengths(const std::vector<std::string>& args) {
 
   std::printf("%s\n", data.stats.summary().c_str());
   std::printf("format: %s\n\n", data.format.name().c_str());
-  std::printf("lengths (tokens per example): p50 %lld  p90 %lld  p95 %lld  p99 %lld  max %lld"
-              "  (min %lld, mean %.1f)\n\n",
-              static_cast<long long>(s.p50), static_cast<long long>(s.p90),
-              static_cast<long long>(s.p95), static_cast<long long>(s.p99),
-              static_cast<long long>(s.max), static_cast<long long>(s.min), s.mean);
+  std::printf(
+      "lengths (tokens per example): p50 %lld  p90 %lld  p95 %lld  p99 %lld  max %lld"
+      "  (min %lld, mean %.1f)\n\n",
+      static_cast<long long>(s.p50), static_cast<long long>(s.p90), static_cast<long long>(s.p95),
+      static_cast<long long>(s.p99), static_cast<long long>(s.max), static_cast<long long>(s.min),
+      s.mean);
   std::printf("histogram:\n%s\n", text_histogram(lengths).c_str());
 
   std::printf("%-12s %-18s %15s %13s\n", "max_length", "", "examples_whole", "tokens_kept");
@@ -107,8 +110,7 @@ int run_lengths(const std::vector<std::string>& args) {
   return 0;
 }
 
-CommandRegistration reg("lengths",
-                        "length distribution of a dataset and a recommended max_length",
+CommandRegistration reg("lengths", "length distribution of a dataset and a recommended max_length",
                         run_lengths);
 
 }  // namespace

@@ -41,13 +41,16 @@ int run_pack(const std::vector<std::string>& args) {
   Options o("pack");
   o.add_string("dataset", "", "JSONL dataset in a TRL format");
   o.add_string("tokenizer", "", "tokenizer folder (not needed for a tokenized dataset)");
-  o.add_string("chat_template", "", "override the chat template", {"", "chatml", "qwen2.5", "llama3", "llama3.1", "llama3.2"});
+  o.add_string("chat_template", "", "override the chat template",
+               {"", "chatml", "qwen2.5", "llama3", "llama3.1", "llama3.2"});
   o.add_int("max_length", 0, "bin size in tokens", 1);
-  o.add_string("packing_strategy", "bfd", "how examples are packed", {"bfd", "bfd_split", "wrapped"});
+  o.add_string("packing_strategy", "bfd", "how examples are packed",
+               {"bfd", "bfd_split", "wrapped"});
   o.add_int("packing_window", 0, "examples packed together (0 = all; 1000 = TRL's chunks)", 0);
   o.add_string("out", "", "output JSONL path");
   o.add_string("dataset_text_field", "text", "the text key of language-modeling data");
-  o.add_bool_or_none("completion_only_loss", std::nullopt, "mask prompt tokens (default: on for prompt-completion data)");
+  o.add_bool_or_none("completion_only_loss", std::nullopt,
+                     "mask prompt tokens (default: on for prompt-completion data)");
   o.add_bool("assistant_only_loss", false, "mask all but assistant tokens (conversational data)");
   o.add_bool("skip_bad_lines", false, "skip and count malformed lines instead of failing");
   if (!o.parse(args)) {
@@ -78,9 +81,9 @@ int run_pack(const std::vector<std::string>& args) {
   }
   const SftData data = load_sft_data(dataset, encoder.get(), cfg);
   const TokenizedDataset& ex = data.examples;
-  const Packing packing = pack_lengths(ex.lengths(), cfg.max_length,
-                                       parse_packing_strategy(cfg.packing_strategy),
-                                       cfg.packing_window);
+  const Packing packing =
+      pack_lengths(ex.lengths(), cfg.max_length, parse_packing_strategy(cfg.packing_strategy),
+                   cfg.packing_window);
   bool any_masked = false;
   for (int64_t i = 0; i < ex.size() && !any_masked; ++i) {
     for (uint8_t m : ex.mask(i)) {
@@ -101,10 +104,10 @@ int run_pack(const std::vector<std::string>& args) {
     ids.clear();
     labels.clear();
     for (const Segment& s : packing.bin(b)) {
-      const auto src = ex.ids(s.item).subspan(static_cast<size_t>(s.begin),
-                                              static_cast<size_t>(s.length));
-      const auto mask = ex.mask(s.item).subspan(static_cast<size_t>(s.begin),
-                                                static_cast<size_t>(s.length));
+      const auto src =
+          ex.ids(s.item).subspan(static_cast<size_t>(s.begin), static_cast<size_t>(s.length));
+      const auto mask =
+          ex.mask(s.item).subspan(static_cast<size_t>(s.begin), static_cast<size_t>(s.length));
       for (size_t k = 0; k < src.size(); ++k) {
         ids.push_back(src[k]);
         labels.push_back(mask[k] ? src[k] : -100);
@@ -123,8 +126,8 @@ int run_pack(const std::vector<std::string>& args) {
   }
   LT_CHECK_INPUT(std::fflush(f) == 0, out_path, ": write failed: ", std::strerror(errno));
   guard.reset();
-  LT_CHECK_INPUT(std::rename(tmp.c_str(), out_path.c_str()) == 0, out_path,
-                 ": cannot rename from ", tmp, ": ", std::strerror(errno));
+  LT_CHECK_INPUT(std::rename(tmp.c_str(), out_path.c_str()) == 0, out_path, ": cannot rename from ",
+                 tmp, ": ", std::strerror(errno));
 
   std::printf("%s\n", data.stats.summary().c_str());
   std::printf(

@@ -16,9 +16,9 @@ struct ModuleShape {
 std::vector<ModuleShape> layer_modules(const ModelConfig& m) {
   const int64_t h = m.hidden_size, i = m.intermediate_size, d = m.head_dim;
   const int64_t nq = m.num_attention_heads * d, nkv = m.num_key_value_heads * d;
-  return {{"q_proj", h, nq, m.attention_bias},     {"k_proj", h, nkv, m.attention_bias},
-          {"v_proj", h, nkv, m.attention_bias},    {"o_proj", nq, h, m.o_proj_bias},
-          {"gate_proj", h, i, m.mlp_bias},         {"up_proj", h, i, m.mlp_bias},
+  return {{"q_proj", h, nq, m.attention_bias},  {"k_proj", h, nkv, m.attention_bias},
+          {"v_proj", h, nkv, m.attention_bias}, {"o_proj", nq, h, m.o_proj_bias},
+          {"gate_proj", h, i, m.mlp_bias},      {"up_proj", h, i, m.mlp_bias},
           {"down_proj", i, h, m.mlp_bias}};
 }
 
@@ -27,7 +27,8 @@ bool targeted(const std::vector<std::string>& targets, const std::string& kind) 
   if (targets.empty()) return kind == "q_proj" || kind == "v_proj";
   for (const std::string& t : targets) {
     if (t == "all-linear" || t == kind) return true;
-    if (t.size() > kind.size() && t.compare(t.size() - kind.size() - 1, kind.size() + 1, "." + kind) == 0)
+    if (t.size() > kind.size() &&
+        t.compare(t.size() - kind.size() - 1, kind.size() + 1, "." + kind) == 0)
       return true;
   }
   return false;
@@ -50,9 +51,14 @@ int64_t quantized_bytes(int64_t n, int64_t rows, const EstimateConfig& c, int64_
 }  // namespace
 
 nlohmann::json MemoryEstimate::to_json() const {
-  return {{"params", params},           {"grads", grads},       {"optimizer", optimizer},
-          {"activations", activations}, {"loss", loss},         {"workspace", workspace},
-          {"peak", peak},               {"peak_phase", peak_phase},
+  return {{"params", params},
+          {"grads", grads},
+          {"optimizer", optimizer},
+          {"activations", activations},
+          {"loss", loss},
+          {"workspace", workspace},
+          {"peak", peak},
+          {"peak_phase", peak_phase},
           {"trainable_parameters", trainable_parameters},
           {"total_parameters", total_parameters}};
 }
@@ -107,11 +113,11 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   e.optimizer = e.trainable_parameters * opt_per;
 
   // ---- activations saved for backward, per layer
-  int64_t per_layer = t * h * b + 4 * t;          // input_layernorm: x, rstd
-  per_layer += t * h * b + 4 * t;                 // post_attention_layernorm: h1, rstd
-  per_layer += t * (nq + 2 * nkv + nq) * b;       // attention: q, k, v, out
-  per_layer += 4 * m.num_attention_heads * t;     // lse
-  per_layer += 2 * t * inter * b;                 // swiglu: gate, up
+  int64_t per_layer = t * h * b + 4 * t;       // input_layernorm: x, rstd
+  per_layer += t * h * b + 4 * t;              // post_attention_layernorm: h1, rstd
+  per_layer += t * (nq + 2 * nkv + nq) * b;    // attention: q, k, v, out
+  per_layer += 4 * m.num_attention_heads * t;  // lse
+  per_layer += 2 * t * inter * b;              // swiglu: gate, up
   bool qkv_input = false, o_input = false, gu_input = false, down_input = false;
   int64_t lora_u = 0;
   for (const ModuleShape& s : layer_modules(m)) {
@@ -152,8 +158,8 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     loss_held = t * h * b;  // dhidden (the head's f32 gradient is counted in grads)
     loss_ws = chunk * v * 4 + 2 * chunk * h * 4 + (b == 2 ? v * h * 4 : 0);
   } else {
-    loss_held = t * v * b;            // logits
-    loss_ws = t * v * 4;  // f32 softmax rows, which become the gradient
+    loss_held = t * v * b;  // logits
+    loss_ws = t * v * 4;    // f32 softmax rows, which become the gradient
   }
   e.loss = loss_held;
 
@@ -172,20 +178,23 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
 
   // ---- peak over the step
   const int64_t grads_before = c.gradient_accumulation_steps > 1 ? e.grads : 0;
-  const int64_t fwd = acts + std::max(loss_held + loss_ws, gemm_ws + attn_ws + t * inter * b) + grads_before;
+  const int64_t fwd =
+      acts + std::max(loss_held + loss_ws, gemm_ws + attn_ws + t * inter * b) + grads_before;
   // Start of backward: everything saved, the loss's held gradients, the first layer's work.
-  const int64_t bwd = acts + loss_held + (grads_before ? e.grads : head_grad) + backward_layer_acts +
-                      layer_bwd_ws + gemm_ws + attn_ws;
+  const int64_t bwd = acts + loss_held + (grads_before ? e.grads : head_grad) +
+                      backward_layer_acts + layer_bwd_ws + gemm_ws + attn_ws;
   // End of backward: all gradients, little else.
   const int64_t bwd_end = e.grads + t * h * b + layer_bwd_ws;
   // The optimizer step: gradients and state, and the f32 conversion of one gradient.
   const int64_t opt = e.grads + (b == 2 ? v * h * 4 : 0);
   const int64_t train_max = std::max({fwd, bwd, bwd_end});
   e.peak = e.params + e.optimizer + std::max(train_max, opt);
-  e.peak_phase = opt > train_max ? "optimizer step" : (fwd >= std::max(bwd, bwd_end) ? "forward" : "backward");
+  e.peak_phase =
+      opt > train_max ? "optimizer step" : (fwd >= std::max(bwd, bwd_end) ? "forward" : "backward");
   e.workspace = (e.peak - e.params - e.optimizer) -
-                (e.peak_phase == "forward" ? acts + loss_held + grads_before
-                                           : e.peak_phase == "backward" ? acts + loss_held + e.grads : e.grads);
+                (e.peak_phase == "forward"    ? acts + loss_held + grads_before
+                 : e.peak_phase == "backward" ? acts + loss_held + e.grads
+                                              : e.grads);
   if (e.workspace < 0) e.workspace = 0;
   (void)quant;
   return e;
@@ -203,9 +212,11 @@ EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig&
   c.model = model;
   c.dtype = o.get_bool("bf16") ? DType::kBF16 : DType::kF32;
   c.cpu = cpu;
-  const int64_t max_length = o.get_int_or_none("max_length").value_or(model.max_position_embeddings);
-  c.micro_batch_tokens =
-      micro_batch_tokens > 0 ? micro_batch_tokens : o.get_int("per_device_train_batch_size") * max_length;
+  const int64_t max_length =
+      o.get_int_or_none("max_length").value_or(model.max_position_embeddings);
+  c.micro_batch_tokens = micro_batch_tokens > 0
+                             ? micro_batch_tokens
+                             : o.get_int("per_device_train_batch_size") * max_length;
   c.max_seqlen = max_seqlen > 0 ? max_seqlen : max_length;
   c.gradient_accumulation_steps = o.get_int("gradient_accumulation_steps");
   c.gradient_checkpointing = o.get_bool("gradient_checkpointing");

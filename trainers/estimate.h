@@ -28,10 +28,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "loaders/model_config.h"
 
@@ -40,9 +39,9 @@ namespace leantune {
 struct EstimateConfig {
   ModelConfig model;
   DType dtype = DType::kF32;
-  bool cpu = true;                   // 16-bit GEMMs on the CPU convert operands to f32
-  int64_t micro_batch_tokens = 0;    // tokens of the largest micro-batch
-  int64_t max_seqlen = 0;            // longest sequence in it
+  bool cpu = true;                 // 16-bit GEMMs on the CPU convert operands to f32
+  int64_t micro_batch_tokens = 0;  // tokens of the largest micro-batch
+  int64_t max_seqlen = 0;          // longest sequence in it
   int64_t gradient_accumulation_steps = 1;
   bool gradient_checkpointing = false;
   bool activation_offloading = false;
@@ -69,7 +68,7 @@ struct MemoryEstimate {
   int64_t loss = 0;         // held by the loss between forward and backward
   int64_t workspace = 0;    // transient at the peak
   int64_t peak = 0;
-  std::string peak_phase;   // "forward", "backward", "optimizer step"
+  std::string peak_phase;  // "forward", "backward", "optimizer step"
   int64_t trainable_parameters = 0;
   int64_t total_parameters = 0;
   nlohmann::json to_json() const;
@@ -84,6 +83,5 @@ class Options;
 // The estimate inputs a set of sft options describes (micro-batch tokens =
 // per_device_train_batch_size x max_length unless given).
 EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu,
-                                            int64_t micro_batch_tokens = 0,
-                                            int64_t max_seqlen = 0);
+                                            int64_t micro_batch_tokens = 0, int64_t max_seqlen = 0);
 }  // namespace leantune

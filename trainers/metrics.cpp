@@ -19,8 +19,10 @@ nlohmann::json memory_snapshot(Device device) {
     tags[mem_tag_name(static_cast<MemTag>(i))] = {{"current", st.by_tag[i].current},
                                                   {"peak", st.by_tag[i].peak},
                                                   {"at_peak", st.by_tag_at_peak[i]}};
-  nlohmann::json j = {{"allocated", st.allocated.current}, {"peak_allocated", st.allocated.peak},
-                      {"reserved", st.reserved.current},   {"peak_reserved", st.reserved.peak},
+  nlohmann::json j = {{"allocated", st.allocated.current},
+                      {"peak_allocated", st.allocated.peak},
+                      {"reserved", st.reserved.current},
+                      {"peak_reserved", st.reserved.peak},
                       {"by_tag", tags}};
   if (device.is_cuda()) {
     size_t free_b = 0, total_b = 0;
@@ -99,7 +101,8 @@ void MetricsLogger::print_progress(const nlohmann::json& r) {
   const int64_t step = r.value("step", int64_t{0});
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const double per_step = step > start_step_ ? elapsed / static_cast<double>(step - start_step_) : 0;
+  const double per_step =
+      step > start_step_ ? elapsed / static_cast<double>(step - start_step_) : 0;
   const double eta = per_step * static_cast<double>(total_steps_ - step);
   const double peak = r.contains("memory") ? r["memory"].value("peak_allocated", 0.0) : 0.0;
   char line[512];

@@ -5,9 +5,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "engine/allocator.h"
 

@@ -13,9 +13,9 @@ int copy_tokenizer_files(const std::string& src, const std::string& dst) {
   LT_CHECK_INPUT(fs::exists(s / "tokenizer.json"), src, ": no tokenizer.json in this folder");
   fs::create_directories(dst);
   int n = 0;
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                        "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json",
-                        "generation_config.json"}) {
+  for (const char* f :
+       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+        "merges.txt", "chat_template.jinja", "added_tokens.json", "generation_config.json"}) {
     if (!fs::exists(s / f)) continue;
     std::error_code ec;
     fs::copy_file(s / f, fs::path(dst) / f, fs::copy_options::overwrite_existing, ec);

@@ -30,13 +30,20 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 const char* type_name(Options::Type t) {
   switch (t) {
-    case Options::Type::kBool: return "true or false";
-    case Options::Type::kBoolOrNone: return "true, false or none";
-    case Options::Type::kInt: return "an integer";
-    case Options::Type::kIntOrNone: return "an integer or none";
-    case Options::Type::kFloat: return "a number";
-    case Options::Type::kString: return "a string";
-    case Options::Type::kStringList: return "a list of strings";
+    case Options::Type::kBool:
+      return "true or false";
+    case Options::Type::kBoolOrNone:
+      return "true, false or none";
+    case Options::Type::kInt:
+      return "an integer";
+    case Options::Type::kIntOrNone:
+      return "an integer or none";
+    case Options::Type::kFloat:
+      return "a number";
+    case Options::Type::kString:
+      return "a string";
+    case Options::Type::kStringList:
+      return "a list of strings";
   }
   return "?";
 }
@@ -53,7 +60,9 @@ std::string show(const nlohmann::json& v) {
 }
 }  // namespace
 
-std::string Options::canonical(const std::string& name) const { return dashes_to_underscores(name); }
+std::string Options::canonical(const std::string& name) const {
+  return dashes_to_underscores(name);
+}
 
 Options::Spec& Options::spec(const std::string& name) {
   return const_cast<Spec&>(static_cast<const Options*>(this)->spec(name));
@@ -90,7 +99,8 @@ Options& Options::add_bool_or_none(const std::string& name, std::optional<bool> 
 }
 Options& Options::add_int(const std::string& name, int64_t def, const std::string& help,
                           int64_t min, int64_t max) {
-  specs_.push_back({name, Type::kInt, def, help, {}, static_cast<double>(min), static_cast<double>(max)});
+  specs_.push_back(
+      {name, Type::kInt, def, help, {}, static_cast<double>(min), static_cast<double>(max)});
   values_[name] = def;
   return *this;
 }
@@ -154,19 +164,22 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
         out = nullptr;
         break;
       }
-      if (!v.is_number_integer() && !(v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
+      if (!v.is_number_integer() &&
+          !(v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
         bad();
       out = v.get<int64_t>();
       if (out.get<int64_t>() < s.min || out.get<int64_t>() > s.max)
         LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be ",
-                 s.max < 9e18 ? "in [" + show(static_cast<int64_t>(s.min)) + ", " + show(static_cast<int64_t>(s.max)) + "]"
+                 s.max < 9e18 ? "in [" + show(static_cast<int64_t>(s.min)) + ", " +
+                                    show(static_cast<int64_t>(s.max)) + "]"
                               : ">= " + show(static_cast<int64_t>(s.min)),
                  ", got ", out.get<int64_t>());
       break;
     case Type::kFloat:
       if (!v.is_number()) bad();
       out = v.get<double>();
-      if (!std::isfinite(out.get<double>()) || out.get<double>() < s.min || out.get<double>() > s.max)
+      if (!std::isfinite(out.get<double>()) || out.get<double>() < s.min ||
+          out.get<double>() > s.max)
         LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be in [", s.min, ", ", s.max,
                  "], got ", v.dump());
       break;
@@ -177,8 +190,8 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
           std::find(s.choices.begin(), s.choices.end(), v.get<std::string>()) == s.choices.end()) {
         std::string list;
         for (const auto& c : s.choices) list += (list.empty() ? "" : ", ") + c;
-        LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be one of ", list,
-                 "; got '", v.get<std::string>(), "'");
+        LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be one of ", list, "; got '",
+                 v.get<std::string>(), "'");
       }
       break;
     case Type::kStringList:
@@ -321,7 +334,9 @@ bool Options::parse(const std::vector<std::string>& args) {
   return true;
 }
 
-bool Options::get_bool(const std::string& name) const { return values_.at(spec(name).name).get<bool>(); }
+bool Options::get_bool(const std::string& name) const {
+  return values_.at(spec(name).name).get<bool>();
+}
 std::optional<bool> Options::get_bool_or_none(const std::string& name) const {
   const auto& v = values_.at(spec(name).name);
   if (v.is_null()) return std::nullopt;
@@ -359,7 +374,8 @@ std::string Options::help() const {
   os << "usage: trainer_bin " << command_;
   if (!positional_name_.empty()) os << " " << positional_name_;
   os << " [--config FILE.json] [--option value ...]\n\n";
-  if (!positional_name_.empty()) os << "  " << positional_name_ << "\n      " << positional_help_ << "\n";
+  if (!positional_name_.empty())
+    os << "  " << positional_name_ << "\n      " << positional_help_ << "\n";
   os << "options (TRL names; a JSON config may set any of them, flags override it):\n";
   for (const Spec& s : specs_) {
     os << "  --" << s.name << " (" << type_name(s.type) << ", default " << show(s.def) << ")\n"

@@ -11,7 +11,8 @@ LrSchedule parse_lr_schedule(const std::string& name) {
   if (name == "linear") return LrSchedule::kLinear;
   if (name == "cosine") return LrSchedule::kCosine;
   if (name == "constant" || name == "constant_with_warmup") return LrSchedule::kConstant;
-  LT_THROW(ErrorKind::kInput, "lr_scheduler_type must be linear, cosine or constant; got '", name, "'");
+  LT_THROW(ErrorKind::kInput, "lr_scheduler_type must be linear, cosine or constant; got '", name,
+           "'");
 }
 
 LrScheduler LrScheduler::make(const std::string& type, double base_lr, int64_t total_steps,
@@ -20,9 +21,10 @@ LrScheduler LrScheduler::make(const std::string& type, double base_lr, int64_t t
   s.type = parse_lr_schedule(type);
   s.base_lr = base_lr;
   s.total_steps = total_steps;
-  s.warmup_steps = warmup_steps > 0
-                       ? warmup_steps
-                       : static_cast<int64_t>(std::ceil(warmup_ratio * static_cast<double>(total_steps)));
+  s.warmup_steps =
+      warmup_steps > 0
+          ? warmup_steps
+          : static_cast<int64_t>(std::ceil(warmup_ratio * static_cast<double>(total_steps)));
   return s;
 }
 

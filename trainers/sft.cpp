@@ -7,10 +7,10 @@
 #include "engine/autograd.h"
 #include "loaders/text_encoder.h"
 #include "models/generate.h"
+#include "models/quantize_model.h"
 #include "trainers/commands.h"
 #include "trainers/estimate.h"
 #include "trainers/model_io.h"
-#include "models/quantize_model.h"
 #include "trainers/peft_options.h"
 #include "trainers/quant_options.h"
 
@@ -36,20 +36,25 @@ Options sft_options() {
   o.add_string("dataset", "", "training data: a JSONL file in a TRL format");
   o.add_string("eval_dataset", "", "evaluation data (JSONL), evaluated every eval_steps");
   o.add_string("dataset_text_field", "text", "the key of the text in language-modeling data");
-  o.add_int_or_none("max_length", 1024, "truncate (or pack) sequences to this many tokens; none = no limit", 1);
+  o.add_int_or_none("max_length", 1024,
+                    "truncate (or pack) sequences to this many tokens; none = no limit", 1);
   o.add_string("truncation_mode", "keep_start", "which end of a too-long sequence is kept",
                {"keep_start", "keep_end"});
   o.add_bool("packing", false, "pack examples into sequences of max_length tokens");
-  o.add_string("packing_strategy", "bfd", "how examples are packed", {"bfd", "bfd_split", "wrapped"});
-  o.add_int("packing_window", 0, "examples packed together (0 = the whole dataset; 1000 = TRL's chunks)", 0);
+  o.add_string("packing_strategy", "bfd", "how examples are packed",
+               {"bfd", "bfd_split", "wrapped"});
+  o.add_int("packing_window", 0,
+            "examples packed together (0 = the whole dataset; 1000 = TRL's chunks)", 0);
   o.add_bool_or_none("padding_free", std::nullopt,
                      "flat varlen batches without pad tokens (default: on with bfd packing)");
   o.add_int_or_none("pad_to_multiple_of", std::nullopt, "pad each batch to a multiple of this", 1);
   o.add_bool_or_none("completion_only_loss", std::nullopt,
                      "loss only on completion tokens (default: on for prompt-completion data)");
   o.add_bool("assistant_only_loss", false, "loss only on the assistant's tokens (chat data)");
-  o.add_string("chat_template", "", "override the tokenizer's chat template", {"", "chatml", "llama3"});
-  o.add_bool("skip_bad_lines", false, "skip (and count) malformed dataset lines instead of stopping");
+  o.add_string("chat_template", "", "override the tokenizer's chat template",
+               {"", "chatml", "llama3"});
+  o.add_bool("skip_bad_lines", false,
+             "skip (and count) malformed dataset lines instead of stopping");
   o.add_bool("use_liger_kernel", true,
              "fused chunked linear cross-entropy: the [tokens x vocab] logits never exist");
   add_peft_options(o);
@@ -58,10 +63,10 @@ Options sft_options() {
   return o;
 }
 
-SftTrainer::SftTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model,
-                       Options options, std::shared_ptr<Tokenizer> tokenizer,
-                       std::string tokenizer_dir, std::shared_ptr<DataLoader> train,
-                       std::shared_ptr<DataLoader> eval, DataStats train_stats, bool fused_loss)
+SftTrainer::SftTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
+                       std::shared_ptr<Tokenizer> tokenizer, std::string tokenizer_dir,
+                       std::shared_ptr<DataLoader> train, std::shared_ptr<DataLoader> eval,
+                       DataStats train_stats, bool fused_loss)
     : Trainer(std::move(args), std::move(model), std::move(options)),
       tokenizer_(std::move(tokenizer)),
       tokenizer_dir_(std::move(tokenizer_dir)),
@@ -173,8 +178,9 @@ void SftTrainer::on_train_begin(MetricsLogger& log) {
 nlohmann::json SftTrainer::technique_savings() const {
   nlohmann::json s = nlohmann::json::object();
   if (train_->padding_free())
-    s["padding_free"] = {{"pad_tokens_avoided", padded_tokens_avoided_},
-                         {"note", "tokens that padding each micro-batch to its longest row would have added"}};
+    s["padding_free"] = {
+        {"pad_tokens_avoided", padded_tokens_avoided_},
+        {"note", "tokens that padding each micro-batch to its longest row would have added"}};
   if (fused_loss_) {
     const int64_t v = model_->config().vocab_size;
     s["chunked_loss"] = {{"largest_micro_batch_tokens", max_micro_tokens_},
@@ -183,15 +189,16 @@ nlohmann::json SftTrainer::technique_savings() const {
                          {"note", "f32 logits and their gradient for the largest micro-batch"}};
   }
   if (args_.gradient_checkpointing)
-    s["gradient_checkpointing"] = {{"note", "only each layer's input is kept between forward and backward"}};
+    s["gradient_checkpointing"] = {
+        {"note", "only each layer's input is kept between forward and backward"}};
   {
     // The planning estimate for this run's largest micro-batch, beside the measured peak.
     int64_t longest = 0;
     for (int64_t u = 0; u < train_->num_units(); ++u)
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(train_->unit_row(u).input_ids.size()));
-    const EstimateConfig ec = estimate_config_from_options(options_, model_->config(),
-                                                           model_->device().is_cpu(),
-                                                           max_micro_tokens_, longest);
+      longest =
+          std::max<int64_t>(longest, static_cast<int64_t>(train_->unit_row(u).input_ids.size()));
+    const EstimateConfig ec = estimate_config_from_options(
+        options_, model_->config(), model_->device().is_cpu(), max_micro_tokens_, longest);
     s["estimate"] = estimate_memory(ec).to_json();
   }
   if (!quant_kind_.empty())
@@ -206,9 +213,10 @@ nlohmann::json SftTrainer::technique_savings() const {
     // master copy that 16-bit weights would need.
     const int64_t per = static_cast<int64_t>(dtype_size(model_->dtype())) + 8 +
                         (model_->dtype() == DType::kF32 ? 0 : 4);
-    s["peft"] = {{"trainable_parameters", trainable},
-                 {"total_parameters", total},
-                 {"grad_and_optimizer_bytes_avoided", std::max<int64_t>(total - trainable, 0) * per}};
+    s["peft"] = {
+        {"trainable_parameters", trainable},
+        {"total_parameters", total},
+        {"grad_and_optimizer_bytes_avoided", std::max<int64_t>(total - trainable, 0) * per}};
   }
   return s;
 }
@@ -224,12 +232,13 @@ std::string format_memory_report(const nlohmann::json& r) {
   std::snprintf(line, sizeof line, "  %-18s %12s %12s\n", "by tag", "at the peak", "own peak");
   out += line;
   const std::pair<const char*, const char*> cats[] = {
-      {"param", "params"},           {"grad", "grads"},         {"optimizer", "optimizer states"},
+      {"param", "params"},           {"grad", "grads"},          {"optimizer", "optimizer states"},
       {"activation", "activations"}, {"workspace", "workspace"}, {"kv_cache", "kv cache"},
       {"comm", "communication"},     {"other", "other"}};
   for (const auto& [tag, label] : cats) {
     const int64_t v = r["peak_by_tag"].value(tag, int64_t{0});
-    const int64_t at = r.contains("at_peak_by_tag") ? r["at_peak_by_tag"].value(tag, int64_t{0}) : v;
+    const int64_t at =
+        r.contains("at_peak_by_tag") ? r["at_peak_by_tag"].value(tag, int64_t{0}) : v;
     std::snprintf(line, sizeof line, "  %-18s %12s %12s\n", label, format_bytes(at).c_str(),
                   format_bytes(v).c_str());
     out += line;
@@ -238,15 +247,18 @@ std::string format_memory_report(const nlohmann::json& r) {
   if (s.contains("estimate")) {
     const int64_t est = s["estimate"].value("peak", int64_t{0});
     const int64_t measured = r.value("peak_allocated", int64_t{0});
-    std::snprintf(line, sizeof line, "  estimated peak %s (trainer_bin estimate): %+.1f%% of measured\n",
-                  format_bytes(est).c_str(),
-                  measured > 0 ? 100.0 * static_cast<double>(est - measured) / static_cast<double>(measured) : 0.0);
+    std::snprintf(
+        line, sizeof line, "  estimated peak %s (trainer_bin estimate): %+.1f%% of measured\n",
+        format_bytes(est).c_str(),
+        measured > 0 ? 100.0 * static_cast<double>(est - measured) / static_cast<double>(measured)
+                     : 0.0);
     out += line;
   }
   if (s.size() > (s.contains("estimate") ? 1u : 0u)) out += "  saved by the enabled techniques:\n";
   if (s.contains("padding_free")) {
-    std::snprintf(line, sizeof line, "    padding-free batches: %lld pad tokens never computed\n",
-                  static_cast<long long>(s["padding_free"].value("pad_tokens_avoided", int64_t{0})));
+    std::snprintf(
+        line, sizeof line, "    padding-free batches: %lld pad tokens never computed\n",
+        static_cast<long long>(s["padding_free"].value("pad_tokens_avoided", int64_t{0})));
     out += line;
   }
   if (s.contains("chunked_loss")) {
@@ -269,12 +281,14 @@ std::string format_memory_report(const nlohmann::json& r) {
     out += line;
   }
   if (s.contains("gradient_checkpointing"))
-    out += "    gradient checkpointing: only decoder-layer inputs kept between forward and backward\n";
+    out +=
+        "    gradient checkpointing: only decoder-layer inputs kept between forward and backward\n";
   if (s.contains("quantized_base")) {
     const auto& q = s["quantized_base"];
     std::snprintf(line, sizeof line,
                   "    quantized base (%s): %lld frozen linear weights in %s instead of %s\n",
-                  q.value("kind", "").c_str(), static_cast<long long>(q.value("modules", int64_t{0})),
+                  q.value("kind", "").c_str(),
+                  static_cast<long long>(q.value("modules", int64_t{0})),
                   format_bytes(q.value("quantized_bytes", int64_t{0})).c_str(),
                   format_bytes(q.value("dense_bytes", int64_t{0})).c_str());
     out += line;
@@ -321,7 +335,8 @@ SftRun make_sft_run(const Options& o) {
   run.tokenizer = Tokenizer::load(setup.tokenizer_dir);
   if (!o.get_string("chat_template").empty())
     run.tokenizer->set_chat_template(o.get_string("chat_template"));
-  std::unique_ptr<TextEncoder> encoder = make_text_encoder(run.tokenizer, o.get_string("chat_template"));
+  std::unique_ptr<TextEncoder> encoder =
+      make_text_encoder(run.tokenizer, o.get_string("chat_template"));
   run.eos_token_id = encoder->eos_token_id();
 
   DataConfig dc;
@@ -364,7 +379,8 @@ SftRun make_sft_run(const Options& o) {
   QuantizeReport quant_report;
   std::string base_name = setup.model_name_or_path;
   if (setup.embedded) {
-    run.model = std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
+    run.model =
+        std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
     run.model->init_random(args.seed);
     if (quant.enabled()) quant_report = quantize_model(*run.model, quant);
     run.model->set_requires_grad(true);
@@ -380,18 +396,18 @@ SftRun make_sft_run(const Options& o) {
     }
     peft.set_training(true);
   } else {
-    run.model = quant.enabled() ? load_quantized(setup.model_name_or_path, device, dtype, quant,
-                                                 &quant_report)
-                                : DecoderModel::load(setup.model_name_or_path, device, dtype);
+    run.model = quant.enabled()
+                    ? load_quantized(setup.model_name_or_path, device, dtype, quant, &quant_report)
+                    : DecoderModel::load(setup.model_name_or_path, device, dtype);
     run.model->set_requires_grad(true);
     peft = apply_peft_options(o, *run.model, args.seed);
   }
-  LT_CHECK_INPUT(run.tokenizer->vocab_size() <= run.model->config().vocab_size, "the tokenizer has ",
-                 run.tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
-                 run.model->config().vocab_size);
-  run.trainer = std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer,
-                                             setup.tokenizer_dir, loader, eval, train.stats,
-                                             o.get_bool("use_liger_kernel"));
+  LT_CHECK_INPUT(run.tokenizer->vocab_size() <= run.model->config().vocab_size,
+                 "the tokenizer has ", run.tokenizer->vocab_size(),
+                 " tokens but the model's vocab_size is ", run.model->config().vocab_size);
+  run.trainer =
+      std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer, setup.tokenizer_dir, loader,
+                                   eval, train.stats, o.get_bool("use_liger_kernel"));
   run.trainer->set_peft(std::move(peft), base_name, o.get_bool("merge_adapter"));
   if (quant.enabled()) run.trainer->set_quantized_base(quant.kind(), quant_report);
   return run;
@@ -403,8 +419,8 @@ int run_sft(const Options& o) {
   std::printf("sft: %s (%s, %lld parameters) on %s, %s\n",
               run.setup.embedded ? "built-in demo model" : run.setup.model_name_or_path.c_str(),
               run.model->config().architecture.c_str(),
-              static_cast<long long>(run.model->num_parameters()), run.model->device().str().c_str(),
-              dtype_name(run.model->dtype()));
+              static_cast<long long>(run.model->num_parameters()),
+              run.model->device().str().c_str(), dtype_name(run.model->dtype()));
   std::fflush(stdout);
   TrainResult r = run.trainer->train();
   if (r.interrupted) {
@@ -425,7 +441,8 @@ int run_sft(const Options& o) {
     g.max_new_tokens = 48;
     g.eos_token_ids = {run.eos_token_id};
     GenerationResult gen = generate(*run.model, {run.tokenizer->encode(prompt, true)}, g);
-    std::printf("sample: %s%s\n", prompt.c_str(), run.tokenizer->decode(gen.tokens[0], true).c_str());
+    std::printf("sample: %s%s\n", prompt.c_str(),
+                run.tokenizer->decode(gen.tokens[0], true).c_str());
   }
   return 0;
 }
@@ -459,7 +476,9 @@ int sft_command(const std::vector<std::string>& argv) {
   return run_sft(o);
 }
 
-CommandRegistration reg("sft", "supervised fine-tuning (TRL SFTTrainer options); no options: the built-in demo", sft_command);
+CommandRegistration reg(
+    "sft", "supervised fine-tuning (TRL SFTTrainer options); no options: the built-in demo",
+    sft_command);
 }  // namespace
 
 }  // namespace leantune

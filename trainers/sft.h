@@ -24,7 +24,7 @@ Options sft_options();
 struct SftSetup {
   std::string model_name_or_path;  // empty = the built-in embedded model
   std::string tokenizer_dir;
-  std::string model_config;         // embedded: the config.json of the random-init model
+  std::string model_config;  // embedded: the config.json of the random-init model
   std::string dataset;
   bool embedded = false;
 };

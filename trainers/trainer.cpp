@@ -1,8 +1,8 @@
 #include "trainers/trainer.h"
 
-#include <csignal>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 
 #include "engine/autograd.h"
@@ -45,7 +45,8 @@ bool stop_requested() { return g_stop.load(); }
 
 void add_training_options(Options& o) {
   TrainingArguments d;
-  o.add_string("output_dir", d.output_dir, "where checkpoints, metrics.jsonl and the final model go");
+  o.add_string("output_dir", d.output_dir,
+               "where checkpoints, metrics.jsonl and the final model go");
   o.add_int("per_device_train_batch_size", d.per_device_train_batch_size,
             "examples (or packed sequences) per micro-batch", 1);
   o.add_int("per_device_eval_batch_size", d.per_device_eval_batch_size,
@@ -55,22 +56,27 @@ void add_training_options(Options& o) {
   o.add_float("learning_rate", d.learning_rate, "peak learning rate of AdamW", 0.0);
   o.add_string("lr_scheduler_type", d.lr_scheduler_type, "learning-rate schedule after warmup",
                {"linear", "cosine", "constant", "constant_with_warmup"});
-  o.add_float("warmup_ratio", d.warmup_ratio, "fraction of updates used for linear warmup", 0.0, 1.0);
+  o.add_float("warmup_ratio", d.warmup_ratio, "fraction of updates used for linear warmup", 0.0,
+              1.0);
   o.add_int("warmup_steps", d.warmup_steps, "updates of linear warmup (overrides warmup_ratio)", 0);
   o.add_float("weight_decay", d.weight_decay,
               "decoupled weight decay (not applied to biases and norm weights)", 0.0);
   o.add_float("adam_beta1", d.adam_beta1, "AdamW beta1", 0.0, 1.0);
   o.add_float("adam_beta2", d.adam_beta2, "AdamW beta2", 0.0, 1.0);
   o.add_float("adam_epsilon", d.adam_epsilon, "AdamW epsilon", 0.0);
-  o.add_float("max_grad_norm", d.max_grad_norm, "clip the global gradient norm to this (0 = off)", 0.0);
+  o.add_float("max_grad_norm", d.max_grad_norm, "clip the global gradient norm to this (0 = off)",
+              0.0);
   o.add_float("num_train_epochs", d.num_train_epochs, "epochs over the training data", 0.0);
   o.add_int("max_steps", d.max_steps, "total updates; overrides num_train_epochs when > 0");
   o.add_int("logging_steps", d.logging_steps, "log every this many updates", 1);
-  o.add_int("eval_steps", d.eval_steps, "evaluate every this many updates (0 = only at the end)", 0);
+  o.add_int("eval_steps", d.eval_steps, "evaluate every this many updates (0 = only at the end)",
+            0);
   o.add_int("save_steps", d.save_steps, "checkpoint every this many updates (0 = never)", 0);
-  o.add_int("save_total_limit", d.save_total_limit, "keep at most this many checkpoints (0 = all)", 0);
+  o.add_int("save_total_limit", d.save_total_limit, "keep at most this many checkpoints (0 = all)",
+            0);
   o.add_int("seed", static_cast<int64_t>(d.seed), "seed of data order, init and dropout", 0);
-  o.add_bool("bf16", d.bf16, "bf16 weights and activations, f32 master weights and optimizer state");
+  o.add_bool("bf16", d.bf16,
+             "bf16 weights and activations, f32 master weights and optimizer state");
   o.add_bool("gradient_checkpointing", d.gradient_checkpointing,
              "recompute each decoder layer in backward, keeping only its input");
   add_offload_options(o);
@@ -136,7 +142,8 @@ void Trainer::load_model(const std::string& dir) { model_->load_weights(TensorSt
 
 void Trainer::build_optimizer() {
   trainable_.clear();
-  for (const auto& [name, t] : trainable_parameters()) trainable_.push_back({name, t, !no_decay(name)});
+  for (const auto& [name, t] : trainable_parameters())
+    trainable_.push_back({name, t, !no_decay(name)});
   LT_CHECK_INPUT(!trainable_.empty(), "nothing to train: no parameter requires a gradient");
   optimizer_ = std::make_unique<AdamW>(
       trainable_, AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
@@ -224,9 +231,8 @@ TrainResult Trainer::train() {
   TrainResult result;
   const int64_t per_epoch = micro_batches_per_epoch();
   LT_CHECK_INPUT(per_epoch > 0, "the training data yields no micro-batch");
-  const int64_t updates_per_epoch =
-      std::max<int64_t>(1, (per_epoch + args_.gradient_accumulation_steps - 1) /
-                               args_.gradient_accumulation_steps);
+  const int64_t updates_per_epoch = std::max<int64_t>(
+      1, (per_epoch + args_.gradient_accumulation_steps - 1) / args_.gradient_accumulation_steps);
   total_steps_ = args_.max_steps > 0
                      ? args_.max_steps
                      : static_cast<int64_t>(std::ceil(args_.num_train_epochs * updates_per_epoch));
@@ -268,7 +274,8 @@ TrainResult Trainer::train() {
       ++skipped_steps_;
       step_ = update;
       result.losses.push_back(0.0);
-      log.message("step " + std::to_string(update) + ": no label token in the batch, update skipped");
+      log.message("step " + std::to_string(update) +
+                  ": no label token in the batch, update skipped");
       continue;
     }
     double step_loss = 0;
@@ -288,7 +295,8 @@ TrainResult Trainer::train() {
         offload_totals_.tensors_offloaded += st.tensors_offloaded;
         offload_totals_.bytes_offloaded += st.bytes_offloaded;
         offload_totals_.prefetches += st.prefetches;
-        offload_totals_.host_bytes_peak = std::max(offload_totals_.host_bytes_peak, st.host_bytes_peak);
+        offload_totals_.host_bytes_peak =
+            std::max(offload_totals_.host_bytes_peak, st.host_bytes_peak);
       }
       num_tokens_ += reports[i].real_tokens;
       window_tokens += reports[i].real_tokens;
@@ -300,8 +308,8 @@ TrainResult Trainer::train() {
       ++consecutive_nonfinite_;
       ++skipped_steps_;
       log.message("step " + std::to_string(update) + ": non-finite " +
-                  (finite ? std::string("gradient") : std::string("loss")) +
-                  ", update skipped (" + std::to_string(consecutive_nonfinite_) + " in a row)");
+                  (finite ? std::string("gradient") : std::string("loss")) + ", update skipped (" +
+                  std::to_string(consecutive_nonfinite_) + " in a row)");
       zero_grads();
       if (consecutive_nonfinite_ >= args_.max_consecutive_nonfinite)
         LT_THROW(ErrorKind::kNonFinite, "stopping at step ", update, ": ", consecutive_nonfinite_,
@@ -321,16 +329,19 @@ TrainResult Trainer::train() {
     ++window_steps;
 
     if (step_ % args_.logging_steps == 0 || step_ == total_steps_) {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
-      nlohmann::json rec = {{"step", step_},
-                            {"epoch", epoch_progress()},
-                            {"loss", window_loss / window_steps},
-                            {"grad_norm", window_norm / window_steps},
-                            {"learning_rate", lr_used},
-                            {"tokens_per_second", secs > 0 ? window_tokens / secs : 0.0},
-                            {"num_tokens", num_tokens_},
-                            {"padding_efficiency", window_total > 0 ? static_cast<double>(window_real) / window_total : 1.0},
-                            {"memory", memory_snapshot(model_->device())}};
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+      nlohmann::json rec = {
+          {"step", step_},
+          {"epoch", epoch_progress()},
+          {"loss", window_loss / window_steps},
+          {"grad_norm", window_norm / window_steps},
+          {"learning_rate", lr_used},
+          {"tokens_per_second", secs > 0 ? window_tokens / secs : 0.0},
+          {"num_tokens", num_tokens_},
+          {"padding_efficiency",
+           window_total > 0 ? static_cast<double>(window_real) / window_total : 1.0},
+          {"memory", memory_snapshot(model_->device())}};
       log.log(rec);
       window_loss = window_norm = 0;
       window_steps = window_tokens = window_real = window_total = 0;

@@ -16,12 +16,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/offload.h"
 #include "engine/optim.h"

@@ -1,9 +1,8 @@
-#include "engine/allocator.h"
-
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/allocator.h"
 #include "engine/tensor.h"
 #include "testing/testing.h"
 
@@ -69,12 +68,12 @@ TEST(Allocator, RoundsTo512AndReusesFreedBlock) {
 
 TEST(Allocator, SmallAndLargePoolsUseSeparateSegments) {
   Fixture f;
-  Block* s = f.alloc.allocate(1 << 20, MemTag::kOther, f.s0);          // 1 MiB: small pool
-  Block* l = f.alloc.allocate((1 << 20) + 1, MemTag::kOther, f.s0);    // large pool
+  Block* s = f.alloc.allocate(1 << 20, MemTag::kOther, f.s0);        // 1 MiB: small pool
+  Block* l = f.alloc.allocate((1 << 20) + 1, MemTag::kOther, f.s0);  // large pool
   auto st = f.alloc.stats();
   EXPECT_EQ(st.segments, 2);
   EXPECT_EQ(st.reserved.current, (2 << 20) + (20 << 20));
-  Block* big = f.alloc.allocate(64 << 20, MemTag::kOther, f.s0);      // >= 10 MiB: own segment
+  Block* big = f.alloc.allocate(64 << 20, MemTag::kOther, f.s0);  // >= 10 MiB: own segment
   EXPECT_EQ(f.alloc.stats().reserved.current, (2 << 20) + (20 << 20) + (64 << 20));
   f.alloc.free(s);
   f.alloc.free(l);
@@ -87,8 +86,10 @@ TEST(Allocator, SplitsAndCoalescesNeighbours) {
   Block* b = f.alloc.allocate(4096, MemTag::kOther, f.s0);
   Block* c = f.alloc.allocate(4096, MemTag::kOther, f.s0);
   // All three come from one 2 MiB segment, adjacent.
-  EXPECT_EQ(static_cast<char*>(Allocator::block_ptr(b)), static_cast<char*>(Allocator::block_ptr(a)) + 4096);
-  EXPECT_EQ(static_cast<char*>(Allocator::block_ptr(c)), static_cast<char*>(Allocator::block_ptr(b)) + 4096);
+  EXPECT_EQ(static_cast<char*>(Allocator::block_ptr(b)),
+            static_cast<char*>(Allocator::block_ptr(a)) + 4096);
+  EXPECT_EQ(static_cast<char*>(Allocator::block_ptr(c)),
+            static_cast<char*>(Allocator::block_ptr(b)) + 4096);
   EXPECT_EQ(f.alloc.stats().segments, 1);
   void* base = Allocator::block_ptr(a);
   f.alloc.free(a);
@@ -284,11 +285,8 @@ TEST_F(AllocatorCuda, OutOfMemoryOnDeviceLimit) {
   a.empty_cache();
   const size_t old = a.memory_limit();
   a.set_memory_limit(static_cast<size_t>(a.stats().reserved.current) + (64 << 20));
-  EXPECT_THROW(
-      {
-        Tensor t = Tensor::empty({int64_t{128} << 20}, DType::kF32, Device::cuda(0));
-      },
-      Error);
+  EXPECT_THROW({ Tensor t = Tensor::empty({int64_t{128} << 20}, DType::kF32, Device::cuda(0)); },
+               Error);
   a.set_memory_limit(old);
 }
 

@@ -1,7 +1,6 @@
-#include "engine/autograd.h"
-
 #include <gtest/gtest.h>
 
+#include "engine/autograd.h"
 #include "engine/functional.h"
 #include "testing/gradcheck.h"
 #include "testing/testing.h"
@@ -17,7 +16,8 @@ Tensor f64(const Shape& s, uint64_t seed) { return randn(s, DType::kF64, seed); 
 TEST(Autograd, GradcheckElementwiseComposite) {
   // f(a, b) = sum(exp(tanh(a) * b) + log_sigmoid(a - b)) / 3
   auto f = [](const std::vector<Tensor>& in) {
-    Tensor t = fn::add(fn::exp(fn::mul(fn::tanh(in[0]), in[1])), fn::log_sigmoid(fn::sub(in[0], in[1])));
+    Tensor t =
+        fn::add(fn::exp(fn::mul(fn::tanh(in[0]), in[1])), fn::log_sigmoid(fn::sub(in[0], in[1])));
     return std::vector<Tensor>{fn::scale(fn::sum(t), 1.0 / 3.0)};
   };
   EXPECT_TRUE(gradcheck(f, {f64({3, 5}, 1), f64({3, 5}, 2)}));
@@ -39,8 +39,8 @@ TEST(Autograd, GradcheckMatmulAllTransposes) {
 TEST(Autograd, GradcheckBroadcastAndReductions) {
   // Row broadcast (bias), scalar broadcast, softmax, log_softmax, div, sum_dim, mean.
   auto f = [](const std::vector<Tensor>& in) {
-    Tensor y = fn::add(in[0], in[1]);                         // [4,6] + [6]
-    Tensor z = fn::mul(fn::softmax_last(y), in[2]);           // * scalar
+    Tensor y = fn::add(in[0], in[1]);                // [4,6] + [6]
+    Tensor z = fn::mul(fn::softmax_last(y), in[2]);  // * scalar
     Tensor w = fn::div(fn::log_softmax_last(in[0]), fn::add_scalar(fn::square(in[1]), 1.0));
     return std::vector<Tensor>{fn::sum_dim(z, 0), fn::mean(w), fn::sum_dim(y, 1, true)};
   };
@@ -49,9 +49,9 @@ TEST(Autograd, GradcheckBroadcastAndReductions) {
 
 TEST(Autograd, GradcheckViewsAndCat) {
   auto f = [](const std::vector<Tensor>& in) {
-    Tensor x = in[0];                                // [4, 6]
-    Tensor a = x.narrow(1, 1, 3);                    // strided view
-    Tensor b = x.reshape({6, 4}).transpose(0, 1);    // [4, 6] non-contiguous
+    Tensor x = in[0];                              // [4, 6]
+    Tensor a = x.narrow(1, 1, 3);                  // strided view
+    Tensor b = x.reshape({6, 4}).transpose(0, 1);  // [4, 6] non-contiguous
     Tensor c = fn::cat0({a.contiguous(), x.select(0, 2).reshape({2, 3})});
     return std::vector<Tensor>{fn::mul(b, x), c, fn::relu(fn::clamp(x, -0.5, 0.7))};
   };

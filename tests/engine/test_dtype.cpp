@@ -1,10 +1,9 @@
-#include "engine/dtype.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
+#include "engine/dtype.h"
 #include "engine/tensor.h"
 
 namespace leantune {
@@ -50,13 +49,13 @@ TEST(BF16, Subnormals) {
 TEST(F16, RoundsToNearestEvenAndEdges) {
   EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);
-  EXPECT_EQ(f32_to_f16(65519.0f), 0x7bff);  // below the midpoint to 65536
-  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);  // tie rounds to even = inf
-  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);              // tie, even: down
-  EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);          // tie, odd: up
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);                     // smallest subnormal
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);                     // half of it: even 0
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.5f, -24)), 0x0002);                     // 1.5 ulp: tie up
+  EXPECT_EQ(f32_to_f16(65519.0f), 0x7bff);                          // below the midpoint to 65536
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);                          // tie rounds to even = inf
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie, even: down
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // tie, odd: up
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);             // smallest subnormal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);             // half of it: even 0
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.5f, -24)), 0x0002);             // 1.5 ulp: tie up
   EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -14) - std::ldexp(1.0f, -25)), 0x0400);  // to normal
   EXPECT_EQ(f32_to_f16(-std::numeric_limits<float>::infinity()), 0xfc00);
   EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(std::nanf("")))));

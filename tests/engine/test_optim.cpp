@@ -1,9 +1,8 @@
-#include "engine/optim.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "engine/optim.h"
 #include "testing/testing.h"
 
 namespace leantune {
@@ -98,7 +97,8 @@ TEST(AdamW, StateRoundTripContinuesIdentically) {
     o2.step(1e-2);
   }
   EXPECT_EQ(p1.to_f32(), p2.to_f32());
-  std::vector<std::pair<std::string, Tensor>> bad = {{"w.exp_avg", Tensor::zeros({3}, DType::kF32)}};
+  std::vector<std::pair<std::string, Tensor>> bad = {
+      {"w.exp_avg", Tensor::zeros({3}, DType::kF32)}};
   EXPECT_THROW(o2.load_state_tensors(bad), Error);
 }
 

@@ -1,9 +1,8 @@
-#include "engine/rng.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "engine/rng.h"
 #include "testing/testing.h"
 
 namespace leantune {
@@ -57,7 +56,8 @@ TEST(Philox, GeneratorOffsetsAdvanceByBlocks) {
   uniform_(b, h);
   EXPECT_EQ(a.to_f32(), b.to_f32());
   // Element i uses word i % 4 of block i / 4.
-  PhiloxBlock blk = philox_block(PhiloxParams{42, 0, static_cast<uint32_t>(RngPurpose::kTest), 0}, 2);
+  PhiloxBlock blk =
+      philox_block(PhiloxParams{42, 0, static_cast<uint32_t>(RngPurpose::kTest), 0}, 2);
   EXPECT_EQ(a.to_f32()[9], philox_uniform(blk.w[1]));
 }
 

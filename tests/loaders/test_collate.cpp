@@ -48,7 +48,8 @@ TEST(CollateAcceptance, Case10PackedSeqLengths) {
 
 TEST(CollateAcceptance, Case11PadToMultipleOfPadded) {
   const std::vector<Row> rows = {row({1, 2, 3}), row({4, 5})};
-  const Batch b = collate(rows, {.padding_free = false, .pad_to_multiple_of = 4, .pad_token_id = 0});
+  const Batch b =
+      collate(rows, {.padding_free = false, .pad_to_multiple_of = 4, .pad_token_id = 0});
   EXPECT_EQ(ids_of(b), (V{1, 2, 3, 0, 4, 5, 0, 0}));
   EXPECT_EQ(labels_of(b), (V{1, 2, 3, -100, 4, 5, -100, -100}));
   EXPECT_EQ(pos_of(b), (V{0, 1, 2, 3, 0, 1, 2, 3}));
@@ -75,7 +76,8 @@ TEST(CollateAcceptance, Case11PadToMultipleOfPaddingFree) {
 
 TEST(CollateAcceptance, Case12AssistantMask) {
   const std::vector<Row> rows = {row({1, 2, 3, 4}, {0, 0, 1, 1})};
-  const Batch b = collate(rows, {.padding_free = false, .pad_to_multiple_of = 0, .pad_token_id = 0});
+  const Batch b =
+      collate(rows, {.padding_free = false, .pad_to_multiple_of = 0, .pad_token_id = 0});
   EXPECT_EQ(labels_of(b), (V{-100, -100, 3, 4}));
   const Batch f = collate(rows, {.padding_free = true, .pad_to_multiple_of = 0, .pad_token_id = 0});
   EXPECT_EQ(labels_of(f), (V{-100, -100, 3, 4}));
@@ -84,11 +86,12 @@ TEST(CollateAcceptance, Case12AssistantMask) {
 TEST(CollateAcceptance, Case13PreferenceCollator) {
   const std::vector<PreferenceExample> pairs = {{{1, 2, 3}, {4, 5}, {6}, 1},
                                                 {{7, 8}, {9, 10}, {11, 12, 13}, 2}};
-  const PreferenceBatch p = collate_preference(pairs, {.max_length = 0,
-                                                       .truncation_mode = TruncationMode::kKeepStart,
-                                                       .padding_free = false,
-                                                       .pad_to_multiple_of = 0,
-                                                       .pad_token_id = 0});
+  const PreferenceBatch p =
+      collate_preference(pairs, {.max_length = 0,
+                                 .truncation_mode = TruncationMode::kKeepStart,
+                                 .padding_free = false,
+                                 .pad_to_multiple_of = 0,
+                                 .pad_token_id = 0});
   EXPECT_EQ(p.pairs, 2);
   EXPECT_EQ(ids_of(p.batch), (V{1, 2, 3, 4, 5, 7, 8, 9, 10, 0, 1, 2, 3, 6, 0, 7, 8, 11, 12, 13}));
   const std::vector<uint8_t> cm = [&] {
@@ -97,8 +100,8 @@ TEST(CollateAcceptance, Case13PreferenceCollator) {
     return v;
   }();
   EXPECT_EQ(cm, (std::vector<uint8_t>{0, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1}));
-  EXPECT_EQ(labels_of(p.batch), (V{-100, -100, -100, 4, 5, -100, -100, 9, 10, -100, -100, -100,
-                                   -100, 6, -100, -100, -100, 11, 12, 13}));
+  EXPECT_EQ(labels_of(p.batch), (V{-100, -100, -100, 4, 5,    -100, -100, 9,  10, -100,
+                                   -100, -100, -100, 6, -100, -100, -100, 11, 12, 13}));
   EXPECT_EQ(cu_of(p.batch), (V{0, 5, 10, 15, 20}));
 }
 
@@ -118,7 +121,8 @@ TEST(CollateAcceptance, Case14PreferenceTruncation) {
 
 TEST(Collate, PaddedIgnoresSeqLengthsAndMasksLabels) {
   const std::vector<Row> rows = {row({1, 2, 3, 4}, {1, 0, 1, 1}, {2, 2}), row({5})};
-  const Batch b = collate(rows, {.padding_free = false, .pad_to_multiple_of = 0, .pad_token_id = 9});
+  const Batch b =
+      collate(rows, {.padding_free = false, .pad_to_multiple_of = 0, .pad_token_id = 9});
   EXPECT_EQ(ids_of(b), (V{1, 2, 3, 4, 5, 9, 9, 9}));
   EXPECT_EQ(labels_of(b), (V{1, -100, 3, 4, 5, -100, -100, -100}));
   EXPECT_EQ(pos_of(b), (V{0, 1, 2, 3, 0, 1, 2, 3}));
@@ -133,13 +137,15 @@ TEST(Collate, PadToMultipleAlreadyAligned) {
   const Batch f = collate(rows, {.padding_free = true, .pad_to_multiple_of = 4, .pad_token_id = 0});
   EXPECT_EQ(cu_of(f), (V{0, 2, 4}));  // no pad sequence when nothing is padded
   EXPECT_EQ(f.stats.pad_tokens, 0);
-  const Batch p = collate(rows, {.padding_free = false, .pad_to_multiple_of = 2, .pad_token_id = 0});
+  const Batch p =
+      collate(rows, {.padding_free = false, .pad_to_multiple_of = 2, .pad_token_id = 0});
   EXPECT_EQ(p.num_tokens(), 4);
 }
 
 TEST(Collate, EfficiencyReport) {
   const std::vector<Row> rows = {row({1, 2, 3}), row({4, 5})};
-  const Batch b = collate(rows, {.padding_free = false, .pad_to_multiple_of = 4, .pad_token_id = 0});
+  const Batch b =
+      collate(rows, {.padding_free = false, .pad_to_multiple_of = 4, .pad_token_id = 0});
   const BatchReport r = make_report(b, 7);
   EXPECT_EQ(r.real_tokens, 5);
   EXPECT_EQ(r.pad_tokens, 3);
@@ -150,11 +156,12 @@ TEST(Collate, EfficiencyReport) {
 
 TEST(Collate, PreferencePaddingFree) {
   const std::vector<PreferenceExample> pairs = {{{1, 2}, {3}, {4, 5}, 1}};
-  const PreferenceBatch p = collate_preference(pairs, {.max_length = 0,
-                                                       .truncation_mode = TruncationMode::kKeepStart,
-                                                       .padding_free = true,
-                                                       .pad_to_multiple_of = 0,
-                                                       .pad_token_id = 0});
+  const PreferenceBatch p =
+      collate_preference(pairs, {.max_length = 0,
+                                 .truncation_mode = TruncationMode::kKeepStart,
+                                 .padding_free = true,
+                                 .pad_to_multiple_of = 0,
+                                 .pad_token_id = 0});
   EXPECT_EQ(ids_of(p.batch), (V{1, 2, 3, 1, 2, 4, 5}));
   EXPECT_EQ(labels_of(p.batch), (V{-100, -100, 3, -100, -100, 4, 5}));
   EXPECT_EQ(cu_of(p.batch), (V{0, 3, 7}));

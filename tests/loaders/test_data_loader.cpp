@@ -22,7 +22,8 @@ std::shared_ptr<TokenizedDataset> make_data(int64_t n, uint64_t seed = 3) {
     const int64_t len = 1 + static_cast<int64_t>((x >> 33) % 13);
     std::vector<int32_t> ids(static_cast<size_t>(len));
     std::vector<uint8_t> mask(static_cast<size_t>(len), 1);
-    for (int64_t k = 0; k < len; ++k) ids[static_cast<size_t>(k)] = static_cast<int32_t>(1000 * i + k);
+    for (int64_t k = 0; k < len; ++k)
+      ids[static_cast<size_t>(k)] = static_cast<int32_t>(1000 * i + k);
     if (len > 2) mask[0] = 0;
     d->add(ids, mask, i + 1);
   }
@@ -121,8 +122,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, Sharding,
                          [](const ::testing::TestParamInfo<ShardCase>& info) {
                            const ShardCase& c = info.param;
                            return "units" + std::to_string(c.units) + "_bs" +
-                                  std::to_string(c.batch_size) + "_world" +
-                                  std::to_string(c.world);
+                                  std::to_string(c.batch_size) + "_world" + std::to_string(c.world);
                          });
 
 struct ResumeCase {
@@ -179,8 +179,10 @@ TEST(DataLoader, EpochBoundaryAndStateAtEnd) {
   EXPECT_EQ(a.step_in_epoch(), 1);
   DataLoader b(data, loader_config(4), 0);
   b.set_state(s);
-  EXPECT_EQ(flatten(b.next()), flatten(DataLoader(data, loader_config(4), 0).collate_units(
-                                   b.sampler().batch(1, 0), nullptr)));
+  EXPECT_EQ(
+      flatten(b.next()),
+      flatten(
+          DataLoader(data, loader_config(4), 0).collate_units(b.sampler().batch(1, 0), nullptr)));
 }
 
 TEST(DataLoader, StateMismatchIsAnInputError) {
@@ -270,8 +272,7 @@ TEST(DataLoader, WrappedPaddedToMultiple) {
   BatchReport report;
   const Batch b = loader.next(&report);
   // Three wrapped blocks [1,2,3] [4,5,6] [7,8], each one sequence, padded to 4.
-  EXPECT_EQ(b.input_ids.to_i64(),
-            (std::vector<int64_t>{1, 2, 3, 99, 4, 5, 6, 99, 7, 8, 99, 99}));
+  EXPECT_EQ(b.input_ids.to_i64(), (std::vector<int64_t>{1, 2, 3, 99, 4, 5, 6, 99, 7, 8, 99, 99}));
   EXPECT_EQ(b.cu_seqlens.to_i64(), (std::vector<int64_t>{0, 4, 8, 12}));
   EXPECT_EQ(report.pad_tokens, 4);
   EXPECT_DOUBLE_EQ(report.efficiency(), 8.0 / 12.0);

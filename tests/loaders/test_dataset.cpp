@@ -106,9 +106,8 @@ std::vector<int32_t> enc(const std::string& s, bool special = false) {
 
 TEST(DatasetFormats, Text) {
   DatasetFormat f;
-  const auto recs = read_all(write_lines("t.jsonl", {R"({"text":"hello","other":1})",
-                                                     R"({"text":"world"})"}),
-                             {}, &f);
+  const auto recs = read_all(
+      write_lines("t.jsonl", {R"({"text":"hello","other":1})", R"({"text":"world"})"}), {}, &f);
   EXPECT_EQ(f.kind, DatasetKind::kLanguageModeling);
   EXPECT_FALSE(f.conversational);
   ASSERT_EQ(recs.size(), 2u);
@@ -128,10 +127,10 @@ TEST(DatasetFormats, DatasetTextFieldRenamesText) {
 
 TEST(DatasetFormats, Messages) {
   DatasetFormat f;
-  const auto recs = read_all(
-      write_lines("m.jsonl", {R"({"messages":[{"role":"user","content":"hi"},)"
-                              R"({"role":"assistant","content":"yo"}]})"}),
-      {}, &f);
+  const auto recs =
+      read_all(write_lines("m.jsonl", {R"({"messages":[{"role":"user","content":"hi"},)"
+                                       R"({"role":"assistant","content":"yo"}]})"}),
+               {}, &f);
   EXPECT_TRUE(f.conversational);
   ASSERT_EQ(recs[0].text.messages.size(), 2u);
   EXPECT_EQ(recs[0].text.messages[1], (Message{"assistant", "yo"}));
@@ -139,15 +138,15 @@ TEST(DatasetFormats, Messages) {
 
 TEST(DatasetFormats, PromptCompletionStringsAndMessages) {
   DatasetFormat f;
-  auto recs = read_all(write_lines("pc.jsonl", {R"({"prompt":"The sky is","completion":" blue."})"}),
-                       {}, &f);
+  auto recs = read_all(
+      write_lines("pc.jsonl", {R"({"prompt":"The sky is","completion":" blue."})"}), {}, &f);
   EXPECT_EQ(f.kind, DatasetKind::kPromptCompletion);
   EXPECT_FALSE(f.conversational);
   EXPECT_EQ(recs[0].completion.text, " blue.");
-  recs = read_all(write_lines("pcm.jsonl",
-                              {R"({"prompt":[{"role":"user","content":"q"}],)"
-                               R"("completion":[{"role":"assistant","content":"a"}]})"}),
-                  {}, &f);
+  recs =
+      read_all(write_lines("pcm.jsonl", {R"({"prompt":[{"role":"user","content":"q"}],)"
+                                         R"("completion":[{"role":"assistant","content":"a"}]})"}),
+               {}, &f);
   EXPECT_EQ(f.kind, DatasetKind::kPromptCompletion);
   EXPECT_TRUE(f.conversational);
   EXPECT_EQ(recs[0].completion.messages[0].content, "a");
@@ -162,19 +161,20 @@ TEST(DatasetFormats, PreferenceExplicitAndImplicit) {
   EXPECT_EQ(recs[0].prompt.text, "Q");
   // Implicit, strings: the shared prefix is the prompt; the space before the split goes with
   // the completions (TRL's extract_prompt).
-  recs = read_all(write_lines("pi.jsonl", {R"({"chosen":"The sky is blue.","rejected":"The sky is green."})"}),
-                  {}, &f);
+  recs = read_all(
+      write_lines("pi.jsonl", {R"({"chosen":"The sky is blue.","rejected":"The sky is green."})"}),
+      {}, &f);
   EXPECT_TRUE(f.implicit_prompt);
   EXPECT_EQ(recs[0].prompt.text, "The sky is");
   EXPECT_EQ(recs[0].chosen.text, " blue.");
   EXPECT_EQ(recs[0].rejected.text, " green.");
   // Implicit, conversational (TRL's docstring example).
-  recs = read_all(write_lines("pic.jsonl",
-                              {R"({"chosen":[{"role":"user","content":"What color is the sky?"},)"
-                               R"({"role":"assistant","content":"It is blue."}],)"
-                               R"("rejected":[{"role":"user","content":"What color is the sky?"},)"
-                               R"({"role":"assistant","content":"It is green."}]})"}),
-                  {}, &f);
+  recs = read_all(
+      write_lines("pic.jsonl", {R"({"chosen":[{"role":"user","content":"What color is the sky?"},)"
+                                R"({"role":"assistant","content":"It is blue."}],)"
+                                R"("rejected":[{"role":"user","content":"What color is the sky?"},)"
+                                R"({"role":"assistant","content":"It is green."}]})"}),
+      {}, &f);
   EXPECT_TRUE(f.conversational);
   EXPECT_TRUE(f.implicit_prompt);
   ASSERT_EQ(recs[0].prompt.messages.size(), 1u);
@@ -184,11 +184,13 @@ TEST(DatasetFormats, PreferenceExplicitAndImplicit) {
   EXPECT_EQ(recs[0].rejected.messages[0].content, "It is green.");
   // A string prompt beside message lists is ignored and the prompt extracted
   // (maybe_extract_prompt).
-  recs = read_all(write_lines("pim.jsonl",
-                              {R"({"prompt":"What color is the sky?",)"
-                               R"("chosen":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],)"
-                               R"("rejected":[{"role":"user","content":"q"},{"role":"assistant","content":"b"}]})"}),
-                  {}, &f);
+  recs = read_all(
+      write_lines(
+          "pim.jsonl",
+          {R"({"prompt":"What color is the sky?",)"
+           R"("chosen":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],)"
+           R"("rejected":[{"role":"user","content":"q"},{"role":"assistant","content":"b"}]})"}),
+      {}, &f);
   EXPECT_TRUE(f.implicit_prompt);
   EXPECT_EQ(recs[0].prompt.messages[0].content, "q");
 }
@@ -209,10 +211,9 @@ TEST(DatasetFormats, ExtractPromptQuirks) {
 
 TEST(DatasetFormats, UnpairedPromptOnlyTokenized) {
   DatasetFormat f;
-  auto recs = read_all(
-      write_lines("u.jsonl", {R"({"prompt":"Q","completion":"A","label":true})",
-                              R"({"prompt":"Q","completion":"B","label":false})"}),
-      {}, &f);
+  auto recs = read_all(write_lines("u.jsonl", {R"({"prompt":"Q","completion":"A","label":true})",
+                                               R"({"prompt":"Q","completion":"B","label":false})"}),
+                       {}, &f);
   EXPECT_EQ(f.kind, DatasetKind::kUnpairedPreference);
   EXPECT_TRUE(recs[0].label);
   EXPECT_FALSE(recs[1].label);
@@ -224,8 +225,8 @@ TEST(DatasetFormats, UnpairedPromptOnlyTokenized) {
   EXPECT_TRUE(f.has_completion_mask);
   EXPECT_EQ(recs[0].input_ids, (std::vector<int32_t>{5, 6, 7}));
   EXPECT_EQ(recs[0].completion_mask, (std::vector<uint8_t>{0, 1, 1}));
-  recs = read_all(write_lines("tl.jsonl", {R"({"input_ids":[5,6,7],"labels":[-100,6,7]})"}), {},
-                  &f);
+  recs =
+      read_all(write_lines("tl.jsonl", {R"({"input_ids":[5,6,7],"labels":[-100,6,7]})"}), {}, &f);
   EXPECT_TRUE(f.has_labels);
   EXPECT_EQ(recs[0].label_mask, (std::vector<uint8_t>{0, 1, 1}));
 }
@@ -301,54 +302,102 @@ const std::string kOk = R"({"prompt":"p","completion":"c"})";
 INSTANTIATE_TEST_SUITE_P(
     Categories, DatasetBadLine,
     ::testing::Values(
-        BadCase{"invalid_json", {kOk, R"({"prompt":"p","completion":)"}, BadLineKind::kInvalidJson,
+        BadCase{"invalid_json",
+                {kOk, R"({"prompt":"p","completion":)"},
+                BadLineKind::kInvalidJson,
                 "invalid JSON"},
-        BadCase{"trailing_garbage", {kOk, R"({"prompt":"p","completion":"c"} x)"},
-                BadLineKind::kInvalidJson, "invalid JSON"},
-        BadCase{"not_object", {kOk, R"(["p","c"])"}, BadLineKind::kNotObject,
+        BadCase{"trailing_garbage",
+                {kOk, R"({"prompt":"p","completion":"c"} x)"},
+                BadLineKind::kInvalidJson,
+                "invalid JSON"},
+        BadCase{"not_object",
+                {kOk, R"(["p","c"])"},
+                BadLineKind::kNotObject,
                 "expected a JSON object, got array"},
-        BadCase{"missing_key", {kOk, kOk, R"({"prompt":"p"})"}, BadLineKind::kMissingKey,
+        BadCase{"missing_key",
+                {kOk, kOk, R"({"prompt":"p"})"},
+                BadLineKind::kMissingKey,
                 "missing key 'completion'"},
-        BadCase{"unknown_format_first_line", {R"({"foo":1})"}, BadLineKind::kMissingKey,
+        BadCase{"unknown_format_first_line",
+                {R"({"foo":1})"},
+                BadLineKind::kMissingKey,
                 "cannot detect the dataset format"},
-        BadCase{"wrong_type", {kOk, R"({"prompt":"p","completion":7})"}, BadLineKind::kWrongType,
+        BadCase{"wrong_type",
+                {kOk, R"({"prompt":"p","completion":7})"},
+                BadLineKind::kWrongType,
                 "'completion' must be a string, got number"},
-        BadCase{"wrong_style", {kOk, R"({"prompt":"p","completion":[{"role":"assistant","content":"c"}]})"},
-                BadLineKind::kWrongType, "got a message list"},
+        BadCase{"wrong_style",
+                {kOk, R"({"prompt":"p","completion":[{"role":"assistant","content":"c"}]})"},
+                BadLineKind::kWrongType,
+                "got a message list"},
         BadCase{"message_missing_content",
-                {R"({"messages":[{"role":"user","content":"a"}]})", R"({"messages":[{"role":"user"}]})"},
-                BadLineKind::kMissingKey, "missing key 'content' in 'messages[0]'"},
+                {R"({"messages":[{"role":"user","content":"a"}]})",
+                 R"({"messages":[{"role":"user"}]})"},
+                BadLineKind::kMissingKey,
+                "missing key 'content' in 'messages[0]'"},
         BadCase{"label_not_bool",
-                {R"({"prompt":"p","completion":"c","label":true})", R"({"prompt":"p","completion":"c","label":1})"},
-                BadLineKind::kWrongType, "'label' must be a boolean"},
-        BadCase{"empty_text", {R"({"text":"a"})", R"({"text":""})"}, BadLineKind::kEmptyText,
+                {R"({"prompt":"p","completion":"c","label":true})",
+                 R"({"prompt":"p","completion":"c","label":1})"},
+                BadLineKind::kWrongType,
+                "'label' must be a boolean"},
+        BadCase{"empty_text",
+                {R"({"text":"a"})", R"({"text":""})"},
+                BadLineKind::kEmptyText,
                 "'text' is empty"},
-        BadCase{"empty_messages", {R"({"messages":[{"role":"user","content":"a"}]})", R"({"messages":[]})"},
-                BadLineKind::kEmptyText, "empty message list"},
-        BadCase{"empty_input_ids", {R"({"input_ids":[1]})", R"({"input_ids":[]})"},
-                BadLineKind::kEmptyText, "'input_ids' is empty"},
-        BadCase{"mask_length", {R"({"input_ids":[1],"completion_mask":[1]})", R"({"input_ids":[1,2],"completion_mask":[1]})"},
-                BadLineKind::kWrongType, "'completion_mask' has 1 values"},
-        BadCase{"token_out_of_range", {R"({"input_ids":[1]})", R"({"input_ids":[1,1000]})"},
-                BadLineKind::kOutOfRange, "'input_ids[1]' = 1000"},
-        BadCase{"negative_token", {R"({"input_ids":[1]})", R"({"input_ids":[-1]})"},
-                BadLineKind::kOutOfRange, "'input_ids[0]' = -1"},
-        BadCase{"mask_not_binary", {R"({"input_ids":[1],"completion_mask":[1]})", R"({"input_ids":[1],"completion_mask":[2]})"},
-                BadLineKind::kOutOfRange, "'completion_mask[0]' = 2"},
-        BadCase{"label_not_token", {R"({"input_ids":[1],"labels":[1]})", R"({"input_ids":[1],"labels":[5]})"},
-                BadLineKind::kWrongType, "neither -100 nor input_ids[0]"},
-        BadCase{"invalid_utf8", {kOk, "{\"prompt\":\"p\xff\",\"completion\":\"c\"}"},
-                BadLineKind::kInvalidUtf8, "invalid UTF-8 at byte 13"},
-        BadCase{"utf8_encoded_surrogate", {kOk, "{\"prompt\":\"\xed\xa0\x80\",\"completion\":\"c\"}"},
-                BadLineKind::kInvalidUtf8, "invalid UTF-8"},
-        BadCase{"overlong_utf8", {kOk, "{\"prompt\":\"\xc0\xaf\",\"completion\":\"c\"}"},
-                BadLineKind::kInvalidUtf8, "invalid UTF-8"},
-        BadCase{"lone_high_surrogate", {kOk, R"({"prompt":"a\ud800","completion":"c"})"},
-                BadLineKind::kLoneSurrogate, "lone surrogate escape '\\ud800'"},
-        BadCase{"high_then_other_escape", {kOk, R"({"prompt":"a\ud800\u0041","completion":"c"})"},
-                BadLineKind::kLoneSurrogate, "lone surrogate"},
-        BadCase{"lone_low_surrogate", {kOk, R"({"prompt":"a\uDC00","completion":"c"})"},
-                BadLineKind::kLoneSurrogate, "lone surrogate escape '\\uDC00'"}),
+        BadCase{"empty_messages",
+                {R"({"messages":[{"role":"user","content":"a"}]})", R"({"messages":[]})"},
+                BadLineKind::kEmptyText,
+                "empty message list"},
+        BadCase{"empty_input_ids",
+                {R"({"input_ids":[1]})", R"({"input_ids":[]})"},
+                BadLineKind::kEmptyText,
+                "'input_ids' is empty"},
+        BadCase{"mask_length",
+                {R"({"input_ids":[1],"completion_mask":[1]})",
+                 R"({"input_ids":[1,2],"completion_mask":[1]})"},
+                BadLineKind::kWrongType,
+                "'completion_mask' has 1 values"},
+        BadCase{"token_out_of_range",
+                {R"({"input_ids":[1]})", R"({"input_ids":[1,1000]})"},
+                BadLineKind::kOutOfRange,
+                "'input_ids[1]' = 1000"},
+        BadCase{"negative_token",
+                {R"({"input_ids":[1]})", R"({"input_ids":[-1]})"},
+                BadLineKind::kOutOfRange,
+                "'input_ids[0]' = -1"},
+        BadCase{"mask_not_binary",
+                {R"({"input_ids":[1],"completion_mask":[1]})",
+                 R"({"input_ids":[1],"completion_mask":[2]})"},
+                BadLineKind::kOutOfRange,
+                "'completion_mask[0]' = 2"},
+        BadCase{"label_not_token",
+                {R"({"input_ids":[1],"labels":[1]})", R"({"input_ids":[1],"labels":[5]})"},
+                BadLineKind::kWrongType,
+                "neither -100 nor input_ids[0]"},
+        BadCase{"invalid_utf8",
+                {kOk, "{\"prompt\":\"p\xff\",\"completion\":\"c\"}"},
+                BadLineKind::kInvalidUtf8,
+                "invalid UTF-8 at byte 13"},
+        BadCase{"utf8_encoded_surrogate",
+                {kOk, "{\"prompt\":\"\xed\xa0\x80\",\"completion\":\"c\"}"},
+                BadLineKind::kInvalidUtf8,
+                "invalid UTF-8"},
+        BadCase{"overlong_utf8",
+                {kOk, "{\"prompt\":\"\xc0\xaf\",\"completion\":\"c\"}"},
+                BadLineKind::kInvalidUtf8,
+                "invalid UTF-8"},
+        BadCase{"lone_high_surrogate",
+                {kOk, R"({"prompt":"a\ud800","completion":"c"})"},
+                BadLineKind::kLoneSurrogate,
+                "lone surrogate escape '\\ud800'"},
+        BadCase{"high_then_other_escape",
+                {kOk, R"({"prompt":"a\ud800\u0041","completion":"c"})"},
+                BadLineKind::kLoneSurrogate,
+                "lone surrogate"},
+        BadCase{"lone_low_surrogate",
+                {kOk, R"({"prompt":"a\uDC00","completion":"c"})"},
+                BadLineKind::kLoneSurrogate,
+                "lone surrogate escape '\\uDC00'"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
 
 TEST(DatasetBadLines, SkipSummaryCountsEveryCategory) {
@@ -422,9 +471,15 @@ TEST(DatasetBadLines, RandomMutationsAreRecordsOrCountedBadLines) {
     for (int e = 0; e < edits && !l.empty(); ++e) {
       const size_t at = next() % l.size();
       switch (next() % 3) {
-        case 0: l[at] = alphabet[next() % (sizeof(alphabet) - 1)]; break;
-        case 1: l.resize(at); break;
-        default: l.insert(at, 1, alphabet[next() % (sizeof(alphabet) - 1)]); break;
+        case 0:
+          l[at] = alphabet[next() % (sizeof(alphabet) - 1)];
+          break;
+        case 1:
+          l.resize(at);
+          break;
+        default:
+          l.insert(at, 1, alphabet[next() % (sizeof(alphabet) - 1)]);
+          break;
       }
     }
     if (l.find('\n') != std::string::npos) l.erase(l.find('\n'));
@@ -474,8 +529,8 @@ DataConfig sft_config() {
 
 TEST(SftExamples, TextGetsEosOnce) {
   FakeEncoder e;
-  const auto data = load_sft_data(write_lines("t.jsonl", {R"({"text":"ab"})", R"({"text":"cd<eos>"})"}),
-                                  &e, sft_config());
+  const auto data = load_sft_data(
+      write_lines("t.jsonl", {R"({"text":"ab"})", R"({"text":"cd<eos>"})"}), &e, sft_config());
   ASSERT_EQ(data.examples.size(), 2);
   const auto ids0 = data.examples.ids(0);
   EXPECT_EQ(std::vector<int32_t>(ids0.begin(), ids0.end()), (std::vector<int32_t>{1, 197, 198, 2}));
@@ -492,7 +547,8 @@ TEST(SftExamples, PromptCompletionMask) {
   auto data = load_sft_data(path, &e, sft_config());
   EXPECT_TRUE(data.completion_only_loss);
   auto ids = data.examples.ids(0);
-  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), (std::vector<int32_t>{1, 197, 198, 199, 2}));
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()),
+            (std::vector<int32_t>{1, 197, 198, 199, 2}));
   auto m = data.examples.mask(0);
   EXPECT_EQ(std::vector<uint8_t>(m.begin(), m.end()), (std::vector<uint8_t>{0, 0, 0, 1, 1}));
   DataConfig off = sft_config();
@@ -505,7 +561,8 @@ TEST(SftExamples, PromptCompletionMask) {
 TEST(SftExamples, ConversationalAssistantOnlyLoss) {
   FakeEncoder e;
   const std::string path = write_lines(
-      "m.jsonl", {R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]})"});
+      "m.jsonl",
+      {R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]})"});
   DataConfig c = sft_config();
   c.assistant_only_loss = true;
   const auto data = load_sft_data(path, &e, c);
@@ -560,9 +617,9 @@ TEST(SftExamples, TruncationModesAndDrops) {
 }
 
 TEST(SftExamples, AcceptanceCase12DropsFullyMaskedExamples) {
-  const std::string path = write_lines(
-      "tk.jsonl", {R"({"input_ids":[1,2,3,4,5],"completion_mask":[0,0,0,1,1]})",
-                   R"({"input_ids":[6,7,8],"completion_mask":[1,1,1]})"});
+  const std::string path =
+      write_lines("tk.jsonl", {R"({"input_ids":[1,2,3,4,5],"completion_mask":[0,0,0,1,1]})",
+                               R"({"input_ids":[6,7,8],"completion_mask":[1,1,1]})"});
   DataConfig c = sft_config();
   c.max_length = 3;
   const auto data = load_sft_data(path, nullptr, c);
@@ -577,16 +634,18 @@ TEST(SftExamples, AcceptanceCase12DropsFullyMaskedExamples) {
 }
 
 TEST(SftExamples, TrainableOnlyAtFirstPositionIsDropped) {
-  const std::string path = write_lines(
-      "tk.jsonl", {R"({"input_ids":[1,2],"completion_mask":[1,0]})", R"({"input_ids":[3,4],"completion_mask":[0,1]})"});
+  const std::string path =
+      write_lines("tk.jsonl", {R"({"input_ids":[1,2],"completion_mask":[1,0]})",
+                               R"({"input_ids":[3,4],"completion_mask":[0,1]})"});
   const auto data = load_sft_data(path, nullptr, sft_config());
   ASSERT_EQ(data.examples.size(), 1);
   EXPECT_EQ(data.examples.line(0), 2);
 }
 
 TEST(SftExamples, BfdPackingChecksOnlyTheKeptPrefix) {
-  const std::string path = write_lines(
-      "tk.jsonl", {R"({"input_ids":[1,2,3,4],"completion_mask":[0,0,1,1]})", R"({"input_ids":[5,6],"completion_mask":[1,1]})"});
+  const std::string path =
+      write_lines("tk.jsonl", {R"({"input_ids":[1,2,3,4],"completion_mask":[0,0,1,1]})",
+                               R"({"input_ids":[5,6],"completion_mask":[1,1]})"});
   DataConfig c = sft_config();
   c.max_length = 2;
   c.packing = true;
@@ -598,7 +657,8 @@ TEST(SftExamples, BfdPackingChecksOnlyTheKeptPrefix) {
 }
 
 TEST(SftExamples, AllDroppedIsAnError) {
-  const std::string path = write_lines("tk.jsonl", {R"({"input_ids":[1,2],"completion_mask":[0,0]})"});
+  const std::string path =
+      write_lines("tk.jsonl", {R"({"input_ids":[1,2],"completion_mask":[0,0]})"});
   try {
     load_sft_data(path, nullptr, sft_config());
     FAIL();
@@ -611,8 +671,9 @@ TEST(SftExamples, AllDroppedIsAnError) {
 TEST(SftExamples, TokenizerErrorsBecomeBadLines) {
   FakeEncoder e;
   const std::string path = write_lines(
-      "m.jsonl", {R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]})",
-                  R"({"messages":[{"role":"tool","content":"a"}]})"});
+      "m.jsonl",
+      {R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]})",
+       R"({"messages":[{"role":"tool","content":"a"}]})"});
   try {
     load_sft_data(path, &e, sft_config());
     FAIL();
@@ -628,7 +689,8 @@ TEST(SftExamples, TokenizerErrorsBecomeBadLines) {
 
 TEST(SftExamples, FormatsSftCannotUse) {
   FakeEncoder e;
-  EXPECT_THROW(load_sft_data(write_lines("p.jsonl", {R"({"prompt":"a"})"}), &e, sft_config()), Error);
+  EXPECT_THROW(load_sft_data(write_lines("p.jsonl", {R"({"prompt":"a"})"}), &e, sft_config()),
+               Error);
   EXPECT_THROW(load_sft_data(write_lines("t.jsonl", {R"({"text":"a"})"}), nullptr, sft_config()),
                Error);
 }
@@ -637,8 +699,8 @@ TEST(SftExamples, FormatsSftCannotUse) {
 
 TEST(PreferenceExamples, EosAndTruncation) {
   FakeEncoder e;
-  const std::string path = write_lines(
-      "p.jsonl", {R"({"prompt":"abcd","chosen":"xyz","rejected":"w"})"});
+  const std::string path =
+      write_lines("p.jsonl", {R"({"prompt":"abcd","chosen":"xyz","rejected":"w"})"});
   DataConfig c;
   c.max_length = 0;
   c.max_prompt_length = 2;
@@ -646,8 +708,8 @@ TEST(PreferenceExamples, EosAndTruncation) {
   const auto data = load_preference_data(path, e, c);
   ASSERT_EQ(data.examples.size(), 1u);
   const auto& ex = data.examples[0];
-  EXPECT_EQ(ex.prompt_ids, enc("cd"));               // last 2 tokens
-  EXPECT_EQ(ex.chosen_ids, enc("xyz"));              // first 3 of x y z eos
+  EXPECT_EQ(ex.prompt_ids, enc("cd"));   // last 2 tokens
+  EXPECT_EQ(ex.chosen_ids, enc("xyz"));  // first 3 of x y z eos
   EXPECT_EQ(ex.rejected_ids, (std::vector<int32_t>{100 + 'w', 2}));
   EXPECT_EQ(data.stats.truncated_examples, 1);
   EXPECT_EQ(data.stats.truncated_tokens, 3);
@@ -656,8 +718,9 @@ TEST(PreferenceExamples, EosAndTruncation) {
 TEST(PreferenceExamples, ConversationalImplicitPrompt) {
   FakeEncoder e;
   const std::string path = write_lines(
-      "pc.jsonl", {R"({"chosen":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],)"
-                   R"("rejected":[{"role":"user","content":"q"},{"role":"assistant","content":"b"}]})"});
+      "pc.jsonl",
+      {R"({"chosen":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],)"
+       R"("rejected":[{"role":"user","content":"q"},{"role":"assistant","content":"b"}]})"});
   DataConfig c;
   c.max_length = 0;
   const auto data = load_preference_data(path, e, c);
@@ -669,8 +732,9 @@ TEST(PreferenceExamples, ConversationalImplicitPrompt) {
 
 TEST(PreferenceExamples, DropWhenMaxLengthLeavesNoCompletion) {
   FakeEncoder e;
-  const std::string path = write_lines(
-      "p.jsonl", {R"({"prompt":"abcdef","chosen":"x","rejected":"y"})", R"({"prompt":"a","chosen":"x","rejected":"y"})"});
+  const std::string path =
+      write_lines("p.jsonl", {R"({"prompt":"abcdef","chosen":"x","rejected":"y"})",
+                              R"({"prompt":"a","chosen":"x","rejected":"y"})"});
   DataConfig c;
   c.max_length = 4;
   c.max_prompt_length = 0;
@@ -726,8 +790,10 @@ TEST(SftExamples, QwenTokenizerText) {
   auto tok = Tokenizer::load(dir);
   auto encoder = make_text_encoder(tok);
   const auto data = load_sft_data(
-      write_lines("t.jsonl", {R"({"text":"Hello world"})",
-                              R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!"}]})"}),
+      write_lines(
+          "t.jsonl",
+          {R"({"text":"Hello world"})",
+           R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!"}]})"}),
       encoder.get(), [] {
         DataConfig c;
         c.skip_bad_lines = true;  // the second line has another format
@@ -749,7 +815,9 @@ TEST(SftExamples, QwenTokenizerConversation) {
   DataConfig c;
   c.assistant_only_loss = true;
   const auto data = load_sft_data(
-      write_lines("m.jsonl", {R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!"}]})"}),
+      write_lines(
+          "m.jsonl",
+          {R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!"}]})"}),
       encoder.get(), c);
   const ChatEncoding expected =
       tok->chat_template().encode(*tok, {{"user", "Hi"}, {"assistant", "Hello!"}}, false);

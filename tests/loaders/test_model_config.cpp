@@ -110,8 +110,7 @@ class ModelConfigBench : public ::testing::TestWithParam<BenchConfig> {};
 
 TEST_P(ModelConfigBench, ParameterCountMatchesThePublishedModel) {
   const auto& p = GetParam();
-  const ModelConfig c =
-      ModelConfig::load(std::string(LT_SOURCE_DIR) + "/bench/configs/" + p.file);
+  const ModelConfig c = ModelConfig::load(std::string(LT_SOURCE_DIR) + "/bench/configs/" + p.file);
   EXPECT_EQ(c.architecture, p.architecture);
   EXPECT_EQ(c.num_parameters(), p.parameters);
 }
@@ -176,8 +175,8 @@ TEST(ModelConfig, LlamaBiasesAndExplicitHeadDim) {
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{2}));
   const int64_t q = 96, kv = 48;
   const int64_t layer = 64 * q + 2 * 64 * kv + q * 64 + 3 * 64 * 128 + 2 * 64  // weights
-                        + q + 2 * kv + 64                                        // attention bias
-                        + 2 * 128 + 64;                                          // mlp bias
+                        + q + 2 * kv + 64                                      // attention bias
+                        + 2 * 128 + 64;                                        // mlp bias
   EXPECT_EQ(c.num_parameters(), 10 * 64 + layer + 64);
   EXPECT_EQ(c.to_json()["head_dim"], 48);
 }

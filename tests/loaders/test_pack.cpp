@@ -4,9 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "engine/check.h"
 #include "loaders/pack.h"
@@ -165,32 +164,54 @@ INSTANTIATE_TEST_SUITE_P(
     Strategies, PackHand,
     ::testing::Values(
         // Equal lengths keep input order and fill bins pairwise.
-        HandCase{"bfd_ties", {2, 2, 2, 2}, 4, "bfd",
+        HandCase{"bfd_ties",
+                 {2, 2, 2, 2},
+                 4,
+                 "bfd",
                  {segs({{0, 0, 2}, {1, 0, 2}}), segs({{2, 0, 2}, {3, 0, 2}})}},
         // Among bins with the same free space the oldest is used; a smaller fitting space wins.
-        HandCase{"bfd_fifo_same_space", {3, 3, 1, 1}, 5, "bfd",
+        HandCase{"bfd_fifo_same_space",
+                 {3, 3, 1, 1},
+                 5,
+                 "bfd",
                  {segs({{0, 0, 3}, {2, 0, 1}, {3, 0, 1}}), segs({{1, 0, 3}})}},
         // Best fit, not first fit: the 4 goes to the bin with 4 free, not the one with 5.
-        HandCase{"bfd_best_not_first_fit", {6, 5, 4, 3}, 10, "bfd",
+        HandCase{"bfd_best_not_first_fit",
+                 {6, 5, 4, 3},
+                 10,
+                 "bfd",
                  {segs({{0, 0, 6}, {2, 0, 4}}), segs({{1, 0, 5}, {3, 0, 3}})}},
-        HandCase{"bfd_exact_max_length", {3, 3, 1}, 3, "bfd",
+        HandCase{"bfd_exact_max_length",
+                 {3, 3, 1},
+                 3,
+                 "bfd",
                  {segs({{0, 0, 3}}), segs({{1, 0, 3}}), segs({{2, 0, 1}})}},
-        HandCase{"bfd_longer_than_max", {7, 2}, 3, "bfd",
-                 {segs({{0, 0, 3}}), segs({{1, 0, 2}})}},
-        HandCase{"bfd_split_longer_than_max", {7, 2}, 3, "bfd_split",
+        HandCase{"bfd_longer_than_max", {7, 2}, 3, "bfd", {segs({{0, 0, 3}}), segs({{1, 0, 2}})}},
+        HandCase{"bfd_split_longer_than_max",
+                 {7, 2},
+                 3,
+                 "bfd_split",
                  {segs({{0, 0, 3}}), segs({{0, 3, 3}}), segs({{1, 0, 2}, {0, 6, 1}})}},
         HandCase{"bfd_empty_sequences", {0, 2, 0, 1}, 3, "bfd", {segs({{1, 0, 2}, {3, 0, 1}})}},
         HandCase{"bfd_empty_input", {}, 4, "bfd", {}},
         HandCase{"bfd_only_empty", {0, 0}, 4, "bfd_split", {}},
-        HandCase{"bfd_max_length_1", {2, 0, 1}, 1, "bfd",
-                 {segs({{0, 0, 1}}), segs({{2, 0, 1}})}},
-        HandCase{"bfd_split_max_length_1", {2, 0, 1}, 1, "bfd_split",
+        HandCase{"bfd_max_length_1", {2, 0, 1}, 1, "bfd", {segs({{0, 0, 1}}), segs({{2, 0, 1}})}},
+        HandCase{"bfd_split_max_length_1",
+                 {2, 0, 1},
+                 1,
+                 "bfd_split",
                  {segs({{0, 0, 1}}), segs({{0, 1, 1}}), segs({{2, 0, 1}})}},
-        HandCase{"wrapped_max_length_1", {2, 0, 1}, 1, "wrapped",
+        HandCase{"wrapped_max_length_1",
+                 {2, 0, 1},
+                 1,
+                 "wrapped",
                  {segs({{0, 0, 1}}), segs({{0, 1, 1}}), segs({{2, 0, 1}})}},
-        HandCase{"wrapped_exact_blocks", {2, 2}, 2, "wrapped",
-                 {segs({{0, 0, 2}}), segs({{1, 0, 2}})}},
-        HandCase{"wrapped_spans_documents", {3, 4, 1}, 5, "wrapped",
+        HandCase{
+            "wrapped_exact_blocks", {2, 2}, 2, "wrapped", {segs({{0, 0, 2}}), segs({{1, 0, 2}})}},
+        HandCase{"wrapped_spans_documents",
+                 {3, 4, 1},
+                 5,
+                 "wrapped",
                  {segs({{0, 0, 3}, {1, 0, 2}}), segs({{1, 2, 2}, {2, 0, 1}})}},
         HandCase{"wrapped_empty_input", {}, 3, "wrapped", {}}),
     [](const ::testing::TestParamInfo<HandCase>& info) { return info.param.name; });
@@ -245,7 +266,8 @@ std::vector<std::vector<Segment>> naive_bfd(const std::vector<int64_t>& lengths,
     if (!split) {
       items.push_back({static_cast<int64_t>(i), 0, std::min(n, L)});
     } else {
-      for (int64_t b = 0; b < n; b += L) items.push_back({static_cast<int64_t>(i), b, std::min(L, n - b)});
+      for (int64_t b = 0; b < n; b += L)
+        items.push_back({static_cast<int64_t>(i), b, std::min(L, n - b)});
     }
   }
   std::stable_sort(items.begin(), items.end(),
@@ -307,8 +329,7 @@ TEST(Pack, LargeMaxLengthUsesSortFallback) {
   EXPECT_EQ(std::vector<Segment>(p.bin(1).begin(), p.bin(1).end()),
             segs({{2, 0, 70000}, {4, 0, 30000}}));
   // Both full bins leave no room: the two 5s open a third bin.
-  EXPECT_EQ(std::vector<Segment>(p.bin(2).begin(), p.bin(2).end()),
-            segs({{1, 0, 5}, {3, 0, 5}}));
+  EXPECT_EQ(std::vector<Segment>(p.bin(2).begin(), p.bin(2).end()), segs({{1, 0, 5}, {3, 0, 5}}));
   EXPECT_EQ(p.real_tokens, 200010);
 }
 
@@ -373,9 +394,10 @@ TEST_P(PackTrlParity, SameBinsAsTrl) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Trl, PackTrlParity, ::testing::ValuesIn(load_trl_cases()),
-    [](const ::testing::TestParamInfo<TrlCase>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Trl, PackTrlParity, ::testing::ValuesIn(load_trl_cases()),
+                         [](const ::testing::TestParamInfo<TrlCase>& info) {
+                           return info.param.name;
+                         });
 
 TEST(PackTrlParity, FixtureIsPresent) {
   const auto cases = load_trl_cases();

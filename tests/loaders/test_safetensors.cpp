@@ -12,10 +12,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/check.h"
 #include "engine/device.h"
@@ -226,9 +225,8 @@ TEST(Safetensors, ViewsKeepTheMappingAliveAndConvertOnRequest) {
 
 TEST(Safetensors, MisalignedTensorIsReturnedAsAlignedCopy) {
   // An f32 tensor at data offset 1: the u8 before it shifts it off a 4-byte boundary.
-  const std::string header =
-      R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
-      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[1,9]}})";
+  const std::string header = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[1,9]}})";
   std::string data(9, '\0');
   data[0] = 7;
   const float vals[2] = {0.5f, -8.0f};
@@ -285,10 +283,13 @@ TEST(Safetensors, FailedWriteLeavesTheOldFileAndNoTempFile) {
 TEST(Safetensors, WriterRejectsBadNames) {
   const std::string path = temp_dir("x") + "/n.safetensors";
   const Tensor t = Tensor::from_vector<float>({1}, {1});
-  EXPECT_NE(input_error([&] { save_safetensors(path, {{"a", t}, {"a", t}}); }).find("twice"),
+  EXPECT_NE(input_error([&] {
+              save_safetensors(path, {{"a", t}, {"a", t}});
+            }).find("twice"),
             std::string::npos);
-  EXPECT_NE(input_error([&] { save_safetensors(path, {{"__metadata__", t}}); })
-                .find("__metadata__"),
+  EXPECT_NE(input_error([&] {
+              save_safetensors(path, {{"__metadata__", t}});
+            }).find("__metadata__"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(path));
 }
@@ -348,9 +349,9 @@ TEST(TensorStore, ShardedSaveAndLoad) {
   }
   EXPECT_EQ(store.num_elements(), 6 * 16 + 4);
   EXPECT_EQ(store.num_bytes(), 6u * 64 + 8);
-  EXPECT_EQ(SafetensorsFile::open(dir + "/model-00002-of-00003.safetensors")->metadata().at(
-                "format"),
-            "pt");
+  EXPECT_EQ(
+      SafetensorsFile::open(dir + "/model-00002-of-00003.safetensors")->metadata().at("format"),
+      "pt");
   // The index file itself opens the same store.
   EXPECT_EQ(TensorStore::open(dir + "/model.safetensors.index.json").names(), expected_names);
 
@@ -413,8 +414,7 @@ TEST(TensorStore, InconsistentIndexesAreInputErrors) {
       {R"({"weight_map":{"x":"a.safetensors","w":"a.safetensors","y":"b.safetensors",)"
        R"("v":"a.safetensors"}})",
        "weight_map lists 'v' in shard 'a.safetensors' but that shard does not contain it"},
-      {R"({"weight_map":{"x":"a.safetensors","y":"b.safetensors"}})",
-       "tensor 'w' of shard"},
+      {R"({"weight_map":{"x":"a.safetensors","y":"b.safetensors"}})", "tensor 'w' of shard"},
       {R"({"weight_map":{"x":"b.safetensors","w":"a.safetensors","y":"b.safetensors"}})",
        "weight_map puts 'x' in shard 'b.safetensors' but it is in"},
       {R"({"weight_map":{"x":"a.safetensors","x":"a.safetensors","y":"b.safetensors"}})",
@@ -433,8 +433,8 @@ TEST(TensorStore, InconsistentIndexesAreInputErrors) {
     EXPECT_NE(msg.find(c.expect), std::string::npos) << c.json << " -> " << msg;
     EXPECT_NE(msg.find(index), std::string::npos) << msg;
   }
-  write_text_atomic(index,
-                    R"({"weight_map":{"x":"a.safetensors","w":"a.safetensors","y":"b.safetensors"}})");
+  write_text_atomic(
+      index, R"({"weight_map":{"x":"a.safetensors","w":"a.safetensors","y":"b.safetensors"}})");
   EXPECT_EQ(TensorStore::open(dir).names(), (std::vector<std::string>{"w", "x", "y"}));
 }
 
@@ -455,8 +455,8 @@ struct BadFile {
   const char* expect;  // a fragment the error message must contain
 };
 
-std::string tensor_json(const std::string& name, const std::string& dtype,
-                        const std::string& shape, const std::string& offsets) {
+std::string tensor_json(const std::string& name, const std::string& dtype, const std::string& shape,
+                        const std::string& offsets) {
   return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape +
          ",\"data_offsets\":" + offsets + "}";
 }
@@ -487,8 +487,7 @@ std::vector<BadFile> bad_files() {
       {"padding_nul", st_file(std::string("{}\0\0", 4)), "NUL byte"},
       {"nul_then_garbage", st_file(std::string("{}\0{\"a\":1}", 10)), "NUL byte"},
       {"nul_in_string", st_file(std::string("{\"a\0\":1}", 8)), "NUL byte"},
-      {"duplicate_tensor", st_file("{" + f32x2 + "," + f32x2 + "}", eight),
-       "duplicate key 'a'"},
+      {"duplicate_tensor", st_file("{" + f32x2 + "," + f32x2 + "}", eight), "duplicate key 'a'"},
       {"duplicate_key_in_entry",
        st_file(R"({"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", eight),
        "duplicate key 'dtype'"},
@@ -500,11 +499,9 @@ std::vector<BadFile> bad_files() {
       {"nesting_too_deep", st_file(R"({"a":{"shape":[[[1]]]}})"), "nested deeper"},
       {"unknown_dtype", st_file("{" + tensor_json("a", "F128", "[2]", "[0,8]") + "}", eight),
        "unknown dtype 'F128'"},
-      {"unknown_dtype_lowercase", st_file("{" + tensor_json("a", "f32", "[2]", "[0,8]") + "}",
-                                          eight),
-       "unknown dtype 'f32'"},
-      {"dtype_not_string",
-       st_file(R"({"a":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", eight),
+      {"unknown_dtype_lowercase",
+       st_file("{" + tensor_json("a", "f32", "[2]", "[0,8]") + "}", eight), "unknown dtype 'f32'"},
+      {"dtype_not_string", st_file(R"({"a":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", eight),
        "dtype is 4, not a string"},
       {"shape_negative", st_file("{" + tensor_json("a", "F32", "[-2]", "[0,8]") + "}", eight),
        "shape[0] is -2"},
@@ -523,8 +520,7 @@ std::vector<BadFile> bad_files() {
        st_file("{" + tensor_json("a", "U8", "[18446744073709551616]", "[0,8]") + "}", eight),
        "not a non-negative integer"},
       {"shape_product_overflow",
-       st_file("{" + tensor_json("a", "F32", "[4294967296,4294967296,2]", "[0,8]") + "}",
-               eight),
+       st_file("{" + tensor_json("a", "F32", "[4294967296,4294967296,2]", "[0,8]") + "}", eight),
        "overflows 64 bits"},
       {"shape_bytes_overflow",
        st_file("{" + tensor_json("a", "F64", "[4611686018427387904]", "[0,8]") + "}", eight),
@@ -539,9 +535,9 @@ std::vector<BadFile> bad_files() {
       {"offsets_out_of_bounds",
        st_file("{" + tensor_json("a", "F32", "[2]", "[0,8]") + "}", "xxxx"), "out of bounds"},
       {"offsets_far_out_of_bounds",
-       st_file("{" + tensor_json("a", "U8", "[8]", "[18446744073709551607,18446744073709551615]") +
-                   "}",
-               eight),
+       st_file(
+           "{" + tensor_json("a", "U8", "[8]", "[18446744073709551607,18446744073709551615]") + "}",
+           eight),
        "out of bounds"},
       {"offsets_overlap",
        st_file("{" + tensor_json("a", "F32", "[2]", "[0,8]") + "," +
@@ -558,15 +554,14 @@ std::vector<BadFile> bad_files() {
                    tensor_json("b", "F32", "[1]", "[8,12]") + "}",
                std::string(12, 'x')),
        "gap of 4 bytes"},
-      {"offsets_not_from_zero",
-       st_file("{" + tensor_json("a", "F32", "[1]", "[4,8]") + "}", eight), "gap of 4 bytes"},
+      {"offsets_not_from_zero", st_file("{" + tensor_json("a", "F32", "[1]", "[4,8]") + "}", eight),
+       "gap of 4 bytes"},
       {"trailing_bytes", st_file("{" + tensor_json("a", "F32", "[1]", "[0,4]") + "}", eight),
        "4 trailing bytes"},
       {"trailing_bytes_no_tensors", st_file("{}", "z"), "1 trailing bytes"},
       {"begin_after_end", st_file("{" + tensor_json("a", "F32", "[1]", "[8,4]") + "}", eight),
        "data_offsets [8, 4] end before begin"},
-      {"offsets_arity_three",
-       st_file("{" + tensor_json("a", "F32", "[2]", "[0,8,8]") + "}", eight),
+      {"offsets_arity_three", st_file("{" + tensor_json("a", "F32", "[2]", "[0,8,8]") + "}", eight),
        "not an array [begin, end]"},
       {"offsets_arity_one", st_file("{" + tensor_json("a", "F32", "[2]", "[8]") + "}", eight),
        "not an array [begin, end]"},
@@ -595,8 +590,8 @@ class SafetensorsMalformed : public ::testing::TestWithParam<BadFile> {};
 TEST_P(SafetensorsMalformed, GivesAnInputErrorNamingFileAndProblem) {
   const BadFile& bad = GetParam();
   const std::string msg = input_error([&] {
-    parse_safetensors_buffer(reinterpret_cast<const uint8_t*>(bad.bytes.data()),
-                             bad.bytes.size(), nullptr, "mem.safetensors");
+    parse_safetensors_buffer(reinterpret_cast<const uint8_t*>(bad.bytes.data()), bad.bytes.size(),
+                             nullptr, "mem.safetensors");
   });
   EXPECT_NE(msg.find("mem.safetensors"), std::string::npos) << msg;
   EXPECT_NE(msg.find(bad.expect), std::string::npos) << "message: " << msg;
@@ -638,8 +633,8 @@ TEST(SafetensorsHeader, AcceptsValidVariants) {
 
   // A zero dimension makes the size 0 however large the other dimensions are.
   const auto zero = parse_safetensors_header(
-      R"({"a":{"dtype":"F64","shape":[9223372036854775807,0,1],"data_offsets":[0,0]}})", 0,
-      nullptr, "zero.safetensors");
+      R"({"a":{"dtype":"F64","shape":[9223372036854775807,0,1],"data_offsets":[0,0]}})", 0, nullptr,
+      "zero.safetensors");
   ASSERT_EQ(zero.size(), 1u);
   EXPECT_EQ(zero[0].shape, (Shape{INT64_MAX, 0, 1}));
 }

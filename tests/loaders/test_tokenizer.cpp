@@ -4,8 +4,8 @@
 // synthetic tokenizer.json files that use the options the real ones do not, and the error paths
 // (invalid UTF-8, bad files, bad ids) must throw leantune::Error of kind kInput.
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>

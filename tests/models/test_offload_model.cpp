@@ -264,8 +264,8 @@ TEST_F(OffloadModel, CheckpointingKeepsLayerInputsPlusOneLayer) {
   // One layer's saved activations, from the run without checkpointing.
   const int64_t layer = (plain.activation_after_forward - head) / kLayers;
   EXPECT_GT(layer, 4 * row_bytes);
-  std::cout << "[ activation peak ] without checkpointing " << plain.activation_peak
-            << ", with " << ckpt.activation_peak << "; layer inputs " << kLayers * row_bytes
+  std::cout << "[ activation peak ] without checkpointing " << plain.activation_peak << ", with "
+            << ckpt.activation_peak << "; layer inputs " << kLayers * row_bytes
             << ", one layer's activations " << layer << ", head " << head << "\n";
   // The peak: the inputs, the head, one recomputed layer and that layer's backward temporaries
   // (at most one more layer's worth), well under the peak without checkpointing.

@@ -81,8 +81,8 @@ double contract(const std::vector<Tensor>& outs, const std::vector<Tensor>& w) {
       const double a = ga[i];
       if (!(std::abs(a - numeric) <= opt.atol + opt.rtol * std::abs(numeric)))
         return ::testing::AssertionFailure()
-               << "input " << k << " element " << i << ": analytic " << a << ", numeric "
-               << numeric << " (diff " << std::abs(a - numeric) << ")";
+               << "input " << k << " element " << i << ": analytic " << a << ", numeric " << numeric
+               << " (diff " << std::abs(a - numeric) << ")";
     }
   }
   return ::testing::AssertionSuccess();

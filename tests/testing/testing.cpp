@@ -18,11 +18,16 @@ const bool g_poison = [] {
 
 Tol tol(DType dt) {
   switch (dt) {
-    case DType::kF64: return {1e-12, 1e-10};
-    case DType::kF32: return {1e-6, 5e-6};
-    case DType::kF16: return {1e-5, 1e-3};
-    case DType::kBF16: return {1e-5, 1e-2};
-    default: return {0.0, 0.0};
+    case DType::kF64:
+      return {1e-12, 1e-10};
+    case DType::kF32:
+      return {1e-6, 5e-6};
+    case DType::kF16:
+      return {1e-5, 1e-3};
+    case DType::kBF16:
+      return {1e-5, 1e-2};
+    default:
+      return {0.0, 0.0};
   }
 }
 
@@ -67,8 +72,8 @@ Tensor randu(const Shape& shape, DType dt, uint64_t seed, double lo, double hi, 
   if (bad == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << bad << " of " << a.size() << " elements differ (atol " << atol << ", rtol " << rtol
-         << "); first at " << first << ": " << a[first] << " vs " << e[first]
-         << "; max |diff| " << worst;
+         << "); first at " << first << ": " << a[first] << " vs " << e[first] << "; max |diff| "
+         << worst;
 }
 
 ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, Tol t) {
@@ -114,7 +119,8 @@ std::string temp_dir(const std::string& name) {
   std::string id = info ? std::string(info->test_suite_name()) + "." + info->name() : "anon";
   for (char& c : id)
     if (c == '/') c = '_';
-  auto dir = std::filesystem::temp_directory_path() / ("leantune_test_" + std::to_string(::getpid())) / (id + "_" + name);
+  auto dir = std::filesystem::temp_directory_path() /
+             ("leantune_test_" + std::to_string(::getpid())) / (id + "_" + name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();

@@ -1,5 +1,3 @@
-#include "trainers/checkpoint.h"
-
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -7,6 +5,7 @@
 
 #include "engine/check.h"
 #include "testing/testing.h"
+#include "trainers/checkpoint.h"
 
 namespace leantune {
 namespace {
@@ -20,7 +19,8 @@ void write(const std::string& dir, const std::string& name, const std::string& t
 TEST(Checkpoint, WriteListResolveRotate) {
   const std::string out = testing::temp_dir("ckpt");
   for (int step : {10, 20, 30})
-    write_checkpoint(out, step, [&](const std::string& d) { write(d, "state.txt", std::to_string(step)); });
+    write_checkpoint(out, step,
+                     [&](const std::string& d) { write(d, "state.txt", std::to_string(step)); });
   auto all = list_checkpoints(out);
   ASSERT_EQ(all.size(), 3u);
   EXPECT_EQ(all.back().first, 30);

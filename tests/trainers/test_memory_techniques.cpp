@@ -36,12 +36,28 @@ RunOutcome train(const std::vector<std::string>& extra, int64_t steps = 3) {
   Options o = sft_options();
   RunOutcome r;
   r.out_dir = testing::temp_dir("out");
-  std::vector<std::string> args = {"--model_name_or_path", tiny_model(), "--dataset",
-                                   small_dataset(), "--output_dir", r.out_dir,
-                                   "--max_length", "64", "--per_device_train_batch_size", "4",
-                                   "--max_steps", std::to_string(steps), "--logging_steps", "1",
-                                   "--save_steps", "0", "--learning_rate", "1e-3",
-                                   "--seed", "3", "--device", "cpu"};
+  std::vector<std::string> args = {"--model_name_or_path",
+                                   tiny_model(),
+                                   "--dataset",
+                                   small_dataset(),
+                                   "--output_dir",
+                                   r.out_dir,
+                                   "--max_length",
+                                   "64",
+                                   "--per_device_train_batch_size",
+                                   "4",
+                                   "--max_steps",
+                                   std::to_string(steps),
+                                   "--logging_steps",
+                                   "1",
+                                   "--save_steps",
+                                   "0",
+                                   "--learning_rate",
+                                   "1e-3",
+                                   "--seed",
+                                   "3",
+                                   "--device",
+                                   "cpu"};
   args.insert(args.end(), extra.begin(), extra.end());
   EXPECT_TRUE(o.parse(args));
   SftRun run = make_sft_run(o);
@@ -79,12 +95,14 @@ INSTANTIATE_TEST_SUITE_P(
         EstimateCase{"full_bf16", {"--bf16", "true"}},
         EstimateCase{"full_unfused_loss", {"--use_liger_kernel", "false"}},
         EstimateCase{"lora", {"--use_peft", "true"}},
-        EstimateCase{"lora_checkpointing", {"--use_peft", "true", "--gradient_checkpointing", "true"}},
-        EstimateCase{"lora_all_linear", {"--use_peft", "true", "--lora_target_modules", "all-linear"}},
+        EstimateCase{"lora_checkpointing",
+                     {"--use_peft", "true", "--gradient_checkpointing", "true"}},
+        EstimateCase{"lora_all_linear",
+                     {"--use_peft", "true", "--lora_target_modules", "all-linear"}},
         EstimateCase{"qlora", {"--use_peft", "true", "--load_in_4bit", "true"}},
-        EstimateCase{"qlora_checkpointing",
-                     {"--use_peft", "true", "--load_in_4bit", "true", "--gradient_checkpointing",
-                      "true"}},
+        EstimateCase{
+            "qlora_checkpointing",
+            {"--use_peft", "true", "--load_in_4bit", "true", "--gradient_checkpointing", "true"}},
         EstimateCase{"qlora_checkpointing_offloading",
                      {"--use_peft", "true", "--load_in_4bit", "true", "--gradient_checkpointing",
                       "true", "--activation_offloading", "true"}},
@@ -123,8 +141,8 @@ TEST(MemoryTechniques, CheckpointingAndOffloadingLeaveTheLossesUnchanged) {
 
 TEST(MemoryTechniques, QloraWritesAnAdapterAndLeavesTheBaseAlone) {
   const std::string base_before = testing::read_file(tiny_model() + "/model.safetensors");
-  const RunOutcome r = train({"--use_peft", "true", "--load_in_4bit", "true", "--lora_target_modules",
-                              "all-linear", "--learning_rate", "1e-2"},
+  const RunOutcome r = train({"--use_peft", "true", "--load_in_4bit", "true",
+                              "--lora_target_modules", "all-linear", "--learning_rate", "1e-2"},
                              6);
   EXPECT_EQ(testing::read_file(tiny_model() + "/model.safetensors"), base_before);
   ASSERT_TRUE(fs::exists(r.out_dir + "/adapter_config.json"));

@@ -1,11 +1,10 @@
-#include "trainers/options.h"
-
 #include <gtest/gtest.h>
 
 #include <fstream>
 
 #include "engine/check.h"
 #include "testing/testing.h"
+#include "trainers/options.h"
 
 namespace leantune {
 namespace {
@@ -33,9 +32,9 @@ std::string input_error(Options& o, const std::vector<std::string>& args) {
 
 TEST(Options, DefaultsFlagsAndForms) {
   Options o = make();
-  ASSERT_TRUE(o.parse({"--max-length", "2048", "--packing", "--learning_rate=1e-4",
-                       "--lora_target_modules", "q_proj,k_proj,o_proj", "--max_prompt_length",
-                       "none"}));
+  ASSERT_TRUE(
+      o.parse({"--max-length", "2048", "--packing", "--learning_rate=1e-4", "--lora_target_modules",
+               "q_proj,k_proj,o_proj", "--max_prompt_length", "none"}));
   EXPECT_EQ(o.get_int("max_length"), 2048);
   EXPECT_TRUE(o.get_bool("packing"));
   EXPECT_DOUBLE_EQ(o.get_float("learning_rate"), 1e-4);
@@ -49,7 +48,8 @@ TEST(Options, DefaultsFlagsAndForms) {
 
 TEST(Options, ConfigFileThenFlagsOverride) {
   std::string dir = testing::temp_dir("cfg");
-  std::ofstream(dir + "/c.json") << R"({"max_length": 64, "packing": true, "packing_strategy": "wrapped"})";
+  std::ofstream(dir + "/c.json")
+      << R"({"max_length": 64, "packing": true, "packing_strategy": "wrapped"})";
   Options o = make();
   ASSERT_TRUE(o.parse({"--max_length", "128", "--config", dir + "/c.json"}));
   EXPECT_EQ(o.get_int("max_length"), 128);  // the flag wins even though it came first
@@ -90,9 +90,10 @@ TEST(Options, HelpListsEveryOptionWithDefault) {
   Options o = make();
   EXPECT_FALSE(o.parse({"--help"}));
   const std::string h = o.help();
-  for (const char* s : {"--max_length (an integer, default 1024)", "--packing (true or false, default false)",
-                        "--max_prompt_length (an integer or none, default 512)",
-                        "[bfd|bfd_split|wrapped]", "--lora_target_modules (a list of strings, default q_proj,v_proj)"})
+  for (const char* s :
+       {"--max_length (an integer, default 1024)", "--packing (true or false, default false)",
+        "--max_prompt_length (an integer or none, default 512)", "[bfd|bfd_split|wrapped]",
+        "--lora_target_modules (a list of strings, default q_proj,v_proj)"})
     EXPECT_NE(h.find(s), std::string::npos) << s << "\n" << h;
 }
 

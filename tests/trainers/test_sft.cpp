@@ -30,10 +30,24 @@ using testing::trainer_bin;
 Options options(const std::string& model, const std::string& out,
                 std::vector<std::string> extra = {}) {
   Options o = sft_options();
-  std::vector<std::string> args = {"--model_name_or_path", model, "--dataset", small_dataset(),
-                                   "--output_dir", out, "--max_length", "64",
-                                   "--logging_steps", "1", "--save_steps", "0",
-                                   "--learning_rate", "1e-3", "--seed", "3", "--device", "cpu"};
+  std::vector<std::string> args = {"--model_name_or_path",
+                                   model,
+                                   "--dataset",
+                                   small_dataset(),
+                                   "--output_dir",
+                                   out,
+                                   "--max_length",
+                                   "64",
+                                   "--logging_steps",
+                                   "1",
+                                   "--save_steps",
+                                   "0",
+                                   "--learning_rate",
+                                   "1e-3",
+                                   "--seed",
+                                   "3",
+                                   "--device",
+                                   "cpu"};
   args.insert(args.end(), extra.begin(), extra.end());
   EXPECT_TRUE(o.parse(args));
   return o;
@@ -49,13 +63,11 @@ TEST(Sft, AccumulationOf4x1EqualsOneBatchOf4) {
   const std::string model = make_tiny_model(testing::temp_dir("model"));
   // Same examples in the same order: no packing, batch 4 x accumulation 1 vs 1 x 4.
   auto grads_of = [&](const std::vector<std::string>& extra, std::vector<double>* losses) {
-    SftRun run = make_sft_run(options(model, testing::temp_dir("out"),
-                                      [&] {
-                                        std::vector<std::string> e = {"--max_steps", "2",
-                                                                      "--learning_rate", "0"};
-                                        e.insert(e.end(), extra.begin(), extra.end());
-                                        return e;
-                                      }()));
+    SftRun run = make_sft_run(options(model, testing::temp_dir("out"), [&] {
+      std::vector<std::string> e = {"--max_steps", "2", "--learning_rate", "0"};
+      e.insert(e.end(), extra.begin(), extra.end());
+      return e;
+    }()));
     TrainResult r = run.trainer->train();
     *losses = r.losses;
     return r;
@@ -120,18 +132,26 @@ TEST(Sft, PaddedAndPaddingFreeBatchesGiveTheSameLoss) {
 
 TEST(Sft, ResumeIsBitExactInAFreshProcess) {
   const std::string model = make_tiny_model(testing::temp_dir("model"));
-  const std::string straight = testing::temp_dir("straight"), resumed = testing::temp_dir("resumed");
+  const std::string straight = testing::temp_dir("straight"),
+                    resumed = testing::temp_dir("resumed");
   const std::string common = " --model_name_or_path " + model + " --dataset " + small_dataset() +
                              " --max_length 64 --packing --per_device_train_batch_size 2"
                              " --max_steps 20 --logging_steps 1 --learning_rate 2e-3"
                              " --warmup_steps 3 --lr_scheduler_type cosine --weight_decay 0.1"
                              " --device cpu --seed 5";
   std::string log;
-  ASSERT_EQ(run_command(trainer_bin() + " sft" + common + " --save_steps 10 --output_dir " + straight, &log), 0) << log;
+  ASSERT_EQ(
+      run_command(trainer_bin() + " sft" + common + " --save_steps 10 --output_dir " + straight,
+                  &log),
+      0)
+      << log;
   // Resume from the straight run's step-10 checkpoint in a new output folder and process.
   fs::copy(straight + "/checkpoint-10", resumed + "/checkpoint-10", fs::copy_options::recursive);
-  ASSERT_EQ(run_command(trainer_bin() + " sft" + common + " --save_steps 0 --output_dir " + resumed +
-                            " --resume_from_checkpoint latest", &log), 0) << log;
+  ASSERT_EQ(run_command(trainer_bin() + " sft" + common + " --save_steps 0 --output_dir " +
+                            resumed + " --resume_from_checkpoint latest",
+                        &log),
+            0)
+      << log;
   auto a = read_losses(straight + "/metrics.jsonl"), b = read_losses(resumed + "/metrics.jsonl");
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 10u);
