@@ -33,33 +33,12 @@ struct RunOutcome {
 };
 
 RunOutcome train(const std::vector<std::string>& extra, int64_t steps = 3) {
-  Options o = sft_options();
   RunOutcome r;
   r.out_dir = testing::temp_dir("out");
-  std::vector<std::string> args = {"--model_name_or_path",
-                                   tiny_model(),
-                                   "--dataset",
-                                   small_dataset(),
-                                   "--output_dir",
-                                   r.out_dir,
-                                   "--max_length",
-                                   "64",
-                                   "--per_device_train_batch_size",
-                                   "4",
-                                   "--max_steps",
-                                   std::to_string(steps),
-                                   "--logging_steps",
-                                   "1",
-                                   "--save_steps",
-                                   "0",
-                                   "--learning_rate",
-                                   "1e-3",
-                                   "--seed",
-                                   "3",
-                                   "--device",
-                                   "cpu"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  EXPECT_TRUE(o.parse(args));
+  std::vector<std::string> flags = {"--per_device_train_batch_size", "4", "--max_steps",
+                                    std::to_string(steps)};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  const Options o = testing::tiny_sft_options(tiny_model(), r.out_dir, flags);
   SftRun run = make_sft_run(o);
   r.result = run.trainer->train();
   r.measured_peak = r.result.memory.value("peak_allocated", int64_t{0});

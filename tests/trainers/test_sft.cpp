@@ -29,28 +29,7 @@ using testing::trainer_bin;
 
 Options options(const std::string& model, const std::string& out,
                 std::vector<std::string> extra = {}) {
-  Options o = sft_options();
-  std::vector<std::string> args = {"--model_name_or_path",
-                                   model,
-                                   "--dataset",
-                                   small_dataset(),
-                                   "--output_dir",
-                                   out,
-                                   "--max_length",
-                                   "64",
-                                   "--logging_steps",
-                                   "1",
-                                   "--save_steps",
-                                   "0",
-                                   "--learning_rate",
-                                   "1e-3",
-                                   "--seed",
-                                   "3",
-                                   "--device",
-                                   "cpu"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  EXPECT_TRUE(o.parse(args));
-  return o;
+  return testing::tiny_sft_options(model, out, extra);
 }
 
 std::vector<std::vector<float>> weights(const DecoderModel& m) {

@@ -7,10 +7,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/check.h"
 #include "loaders/model_config.h"
 #include "models/decoder.h"
 #include "testing/testing.h"
 #include "trainers/model_io.h"
+#include "trainers/sft.h"
 
 namespace leantune::testing {
 
@@ -24,6 +26,23 @@ std::string make_tiny_model(const std::string& dir) {
 }
 
 std::string small_dataset() { return fixture_path("trainer/stories_small.jsonl"); }
+
+Options tiny_sft_options(const std::string& model, const std::string& out,
+                         const std::vector<std::string>& extra) {
+  Options o = sft_options();
+  std::vector<std::string> args = {"--model_name_or_path", model,          "--dataset",
+                                   small_dataset(),        "--output_dir", out};
+  const std::pair<const char*, const char*> defaults[] = {
+      {"--max_length", "64"},      {"--logging_steps", "1"}, {"--save_steps", "0"},
+      {"--learning_rate", "1e-3"}, {"--seed", "3"},          {"--device", "cpu"}};
+  for (const auto& [flag, value] : defaults) {
+    args.push_back(flag);
+    args.push_back(value);
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  LT_CHECK(o.parse(args), "tiny_sft_options: the options did not parse");
+  return o;
+}
 
 std::string trainer_bin() { return std::string(LT_BINARY_DIR) + "/trainer_bin"; }
 

@@ -5,12 +5,19 @@
 #include <string>
 #include <vector>
 
+#include "trainers/options.h"
+
 namespace leantune::testing {
 
 // Writes a tiny Qwen2 model (tests/fixtures/trainer/tiny_config.json, seed 1) with the
 // embedded tokenizer into `dir` and returns dir.
 std::string make_tiny_model(const std::string& dir);
 std::string small_dataset();
+// The sft options of a short CPU run of `model` on the small dataset into `out`: max_length 64,
+// a log line every step, no checkpoints, learning rate 1e-3, seed 3; then the `extra` flags
+// (a later flag overrides an earlier one).
+Options tiny_sft_options(const std::string& model, const std::string& out,
+                         const std::vector<std::string>& extra = {});
 std::string trainer_bin();
 // Runs a command; returns its exit status (-1 if it did not exit normally). stderr/stdout of
 // the child are captured into *out when given.
