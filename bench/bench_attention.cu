@@ -128,17 +128,12 @@ int main(int argc, char** argv) {
       try {
         run(s, reps, figures);
       } catch (const std::exception& e) {
-        errors["attention" + s.suffix] = e.what();
-        cudaGetLastError();
+        lt::bench::record_failure(errors, "attention" + s.suffix, e);
       }
       lt::allocator(kGpu).empty_cache();
     }
   } catch (const std::exception& e) {
     errors["setup"] = e.what();
   }
-  nlohmann::json out;
-  out["figures"] = figures;
-  out["errors"] = errors;
-  std::printf("%s\n", out.dump(1).c_str());
-  return errors.empty() ? 0 : 1;
+  return lt::bench::print_report(figures, errors);
 }

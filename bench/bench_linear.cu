@@ -150,17 +150,12 @@ int main(int argc, char** argv) {
                        key.c_str(), ours, flops / (ours * 1e-3) / 1e12, algos, best, best / ours);
         }
       } catch (const std::exception& e) {
-        errors[std::string("linear_") + p.name] = e.what();
-        cudaGetLastError();
+        lt::bench::record_failure(errors, std::string("linear_") + p.name, e);
       }
       lt::allocator(kGpu).empty_cache();
     }
   } catch (const std::exception& e) {
     errors["setup"] = e.what();
   }
-  nlohmann::json out;
-  out["figures"] = figures;
-  out["errors"] = errors;
-  std::printf("%s\n", out.dump(1).c_str());
-  return errors.empty() ? 0 : 1;
+  return lt::bench::print_report(figures, errors);
 }

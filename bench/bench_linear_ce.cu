@@ -142,8 +142,7 @@ int main(int argc, char** argv) {
       try {
         run(t, suffix, reps, figures, errors);
       } catch (const std::exception& e) {
-        errors["linear_ce" + suffix] = e.what();
-        cudaGetLastError();
+        lt::bench::record_failure(errors, "linear_ce" + suffix, e);
       }
       lt::allocator(kGpu).empty_cache();
     }

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.cuh"
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/check.h"
@@ -321,17 +322,12 @@ int main(int argc, char** argv) {
         if (tt > 0) figures[key + "_speedup_vs_torch"] = r.tokens_per_s / tt;
         if (tp > 0) figures[key + "_memory_ratio_vs_torch"] = r.peak_gib / tp;
       } catch (const std::exception& e) {
-        errors[key] = e.what();
-        cudaGetLastError();
+        lt::bench::record_failure(errors, key, e);
       }
       lt::allocator(kGpu).empty_cache();
     }
   } catch (const std::exception& e) {
     errors["setup"] = e.what();
   }
-  nlohmann::json out;
-  out["figures"] = figures;
-  out["errors"] = errors;
-  std::printf("%s\n", out.dump(1).c_str());
-  return errors.empty() ? 0 : 1;
+  return lt::bench::print_report(figures, errors);
 }

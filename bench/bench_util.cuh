@@ -5,7 +5,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "engine/check.h"
@@ -38,6 +42,23 @@ inline double median_ms(const std::function<void()>& fn, int reps, int warmup) {
   CUDA_CHECK(cudaEventDestroy(b));
   std::sort(ms.begin(), ms.end());
   return ms.empty() ? 0.0 : ms[ms.size() / 2];
+}
+
+// A failed benchmark case: its error under `key`, and the launch error state cleared so that the
+// next case starts clean.
+inline void record_failure(nlohmann::json& errors, const std::string& key,
+                           const std::exception& e) {
+  errors[key] = e.what();
+  cudaGetLastError();
+}
+
+// Prints {"figures", "errors"} (what gpu_suite.sh merges) and returns the exit status.
+inline int print_report(const nlohmann::json& figures, const nlohmann::json& errors) {
+  nlohmann::json out;
+  out["figures"] = figures;
+  out["errors"] = errors;
+  std::printf("%s\n", out.dump(1).c_str());
+  return errors.empty() ? 0 : 1;
 }
 
 }  // namespace leantune::bench

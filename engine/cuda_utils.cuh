@@ -176,26 +176,10 @@ using acc_of = typename AccOf<T>::type;
 // Binds T to the CUDA storage type of a floating dtype.
 #define LT_CU_DISPATCH_FLOAT(dtype, T, ...)                                           \
   switch (dtype) {                                                                    \
-    case ::leantune::DType::kF32: {                                                   \
-      using T = float;                                                                \
-      __VA_ARGS__;                                                                    \
-      break;                                                                          \
-    }                                                                                 \
-    case ::leantune::DType::kF64: {                                                   \
-      using T = double;                                                               \
-      __VA_ARGS__;                                                                    \
-      break;                                                                          \
-    }                                                                                 \
-    case ::leantune::DType::kBF16: {                                                  \
-      using T = __nv_bfloat16;                                                        \
-      __VA_ARGS__;                                                                    \
-      break;                                                                          \
-    }                                                                                 \
-    case ::leantune::DType::kF16: {                                                   \
-      using T = __half;                                                               \
-      __VA_ARGS__;                                                                    \
-      break;                                                                          \
-    }                                                                                 \
+    LT_DTYPE_CASE(kF32, T, float, __VA_ARGS__)                                        \
+    LT_DTYPE_CASE(kF64, T, double, __VA_ARGS__)                                       \
+    LT_DTYPE_CASE(kBF16, T, __nv_bfloat16, __VA_ARGS__)                               \
+    LT_DTYPE_CASE(kF16, T, __half, __VA_ARGS__)                                       \
     default:                                                                          \
       LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",                \
                ::leantune::dtype_name(dtype), " on CUDA (expected a floating type)"); \
@@ -204,21 +188,9 @@ using acc_of = typename AccOf<T>::type;
 // f32, bf16 and f16 only: the fused kernels do not instantiate f64 (CPU covers f64 checks).
 #define LT_CU_DISPATCH_F32_16(dtype, T, ...)                                              \
   switch (dtype) {                                                                        \
-    case ::leantune::DType::kF32: {                                                       \
-      using T = float;                                                                    \
-      __VA_ARGS__;                                                                        \
-      break;                                                                              \
-    }                                                                                     \
-    case ::leantune::DType::kBF16: {                                                      \
-      using T = __nv_bfloat16;                                                            \
-      __VA_ARGS__;                                                                        \
-      break;                                                                              \
-    }                                                                                     \
-    case ::leantune::DType::kF16: {                                                       \
-      using T = __half;                                                                   \
-      __VA_ARGS__;                                                                        \
-      break;                                                                              \
-    }                                                                                     \
+    LT_DTYPE_CASE(kF32, T, float, __VA_ARGS__)                                            \
+    LT_DTYPE_CASE(kBF16, T, __nv_bfloat16, __VA_ARGS__)                                   \
+    LT_DTYPE_CASE(kF16, T, __half, __VA_ARGS__)                                           \
     default:                                                                              \
       LT_THROW(::leantune::ErrorKind::kInternal, "dtype ", ::leantune::dtype_name(dtype), \
                " is unsupported on CUDA for this op (use f32, bf16 or f16)");             \
@@ -227,16 +199,8 @@ using acc_of = typename AccOf<T>::type;
 // Binds I to the index type of an i32/i64 tensor.
 #define LT_CU_DISPATCH_INDEX(dtype, I, ...)                                                     \
   switch (dtype) {                                                                              \
-    case ::leantune::DType::kI32: {                                                             \
-      using I = int32_t;                                                                        \
-      __VA_ARGS__;                                                                              \
-      break;                                                                                    \
-    }                                                                                           \
-    case ::leantune::DType::kI64: {                                                             \
-      using I = int64_t;                                                                        \
-      __VA_ARGS__;                                                                              \
-      break;                                                                                    \
-    }                                                                                           \
+    LT_DTYPE_CASE(kI32, I, int32_t, __VA_ARGS__)                                                \
+    LT_DTYPE_CASE(kI64, I, int64_t, __VA_ARGS__)                                                \
     default:                                                                                    \
       LT_THROW(::leantune::ErrorKind::kInternal, "index dtype ", ::leantune::dtype_name(dtype), \
                " must be i32 or i64");                                                          \

@@ -169,3 +169,12 @@ struct DTypeOf<bool> {
 };
 
 }  // namespace leantune
+
+// One case of a dtype switch: binds T to `type` for the statements in the remaining arguments.
+// The dispatch macros of engine/cpu_kernels.h and engine/cuda_utils.cuh are built from it.
+#define LT_DTYPE_CASE(enum_value, T, type, ...) \
+  case ::leantune::DType::enum_value: {         \
+    using T = type;                             \
+    __VA_ARGS__;                                \
+    break;                                      \
+  }

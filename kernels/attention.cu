@@ -1286,6 +1286,28 @@ void check_simple_head_dim(const char* op, int64_t d) {
            kSimpleMaxD, ")");
 }
 
+// Fills what every attention parameter block (FwdParams, BwdParams, SimpleParams) shares: the
+// q/k/v rows, the sequence layout, the head counts and causality.
+template <typename P>
+void set_layout(P& p, const RowsOperand& qr, const RowsOperand& kr, const RowsOperand& vr,
+                const Seqs& s, const Dims& dm, bool causal) {
+  p.q = qr.ptr;
+  p.k = kr.ptr;
+  p.v = vr.ptr;
+  p.q_stride = qr.stride;
+  p.k_stride = kr.stride;
+  p.v_stride = vr.stride;
+  p.cu_q = s.cu_q.data<int32_t>();
+  p.cu_k = s.cu_k.data<int32_t>();
+  p.tq = static_cast<int>(dm.tq);
+  p.tk = static_cast<int>(dm.tk);
+  p.hq = static_cast<int>(dm.hq);
+  p.hk = static_cast<int>(dm.hk);
+  p.group = static_cast<int>(dm.group);
+  p.batch = s.batch;
+  p.causal = causal;
+}
+
 }  // namespace
 
 void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -1313,25 +1335,11 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
 
   if (mma) {
     FwdParams p{};
-    p.q = qr.ptr;
-    p.k = kr.ptr;
-    p.v = vr.ptr;
+    set_layout(p, qr, kr, vr, s, dm, opt.causal);
     p.out = o.ptr();
     p.lse = lse.data<float>();
-    p.q_stride = qr.stride;
-    p.k_stride = kr.stride;
-    p.v_stride = vr.stride;
     p.o_stride = dm.hq * dm.d;
-    p.cu_q = s.cu_q.data<int32_t>();
-    p.cu_k = s.cu_k.data<int32_t>();
-    p.tq = static_cast<int>(dm.tq);
-    p.tk = static_cast<int>(dm.tk);
-    p.hq = static_cast<int>(dm.hq);
-    p.hk = static_cast<int>(dm.hk);
-    p.group = static_cast<int>(dm.group);
-    p.batch = s.batch;
     p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-    p.causal = opt.causal;
     if (s.batch > 0) {
       if (q.dtype() == DType::kBF16)
         fwd_mma_dispatch<__nv_bfloat16>(p, dm.d, s.max_q, stream);
@@ -1348,25 +1356,11 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                       stream);
   } else {
     SimpleParams p{};
-    p.q = qr.ptr;
-    p.k = kr.ptr;
-    p.v = vr.ptr;
+    set_layout(p, qr, kr, vr, s, dm, opt.causal);
     p.o = o.ptr();
     p.lse = lse.data_ptr();
-    p.q_stride = qr.stride;
-    p.k_stride = kr.stride;
-    p.v_stride = vr.stride;
-    p.cu_q = s.cu_q.data<int32_t>();
-    p.cu_k = s.cu_k.data<int32_t>();
-    p.tq = static_cast<int>(dm.tq);
-    p.tk = static_cast<int>(dm.tk);
-    p.hq = static_cast<int>(dm.hq);
-    p.hk = static_cast<int>(dm.hk);
-    p.group = static_cast<int>(dm.group);
-    p.batch = s.batch;
     p.d = static_cast<int>(dm.d);
     p.scale = scale;
-    p.causal = opt.causal;
     LT_CU_DISPATCH_FLOAT(q.dtype(), T, attention_fwd_simple_launch<T>(p, stream));
   }
   o.finish();
@@ -1432,30 +1426,16 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
       });
     }
     BwdParams p{};
-    p.q = qr.ptr;
-    p.k = kr.ptr;
-    p.v = vr.ptr;
+    set_layout(p, qr, kr, vr, s, dm, opt.causal);
     p.dout = gr.ptr;
     p.lse2 = lse2.data<float>();
     p.dsum = dsum.data<float>();
     p.dq_acc = dq_acc.data<float>();
     p.dk = gk.ptr();
     p.dv = gv.ptr();
-    p.q_stride = qr.stride;
-    p.k_stride = kr.stride;
-    p.v_stride = vr.stride;
     p.do_stride = gr.stride;
-    p.cu_q = s.cu_q.data<int32_t>();
-    p.cu_k = s.cu_k.data<int32_t>();
-    p.tq = static_cast<int>(dm.tq);
-    p.tk = static_cast<int>(dm.tk);
-    p.hq = static_cast<int>(dm.hq);
-    p.hk = static_cast<int>(dm.hk);
-    p.group = static_cast<int>(dm.group);
-    p.batch = s.batch;
     p.scale = static_cast<float>(scale);
     p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-    p.causal = opt.causal;
     if (s.batch > 0 && dm.tk > 0) {
       if (q.dtype() == DType::kBF16)
         bwd_mma_dispatch<__nv_bfloat16>(p, dm.d, s.max_k, stream);
@@ -1484,30 +1464,16 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
             static_cast<const A*>(lc.data_ptr()), static_cast<A*>(dsum.data_ptr()), nullptr,
             static_cast<int>(dm.tq), static_cast<int>(dm.hq), static_cast<int>(dm.d), stream);
       SimpleParams p{};
-      p.q = qr.ptr;
-      p.k = kr.ptr;
-      p.v = vr.ptr;
+      set_layout(p, qr, kr, vr, s, dm, opt.causal);
       p.dout = gr.ptr;
       p.lse_in = lc.data_ptr();
       p.dsum = dsum.data_ptr();
       p.dq = gq.ptr();
       p.dk = gk.ptr();
       p.dv = gv.ptr();
-      p.q_stride = qr.stride;
-      p.k_stride = kr.stride;
-      p.v_stride = vr.stride;
       p.do_stride = gr.stride;
-      p.cu_q = s.cu_q.data<int32_t>();
-      p.cu_k = s.cu_k.data<int32_t>();
-      p.tq = static_cast<int>(dm.tq);
-      p.tk = static_cast<int>(dm.tk);
-      p.hq = static_cast<int>(dm.hq);
-      p.hk = static_cast<int>(dm.hk);
-      p.group = static_cast<int>(dm.group);
-      p.batch = s.batch;
       p.d = static_cast<int>(dm.d);
       p.scale = scale;
-      p.causal = opt.causal;
       attention_bwd_simple_launch<T>(p, stream);
     });
   }
