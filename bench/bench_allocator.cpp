@@ -19,13 +19,13 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "engine/allocator.h"
 #include "engine/cuda_api.h"
 #include "engine/rng.h"
+#include "loaders/fs_util.h"
 
 using namespace leantune;
 
@@ -95,12 +95,7 @@ std::vector<Op> synthetic_trace(int steps, int layers, int64_t hidden, uint64_t 
 }
 
 std::vector<Op> load_trace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    std::fprintf(stderr, "bench_allocator: cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  nlohmann::json j = nlohmann::json::parse(in);
+  const nlohmann::json j = read_json_file(path);
   std::vector<Op> ops;
   std::map<std::string, MemTag> tags;
   for (int i = 0; i < kNumMemTags; ++i)

@@ -8,6 +8,7 @@
 
 #include "engine/check.h"
 #include "engine/cuda_api.h"
+#include "engine/cuda_backend.h"
 
 namespace leantune {
 
@@ -474,7 +475,8 @@ Allocator& allocator(Device device) {
     return *host;
   }
   LT_CHECK_INPUT(device.index >= 0 && device.index < cuda_device_count(), "device ", device.str(),
-                 " is not available (", cuda_device_count(), " CUDA devices)");
+                 " is not available (", cuda_device_count(), " CUDA devices",
+                 cuda_device_count() == 0 ? ": " + cuda_backend_error() : std::string(), ")");
   if (cuda.size() <= static_cast<size_t>(device.index)) cuda.resize(device.index + 1, nullptr);
   if (!cuda[device.index])
     cuda[device.index] = new Allocator(cuda_make_device_backing(device.index));

@@ -1,7 +1,8 @@
-// The engine's narrow door to the CUDA runtime. Implemented in cuda_api.cu in CUDA builds; in a
-// CPU-only build the same functions exist and report "no device" (cuda_api_stub.cpp), so the
-// rest of the engine never needs #ifdefs. Handles are opaque pointers (cudaStream_t,
-// cudaEvent_t).
+// The engine's narrow door to the CUDA runtime: backings for the caching allocator, streams,
+// events, copies and device queries. Defined in cuda_api.cu (libleantune_cuda); libleantune
+// reaches them through the backend table (engine/cuda_entry_points.h), so the rest of the engine
+// never needs #ifdefs and a build or machine without CUDA gets one clear error. Handles are
+// opaque pointers (cudaStream_t, cudaEvent_t).
 #pragma once
 
 #include <cstddef>

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "engine/check.h"
-#include "engine/cuda_api.h"
+#include "engine/cuda_backend.h"
 
 namespace leantune {
 
@@ -32,7 +32,7 @@ Device Device::parse(std::string_view s) {
 }
 
 int cuda_device_count() {
-  static const int n = cuda_device_count_impl();
+  static const int n = cuda_backend_device_count();
   return n;
 }
 bool cuda_available() { return cuda_device_count() > 0; }

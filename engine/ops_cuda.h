@@ -1,4 +1,6 @@
 // CUDA implementations of engine/ops.h, called by its dispatch when a tensor is on a device.
+// Defined in engine/ops_cuda*.cu (libleantune_cuda), reached through the backend table
+// (engine/cuda_entry_points.h).
 #pragma once
 
 #include "engine/ops.h"

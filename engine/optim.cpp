@@ -54,12 +54,8 @@ void adamw_step_cpu(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs
 void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args) {
   if (tensors.empty()) return;
   if (tensors[0].param.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     adamw_step_cuda(tensors, args);
     return;
-#else
-    LT_THROW_NO_CUDA("adamw_step");
-#endif
   }
   adamw_step_cpu(tensors, args);
 }
@@ -143,11 +139,3 @@ int64_t AdamW::state_bytes() const {
 }
 
 }  // namespace leantune
-
-#ifndef LEANTUNE_WITH_CUDA
-namespace leantune {
-void adamw_step_cuda(const std::vector<AdamWTensor>&, const AdamWStepArgs&) {
-  LT_THROW_NO_CUDA("adamw_step_cuda");
-}
-}  // namespace leantune
-#endif

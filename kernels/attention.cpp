@@ -369,13 +369,8 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
            "attention_fwd: lse ", lse.str(), " for q ", q.str(), " (want [", dm.hq, ", ", dm.tq,
            "] ", dtype_name(stat_dtype(q.dtype())), ")");
   if (q.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     attention_fwd_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, opt, out, lse);
     return;
-#else
-    LT_THROW(ErrorKind::kInternal, "attention_fwd: ", q.str(),
-             " is on a CUDA device but this build has no CUDA backend");
-#endif
   }
   const Seqs s = read_seqs(cu_seqlens_q, cu_seqlens_k, dm.tq, dm.tk);
   const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(double(dm.d));
@@ -407,13 +402,8 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   check_grad(dk, k, "dk");
   check_grad(dv, v, "dv");
   if (q.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     attention_bwd_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, opt, dq, dk, dv);
     return;
-#else
-    LT_THROW(ErrorKind::kInternal, "attention_bwd: ", q.str(),
-             " is on a CUDA device but this build has no CUDA backend");
-#endif
   }
   const Seqs s = read_seqs(cu_seqlens_q, cu_seqlens_k, dm.tq, dm.tk);
   const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(double(dm.d));

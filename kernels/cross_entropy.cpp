@@ -105,12 +105,8 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor
            "cross_entropy_fwd: loss_rows ", loss_rows.str(), ", lse ", lse.str(), " for logits ",
            logits.str(), " (want [", rows, "] ", dtype_name(sd), ")");
   if (logits.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     cross_entropy_fwd_cuda(logits, targets, loss_rows, lse);
     return;
-#else
-    LT_THROW_NO_CUDA("cross_entropy_fwd");
-#endif
   }
   const std::vector<int64_t> y = checked_targets(targets, v, "cross_entropy");
   const Tensor zc = ops::contiguous_workspace(logits);
@@ -140,12 +136,8 @@ void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor
                dlogits.is_contiguous(),
            "cross_entropy_bwd: dlogits ", dlogits.str(), " for logits ", logits.str());
   if (logits.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     cross_entropy_bwd_cuda(logits, targets, lse, scale, dlogits);
     return;
-#else
-    LT_THROW_NO_CUDA("cross_entropy_bwd");
-#endif
   }
   const std::vector<int64_t> y = checked_targets(targets, v, "cross_entropy_bwd");
   const Tensor zc = ops::contiguous_workspace(logits), ec = ops::contiguous_workspace(lse);

@@ -61,12 +61,8 @@ void embedding_fwd(const Tensor& weight, const Tensor& ids, const Tensor& y) {
   LT_CHECK(y.shape() == (Shape{n, h}) && y.dtype() == weight.dtype() && y.is_contiguous(),
            "embedding: y ", y.str(), " for weight ", weight.str(), " and ids ", ids.str());
   if (weight.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     embedding_fwd_cuda(weight, ids, y);
     return;
-#else
-    LT_THROW_NO_CUDA("embedding_fwd");
-#endif
   }
   const std::vector<int64_t> id = checked_ids(ids, v, "embedding");
   const Tensor w = ops::contiguous_workspace(weight);
@@ -86,12 +82,8 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, const Tensor& dweight) {
   LT_CHECK(dweight.is_contiguous(), "embedding_bwd: dweight ", dweight.str(),
            " must be contiguous");
   if (dweight.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     embedding_bwd_cuda(dy, ids, dweight);
     return;
-#else
-    LT_THROW_NO_CUDA("embedding_bwd");
-#endif
   }
   const std::vector<int64_t> id = checked_ids(ids, v, "embedding_bwd");
   // Counting sort of the positions by id: start[v]..start[v+1] lists the positions of id v.

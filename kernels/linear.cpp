@@ -103,12 +103,8 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor&
       y.shape() == (Shape{x.size(0), w.size(0)}) && y.dtype() == x.dtype() && y.is_contiguous(),
       "linear_fwd: y ", y.str(), " for x ", x.str(), " and W ", w.str());
   if (x.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     linear_fwd_cuda(x, w, b, y);
     return;
-#else
-    LT_THROW_NO_CUDA("linear_fwd");
-#endif
   }
   double beta = 0.0;
   if (b.defined() && y.numel() > 0) {
@@ -143,12 +139,8 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor
     LT_CHECK(db.shape() == (Shape{dy.size(1)}) && db.is_contiguous(), "linear_bwd: db ", db.str(),
              " for dy ", dy.str());
   if (dy.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     linear_bwd_cuda(dy, x, w, dx, dw, db);
     return;
-#else
-    LT_THROW_NO_CUDA("linear_bwd");
-#endif
   }
   const Tensor g = ops::contiguous_workspace(dy);
   if (dx.defined()) ops::gemm(g, false, ops::contiguous_workspace(w), false, dx, 1.0, 0.0);

@@ -234,12 +234,8 @@ double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,
     LT_CHECK(dweight.shape() == weight.shape() && dtype_is_floating(dweight.dtype()),
              "linear_cross_entropy: dweight ", dweight.str(), " for weight ", weight.str());
   if (hidden.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     return linear_cross_entropy_fwd_bwd_cuda(hidden, weight, targets, grad_scale, dhidden, dweight,
                                              opt);
-#else
-    LT_THROW_NO_CUDA("linear_cross_entropy");
-#endif
   }
   std::vector<int64_t> rows, tgt;
   valid_rows(targets, weight.size(0), "linear_cross_entropy", &rows, &tgt);

@@ -450,12 +450,8 @@ Tensor nf4_block_absmax(const Nf4Weight& w, MemTag tag) {
   const int64_t blocks = w.num_blocks();
   Tensor out = Tensor::empty({blocks}, DType::kF32, w.device(), tag);
   if (w.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     nf4_block_absmax_cuda(w.qabsmax, w.absmax2, w.offset, out);
     return out;
-#else
-    LT_THROW_NO_CUDA("nf4_block_absmax");
-#endif
   }
   const uint8_t* q = w.qabsmax.data<uint8_t>();
   const float* a2 = w.absmax2.data<float>();
@@ -471,12 +467,8 @@ void nf4_dequantize(const Nf4Weight& w, const Tensor& out) {
   check_out(out, n, w.device(), "nf4_dequantize");
   const Tensor absmax = nf4_block_absmax(w);
   if (w.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     nf4_dequantize_cuda(w.packed, absmax, n, out);
     return;
-#else
-    LT_THROW_NO_CUDA("nf4_dequantize");
-#endif
   }
   const uint8_t* pk = w.packed.data<uint8_t>();
   const float* am = absmax.data<float>();
@@ -506,12 +498,8 @@ void int8_dequantize(const Int8Weight& w, const Tensor& out) {
   const int64_t rows = w.rows(), cols = w.cols();
   check_out(out, rows * cols, w.device(), "int8_dequantize");
   if (w.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     int8_dequantize_cuda(w.q, w.absmax, out);
     return;
-#else
-    LT_THROW_NO_CUDA("int8_dequantize");
-#endif
   }
   const int8_t* qp = w.q.data<int8_t>();
   const float* am = w.absmax.data<float>();

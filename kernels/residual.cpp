@@ -34,13 +34,8 @@ void residual_add_fwd(const Tensor& a, const Tensor& b, const Tensor& y) {
            "residual_add: a ", a.str(), ", b ", b.str(), ", y ", y.str());
   LT_CHECK(y.is_contiguous(), "residual_add: y ", y.str(), " must be contiguous");
   if (a.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     residual_add_fwd_cuda(a, b, y);
     return;
-#else
-    LT_THROW(ErrorKind::kInternal, "residual_add_fwd: ", a.str(),
-             " is on a CUDA device but this build has no CUDA backend");
-#endif
   }
   const Tensor ac = ops::contiguous_workspace(a), bc = ops::contiguous_workspace(b);
   const int64_t n = y.numel();

@@ -73,12 +73,8 @@ void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
            "rms_norm_fwd: rstd ", rstd.str(), " for x ", x.str(), " (want [", rows, "] ",
            dtype_name(stat_dtype(x.dtype())), ")");
   if (x.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     rms_norm_fwd_cuda(x, w, eps, y, rstd);
     return;
-#else
-    LT_THROW_NO_CUDA("rms_norm_fwd");
-#endif
   }
   const Tensor xc = ops::contiguous_workspace(x), wc = ops::contiguous_workspace(w);
   LT_DISPATCH_FLOAT(x.dtype(), T, {
@@ -121,12 +117,8 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
     LT_CHECK(dw.shape() == w.shape() && dw.dtype() == w.dtype() && dw.is_contiguous(),
              "rms_norm_bwd: dw ", dw.str(), " for w ", w.str());
   if (x.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     rms_norm_bwd_cuda(dy, x, w, rstd, dx, dw);
     return;
-#else
-    LT_THROW_NO_CUDA("rms_norm_bwd");
-#endif
   }
   if (!dx.defined() && !dw.defined()) return;
   const Tensor xc = ops::contiguous_workspace(x), wc = ops::contiguous_workspace(w),

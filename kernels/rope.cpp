@@ -126,12 +126,8 @@ void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_f
   LT_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.is_contiguous(), "rope: y ",
            y.str(), " for x ", x.str());
   if (x.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     rope_apply_cuda(x, position_ids, inv_freq, inverse, y);
     return;
-#else
-    LT_THROW_NO_CUDA("rope_apply");
-#endif
   }
   const std::vector<int64_t> pos = position_ids.to_i64();
   const Tensor xc = ops::contiguous_workspace(x), ic = ops::contiguous_workspace(inv_freq);

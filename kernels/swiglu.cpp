@@ -71,12 +71,8 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, const Tensor& y) {
   check_pair("swiglu_fwd", gate, up);
   check_out("swiglu_fwd", gate, y, "y");
   if (gate.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     swiglu_fwd_cuda(gate, up, y);
     return;
-#else
-    LT_THROW_NO_CUDA("swiglu_fwd");
-#endif
   }
   const Tensor gc = ops::contiguous_workspace(gate), uc = ops::contiguous_workspace(up);
   const int64_t n = y.numel();
@@ -100,12 +96,8 @@ void swiglu_bwd(const Tensor& dy, const Tensor& gate, const Tensor& up, const Te
   check_out("swiglu_bwd", gate, dgate, "dgate");
   check_out("swiglu_bwd", gate, dup, "dup");
   if (gate.device().is_cuda()) {
-#ifdef LEANTUNE_WITH_CUDA
     swiglu_bwd_cuda(dy, gate, up, dgate, dup);
     return;
-#else
-    LT_THROW_NO_CUDA("swiglu_bwd");
-#endif
   }
   const Tensor gc = ops::contiguous_workspace(gate), uc = ops::contiguous_workspace(up),
                dc = ops::contiguous_workspace(dy);

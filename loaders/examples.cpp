@@ -52,11 +52,6 @@ std::string DataStats::summary() const {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return !suffix.empty() && s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 template <typename A>
 size_t common_prefix(const A& a, const A& b) {
   const size_t n = std::min(a.size(), b.size());
@@ -241,8 +236,8 @@ void tokenize_sft_record(const Record& r, const DatasetFormat& f, const TextEnco
         }
       } else {
         const std::string eos = enc->eos_token();
-        *ids = ends_with(r.text.text, eos) ? enc->encode(r.text.text, true)
-                                           : enc->encode(r.text.text + eos, true);
+        *ids = r.text.text.ends_with(eos) ? enc->encode(r.text.text, true)
+                                          : enc->encode(r.text.text + eos, true);
         mask->assign(ids->size(), 1);
       }
       return;
@@ -259,7 +254,7 @@ void tokenize_sft_record(const Record& r, const DatasetFormat& f, const TextEnco
       } else {
         const std::string eos = enc->eos_token();
         const std::string completion =
-            ends_with(r.completion.text, eos) ? r.completion.text : r.completion.text + eos;
+            r.completion.text.ends_with(eos) ? r.completion.text : r.completion.text + eos;
         prompt_ids = enc->encode(r.prompt.text, true);
         *ids = enc->encode(r.prompt.text + completion, true);
       }

@@ -25,11 +25,6 @@ constexpr const char* kConfigFile = "adapter_config.json";
 // The PEFT release whose adapter_config.json field set save_adapter writes.
 constexpr const char* kPeftFormatVersion = "0.21.2";
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::string last_component(const std::string& name) {
   const size_t dot = name.rfind('.');
   return dot == std::string::npos ? name : name.substr(dot + 1);
@@ -38,7 +33,7 @@ std::string last_component(const std::string& name) {
 // A parameter's module: its name without ".weight" / ".bias".
 std::string module_of(const std::string& param) {
   for (const char* s : {".weight", ".bias"})
-    if (ends_with(param, s)) return param.substr(0, param.size() - std::strlen(s));
+    if (param.ends_with(s)) return param.substr(0, param.size() - std::strlen(s));
   return param;
 }
 
@@ -97,7 +92,7 @@ PeftSetup attach(const PeftConfig& cfg_in, DecoderModel& model, uint64_t seed) {
     LT_CHECK_INPUT(!entry.empty(), "lora_modules_to_save: empty entry");
     bool found = false;
     for (auto& [name, t] : params) {
-      if (!ends_with(module_of(name), entry)) continue;
+      if (!module_of(name).ends_with(entry)) continue;
       LT_CHECK_INPUT(t.defined(), "lora_modules_to_save: '", entry, "' selects ", name,
                      ", which is stored quantized and cannot be trained whole");
       found = true;
@@ -134,7 +129,7 @@ PeftSetup attach(const PeftConfig& cfg_in, DecoderModel& model, uint64_t seed) {
       hit = !is_head;
     } else {
       for (size_t i = 0; i < targets.size(); ++i)
-        if (m->name == targets[i] || ends_with(m->name, "." + targets[i])) {
+        if (m->name == targets[i] || m->name.ends_with("." + targets[i])) {
           hit = true;
           ++hits[i];
         }
@@ -439,7 +434,7 @@ PeftConfig read_adapter_config(const std::string& path, std::string* base_model_
   if (const nlohmann::json* t = field(j, "trainable_token_indices")) {
     if (t->is_object()) {
       for (auto it = t->begin(); it != t->end(); ++it)
-        LT_CHECK_INPUT(it.key() == "embed_tokens" || ends_with(it.key(), ".embed_tokens"), file,
+        LT_CHECK_INPUT(it.key() == "embed_tokens" || it.key().ends_with(".embed_tokens"), file,
                        ": trainable_token_indices for '", it.key(),
                        "' are not supported (only the input embedding)");
       if (!t->empty())

@@ -23,11 +23,6 @@
 namespace leantune {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::string human(double n) {
   char buf[32];
   if (n >= 1e9) {
@@ -104,7 +99,7 @@ int run_inspect(const std::vector<std::string>& args) {
                    "model.safetensors.index.json");
     if (has_weights) store = TensorStore::open(path);
     if (has_config) config = ModelConfig::load(path);
-  } else if (ends_with(path, ".json") && !ends_with(path, ".index.json")) {
+  } else if (path.ends_with(".json") && !path.ends_with(".index.json")) {
     config = ModelConfig::load(path);
   } else {
     store = TensorStore::open(path);

@@ -13,17 +13,16 @@
 // Bad input or usage throws Error(kInput) (exit 2 through main.cpp), with one line naming it.
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "engine/check.h"
 #include "loaders/chat_template.h"
+#include "loaders/fs_util.h"
 #include "loaders/tokenizer.h"
 #include "trainers/commands.h"
 
@@ -37,11 +36,7 @@ std::string read_input(const std::string& text, const std::string& file, bool ha
   if (file == "-") {
     return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   }
-  std::ifstream f(file, std::ios::binary);
-  LT_CHECK_INPUT(f.good(), "tokenize: cannot open --file ", file);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_text_file(file);
 }
 
 json parse_input_json(const std::string& input, const std::string& what) {

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/autograd.h"
-#include "engine/functional.h"
+#include "testing/functional.h"
 #include "testing/gradcheck.h"
 #include "testing/testing.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
-#include "engine/functional.h"
+#include "testing/functional.h"
 #include "engine/offload.h"
 #include "testing/testing.h"
 

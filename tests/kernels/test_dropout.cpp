@@ -7,7 +7,7 @@
 #include <string>
 
 #include "engine/autograd.h"
-#include "engine/functional.h"
+#include "testing/functional.h"
 #include "engine/ops.h"
 #include "engine/rng.h"
 #include "kernels/dropout.h"

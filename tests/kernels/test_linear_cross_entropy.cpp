@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/functional.h"
+#include "testing/functional.h"
 #include "kernel_test_util.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear.h"

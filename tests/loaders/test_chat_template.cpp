@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <ctime>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -13,6 +12,7 @@
 
 #include "engine/check.h"
 #include "loaders/chat_template.h"
+#include "loaders/fs_util.h"
 #include "loaders/tokenizer.h"
 
 namespace leantune {
@@ -32,10 +32,7 @@ std::shared_ptr<Tokenizer> tokenizer(const std::string& folder) {
 }
 
 const json& references() {
-  static const json j = [] {
-    std::ifstream f(fixture_dir() + "chat_references.json");
-    return json::parse(f);
-  }();
+  static const json j = read_json_file(fixture_dir() + "chat_references.json");
   return j;
 }
 

@@ -3,11 +3,11 @@
 // tests/fixtures/gen_pack_fixtures.py).
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "engine/check.h"
+#include "loaders/fs_util.h"
 #include "loaders/pack.h"
 #include "testing/testing.h"
 
@@ -348,9 +348,7 @@ struct TrlCase {
 std::ostream& operator<<(std::ostream& os, const TrlCase& c) { return os << c.name; }
 
 std::vector<TrlCase> load_trl_cases() {
-  std::ifstream f(testing::fixture_path("packing/trl_pack_cases.json"));
-  if (!f) return {};
-  const nlohmann::json j = nlohmann::json::parse(f);
+  const nlohmann::json j = read_json_file(testing::fixture_path("packing/trl_pack_cases.json"));
   std::vector<TrlCase> out;
   for (const auto& c : j.at("cases")) {
     TrlCase t;

@@ -40,10 +40,7 @@ std::string temp_dir(const std::string& tag) {
   return dir.string();
 }
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+std::string read_bytes(const std::string& path) { return read_text_file(path); }
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);

@@ -20,6 +20,7 @@
 #include "engine/check.h"
 #include "loaders/bpe.h"
 #include "loaders/chat_template.h"
+#include "loaders/fs_util.h"
 #include "loaders/tokenizer.h"
 #include "loaders/unicode.h"
 
@@ -36,9 +37,7 @@ const json& load_json(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(name);
   if (it == cache.end()) {
-    std::ifstream f(fixture_dir() + name);
-    EXPECT_TRUE(f.good()) << name;
-    it = cache.emplace(name, json::parse(f)).first;
+    it = cache.emplace(name, read_json_file(fixture_dir() + name)).first;
   }
   return it->second;
 }

@@ -7,8 +7,9 @@
 #       cmake -DLEANTUNE_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang ...
 # (trainer_bin tokenize is exercised by loaders_test_tokenizer's TokenizeCommand tests.)
 
-set(_lt_tok_sources
-    ${PROJECT_SOURCE_DIR}/loaders/tokenizer.cpp
+file(GLOB _lt_tok_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/loaders/tokenizer*.cpp)
+list(APPEND _lt_tok_sources
+    ${PROJECT_SOURCE_DIR}/loaders/fs_util.cpp
     ${PROJECT_SOURCE_DIR}/loaders/chat_template.cpp
     ${PROJECT_SOURCE_DIR}/loaders/bpe.cpp
     ${PROJECT_SOURCE_DIR}/loaders/unicode.cpp

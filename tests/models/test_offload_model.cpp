@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
-#include "engine/functional.h"
+#include "testing/functional.h"
 #include "engine/offload.h"
 #include "engine/rng.h"
 #include "kernels/cross_entropy.h"

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "engine/check.h"
+#include "loaders/fs_util.h"
 #include "loaders/model_config.h"
 #include "models/decoder.h"
 #include "testing/testing.h"
@@ -69,11 +69,6 @@ std::vector<std::pair<int64_t, double>> read_losses(const std::string& path) {
   return out;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_file(const std::string& path) { return read_text_file(path); }
 
 }  // namespace leantune::testing

@@ -1,6 +1,7 @@
-// Differentiable elementwise, reduction and matmul ops for composite computations (loss
-// formulas over per-sequence values, reward math, tests of the autograd engine). The model's
-// heavy ops are coarse fused nodes in kernels/; these are the small glue.
+// Test-only differentiable elementwise, reduction and matmul ops (namespace fn): tests compose
+// them into small graphs to exercise the autograd engine (hooks, checkpointing, offloading) and
+// to write loss formulas as references for the fused kernels. The product does not use them:
+// its differentiable ops are the coarse fused nodes in kernels/ (DESIGN, decision 2).
 // Broadcasting follows engine/ops.h (equal shapes, a one-element b, or a trailing-shape b).
 #pragma once
 

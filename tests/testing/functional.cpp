@@ -1,4 +1,5 @@
-#include "engine/functional.h"
+// Forward and backward of the test-only fn:: ops (see functional.h).
+#include "testing/functional.h"
 
 #include <functional>
 

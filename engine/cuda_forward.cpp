@@ -1,0 +1,29 @@
+// libleantune's side of the engine's CUDA entry points (engine/cuda_entry_points.h): each is a
+// call through the table libleantune_cuda exports. This is the one place where a build or a
+// machine without CUDA shows: the table lookup throws Error(kInput) naming the entry point.
+#include "engine/check.h"
+#include "engine/cuda_entry_points.h"
+
+namespace leantune {
+namespace {
+
+const EngineCudaTable& engine_cuda_table(const char* op) {
+  // A failed lookup throws, so the next call tries again (and reports the same reason).
+  static const EngineCudaTable* table = [op] {
+    const auto* t = static_cast<const EngineCudaTable*>(cuda_backend_table(
+        kEngineCudaTableSymbol, kEngineCudaAbiVersion, sizeof(EngineCudaTable), op));
+    const char* bad = nullptr;
+    LT_ENGINE_CUDA_ENTRY_POINTS(LT_CUDA_CHECK_ENTRY)
+    LT_CHECK(bad == nullptr, "libleantune_cuda does not define ", bad,
+             " as declared (its table entry is missing or points back into libleantune)");
+    return t;
+  }();
+  return *table;
+}
+
+}  // namespace
+}  // namespace leantune
+
+using namespace leantune;  // the list's return types are spelled relative to leantune
+#define LT_CUDA_TABLE_FN(op) ::leantune::engine_cuda_table(op)
+LT_ENGINE_CUDA_ENTRY_POINTS(LT_CUDA_FORWARD)
