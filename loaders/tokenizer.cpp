@@ -273,6 +273,8 @@ const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 std::string read_file(const std::filesystem::path& p) {
+  std::error_code ec;
+  LT_CHECK_INPUT(!std::filesystem::is_directory(p, ec), p.string(), ": is a folder, not a file");
   std::ifstream f(p, std::ios::binary);
   LT_CHECK_INPUT(f.good(), "cannot open ", p.string());
   std::ostringstream ss;
