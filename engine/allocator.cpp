@@ -402,6 +402,8 @@ void Allocator::throw_oom(size_t bytes, MemTag tag) {
       worst_tag = static_cast<MemTag>(i);
     }
   }
+  // With nothing held yet (the first parameter of a huge model), the request itself is the cause.
+  if (worst < 0) worst_tag = tag;
   const char* hint = "a smaller per_device_train_batch_size or max_length";
   switch (worst_tag) {
     case MemTag::kActivation:
@@ -411,10 +413,10 @@ void Allocator::throw_oom(size_t bytes, MemTag tag) {
       break;
     case MemTag::kOptimizer:
     case MemTag::kGrad:
-      hint = "use_peft (LoRA), or zero_stage to shard optimizer states and gradients";
+      hint = "use_peft (LoRA: gradients and optimizer states only for the adapters)";
       break;
     case MemTag::kParam:
-      hint = "load_in_4bit / load_in_8bit with use_peft, or zero_stage 3";
+      hint = "load_in_4bit / load_in_8bit with use_peft, or bf16";
       break;
     case MemTag::kKVCache:
       hint = "fewer generations or a shorter max_completion_length";

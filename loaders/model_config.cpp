@@ -185,6 +185,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   c.num_attention_heads = r.positive("num_attention_heads");
   c.num_key_value_heads = r.positive("num_key_value_heads", c.num_attention_heads);
   c.vocab_size = r.positive("vocab_size");
+  // Token ids are 32-bit everywhere (tokenizer, batches, kernels).
+  if (c.vocab_size > INT32_MAX)
+    r.fail("vocab_size", "is " + std::to_string(c.vocab_size) +
+                             ", beyond the 2147483647 that 32-bit token ids can address");
   c.max_position_embeddings = r.positive("max_position_embeddings", llama ? 2048 : 32768);
   if (r.find("head_dim") == nullptr && c.hidden_size % c.num_attention_heads != 0) {
     r.fail("hidden_size", "(" + std::to_string(c.hidden_size) +

@@ -1,5 +1,7 @@
 #include "models/decoder.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <unordered_set>
 
@@ -16,6 +18,7 @@
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
 
 namespace leantune {
@@ -154,12 +157,42 @@ void DecoderModel::load_weights(const TensorStore& store) {
     LT_THROW(ErrorKind::kInput, "checkpoint lacks ", missing.size(),
              " tensor(s) the model needs: ", list);
   }
-  // A tied checkpoint may still store lm_head.weight; the embedding is what counts.
   std::unordered_set<std::string> used;
   for (auto& [name, t] : params) used.insert(name);
-  unused_.clear();
-  for (const std::string& n : store.names())
-    if (!used.count(n)) unused_.push_back(n);
+  unused_ = check_unexpected_tensors(store, used, cfg_);
+}
+
+std::vector<std::string> check_unexpected_tensors(const TensorStore& store,
+                                                  const std::unordered_set<std::string>& used,
+                                                  const ModelConfig& cfg) {
+  std::vector<std::string> known, unexpected;
+  int64_t extra_layer = -1;
+  for (const std::string& n : store.names()) {
+    if (used.count(n)) continue;
+    // A tied checkpoint may still store lm_head.weight (the embedding is what counts), and older
+    // Llama exports store the rotary inv_freq buffer, which is recomputed from the config.
+    const bool is_known = (cfg.tie_word_embeddings && n == "lm_head.weight") ||
+                          n.find("rotary_emb.inv_freq") != std::string::npos;
+    (is_known ? known : unexpected).push_back(n);
+    int64_t layer = -1;
+    if (std::sscanf(n.c_str(), "model.layers.%lld.", reinterpret_cast<long long*>(&layer)) == 1)
+      extra_layer = std::max(extra_layer, layer);
+  }
+  if (!unexpected.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unexpected.size() && i < 3; ++i)
+      list += (i ? ", " : "") + printable(unexpected[i]);
+    if (unexpected.size() > 3) list += ", ...";
+    const std::string why =
+        extra_layer >= cfg.num_hidden_layers
+            ? "config.json has num_hidden_layers " + std::to_string(cfg.num_hidden_layers) +
+                  " but the weights have layer " + std::to_string(extra_layer)
+            : "not part of a " + cfg.architecture + " with this config.json";
+    LT_THROW(ErrorKind::kInput, store.path(), ": ", unexpected.size(),
+             " tensor(s) the model does not use (", why, "): ", list,
+             "; refusing to drop weights silently");
+  }
+  return known;
 }
 
 std::unique_ptr<DecoderModel> DecoderModel::load(const std::string& dir, Device device,

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "loaders/batch.h"
@@ -56,8 +57,8 @@ class DecoderModel {
   DecoderModel(ModelConfig cfg, Device device, DType dtype, bool allocate_linear_weights = true);
 
   // Loads an HF folder (single or sharded safetensors; f32/bf16/f16 on disk converted to
-  // `dtype`). Missing tensors are an Error naming them; tensors the model does not use are
-  // counted in unused_tensors().
+  // `dtype`). Missing tensors and tensors the model does not use are an Error naming them
+  // (check_unexpected_tensors); known leftovers are listed in unused_tensors().
   static std::unique_ptr<DecoderModel> load(const std::string& dir, Device device, DType dtype);
   // Normal(0, initializer_range) for projections and embeddings, ones for norms, zeros for
   // biases, from the Philox stream (seed, kInit): the same model on every machine.
@@ -124,5 +125,13 @@ class DecoderModel {
   };
   EmbeddingOverride embedding_override;
 };
+
+// The tensors of `store` that no parameter took (`used`). Known leftovers (a tied model's
+// lm_head.weight, rotary inv_freq buffers) are returned; any other is an Error(kInput) naming the
+// folder, a few of the tensors and why (layers beyond num_hidden_layers, or names this
+// architecture does not have): silently dropping weights would change the model.
+std::vector<std::string> check_unexpected_tensors(const TensorStore& store,
+                                                  const std::unordered_set<std::string>& used,
+                                                  const ModelConfig& cfg);
 
 }  // namespace leantune

@@ -2,6 +2,8 @@
 // that quantizes weight by weight on the host. Contract in quantize_model.h.
 #include "models/quantize_model.h"
 
+#include <unordered_set>
+
 #include <utility>
 
 #include "engine/allocator.h"
@@ -159,6 +161,10 @@ std::shared_ptr<DecoderModel> load_quantized(const std::string& dir, Device devi
     LT_THROW(ErrorKind::kInput, "checkpoint ", dir, " lacks ", missing.size(),
              " tensor(s) the model needs: ", list);
   }
+  std::unordered_set<std::string> used;
+  for (const auto& [name, t] : model->named_parameters()) used.insert(name);
+  for (const LinearModule* m : to_quantize) used.insert(m->name + ".weight");
+  check_unexpected_tensors(store, used, mc);
   if (report) *report = rep;
   return model;
 }

@@ -27,6 +27,28 @@ void fsync_tree(const fs::path& dir) {
 }
 
 bool is_complete(const fs::path& p) { return fs::exists(p / kCheckpointMarker); }
+
+int64_t tree_bytes(const fs::path& dir) {
+  int64_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec))
+    if (it->is_regular_file(ec)) n += static_cast<int64_t>(it->file_size(ec));
+  return n;
+}
+
+// ".checkpoint-N.tmp-PID" / ".checkpoint-N.old-PID": kind "tmp" or "old" and the final name.
+bool parse_stale_name(const std::string& n, std::string* kind, std::string* final_name) {
+  if (n.rfind(".checkpoint-", 0) != 0) return false;
+  for (const char* k : {"tmp", "old"}) {
+    const size_t at = n.rfind(std::string(".") + k + "-");
+    if (at == std::string::npos || at <= 1) continue;
+    *kind = k;
+    *final_name = n.substr(1, at - 1);
+    return true;
+  }
+  return false;
+}
 }  // namespace
 
 std::string write_checkpoint(const std::string& output_dir, int64_t step,
@@ -36,10 +58,22 @@ std::string write_checkpoint(const std::string& output_dir, int64_t step,
   const fs::path final_path = fs::path(output_dir) / name;
   const fs::path tmp = fs::path(output_dir) / ("." + name + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  fill(tmp.string());
-  write_text_atomic((tmp / kCheckpointMarker).string(), std::to_string(step) + "\n");
-  fsync_tree(tmp);
+  try {
+    fs::create_directories(tmp);
+    fill(tmp.string());
+    write_text_atomic((tmp / kCheckpointMarker).string(), std::to_string(step) + "\n");
+    fsync_tree(tmp);
+  } catch (const Error& e) {
+    // A failed save (a full disk) must not leave its partial folder taking the space.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    LT_THROW(e.kind(), "saving ", final_path.string(), ": ", e.what());
+  } catch (const fs::filesystem_error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    LT_THROW(ErrorKind::kInput, "saving ", final_path.string(), ": ", e.code().message(), " (",
+             e.path1().string(), ")");
+  }
   if (fs::exists(final_path)) {
     // Move the old one aside first so that a complete checkpoint-N exists at every moment.
     const fs::path old = fs::path(output_dir) / ("." + name + ".old-" + std::to_string(::getpid()));
@@ -82,14 +116,72 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
   return spec;
 }
 
+StaleCleanup clean_stale_checkpoint_files(const std::string& output_dir) {
+  StaleCleanup r;
+  if (!fs::is_directory(output_dir)) return r;
+  std::vector<fs::path> tmps, olds;
+  for (const auto& e : fs::directory_iterator(output_dir)) {
+    std::string kind, final_name;
+    if (!parse_stale_name(e.path().filename().string(), &kind, &final_name)) continue;
+    (kind == "old" ? olds : tmps).push_back(e.path());
+  }
+  // Old folders first: one may be the only complete copy of its checkpoint.
+  for (const fs::path& p : olds) {
+    std::string kind, final_name;
+    parse_stale_name(p.filename().string(), &kind, &final_name);
+    const fs::path final_path = fs::path(output_dir) / final_name;
+    if (!fs::exists(final_path) && is_complete(p)) {
+      fs::rename(p, final_path);
+      ++r.restored;
+      continue;
+    }
+    r.bytes += tree_bytes(p);
+    fs::remove_all(p);
+    ++r.removed;
+  }
+  for (const fs::path& p : tmps) {
+    r.bytes += tree_bytes(p);
+    fs::remove_all(p);
+    ++r.removed;
+  }
+  if (r.removed + r.restored > 0) fsync_dir(output_dir);
+  return r;
+}
+
+TrainerState parse_trainer_state(std::string_view text, const std::string& source) {
+  const nlohmann::json j = parse_json_strict(text, source, 64);
+  LT_CHECK_INPUT(j.is_object(), source, ": expected a JSON object, got ",
+                 printable(j.dump(), 60));
+  auto count = [&](const char* key, bool required) -> int64_t {
+    auto it = j.find(key);
+    if (it == j.end()) {
+      LT_CHECK_INPUT(!required, source, ": key '", key, "' is missing");
+      return 0;
+    }
+    LT_CHECK_INPUT(it->is_number_integer() && (it->is_number_unsigned()
+                                                   ? it->get<uint64_t>() <= INT64_MAX
+                                                   : it->get<int64_t>() >= 0),
+                   source, ": key '", key, "' must be a non-negative integer, got ",
+                   printable(it->dump(), 60));
+    return it->get<int64_t>();
+  };
+  TrainerState st;
+  st.global_step = count("global_step", true);
+  st.optimizer_step = count("optimizer_step", true);
+  st.num_tokens = count("num_tokens", false);
+  st.consecutive_nonfinite = count("consecutive_nonfinite", false);
+  st.skipped_steps = count("skipped_steps", false);
+  auto ds = j.find("data_state");
+  LT_CHECK_INPUT(ds != j.end(), source, ": key 'data_state' is missing");
+  LT_CHECK_INPUT(ds->is_object(), source, ": key 'data_state' must be an object, got ",
+                 printable(ds->dump(), 60));
+  st.data_state = *ds;
+  return st;
+}
+
 void rotate_checkpoints(const std::string& output_dir, int64_t limit) {
   if (!fs::is_directory(output_dir)) return;
-  for (const auto& e : fs::directory_iterator(output_dir)) {
-    const std::string n = e.path().filename().string();
-    const bool stale = n.rfind(".checkpoint-", 0) == 0 && (n.find(".tmp-") != std::string::npos ||
-                                                           n.find(".old-") != std::string::npos);
-    if (stale) fs::remove_all(e.path());
-  }
+  clean_stale_checkpoint_files(output_dir);
   if (limit <= 0) return;
   auto all = list_checkpoints(output_dir);
   while (static_cast<int64_t>(all.size()) > limit) {

@@ -5,13 +5,17 @@
 // data position, RNG offsets, counters, options, log history). It is written into a hidden
 // temporary folder, every file fsynced, then renamed into place; the last file written inside
 // it before the rename is the marker `checkpoint_complete`. A folder without the marker is
-// ignored (a save killed half-way leaves the previous checkpoint as `latest`).
+// ignored (a save killed half-way leaves the previous checkpoint as `latest`). A save that fails
+// (a full disk) removes its own temporary folder; the temporary folders of killed saves are
+// removed when the next run starts (clean_stale_checkpoint_files), so a nearly full disk does not
+// stay full of them.
 #pragma once
 
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace leantune {
@@ -32,5 +36,28 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
 // Deletes the oldest complete checkpoints beyond `limit` (0 = keep all), and stale temporary
 // folders left by killed saves.
 void rotate_checkpoints(const std::string& output_dir, int64_t limit);
+
+struct StaleCleanup {
+  int64_t removed = 0;   // temporary folders deleted
+  int64_t bytes = 0;     // what they held
+  int64_t restored = 0;  // checkpoints moved back from a replaced (".old-") folder
+};
+// Removes the `.checkpoint-N.tmp-*` folders of saves that were killed or failed. A
+// `.checkpoint-N.old-*` folder is the complete previous checkpoint-N of a save killed between
+// its two renames: it is moved back when checkpoint-N is missing, removed otherwise.
+StaleCleanup clean_stale_checkpoint_files(const std::string& output_dir);
+
+// trainer_state.json of a checkpoint, validated.
+struct TrainerState {
+  int64_t global_step = 0;
+  int64_t optimizer_step = 0;
+  int64_t num_tokens = 0;
+  int64_t consecutive_nonfinite = 0;
+  int64_t skipped_steps = 0;
+  nlohmann::json data_state;  // an object, read by the trainer's data side
+};
+// Parses the text of trainer_state.json. Error(kInput) naming `source` and the key for invalid
+// JSON, a missing key, or a value that is not a non-negative integer (data_state: an object).
+TrainerState parse_trainer_state(std::string_view text, const std::string& source);
 
 }  // namespace leantune

@@ -9,6 +9,7 @@
 #include "trainers/commands.h"
 #include "trainers/model_io.h"
 #include "trainers/options.h"
+#include "trainers/output_path.h"
 
 namespace leantune {
 namespace {
@@ -38,6 +39,7 @@ int run_init_model(const std::vector<std::string>& args) {
                  "init-model: --config config.json is required");
   LT_CHECK_INPUT(!o.get_string("out").empty(), "init-model: --out DIR is required");
   ModelConfig cfg = ModelConfig::load(o.get_string("model_config"));
+  prepare_output_dir(o.get_string("out"), "out");
   DType disk = cfg.torch_dtype;
   if (!o.get_string("dtype").empty()) dtype_from_string(o.get_string("dtype"), &disk);
   DecoderModel model(cfg, Device::cpu(), DType::kF32);

@@ -22,6 +22,7 @@
 #include "loaders/tokenizer.h"
 #include "trainers/commands.h"
 #include "trainers/options.h"
+#include "trainers/output_path.h"
 
 namespace leantune {
 namespace {
@@ -62,6 +63,7 @@ int run_pack(const std::vector<std::string>& args) {
   LT_CHECK_INPUT(!dataset.empty(), "pack: --dataset F.jsonl is required");
   LT_CHECK_INPUT(!out_path.empty(), "pack: --out OUT.jsonl is required");
   LT_CHECK_INPUT(o.is_set("max_length"), "pack: --max_length L is required");
+  check_output_file(out_path, "out");
 
   DataConfig cfg;
   cfg.dataset_text_field = o.get_string("dataset_text_field");
@@ -98,6 +100,14 @@ int run_pack(const std::vector<std::string>& args) {
   FILE* f = std::fopen(tmp.c_str(), "wb");
   LT_CHECK_INPUT(f != nullptr, out_path, ": cannot write: ", std::strerror(errno));
   std::unique_ptr<FILE, int (*)(FILE*)> guard(f, std::fclose);
+  // A failed write (a full disk) leaves no partial OUT.tmp behind.
+  struct RemoveUnlessRenamed {
+    const std::string& path;
+    bool renamed = false;
+    ~RemoveUnlessRenamed() {
+      if (!renamed) std::remove(path.c_str());
+    }
+  } cleanup{tmp};
   std::string line;
   std::vector<int32_t> ids, labels;
   for (int64_t b = 0; b < packing.num_bins(); ++b) {
@@ -128,6 +138,7 @@ int run_pack(const std::vector<std::string>& args) {
   guard.reset();
   LT_CHECK_INPUT(std::rename(tmp.c_str(), out_path.c_str()) == 0, out_path, ": cannot rename from ",
                  tmp, ": ", std::strerror(errno));
+  cleanup.renamed = true;
 
   std::printf("%s\n", data.stats.summary().c_str());
   std::printf(

@@ -2,9 +2,11 @@
 // reported as one line on stderr with a distinct exit code (engine/check.h: exit_code()).
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <string>
 
 #include "engine/check.h"
@@ -20,11 +22,17 @@ int main(int argc, char** argv) {
     ::execv("/proc/self/exe", argv);
     // If re-executing is impossible, run as is.
   }
+  // A file-size limit (ulimit -f) must be a failed write that names the file, not a kill.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return leantune::run_command_line(argc, argv);
   } catch (const leantune::Error& e) {
     std::fprintf(stderr, "trainer_bin: %s\n", e.what());
     return leantune::exit_code(e.kind());
+  } catch (const std::filesystem::filesystem_error& e) {
+    // The user's files and folders (permissions, a full disk), not a bug.
+    std::fprintf(stderr, "trainer_bin: %s: %s\n", e.path1().c_str(), e.code().message().c_str());
+    return leantune::exit_code(leantune::ErrorKind::kInput);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "trainer_bin: out of host memory\n");
     return leantune::exit_code(leantune::ErrorKind::kOutOfMemory);

@@ -1,6 +1,10 @@
 #include "trainers/metrics.h"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -9,6 +13,7 @@
 
 #include "engine/check.h"
 #include "engine/cuda_api.h"
+#include "loaders/fs_util.h"
 
 namespace leantune {
 
@@ -38,42 +43,62 @@ MetricsLogger::MetricsLogger(const std::string& path, int64_t total_steps, bool 
     : total_steps_(total_steps),
       tty_(::isatty(fileno(stderr)) != 0),
       start_(std::chrono::steady_clock::now()),
-      start_step_(start_step) {
+      start_step_(start_step),
+      path_(path) {
   if (path.empty()) return;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::string keep;
   if (resume && std::filesystem::exists(path)) {
     // Keep the records up to the checkpoint's step: the resumed run writes the rest again.
     std::ifstream in(path);
-    std::vector<std::string> keep;
     std::string line;
     while (std::getline(in, line)) {
       try {
         auto j = nlohmann::json::parse(line);
-        if (j.value("step", int64_t{0}) <= start_step) keep.push_back(line);
+        if (j.value("step", int64_t{0}) <= start_step) keep += line + "\n";
       } catch (const nlohmann::json::exception&) {
         // A torn last line from a killed run: dropped.
       }
     }
-    in.close();
-    std::ofstream out(path, std::ios::trunc);
-    for (const auto& l : keep) out << l << "\n";
-  } else {
-    std::ofstream(path, std::ios::trunc).flush();
   }
-  file_ = std::fopen(path.c_str(), "a");
-  LT_CHECK_INPUT(file_ != nullptr, "cannot open ", path, " for writing");
+  // Replaced atomically: a kill here leaves the old file, not a truncated one.
+  write_text_atomic(path, keep);
+  good_size_ = static_cast<int64_t>(keep.size());
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  LT_CHECK_INPUT(fd_ >= 0, path, ": cannot open for writing: ", std::strerror(errno));
 }
 
 MetricsLogger::~MetricsLogger() {
-  if (file_) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MetricsLogger::write_record(const std::string& line) {
+  size_t done = 0;
+  int err = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (done == line.size()) {
+    good_size_ += static_cast<int64_t>(done);
+    return;
+  }
+  // Cut the partial record; the next one is appended where the last complete one ended.
+  const bool cut = done == 0 || ::ftruncate(fd_, good_size_) == 0;
+  ++lost_;
+  if ((lost_ & (lost_ - 1)) == 0 || !cut)
+    message("warning: " + path_ + ": cannot write a metrics record (" + std::strerror(err) +
+            "); " + std::to_string(lost_) + " record(s) lost so far" +
+            (cut ? "" : "; the last line may be torn (truncation failed)"));
 }
 
 void MetricsLogger::log(const nlohmann::json& r) {
-  if (file_) {
-    std::string s = r.dump();
-    std::fprintf(file_, "%s\n", s.c_str());
-    std::fflush(file_);
-  }
+  if (fd_ >= 0) write_record(r.dump() + "\n");
   print_progress(r);
 }
 
@@ -135,6 +160,9 @@ void MetricsLogger::message(const std::string& text) {
 void MetricsLogger::finish() {
   if (bar_shown_) std::fprintf(stderr, "\n");
   bar_shown_ = false;
+  if (lost_ > 0)
+    message("warning: " + path_ + ": " + std::to_string(lost_) +
+            " metrics record(s) could not be written and are missing from it");
 }
 
 }  // namespace leantune

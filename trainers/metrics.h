@@ -1,6 +1,11 @@
 // Training output: output_dir/metrics.jsonl (one JSON object per logged step, appended and
 // flushed), a progress bar on a terminal or plain log lines otherwise, and memory snapshots
 // from the caching allocator of the training device.
+//
+// A record that cannot be written (a full disk) is cut back out of the file, so no torn line
+// remains, and counted: a warning names the file and the count of lost records when the first
+// is lost and when the count doubles, and finish() reports the total. Training goes on: the
+// metrics are a log, the checkpoints are what matters.
 #pragma once
 
 #include <chrono>
@@ -26,10 +31,15 @@ class MetricsLogger {
   void log(const nlohmann::json& record);  // writes one line; prints progress or a log line
   void message(const std::string& text);   // a line on stderr that does not break the bar
   void finish();
+  int64_t lost_records() const { return lost_; }
 
  private:
   void print_progress(const nlohmann::json& r);
-  std::FILE* file_ = nullptr;
+  void write_record(const std::string& line);
+  std::string path_;
+  int fd_ = -1;
+  int64_t good_size_ = 0;  // bytes of complete records in the file
+  int64_t lost_ = 0;
   int64_t total_steps_;
   bool tty_;
   bool bar_shown_ = false;

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <string_view>
 
 #include "engine/check.h"
 #include "loaders/fs_util.h"
@@ -58,7 +60,109 @@ std::string show(const nlohmann::json& v) {
   }
   return v.dump();
 }
+
+// Builds the DOM of a config file while rejecting duplicate keys (nlohmann alone keeps the last
+// value) and nesting deeper than kMaxDepth, and keeps the text of each top-level number so that
+// errors quote a value as the user wrote it (1e30, not 1e+30).
+class ConfigSax : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  using json = nlohmann::json;
+  static constexpr size_t kMaxDepth = 64;
+  ConfigSax(const std::string& source, std::map<std::string, std::string>* raw)
+      : source_(source), raw_(raw) {}
+  json& root() { return root_; }
+
+  bool null() override { return add(nullptr); }
+  bool boolean(bool v) override { return add(v); }
+  bool number_integer(number_integer_t v) override { return add(v); }
+  bool number_unsigned(number_unsigned_t v) override { return add(v); }
+  bool number_float(number_float_t v, const string_t& text) override {
+    put(json(v), &text);
+    return true;
+  }
+  bool string(string_t& v) override { return add(v); }
+  bool binary(binary_t&) override { return add(nullptr); }
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return open(json::object());
+  }
+  bool key(string_t& k) override {
+    if (!keys_.back().insert(k).second)
+      LT_THROW(ErrorKind::kInput, source_, ": duplicate key '", printable(k), "'");
+    key_ = k;
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    stack_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return open(json::array()); }
+  bool end_array() override {
+    stack_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    LT_THROW(ErrorKind::kInput, source_, ": invalid JSON config: ", printable(e.what(), 300));
+  }
+
+ private:
+  json* put(json v, const string_t* text) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& top = *stack_.back();
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    if (stack_.size() == 1 && raw_ != nullptr) {
+      if (text != nullptr)
+        (*raw_)[key_] = *text;
+      else
+        raw_->erase(key_);
+    }
+    json& slot = top[key_];
+    slot = std::move(v);
+    return &slot;
+  }
+  bool add(json v) {
+    put(std::move(v), nullptr);
+    return true;
+  }
+  bool open(json container) {
+    LT_CHECK_INPUT(stack_.size() < kMaxDepth, source_, ": JSON nested deeper than ", kMaxDepth,
+                   " levels");
+    stack_.push_back(put(std::move(container), nullptr));
+    return true;
+  }
+
+  const std::string& source_;
+  std::map<std::string, std::string>* raw_;
+  json root_;
+  std::vector<json*> stack_;
+  std::vector<std::set<std::string>> keys_;
+  std::string key_;
+};
+
+// The range an integer option accepts, for messages.
+std::string int_range(double min, double max) {
+  const bool has_min = min > -9.2e18, has_max = max < 9.2e18;
+  auto i = [](double d) { return std::to_string(static_cast<int64_t>(d)); };
+  if (has_min && has_max) return "an integer in [" + i(min) + ", " + i(max) + "]";
+  if (has_min) return "an integer >= " + i(min);
+  if (has_max) return "an integer <= " + i(max);
+  return "an integer in [-9223372036854775808, 9223372036854775807]";
+}
 }  // namespace
+
+nlohmann::json parse_config_json(std::string_view text, const std::string& source,
+                                 std::map<std::string, std::string>* raw_numbers) {
+  ConfigSax sax(source, raw_numbers);
+  nlohmann::json::sax_parse(text.begin(), text.end(), &sax);
+  return std::move(sax.root());
+}
 
 std::string Options::canonical(const std::string& name) const {
   return dashes_to_underscores(name);
@@ -135,10 +239,12 @@ Options& Options::allow_positional(const std::string& name, const std::string& h
   return *this;
 }
 
-void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string& where) {
+void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string& where,
+                            const std::string& as_written) {
+  const std::string shown = as_written.empty() ? v.dump() : as_written;
   auto bad = [&]() {
     LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " expects ", type_name(s.type),
-             ", got ", v.dump());
+             ", got ", shown);
   };
   nlohmann::json out;
   switch (s.type) {
@@ -164,24 +270,37 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
         out = nullptr;
         break;
       }
-      if (!v.is_number_integer() &&
-          !(v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
-        bad();
-      out = v.get<int64_t>();
-      if (out.get<int64_t>() < s.min || out.get<int64_t>() > s.max)
-        LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be ",
-                 s.max < 9e18 ? "in [" + show(static_cast<int64_t>(s.min)) + ", " +
-                                    show(static_cast<int64_t>(s.max)) + "]"
-                              : ">= " + show(static_cast<int64_t>(s.min)),
-                 ", got ", out.get<int64_t>());
+      {
+        auto out_of_range = [&]() {
+          LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be ",
+                   int_range(s.min, s.max), ", got ", shown);
+        };
+        int64_t x = 0;
+        if (v.is_number_unsigned()) {
+          if (v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) out_of_range();
+          x = static_cast<int64_t>(v.get<uint64_t>());
+        } else if (v.is_number_integer()) {
+          x = v.get<int64_t>();
+        } else if (v.is_number_float()) {
+          const double d = v.get<double>();
+          if (!std::isfinite(d) || std::floor(d) != d) bad();
+          // 2^63 is the first double past int64; casting it or more is undefined.
+          if (d < -9223372036854775808.0 || d >= 9223372036854775808.0) out_of_range();
+          x = static_cast<int64_t>(d);
+        } else {
+          bad();
+        }
+        if (static_cast<double>(x) < s.min || static_cast<double>(x) > s.max) out_of_range();
+        out = x;
+      }
       break;
     case Type::kFloat:
       if (!v.is_number()) bad();
       out = v.get<double>();
       if (!std::isfinite(out.get<double>()) || out.get<double>() < s.min ||
           out.get<double>() > s.max)
-        LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be in [", s.min, ", ", s.max,
-                 "], got ", v.dump());
+        LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be a finite number in [",
+                 s.min, ", ", s.max, "], got ", shown);
       break;
     case Type::kString:
       if (!v.is_string()) bad();
@@ -205,7 +324,7 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
           if (e.is_string())
             out.push_back(e);
           else if (e.is_number_integer())
-            out.push_back(std::to_string(e.get<int64_t>()));
+            out.push_back(e.dump());
           else
             bad();
         }
@@ -241,11 +360,14 @@ void Options::set_from_text(Spec& s, const std::string& text, const std::string&
       int64_t v = 0;
       try {
         v = std::stoll(text, &used);
+      } catch (const std::out_of_range&) {
+        LT_THROW(ErrorKind::kInput, where, ": option --", s.name, " must be ",
+                 int_range(s.min, s.max), ", got '", text, "'");
       } catch (...) {
         bad();
       }
       if (used != text.size()) bad();
-      return set_from_json(s, v, where);
+      return set_from_json(s, v, where, "'" + text + "'");
     }
     case Type::kFloat: {
       size_t used = 0;
@@ -256,7 +378,7 @@ void Options::set_from_text(Spec& s, const std::string& text, const std::string&
         bad();
       }
       if (used != text.size()) bad();
-      return set_from_json(s, v, where);
+      return set_from_json(s, v, where, "'" + text + "'");
     }
     case Type::kString:
       return set_from_json(s, text, where);
@@ -271,12 +393,20 @@ void Options::set_from_text(Spec& s, const std::string& text, const std::string&
   }
 }
 
-void Options::apply_json(const nlohmann::json& j, const std::string& source) {
+void Options::apply_json(const nlohmann::json& j, const std::string& source,
+                         const std::map<std::string, std::string>& raw_numbers) {
   LT_CHECK_INPUT(j.is_object(), source, ": a config must be a JSON object of option -> value");
   for (auto it = j.begin(); it != j.end(); ++it) {
     Spec& s = spec(it.key());
-    set_from_json(s, it.value(), source);
+    auto raw = raw_numbers.find(it.key());
+    set_from_json(s, it.value(), source, raw == raw_numbers.end() ? "" : raw->second);
   }
+}
+
+void Options::apply_config_text(std::string_view text, const std::string& source) {
+  std::map<std::string, std::string> raw;
+  const nlohmann::json j = parse_config_json(text, source, &raw);
+  apply_json(j, source, raw);
 }
 
 bool Options::parse(const std::vector<std::string>& args) {
@@ -291,13 +421,7 @@ bool Options::parse(const std::vector<std::string>& args) {
     } else {
       continue;
     }
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_text_file(path));
-    } catch (const nlohmann::json::exception& e) {
-      LT_THROW(ErrorKind::kInput, path, ": invalid JSON config: ", e.what());
-    }
-    apply_json(j, path);
+    apply_config_text(read_text_file(path), path);
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];

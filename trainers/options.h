@@ -14,9 +14,16 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace leantune {
+
+// Parses the text of a JSON config: a duplicate key in any object and nesting deeper than 64 levels
+// are errors (kInput, naming source); raw_numbers (optional) receives the text of each top-level
+// floating-point number as written.
+nlohmann::json parse_config_json(std::string_view text, const std::string& source,
+                                 std::map<std::string, std::string>* raw_numbers = nullptr);
 
 class Options {
  public:
@@ -48,8 +55,12 @@ class Options {
   // Parses args (argv without the command name). Returns false when --help was asked (the
   // caller prints help()). Throws Error(kInput) on any problem.
   bool parse(const std::vector<std::string>& args);
-  // Applies a JSON object as if it were a config file (used by parse for --config).
-  void apply_json(const nlohmann::json& j, const std::string& source);
+  // Applies a JSON object as if it were a config file. raw_numbers: the text of top-level
+  // numbers as written, quoted in errors.
+  void apply_json(const nlohmann::json& j, const std::string& source,
+                  const std::map<std::string, std::string>& raw_numbers = {});
+  // Parses a config file's text (parse_config_json) and applies it (used by parse for --config).
+  void apply_config_text(std::string_view text, const std::string& source);
 
   bool get_bool(const std::string& name) const;
   std::optional<bool> get_bool_or_none(const std::string& name) const;
@@ -81,7 +92,9 @@ class Options {
   Spec& spec(const std::string& name);
   const Spec& spec(const std::string& name) const;
   void set_from_text(Spec& s, const std::string& text, const std::string& where);
-  void set_from_json(Spec& s, const nlohmann::json& v, const std::string& where);
+  // as_written: the value as the user wrote it, quoted in errors (empty: v.dump()).
+  void set_from_json(Spec& s, const nlohmann::json& v, const std::string& where,
+                     const std::string& as_written = "");
   std::string canonical(const std::string& name) const;
 
   std::string command_;

@@ -11,6 +11,7 @@
 #include "trainers/commands.h"
 #include "trainers/estimate.h"
 #include "trainers/model_io.h"
+#include "trainers/output_path.h"
 #include "trainers/peft_options.h"
 #include "trainers/quant_options.h"
 
@@ -308,6 +309,7 @@ std::string format_memory_report(const nlohmann::json& r) {
 
 SftRun make_sft_run(const Options& o) {
   TrainingArguments args = training_arguments(o);
+  prepare_output_dir(args.output_dir, "output_dir");
   SftRun run;
   SftSetup& setup = run.setup;
   setup.model_name_or_path = o.get_string("model_name_or_path");
@@ -422,7 +424,19 @@ int run_sft(const Options& o) {
               static_cast<long long>(run.model->num_parameters()),
               run.model->device().str().c_str(), dtype_name(run.model->dtype()));
   std::fflush(stdout);
+  if (stop_requested()) {
+    std::printf("sft: stopped by a signal before training began; nothing to save\n");
+    return 0;
+  }
   TrainResult r = run.trainer->train();
+  if (r.nothing_to_do) {
+    std::printf(
+        "sft: nothing to do: %s is at step %lld and this run has %lld steps (raise --max_steps "
+        "to train further); no model written\n",
+        r.resumed_from.c_str(), static_cast<long long>(r.steps),
+        static_cast<long long>(r.total_steps));
+    return 0;
+  }
   if (r.interrupted) {
     std::printf("sft: stopped at step %lld; resume with --resume_from_checkpoint latest\n",
                 static_cast<long long>(r.steps));
@@ -467,6 +481,8 @@ void apply_embedded_defaults(Options& o) {
 
 namespace {
 int sft_command(const std::vector<std::string>& argv) {
+  // From the start: a SIGTERM while the data loads is a clean stop, as during training.
+  StopSignalScope signals;
   Options o = sft_options();
   if (!o.parse(argv)) {
     std::printf("%s", o.help().c_str());

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 
 #include "engine/autograd.h"
@@ -16,24 +17,15 @@ namespace leantune {
 
 namespace {
 std::atomic<bool> g_stop{false};
-void on_signal(int) { g_stop.store(true); }
-
-class SignalScope {
- public:
-  SignalScope() {
-    g_stop.store(false);
-    prev_term_ = std::signal(SIGTERM, on_signal);
-    prev_int_ = std::signal(SIGINT, on_signal);
+std::atomic<int> g_scopes{0};
+// The first signal asks for a clean stop; a second one (a user who insists) ends the process as
+// the signal's default action would.
+void on_signal(int sig) {
+  if (g_stop.exchange(true)) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
   }
-  ~SignalScope() {
-    std::signal(SIGTERM, prev_term_);
-    std::signal(SIGINT, prev_int_);
-  }
-
- private:
-  void (*prev_term_)(int);
-  void (*prev_int_)(int);
-};
+}
 
 bool no_decay(const std::string& name) {
   return name.find("norm") != std::string::npos ||
@@ -42,6 +34,20 @@ bool no_decay(const std::string& name) {
 }  // namespace
 
 bool stop_requested() { return g_stop.load(); }
+
+StopSignalScope::StopSignalScope() {
+  // Only the outermost scope starts afresh: a signal received while the data was loading still
+  // counts once training begins.
+  if (g_scopes.fetch_add(1) == 0) g_stop.store(false);
+  prev_term_ = std::signal(SIGTERM, on_signal);
+  prev_int_ = std::signal(SIGINT, on_signal);
+}
+
+StopSignalScope::~StopSignalScope() {
+  std::signal(SIGTERM, prev_term_);
+  std::signal(SIGINT, prev_int_);
+  g_scopes.fetch_sub(1);
+}
 
 void add_training_options(Options& o) {
   TrainingArguments d;
@@ -184,23 +190,24 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
+  // The small state file first: a corrupt one fails before the weights are read.
+  const std::string state_path = dir + "/trainer_state.json";
+  const TrainerState st = parse_trainer_state(read_text_file(state_path), state_path);
   load_model(dir);
-  nlohmann::json st;
-  try {
-    st = nlohmann::json::parse(read_text_file(dir + "/trainer_state.json"));
-  } catch (const nlohmann::json::exception& e) {
-    LT_THROW(ErrorKind::kInput, dir, "/trainer_state.json: ", e.what());
-  }
   auto opt_file = SafetensorsFile::open(dir + "/optimizer.safetensors");
   std::vector<std::pair<std::string, Tensor>> state;
   for (const auto& e : opt_file->entries()) state.emplace_back(e.name, opt_file->tensor(e.name));
   optimizer_->load_state_tensors(state);
-  optimizer_->set_step_count(st.at("optimizer_step").get<int64_t>());
-  step_ = st.at("global_step").get<int64_t>();
-  num_tokens_ = st.value("num_tokens", int64_t{0});
-  consecutive_nonfinite_ = st.value("consecutive_nonfinite", int64_t{0});
-  skipped_steps_ = st.value("skipped_steps", int64_t{0});
-  set_data_state(st.at("data_state"));
+  optimizer_->set_step_count(st.optimizer_step);
+  step_ = st.global_step;
+  num_tokens_ = st.num_tokens;
+  consecutive_nonfinite_ = st.consecutive_nonfinite;
+  skipped_steps_ = st.skipped_steps;
+  try {
+    set_data_state(st.data_state);
+  } catch (const Error& e) {
+    LT_THROW(e.kind(), state_path, ": data_state: ", e.what());
+  }
 }
 
 nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
@@ -227,7 +234,7 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
 }
 
 TrainResult Trainer::train() {
-  SignalScope signals;
+  StopSignalScope signals;
   TrainResult result;
   const int64_t per_epoch = micro_batches_per_epoch();
   LT_CHECK_INPUT(per_epoch > 0, "the training data yields no micro-batch");
@@ -240,11 +247,26 @@ TrainResult Trainer::train() {
   scheduler_ = LrScheduler::make(args_.lr_scheduler_type, args_.learning_rate, total_steps_,
                                  args_.warmup_steps, args_.warmup_ratio);
   build_optimizer();
+  // Before anything else writes: killed saves may have left the disk full of temporary folders.
+  const StaleCleanup cleaned = clean_stale_checkpoint_files(args_.output_dir);
+  if (cleaned.removed > 0 || cleaned.restored > 0)
+    std::fprintf(stderr,
+                 "%s: removed %lld temporary checkpoint folder(s) of interrupted saves (%s), "
+                 "restored %lld checkpoint(s)\n",
+                 args_.output_dir.c_str(), static_cast<long long>(cleaned.removed),
+                 format_bytes(cleaned.bytes).c_str(), static_cast<long long>(cleaned.restored));
   bool resumed = false;
   if (!args_.resume_from_checkpoint.empty()) {
     const std::string dir = resolve_checkpoint(args_.resume_from_checkpoint, args_.output_dir);
     load_checkpoint(dir);
     resumed = true;
+    if (step_ >= total_steps_) {
+      result.steps = step_;
+      result.nothing_to_do = true;
+      result.resumed_from = dir;
+      result.total_steps = total_steps_;
+      return result;
+    }
   }
   std::filesystem::create_directories(args_.output_dir);
   MetricsLogger log(args_.output_dir + "/metrics.jsonl", total_steps_, resumed, step_);

@@ -74,6 +74,10 @@ struct TrainResult {
   int64_t skipped_steps = 0;
   double final_eval_loss = 0;
   nlohmann::json memory;
+  // Resumed from a checkpoint already at or past the run's last step: nothing was trained.
+  bool nothing_to_do = false;
+  std::string resumed_from;
+  int64_t total_steps = 0;
 };
 
 class Trainer {
@@ -144,7 +148,22 @@ class Trainer {
   OffloadStats offload_totals_;
 };
 
-// Set by SIGTERM/SIGINT while train() runs.
+// Set by SIGTERM/SIGINT while a StopSignalScope is alive (train() holds one; a command may hold
+// one around its set-up so that a signal while loading is a clean stop too).
 bool stop_requested();
+
+// Installs the SIGTERM/SIGINT handlers for its lifetime. Scopes nest; the outermost one clears
+// the flag. A second signal ends the process with the signal's default action.
+class StopSignalScope {
+ public:
+  StopSignalScope();
+  ~StopSignalScope();
+  StopSignalScope(const StopSignalScope&) = delete;
+  StopSignalScope& operator=(const StopSignalScope&) = delete;
+
+ private:
+  void (*prev_term_)(int);
+  void (*prev_int_)(int);
+};
 
 }  // namespace leantune

@@ -1,0 +1,17 @@
+# The robustness tier (ctest label `robustness`), included by tests/CMakeLists.txt:
+#   - robustness_cases: trainer_bin over the table of bad inputs, faults and signals in
+#     cases.tsv (run_cases.sh);
+#   - robustness_kill_resume: SIGKILLs at random moments of a small run (several during saves),
+#     resumed each time, must end bit-identical to the straight run; its disk-full variant
+#     needs root and a tmpfs mount and reports SKIPPED elsewhere.
+add_test(NAME robustness_cases COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/run_cases.sh
+         $<TARGET_FILE:trainer_bin> ${PROJECT_SOURCE_DIR})
+set_tests_properties(robustness_cases PROPERTIES LABELS "cpu;robustness" TIMEOUT 300)
+add_test(NAME robustness_kill_resume COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/kill_resume.sh
+         $<TARGET_FILE:trainer_bin> ${PROJECT_SOURCE_DIR})
+set_tests_properties(robustness_kill_resume PROPERTIES LABELS "cpu;robustness" TIMEOUT 300)
+add_test(NAME robustness_kill_resume_disk_full
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/kill_resume.sh $<TARGET_FILE:trainer_bin>
+                 ${PROJECT_SOURCE_DIR} disk_full)
+set_tests_properties(robustness_kill_resume_disk_full PROPERTIES LABELS "cpu;robustness"
+                     TIMEOUT 300 SKIP_RETURN_CODE 77)
