@@ -183,11 +183,11 @@ std::vector<std::string> check_unexpected_tensors(const TensorStore& store,
     for (size_t i = 0; i < unexpected.size() && i < 3; ++i)
       list += (i ? ", " : "") + printable(unexpected[i]);
     if (unexpected.size() > 3) list += ", ...";
-    const std::string why =
-        extra_layer >= cfg.num_hidden_layers
-            ? "config.json has num_hidden_layers " + std::to_string(cfg.num_hidden_layers) +
-                  " but the weights have layer " + std::to_string(extra_layer)
-            : "not part of a " + cfg.architecture + " with this config.json";
+    const std::string why = extra_layer >= cfg.num_hidden_layers
+                                ? "config.json has num_hidden_layers " +
+                                      std::to_string(cfg.num_hidden_layers) +
+                                      " but the weights have layer " + std::to_string(extra_layer)
+                                : "not part of a " + cfg.architecture + " with this config.json";
     LT_THROW(ErrorKind::kInput, store.path(), ": ", unexpected.size(),
              " tensor(s) the model does not use (", why, "): ", list,
              "; refusing to drop weights silently");

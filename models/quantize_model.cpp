@@ -3,7 +3,6 @@
 #include "models/quantize_model.h"
 
 #include <unordered_set>
-
 #include <utility>
 
 #include "engine/allocator.h"

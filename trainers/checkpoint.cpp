@@ -150,19 +150,18 @@ StaleCleanup clean_stale_checkpoint_files(const std::string& output_dir) {
 
 TrainerState parse_trainer_state(std::string_view text, const std::string& source) {
   const nlohmann::json j = parse_json_strict(text, source, 64);
-  LT_CHECK_INPUT(j.is_object(), source, ": expected a JSON object, got ",
-                 printable(j.dump(), 60));
+  LT_CHECK_INPUT(j.is_object(), source, ": expected a JSON object, got ", printable(j.dump(), 60));
   auto count = [&](const char* key, bool required) -> int64_t {
     auto it = j.find(key);
     if (it == j.end()) {
       LT_CHECK_INPUT(!required, source, ": key '", key, "' is missing");
       return 0;
     }
-    LT_CHECK_INPUT(it->is_number_integer() && (it->is_number_unsigned()
-                                                   ? it->get<uint64_t>() <= INT64_MAX
-                                                   : it->get<int64_t>() >= 0),
-                   source, ": key '", key, "' must be a non-negative integer, got ",
-                   printable(it->dump(), 60));
+    LT_CHECK_INPUT(
+        it->is_number_integer() &&
+            (it->is_number_unsigned() ? it->get<uint64_t>() <= INT64_MAX : it->get<int64_t>() >= 0),
+        source, ": key '", key, "' must be a non-negative integer, got ",
+        printable(it->dump(), 60));
     return it->get<int64_t>();
   };
   TrainerState st;

@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <cstring>
-
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -92,8 +91,8 @@ void MetricsLogger::write_record(const std::string& line) {
   const bool cut = done == 0 || ::ftruncate(fd_, good_size_) == 0;
   ++lost_;
   if ((lost_ & (lost_ - 1)) == 0 || !cut)
-    message("warning: " + path_ + ": cannot write a metrics record (" + std::strerror(err) +
-            "); " + std::to_string(lost_) + " record(s) lost so far" +
+    message("warning: " + path_ + ": cannot write a metrics record (" + std::strerror(err) + "); " +
+            std::to_string(lost_) + " record(s) lost so far" +
             (cut ? "" : "; the last line may be torn (truncation failed)"));
 }
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "engine/autograd.h"
+#include "engine/host_memory.h"
 #include "loaders/text_encoder.h"
 #include "models/generate.h"
 #include "models/quantize_model.h"
@@ -370,6 +371,12 @@ SftRun make_sft_run(const Options& o) {
                                         ec, encoder->pad_token_id());
   }
 
+  // After the data (its memory counts), before the model: under ulimit -v, OpenBLAS's buffers
+  // are reserved and the CPU allocator capped (engine/host_memory.h).
+  {
+    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
+    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
+  }
   // QLoRA: the base is quantized while loading (before adapters and the optimizer exist, so
   // nothing keeps the dense weights alive).
   const QuantConfig quant = quant_config_from_options(o, dtype);

@@ -87,6 +87,10 @@ void add_training_options(Options& o) {
              "recompute each decoder layer in backward, keeping only its input");
   add_offload_options(o);
   o.add_string("device", d.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is present)");
+  o.add_float("max_memory_gib", d.max_memory_gib,
+              "cap of the CPU backend's allocator in GiB, refused with exit 3 beyond it (0 = 80% "
+              "of what an address-space limit, ulimit -v, leaves; none without one)",
+              0.0);
   o.add_string("resume_from_checkpoint", "",
                "a checkpoint folder, or 'latest' for the newest complete one in output_dir");
 }
@@ -119,6 +123,7 @@ TrainingArguments training_arguments(const Options& o) {
   a.activation_offloading = off.activation_offloading;
   a.min_offload_size = off.min_offload_size;
   a.device = o.get_string("device");
+  a.max_memory_gib = o.get_float("max_memory_gib");
   a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
   LT_CHECK_INPUT(!a.output_dir.empty(), "option output_dir must not be empty");
   LT_CHECK_INPUT(a.max_steps > 0 || a.num_train_epochs > 0,

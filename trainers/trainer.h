@@ -61,6 +61,7 @@ struct TrainingArguments {
   std::string device = "auto";
   std::string resume_from_checkpoint;
   int64_t max_consecutive_nonfinite = 10;
+  double max_memory_gib = 0;  // CPU allocator cap (0 = derived from ulimit -v, if any)
 };
 
 // Declares the options every trainer shares (TRL/transformers names and defaults).

@@ -18,8 +18,7 @@ namespace {
 const std::string& scratch_path() {
   static const std::string p = [] {
     const char* dir = std::getenv("TMPDIR");
-    return std::string(dir ? dir : "/tmp") + "/fuzz_jsonl." + std::to_string(::getpid()) +
-           ".jsonl";
+    return std::string(dir ? dir : "/tmp") + "/fuzz_jsonl." + std::to_string(::getpid()) + ".jsonl";
   }();
   return p;
 }

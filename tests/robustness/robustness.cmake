@@ -1,6 +1,7 @@
 # The robustness tier (ctest label `robustness`), included by tests/CMakeLists.txt:
 #   - robustness_cases: trainer_bin over the table of bad inputs, faults and signals in
 #     cases.tsv (run_cases.sh);
+#   - robustness_ulimit: the demo under ulimit -v from 700 MB to 1.3 GB exits 0 or 3, never hangs;
 #   - robustness_kill_resume: SIGKILLs at random moments of a small run (several during saves),
 #     resumed each time, must end bit-identical to the straight run; its disk-full variant
 #     needs root and a tmpfs mount and reports SKIPPED elsewhere.
@@ -15,3 +16,6 @@ add_test(NAME robustness_kill_resume_disk_full
                  ${PROJECT_SOURCE_DIR} disk_full)
 set_tests_properties(robustness_kill_resume_disk_full PROPERTIES LABELS "cpu;robustness"
                      TIMEOUT 300 SKIP_RETURN_CODE 77)
+add_test(NAME robustness_ulimit COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/ulimit.sh
+         $<TARGET_FILE:trainer_bin>)
+set_tests_properties(robustness_ulimit PROPERTIES LABELS "cpu;robustness" TIMEOUT 400)

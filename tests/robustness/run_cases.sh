@@ -125,6 +125,9 @@ check_old_restored() {
 check_failed_save_cleans() {
   if ls -a "$W/out" | grep -q '^\.checkpoint-'; then echo "a failed save left its temp folder"; return 1; fi
 }
+check_max_memory_gib_tiny() {
+  if grep -q zero_stage "$W/err"; then echo "the hint names zero_stage, which does not exist"; return 1; fi
+}
 check_pack_out_dir() {
   [ ! -e "$W/packed.tmp" ] || { echo "pack left packed.tmp"; return 1; }
 }
