@@ -4,7 +4,8 @@
 //   cu_seqlens_q/k:[B+1] i32|i64 on the host or the device -> out:[Tq,Hq,D] contiguous,
 //   lse:[Hq,Tq] f32 (f64 for f64). Query i of a sequence (Lq queries, Lk keys) sees keys
 //   j <= i + Lk - Lq when causal; a row that sees no key gets out = 0, lse = -inf, zero grads.
-//   Rows beyond cu[B] belong to no sequence: out = 0, lse = -inf, dq = dk = dv = 0.
+//   Rows before cu[0] (a device cu_seqlens is not validated) or beyond cu[B] belong to no
+//   sequence: out = 0, lse = -inf, dq = dk = dv = 0 (kernels/attention_rows.h).
 //
 // Two implementations behind one entry point:
 //
@@ -58,6 +59,7 @@
 
 #include "engine/cuda_utils.cuh"
 #include "kernels/attention.h"
+#include "kernels/attention_rows.h"
 
 namespace leantune::kernels {
 namespace {
@@ -782,22 +784,17 @@ __global__ void attention_dq_convert_kernel(const float* __restrict__ acc, T* __
     dq[i] = cu::from_acc<T>(acc[i] * scale);
 }
 
-// Rows of x ([rows, row_elems] contiguous) from clamp(cu[batch]) on get `value`; with
-// `transposed`, x is [row_elems, rows] (lse's [H, T] layout) and columns are filled instead.
+// Rows of x that belong to no sequence ([0, cu[0]) and [cu[batch], rows), clamped) get `value`;
+// x is [rows, row_elems] contiguous, or [row_elems, rows] with `transposed` (lse's [H, T]).
 template <typename T>
-__global__ void attention_tail_fill_kernel(T* __restrict__ x, int64_t row_elems, int rows,
-                                           const int* __restrict__ cu, int batch, T value,
-                                           bool transposed) {
-  const int start = min(max(cu[batch], 0), rows);
-  const int64_t tail = rows - start;
-  const int64_t n = tail * row_elems;
+__global__ void attention_uncovered_fill_kernel(T* __restrict__ x, int64_t row_elems, int rows,
+                                                const int* __restrict__ cu, int batch, T value,
+                                                bool transposed) {
+  const UncoveredRows u = uncovered_rows(cu[0], cu[batch], rows);
+  const int64_t n = u.count(rows) * row_elems;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (transposed)
-      x[(idx / tail) * rows + start + idx % tail] = value;
-    else
-      x[start * row_elems + idx] = value;
-  }
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[uncovered_offset(idx, u, rows, row_elems, transposed)] = value;
 }
 
 // ---------------------------------------------------------------- simple kernels
@@ -1102,12 +1099,12 @@ void attention_bwd_prep_launch(const T* dout, int64_t do_stride, const T* out, i
 }
 
 template <typename T>
-void attention_tail_fill_launch(T* x, int64_t row_elems, int rows, const int* cu, int batch,
-                                T value, bool transposed, Device dev, cudaStream_t stream) {
+void attention_uncovered_fill_launch(T* x, int64_t row_elems, int rows, const int* cu, int batch,
+                                     T value, bool transposed, Device dev, cudaStream_t stream) {
   if (rows == 0 || row_elems == 0) return;
   const unsigned blocks =
       cu::grid_blocks(static_cast<int64_t>(rows) * row_elems, 256, dev.index, 2, 256);
-  attention_tail_fill_kernel<T>
+  attention_uncovered_fill_kernel<T>
       <<<blocks, 256, 0, stream>>>(x, row_elems, rows, cu, batch, value, transposed);
   CUDA_CHECK_LAUNCH();
 }
@@ -1346,14 +1343,15 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
       else
         fwd_mma_dispatch<__half>(p, dm.d, s.max_q, stream);
     }
-    // Rows after the last sequence: out = 0, lse = -inf.
+    // Rows outside every sequence (before cu[0], after cu[B]): out = 0, lse = -inf.
     LT_CU_DISPATCH_F32_16(q.dtype(), T, {
-      attention_tail_fill_launch<T>(static_cast<T*>(o.ptr()), dm.hq * dm.d, static_cast<int>(dm.tq),
-                                    p.cu_q, s.batch, T{}, false, d, stream);
+      attention_uncovered_fill_launch<T>(static_cast<T*>(o.ptr()), dm.hq * dm.d,
+                                         static_cast<int>(dm.tq), p.cu_q, s.batch, T{}, false, d,
+                                         stream);
     });
-    attention_tail_fill_launch<float>(lse.data<float>(), dm.hq, static_cast<int>(dm.tq), p.cu_q,
-                                      s.batch, -std::numeric_limits<float>::infinity(), true, d,
-                                      stream);
+    attention_uncovered_fill_launch<float>(lse.data<float>(), dm.hq, static_cast<int>(dm.tq),
+                                           p.cu_q, s.batch, -std::numeric_limits<float>::infinity(),
+                                           true, d, stream);
   } else {
     SimpleParams p{};
     set_layout(p, qr, kr, vr, s, dm, opt.causal);
@@ -1446,14 +1444,14 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
       // dq for every row (rows outside sequences got no contribution: zero).
       attention_dq_convert_launch<T>(dq_acc.data<float>(), static_cast<T*>(gq.ptr()), nacc,
                                      static_cast<float>(scale), d, stream);
-      // Keys after the last sequence: zero dk, dv.
+      // Keys outside every sequence: zero dk, dv.
       const T zero = T{};
-      attention_tail_fill_launch<T>(static_cast<T*>(gk.ptr()), dm.hk * dm.d,
-                                    static_cast<int>(dm.tk), p.cu_k, s.batch, zero, false, d,
-                                    stream);
-      attention_tail_fill_launch<T>(static_cast<T*>(gv.ptr()), dm.hk * dm.d,
-                                    static_cast<int>(dm.tk), p.cu_k, s.batch, zero, false, d,
-                                    stream);
+      attention_uncovered_fill_launch<T>(static_cast<T*>(gk.ptr()), dm.hk * dm.d,
+                                         static_cast<int>(dm.tk), p.cu_k, s.batch, zero, false, d,
+                                         stream);
+      attention_uncovered_fill_launch<T>(static_cast<T*>(gv.ptr()), dm.hk * dm.d,
+                                         static_cast<int>(dm.tk), p.cu_k, s.batch, zero, false, d,
+                                         stream);
     });
   } else {
     LT_CU_DISPATCH_FLOAT(q.dtype(), T, {
