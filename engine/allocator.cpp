@@ -262,7 +262,6 @@ void Allocator::free(Block* b) {
   stats_.active_blocks--;
   stats_.num_frees++;
   record(TraceEvent::kFree, b->id, sz, b->tag, b->stream);
-  if (poison_) std::memset(b->ptr, 0xff, b->size);
   b->allocated = false;
   for (const Stream& s : b->stream_uses) {
     void* ev = backing_->event_record(s);
@@ -292,7 +291,10 @@ void Allocator::retag(Block* b, MemTag tag) {
   b->tag = tag;
 }
 
+// Called once no stream can still use b: only then may poisoning overwrite it (an in-flight copy
+// out of a pinned block recorded on another stream must read the data, not 0xff).
 void Allocator::free_block(Block* b) {
+  if (poison_) std::memset(b->ptr, 0xff, b->size);
   Pool& pool = b->small ? *small_ : *large_;
   auto mergeable = [](const Block* n) { return n && !n->allocated && n->event_count == 0; };
   if (mergeable(b->prev)) {

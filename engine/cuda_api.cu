@@ -1,5 +1,9 @@
 // The CUDA runtime behind engine/cuda_api.h: device and pinned backings for the caching
 // allocator, streams, events and copies. Every runtime call is checked.
+// An event must be created on, and recorded from, the device of the stream it is recorded on
+// (else cudaErrorInvalidResourceHandle); with several GPUs the current device is often another
+// one, so every create + record below runs under a guard for the stream's own device.
+// cudaStreamWaitEvent itself may wait on an event of another device.
 #include <cuda_runtime.h>
 
 #include "engine/check.h"
@@ -24,6 +28,22 @@ class DeviceGuard {
   int target_ = 0;
 };
 
+// The device a stream belongs to (the current device for the legacy default stream).
+int stream_device(void* stream) {
+  int d = 0;
+  CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &d));
+  return d;
+}
+
+// An event recorded now on a CUDA stream, created on that stream's device.
+cudaEvent_t record_on(const Stream& s) {
+  DeviceGuard g(s.device.index);
+  cudaEvent_t ev;
+  CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(s.handle)));
+  return ev;
+}
+
 class CudaDeviceBacking final : public MemoryBacking {
  public:
   explicit CudaDeviceBacking(int device) : device_(device) {}
@@ -43,12 +63,10 @@ class CudaDeviceBacking final : public MemoryBacking {
     DeviceGuard g(device_);
     CUDA_CHECK(cudaFree(ptr));
   }
+  // The stream may belong to another device (a peer reading this memory).
   void* event_record(const Stream& s) override {
-    DeviceGuard g(device_);
-    cudaEvent_t ev;
-    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(s.handle)));
-    return ev;
+    if (!s.device.is_cuda()) return nullptr;
+    return record_on(s);
   }
   bool event_query(void* ev) override {
     cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(ev));
@@ -89,10 +107,7 @@ class CudaPinnedBacking final : public MemoryBacking {
   // Pinned blocks are reused only after the device streams that read them are done.
   void* event_record(const Stream& s) override {
     if (!s.device.is_cuda()) return nullptr;
-    cudaEvent_t ev;
-    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(s.handle)));
-    return ev;
+    return record_on(s);
   }
   bool event_query(void* ev) override {
     cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(ev));
@@ -156,10 +171,14 @@ void cuda_stream_synchronize(void* stream) {
 }
 void cuda_stream_wait_stream(void* stream, void* other) {
   cudaEvent_t ev;
-  CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(other)));
+  {
+    DeviceGuard g(stream_device(other));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(ev, static_cast<cudaStream_t>(other)));
+  }
+  DeviceGuard g(stream_device(stream));
   CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev, 0));
-  CUDA_CHECK(cudaEventDestroy(ev));
+  CUDA_CHECK(cudaEventDestroy(ev));  // released once the wait has been satisfied
 }
 void* cuda_event_create(int device) {
   DeviceGuard g(device);
@@ -169,6 +188,7 @@ void* cuda_event_create(int device) {
 }
 void cuda_event_destroy(void* ev) { CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(ev))); }
 void cuda_event_record(void* ev, void* stream) {
+  DeviceGuard g(stream_device(stream));
   CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(stream)));
 }
 bool cuda_event_query(void* ev) {

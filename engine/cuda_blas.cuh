@@ -1,6 +1,6 @@
-// cuBLASLt / cuBLAS entry points shared by engine/ops_cuda.cu (gemm) and kernels/linear.cu,
+// cuBLASLt / cuBLAS entry points shared by engine/ops_cuda_blas.cu (gemm) and kernels/linear.cu,
 // and the deterministic column reduction used for bias and norm-weight gradients. Implemented
-// in engine/ops_cuda.cu.
+// in engine/ops_cuda_blas.cu.
 //
 // Everything here is column-major, as cuBLAS is: D[m,n] = alpha * op(A)[m,k] * op(B)[k,n]
 // + beta * C, with C == D (in-place accumulation when beta != 0), optionally + bias[m]

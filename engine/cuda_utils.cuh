@@ -319,6 +319,14 @@ __device__ __forceinline__ void report_bad_index(unsigned long long* first_bad, 
   atomicMin(first_bad, static_cast<unsigned long long>(pos));
 }
 
+// out[i, :] = table[ids[i], :] for i < n: ids i32|i64 (id_type) on the device, rows of row_bytes
+// moved as 16-byte words when the rows and pointers allow, else as elem_bytes words. A bad id
+// leaves its row unwritten and is recorded in first_bad (BadIndexFlag). The one row-gather
+// kernel (engine/ops_cuda_gather.cu), used by index_rows and the embedding forward.
+void gather_rows(const void* table, const void* ids, DType id_type, void* out, int64_t n,
+                 int64_t v_rows, int64_t row_bytes, size_t elem_bytes,
+                 unsigned long long* first_bad, Device dev, cudaStream_t stream);
+
 // Online softmax state: running max m and sum s of exp(x - m). Merging is exact in the sense
 // that any order gives the same result up to rounding; an empty state is (-inf, 0).
 struct MaxSum {

@@ -1,4 +1,4 @@
-// CPU implementations of the raw ops and the dispatch to CUDA (engine/ops_cuda.cu).
+// CPU implementations of the raw ops and the dispatch to CUDA (engine/ops_cuda_*.cu).
 #include "engine/ops.h"
 
 #include <cblas.h>

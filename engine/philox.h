@@ -8,6 +8,11 @@
 //              r*cos, r*sin, r*cos, r*sin. log/sqrt/sincos are evaluated in double with only
 //              IEEE add/mul/div/sqrt (no FMA contraction), so host and device agree bit for bit.
 //   bernoulli: uniform < p
+// A fill (engine/rng.cpp on the host, engine/rng.cu on the device) writes philox_fill_value.
+// Host translation units that evaluate these transforms must be compiled with
+// -ffp-contract=off (CMake: LT_HOST_RNG_FLAGS): GCC contracts a*b + c into an FMA whenever the
+// target has one (-mfma, -march=native, aarch64), whatever -std says, and clang does so within an
+// expression by default; the device's __dmul_rn/__dadd_rn never contract.
 #pragma once
 
 #include <cstdint>
@@ -195,6 +200,15 @@ LT_HD float philox_normal(const PhiloxBlock& b, int i) {
   double s, c;
   philox_sincos2pi(u2, &s, &c);
   return static_cast<float>(LT_DMUL(r, (i & 1) ? s : c));
+}
+
+// Element j of block r of a fill: kind 0 uniform in [a, a + b_minus_a), 1 normal(a, b),
+// 2 bernoulli(a) (1 or 0). b_minus_a is formed once by the caller.
+LT_HD double philox_fill_value(const PhiloxBlock& r, int j, int kind, double a, double b_minus_a,
+                               double b) {
+  if (kind == 0) return LT_DADD(a, LT_DMUL(b_minus_a, static_cast<double>(philox_uniform(r.w[j]))));
+  if (kind == 1) return LT_DADD(a, LT_DMUL(b, static_cast<double>(philox_normal(r, j))));
+  return philox_uniform(r.w[j]) < static_cast<float>(a) ? 1.0 : 0.0;
 }
 
 }  // namespace leantune

@@ -21,6 +21,7 @@ void cpu_fill(const Tensor& t, const PhiloxParams& p, int kind, double a, double
   LT_CHECK(t.is_contiguous(), "random fill of non-contiguous ", t.str());
   const int64_t n = t.numel();
   const int64_t blocks = (n + 3) / 4;
+  const double b_minus_a = b - a;
   LT_DISPATCH_FLOAT(t.dtype(), T, {
     T* out = static_cast<T*>(t.data_ptr());
     cpu::parallel_for(blocks, 1024, [&](int64_t blk) {
@@ -28,14 +29,7 @@ void cpu_fill(const Tensor& t, const PhiloxParams& p, int kind, double a, double
       for (int j = 0; j < 4; ++j) {
         const int64_t i = blk * 4 + j;
         if (i >= n) break;
-        double v;
-        if (kind == 0) {
-          v = a + (b - a) * static_cast<double>(philox_uniform(r.w[j]));
-        } else if (kind == 1) {
-          v = a + b * static_cast<double>(philox_normal(r, j));
-        } else {
-          v = philox_uniform(r.w[j]) < static_cast<float>(a) ? 1.0 : 0.0;
-        }
+        const double v = philox_fill_value(r, j, kind, a, b_minus_a, b);
         out[i] = cpu::from_double<T>(v);
       }
     });

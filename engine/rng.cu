@@ -2,9 +2,9 @@
 // fill in engine/rng.cpp.
 //
 // Element i of a draw uses Philox block (offset + i/4) and word i%4 of it (engine/philox.h).
-// Each thread computes one block and writes its (up to) 4 elements. The value arithmetic is the
-// host's, operation for operation, in double with __dadd_rn/__dmul_rn so that no FMA
-// contraction changes a rounding:
+// Each thread computes one block and writes its (up to) 4 elements. The value is the host's
+// philox_fill_value, in double with __dadd_rn/__dmul_rn so that no FMA contraction changes a
+// rounding (the host file is compiled with -ffp-contract=off for the same reason):
 //   uniform:   v = a + (b - a) * u             u = philox_uniform(word)
 //   normal:    v = a + b * z                   z = philox_normal(block, i%4)
 //   bernoulli: v = u < float(a) ? 1 : 0
@@ -37,14 +37,7 @@ __global__ void philox_fill_kernel(T* __restrict__ out, int64_t n, PhiloxParams 
     for (int j = 0; j < 4; ++j) {
       const int64_t i = blk * 4 + j;
       if (i >= n) break;
-      double v;
-      if (kind == 0) {
-        v = __dadd_rn(a, __dmul_rn(b_minus_a, static_cast<double>(philox_uniform(r.w[j]))));
-      } else if (kind == 1) {
-        v = __dadd_rn(a, __dmul_rn(b, static_cast<double>(philox_normal(r, j))));
-      } else {
-        v = philox_uniform(r.w[j]) < static_cast<float>(a) ? 1.0 : 0.0;
-      }
+      const double v = philox_fill_value(r, j, kind, a, b_minus_a, b);
       out[i] = from_double_rn<T>(v);
     }
   }

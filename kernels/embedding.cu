@@ -1,6 +1,7 @@
 // embedding on CUDA.
 //   weight:[V,H] (f32, bf16, f16, f64), ids:[T] i32|i64 (host or device) -> y:[T,H] contiguous
-//   forward:  y[t] = weight[ids[t]]  (a row gather, 16-byte words when rows allow)
+//   forward:  y[t] = weight[ids[t]]  (cu::gather_rows, the engine's row gather: 16-byte words
+//             when rows allow)
 //   backward: dweight[v] = sum over t with ids[t] == v of dy[t], dy first rounded to dweight's
 //             dtype (as the CPU path converts it), sums in f32 (f64 for f64); rows no id names
 //             are zero. dweight is overwritten.
@@ -20,46 +21,6 @@ namespace leantune::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <int kBytes>
-struct Word;
-template <>
-struct Word<2> {
-  using type = uint16_t;
-};
-template <>
-struct Word<4> {
-  using type = uint32_t;
-};
-template <>
-struct Word<8> {
-  using type = uint64_t;
-};
-template <>
-struct Word<16> {
-  using type = uint4;
-};
-
-// y[i, :] = weight[ids[i], :] as raw words; a bad id leaves its row unwritten and is reported.
-template <typename I, int kBytes>
-__global__ void embedding_fwd_kernel(const void* __restrict__ weight, const I* __restrict__ ids,
-                                     void* __restrict__ y, int64_t n, int64_t vocab,
-                                     int64_t words_per_row, unsigned long long* first_bad) {
-  using W = typename Word<kBytes>::type;
-  const W* w = static_cast<const W*>(weight);
-  W* out = static_cast<W*>(y);
-  const int64_t total = n * words_per_row;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = e / words_per_row, k = e % words_per_row;
-    const int64_t id = static_cast<int64_t>(ids[i]);
-    if (id < 0 || id >= vocab) {
-      if (k == 0) cu::report_bad_index(first_bad, i);
-      continue;
-    }
-    out[e] = w[id * words_per_row + k];
-  }
-}
 
 // Sort keys (the id, or `vocab` for a bad id so that it sorts last and is skipped) and the
 // positions to carry through the sort.
@@ -131,40 +92,6 @@ __global__ void embedding_bwd_kernel(const T* __restrict__ dy, const uint32_t* _
       }
     }
   }
-}
-
-void embedding_fwd_launch(const void* weight, const void* ids, DType id_type, void* y, int64_t n,
-                          int64_t vocab, int64_t row_bytes, size_t elem_bytes,
-                          unsigned long long* first_bad, int device, cudaStream_t stream) {
-  if (n == 0 || row_bytes == 0) return;
-  const bool w16 = row_bytes % 16 == 0 && cu::aligned16(weight) && cu::aligned16(y);
-  const int word = w16 ? 16 : static_cast<int>(elem_bytes);
-  const int64_t words = row_bytes / word;
-  const unsigned blocks = cu::grid_blocks(n * words, kThreads, device);
-  LT_CU_DISPATCH_INDEX(id_type, I, {
-    const I* pi = static_cast<const I*>(ids);
-    switch (word) {
-      case 16:
-        embedding_fwd_kernel<I, 16>
-            <<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab, words, first_bad);
-        break;
-      case 8:
-        embedding_fwd_kernel<I, 8>
-            <<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab, words, first_bad);
-        break;
-      case 4:
-        embedding_fwd_kernel<I, 4>
-            <<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab, words, first_bad);
-        break;
-      case 2:
-        embedding_fwd_kernel<I, 2>
-            <<<blocks, kThreads, 0, stream>>>(weight, pi, y, n, vocab, words, first_bad);
-        break;
-      default:
-        LT_THROW(ErrorKind::kInternal, "embedding: element size ", word);
-    }
-    CUDA_CHECK_LAUNCH();
-  });
 }
 
 void embedding_bwd_launch(const void* dy, const void* ids, DType id_type, void* dweight, int64_t n,
@@ -253,9 +180,8 @@ void embedding_fwd_cuda(const Tensor& weight, const Tensor& ids, const Tensor& y
   const Tensor wc = cu::contiguous_ws(weight);
   if (n == 0 || h == 0) return;
   cu::BadIndexFlag flag(d, s);
-  embedding_fwd_launch(wc.data_ptr(), idd.data_ptr(), idd.dtype(), y.data_ptr(), n, vocab,
-                       h * static_cast<int64_t>(wc.element_size()), wc.element_size(), flag.ptr(),
-                       d.index, s);
+  cu::gather_rows(wc.data_ptr(), idd.data_ptr(), idd.dtype(), y.data_ptr(), n, vocab,
+                  h * static_cast<int64_t>(wc.element_size()), wc.element_size(), flag.ptr(), d, s);
   if (ids.device().is_cuda()) throw_if_bad(flag, idd, vocab, op);
 }
 

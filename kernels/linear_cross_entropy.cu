@@ -15,10 +15,13 @@
 //                                                gather into a [c,H] buffer)
 //   Z    = X_c W^T               [c,V]          cuBLASLt, logits dtype, A accumulation
 //   rows kernel: lse_r by a one-pass online max/sum, nll_r = lse_r - z_y; with gradients Z is
-//   overwritten by G = (softmax - onehot) * grad_scale (p_y - 1 formed in A before the rounding)
-//   dX_c = G W                   [c,H]          written straight into dhidden when the rows are
-//                                                consecutive, else into a buffer and scattered
-//   dW  += G^T X_c               [V,H]          cuBLASLt with beta = 1 into an A-typed
+//   overwritten by G = softmax - onehot, unscaled in [-1, 1] (formed in A before the one
+//   rounding; kernels/linear_cross_entropy_grad.h says why grad_scale is not folded in here)
+//   dX_c = grad_scale G W        [c,H]          grad_scale as the GEMM's alpha; written straight
+//                                                into dhidden when the rows are consecutive, else
+//                                                into a buffer and scattered
+//   dW  += grad_scale G^T X_c    [V,H]          cuBLASLt, alpha = grad_scale, beta = 1, into an
+//   A-typed
 //                                                accumulator: dweight itself when it is A-typed and
 //                                                contiguous, else a copy written back at the end
 // The per-row nll values land in one [n] array that is copied back and summed in row order in
@@ -41,6 +44,7 @@
 #include "engine/cuda_utils.cuh"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear_cross_entropy.h"
+#include "kernels/linear_cross_entropy_grad.h"
 #include "kernels/online_softmax.cuh"
 
 namespace leantune::kernels {
@@ -54,12 +58,11 @@ using online::load_n;
 using online::store_n;
 
 // One block per chunk row r: lse by an online max/sum over z[r, :] (one read), nll[r] =
-// lse - z[r, y_r]; when `grads`, z[r, :] is overwritten by (softmax - onehot) * scale (a second
-// read and one write). N = elements per vector access (1 when unaligned).
+// lse - z[r, y_r]; when `grads`, z[r, :] is overwritten by G = softmax - onehot, unscaled (a
+// second read and one write). N = elements per vector access (1 when unaligned).
 template <typename T, int N>
 __global__ void linear_ce_rows_kernel(T* z, int64_t v, const int32_t* __restrict__ targets,
-                                      cu::acc_of<T>* __restrict__ nll, cu::acc_of<T> scale,
-                                      bool grads) {
+                                      cu::acc_of<T>* __restrict__ nll, bool grads) {
   using A = cu::acc_of<T>;
   __shared__ A sm[32], ss[32];
   __shared__ A lse_sh;
@@ -82,13 +85,13 @@ __global__ void linear_ce_rows_kernel(T* z, int64_t v, const int32_t* __restrict
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const A p = exp_acc(x[j] - l);
-      x[j] = kk * N + j == y ? (p - A(1)) * scale : p * scale;
+      x[j] = linear_ce_grad_entry(p, kk * N + j == y);
     }
     store_n<T, N>(zr + kk * N, x);
   }
   for (int64_t j = nvec * N + threadIdx.x; j < v; j += blockDim.x) {
     const A p = exp_acc(cu::to_acc(zr[j]) - l);
-    zr[j] = cu::from_acc<T>(j == y ? (p - A(1)) * scale : p * scale);
+    zr[j] = cu::from_acc<T>(linear_ce_grad_entry(p, j == y));
   }
 }
 
@@ -125,7 +128,7 @@ int rows_block_threads(int64_t nvec) {
 }
 
 void linear_ce_rows_launch(void* z, DType dt, int64_t c, int64_t v, const int32_t* targets,
-                           void* nll, double scale, bool grads, cudaStream_t stream) {
+                           void* nll, bool grads, cudaStream_t stream) {
   if (c == 0) return;
   LT_CU_DISPATCH_FLOAT(dt, T, {
     using A = cu::acc_of<T>;
@@ -136,11 +139,11 @@ void linear_ce_rows_launch(void* z, DType dt, int64_t c, int64_t v, const int32_
     T* pz = static_cast<T*>(z);
     A* pn = static_cast<A*>(nll);
     if (vec)
-      linear_ce_rows_kernel<T, kVec><<<static_cast<unsigned>(c), threads, 0, stream>>>(
-          pz, v, targets, pn, static_cast<A>(scale), grads);
+      linear_ce_rows_kernel<T, kVec>
+          <<<static_cast<unsigned>(c), threads, 0, stream>>>(pz, v, targets, pn, grads);
     else
-      linear_ce_rows_kernel<T, 1><<<static_cast<unsigned>(c), threads, 0, stream>>>(
-          pz, v, targets, pn, static_cast<A>(scale), grads);
+      linear_ce_rows_kernel<T, 1>
+          <<<static_cast<unsigned>(c), threads, 0, stream>>>(pz, v, targets, pn, grads);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -194,8 +197,8 @@ Rows2d as_rows(const Tensor& t) {
 
 // Column-major D[m,n] (ld ldd) = alpha op(A) op(B) + beta D, inputs of dtype `in`, D of `out`.
 void gemm(const void* a, int64_t lda, bool ta, const void* b, int64_t ldb, bool tb, void* d,
-          int64_t ldd, int64_t m, int64_t n, int64_t k, double beta, DType in, DType out,
-          Device dev, cudaStream_t stream) {
+          int64_t ldd, int64_t m, int64_t n, int64_t k, double alpha, double beta, DType in,
+          DType out, Device dev, cudaStream_t stream) {
   cu::LtGemm g;
   g.a = a;
   g.a_type = cu::cuda_data_type(in);
@@ -211,7 +214,7 @@ void gemm(const void* a, int64_t lda, bool ta, const void* b, int64_t ldb, bool 
   g.m = m;
   g.n = n;
   g.k = k;
-  g.alpha = 1.0;
+  g.alpha = alpha;
   g.beta = beta;
   if (in == DType::kF64)
     cu::dgemm(g, dev, stream);
@@ -357,6 +360,7 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
     }
   }
 
+  const double alpha = linear_ce_gemm_alpha(grad_scale);
   for (int64_t c0 = 0; c0 < n; c0 += cap) {
     const int64_t c = std::min(cap, n - c0);
     // X_c: a view of hidden, or gathered rows.
@@ -371,26 +375,25 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
       ldx = h;
     }
     // Z^T[V,c] = W X_c^T: column-major A = W ([H,V] stored, transposed), B = X_c ([H,c]).
-    gemm(wr.ptr, wr.ld, true, xc, ldx, false, zbuf.data_ptr(), v, v, c, h, 0.0, in, logit_dt, d,
-         stream);
+    gemm(wr.ptr, wr.ld, true, xc, ldx, false, zbuf.data_ptr(), v, v, c, h, 1.0, 0.0, in, logit_dt,
+         d, stream);
     linear_ce_rows_launch(zbuf.data_ptr(), logit_dt, c, v, ptgt + c0,
-                          static_cast<char*>(nll.data_ptr()) + c0 * dtype_size(wdt), grad_scale,
-                          grads, stream);
+                          static_cast<char*>(nll.data_ptr()) + c0 * dtype_size(wdt), grads, stream);
     if (!grads) continue;
     if (dhidden.defined()) {
       // dX_c^T[H,c] = W^T G^T: A = W ([H,V] stored), B = G ([V,c] stored).
       const bool direct = dx_in_place(c0, c);
       void* dx = direct ? dx_view(c0) : dxbuf.data_ptr();
-      gemm(wr.ptr, wr.ld, false, zbuf.data_ptr(), v, false, dx, h, h, c, v, 0.0, in, dx_dt, d,
-           stream);
+      gemm(wr.ptr, wr.ld, false, zbuf.data_ptr(), v, false, dx, h, h, c, v, alpha, 0.0, in, dx_dt,
+           d, stream);
       if (!direct)
         linear_ce_scatter_launch(dxbuf.data_ptr(), dx_dt, prow + c0, dhidden.data_ptr(),
                                  dhidden.dtype(), c, h, d, stream);
     }
     if (dw_acc.defined()) {
       // dW^T[H,V] += X_c^T G: A = X_c ([H,c] stored), B = G ([V,c] stored, transposed).
-      gemm(xc, ldx, false, zbuf.data_ptr(), v, true, dw_acc.data_ptr(), h, h, v, c, 1.0, in, wdt, d,
-           stream);
+      gemm(xc, ldx, false, zbuf.data_ptr(), v, true, dw_acc.data_ptr(), h, h, v, c, alpha, 1.0, in,
+           wdt, d, stream);
     }
   }
   if (dweight.defined() && !dw_acc.shares_storage(dweight)) ops::copy(dweight, dw_acc);

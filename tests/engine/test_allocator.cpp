@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "engine/allocator.h"
@@ -130,6 +131,26 @@ TEST(Allocator, ReuseIsBoundToTheFreeingStream) {
   EXPECT_EQ(Allocator::block_ptr(c), pa);
   f.alloc.free(b);
   f.alloc.free(c);
+}
+
+// Debug poisoning must wait for the other streams: a pinned host block freed while a copy on
+// another stream still reads it keeps its bytes until that stream's event completes, and is
+// poisoned (0xff) only then.
+TEST(Allocator, PoisonWaitsForPendingStreamUses) {
+  Fixture f;
+  f.alloc.set_poison(true);
+  Block* a = f.alloc.allocate(4096, MemTag::kOther, f.s0);
+  auto* pa = static_cast<unsigned char*>(Allocator::block_ptr(a));
+  std::memset(pa, 0x11, 4096);
+  f.alloc.record_stream(a, f.s1);  // e.g. an H2D copy on a side stream reads it
+  f.alloc.free(a);
+  ASSERT_EQ(f.backing->events.size(), 1u);
+  for (int i = 0; i < 4096; i += 511) ASSERT_EQ(pa[i], 0x11) << i;  // still being read
+  f.backing->complete_all();
+  Block* b = f.alloc.allocate(600000, MemTag::kOther, f.s0);  // processes the events
+  EXPECT_TRUE(f.backing->events.empty());
+  for (int i = 0; i < 4096; i += 511) EXPECT_EQ(pa[i], 0xff) << i;  // really free: poisoned
+  f.alloc.free(b);
 }
 
 TEST(Allocator, RecordStreamDelaysReuseUntilEventsComplete) {

@@ -1,4 +1,4 @@
-// GPU tier for the raw ops (engine/ops_cuda.cu): every op on a CUDA device against the same op
+// GPU tier for the raw ops (engine/ops_cuda_*.cu): every op on a CUDA device against the same op
 // on host copies of the same inputs (the CPU path is the reference). Fresh random inputs per
 // case, odd sizes (1, 19, 71x229) and the Qwen2.5-0.5B widths (896, 4864), strided views, guard
 // bands around preallocated outputs; a NaN on one side only fails. Skipped without a device.

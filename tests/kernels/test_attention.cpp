@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
 #include "kernel_test_util.h"
 #include "kernels/attention.h"
+#include "kernels/attention_rows.h"
 
 namespace leantune {
 namespace {
@@ -359,6 +361,50 @@ TEST(Attention, BadShapesAndSeqlensAreErrors) {
                                   Tensor::from_vector<int32_t>({0, 3, 2}, {3})),
                Error);
 }
+
+// The CUDA tensor-core path never visits rows outside every sequence; its fill kernel writes them
+// through kernels/attention_rows.h, replayed here element by element. A device cu_seqlens with
+// both max_seqlen hints is not validated, so cu[0] > 0 must fill the rows before it as well as
+// those after cu[B] (formerly only the latter were written: rows before cu[0] of out, lse, dk
+// and dv kept whatever the memory held).
+struct UncoveredCase {
+  int cu_first, cu_last, rows;
+  bool transposed;
+};
+class AttentionUncoveredRows : public ::testing::TestWithParam<UncoveredCase> {};
+TEST_P(AttentionUncoveredRows, FillWritesExactlyTheRowsOutsideEverySequence) {
+  const UncoveredCase c = GetParam();
+  const int64_t row_elems = 19;
+  std::vector<int> x(static_cast<size_t>(c.rows * row_elems), 0);
+  const kernels::UncoveredRows u = kernels::uncovered_rows(c.cu_first, c.cu_last, c.rows);
+  for (int64_t idx = 0; idx < u.count(c.rows) * row_elems; ++idx) {
+    const int64_t off = kernels::uncovered_offset(idx, u, c.rows, row_elems, c.transposed);
+    ASSERT_GE(off, 0);
+    ASSERT_LT(off, static_cast<int64_t>(x.size()));
+    ++x[static_cast<size_t>(off)];
+  }
+  const int first = std::clamp(c.cu_first, 0, c.rows);
+  const int last = std::clamp(c.cu_last, first, c.rows);
+  for (int r = 0; r < c.rows; ++r) {
+    const int want = r < first || r >= last ? 1 : 0;
+    for (int64_t e = 0; e < row_elems; ++e) {
+      const int64_t off = c.transposed ? e * c.rows + r : r * row_elems + e;
+      ASSERT_EQ(x[static_cast<size_t>(off)], want) << "row " << r << " element " << e;
+    }
+  }
+}
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AttentionUncoveredRows,
+    ::testing::Values(UncoveredCase{0, 71, 71, false}, UncoveredCase{0, 50, 71, false},
+                      UncoveredCase{5, 50, 71, false}, UncoveredCase{5, 50, 71, true},
+                      UncoveredCase{1, 1, 1, false}, UncoveredCase{3, 2, 19, true},
+                      UncoveredCase{-4, 80, 71, false}, UncoveredCase{71, 71, 71, true}),
+    [](const ::testing::TestParamInfo<UncoveredCase>& p) {
+      const UncoveredCase& c = p.param;
+      return "cu" + std::to_string(c.cu_first < 0 ? 0 : c.cu_first) + "to" +
+             std::to_string(c.cu_last) + (c.cu_first < 0 ? "neg" : "") + "_rows" +
+             std::to_string(c.rows) + (c.transposed ? "_transposed" : "");
+    });
 
 }  // namespace
 }  // namespace leantune

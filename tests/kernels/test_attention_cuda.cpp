@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -464,6 +465,71 @@ TEST(AttentionCudaDeterminism, ForwardDkDvAreBitwiseRepeatable) {
   EXPECT_EQ(a.dk.to_f64(), b.dk.to_f64());
   EXPECT_EQ(a.dv.to_f64(), b.dv.to_f64());
   EXPECT_TRUE(testing::all_close(a.dq, b.dq, 2e-2, 2e-2));
+}
+
+// The 4-warp (kBc = 64) head_dim-128 backward that devices with 99 KiB of opt-in shared memory
+// (sm_86/sm_89) run, forced here on any device through LEANTUNE_ATTENTION_BWD_WARPS=4.
+class AttentionCudaSmallBwdTile : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { setenv("LEANTUNE_ATTENTION_BWD_WARPS", "4", 1); }
+  void TearDown() override { unsetenv("LEANTUNE_ATTENTION_BWD_WARPS"); }
+};
+TEST_P(AttentionCudaSmallBwdTile, MatchesReferencesWithinFlashAttentionRule) {
+  LT_SKIP_WITHOUT_CUDA();
+  const Problem p = make_problem(GetParam(), 9401);
+  const Result ref = reference64(p);
+  const Naive naive = naive_same_dtype(p);
+  expect_matches(p, run_cuda(p, Options{}, p.q.to(kGpu)), ref, &naive);
+}
+INSTANTIATE_TEST_SUITE_P(
+    D128, AttentionCudaSmallBwdTile,
+    ::testing::Values(
+        Case{"bf16_mha_short", DType::kBF16, 4, 4, 128, {1, 17, 64, 130, 257}},
+        Case{"f16_gqa8_zero_lengths_tail",
+             DType::kF16,
+             8,
+             1,
+             128,
+             {0, 300, 1, 0, 129},
+             {},
+             true,
+             5,
+             7},
+        Case{"bf16_noncausal_lq_ne_lk", DType::kBF16, 4, 2, 128, {5, 100, 1}, {7, 64, 300}, false}),
+    case_name);
+
+// A device cu_seqlens with both max_seqlen hints is not read back; with cu[0] > 0 the rows before
+// the first sequence are still written: out = 0, lse = -inf, dq = dk = dv = 0.
+TEST(AttentionCudaDeviceCuSeqlens, RowsBeforeTheFirstSequenceAreFilled) {
+  LT_SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    Case c{"lead", dt, 4, 2, 128, {30, 70}, {}, true, 3, 2};
+    Problem p = make_problem(c, 9501);
+    for (auto& x : p.cq) x += 5;  // rows [0, 5) of q precede the first sequence
+    for (auto& x : p.ck) x += 6;
+    p.tq += 5;
+    p.tk += 6;
+    p.q = testing::randn({p.tq, c.hq, c.d}, dt, 9502);
+    p.k = testing::randn({p.tk, c.hk, c.d}, dt, 9503);
+    p.v = testing::randn({p.tk, c.hk, c.d}, dt, 9504);
+    p.dout = testing::randn({p.tq, c.hq, c.d}, dt, 9505);
+    const Result r = run_cuda(p, Options{}, p.q.to(kGpu));
+    const Vec out = r.out.to_f64(), lse = r.lse.to_f64(), dq = r.dq.to_f64(), dk = r.dk.to_f64(),
+              dv = r.dv.to_f64();
+    const int64_t row_q = c.hq * c.d, row_k = c.hk * c.d;
+    for (int64_t i = 0; i < 5 * row_q; ++i) {
+      ASSERT_EQ(out[i], 0.0) << dtype_name(dt) << " out element " << i;
+      ASSERT_EQ(dq[i], 0.0) << dtype_name(dt) << " dq element " << i;
+    }
+    for (int64_t h = 0; h < c.hq; ++h)
+      for (int64_t i = 0; i < 5; ++i)
+        ASSERT_EQ(lse[h * p.tq + i], -std::numeric_limits<double>::infinity()) << h << " " << i;
+    for (int64_t i = 0; i < 6 * row_k; ++i) {
+      ASSERT_EQ(dk[i], 0.0) << dtype_name(dt) << " dk element " << i;
+      ASSERT_EQ(dv[i], 0.0) << dtype_name(dt) << " dv element " << i;
+    }
+    for (double x : out) ASSERT_TRUE(std::isfinite(x));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -7,6 +7,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/linear.h"
 #include "kernels/linear_cross_entropy.h"
+#include "kernels/linear_cross_entropy_grad.h"
 
 namespace leantune {
 namespace {
@@ -281,6 +282,66 @@ TEST(LinearCrossEntropyRows, PerRowNllAndCoefficientWeightedGradients) {
   EXPECT_THROW(
       kernels::linear_cross_entropy_rows(x, w, y, Tensor(), Tensor(), dx.payload(), Tensor(), {4}),
       Error);
+}
+
+// The CUDA path stores G = softmax - onehot in the logits dtype between its GEMMs. This replays
+// that storage for an f16 model with the very functions the kernel and its launcher use
+// (kernels/linear_cross_entropy_grad.h): p formed in f32, the G entry rounded once to f16, the
+// GEMM in f32 with alpha = linear_ce_gemm_alpha(grad_scale). At grad_scale = 2^-14 and a 151936
+// vocabulary, folding the scale into the stored entry (the former scheme, replayed alongside to
+// show the test can fail) flushes almost every non-target entry to zero, so the dW rows of the
+// classes no row targets lose their whole gradient.
+TEST(LinearCrossEntropyGradStorage, F16KeepsNonTargetMassAtTinyGradScale) {
+  const int64_t t = 3, h = 4, v = 151936;
+  const double grad_scale = 1.0 / 16384;
+  Generator g(21, RngPurpose::kTest);
+  std::vector<float> z(static_cast<size_t>(t * v));
+  const Vec zn = randn({t, v}, DType::kF64, 22).to_f64();
+  const Vec x = randn({t, h}, DType::kF64, 23).to_f64();
+  for (size_t i = 0; i < z.size(); ++i) z[i] = static_cast<float>(1.5 * zn[i]);
+  std::vector<int64_t> y(static_cast<size_t>(t));
+  for (int64_t r = 0; r < t; ++r) y[r] = static_cast<int64_t>(g.next_below(v));
+  auto round_f16 = [](double a) {
+    return static_cast<double>(f16_to_f32(f32_to_f16(static_cast<float>(a))));
+  };
+  // dW[j, :] for the classes j no row targets: exact (f64), as stored now, as formerly stored.
+  Vec ref, now, before;
+  for (int64_t j = 0; j < v; ++j) {
+    bool targeted = false;
+    for (int64_t r = 0; r < t; ++r) targeted = targeted || y[r] == j;
+    if (targeted) continue;
+    for (int64_t c = 0; c < h; ++c) {
+      ref.push_back(0);
+      now.push_back(0);
+      before.push_back(0);
+    }
+  }
+  for (int64_t r = 0; r < t; ++r) {
+    const float* zr = z.data() + r * v;
+    double m = -INFINITY, se = 0;
+    for (int64_t j = 0; j < v; ++j) m = std::max(m, static_cast<double>(zr[j]));
+    for (int64_t j = 0; j < v; ++j) se += std::exp(zr[j] - m);
+    const double lse = m + std::log(se);
+    size_t k = 0;
+    for (int64_t j = 0; j < v; ++j) {
+      const bool is_target = j == y[r];
+      bool targeted = false;
+      for (int64_t q = 0; q < t; ++q) targeted = targeted || y[q] == j;
+      const float p = std::exp(static_cast<float>(zr[j] - lse));
+      const double g_exact = (std::exp(zr[j] - lse) - (is_target ? 1.0 : 0.0)) * grad_scale;
+      const double g_now = round_f16(kernels::linear_ce_grad_entry(p, is_target)) *
+                           kernels::linear_ce_gemm_alpha(grad_scale);
+      const double g_before = round_f16(kernels::linear_ce_grad_entry(p, is_target) * grad_scale);
+      if (targeted) continue;
+      for (int64_t c = 0; c < h; ++c, ++k) {
+        ref[k] += g_exact * x[r * h + c];
+        now[k] += g_now * x[r * h + c];
+        before[k] += g_before * x[r * h + c];
+      }
+    }
+  }
+  EXPECT_LT(rel_err(now, ref), 0.02);
+  EXPECT_GT(rel_err(before, ref), 0.5);
 }
 
 }  // namespace
