@@ -1,3 +1,7 @@
+// The optimizers of the engine behind one interface (Optimizer), and the two that need nothing
+// beyond f32 arithmetic: AdamW and SGD. (bitsandbytes-compatible 8-bit AdamW is in
+// kernels/optim_8bit.h; it needs the quantization maps of kernels/.)
+//
 // AdamW with decoupled weight decay (Loshchilov & Hutter; torch.optim.AdamW semantics):
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p = p - lr * wd * p                      (decoupled decay, on the master value)
@@ -9,6 +13,7 @@
 #pragma once
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/tensor.h"
@@ -47,35 +52,72 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& ar
 void adamw_step_cpu(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args);
 void adamw_step_cuda(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args);
 
-class AdamW {
- public:
-  struct Param {
-    std::string name;
-    Tensor tensor;
-    bool decay = true;  // biases and norms are usually excluded from weight decay
-  };
-  AdamW(std::vector<Param> params, AdamWConfig cfg);
+struct OptimParam {
+  std::string name;
+  Tensor tensor;
+  bool decay = true;  // biases and norms are usually excluded from weight decay
+};
 
+// What a trainer drives. The step count is the number of updates applied (bias corrections).
+class Optimizer {
+ public:
+  using Param = OptimParam;
+  virtual ~Optimizer() = default;
   // Applies one update from each parameter's .grad() (parameters without a gradient are
-  // skipped). lr overrides cfg.lr (the scheduler's value).
-  void step(double lr, double grad_scale = 1.0);
+  // skipped). lr is the scheduler's value; grad_scale multiplies every gradient (clipping).
+  virtual void step(double lr, double grad_scale = 1.0) = 0;
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
+  // State for checkpoints, "<param name>.<part>" -> tensor (only parameters updated so far).
+  virtual std::vector<std::pair<std::string, Tensor>> state_tensors() const = 0;
+  // Restores from tensors saved by state_tensors(); missing or mis-shaped entries are an Error.
+  virtual void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) = 0;
+  // Bytes of optimizer state held (master copies included).
+  virtual int64_t state_bytes() const = 0;
+
+ protected:
+  int64_t step_ = 0;
+};
+
+// Copies saved[name + suffix] into dst; a missing or mis-shaped/mis-typed entry is an
+// Error(kInput) naming it.
+void load_state_entry(const std::unordered_map<std::string, Tensor>& saved, const std::string& key,
+                      const Tensor& dst);
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Param> params, AdamWConfig cfg);
+
+  void step(double lr, double grad_scale = 1.0) override;
   const AdamWConfig& config() const { return cfg_; }
 
-  // State for checkpoints: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.master".
-  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
-  // Restores from tensors saved by state_tensors(); missing or mis-shaped entries are an Error.
-  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state);
-  // Bytes of optimizer state held.
-  int64_t state_bytes() const;
+  // "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.master".
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
+  int64_t state_bytes() const override;
 
  private:
   void ensure_state(size_t i);
   std::vector<Param> params_;
   AdamWConfig cfg_;
   std::vector<AdamWTensor> state_;
-  int64_t step_ = 0;
+};
+
+// SGD as torch.optim.SGD without momentum (transformers' "sgd"): weight decay is L2, added to
+// the gradient:  g' = grad_scale g + wd p;  p = p - lr g'.  A bf16/f16 parameter keeps an f32
+// master copy (kOptimizer, "<name>.master"), as AdamW does; f32/f64 ones are updated in place.
+class Sgd : public Optimizer {
+ public:
+  Sgd(std::vector<Param> params, double weight_decay);
+  void step(double lr, double grad_scale = 1.0) override;
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
+  int64_t state_bytes() const override;
+
+ private:
+  std::vector<Param> params_;
+  std::vector<Tensor> master_;
+  double weight_decay_;
 };
 
 }  // namespace leantune
