@@ -11,6 +11,7 @@
 #include "loaders/safetensors.h"
 #include "trainers/checkpoint.h"
 #include "trainers/offload_options.h"
+#include "trainers/optim_options.h"
 
 namespace leantune {
 
@@ -64,6 +65,7 @@ void add_training_options(Options& o) {
   o.add_float("adam_beta1", d.adam_beta1, "AdamW beta1", 0.0, 1.0);
   o.add_float("adam_beta2", d.adam_beta2, "AdamW beta2", 0.0, 1.0);
   o.add_float("adam_epsilon", d.adam_epsilon, "AdamW epsilon", 0.0);
+  add_optim_options(o);
   o.add_float("max_grad_norm", d.max_grad_norm, "clip the global gradient norm to this (0 = off)",
               0.0);
   o.add_float("num_train_epochs", d.num_train_epochs, "epochs over the training data", 0.0);
@@ -99,6 +101,7 @@ TrainingArguments training_arguments(const Options& o) {
   a.adam_beta1 = o.get_float("adam_beta1");
   a.adam_beta2 = o.get_float("adam_beta2");
   a.adam_epsilon = o.get_float("adam_epsilon");
+  a.optim = optim_arguments(o).optim;
   a.max_grad_norm = o.get_float("max_grad_norm");
   a.num_train_epochs = o.get_float("num_train_epochs");
   a.max_steps = o.get_int("max_steps");
@@ -145,9 +148,9 @@ void Trainer::build_optimizer() {
   for (const auto& [name, t] : trainable_parameters())
     trainable_.push_back({name, t, !no_decay(name)});
   LT_CHECK_INPUT(!trainable_.empty(), "nothing to train: no parameter requires a gradient");
-  optimizer_ = std::make_unique<AdamW>(
-      trainable_, AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
-                              args_.adam_epsilon, args_.weight_decay});
+  optimizer_ = make_optimizer(OptimArguments{args_.optim}, trainable_,
+                              AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
+                                          args_.adam_epsilon, args_.weight_decay});
 }
 
 double Trainer::grad_norm() const {
@@ -174,6 +177,7 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
                          {"consecutive_nonfinite", consecutive_nonfinite_},
                          {"skipped_steps", skipped_steps_},
                          {"optimizer_step", optimizer_->step_count()},
+                         {"optim", args_.optim},
                          {"total_steps", total_steps_},
                          {"data_state", data_state()},
                          {"options", options_.to_json()}};
@@ -191,6 +195,9 @@ void Trainer::load_checkpoint(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     LT_THROW(ErrorKind::kInput, dir, "/trainer_state.json: ", e.what());
   }
+  const std::string saved_optim = st.value("optim", std::string("adamw_torch"));
+  LT_CHECK_INPUT(saved_optim == args_.optim, dir, " holds the state of --optim ", saved_optim,
+                 "; this run uses --optim ", args_.optim);
   auto opt_file = SafetensorsFile::open(dir + "/optimizer.safetensors");
   std::vector<std::pair<std::string, Tensor>> state;
   for (const auto& e : opt_file->entries()) state.emplace_back(e.name, opt_file->tensor(e.name));
@@ -212,13 +219,15 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"tensors_offloaded", offload_totals_.tensors_offloaded},
         {"bytes_offloaded", offload_totals_.bytes_offloaded},
         {"prefetches", offload_totals_.prefetches}};
-  nlohmann::json r = {{"device", model_->device().str()},
-                      {"peak_allocated", snap["peak_allocated"]},
-                      {"peak_reserved", snap["peak_reserved"]},
-                      {"peak_by_tag", nlohmann::json::object()},
-                      {"at_peak_by_tag", nlohmann::json::object()},
-                      {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
-                      {"savings", all_savings}};
+  nlohmann::json r = {
+      {"device", model_->device().str()},
+      {"peak_allocated", snap["peak_allocated"]},
+      {"peak_reserved", snap["peak_reserved"]},
+      {"peak_by_tag", nlohmann::json::object()},
+      {"at_peak_by_tag", nlohmann::json::object()},
+      {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
+      {"optimizer", {{"optim", args_.optim}, {"state_bytes", optimizer_->state_bytes()}}},
+      {"savings", all_savings}};
   for (auto it = snap["by_tag"].begin(); it != snap["by_tag"].end(); ++it) {
     r["peak_by_tag"][it.key()] = it.value()["peak"];
     r["at_peak_by_tag"][it.key()] = it.value()["at_peak"];

@@ -1,0 +1,126 @@
+// The optimizers in the training loop (--optim): loss curves of 200 steps on the tiny model
+// against adamw_torch, bit-exact resume of each optimizer's state in a fresh process, the state
+// bytes in the memory report, and the refusals (unknown name, resuming under another optim).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "testing/testing.h"
+#include "trainer_test_util.h"
+#include "trainers/sft.h"
+
+namespace leantune {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::make_tiny_model;
+using testing::read_losses;
+using testing::run_command;
+using testing::small_dataset;
+using testing::trainer_bin;
+
+struct TrainRun {
+  std::vector<double> losses;
+  nlohmann::json memory;
+};
+
+TrainRun train(const std::string& model, const std::vector<std::string>& extra) {
+  std::vector<std::string> e = {"--max_steps", "200",
+                                "--packing",   "--per_device_train_batch_size",
+                                "2",           "--learning_rate",
+                                "3e-3",        "--weight_decay",
+                                "0.01",        "--logging_steps",
+                                "50"};
+  e.insert(e.end(), extra.begin(), extra.end());
+  SftRun run = make_sft_run(testing::tiny_sft_options(model, testing::temp_dir("out"), e));
+  TrainResult r = run.trainer->train();
+  return TrainRun{r.losses, r.memory};
+}
+
+double tail_mean(const std::vector<double>& l) {
+  double s = 0;
+  for (size_t i = l.size() - 20; i < l.size(); ++i) s += l[i];
+  return s / 20;
+}
+
+TEST(OptimTrainer, EightBitAdamWTracksAdamWOver200Steps) {
+  const std::string model = make_tiny_model(testing::temp_dir("model"));
+  const TrainRun ref = train(model, {"--optim", "adamw_torch"});
+  const TrainRun q8 = train(model, {"--optim", "adamw_8bit"});
+  ASSERT_EQ(ref.losses.size(), 200u);
+  ASSERT_EQ(q8.losses.size(), 200u);
+  // The run learns (the tail is well below the start) and ends within 2% of adamw_torch.
+  EXPECT_LT(tail_mean(ref.losses), 0.8 * ref.losses[0]);
+  EXPECT_NEAR(tail_mean(q8.losses), tail_mean(ref.losses), 0.02 * tail_mean(ref.losses));
+  EXPECT_NE(ref.losses.back(), q8.losses.back());  // a different optimizer did run
+  // State bytes: f32 model of P parameters: adamw_torch holds 8 P; adamw_8bit holds 2 bytes per
+  // element of the embedding (the one tensor >= 4096 elements) plus absmax, 8 per other one.
+  const int64_t ref_bytes = ref.memory["optimizer"]["state_bytes"];
+  const int64_t q8_bytes = q8.memory["optimizer"]["state_bytes"];
+  EXPECT_EQ(ref.memory["optimizer"]["optim"], "adamw_torch");
+  const int64_t params = ref_bytes / 8, embed = 576 * 32;
+  EXPECT_EQ(q8_bytes, 2 * embed + 8 * (embed / 256) + 8 * (params - embed));
+}
+
+TEST(OptimTrainer, SgdLearnsAndAliasesMatch) {
+  const std::string model = make_tiny_model(testing::temp_dir("model"));
+  const TrainRun sgd =
+      train(model, {"--optim", "sgd", "--learning_rate", "0.3", "--max_steps", "60"});
+  ASSERT_EQ(sgd.losses.size(), 60u);
+  EXPECT_LT(tail_mean(sgd.losses), 0.9 * sgd.losses[0]);
+  EXPECT_EQ(sgd.memory["optimizer"]["state_bytes"], 0);  // f32 weights: no master, no moments
+  const TrainRun a = train(model, {"--optim", "adamw_8bit", "--max_steps", "5"});
+  const TrainRun b = train(model, {"--optim", "adamw_bnb_8bit", "--max_steps", "5"});
+  EXPECT_EQ(a.losses, b.losses);
+}
+
+class OptimResume : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OptimResume, IsBitExactInAFreshProcess) {
+  const std::string model = make_tiny_model(testing::temp_dir("model"));
+  const std::string straight = testing::temp_dir("straight"),
+                    resumed = testing::temp_dir("resumed");
+  const std::string common = " --model_name_or_path " + model + " --dataset " + small_dataset() +
+                             " --max_length 64 --packing --per_device_train_batch_size 2"
+                             " --max_steps 16 --logging_steps 1 --learning_rate 2e-3"
+                             " --weight_decay 0.1 --device cpu --seed 5 --optim " +
+                             GetParam();
+  std::string log;
+  ASSERT_EQ(run_command(
+                trainer_bin() + " sft" + common + " --save_steps 8 --output_dir " + straight, &log),
+            0)
+      << log;
+  fs::copy(straight + "/checkpoint-8", resumed + "/checkpoint-8", fs::copy_options::recursive);
+  ASSERT_EQ(run_command(trainer_bin() + " sft" + common + " --save_steps 0 --output_dir " +
+                            resumed + " --resume_from_checkpoint latest",
+                        &log),
+            0)
+      << log;
+  auto a = read_losses(straight + "/metrics.jsonl"), b = read_losses(resumed + "/metrics.jsonl");
+  ASSERT_EQ(a.size(), 16u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(b[i].second, a[8 + i].second) << "step " << b[i].first;
+  EXPECT_EQ(testing::read_file(straight + "/model.safetensors"),
+            testing::read_file(resumed + "/model.safetensors"));
+  // Resuming under another optimizer is refused in one line, exit 2.
+  const std::string other = GetParam() == "sgd" ? "adamw_torch" : "sgd";
+  const int rc = run_command(trainer_bin() + " sft" + common + " --optim " + other +
+                                 " --output_dir " + testing::temp_dir("other") +
+                                 " --resume_from_checkpoint " + straight + "/checkpoint-8",
+                             &log);
+  EXPECT_EQ(rc, 2) << log;
+  EXPECT_NE(log.find("holds the state of --optim " + GetParam()), std::string::npos) << log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Optims, OptimResume, ::testing::Values("adamw_8bit", "sgd"),
+                         [](const auto& info) { return info.param; });
+
+TEST(OptimTrainer, UnknownOptimListsTheChoices) {
+  std::string log;
+  EXPECT_EQ(run_command(trainer_bin() + " sft --optim unknown", &log), 2);
+  EXPECT_NE(log.find("adamw_torch, adamw_8bit, adamw_bnb_8bit, sgd"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace leantune

@@ -1,0 +1,34 @@
+// The optimizer options and the optimizer they build (see optim_options.h).
+#include "trainers/optim_options.h"
+
+#include "engine/check.h"
+#include "kernels/optim_8bit.h"
+
+namespace leantune {
+
+void add_optim_options(Options& o) {
+  OptimArguments d;
+  o.add_string("optim", d.optim,
+               "optimizer: adamw_torch (f32 states, 8 bytes/param + f32 master of 16-bit "
+               "weights), adamw_8bit = adamw_bnb_8bit (bitsandbytes 8-bit states, ~2 bytes/param, "
+               "no master), sgd (no momentum, L2 weight decay)",
+               {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "sgd"});
+}
+
+OptimArguments optim_arguments(const Options& o) {
+  OptimArguments a;
+  a.optim = o.get_string("optim");
+  return a;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimArguments& a,
+                                          std::vector<Optimizer::Param> params,
+                                          const AdamWConfig& cfg) {
+  if (a.optim == "adamw_torch") return std::make_unique<AdamW>(std::move(params), cfg);
+  if (a.optim == "adamw_8bit" || a.optim == "adamw_bnb_8bit")
+    return std::make_unique<kernels::AdamW8bit>(std::move(params), cfg);
+  if (a.optim == "sgd") return std::make_unique<Sgd>(std::move(params), cfg.weight_decay);
+  LT_THROW(ErrorKind::kInput, "option optim: unknown optimizer '", a.optim, "'");
+}
+
+}  // namespace leantune

@@ -1,0 +1,33 @@
+// The optimizer options of every trainer (transformers' names) and the optimizer they build.
+//
+//   optim  adamw_torch (torch.optim.AdamW: f32 moments, an f32 master copy of 16-bit weights;
+//          engine/optim.h), adamw_8bit / adamw_bnb_8bit (bitsandbytes AdamW8bit: 8-bit blockwise
+//          moments, no master; kernels/optim_8bit.h), sgd (torch.optim.SGD without momentum).
+//          The betas, epsilon and weight decay options apply to the AdamW variants; sgd uses
+//          weight_decay (L2).
+// A checkpoint records the optim it was written with; resuming under another is refused.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/optim.h"
+#include "trainers/options.h"
+
+namespace leantune {
+
+struct OptimArguments {
+  std::string optim = "adamw_torch";
+};
+
+// Declares optim.
+void add_optim_options(Options& o);
+OptimArguments optim_arguments(const Options& o);
+
+// The optimizer `a.optim` names over `params` (cfg: lr, betas, epsilon, weight decay).
+std::unique_ptr<Optimizer> make_optimizer(const OptimArguments& a,
+                                          std::vector<Optimizer::Param> params,
+                                          const AdamWConfig& cfg);
+
+}  // namespace leantune
