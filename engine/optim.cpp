@@ -82,10 +82,17 @@ void AdamW::ensure_state(size_t i) {
   s.weight_decay = params_[i].decay ? cfg_.weight_decay : 0.0;
 }
 
-void AdamW::step(double lr, double grad_scale) {
+void Optimizer::step(double lr, double grad_scale) {
   ++step_;
+  std::vector<size_t> all;
+  for (size_t i = 0; i < num_params(); ++i)
+    if (param(i).tensor.grad().defined()) all.push_back(i);
+  update(all, lr, grad_scale);
+}
+
+void AdamW::update(const std::vector<size_t>& which, double lr, double grad_scale) {
   std::vector<AdamWTensor> batch;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i : which) {
     Tensor g = params_[i].tensor.grad();
     if (!g.defined()) continue;
     ensure_state(i);
@@ -146,9 +153,8 @@ Sgd::Sgd(std::vector<Param> params, double weight_decay)
              dtype_name(p.tensor.dtype()));
 }
 
-void Sgd::step(double lr, double grad_scale) {
-  ++step_;
-  for (size_t i = 0; i < params_.size(); ++i) {
+void Sgd::update(const std::vector<size_t>& which, double lr, double grad_scale) {
+  for (size_t i : which) {
     const Tensor& p = params_[i].tensor;
     Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -195,5 +201,34 @@ int64_t Sgd::state_bytes() const {
     if (m.defined()) b += m.nbytes();
   return b;
 }
+
+OptimizerInBackward::OptimizerInBackward(Optimizer& opt, double lr) : opt_(opt), lr_(lr) {
+  for (size_t i = 0; i < opt.num_params(); ++i) index_[opt.param(i).tensor.impl()] = i;
+  opt_.begin_step();
+  add_backward_observer(this);
+}
+
+OptimizerInBackward::~OptimizerInBackward() { remove_backward_observer(this); }
+
+void OptimizerInBackward::after_node(Node& node) {
+  auto* acc = dynamic_cast<AccumulateGrad*>(&node);
+  if (!acc) return;
+  auto it = index_.find(acc->leaf());
+  if (it == index_.end()) return;
+  Tensor p = opt_.param(it->second).tensor;
+  const Tensor g = p.grad();
+  if (!g.defined()) return;
+  const double ss = ops::sum_squares(g);
+  sum_squares_ += ss;
+  if (std::isfinite(ss)) {
+    opt_.update_param(it->second, lr_, 1.0);
+    ++updated_;
+  } else {
+    finite_ = false;
+  }
+  p.zero_grad();
+}
+
+double OptimizerInBackward::grad_norm() const { return std::sqrt(sum_squares_); }
 
 }  // namespace leantune

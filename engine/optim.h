@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/autograd.h"
 #include "engine/tensor.h"
 
 namespace leantune {
@@ -65,7 +66,14 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // Applies one update from each parameter's .grad() (parameters without a gradient are
   // skipped). lr is the scheduler's value; grad_scale multiplies every gradient (clipping).
-  virtual void step(double lr, double grad_scale = 1.0) = 0;
+  void step(double lr, double grad_scale = 1.0);
+  // The same update, one parameter at a time (optimizer_in_backward): begin_step() counts the
+  // update, then update_param(i, ...) applies it to parameter i (index into the constructor's
+  // list) from its .grad(). Per element the arithmetic is step()'s.
+  void begin_step() { ++step_; }
+  void update_param(size_t i, double lr, double grad_scale = 1.0) { update({i}, lr, grad_scale); }
+  virtual size_t num_params() const = 0;
+  virtual const Param& param(size_t i) const = 0;
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
   // State for checkpoints, "<param name>.<part>" -> tensor (only parameters updated so far).
@@ -76,6 +84,8 @@ class Optimizer {
   virtual int64_t state_bytes() const = 0;
 
  protected:
+  // Updates the listed parameters (all with a gradient) at step_count().
+  virtual void update(const std::vector<size_t>& which, double lr, double grad_scale) = 0;
   int64_t step_ = 0;
 };
 
@@ -88,8 +98,9 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Param> params, AdamWConfig cfg);
 
-  void step(double lr, double grad_scale = 1.0) override;
   const AdamWConfig& config() const { return cfg_; }
+  size_t num_params() const override { return params_.size(); }
+  const Param& param(size_t i) const override { return params_[i]; }
 
   // "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.master".
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
@@ -97,6 +108,7 @@ class AdamW : public Optimizer {
   int64_t state_bytes() const override;
 
  private:
+  void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
   void ensure_state(size_t i);
   std::vector<Param> params_;
   AdamWConfig cfg_;
@@ -109,15 +121,47 @@ class AdamW : public Optimizer {
 class Sgd : public Optimizer {
  public:
   Sgd(std::vector<Param> params, double weight_decay);
-  void step(double lr, double grad_scale = 1.0) override;
+  size_t num_params() const override { return params_.size(); }
+  const Param& param(size_t i) const override { return params_[i]; }
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
   void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
   int64_t state_bytes() const override;
 
  private:
+  void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
   std::vector<Param> params_;
   std::vector<Tensor> master_;
   double weight_decay_;
+};
+
+// optimizer_in_backward (torchtune's optimizer_in_bwd): while it lives it observes backward;
+// when the AccumulateGrad node of one of the optimizer's parameters has run, that gradient is
+// complete (the engine runs a leaf's AccumulateGrad once, after every consumer), so the
+// parameter is updated at once (Optimizer::update_param, grad_scale 1) and its gradient dropped.
+// No full-model gradient buffer exists: at most the gradients in flight plus one parameter's.
+// The constructor counts the update (begin_step). A gradient with a non-finite value is not
+// applied (and dropped); finite() then reports false. Only for one backward per update (no
+// accumulation) and no clipping by the global norm: the trainer refuses those combinations.
+class OptimizerInBackward final : public BackwardObserver {
+ public:
+  OptimizerInBackward(Optimizer& opt, double lr);
+  ~OptimizerInBackward() override;
+  OptimizerInBackward(const OptimizerInBackward&) = delete;
+  OptimizerInBackward& operator=(const OptimizerInBackward&) = delete;
+  void after_node(Node& node) override;
+  // The global norm of the gradients seen (for logs), whether all were finite, how many
+  // parameters were updated.
+  double grad_norm() const;
+  bool finite() const { return finite_; }
+  int64_t updated() const { return updated_; }
+
+ private:
+  Optimizer& opt_;
+  double lr_;
+  std::unordered_map<const TensorImpl*, size_t> index_;
+  double sum_squares_ = 0.0;
+  bool finite_ = true;
+  int64_t updated_ = 0;
 };
 
 }  // namespace leantune

@@ -484,10 +484,9 @@ void AdamW8bit::ensure_state(size_t i) {
   }
 }
 
-void AdamW8bit::step(double lr, double grad_scale) {
-  ++step_;
+void AdamW8bit::update(const std::vector<size_t>& which, double lr, double grad_scale) {
   std::vector<Adam8Tensor> batch;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i : which) {
     Tensor g = params_[i].tensor.grad();
     if (!g.defined()) continue;
     ensure_state(i);

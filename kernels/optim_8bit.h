@@ -66,13 +66,15 @@ void adamw8bit_step_cuda(const std::vector<Adam8Tensor>& tensors, const AdamWSte
 class AdamW8bit : public Optimizer {
  public:
   AdamW8bit(std::vector<Param> params, AdamWConfig cfg);
-  void step(double lr, double grad_scale = 1.0) override;
+  size_t num_params() const override { return params_.size(); }
+  const Param& param(size_t i) const override { return params_[i]; }
   // "<name>.state1", "<name>.state2", and for 8-bit parameters "<name>.absmax1/.absmax2".
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
   void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
   int64_t state_bytes() const override;
 
  private:
+  void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
   void ensure_state(size_t i);
   std::vector<Param> params_;
   AdamWConfig cfg_;

@@ -13,11 +13,26 @@ void add_optim_options(Options& o) {
                "weights), adamw_8bit = adamw_bnb_8bit (bitsandbytes 8-bit states, ~2 bytes/param, "
                "no master), sgd (no momentum, L2 weight decay)",
                {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "sgd"});
+  o.add_bool("optimizer_in_backward", d.optimizer_in_backward,
+             "update each parameter as soon as its gradient is complete and free the gradient "
+             "(no full-model gradient buffer; needs gradient_accumulation_steps 1 and "
+             "max_grad_norm 0)");
 }
 
 OptimArguments optim_arguments(const Options& o) {
   OptimArguments a;
   a.optim = o.get_string("optim");
+  a.optimizer_in_backward = o.get_bool("optimizer_in_backward");
+  if (a.optimizer_in_backward) {
+    LT_CHECK_INPUT(o.get_int("gradient_accumulation_steps") == 1,
+                   "option optimizer_in_backward cannot combine with gradient_accumulation_steps ",
+                   o.get_int("gradient_accumulation_steps"),
+                   " (each gradient is applied as soon as it is complete)");
+    LT_CHECK_INPUT(o.get_float("max_grad_norm") == 0.0,
+                   "option optimizer_in_backward cannot combine with clipping by the global norm "
+                   "(max_grad_norm ",
+                   o.get_float("max_grad_norm"), "): pass --max_grad_norm 0");
+  }
   return a;
 }
 

@@ -5,6 +5,11 @@
 //          moments, no master; kernels/optim_8bit.h), sgd (torch.optim.SGD without momentum).
 //          The betas, epsilon and weight decay options apply to the AdamW variants; sgd uses
 //          weight_decay (L2).
+//   optimizer_in_backward  torchtune's optimizer_in_bwd: each parameter is updated as soon as its
+//          gradient is complete, and the gradient dropped (engine/optim.h OptimizerInBackward);
+//          the same arithmetic as the step after backward. Refused (exit 2) with
+//          gradient_accumulation_steps > 1 or max_grad_norm > 0 (clipping needs every
+//          gradient before any update).
 // A checkpoint records the optim it was written with; resuming under another is refused.
 #pragma once
 
@@ -19,10 +24,12 @@ namespace leantune {
 
 struct OptimArguments {
   std::string optim = "adamw_torch";
+  bool optimizer_in_backward = false;
 };
 
-// Declares optim.
+// Declares optim and optimizer_in_backward.
 void add_optim_options(Options& o);
+// Also refuses contradictory combinations with the options of add_training_options.
 OptimArguments optim_arguments(const Options& o);
 
 // The optimizer `a.optim` names over `params` (cfg: lr, betas, epsilon, weight decay).

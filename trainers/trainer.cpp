@@ -101,7 +101,9 @@ TrainingArguments training_arguments(const Options& o) {
   a.adam_beta1 = o.get_float("adam_beta1");
   a.adam_beta2 = o.get_float("adam_beta2");
   a.adam_epsilon = o.get_float("adam_epsilon");
-  a.optim = optim_arguments(o).optim;
+  const OptimArguments optim = optim_arguments(o);
+  a.optim = optim.optim;
+  a.optimizer_in_backward = optim.optimizer_in_backward;
   a.max_grad_norm = o.get_float("max_grad_norm");
   a.num_train_epochs = o.get_float("num_train_epochs");
   a.max_steps = o.get_int("max_steps");
@@ -289,6 +291,7 @@ TrainResult Trainer::train() {
     }
     double step_loss = 0;
     bool finite = true;
+    double backward_norm = 0;  // optimizer_in_backward: the norm of the gradients it applied
     for (size_t i = 0; i < micro.size(); ++i) {
       // One offloader per micro-batch, around its forward and backward.
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
@@ -298,7 +301,17 @@ TrainResult Trainer::train() {
       const double lv = loss.item();
       step_loss += lv;
       if (!std::isfinite(lv)) finite = false;
-      if (loss.requires_grad()) loss.backward();
+      if (args_.optimizer_in_backward) {
+        // Parameters are updated inside backward: a non-finite loss skips backward itself.
+        if (finite && loss.requires_grad()) {
+          OptimizerInBackward in_bwd(*optimizer_, scheduler_.lr(step_));
+          loss.backward();
+          backward_norm = in_bwd.grad_norm();
+          if (!in_bwd.finite()) finite = false;
+        }
+      } else if (loss.requires_grad()) {
+        loss.backward();
+      }
       if (offloader) {
         const OffloadStats st = offloader->stats();
         offload_totals_.tensors_offloaded += st.tensors_offloaded;
@@ -312,7 +325,7 @@ TrainResult Trainer::train() {
       window_real += reports[i].real_tokens;
       window_total += reports[i].real_tokens + reports[i].pad_tokens;
     }
-    const double norm = grad_norm();
+    const double norm = args_.optimizer_in_backward ? backward_norm : grad_norm();
     if (!finite || !std::isfinite(norm)) {
       ++consecutive_nonfinite_;
       ++skipped_steps_;
@@ -327,7 +340,7 @@ TrainResult Trainer::train() {
       consecutive_nonfinite_ = 0;
       double scale = 1.0;
       if (args_.max_grad_norm > 0) scale = std::min(1.0, args_.max_grad_norm / (norm + 1e-6));
-      optimizer_->step(scheduler_.lr(step_), scale);
+      if (!args_.optimizer_in_backward) optimizer_->step(scheduler_.lr(step_), scale);
       zero_grads();
     }
     const double lr_used = scheduler_.lr(step_);

@@ -3,6 +3,7 @@
 // bytes in the memory report, and the refusals (unknown name, resuming under another optim).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -115,6 +116,71 @@ TEST_P(OptimResume, IsBitExactInAFreshProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Optims, OptimResume, ::testing::Values("adamw_8bit", "sgd"),
                          [](const auto& info) { return info.param; });
+
+struct InBackwardCase {
+  std::string name;
+  std::vector<std::string> flags;
+  bool checkpointing = false;
+};
+
+class OptimizerInBackward : public ::testing::TestWithParam<InBackwardCase> {};
+
+TEST_P(OptimizerInBackward, IsBitIdenticalToTheStepAfterBackward) {
+  const std::string model = make_tiny_model(testing::temp_dir("model"));
+  std::vector<std::string> flags = GetParam().flags;
+  for (const char* f : {"--max_grad_norm", "0", "--max_steps", "30", "--logging_steps", "10"})
+    flags.push_back(f);
+  auto run = [&](bool in_backward, std::vector<std::vector<float>>* weights) {
+    std::vector<std::string> e = flags;
+    if (in_backward) e.push_back("--optimizer_in_backward");
+    SftRun r = make_sft_run(testing::tiny_sft_options(model, testing::temp_dir("out"), e));
+    TrainResult res = r.trainer->train();
+    for (const auto& [n, t] : r.model->named_parameters()) weights->push_back(t.to_f32());
+    return res;
+  };
+  std::vector<std::vector<float>> wa, wb;
+  const TrainResult a = run(false, &wa), b = run(true, &wb);
+  ASSERT_EQ(a.losses.size(), 30u);
+  EXPECT_EQ(a.losses, b.losses);  // bit for bit
+  EXPECT_EQ(wa, wb);
+  EXPECT_LT(b.losses.back(), b.losses.front());
+  // No full-model gradient buffer. The tiny model ties its embedding (576 x 32 f32, the largest
+  // parameter) to the LM head: the head's part of its gradient, produced first in backward,
+  // waits for the lookup's part, produced last; meanwhile one other gradient at a time is in
+  // flight (the largest, an MLP weight of 64 x 32). Without optimizer_in_backward every
+  // parameter's gradient is held at once.
+  const int64_t largest = 576 * 32 * 4, second = 64 * 32 * 4;
+  const int64_t grads_b = b.memory["peak_by_tag"]["grad"];
+  const int64_t grads_a = a.memory["peak_by_tag"]["grad"];
+  EXPECT_GT(grads_a, largest + 6 * second);
+  if (GetParam().checkpointing)
+    EXPECT_LT(grads_b, grads_a);  // recomputed regions hold their own gradients in flight
+  else
+    EXPECT_LE(grads_b, largest + second);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optims, OptimizerInBackward,
+    ::testing::Values(InBackwardCase{"adamw_torch", {"--optim", "adamw_torch"}},
+                      InBackwardCase{"adamw_8bit_wd",
+                                     {"--optim", "adamw_8bit", "--weight_decay", "0.1"}},
+                      InBackwardCase{"sgd", {"--optim", "sgd", "--learning_rate", "0.1"}},
+                      InBackwardCase{"adamw_torch_checkpointing",
+                                     {"--optim", "adamw_torch", "--gradient_checkpointing"},
+                                     true}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(OptimTrainer, OptimizerInBackwardRefusesAccumulationAndClipping) {
+  std::string log;
+  const std::string base =
+      trainer_bin() + " sft --model_name_or_path m --dataset d" + " --optimizer_in_backward";
+  EXPECT_EQ(run_command(base, &log), 2);  // max_grad_norm defaults to 1.0
+  EXPECT_NE(log.find("cannot combine with clipping by the global norm"), std::string::npos) << log;
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << log;
+  EXPECT_EQ(run_command(base + " --max_grad_norm 0 --gradient_accumulation_steps 4", &log), 2);
+  EXPECT_NE(log.find("cannot combine with gradient_accumulation_steps 4"), std::string::npos)
+      << log;
+}
 
 TEST(OptimTrainer, UnknownOptimListsTheChoices) {
   std::string log;
