@@ -2,6 +2,7 @@
 #include "trainers/optim_options.h"
 
 #include "engine/check.h"
+#include "engine/optim_adafactor.h"
 #include "kernels/optim_8bit.h"
 
 namespace leantune {
@@ -11,8 +12,9 @@ void add_optim_options(Options& o) {
   o.add_string("optim", d.optim,
                "optimizer: adamw_torch (f32 states, 8 bytes/param + f32 master of 16-bit "
                "weights), adamw_8bit = adamw_bnb_8bit (bitsandbytes 8-bit states, ~2 bytes/param, "
-               "no master), sgd (no momentum, L2 weight decay)",
-               {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "sgd"});
+               "no master), adafactor (transformers' Adafactor: factored second moment, no first "
+               "moment), sgd (no momentum, L2 weight decay)",
+               {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "adafactor", "sgd"});
   o.add_bool("optimizer_in_backward", d.optimizer_in_backward,
              "update each parameter as soon as its gradient is complete and free the gradient "
              "(no full-model gradient buffer; needs gradient_accumulation_steps 1 and "
@@ -42,6 +44,9 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimArguments& a,
   if (a.optim == "adamw_torch") return std::make_unique<AdamW>(std::move(params), cfg);
   if (a.optim == "adamw_8bit" || a.optim == "adamw_bnb_8bit")
     return std::make_unique<kernels::AdamW8bit>(std::move(params), cfg);
+  if (a.optim == "adafactor")
+    return std::make_unique<Adafactor>(std::move(params),
+                                       AdafactorConfig{1e-30, 1.0, -0.8, cfg.weight_decay});
   if (a.optim == "sgd") return std::make_unique<Sgd>(std::move(params), cfg.weight_decay);
   LT_THROW(ErrorKind::kInput, "option optim: unknown optimizer '", a.optim, "'");
 }

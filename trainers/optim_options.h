@@ -2,9 +2,10 @@
 //
 //   optim  adamw_torch (torch.optim.AdamW: f32 moments, an f32 master copy of 16-bit weights;
 //          engine/optim.h), adamw_8bit / adamw_bnb_8bit (bitsandbytes AdamW8bit: 8-bit blockwise
-//          moments, no master; kernels/optim_8bit.h), sgd (torch.optim.SGD without momentum).
-//          The betas, epsilon and weight decay options apply to the AdamW variants; sgd uses
-//          weight_decay (L2).
+//          moments, no master; kernels/optim_8bit.h), adafactor (transformers' Adafactor as its
+//          Trainer builds it: factored second moment, no first moment; engine/optim_adafactor.h),
+//          sgd (torch.optim.SGD without momentum). The betas, epsilon and weight decay options
+//          apply to the AdamW variants; sgd uses weight_decay (L2).
 //   optimizer_in_backward  torchtune's optimizer_in_bwd: each parameter is updated as soon as its
 //          gradient is complete, and the gradient dropped (engine/optim.h OptimizerInBackward);
 //          the same arithmetic as the step after backward. Refused (exit 2) with

@@ -114,7 +114,7 @@ TEST_P(OptimResume, IsBitExactInAFreshProcess) {
   EXPECT_NE(log.find("holds the state of --optim " + GetParam()), std::string::npos) << log;
 }
 
-INSTANTIATE_TEST_SUITE_P(Optims, OptimResume, ::testing::Values("adamw_8bit", "sgd"),
+INSTANTIATE_TEST_SUITE_P(Optims, OptimResume, ::testing::Values("adamw_8bit", "adafactor", "sgd"),
                          [](const auto& info) { return info.param; });
 
 struct InBackwardCase {
@@ -165,6 +165,7 @@ INSTANTIATE_TEST_SUITE_P(
                       InBackwardCase{"adamw_8bit_wd",
                                      {"--optim", "adamw_8bit", "--weight_decay", "0.1"}},
                       InBackwardCase{"sgd", {"--optim", "sgd", "--learning_rate", "0.1"}},
+                      InBackwardCase{"adafactor", {"--optim", "adafactor"}},
                       InBackwardCase{"adamw_torch_checkpointing",
                                      {"--optim", "adamw_torch", "--gradient_checkpointing"},
                                      true}),
@@ -185,7 +186,8 @@ TEST(OptimTrainer, OptimizerInBackwardRefusesAccumulationAndClipping) {
 TEST(OptimTrainer, UnknownOptimListsTheChoices) {
   std::string log;
   EXPECT_EQ(run_command(trainer_bin() + " sft --optim unknown", &log), 2);
-  EXPECT_NE(log.find("adamw_torch, adamw_8bit, adamw_bnb_8bit, sgd"), std::string::npos) << log;
+  EXPECT_NE(log.find("adamw_torch, adamw_8bit, adamw_bnb_8bit, adafactor, sgd"), std::string::npos)
+      << log;
 }
 
 }  // namespace
