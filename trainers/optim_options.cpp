@@ -3,6 +3,7 @@
 
 #include "engine/check.h"
 #include "engine/optim_adafactor.h"
+#include "engine/optim_offload.h"
 #include "kernels/optim_8bit.h"
 
 namespace leantune {
@@ -19,12 +20,17 @@ void add_optim_options(Options& o) {
              "update each parameter as soon as its gradient is complete and free the gradient "
              "(no full-model gradient buffer; needs gradient_accumulation_steps 1 and "
              "max_grad_norm 0)");
+  o.add_string("offload_optimizer", d.offload_optimizer,
+               "cpu: f32 master weights and optimizer states in host memory, step on the CPU "
+               "(the device keeps only the compute-dtype weights)",
+               {"none", "cpu"});
 }
 
 OptimArguments optim_arguments(const Options& o) {
   OptimArguments a;
   a.optim = o.get_string("optim");
   a.optimizer_in_backward = o.get_bool("optimizer_in_backward");
+  a.offload_optimizer = o.get_string("offload_optimizer");
   if (a.optimizer_in_backward) {
     LT_CHECK_INPUT(o.get_int("gradient_accumulation_steps") == 1,
                    "option optimizer_in_backward cannot combine with gradient_accumulation_steps ",
@@ -38,17 +44,30 @@ OptimArguments optim_arguments(const Options& o) {
   return a;
 }
 
+namespace {
+std::unique_ptr<Optimizer> make_plain(const std::string& optim,
+                                      std::vector<Optimizer::Param> params,
+                                      const AdamWConfig& cfg) {
+  if (optim == "adamw_torch") return std::make_unique<AdamW>(std::move(params), cfg);
+  if (optim == "adamw_8bit" || optim == "adamw_bnb_8bit")
+    return std::make_unique<kernels::AdamW8bit>(std::move(params), cfg);
+  if (optim == "adafactor")
+    return std::make_unique<Adafactor>(std::move(params),
+                                       AdafactorConfig{1e-30, 1.0, -0.8, cfg.weight_decay});
+  if (optim == "sgd") return std::make_unique<Sgd>(std::move(params), cfg.weight_decay);
+  LT_THROW(ErrorKind::kInput, "option optim: unknown optimizer '", optim, "'");
+}
+}  // namespace
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimArguments& a,
                                           std::vector<Optimizer::Param> params,
                                           const AdamWConfig& cfg) {
-  if (a.optim == "adamw_torch") return std::make_unique<AdamW>(std::move(params), cfg);
-  if (a.optim == "adamw_8bit" || a.optim == "adamw_bnb_8bit")
-    return std::make_unique<kernels::AdamW8bit>(std::move(params), cfg);
-  if (a.optim == "adafactor")
-    return std::make_unique<Adafactor>(std::move(params),
-                                       AdafactorConfig{1e-30, 1.0, -0.8, cfg.weight_decay});
-  if (a.optim == "sgd") return std::make_unique<Sgd>(std::move(params), cfg.weight_decay);
-  LT_THROW(ErrorKind::kInput, "option optim: unknown optimizer '", a.optim, "'");
+  if (a.offload_optimizer == "cpu")
+    return std::make_unique<OffloadedOptimizer>(std::move(params),
+                                                [&](std::vector<Optimizer::Param> host) {
+                                                  return make_plain(a.optim, std::move(host), cfg);
+                                                });
+  return make_plain(a.optim, std::move(params), cfg);
 }
 
 }  // namespace leantune

@@ -11,6 +11,9 @@
 //          the same arithmetic as the step after backward. Refused (exit 2) with
 //          gradient_accumulation_steps > 1 or max_grad_norm > 0 (clipping needs every
 //          gradient before any update).
+//   offload_optimizer  none | cpu (DeepSpeed ZeRO-Offload's idea): f32 master weights and the
+//          optimizer's states in host memory, the step on the CPU; the device keeps only the
+//          parameters in their compute dtype (engine/optim_offload.h). Works with every optim.
 // A checkpoint records the optim it was written with; resuming under another is refused.
 #pragma once
 
@@ -26,9 +29,10 @@ namespace leantune {
 struct OptimArguments {
   std::string optim = "adamw_torch";
   bool optimizer_in_backward = false;
+  std::string offload_optimizer = "none";
 };
 
-// Declares optim and optimizer_in_backward.
+// Declares optim, optimizer_in_backward and offload_optimizer.
 void add_optim_options(Options& o);
 // Also refuses contradictory combinations with the options of add_training_options.
 OptimArguments optim_arguments(const Options& o);

@@ -104,6 +104,7 @@ TrainingArguments training_arguments(const Options& o) {
   const OptimArguments optim = optim_arguments(o);
   a.optim = optim.optim;
   a.optimizer_in_backward = optim.optimizer_in_backward;
+  a.offload_optimizer = optim.offload_optimizer;
   a.max_grad_norm = o.get_float("max_grad_norm");
   a.num_train_epochs = o.get_float("num_train_epochs");
   a.max_steps = o.get_int("max_steps");
@@ -150,9 +151,10 @@ void Trainer::build_optimizer() {
   for (const auto& [name, t] : trainable_parameters())
     trainable_.push_back({name, t, !no_decay(name)});
   LT_CHECK_INPUT(!trainable_.empty(), "nothing to train: no parameter requires a gradient");
-  optimizer_ = make_optimizer(OptimArguments{args_.optim}, trainable_,
-                              AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
-                                          args_.adam_epsilon, args_.weight_decay});
+  optimizer_ = make_optimizer(
+      OptimArguments{args_.optim, args_.optimizer_in_backward, args_.offload_optimizer}, trainable_,
+      AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon,
+                  args_.weight_decay});
 }
 
 double Trainer::grad_norm() const {
@@ -180,6 +182,7 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
                          {"skipped_steps", skipped_steps_},
                          {"optimizer_step", optimizer_->step_count()},
                          {"optim", args_.optim},
+                         {"offload_optimizer", args_.offload_optimizer},
                          {"total_steps", total_steps_},
                          {"data_state", data_state()},
                          {"options", options_.to_json()}};
@@ -198,8 +201,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
     LT_THROW(ErrorKind::kInput, dir, "/trainer_state.json: ", e.what());
   }
   const std::string saved_optim = st.value("optim", std::string("adamw_torch"));
-  LT_CHECK_INPUT(saved_optim == args_.optim, dir, " holds the state of --optim ", saved_optim,
-                 "; this run uses --optim ", args_.optim);
+  const std::string saved_offload = st.value("offload_optimizer", std::string("none"));
+  LT_CHECK_INPUT(saved_optim == args_.optim && saved_offload == args_.offload_optimizer, dir,
+                 " holds the state of --optim ", saved_optim, " --offload_optimizer ",
+                 saved_offload, "; this run uses --optim ", args_.optim, " --offload_optimizer ",
+                 args_.offload_optimizer);
   auto opt_file = SafetensorsFile::open(dir + "/optimizer.safetensors");
   std::vector<std::pair<std::string, Tensor>> state;
   for (const auto& e : opt_file->entries()) state.emplace_back(e.name, opt_file->tensor(e.name));
@@ -221,15 +227,17 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"tensors_offloaded", offload_totals_.tensors_offloaded},
         {"bytes_offloaded", offload_totals_.bytes_offloaded},
         {"prefetches", offload_totals_.prefetches}};
-  nlohmann::json r = {
-      {"device", model_->device().str()},
-      {"peak_allocated", snap["peak_allocated"]},
-      {"peak_reserved", snap["peak_reserved"]},
-      {"peak_by_tag", nlohmann::json::object()},
-      {"at_peak_by_tag", nlohmann::json::object()},
-      {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
-      {"optimizer", {{"optim", args_.optim}, {"state_bytes", optimizer_->state_bytes()}}},
-      {"savings", all_savings}};
+  nlohmann::json r = {{"device", model_->device().str()},
+                      {"peak_allocated", snap["peak_allocated"]},
+                      {"peak_reserved", snap["peak_reserved"]},
+                      {"peak_by_tag", nlohmann::json::object()},
+                      {"at_peak_by_tag", nlohmann::json::object()},
+                      {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
+                      {"optimizer",
+                       {{"optim", args_.optim},
+                        {"offload_optimizer", args_.offload_optimizer},
+                        {"state_bytes", optimizer_->state_bytes()}}},
+                      {"savings", all_savings}};
   for (auto it = snap["by_tag"].begin(); it != snap["by_tag"].end(); ++it) {
     r["peak_by_tag"][it.key()] = it.value()["peak"];
     r["at_peak_by_tag"][it.key()] = it.value()["at_peak"];

@@ -49,6 +49,7 @@ struct TrainingArguments {
   double adam_epsilon = 1e-8;
   std::string optim = "adamw_torch";
   bool optimizer_in_backward = false;
+  std::string offload_optimizer = "none";
   double max_grad_norm = 1.0;
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;

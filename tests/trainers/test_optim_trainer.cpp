@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -55,11 +56,16 @@ TEST(OptimTrainer, EightBitAdamWTracksAdamWOver200Steps) {
   EXPECT_LT(tail_mean(ref.losses), 0.8 * ref.losses[0]);
   EXPECT_NEAR(tail_mean(q8.losses), tail_mean(ref.losses), 0.02 * tail_mean(ref.losses));
   EXPECT_NE(ref.losses.back(), q8.losses.back());  // a different optimizer did run
+  // The host-offloaded step (f32 model: the shadow is the weight itself) computes adamw_torch's
+  // arithmetic: the same curve, bit for bit.
+  const TrainRun off = train(model, {"--optim", "adamw_torch", "--offload_optimizer", "cpu"});
+  EXPECT_EQ(off.losses, ref.losses);
+  EXPECT_EQ(off.memory["optimizer"]["offload_optimizer"].get<std::string>(), "cpu");
   // State bytes: f32 model of P parameters: adamw_torch holds 8 P; adamw_8bit holds 2 bytes per
   // element of the embedding (the one tensor >= 4096 elements) plus absmax, 8 per other one.
   const int64_t ref_bytes = ref.memory["optimizer"]["state_bytes"];
   const int64_t q8_bytes = q8.memory["optimizer"]["state_bytes"];
-  EXPECT_EQ(ref.memory["optimizer"]["optim"], "adamw_torch");
+  EXPECT_EQ(ref.memory["optimizer"]["optim"].get<std::string>(), "adamw_torch");
   const int64_t params = ref_bytes / 8, embed = 576 * 32;
   EXPECT_EQ(q8_bytes, 2 * embed + 8 * (embed / 256) + 8 * (params - embed));
 }
@@ -105,7 +111,7 @@ TEST_P(OptimResume, IsBitExactInAFreshProcess) {
   EXPECT_EQ(testing::read_file(straight + "/model.safetensors"),
             testing::read_file(resumed + "/model.safetensors"));
   // Resuming under another optimizer is refused in one line, exit 2.
-  const std::string other = GetParam() == "sgd" ? "adamw_torch" : "sgd";
+  const std::string other = GetParam() == "sgd" ? "adamw_torch" : "sgd --offload_optimizer none";
   const int rc = run_command(trainer_bin() + " sft" + common + " --optim " + other +
                                  " --output_dir " + testing::temp_dir("other") +
                                  " --resume_from_checkpoint " + straight + "/checkpoint-8",
@@ -114,8 +120,15 @@ TEST_P(OptimResume, IsBitExactInAFreshProcess) {
   EXPECT_NE(log.find("holds the state of --optim " + GetParam()), std::string::npos) << log;
 }
 
-INSTANTIATE_TEST_SUITE_P(Optims, OptimResume, ::testing::Values("adamw_8bit", "adafactor", "sgd"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Optims, OptimResume,
+                         ::testing::Values("adamw_8bit", "adafactor", "sgd",
+                                           "adamw_8bit --offload_optimizer cpu"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
 
 struct InBackwardCase {
   std::string name;
@@ -181,6 +194,27 @@ TEST(OptimTrainer, OptimizerInBackwardRefusesAccumulationAndClipping) {
   EXPECT_EQ(run_command(base + " --max_grad_norm 0 --gradient_accumulation_steps 4", &log), 2);
   EXPECT_NE(log.find("cannot combine with gradient_accumulation_steps 4"), std::string::npos)
       << log;
+}
+
+TEST(OptimTrainer, OffloadedBf16StepIsBitIdenticalToAdamW) {
+  // bf16 weights: adamw_torch keeps an f32 master on the device; offloaded, the master is the
+  // host shadow. Same arithmetic, so the same losses and weights to the last bit (on the CPU).
+  const std::string model = make_tiny_model(testing::temp_dir("model"));
+  auto run = [&](const std::vector<std::string>& extra, std::vector<std::vector<float>>* w) {
+    std::vector<std::string> e = {"--bf16", "--max_steps", "20", "--weight_decay", "0.1"};
+    e.insert(e.end(), extra.begin(), extra.end());
+    SftRun r = make_sft_run(testing::tiny_sft_options(model, testing::temp_dir("out"), e));
+    TrainResult res = r.trainer->train();
+    for (const auto& [n, t] : r.model->named_parameters()) w->push_back(t.to_f32());
+    return res;
+  };
+  std::vector<std::vector<float>> wa, wb;
+  const TrainResult a = run({}, &wa);
+  const TrainResult b = run({"--offload_optimizer", "cpu"}, &wb);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(wa, wb);
+  // Same bytes of master + moments (12 per parameter), held as host shadows here.
+  EXPECT_EQ(a.memory["optimizer"]["state_bytes"], b.memory["optimizer"]["state_bytes"]);
 }
 
 TEST(OptimTrainer, UnknownOptimListsTheChoices) {
