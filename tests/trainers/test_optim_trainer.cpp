@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "loaders/model_config.h"
 #include "testing/testing.h"
 #include "trainer_test_util.h"
+#include "trainers/estimate.h"
 #include "trainers/sft.h"
 
 namespace leantune {
@@ -68,6 +70,13 @@ TEST(OptimTrainer, EightBitAdamWTracksAdamWOver200Steps) {
   EXPECT_EQ(ref.memory["optimizer"]["optim"].get<std::string>(), "adamw_torch");
   const int64_t params = ref_bytes / 8, embed = 576 * 32;
   EXPECT_EQ(q8_bytes, 2 * embed + 8 * (embed / 256) + 8 * (params - embed));
+  // The allocator saw them under the optimizer tag (blocks of 512 bytes round each tensor up).
+  const int64_t ref_peak = ref.memory["peak_by_tag"]["optimizer"];
+  const int64_t q8_peak = q8.memory["peak_by_tag"]["optimizer"];
+  EXPECT_GE(ref_peak, ref_bytes);
+  EXPECT_LT(ref_peak, ref_bytes + 40 * 1024);
+  EXPECT_GE(q8_peak, q8_bytes);
+  EXPECT_LT(q8_peak, q8_bytes + 40 * 1024);
 }
 
 TEST(OptimTrainer, SgdLearnsAndAliasesMatch) {
@@ -215,6 +224,40 @@ TEST(OptimTrainer, OffloadedBf16StepIsBitIdenticalToAdamW) {
   EXPECT_EQ(wa, wb);
   // Same bytes of master + moments (12 per parameter), held as host shadows here.
   EXPECT_EQ(a.memory["optimizer"]["state_bytes"], b.memory["optimizer"]["state_bytes"]);
+}
+
+TEST(OptimTrainer, EstimateShowsEachOptimizersBytesForLlama31_8B) {
+  const ModelConfig m =
+      ModelConfig::load(std::string(LT_SOURCE_DIR) + "/tests/fixtures/configs/llama3.1-8b.json");
+  EstimateConfig c;
+  c.model = m;
+  c.dtype = DType::kBF16;
+  c.cpu = false;
+  c.micro_batch_tokens = 2 * 2048;
+  c.max_seqlen = 2048;
+  c.gradient_checkpointing = true;
+  auto with = [&](const std::string& optim, bool in_bwd, bool offload) {
+    EstimateConfig x = c;
+    x.optim = optim;
+    x.optimizer_in_backward = in_bwd;
+    x.offload_optimizer = offload;
+    return estimate_memory(x);
+  };
+  const MemoryEstimate torch = with("adamw_torch", false, false);
+  const MemoryEstimate q8 = with("adamw_8bit", false, false);
+  const MemoryEstimate q8_bwd = with("adamw_8bit", true, false);
+  const MemoryEstimate off = with("adamw_8bit", true, true);
+  const double n = static_cast<double>(torch.trainable_parameters);
+  EXPECT_NEAR(n, 8.03e9, 0.01e9);
+  EXPECT_DOUBLE_EQ(torch.optimizer / n, 12.0);  // two f32 moments + the f32 master of bf16
+  EXPECT_NEAR(q8.optimizer / n, 2.0, 0.05);
+  EXPECT_EQ(off.optimizer, 0);
+  EXPECT_NEAR(off.optimizer_host / n, 6.0, 0.05);  // f32 master + 8-bit states, on the host
+  // optimizer_in_backward: the largest gradient in flight, the LM head's (f32 from the fused
+  // loss), instead of all of them.
+  EXPECT_EQ(q8_bwd.grads, m.vocab_size * m.hidden_size * 4);
+  EXPECT_LT(q8_bwd.peak, q8.peak - q8.grads + q8_bwd.grads + 1);
+  EXPECT_LT(off.peak, q8_bwd.peak - q8_bwd.optimizer + 1);
 }
 
 TEST(OptimTrainer, UnknownOptimListsTheChoices) {
