@@ -455,8 +455,8 @@ void adamw8bit_step(const std::vector<Adam8Tensor>& tensors, const AdamWStepArgs
   adamw8bit_step_cpu(tensors, args);
 }
 
-AdamW8bit::AdamW8bit(std::vector<Param> params, AdamWConfig cfg)
-    : params_(std::move(params)), cfg_(cfg), state_(params_.size()) {
+AdamW8bit::AdamW8bit(std::vector<Param> params, AdamWConfig cfg, AdamW8bitOptions opt)
+    : params_(std::move(params)), cfg_(cfg), opt_(opt), state_(params_.size()) {
   for (const Param& p : params_)
     LT_CHECK_INPUT(p.tensor.dtype() == DType::kF32 || p.tensor.dtype() == DType::kBF16 ||
                        p.tensor.dtype() == DType::kF16,
@@ -469,18 +469,19 @@ void AdamW8bit::ensure_state(size_t i) {
   if (s.state1.defined()) return;
   const Tensor& p = params_[i].tensor;
   const int64_t n = p.numel();
+  const Device d = opt_.paged ? Device::cpu() : p.device();
   s.param = p;
   s.weight_decay = params_[i].decay ? cfg_.weight_decay : 0.0;
-  if (n >= kOptim8bitMinSize) {
+  if (opt_.eight_bit && n >= kOptim8bitMinSize) {
     // Zero codes with zero absmax decode to 0, as bnb initialises them.
     const int64_t blocks = (n + kOptim8bitBlock - 1) / kOptim8bitBlock;
-    s.state1 = Tensor::zeros({n}, DType::kU8, p.device(), MemTag::kOptimizer);
-    s.state2 = Tensor::zeros({n}, DType::kU8, p.device(), MemTag::kOptimizer);
-    s.absmax1 = Tensor::zeros({blocks}, DType::kF32, p.device(), MemTag::kOptimizer);
-    s.absmax2 = Tensor::zeros({blocks}, DType::kF32, p.device(), MemTag::kOptimizer);
+    s.state1 = Tensor::zeros({n}, DType::kU8, d, MemTag::kOptimizer);
+    s.state2 = Tensor::zeros({n}, DType::kU8, d, MemTag::kOptimizer);
+    s.absmax1 = Tensor::zeros({blocks}, DType::kF32, d, MemTag::kOptimizer);
+    s.absmax2 = Tensor::zeros({blocks}, DType::kF32, d, MemTag::kOptimizer);
   } else {
-    s.state1 = Tensor::zeros({n}, DType::kF32, p.device(), MemTag::kOptimizer);
-    s.state2 = Tensor::zeros({n}, DType::kF32, p.device(), MemTag::kOptimizer);
+    s.state1 = Tensor::zeros({n}, DType::kF32, d, MemTag::kOptimizer);
+    s.state2 = Tensor::zeros({n}, DType::kF32, d, MemTag::kOptimizer);
   }
 }
 
@@ -494,7 +495,27 @@ void AdamW8bit::update(const std::vector<size_t>& which, double lr, double grad_
     t.grad = g.is_contiguous() ? g : g.contiguous();
     batch.push_back(t);
   }
-  adamw8bit_step(batch, AdamWStepArgs{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, grad_scale});
+  const AdamWStepArgs args{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, grad_scale};
+  if (!opt_.paged || batch.empty() || batch[0].param.device().is_cpu()) {
+    adamw8bit_step(batch, args);
+    return;
+  }
+  // Page each parameter's states in, step on its device, write them back.
+  for (const Adam8Tensor& host : batch) {
+    MemTagGuard scratch(MemTag::kWorkspace);
+    Adam8Tensor dev = host;
+    const Device d = host.param.device();
+    for (Tensor Adam8Tensor::*f : {&Adam8Tensor::state1, &Adam8Tensor::state2,
+                                   &Adam8Tensor::absmax1, &Adam8Tensor::absmax2}) {
+      if (!(host.*f).defined()) continue;
+      dev.*f = Tensor::empty((host.*f).shape(), (host.*f).dtype(), d);
+      ops::copy(dev.*f, host.*f);
+    }
+    adamw8bit_step({dev}, args);
+    for (Tensor Adam8Tensor::*f :
+         {&Adam8Tensor::state1, &Adam8Tensor::state2, &Adam8Tensor::absmax1, &Adam8Tensor::absmax2})
+      if ((host.*f).defined()) ops::copy(host.*f, dev.*f);
+  }
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW8bit::state_tensors() const {

@@ -63,9 +63,19 @@ void adamw8bit_step(const std::vector<Adam8Tensor>& tensors, const AdamWStepArgs
 void adamw8bit_step_cpu(const std::vector<Adam8Tensor>& tensors, const AdamWStepArgs& args);
 void adamw8bit_step_cuda(const std::vector<Adam8Tensor>& tensors, const AdamWStepArgs& args);
 
+// eight_bit false: every parameter takes the 32-bit path (bnb's AdamW with optim_bits=32).
+// paged (bnb's paged optimizers; transformers' paged_adamw_8bit / paged_adamw_32bit): the states
+// live in host memory (tag kOptimizer on the host allocator) and are paged in per parameter for
+// its step on the parameter's device (device scratch, kWorkspace), then written back. On the
+// host there is nothing to page: the step is the unpaged one.
+struct AdamW8bitOptions {
+  bool eight_bit = true;
+  bool paged = false;
+};
+
 class AdamW8bit : public Optimizer {
  public:
-  AdamW8bit(std::vector<Param> params, AdamWConfig cfg);
+  AdamW8bit(std::vector<Param> params, AdamWConfig cfg, AdamW8bitOptions opt = {});
   size_t num_params() const override { return params_.size(); }
   const Param& param(size_t i) const override { return params_[i]; }
   // "<name>.state1", "<name>.state2", and for 8-bit parameters "<name>.absmax1/.absmax2".
@@ -78,6 +88,7 @@ class AdamW8bit : public Optimizer {
   void ensure_state(size_t i);
   std::vector<Param> params_;
   AdamWConfig cfg_;
+  AdamW8bitOptions opt_;
   std::vector<Adam8Tensor> state_;
 };
 

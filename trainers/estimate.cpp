@@ -52,7 +52,9 @@ int64_t quantized_bytes(int64_t n, int64_t rows, const EstimateConfig& c, int64_
 int64_t optimizer_state_bytes(const EstimateConfig& c, int64_t trainable, int64_t b,
                               const ModelConfig& m) {
   const int64_t master = b == 2 ? 4 * trainable : 0;
-  if (c.optim == "adamw_8bit" || c.optim == "adamw_bnb_8bit") return 2 * trainable + trainable / 32;
+  if (c.optim == "adamw_8bit" || c.optim == "adamw_bnb_8bit" || c.optim == "paged_adamw_8bit")
+    return 2 * trainable + trainable / 32;
+  if (c.optim == "paged_adamw_32bit") return 8 * trainable;
   if (c.optim == "sgd") return master;
   if (c.optim == "adafactor") {
     // Row and column f32 statistics of each trained matrix, the full second moment of vectors.
@@ -133,6 +135,10 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   e.grads = l * layer_grad_bytes + head_grad + embed_grad_extra + (!c.use_peft ? h * b : 0) +
             c.trainable_tokens * h * b;
   e.optimizer = optimizer_state_bytes(c, e.trainable_parameters, b, m);
+  if (c.optim.rfind("paged_", 0) == 0) {  // host-resident, paged in per parameter
+    e.optimizer_host = e.optimizer;
+    e.optimizer = 0;
+  }
   if (c.offload_optimizer) {
     e.optimizer_host =
         optimizer_state_bytes(c, e.trainable_parameters, 4, m) + 4 * e.trainable_parameters;

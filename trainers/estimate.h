@@ -11,7 +11,8 @@
 //   optimizer   on the device, by --optim: adamw_torch two f32 moments per trainable parameter
 //               plus an f32 master of 16-bit ones; adamw_8bit 2 B + 8 B per 256 (no master);
 //               adafactor 4 B per row and column of each matrix, 4 B per vector element; sgd an
-//               f32 master of 16-bit ones. --offload_optimizer cpu: none on the device, the
+//               f32 master of 16-bit ones; paged_adamw_8bit / paged_adamw_32bit (2 B / 8 B)
+//               on the host (optimizer_host). --offload_optimizer cpu: none on the device, the
 //               states and an f32 master of every parameter on the host (optimizer_host).
 //               --optimizer_in_backward: no full-model gradients; the largest gradient in
 //               flight (plus the LM head's part of a tied embedding's) stands for grads.

@@ -10,12 +10,16 @@ namespace leantune {
 
 void add_optim_options(Options& o) {
   OptimArguments d;
-  o.add_string("optim", d.optim,
-               "optimizer: adamw_torch (f32 states, 8 bytes/param + f32 master of 16-bit "
-               "weights), adamw_8bit = adamw_bnb_8bit (bitsandbytes 8-bit states, ~2 bytes/param, "
-               "no master), adafactor (transformers' Adafactor: factored second moment, no first "
-               "moment), sgd (no momentum, L2 weight decay)",
-               {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "adafactor", "sgd"});
+  o.add_string(
+      "optim", d.optim,
+      "optimizer: adamw_torch (f32 states, 8 bytes/param + f32 master of 16-bit "
+      "weights), adamw_8bit = adamw_bnb_8bit (bitsandbytes 8-bit states, ~2 bytes/param, "
+      "no master), paged_adamw_8bit / paged_adamw_32bit (bitsandbytes' paged AdamW: states "
+      "in host memory, paged in per parameter for the step), adafactor (transformers' Adafactor: "
+      "factored second moment, no first "
+      "moment), sgd (no momentum, L2 weight decay)",
+      {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
+       "adafactor", "sgd"});
   o.add_bool("optimizer_in_backward", d.optimizer_in_backward,
              "update each parameter as soon as its gradient is complete and free the gradient "
              "(no full-model gradient buffer; needs gradient_accumulation_steps 1 and "
@@ -51,6 +55,12 @@ std::unique_ptr<Optimizer> make_plain(const std::string& optim,
   if (optim == "adamw_torch") return std::make_unique<AdamW>(std::move(params), cfg);
   if (optim == "adamw_8bit" || optim == "adamw_bnb_8bit")
     return std::make_unique<kernels::AdamW8bit>(std::move(params), cfg);
+  if (optim == "paged_adamw_8bit")
+    return std::make_unique<kernels::AdamW8bit>(std::move(params), cfg,
+                                                kernels::AdamW8bitOptions{true, true});
+  if (optim == "paged_adamw_32bit")
+    return std::make_unique<kernels::AdamW8bit>(std::move(params), cfg,
+                                                kernels::AdamW8bitOptions{false, true});
   if (optim == "adafactor")
     return std::make_unique<Adafactor>(std::move(params),
                                        AdafactorConfig{1e-30, 1.0, -0.8, cfg.weight_decay});

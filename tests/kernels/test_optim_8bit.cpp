@@ -107,6 +107,26 @@ TEST_P(Optim8bitSteps, ThreeStepsMatchBitsandbytes) {
 INSTANTIATE_TEST_SUITE_P(Sizes, Optim8bitSteps, ::testing::Values("step8", "step32"),
                          [](const auto& info) { return info.param; });
 
+TEST(Optim8bit, ThirtyTwoBitModeIsBitsandbytesF32Update) {
+  // paged_adamw_32bit: every parameter takes bnb's 32-bit update (here the fixture's parameter,
+  // below min_8bit_size, so bnb took it too); paged states live on the host.
+  Tensor p = fx("step32.p0").clone();
+  AdamW8bit opt({{"w", p, true}}, AdamWConfig{1e-3, 0.9, 0.999, 1e-8, 0.01},
+                kernels::AdamW8bitOptions{false, true});
+  for (int t = 1; t <= 3; ++t) {
+    p.set_grad(fx("step32.g" + std::to_string(t)));
+    opt.step(1e-3);
+  }
+  expect_bits(p, fx("step32.p3"), "step32 param after 3 steps");
+  EXPECT_EQ(opt.state_tensors()[0].second.device(), Device::cpu());
+  // A large parameter stays 32-bit in this mode: 8 bytes per element.
+  Tensor big = testing::randn({4128}, DType::kF32, 3);
+  AdamW8bit opt32({{"w", big, true}}, AdamWConfig{}, kernels::AdamW8bitOptions{false, true});
+  big.set_grad(testing::randn({4128}, DType::kF32, 4));
+  opt32.step(1e-3);
+  EXPECT_EQ(opt32.state_bytes(), 8 * 4128);
+}
+
 TEST(Optim8bit, RestartFromSavedStateContinuesBitForBit) {
   const std::string c = "step8";
   Tensor p = fx(c + ".p0").clone();
