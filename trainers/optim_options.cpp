@@ -35,6 +35,10 @@ OptimArguments optim_arguments(const Options& o) {
   a.optim = o.get_string("optim");
   a.optimizer_in_backward = o.get_bool("optimizer_in_backward");
   a.offload_optimizer = o.get_string("offload_optimizer");
+  LT_CHECK_INPUT(a.offload_optimizer != "cpu" || a.optim.rfind("paged_", 0) != 0,
+                 "options offload_optimizer cpu and optim ", a.optim,
+                 " contradict: offloading already keeps the states on the host (use optim ",
+                 a.optim == "paged_adamw_8bit" ? "adamw_8bit" : "adamw_torch", ")");
   if (a.optimizer_in_backward) {
     LT_CHECK_INPUT(o.get_int("gradient_accumulation_steps") == 1,
                    "option optimizer_in_backward cannot combine with gradient_accumulation_steps ",

@@ -227,17 +227,21 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"tensors_offloaded", offload_totals_.tensors_offloaded},
         {"bytes_offloaded", offload_totals_.bytes_offloaded},
         {"prefetches", offload_totals_.prefetches}};
-  nlohmann::json r = {{"device", model_->device().str()},
-                      {"peak_allocated", snap["peak_allocated"]},
-                      {"peak_reserved", snap["peak_reserved"]},
-                      {"peak_by_tag", nlohmann::json::object()},
-                      {"at_peak_by_tag", nlohmann::json::object()},
-                      {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
-                      {"optimizer",
-                       {{"optim", args_.optim},
-                        {"offload_optimizer", args_.offload_optimizer},
-                        {"state_bytes", optimizer_->state_bytes()}}},
-                      {"savings", all_savings}};
+  nlohmann::json r = {
+      {"device", model_->device().str()},
+      {"peak_allocated", snap["peak_allocated"]},
+      {"peak_reserved", snap["peak_reserved"]},
+      {"peak_by_tag", nlohmann::json::object()},
+      {"at_peak_by_tag", nlohmann::json::object()},
+      {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
+      {"optimizer",
+       {{"optim", args_.optim},
+        {"offload_optimizer", args_.offload_optimizer},
+        {"state_bytes", optimizer_->state_bytes()},
+        // Paged and offloaded states are host memory, not in the device figures.
+        {"state_on_host", args_.offload_optimizer == "cpu" || args_.optim.rfind("paged_", 0) == 0 ||
+                              model_->device().is_cpu()}}},
+      {"savings", all_savings}};
   for (auto it = snap["by_tag"].begin(); it != snap["by_tag"].end(); ++it) {
     r["peak_by_tag"][it.key()] = it.value()["peak"];
     r["at_peak_by_tag"][it.key()] = it.value()["at_peak"];

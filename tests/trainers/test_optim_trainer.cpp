@@ -211,6 +211,11 @@ TEST(OptimTrainer, OptimizerInBackwardRefusesAccumulationAndClipping) {
   EXPECT_EQ(run_command(base + " --max_grad_norm 0 --gradient_accumulation_steps 4", &log), 2);
   EXPECT_NE(log.find("cannot combine with gradient_accumulation_steps 4"), std::string::npos)
       << log;
+  EXPECT_EQ(run_command(trainer_bin() + " sft --model_name_or_path m --dataset d --optim "
+                                        "paged_adamw_8bit --offload_optimizer cpu",
+                        &log),
+            2);
+  EXPECT_NE(log.find("contradict"), std::string::npos) << log;
 }
 
 TEST(OptimTrainer, OffloadedBf16StepIsBitIdenticalToAdamW) {
