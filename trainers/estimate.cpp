@@ -222,12 +222,19 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const int64_t fwd =
       acts + std::max(loss_held + loss_ws, gemm_ws + attn_ws + t * inter * b) + grads_before;
   // Start of backward: everything saved, the loss's held gradients, the first layer's work.
+  // A paged optimizer pages one parameter's states onto the device for its step (during
+  // backward with optimizer_in_backward); the largest is the embedding's or the head's.
+  const int64_t paged_ws =
+      c.optim.rfind("paged_", 0) == 0 && !c.offload_optimizer
+          ? optimizer_state_bytes(c, (embed_trains || head_trains) ? v * h : 0, 4, m)
+          : 0;
   const int64_t bwd = acts + loss_held + (grads_before ? e.grads : head_grad) +
-                      backward_layer_acts + layer_bwd_ws + gemm_ws + attn_ws;
+                      backward_layer_acts + layer_bwd_ws + gemm_ws + attn_ws +
+                      (c.optimizer_in_backward ? paged_ws : 0);
   // End of backward: all gradients, little else.
   const int64_t bwd_end = e.grads + t * h * b + layer_bwd_ws;
   // The optimizer step: gradients and state, and the f32 conversion of one gradient.
-  const int64_t opt = c.optimizer_in_backward ? 0 : e.grads + (b == 2 ? v * h * 4 : 0);
+  const int64_t opt = c.optimizer_in_backward ? 0 : e.grads + (b == 2 ? v * h * 4 : 0) + paged_ws;
   const int64_t train_max = std::max({fwd, bwd, bwd_end});
   e.peak = e.params + e.optimizer + std::max(train_max, opt);
   e.peak_phase =
