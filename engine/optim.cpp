@@ -82,10 +82,17 @@ void AdamW::ensure_state(size_t i) {
   s.weight_decay = params_[i].decay ? cfg_.weight_decay : 0.0;
 }
 
-void AdamW::step(double lr, double grad_scale) {
+void Optimizer::step(double lr, double grad_scale) {
   ++step_;
+  std::vector<size_t> all;
+  for (size_t i = 0; i < num_params(); ++i)
+    if (param(i).tensor.grad().defined()) all.push_back(i);
+  update(all, lr, grad_scale);
+}
+
+void AdamW::update(const std::vector<size_t>& which, double lr, double grad_scale) {
   std::vector<AdamWTensor> batch;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i : which) {
     Tensor g = params_[i].tensor.grad();
     if (!g.defined()) continue;
     ensure_state(i);
@@ -108,24 +115,25 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state_tensors() const {
   return out;
 }
 
+void load_state_entry(const std::unordered_map<std::string, Tensor>& saved, const std::string& key,
+                      const Tensor& dst) {
+  auto f = saved.find(key);
+  LT_CHECK_INPUT(f != saved.end(), "optimizer state lacks '", key, "'");
+  LT_CHECK_INPUT(f->second.shape() == dst.shape() && f->second.dtype() == dst.dtype(),
+                 "optimizer state '", key, "' is ", f->second.str(), ", expected ", dst.str());
+  ops::copy(dst, f->second);
+}
+
 void AdamW::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) {
   std::unordered_map<std::string, Tensor> by_name(state.begin(), state.end());
   for (size_t i = 0; i < params_.size(); ++i) {
-    auto it = by_name.find(params_[i].name + ".exp_avg");
-    if (it == by_name.end()) continue;  // never updated before the checkpoint
+    const std::string& name = params_[i].name;
+    if (!by_name.count(name + ".exp_avg")) continue;  // never updated before the checkpoint
     ensure_state(i);
     AdamWTensor& s = state_[i];
-    auto load = [&](const std::string& suffix, const Tensor& dst) {
-      auto f = by_name.find(params_[i].name + suffix);
-      LT_CHECK_INPUT(f != by_name.end(), "optimizer state lacks '", params_[i].name, suffix, "'");
-      LT_CHECK_INPUT(f->second.shape() == dst.shape(), "optimizer state '", params_[i].name, suffix,
-                     "' has shape ", shape_str(f->second.shape()), ", expected ",
-                     shape_str(dst.shape()));
-      ops::copy(dst, f->second);
-    };
-    load(".exp_avg", s.exp_avg);
-    load(".exp_avg_sq", s.exp_avg_sq);
-    if (s.master.defined()) load(".master", s.master);
+    load_state_entry(by_name, name + ".exp_avg", s.exp_avg);
+    load_state_entry(by_name, name + ".exp_avg_sq", s.exp_avg_sq);
+    if (s.master.defined()) load_state_entry(by_name, name + ".master", s.master);
   }
 }
 
@@ -137,5 +145,90 @@ int64_t AdamW::state_bytes() const {
   }
   return b;
 }
+
+Sgd::Sgd(std::vector<Param> params, double weight_decay)
+    : params_(std::move(params)), master_(params_.size()), weight_decay_(weight_decay) {
+  for (const Param& p : params_)
+    LT_CHECK(dtype_is_floating(p.tensor.dtype()), "SGD parameter ", p.name, " is ",
+             dtype_name(p.tensor.dtype()));
+}
+
+void Sgd::update(const std::vector<size_t>& which, double lr, double grad_scale) {
+  for (size_t i : which) {
+    const Tensor& p = params_[i].tensor;
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const bool wide = p.dtype() == DType::kF32 || p.dtype() == DType::kF64;
+    if (!wide && !master_[i].defined()) {
+      master_[i] = Tensor::empty(p.shape(), DType::kF32, p.device(), MemTag::kOptimizer);
+      ops::copy(master_[i], p);
+    }
+    const Tensor& w = wide ? p : master_[i];
+    Tensor gw = g;
+    if (g.dtype() != w.dtype() || !g.is_contiguous()) {
+      gw = Tensor::empty(w.shape(), w.dtype(), w.device(), MemTag::kWorkspace);
+      ops::copy(gw, g);
+    }
+    // p - lr (gs g + wd p) = (1 - lr wd) p - (lr gs) g
+    const double wd = params_[i].decay ? weight_decay_ : 0.0;
+    if (wd != 0.0) ops::scale_(w, 1.0 - lr * wd);
+    ops::add_(w, gw, -lr * grad_scale);
+    if (!wide) ops::copy(p, w);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Sgd::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (master_[i].defined()) out.emplace_back(params_[i].name + ".master", master_[i]);
+  return out;
+}
+
+void Sgd::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) {
+  std::unordered_map<std::string, Tensor> by_name(state.begin(), state.end());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].tensor;
+    const std::string key = params_[i].name + ".master";
+    if (!by_name.count(key) || p.dtype() == DType::kF32 || p.dtype() == DType::kF64) continue;
+    master_[i] = Tensor::empty(p.shape(), DType::kF32, p.device(), MemTag::kOptimizer);
+    load_state_entry(by_name, key, master_[i]);
+  }
+}
+
+int64_t Sgd::state_bytes() const {
+  int64_t b = 0;
+  for (const Tensor& m : master_)
+    if (m.defined()) b += m.nbytes();
+  return b;
+}
+
+OptimizerInBackward::OptimizerInBackward(Optimizer& opt, double lr) : opt_(opt), lr_(lr) {
+  for (size_t i = 0; i < opt.num_params(); ++i) index_[opt.param(i).tensor.impl()] = i;
+  opt_.begin_step();
+  add_backward_observer(this);
+}
+
+OptimizerInBackward::~OptimizerInBackward() { remove_backward_observer(this); }
+
+void OptimizerInBackward::after_node(Node& node) {
+  auto* acc = dynamic_cast<AccumulateGrad*>(&node);
+  if (!acc) return;
+  auto it = index_.find(acc->leaf());
+  if (it == index_.end()) return;
+  Tensor p = opt_.param(it->second).tensor;
+  const Tensor g = p.grad();
+  if (!g.defined()) return;
+  const double ss = ops::sum_squares(g);
+  sum_squares_ += ss;
+  if (std::isfinite(ss)) {
+    opt_.update_param(it->second, lr_, 1.0);
+    ++updated_;
+  } else {
+    finite_ = false;
+  }
+  p.zero_grad();
+}
+
+double OptimizerInBackward::grad_norm() const { return std::sqrt(sum_squares_); }
 
 }  // namespace leantune

@@ -1,3 +1,7 @@
+// The optimizers of the engine behind one interface (Optimizer), and the two that need nothing
+// beyond f32 arithmetic: AdamW and SGD. (bitsandbytes-compatible 8-bit AdamW is in
+// kernels/optim_8bit.h; it needs the quantization maps of kernels/.)
+//
 // AdamW with decoupled weight decay (Loshchilov & Hutter; torch.optim.AdamW semantics):
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p = p - lr * wd * p                      (decoupled decay, on the master value)
@@ -9,8 +13,10 @@
 #pragma once
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "engine/autograd.h"
 #include "engine/tensor.h"
 
 namespace leantune {
@@ -47,35 +53,115 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& ar
 void adamw_step_cpu(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args);
 void adamw_step_cuda(const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args);
 
-class AdamW {
- public:
-  struct Param {
-    std::string name;
-    Tensor tensor;
-    bool decay = true;  // biases and norms are usually excluded from weight decay
-  };
-  AdamW(std::vector<Param> params, AdamWConfig cfg);
+struct OptimParam {
+  std::string name;
+  Tensor tensor;
+  bool decay = true;  // biases and norms are usually excluded from weight decay
+};
 
+// What a trainer drives. The step count is the number of updates applied (bias corrections).
+class Optimizer {
+ public:
+  using Param = OptimParam;
+  virtual ~Optimizer() = default;
   // Applies one update from each parameter's .grad() (parameters without a gradient are
-  // skipped). lr overrides cfg.lr (the scheduler's value).
+  // skipped). lr is the scheduler's value; grad_scale multiplies every gradient (clipping).
   void step(double lr, double grad_scale = 1.0);
+  // The same update, one parameter at a time (optimizer_in_backward): begin_step() counts the
+  // update, then update_param(i, ...) applies it to parameter i (index into the constructor's
+  // list) from its .grad(). Per element the arithmetic is step()'s.
+  void begin_step() { ++step_; }
+  void update_param(size_t i, double lr, double grad_scale = 1.0) { update({i}, lr, grad_scale); }
+  virtual size_t num_params() const = 0;
+  virtual const Param& param(size_t i) const = 0;
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
-  const AdamWConfig& config() const { return cfg_; }
-
-  // State for checkpoints: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.master".
-  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+  // State for checkpoints, "<param name>.<part>" -> tensor (only parameters updated so far).
+  virtual std::vector<std::pair<std::string, Tensor>> state_tensors() const = 0;
   // Restores from tensors saved by state_tensors(); missing or mis-shaped entries are an Error.
-  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state);
-  // Bytes of optimizer state held.
-  int64_t state_bytes() const;
+  virtual void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) = 0;
+  // Bytes of optimizer state held (master copies included).
+  virtual int64_t state_bytes() const = 0;
+
+ protected:
+  // Updates the listed parameters (all with a gradient) at step_count().
+  virtual void update(const std::vector<size_t>& which, double lr, double grad_scale) = 0;
+  int64_t step_ = 0;
+};
+
+// Copies saved[name + suffix] into dst; a missing or mis-shaped/mis-typed entry is an
+// Error(kInput) naming it.
+void load_state_entry(const std::unordered_map<std::string, Tensor>& saved, const std::string& key,
+                      const Tensor& dst);
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Param> params, AdamWConfig cfg);
+
+  const AdamWConfig& config() const { return cfg_; }
+  size_t num_params() const override { return params_.size(); }
+  const Param& param(size_t i) const override { return params_[i]; }
+
+  // "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.master".
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
+  int64_t state_bytes() const override;
 
  private:
+  void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
   void ensure_state(size_t i);
   std::vector<Param> params_;
   AdamWConfig cfg_;
   std::vector<AdamWTensor> state_;
-  int64_t step_ = 0;
+};
+
+// SGD as torch.optim.SGD without momentum (transformers' "sgd"): weight decay is L2, added to
+// the gradient:  g' = grad_scale g + wd p;  p = p - lr g'.  A bf16/f16 parameter keeps an f32
+// master copy (kOptimizer, "<name>.master"), as AdamW does; f32/f64 ones are updated in place.
+class Sgd : public Optimizer {
+ public:
+  Sgd(std::vector<Param> params, double weight_decay);
+  size_t num_params() const override { return params_.size(); }
+  const Param& param(size_t i) const override { return params_[i]; }
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
+  int64_t state_bytes() const override;
+
+ private:
+  void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
+  std::vector<Param> params_;
+  std::vector<Tensor> master_;
+  double weight_decay_;
+};
+
+// optimizer_in_backward (torchtune's optimizer_in_bwd): while it lives it observes backward;
+// when the AccumulateGrad node of one of the optimizer's parameters has run, that gradient is
+// complete (the engine runs a leaf's AccumulateGrad once, after every consumer), so the
+// parameter is updated at once (Optimizer::update_param, grad_scale 1) and its gradient dropped.
+// No full-model gradient buffer exists: at most the gradients in flight plus one parameter's.
+// The constructor counts the update (begin_step). A gradient with a non-finite value is not
+// applied (and dropped); finite() then reports false. Only for one backward per update (no
+// accumulation) and no clipping by the global norm: the trainer refuses those combinations.
+class OptimizerInBackward final : public BackwardObserver {
+ public:
+  OptimizerInBackward(Optimizer& opt, double lr);
+  ~OptimizerInBackward() override;
+  OptimizerInBackward(const OptimizerInBackward&) = delete;
+  OptimizerInBackward& operator=(const OptimizerInBackward&) = delete;
+  void after_node(Node& node) override;
+  // The global norm of the gradients seen (for logs), whether all were finite, how many
+  // parameters were updated.
+  double grad_norm() const;
+  bool finite() const { return finite_; }
+  int64_t updated() const { return updated_; }
+
+ private:
+  Optimizer& opt_;
+  double lr_;
+  std::unordered_map<const TensorImpl*, size_t> index_;
+  double sum_squares_ = 0.0;
+  bool finite_ = true;
+  int64_t updated_ = 0;
 };
 
 }  // namespace leantune

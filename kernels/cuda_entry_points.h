@@ -10,6 +10,7 @@
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
 #include "kernels/linear_cross_entropy.h"
+#include "kernels/optim_8bit.h"
 #include "kernels/quant.h"
 #include "kernels/residual.h"
 #include "kernels/rms_norm.h"
@@ -62,6 +63,8 @@
     (packed, absmax, n, out))                                                                     \
   X(void, leantune::kernels, int8_dequantize_cuda,                                                \
     (const Tensor& q, const Tensor& absmax, const Tensor& out), (q, absmax, out))                 \
+  X(void, leantune::kernels, adamw8bit_step_cuda,                                                 \
+    (const std::vector<Adam8Tensor>& tensors, const AdamWStepArgs& args), (tensors, args))        \
   X(void, leantune::kernels, residual_add_fwd_cuda,                                               \
     (const Tensor& a, const Tensor& b, const Tensor& y), (a, b, y))                               \
   X(void, leantune::kernels, rms_norm_fwd_cuda,                                                   \
@@ -85,7 +88,7 @@
 
 namespace leantune::kernels {
 
-inline constexpr uint32_t kKernelsCudaAbiVersion = 1;
+inline constexpr uint32_t kKernelsCudaAbiVersion = 2;
 inline constexpr const char* kKernelsCudaTableSymbol = LT_CUDA_STR(LT_KERNELS_CUDA_TABLE);
 
 struct KernelsCudaTable {

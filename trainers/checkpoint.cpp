@@ -170,6 +170,15 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& sourc
   st.num_tokens = count("num_tokens", false);
   st.consecutive_nonfinite = count("consecutive_nonfinite", false);
   st.skipped_steps = count("skipped_steps", false);
+  auto text_value = [&](const char* key, std::string& out) {
+    auto it = j.find(key);
+    if (it == j.end()) return;
+    LT_CHECK_INPUT(it->is_string(), source, ": key '", key, "' must be a string, got ",
+                   printable(it->dump(), 60));
+    out = it->get<std::string>();
+  };
+  text_value("optim", st.optim);
+  text_value("offload_optimizer", st.offload_optimizer);
   auto ds = j.find("data_state");
   LT_CHECK_INPUT(ds != j.end(), source, ": key 'data_state' is missing");
   LT_CHECK_INPUT(ds->is_object(), source, ": key 'data_state' must be an object, got ",

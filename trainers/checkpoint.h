@@ -54,10 +54,13 @@ struct TrainerState {
   int64_t num_tokens = 0;
   int64_t consecutive_nonfinite = 0;
   int64_t skipped_steps = 0;
-  nlohmann::json data_state;  // an object, read by the trainer's data side
+  std::string optim = "adamw_torch";       // the --optim whose state the checkpoint holds
+  std::string offload_optimizer = "none";  // and its --offload_optimizer
+  nlohmann::json data_state;               // an object, read by the trainer's data side
 };
 // Parses the text of trainer_state.json. Error(kInput) naming `source` and the key for invalid
-// JSON, a missing key, or a value that is not a non-negative integer (data_state: an object).
+// JSON, a missing key, or a value that is not a non-negative integer (data_state: an object;
+// optim, offload_optimizer: strings, absent in checkpoints older than them).
 TrainerState parse_trainer_state(std::string_view text, const std::string& source);
 
 }  // namespace leantune

@@ -17,6 +17,9 @@ void print_estimate(const MemoryEstimate& e) {
   std::printf("  %-22s %12s\n", "params", format_bytes(e.params).c_str());
   std::printf("  %-22s %12s\n", "grads", format_bytes(e.grads).c_str());
   std::printf("  %-22s %12s\n", "optimizer states", format_bytes(e.optimizer).c_str());
+  if (e.optimizer_host > 0)
+    std::printf("  %-22s %12s  (host memory, not in the peak)\n", "optimizer on the host",
+                format_bytes(e.optimizer_host).c_str());
   std::printf("  %-22s %12s\n", "activations", format_bytes(e.activations).c_str());
   std::printf("  %-22s %12s\n", "loss (held)", format_bytes(e.loss).c_str());
   std::printf("  %-22s %12s\n", "workspace at peak", format_bytes(e.workspace).c_str());
@@ -72,6 +75,27 @@ int run_estimate(const std::vector<std::string>& args) {
        [](EstimateConfig& c) {
          c.use_peft = c.load_in_4bit = c.gradient_checkpointing = c.activation_offloading = true;
        });
+  with("--optim adamw_8bit", [](EstimateConfig& c) { c.optim = "adamw_8bit"; });
+  with("--optim adamw_8bit --gradient_checkpointing", [](EstimateConfig& c) {
+    c.optim = "adamw_8bit";
+    c.gradient_checkpointing = true;
+  });
+  if (cfg.gradient_accumulation_steps == 1) {
+    with("--optim adamw_8bit --optimizer_in_backward --max_grad_norm 0 --gradient_checkpointing",
+         [](EstimateConfig& c) {
+           c.optim = "adamw_8bit";
+           c.optimizer_in_backward = c.gradient_checkpointing = true;
+         });
+    with(
+        "--optim adamw_8bit --optimizer_in_backward --max_grad_norm 0 --gradient_checkpointing "
+        "--offload_optimizer cpu",
+        [](EstimateConfig& c) {
+          c.optim = "adamw_8bit";
+          c.optimizer_in_backward = c.gradient_checkpointing = c.offload_optimizer = true;
+        });
+  }
+  with("--offload_optimizer cpu --gradient_checkpointing",
+       [](EstimateConfig& c) { c.offload_optimizer = c.gradient_checkpointing = true; });
   for (int64_t div = 2; div <= 64 && cfg.micro_batch_tokens / div >= 1; div *= 2) {
     with("micro-batches " + std::to_string(div) + "x smaller (per_device_train_batch_size / " +
              std::to_string(div) + ", gradient_accumulation_steps x " + std::to_string(div) + ")",

@@ -48,12 +48,38 @@ int64_t quantized_bytes(int64_t n, int64_t rows, const EstimateConfig& c, int64_
   return dense;
 }
 
+// Optimizer state of `trainable` parameters in dtype b (b == 4: no master needed).
+int64_t optimizer_state_bytes(const EstimateConfig& c, int64_t trainable, int64_t b,
+                              const ModelConfig& m) {
+  const int64_t master = b == 2 ? 4 * trainable : 0;
+  if (c.optim == "adamw_8bit" || c.optim == "adamw_bnb_8bit" || c.optim == "paged_adamw_8bit")
+    return 2 * trainable + trainable / 32;
+  if (c.optim == "paged_adamw_32bit") return 8 * trainable;
+  if (c.optim == "sgd") return master;
+  if (c.optim == "adafactor") {
+    // Row and column f32 statistics of each trained matrix, the full second moment of vectors.
+    int64_t rc = 0;
+    for (const ModuleShape& s : layer_modules(m)) {
+      if (!c.use_peft)
+        rc += s.in + s.out + (s.bias ? s.out : 0);
+      else if (targeted(c.lora_target_modules, s.kind))
+        rc += (c.lora_r + s.in) + (s.out + c.lora_r);
+    }
+    rc = rc * m.num_hidden_layers +
+         (!c.use_peft ? (2 * m.num_hidden_layers + 1) * m.hidden_size : 0);
+    if (!c.use_peft) rc += (m.tie_word_embeddings ? 1 : 2) * (m.vocab_size + m.hidden_size);
+    return 4 * rc;
+  }
+  return 8 * trainable + master;  // adamw_torch
+}
+
 }  // namespace
 
 nlohmann::json MemoryEstimate::to_json() const {
   return {{"params", params},
           {"grads", grads},
           {"optimizer", optimizer},
+          {"optimizer_host", optimizer_host},
           {"activations", activations},
           {"loss", loss},
           {"workspace", workspace},
@@ -77,8 +103,6 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
       (m.tie_word_embeddings && listed(c.lora_modules_to_save, "embed_tokens"));
   const bool embed_trains = !c.use_peft || listed(c.lora_modules_to_save, "embed_tokens") ||
                             (m.tie_word_embeddings && head_trains);
-  // Bytes an AdamW-trained parameter of dtype b costs in grads + optimizer state.
-  const int64_t opt_per = 8 + (b == 2 ? 4 : 0);
 
   // ---- parameters and what trains
   int64_t layer_params = 0, layer_trainable = 0, layer_grad_bytes = 0;
@@ -110,7 +134,24 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const int64_t embed_grad_extra = (embed_trains && !m.tie_word_embeddings) ? embed * b : 0;
   e.grads = l * layer_grad_bytes + head_grad + embed_grad_extra + (!c.use_peft ? h * b : 0) +
             c.trainable_tokens * h * b;
-  e.optimizer = e.trainable_parameters * opt_per;
+  e.optimizer = optimizer_state_bytes(c, e.trainable_parameters, b, m);
+  if (c.optim.rfind("paged_", 0) == 0) {  // host-resident, paged in per parameter
+    e.optimizer_host = e.optimizer;
+    e.optimizer = 0;
+  }
+  if (c.offload_optimizer) {
+    e.optimizer_host =
+        optimizer_state_bytes(c, e.trainable_parameters, 4, m) + 4 * e.trainable_parameters;
+    e.optimizer = 0;
+  }
+  if (c.optimizer_in_backward) {
+    // One gradient in flight: the largest trainable one, and the head's part of a tied
+    // embedding's while the lookup's part is pending.
+    int64_t largest = !c.use_peft ? std::max(inter * h, nq * h) * b : 0;
+    if (head_trains) largest = std::max(largest, v * h * (c.fused_loss ? 4 : b));
+    if (embed_trains && !m.tie_word_embeddings) largest = std::max(largest, embed * b);
+    e.grads = std::min(e.grads, largest + (m.tie_word_embeddings && head_trains ? head_grad : 0));
+  }
 
   // ---- activations saved for backward, per layer
   int64_t per_layer = t * h * b + 4 * t;       // input_layernorm: x, rstd
@@ -181,12 +222,19 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const int64_t fwd =
       acts + std::max(loss_held + loss_ws, gemm_ws + attn_ws + t * inter * b) + grads_before;
   // Start of backward: everything saved, the loss's held gradients, the first layer's work.
+  // A paged optimizer pages one parameter's states onto the device for its step (during
+  // backward with optimizer_in_backward); the largest is the embedding's or the head's.
+  const int64_t paged_ws =
+      c.optim.rfind("paged_", 0) == 0 && !c.offload_optimizer
+          ? optimizer_state_bytes(c, (embed_trains || head_trains) ? v * h : 0, 4, m)
+          : 0;
   const int64_t bwd = acts + loss_held + (grads_before ? e.grads : head_grad) +
-                      backward_layer_acts + layer_bwd_ws + gemm_ws + attn_ws;
+                      backward_layer_acts + layer_bwd_ws + gemm_ws + attn_ws +
+                      (c.optimizer_in_backward ? paged_ws : 0);
   // End of backward: all gradients, little else.
   const int64_t bwd_end = e.grads + t * h * b + layer_bwd_ws;
   // The optimizer step: gradients and state, and the f32 conversion of one gradient.
-  const int64_t opt = e.grads + (b == 2 ? v * h * 4 : 0);
+  const int64_t opt = c.optimizer_in_backward ? 0 : e.grads + (b == 2 ? v * h * 4 : 0) + paged_ws;
   const int64_t train_max = std::max({fwd, bwd, bwd_end});
   e.peak = e.params + e.optimizer + std::max(train_max, opt);
   e.peak_phase =
@@ -231,6 +279,9 @@ EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig&
   c.load_in_4bit = o.get_bool("load_in_4bit");
   c.load_in_8bit = o.get_bool("load_in_8bit");
   c.double_quant = o.get_bool("bnb_4bit_use_double_quant");
+  c.optim = o.get_string("optim");
+  c.optimizer_in_backward = o.get_bool("optimizer_in_backward");
+  c.offload_optimizer = o.get_string("offload_optimizer") == "cpu";
   return c;
 }
 

@@ -8,8 +8,14 @@
 //               LoRA A/B and trainable-token deltas.
 //   grads       one per trainable parameter in its dtype; the LM head's gradient from the fused
 //               loss in f32.
-//   optimizer   AdamW: two f32 moments per trainable parameter, plus an f32 master copy for
-//               16-bit parameters.
+//   optimizer   on the device, by --optim: adamw_torch two f32 moments per trainable parameter
+//               plus an f32 master of 16-bit ones; adamw_8bit 2 B + 8 B per 256 (no master);
+//               adafactor 4 B per row and column of each matrix, 4 B per vector element; sgd an
+//               f32 master of 16-bit ones; paged_adamw_8bit / paged_adamw_32bit (2 B / 8 B)
+//               on the host (optimizer_host). --offload_optimizer cpu: none on the device, the
+//               states and an f32 master of every parameter on the host (optimizer_host).
+//               --optimizer_in_backward: no full-model gradients; the largest gradient in
+//               flight (plus the LM head's part of a tied embedding's) stands for grads.
 //   activations what backward needs, per decoder layer: the inputs of both norms, q/k/v/out of
 //               attention and its f32 log-sum-exp, gate and up of swiglu, and the input of
 //               every projection whose weight trains or that carries a LoRA adapter (a frozen
@@ -58,15 +64,20 @@ struct EstimateConfig {
   bool load_in_4bit = false;
   bool load_in_8bit = false;
   bool double_quant = true;
+  // Optimizer (trainers/optim_options.h)
+  std::string optim = "adamw_torch";
+  bool optimizer_in_backward = false;
+  bool offload_optimizer = false;
 };
 
 struct MemoryEstimate {
   int64_t params = 0;
   int64_t grads = 0;
-  int64_t optimizer = 0;
-  int64_t activations = 0;  // saved for backward at the end of forward
-  int64_t loss = 0;         // held by the loss between forward and backward
-  int64_t workspace = 0;    // transient at the peak
+  int64_t optimizer = 0;       // on the device
+  int64_t optimizer_host = 0;  // --offload_optimizer cpu
+  int64_t activations = 0;     // saved for backward at the end of forward
+  int64_t loss = 0;            // held by the loss between forward and backward
+  int64_t workspace = 0;       // transient at the peak
   int64_t peak = 0;
   std::string peak_phase;  // "forward", "backward", "optimizer step"
   int64_t trainable_parameters = 0;

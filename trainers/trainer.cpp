@@ -12,6 +12,7 @@
 #include "loaders/safetensors.h"
 #include "trainers/checkpoint.h"
 #include "trainers/offload_options.h"
+#include "trainers/optim_options.h"
 
 namespace leantune {
 
@@ -70,6 +71,7 @@ void add_training_options(Options& o) {
   o.add_float("adam_beta1", d.adam_beta1, "AdamW beta1", 0.0, 1.0);
   o.add_float("adam_beta2", d.adam_beta2, "AdamW beta2", 0.0, 1.0);
   o.add_float("adam_epsilon", d.adam_epsilon, "AdamW epsilon", 0.0);
+  add_optim_options(o);
   o.add_float("max_grad_norm", d.max_grad_norm, "clip the global gradient norm to this (0 = off)",
               0.0);
   o.add_float("num_train_epochs", d.num_train_epochs, "epochs over the training data", 0.0);
@@ -109,6 +111,10 @@ TrainingArguments training_arguments(const Options& o) {
   a.adam_beta1 = o.get_float("adam_beta1");
   a.adam_beta2 = o.get_float("adam_beta2");
   a.adam_epsilon = o.get_float("adam_epsilon");
+  const OptimArguments optim = optim_arguments(o);
+  a.optim = optim.optim;
+  a.optimizer_in_backward = optim.optimizer_in_backward;
+  a.offload_optimizer = optim.offload_optimizer;
   a.max_grad_norm = o.get_float("max_grad_norm");
   a.num_train_epochs = o.get_float("num_train_epochs");
   a.max_steps = o.get_int("max_steps");
@@ -156,9 +162,10 @@ void Trainer::build_optimizer() {
   for (const auto& [name, t] : trainable_parameters())
     trainable_.push_back({name, t, !no_decay(name)});
   LT_CHECK_INPUT(!trainable_.empty(), "nothing to train: no parameter requires a gradient");
-  optimizer_ = std::make_unique<AdamW>(
-      trainable_, AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
-                              args_.adam_epsilon, args_.weight_decay});
+  optimizer_ = make_optimizer(
+      OptimArguments{args_.optim, args_.optimizer_in_backward, args_.offload_optimizer}, trainable_,
+      AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon,
+                  args_.weight_decay});
 }
 
 double Trainer::grad_norm() const {
@@ -185,6 +192,8 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
                          {"consecutive_nonfinite", consecutive_nonfinite_},
                          {"skipped_steps", skipped_steps_},
                          {"optimizer_step", optimizer_->step_count()},
+                         {"optim", args_.optim},
+                         {"offload_optimizer", args_.offload_optimizer},
                          {"total_steps", total_steps_},
                          {"data_state", data_state()},
                          {"options", options_.to_json()}};
@@ -199,6 +208,10 @@ void Trainer::load_checkpoint(const std::string& dir) {
   const std::string state_path = dir + "/trainer_state.json";
   const TrainerState st = parse_trainer_state(read_text_file(state_path), state_path);
   load_model(dir);
+  LT_CHECK_INPUT(st.optim == args_.optim && st.offload_optimizer == args_.offload_optimizer, dir,
+                 " holds the state of --optim ", st.optim, " --offload_optimizer ",
+                 st.offload_optimizer, "; this run uses --optim ", args_.optim,
+                 " --offload_optimizer ", args_.offload_optimizer);
   auto opt_file = SafetensorsFile::open(dir + "/optimizer.safetensors");
   std::vector<std::pair<std::string, Tensor>> state;
   for (const auto& e : opt_file->entries()) state.emplace_back(e.name, opt_file->tensor(e.name));
@@ -224,13 +237,21 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"tensors_offloaded", offload_totals_.tensors_offloaded},
         {"bytes_offloaded", offload_totals_.bytes_offloaded},
         {"prefetches", offload_totals_.prefetches}};
-  nlohmann::json r = {{"device", model_->device().str()},
-                      {"peak_allocated", snap["peak_allocated"]},
-                      {"peak_reserved", snap["peak_reserved"]},
-                      {"peak_by_tag", nlohmann::json::object()},
-                      {"at_peak_by_tag", nlohmann::json::object()},
-                      {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
-                      {"savings", all_savings}};
+  nlohmann::json r = {
+      {"device", model_->device().str()},
+      {"peak_allocated", snap["peak_allocated"]},
+      {"peak_reserved", snap["peak_reserved"]},
+      {"peak_by_tag", nlohmann::json::object()},
+      {"at_peak_by_tag", nlohmann::json::object()},
+      {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
+      {"optimizer",
+       {{"optim", args_.optim},
+        {"offload_optimizer", args_.offload_optimizer},
+        {"state_bytes", optimizer_->state_bytes()},
+        // Paged and offloaded states are host memory, not in the device figures.
+        {"state_on_host", args_.offload_optimizer == "cpu" || args_.optim.rfind("paged_", 0) == 0 ||
+                              model_->device().is_cpu()}}},
+      {"savings", all_savings}};
   for (auto it = snap["by_tag"].begin(); it != snap["by_tag"].end(); ++it) {
     r["peak_by_tag"][it.key()] = it.value()["peak"];
     r["at_peak_by_tag"][it.key()] = it.value()["at_peak"];
@@ -307,6 +328,7 @@ TrainResult Trainer::train() {
     }
     double step_loss = 0;
     bool finite = true;
+    double backward_norm = 0;  // optimizer_in_backward: the norm of the gradients it applied
     for (size_t i = 0; i < micro.size(); ++i) {
       // One offloader per micro-batch, around its forward and backward.
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
@@ -316,7 +338,17 @@ TrainResult Trainer::train() {
       const double lv = loss.item();
       step_loss += lv;
       if (!std::isfinite(lv)) finite = false;
-      if (loss.requires_grad()) loss.backward();
+      if (args_.optimizer_in_backward) {
+        // Parameters are updated inside backward: a non-finite loss skips backward itself.
+        if (finite && loss.requires_grad()) {
+          OptimizerInBackward in_bwd(*optimizer_, scheduler_.lr(step_));
+          loss.backward();
+          backward_norm = in_bwd.grad_norm();
+          if (!in_bwd.finite()) finite = false;
+        }
+      } else if (loss.requires_grad()) {
+        loss.backward();
+      }
       if (offloader) {
         const OffloadStats st = offloader->stats();
         offload_totals_.tensors_offloaded += st.tensors_offloaded;
@@ -330,7 +362,7 @@ TrainResult Trainer::train() {
       window_real += reports[i].real_tokens;
       window_total += reports[i].real_tokens + reports[i].pad_tokens;
     }
-    const double norm = grad_norm();
+    const double norm = args_.optimizer_in_backward ? backward_norm : grad_norm();
     if (!finite || !std::isfinite(norm)) {
       ++consecutive_nonfinite_;
       ++skipped_steps_;
@@ -345,7 +377,7 @@ TrainResult Trainer::train() {
       consecutive_nonfinite_ = 0;
       double scale = 1.0;
       if (args_.max_grad_norm > 0) scale = std::min(1.0, args_.max_grad_norm / (norm + 1e-6));
-      optimizer_->step(scheduler_.lr(step_), scale);
+      if (!args_.optimizer_in_backward) optimizer_->step(scheduler_.lr(step_), scale);
       zero_grads();
     }
     const double lr_used = scheduler_.lr(step_);

@@ -5,10 +5,11 @@
 // (not averaged per micro-batch), so 4 x 1 and 1 x 4 give the same gradients. Then:
 // gradient norm -> non-finite check (a non-finite loss or gradient skips the update, names the
 // step, is counted; 10 in a row stop the run with exit 4) -> clipping to max_grad_norm ->
-// AdamW with the scheduled learning rate. Logging every logging_steps (metrics.jsonl and the
-// progress bar), evaluation every eval_steps, a checkpoint every save_steps (at most
-// save_total_limit kept), SIGTERM/SIGINT -> checkpoint and a clean return. At the end the final
-// model is written to output_dir as an HF folder and a memory report is printed.
+// the optimizer (--optim; AdamW by default) with the scheduled learning rate. Logging every
+// logging_steps (metrics.jsonl and the progress bar), evaluation every eval_steps, a checkpoint
+// every save_steps (at most save_total_limit kept), SIGTERM/SIGINT -> checkpoint and a clean
+// return. At the end the final model is written to output_dir as an HF folder and a memory report
+// is printed.
 //
 // Subclasses provide the data and the loss through the virtual hooks below.
 #pragma once
@@ -46,6 +47,9 @@ struct TrainingArguments {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
+  std::string optim = "adamw_torch";
+  bool optimizer_in_backward = false;
+  std::string offload_optimizer = "none";
   double max_grad_norm = 1.0;
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;
@@ -136,8 +140,8 @@ class Trainer {
   void zero_grads();
   nlohmann::json memory_report(const nlohmann::json& savings) const;
 
-  std::vector<AdamW::Param> trainable_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::vector<Optimizer::Param> trainable_;
+  std::unique_ptr<Optimizer> optimizer_;
   LrScheduler scheduler_;
   int64_t total_steps_ = 0;
   int64_t step_ = 0;

@@ -102,5 +102,41 @@ TEST(AdamW, StateRoundTripContinuesIdentically) {
   EXPECT_THROW(o2.load_state_tensors(bad), Error);
 }
 
+TEST(Sgd, MatchesTorchSgdWithL2DecayAndKeepsBf16Master) {
+  // f64: torch.optim.SGD (no momentum): p -= lr (gs g + wd p), checked in double.
+  const int64_t n = 19;
+  Tensor p = testing::randn({n}, DType::kF64, 4);
+  std::vector<double> ref = p.to_f64();
+  Sgd opt({{"w", p, true}}, 0.1);
+  for (int t = 1; t <= 3; ++t) {
+    Tensor g = testing::randn({n}, DType::kF64, 40 + t);
+    p.set_grad(g);
+    opt.step(0.05 * t, 0.5);
+    const std::vector<double> gv = g.to_f64();
+    for (int64_t i = 0; i < n; ++i) ref[i] -= 0.05 * t * (0.5 * gv[i] + 0.1 * ref[i]);
+  }
+  const std::vector<double> got = p.to_f64();
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(got[i], ref[i], 1e-14) << i;
+  EXPECT_EQ(opt.step_count(), 3);
+  EXPECT_EQ(opt.state_bytes(), 0);
+
+  // bf16: the update runs on an f32 master ("w.master"), which a restart restores.
+  Tensor b = testing::randn({71, 229}, DType::kBF16, 5);
+  Sgd s1({{"w", b, false}}, 0.1);
+  b.set_grad(testing::randn({71, 229}, DType::kBF16, 6));
+  s1.step(1e-3);
+  auto st = s1.state_tensors();
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].first, "w.master");
+  EXPECT_EQ(s1.state_bytes(), 71 * 229 * 4);
+  const std::vector<float> master = st[0].second.to_f32(), rounded = b.to_f32();
+  for (size_t i = 0; i < master.size(); i += 97)
+    EXPECT_EQ(rounded[i], Tensor::full({1}, master[i], DType::kBF16).to_f32()[0]) << i;
+  Tensor b2 = b.clone();
+  Sgd s2({{"w", b2, false}}, 0.1);
+  s2.load_state_tensors(st);
+  EXPECT_EQ(s2.state_tensors()[0].second.to_f32(), master);
+}
+
 }  // namespace
 }  // namespace leantune

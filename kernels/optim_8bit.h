@@ -1,0 +1,95 @@
+// 8-bit AdamW, bit-compatible with bitsandbytes' AdamW8bit (transformers' adamw_8bit /
+// adamw_bnb_8bit), and the blockwise quantization of its states.
+//
+// A parameter of at least kOptim8bitMinSize elements keeps both moments as u8 codes in blocks
+// of 256 (state1: signed dynamic map kDynamicMap, state2: unsigned map kDynamicMapUnsigned)
+// with one f32 absmax per block: 2 bytes + 8/256 per element. Smaller parameters keep f32
+// moments (bnb's min_8bit_size). There is no f32 master copy: the parameter is read as f32,
+// updated, and rounded back to its dtype (as bnb does), so a bf16 model costs about 2 bytes of
+// optimizer state per parameter.
+//
+// One step of an 8-bit parameter, per element in f32, operation for operation as bnb's CPU
+// optimizer_update_8bit_blockwise (fma(a, b, c) is one rounding, as torch's vectorised add with
+// alpha and addcmul):
+//   g = f32(grad) * f32(grad_scale)
+//   m = kDynamicMap[q1] * absmax1[b];  v = kDynamicMapUnsigned[q2] * absmax2[b]
+//   m = fma(g, f32(1 - b1), m * f32(b1));  v = fma(f32(1 - b2) * g, g, v * f32(b2))
+//   denom = sqrt(v) / f32(sqrt(1 - b2^t)) + f32(eps)
+//   p = p * f32(1 - lr wd)             (only when wd > 0)
+//   p = p + (f32(-lr / (1 - b1^t)) * m) / denom
+// then m and v are requantized per block: absmax = max |x| over the block; a full block scales
+// by f32(1 / max(absmax, 1e-38)) and stores absmax; a short last block divides by
+// a = max(absmax, 1e-38) and stores a; the scaled value is clamped to [-1, 1] and its code is
+// the number of f32 midpoints (map[i] + map[i+1]) / 2 below it (bnb's default kernel and its
+// CUDA kernel: the nearest code, ties to the lower one).
+// A parameter below the size threshold follows bnb's optimizer_update_32bit:
+//   m, v as above (f32 states);  p = p * f32(1 - lr wd) (wd > 0)
+//   p = fma(m / (sqrt(v) + f32(eps sqrt(1 - b2^t))), f32(-lr sqrt(1 - b2^t) / (1 - b1^t)), p)
+// Fixtures: tests/fixtures/gen_optim_fixtures.py (bitsandbytes 0.50.2).
+// Devices: CPU (OpenMP over blocks) and CUDA (adamw8bit_step_cuda, one thread block per 256
+// elements), same operations and rounding.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/optim.h"
+#include "engine/tensor.h"
+
+namespace leantune::kernels {
+
+inline constexpr int64_t kOptim8bitBlock = 256;
+inline constexpr int64_t kOptim8bitMinSize = 4096;
+extern const float kDynamicMapUnsigned[256];
+
+// x f32 [n] (host) -> q u8 [n], absmax f32 [ceil(n / 256)], with the signed (state1) or
+// unsigned (state2) map, by the rule above. dequantize: out[i] = map[q[i]] * absmax[i / 256].
+void optim8_quantize(const Tensor& x, bool signed_map, const Tensor& q, const Tensor& absmax);
+void optim8_dequantize(const Tensor& q, const Tensor& absmax, bool signed_map, const Tensor& out);
+
+// One parameter's view of the step. 8-bit: state1/state2 u8 [n], absmax1/absmax2 f32 [blocks].
+// 32-bit: state1/state2 f32 [n], absmax undefined. param f32/bf16/f16, grad any float dtype.
+struct Adam8Tensor {
+  Tensor param;
+  Tensor grad;
+  Tensor state1;
+  Tensor state2;
+  Tensor absmax1;
+  Tensor absmax2;
+  double weight_decay = 0.0;
+};
+
+void adamw8bit_step(const std::vector<Adam8Tensor>& tensors, const AdamWStepArgs& args);
+void adamw8bit_step_cpu(const std::vector<Adam8Tensor>& tensors, const AdamWStepArgs& args);
+void adamw8bit_step_cuda(const std::vector<Adam8Tensor>& tensors, const AdamWStepArgs& args);
+
+// eight_bit false: every parameter takes the 32-bit path (bnb's AdamW with optim_bits=32).
+// paged (bnb's paged optimizers; transformers' paged_adamw_8bit / paged_adamw_32bit): the states
+// live in host memory (tag kOptimizer on the host allocator) and are paged in per parameter for
+// its step on the parameter's device (device scratch, kWorkspace), then written back. On the
+// host there is nothing to page: the step is the unpaged one.
+struct AdamW8bitOptions {
+  bool eight_bit = true;
+  bool paged = false;
+};
+
+class AdamW8bit : public Optimizer {
+ public:
+  AdamW8bit(std::vector<Param> params, AdamWConfig cfg, AdamW8bitOptions opt = {});
+  size_t num_params() const override { return params_.size(); }
+  const Param& param(size_t i) const override { return params_[i]; }
+  // "<name>.state1", "<name>.state2", and for 8-bit parameters "<name>.absmax1/.absmax2".
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
+  int64_t state_bytes() const override;
+
+ private:
+  void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
+  void ensure_state(size_t i);
+  std::vector<Param> params_;
+  AdamWConfig cfg_;
+  AdamW8bitOptions opt_;
+  std::vector<Adam8Tensor> state_;
+};
+
+}  // namespace leantune::kernels

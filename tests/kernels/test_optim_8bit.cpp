@@ -1,0 +1,180 @@
+// 8-bit AdamW against bitsandbytes 0.50.2 (tests/fixtures/gen_optim_fixtures.py ->
+// tests/fixtures/optim/adamw8bit.safetensors): the two dynamic maps, the blockwise
+// quantization and dequantization of states (full and short blocks, signed and unsigned), and
+// three optimizer steps of an 8-bit parameter (16 full blocks + one of 32) and of a 32-bit one
+// (below min_8bit_size): parameters, codes and absmax equal to the last bit. Then a restart from
+// saved state continues bit for bit, and the state bytes are what the header promises.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+
+#include "engine/allocator.h"
+#include "kernels/optim_8bit.h"
+#include "kernels/quant.h"
+#include "loaders/safetensors.h"
+#include "testing/testing.h"
+
+namespace leantune {
+namespace {
+
+using kernels::AdamW8bit;
+
+std::shared_ptr<SafetensorsFile> fixture() {
+  static std::shared_ptr<SafetensorsFile> f =
+      SafetensorsFile::open(testing::fixture_path("optim/adamw8bit.safetensors"));
+  return f;
+}
+Tensor fx(const std::string& name) { return fixture()->tensor(name).contiguous(); }
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  std::vector<uint8_t> v(c.nbytes());
+  if (!v.empty()) std::memcpy(v.data(), c.data_ptr(), v.size());
+  return v;
+}
+
+// Bit equality with the index of the first difference in the message.
+void expect_bits(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  const std::vector<uint8_t> a = bytes_of(got), b = bytes_of(want);
+  const size_t es = got.element_size();
+  for (size_t i = 0; i < a.size(); i += es)
+    if (std::memcmp(&a[i], &b[i], es) != 0) {
+      ADD_FAILURE() << what << ": element " << i / es << " of " << got.numel() << " differs ("
+                    << got.to(DType::kF64).to_f64()[i / es] << " vs "
+                    << want.to(DType::kF64).to_f64()[i / es] << ")";
+      return;
+    }
+}
+
+TEST(Optim8bit, MapsAreBitsandbytesDynamicMaps) {
+  Tensor s = Tensor::empty({256}, DType::kF32, Device::cpu());
+  Tensor u = Tensor::empty({256}, DType::kF32, Device::cpu());
+  std::memcpy(s.data_ptr(), kernels::kDynamicMap, 256 * sizeof(float));
+  std::memcpy(u.data_ptr(), kernels::kDynamicMapUnsigned, 256 * sizeof(float));
+  expect_bits(s, fx("qmap1"), "signed map");
+  expect_bits(u, fx("qmap2"), "unsigned map");
+}
+
+class Optim8bitQuant : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Optim8bitQuant, CodesAbsmaxAndDequantMatchBitsandbytes) {
+  const std::string c = "quant." + GetParam();
+  const bool signed_map = GetParam()[0] == 's';
+  const Tensor x = fx(c + ".x");
+  const int64_t n = x.numel(), blocks = (n + 255) / 256;
+  Tensor q = Tensor::empty({n}, DType::kU8, Device::cpu());
+  Tensor absmax = Tensor::empty({blocks}, DType::kF32, Device::cpu());
+  kernels::optim8_quantize(x, signed_map, q, absmax);
+  expect_bits(q, fx(c + ".q"), c + ".q");
+  expect_bits(absmax, fx(c + ".absmax"), c + ".absmax");
+  Tensor out = Tensor::empty({n}, DType::kF32, Device::cpu());
+  kernels::optim8_dequantize(fx(c + ".q"), fx(c + ".absmax"), signed_map, out);
+  expect_bits(out, fx(c + ".dequant"), c + ".dequant");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Optim8bitQuant, ::testing::Values("s4128", "s19", "u4128", "u300"),
+                         [](const auto& info) { return info.param; });
+
+class Optim8bitSteps : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Optim8bitSteps, ThreeStepsMatchBitsandbytes) {
+  const std::string c = GetParam();
+  const bool eight = c == "step8";
+  Tensor p = fx(c + ".p0").clone();
+  AdamW8bit opt({{"w", p, true}}, AdamWConfig{1e-3, 0.9, 0.999, 1e-8, 0.01});
+  for (int t = 1; t <= 3; ++t) {
+    p.set_grad(fx(c + ".g" + std::to_string(t)));
+    opt.step(1e-3);
+    const std::string s = "_" + std::to_string(t);
+    expect_bits(p, fx(c + ".p" + std::to_string(t)), c + " param after step " + s);
+    auto st = opt.state_tensors();
+    ASSERT_EQ(st.size(), eight ? 4u : 2u);
+    expect_bits(st[0].second, fx(c + ".state1" + s), c + ".state1" + s);
+    expect_bits(st[1].second, fx(c + ".state2" + s), c + ".state2" + s);
+    if (eight) {
+      expect_bits(st[2].second, fx(c + ".absmax1" + s), c + ".absmax1" + s);
+      expect_bits(st[3].second, fx(c + ".absmax2" + s), c + ".absmax2" + s);
+    }
+  }
+  // 2 codes per element and 2 absmax per 256 elements, or two f32 moments.
+  const int64_t n = p.numel();
+  EXPECT_EQ(opt.state_bytes(), eight ? 2 * n + 2 * 4 * ((n + 255) / 256) : 8 * n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, Optim8bitSteps, ::testing::Values("step8", "step32"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Optim8bit, ThirtyTwoBitModeIsBitsandbytesF32Update) {
+  // paged_adamw_32bit: every parameter takes bnb's 32-bit update (here the fixture's parameter,
+  // below min_8bit_size, so bnb took it too); paged states live on the host.
+  Tensor p = fx("step32.p0").clone();
+  AdamW8bit opt({{"w", p, true}}, AdamWConfig{1e-3, 0.9, 0.999, 1e-8, 0.01},
+                kernels::AdamW8bitOptions{false, true});
+  for (int t = 1; t <= 3; ++t) {
+    p.set_grad(fx("step32.g" + std::to_string(t)));
+    opt.step(1e-3);
+  }
+  expect_bits(p, fx("step32.p3"), "step32 param after 3 steps");
+  EXPECT_EQ(opt.state_tensors()[0].second.device(), Device::cpu());
+  // A large parameter stays 32-bit in this mode: 8 bytes per element.
+  Tensor big = testing::randn({4128}, DType::kF32, 3);
+  AdamW8bit opt32({{"w", big, true}}, AdamWConfig{}, kernels::AdamW8bitOptions{false, true});
+  big.set_grad(testing::randn({4128}, DType::kF32, 4));
+  opt32.step(1e-3);
+  EXPECT_EQ(opt32.state_bytes(), 8 * 4128);
+}
+
+TEST(Optim8bit, RestartFromSavedStateContinuesBitForBit) {
+  const std::string c = "step8";
+  Tensor p = fx(c + ".p0").clone();
+  AdamW8bit first({{"w", p, true}}, AdamWConfig{1e-3, 0.9, 0.999, 1e-8, 0.01});
+  p.set_grad(fx(c + ".g1"));
+  first.step(1e-3);
+  std::vector<std::pair<std::string, Tensor>> saved;
+  for (const auto& [k, t] : first.state_tensors()) saved.emplace_back(k, t.clone());
+  Tensor p2 = p.clone();
+  AdamW8bit second({{"w", p2, true}}, AdamWConfig{1e-3, 0.9, 0.999, 1e-8, 0.01});
+  second.load_state_tensors(saved);
+  second.set_step_count(first.step_count());
+  for (int t = 2; t <= 3; ++t) {
+    p2.set_grad(fx(c + ".g" + std::to_string(t)));
+    second.step(1e-3);
+  }
+  expect_bits(p2, fx(c + ".p3"), "resumed param");
+  // A checkpoint of another shape is refused by name.
+  std::vector<std::pair<std::string, Tensor>> bad = saved;
+  bad[2].second = Tensor::zeros({3}, DType::kF32, Device::cpu());
+  AdamW8bit third({{"w", p.clone(), true}}, AdamWConfig{});
+  try {
+    third.load_state_tensors(bad);
+    ADD_FAILURE() << "mis-shaped state accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("w.absmax1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Optim8bit, StatesAreTaggedOptimizerAndBf16HasNoMaster) {
+  const int64_t n = 71 * 229;  // awkward: 63 full blocks + one of 131
+  Tensor p = testing::randn({71, 229}, DType::kBF16, 7);
+  Allocator& a = allocator(Device::cpu());
+  const int64_t before = a.stats().tag(MemTag::kOptimizer).current;
+  AdamW8bit opt({{"w", p, true}}, AdamWConfig{1e-2, 0.9, 0.999, 1e-8, 0.0});
+  const std::vector<float> p0 = p.to_f32();
+  p.set_grad(testing::randn({71, 229}, DType::kBF16, 8));
+  opt.step(1e-2);
+  const int64_t blocks = (n + 255) / 256;
+  EXPECT_EQ(opt.state_bytes(), 2 * n + 8 * blocks);
+  EXPECT_GE(a.stats().tag(MemTag::kOptimizer).current - before, 2 * n + 8 * blocks);
+  EXPECT_LT(a.stats().tag(MemTag::kOptimizer).current - before, 2 * n + 8 * blocks + 4 * 512);
+  // The first Adam step moves every element by about lr (sign of the gradient).
+  const std::vector<float> p1 = p.to_f32();
+  int moved = 0;
+  for (int64_t i = 0; i < n; ++i) moved += p1[i] != p0[i];
+  EXPECT_GT(moved, n / 2);
+}
+
+}  // namespace
+}  // namespace leantune
