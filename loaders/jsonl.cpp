@@ -179,8 +179,9 @@ bool parse_json_line(std::string_view line, nlohmann::json* out, LineProblem* pr
   }
   try {
     *out = nlohmann::json::parse(line.begin(), line.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix; the rest names the column.
+  } catch (const nlohmann::json::exception& e) {
+    // A syntax error or a number beyond a double (out_of_range.406). Drop nlohmann's
+    // "[json.exception.parse_error.101] " prefix; the rest names the column.
     std::string what = e.what();
     const size_t close = what.find("] ");
     if (what.rfind("[json.exception", 0) == 0 && close != std::string::npos) {

@@ -114,7 +114,7 @@ expect_bad pack_no_out "--out" \
 expect_bad pack_bad_strategy "first_fit" \
   "$bin" pack --dataset "$fx/tokenized.jsonl" --max_length 4 --packing_strategy first_fit \
   --out "$tmp/o.jsonl"
-expect_bad pack_unwritable_out "no_dir/o.jsonl: cannot write" \
+expect_bad pack_unwritable_out "option --out: folder '$tmp/no_dir' of" \
   "$bin" pack --dataset "$fx/tokenized.jsonl" --max_length 4 --out "$tmp/no_dir/o.jsonl"
 expect_bad pack_bad_tokenizer "no_tokenizer" \
   "$bin" pack --dataset "$fx/text.jsonl" --tokenizer "$tmp/no_tokenizer" --max_length 4 \

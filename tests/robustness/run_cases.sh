@@ -103,6 +103,7 @@ vocab_huge() {
     >"$W/config.json"
 }
 out_dir() { mkdir -p "$W/packed"; }
+number_overflow() { printf '{"text": 1E777}\n' >"$W/d.jsonl"; }
 big_data() {
   for _ in $(seq 500); do cat "$DATA"; done >"$W/big.jsonl"
 }

@@ -61,6 +61,10 @@ TEST(Options, EveryProblemIsOneLineNamingTheOption) {
   std::string dir = testing::temp_dir("bad");
   std::ofstream(dir + "/bad.json") << R"({"max_length": "long"})";
   std::ofstream(dir + "/notjson.json") << "{max_length: 3";
+  std::ofstream(dir + "/u64.json") << R"({"max_length": 18446744073709551615})";
+  std::ofstream(dir + "/big.json") << R"({"max_length": 1e30})";
+  std::ofstream(dir + "/half.json") << R"({"max_length": 2.5})";
+  std::ofstream(dir + "/dup.json") << R"({"max_length": 2, "packing": true, "max_length": 3})";
   struct Case {
     std::vector<std::string> args;
     std::string expect;
@@ -68,10 +72,18 @@ TEST(Options, EveryProblemIsOneLineNamingTheOption) {
   const Case cases[] = {
       {{"--max_lenght", "3"}, "unknown option --max_lenght (did you mean --max_length?)"},
       {{"--max_length", "abc"}, "option --max_length expects an integer, got 'abc'"},
-      {{"--max_length", "0"}, "option max_length must be >= 1, got 0"},
+      {{"--max_length", "0"}, "option max_length must be an integer >= 1, got '0'"},
+      {{"--max_length", "18446744073709551615"},
+       "option --max_length must be an integer >= 1, got '18446744073709551615'"},
+      {{"--learning_rate", "nan"}, "option learning_rate must be a finite number in [0"},
+      {{"--config", dir + "/u64.json"},
+       "u64.json: option max_length must be an integer >= 1, got 18446744073709551615"},
+      {{"--config", dir + "/big.json"}, "option max_length must be an integer >= 1, got 1e30"},
+      {{"--config", dir + "/half.json"}, "option max_length expects an integer, got 2.5"},
+      {{"--config", dir + "/dup.json"}, "dup.json: duplicate key 'max_length'"},
       {{"--max_length"}, "option --max_length needs a value"},
       {{"--packing", "maybe"}, "option --packing expects true or false"},
-      {{"--learning_rate", "-1"}, "option learning_rate must be in [0"},
+      {{"--learning_rate", "-1"}, "option learning_rate must be a finite number in [0"},
       {{"--packing_strategy", "best"}, "must be one of bfd, bfd_split, wrapped; got 'best'"},
       {{"--config", dir + "/bad.json"}, "bad.json: option max_length expects an integer"},
       {{"--config", dir + "/notjson.json"}, "notjson.json: invalid JSON config"},
