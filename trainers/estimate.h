@@ -68,7 +68,9 @@ struct MemoryEstimate {
   int64_t loss = 0;         // held by the loss between forward and backward
   int64_t workspace = 0;    // transient at the peak
   int64_t peak = 0;
-  std::string peak_phase;  // "forward", "backward", "optimizer step"
+  std::string peak_phase;   // "forward", "loss", "backward", "optimizer step" (as the trainer
+                            // names its phases in the memory report)
+  std::string peak_detail;  // where inside it: "layer 3", "embedding", ...
   int64_t trainable_parameters = 0;
   int64_t total_parameters = 0;
   nlohmann::json to_json() const;

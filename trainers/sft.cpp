@@ -224,11 +224,20 @@ nlohmann::json SftTrainer::technique_savings() const {
 std::string format_memory_report(const nlohmann::json& r) {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, "memory report (%s): peak allocated %s, peak reserved %s\n",
+  const std::string phase = r.value("phase_at_peak", "");
+  std::snprintf(line, sizeof line, "memory report (%s): peak allocated %s%s%s, peak reserved %s\n",
                 r.value("device", "?").c_str(),
                 format_bytes(r.value("peak_allocated", int64_t{0})).c_str(),
+                phase.empty() ? "" : " during ", phase.c_str(),
                 format_bytes(r.value("peak_reserved", int64_t{0})).c_str());
   out += line;
+  if (r.value("peak_rss", int64_t{0}) > 0) {
+    std::snprintf(line, sizeof line,
+                  "  peak RSS %s (the process's resident memory: the host allocator's segments "
+                  "on the CPU, plus code, BLAS buffers, tokenizer and data)\n",
+                  format_bytes(r.value("peak_rss", int64_t{0})).c_str());
+    out += line;
+  }
   std::snprintf(line, sizeof line, "  %-18s %12s %12s\n", "by tag", "at the peak", "own peak");
   out += line;
   const std::pair<const char*, const char*> cats[] = {
@@ -245,14 +254,28 @@ std::string format_memory_report(const nlohmann::json& r) {
   }
   const auto& s = r["savings"];
   if (s.contains("estimate")) {
-    const int64_t est = s["estimate"].value("peak", int64_t{0});
-    const int64_t measured = r.value("peak_allocated", int64_t{0});
+    const auto& e = s["estimate"];
+    auto rel = [](int64_t est, int64_t measured) {
+      return measured > 0
+                 ? 100.0 * static_cast<double>(est - measured) / static_cast<double>(measured)
+                 : 0.0;
+    };
+    const int64_t est = e.value("peak", int64_t{0});
     std::snprintf(
-        line, sizeof line, "  estimated peak %s (trainer_bin estimate): %+.1f%% of measured\n",
-        format_bytes(est).c_str(),
-        measured > 0 ? 100.0 * static_cast<double>(est - measured) / static_cast<double>(measured)
-                     : 0.0);
+        line, sizeof line,
+        "  estimated peak %s during %s (%s) (trainer_bin estimate): %+.1f%% of measured\n",
+        format_bytes(est).c_str(), e.value("peak_phase", "").c_str(),
+        e.value("peak_detail", "").c_str(), rel(est, r.value("peak_allocated", int64_t{0})));
     out += line;
+    const int64_t est_rss = e.value("rss_peak", int64_t{0});
+    if (est_rss > 0 && r.value("peak_rss", int64_t{0}) > 0) {
+      std::snprintf(line, sizeof line,
+                    "  estimated peak RSS %s (%s outside the allocator): %+.1f%% of measured\n",
+                    format_bytes(est_rss).c_str(),
+                    format_bytes(e.value("outside_allocator", int64_t{0})).c_str(),
+                    rel(est_rss, r.value("peak_rss", int64_t{0})));
+      out += line;
+    }
   }
   if (s.size() > (s.contains("estimate") ? 1u : 0u)) out += "  saved by the enabled techniques:\n";
   if (s.contains("padding_free")) {

@@ -217,7 +217,11 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
                       {"peak_reserved", snap["peak_reserved"]},
                       {"peak_by_tag", nlohmann::json::object()},
                       {"at_peak_by_tag", nlohmann::json::object()},
+                      {"phase_at_peak", snap["phase_at_peak"]},
                       {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
+                      {"pinned_host_peak_reserved", pinned_allocator().stats().reserved.peak},
+                      {"peak_rss", process_rss_bytes(true)},
+                      {"rss_at_train_start", rss_at_start_},
                       {"savings", all_savings}};
   for (auto it = snap["by_tag"].begin(); it != snap["by_tag"].end(); ++it) {
     r["peak_by_tag"][it.key()] = it.value()["peak"];
@@ -250,6 +254,8 @@ TrainResult Trainer::train() {
   MetricsLogger log(args_.output_dir + "/metrics.jsonl", total_steps_, resumed, step_);
   if (resumed) log.message("resumed from step " + std::to_string(step_));
   on_train_begin(log);
+  MemPhaseGuard setup_phase("between steps");
+  rss_at_start_ = process_rss_bytes(false);
   allocator(model_->device()).reset_peak_stats();
 
   double window_loss = 0, window_norm = 0;
@@ -284,12 +290,19 @@ TrainResult Trainer::train() {
       // One offloader per micro-batch, around its forward and backward.
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
           OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
-      Tensor loss = compute_loss(micro[i], static_cast<double>(normalizer));
+      Tensor loss;
+      {
+        MemPhaseGuard phase("forward");
+        loss = compute_loss(micro[i], static_cast<double>(normalizer));
+      }
       if (nan_steps_.count(update)) loss = ops::scale(loss, std::nan(""));
       const double lv = loss.item();
       step_loss += lv;
       if (!std::isfinite(lv)) finite = false;
-      if (loss.requires_grad()) loss.backward();
+      if (loss.requires_grad()) {
+        MemPhaseGuard phase("backward");
+        loss.backward();
+      }
       if (offloader) {
         const OffloadStats st = offloader->stats();
         offload_totals_.tensors_offloaded += st.tensors_offloaded;
@@ -318,7 +331,10 @@ TrainResult Trainer::train() {
       consecutive_nonfinite_ = 0;
       double scale = 1.0;
       if (args_.max_grad_norm > 0) scale = std::min(1.0, args_.max_grad_norm / (norm + 1e-6));
-      optimizer_->step(scheduler_.lr(step_), scale);
+      {
+        MemPhaseGuard phase("optimizer step");
+        optimizer_->step(scheduler_.lr(step_), scale);
+      }
       zero_grads();
     }
     const double lr_used = scheduler_.lr(step_);

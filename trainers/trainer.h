@@ -142,6 +142,7 @@ class Trainer {
   std::set<int64_t> nan_steps_;
   int64_t stop_after_ = -1;
   OffloadStats offload_totals_;
+  int64_t rss_at_start_ = 0;  // resident set when the loop began (bytes)
 };
 
 // Set by SIGTERM/SIGINT while train() runs.
