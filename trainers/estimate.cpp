@@ -60,6 +60,10 @@ nlohmann::json MemoryEstimate::to_json() const {
           {"peak", peak},
           {"peak_phase", peak_phase},
           {"peak_detail", peak_detail},
+          {"outside_allocator", outside_allocator},
+          {"blas_buffers", blas_buffers},
+          {"offloaded_host", offloaded_host},
+          {"rss_peak", rss_peak},
           {"trainable_parameters", trainable_parameters},
           {"total_parameters", total_parameters}};
 }
@@ -225,12 +229,20 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   e.peak = w.peak;
   e.peak_phase = w.phase;
   e.peak_detail = w.detail;
+  // ---- host resident memory
+  const bool weight_grads = !c.use_peft;
+  e.blas_buffers = c.cpu ? c.blas_threads * (weight_grads ? 31 : 3) * (int64_t{1} << 20) : 0;
+  e.offloaded_host = offload ? l * (th + (ckpt ? 0 : saved)) : 0;
+  e.outside_allocator = c.resident_before_training + e.blas_buffers;
+  e.rss_peak = (c.cpu ? e.peak + e.peak * 12 / 100 : 0) + e.outside_allocator + e.offloaded_host;
   e.workspace =
       std::max<int64_t>(0, e.peak - e.params - e.optimizer - e.grads - e.activations - e.loss);
   return e;
 }
 
 }  // namespace leantune
+
+#include <omp.h>
 
 #include "trainers/options.h"
 
@@ -261,6 +273,7 @@ EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig&
   c.load_in_4bit = o.get_bool("load_in_4bit");
   c.load_in_8bit = o.get_bool("load_in_8bit");
   c.double_quant = o.get_bool("bnb_4bit_use_double_quant");
+  c.blas_threads = omp_get_max_threads();
   return c;
 }
 

@@ -29,8 +29,8 @@ std::string embedded_data_dir() {
            "repository's data/ folder, or pass --model_name_or_path and --dataset");
 }
 
-Options sft_options() {
-  Options o("sft");
+Options sft_options(const std::string& command) {
+  Options o(command);
   o.add_string("model_name_or_path", "",
                "HF model folder to fine-tune (empty with no dataset: the built-in demo model)");
   o.add_string("dataset", "", "training data: a JSONL file in a TRL format");
@@ -197,8 +197,9 @@ nlohmann::json SftTrainer::technique_savings() const {
     for (int64_t u = 0; u < train_->num_units(); ++u)
       longest =
           std::max<int64_t>(longest, static_cast<int64_t>(train_->unit_row(u).input_ids.size()));
-    const EstimateConfig ec = estimate_config_from_options(
+    EstimateConfig ec = estimate_config_from_options(
         options_, model_->config(), model_->device().is_cpu(), max_micro_tokens_, longest);
+    ec.resident_before_training = resident_before_training_;
     s["estimate"] = estimate_memory(ec).to_json();
   }
   if (!quant_kind_.empty())

@@ -19,7 +19,8 @@
 namespace leantune {
 
 // Options of `trainer_bin sft` (model, data and training options, TRL names).
-Options sft_options();
+// The sft command's options; `command` names the usage line (estimate takes the same options).
+Options sft_options(const std::string& command = "sft");
 
 struct SftSetup {
   std::string model_name_or_path;  // empty = the built-in embedded model

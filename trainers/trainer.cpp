@@ -256,6 +256,10 @@ TrainResult Trainer::train() {
   on_train_begin(log);
   MemPhaseGuard setup_phase("between steps");
   rss_at_start_ = process_rss_bytes(false);
+  // Host memory outside the allocators before the first step: code, libraries, tokenizer, data.
+  resident_before_training_ =
+      std::max<int64_t>(0, rss_at_start_ - allocator(Device::cpu()).stats().reserved.current -
+                               pinned_allocator().stats().reserved.current);
   allocator(model_->device()).reset_peak_stats();
 
   double window_loss = 0, window_norm = 0;

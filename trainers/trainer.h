@@ -122,6 +122,8 @@ class Trainer {
   std::shared_ptr<DecoderModel> model_;
   TrainingArguments args_;
   Options options_;
+  // Host resident memory outside the allocators when the loop began (bytes).
+  int64_t resident_before_training_ = 0;
 
  private:
   void build_optimizer();
