@@ -406,6 +406,16 @@ SftRun make_sft_run(const Options& o) {
     run.model =
         std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
     run.model->init_random(args.seed);
+    if (o.get_bool("use_peft")) {
+      // The demo's base exists only in memory: written beside the adapter (before quantization,
+      // dense as initialised) and recorded as its base_model_name_or_path, relative to the
+      // output folder's parent as PEFT-style loaders resolve it, so the adapter loads again.
+      const fs::path out = fs::absolute(fs::path(args.output_dir)).lexically_normal();
+      const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
+      run.model->save((out_dir / "base_model").string(), DType::kF32);
+      copy_tokenizer_files(setup.tokenizer_dir, (out_dir / "base_model").string());
+      base_name = (out_dir.filename() / "base_model").string();
+    }
     if (quant.enabled()) quant_report = quantize_model(*run.model, quant);
     run.model->set_requires_grad(true);
     peft = apply_peft_options(o, *run.model, args.seed);
