@@ -244,37 +244,53 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
 
 #include <omp.h>
 
+#include "models/peft_io.h"
+#include "models/quantize_model.h"
 #include "trainers/options.h"
+#include "trainers/peft_options.h"
+#include "trainers/quant_options.h"
+#include "trainers/trainer.h"
 
 namespace leantune {
 
-EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu,
-                                            int64_t micro_batch_tokens, int64_t max_seqlen) {
+EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments& args,
+                               const PeftConfig* peft, const QuantConfig& quant, bool fused_loss,
+                               int64_t max_length, bool cpu, int64_t micro_batch_tokens,
+                               int64_t max_seqlen) {
   EstimateConfig c;
   c.model = model;
-  c.dtype = o.get_bool("bf16") ? DType::kBF16 : DType::kF32;
+  c.dtype = args.bf16 ? DType::kBF16 : DType::kF32;
   c.cpu = cpu;
-  const int64_t max_length =
-      o.get_int_or_none("max_length").value_or(model.max_position_embeddings);
-  c.micro_batch_tokens = micro_batch_tokens > 0
-                             ? micro_batch_tokens
-                             : o.get_int("per_device_train_batch_size") * max_length;
-  c.max_seqlen = max_seqlen > 0 ? max_seqlen : max_length;
-  c.gradient_accumulation_steps = o.get_int("gradient_accumulation_steps");
-  c.gradient_checkpointing = o.get_bool("gradient_checkpointing");
-  c.activation_offloading = o.get_bool("activation_offloading");
-  c.min_offload_size = o.get_int("min_offload_size");
-  c.fused_loss = o.get_bool("use_liger_kernel");
-  c.use_peft = o.get_bool("use_peft");
-  c.lora_r = o.get_int("lora_r");
-  c.lora_target_modules = o.get_string_list("lora_target_modules");
-  c.lora_modules_to_save = o.get_string_list("lora_modules_to_save");
-  c.trainable_tokens = static_cast<int64_t>(o.get_string_list("trainable_token_indices").size());
-  c.load_in_4bit = o.get_bool("load_in_4bit");
-  c.load_in_8bit = o.get_bool("load_in_8bit");
-  c.double_quant = o.get_bool("bnb_4bit_use_double_quant");
+  const int64_t length = max_length > 0 ? max_length : model.max_position_embeddings;
+  c.micro_batch_tokens =
+      micro_batch_tokens > 0 ? micro_batch_tokens : args.per_device_train_batch_size * length;
+  c.max_seqlen = max_seqlen > 0 ? max_seqlen : length;
+  c.gradient_accumulation_steps = args.gradient_accumulation_steps;
+  c.gradient_checkpointing = args.gradient_checkpointing;
+  c.activation_offloading = args.activation_offloading;
+  c.min_offload_size = args.min_offload_size;
+  c.fused_loss = fused_loss;
+  c.use_peft = peft != nullptr;
+  if (peft) {
+    c.lora_r = peft->r;
+    c.lora_target_modules = peft->target_modules;
+    c.lora_modules_to_save = peft->modules_to_save;
+    c.trainable_tokens = static_cast<int64_t>(peft->trainable_token_indices.size());
+  }
+  c.load_in_4bit = quant.load_in_4bit;
+  c.load_in_8bit = quant.load_in_8bit;
+  c.double_quant = quant.double_quant;
   c.blas_threads = omp_get_max_threads();
   return c;
+}
+
+EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu) {
+  const TrainingArguments args = training_arguments(o);
+  const PeftConfig peft = peft_config_from_options(o);
+  const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
+  return estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
+                         o.get_bool("use_liger_kernel"),
+                         o.get_int_or_none("max_length").value_or(0), cpu);
 }
 
 }  // namespace leantune

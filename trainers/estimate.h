@@ -98,9 +98,22 @@ MemoryEstimate estimate_memory(const EstimateConfig& cfg);
 }  // namespace leantune
 
 namespace leantune {
+
+struct TrainingArguments;
+struct PeftConfig;
+struct QuantConfig;
 class Options;
-// The estimate inputs a set of sft options describes (micro-batch tokens =
-// per_device_train_batch_size x max_length unless given).
-EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu,
-                                            int64_t micro_batch_tokens = 0, int64_t max_seqlen = 0);
+
+// The estimate inputs of an sft run, from the typed arguments the trainer itself uses: the
+// training arguments (batch size, accumulation, bf16, checkpointing, offloading), the PEFT
+// config (null: full training), the quantization config, whether the loss is fused, and
+// max_length (0: none). Micro-batch tokens = per_device_train_batch_size x max_length (the
+// model's max_position_embeddings without one) unless given.
+EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments& args,
+                               const PeftConfig* peft, const QuantConfig& quant, bool fused_loss,
+                               int64_t max_length, bool cpu, int64_t micro_batch_tokens = 0,
+                               int64_t max_seqlen = 0);
+// The same from a parsed set of sft options, read through those arguments' own readers.
+EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu);
+
 }  // namespace leantune

@@ -197,13 +197,14 @@ nlohmann::json SftTrainer::technique_savings() const {
     for (int64_t u = 0; u < train_->num_units(); ++u)
       longest =
           std::max<int64_t>(longest, static_cast<int64_t>(train_->unit_row(u).input_ids.size()));
-    EstimateConfig ec = estimate_config_from_options(
-        options_, model_->config(), model_->device().is_cpu(), max_micro_tokens_, longest);
+    EstimateConfig ec = estimate_config(
+        model_->config(), args_, peft_.active() ? &peft_.config : nullptr, quant_config_,
+        fused_loss_, 0, model_->device().is_cpu(), max_micro_tokens_, longest);
     ec.resident_before_training = resident_before_training_;
     s["estimate"] = estimate_memory(ec).to_json();
   }
-  if (!quant_kind_.empty())
-    s["quantized_base"] = {{"kind", quant_kind_},
+  if (quant_config_.enabled())
+    s["quantized_base"] = {{"kind", quant_config_.kind()},
                            {"modules", quant_report_.quantized_modules},
                            {"dense_bytes", quant_report_.dense_bytes},
                            {"quantized_bytes", quant_report_.quantized_bytes}};
@@ -443,7 +444,7 @@ SftRun make_sft_run(const Options& o) {
       std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer, setup.tokenizer_dir, loader,
                                    eval, train.stats, o.get_bool("use_liger_kernel"));
   run.trainer->set_peft(std::move(peft), base_name, o.get_bool("merge_adapter"));
-  if (quant.enabled()) run.trainer->set_quantized_base(quant.kind(), quant_report);
+  if (quant.enabled()) run.trainer->set_quantized_base(quant, quant_report);
   return run;
 }
 
