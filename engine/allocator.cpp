@@ -1,6 +1,7 @@
 #include "engine/allocator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -61,6 +62,14 @@ thread_local MemTag t_mem_tag = MemTag::kActivation;
 MemTag current_mem_tag() { return t_mem_tag; }
 MemTagGuard::MemTagGuard(MemTag tag) : prev_(t_mem_tag) { t_mem_tag = tag; }
 MemTagGuard::~MemTagGuard() { t_mem_tag = prev_; }
+
+namespace {
+std::atomic<const char*> g_mem_phase{""};
+}
+void set_memory_phase(const char* phase) { g_mem_phase.store(phase, std::memory_order_relaxed); }
+const char* memory_phase() { return g_mem_phase.load(std::memory_order_relaxed); }
+MemPhaseGuard::MemPhaseGuard(const char* phase) : prev_(memory_phase()) { set_memory_phase(phase); }
+MemPhaseGuard::~MemPhaseGuard() { set_memory_phase(prev_); }
 
 std::unique_ptr<MemoryBacking> make_host_backing(bool pinned) {
   return std::make_unique<HostBacking>(pinned);
@@ -243,6 +252,7 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
   if (stats_.allocated.current == stats_.allocated.peak) {
     stats_.reserved_at_peak_allocated = stats_.reserved.current;
     for (int i = 0; i < kNumMemTags; ++i) stats_.by_tag_at_peak[i] = stats_.by_tag[i].current;
+    stats_.phase_at_peak = memory_phase();
   }
   stats_.active_blocks++;
   stats_.num_allocs++;
@@ -380,6 +390,7 @@ void Allocator::reset_peak_stats() {
   for (auto& t : stats_.by_tag) t.peak = t.current;
   for (int i = 0; i < kNumMemTags; ++i) stats_.by_tag_at_peak[i] = stats_.by_tag[i].current;
   stats_.reserved_at_peak_allocated = stats_.reserved.current;
+  stats_.phase_at_peak = memory_phase();
 }
 
 size_t Allocator::largest_free_block() const {

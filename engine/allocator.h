@@ -59,6 +59,23 @@ class MemTagGuard {
   MemTag prev_;
 };
 
+// The training phase the process is in ("forward", "backward", "optimizer step", ...), recorded
+// by every allocator when its allocation peaks, so that the memory report names where the peak
+// fell. Process-wide; the string must outlive the run (a literal). Costs one relaxed load per
+// new peak.
+void set_memory_phase(const char* phase);
+const char* memory_phase();
+class MemPhaseGuard {
+ public:
+  explicit MemPhaseGuard(const char* phase);
+  ~MemPhaseGuard();
+  MemPhaseGuard(const MemPhaseGuard&) = delete;
+  MemPhaseGuard& operator=(const MemPhaseGuard&) = delete;
+
+ private:
+  const char* prev_;
+};
+
 // Raw memory and event source under an Allocator.
 class MemoryBacking {
  public:
@@ -100,6 +117,7 @@ struct AllocatorStats {
   int64_t num_ooms = 0;
   int64_t reserved_at_peak_allocated = 0;
   int64_t by_tag_at_peak[kNumMemTags] = {};  // allocated bytes per tag when allocation peaked
+  const char* phase_at_peak = "";            // memory_phase() when allocation peaked
   // Reserved minus allocated at the moment allocation peaked.
   int64_t fragmentation_bytes() const { return reserved_at_peak_allocated - allocated.peak; }
   const MemStat& tag(MemTag t) const { return by_tag[static_cast<int>(t)]; }

@@ -193,13 +193,14 @@ void DataLoader::set_state(const LoaderState& s) {
 std::string DataLoader::summary() const {
   char buf[512];
   if (packed_) {
-    std::snprintf(
-        buf, sizeof(buf),
-        "packing %s (max_length %lld): %lld examples -> %lld bins, efficiency %.4f, "
-        "%lld tokens dropped; ",
-        packing_strategy_name(packing_.strategy), static_cast<long long>(packing_.max_length),
-        static_cast<long long>(data_->size()), static_cast<long long>(packing_.num_bins()),
-        packing_.efficiency(), static_cast<long long>(packing_.dropped_tokens));
+    std::snprintf(buf, sizeof(buf),
+                  "packing %s (max_length %lld): %lld examples -> %lld bins, efficiency %.4f, "
+                  "%lld tokens dropped; ",
+                  packing_strategy_name(packing_.strategy),
+                  static_cast<long long>(packing_.max_length),
+                  static_cast<long long>(data_->size() - packing_.empty_items),
+                  static_cast<long long>(packing_.num_bins()), packing_.efficiency(),
+                  static_cast<long long>(packing_.dropped_tokens));
   } else {
     std::snprintf(buf, sizeof(buf), "no packing: %lld examples; ",
                   static_cast<long long>(data_->size()));

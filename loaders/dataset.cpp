@@ -308,7 +308,6 @@ bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
         const int64_t hi =
             options_.vocab_size > 0 ? options_.vocab_size - 1 : std::numeric_limits<int32_t>::max();
         read_int_list(require(obj, "input_ids"), "input_ids", 0, hi, &r->input_ids);
-        if (r->input_ids.empty()) fail(BadLineKind::kEmptyText, "'input_ids' is empty");
         const size_t n = r->input_ids.size();
         auto read_mask = [&](const char* key, bool expected, std::vector<uint8_t>* out) {
           out->clear();

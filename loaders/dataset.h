@@ -20,8 +20,10 @@
 // Keys outside the format are ignored. Detection order: input_ids, messages, the text field,
 // chosen+rejected, prompt+completion(+label), prompt.
 //
-// Empty text: "" for text/prompt-only prompt/completion/chosen/rejected, an empty message list, or
-// empty input_ids. A prompt may be empty in prompt_completion/preference/unpaired data.
+// Empty text: "" for text/prompt-only prompt/completion/chosen/rejected, or an empty message list.
+// A prompt may be empty in prompt_completion/preference/unpaired data. Empty input_ids are valid:
+// such a row, like any example that tokenizes to nothing, is dropped and counted by the SFT
+// loader (loaders/examples.h DataStats::empty_examples), as TRL's packing drops it.
 //
 // Implicit prompt (TRL extract_prompt, reproduced): idx = the first index where chosen and
 // rejected differ (characters for strings, whole messages for lists); if they never differ

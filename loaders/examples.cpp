@@ -38,6 +38,7 @@ std::string DataStats::summary() const {
     s += "; " + std::to_string(truncated_examples) + " truncated (" +
          std::to_string(truncated_tokens) + " tokens cut)";
   }
+  if (empty_examples > 0) s += "; " + std::to_string(empty_examples) + " empty dropped";
   if (dropped_examples > 0) {
     s += "; " + std::to_string(dropped_examples) + " dropped with no trainable token (" +
          std::to_string(dropped_tokens) + " tokens)";
@@ -300,6 +301,13 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
       continue;
     }
     const int64_t n = static_cast<int64_t>(ids.size());
+    if (n == 0) {
+      // Dropped and counted. Packed, it stays a zero-length item that the packer skips, so that
+      // packing windows hold the same rows as TRL's pack_dataset map batches.
+      ++st.empty_examples;
+      if (cfg.packing) out.examples.add({}, {}, rec.line, 0);
+      continue;
+    }
     std::span<const int32_t> kept_ids(ids);
     std::span<const uint8_t> kept_mask(mask);
     int64_t cut = 0;

@@ -101,11 +101,12 @@ struct DataStats {
   int64_t label_tokens = 0;  // kept tokens whose label reaches the loss (position >= 1)
   int64_t truncated_examples = 0;
   int64_t truncated_tokens = 0;  // tokens cut away from kept examples
+  int64_t empty_examples = 0;    // no token at all (empty input_ids, or tokenized to nothing)
   int64_t dropped_examples = 0;  // no trainable token left
   int64_t dropped_tokens = 0;    // all tokens of dropped examples (before truncation)
   int64_t prompt_mismatch = 0;   // tokenized prompt not a prefix of prompt + completion
   // One line: "data.jsonl: 980 examples, 123456 tokens kept; 12 truncated (3456 tokens cut);
-  // 8 dropped with no trainable token (901 tokens); no bad lines".
+  // 3 empty dropped; 8 dropped with no trainable token (901 tokens); no bad lines".
   std::string summary() const;
 };
 

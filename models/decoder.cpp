@@ -296,6 +296,8 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
   const bool need_full_logits = opt.need_logits || (opt.need_loss && !opt.fused_loss);
   if (need_full_logits) r.logits = logits(hidden);
   if (opt.need_loss) {
+    // The fused loss computes its gradients here, in forward: its own phase in the memory report.
+    MemPhaseGuard phase(grad_mode_enabled() ? "loss" : memory_phase());
     const double normalizer = opt.normalizer > 0
                                   ? opt.normalizer
                                   : static_cast<double>(std::max<int64_t>(r.label_tokens, 1));

@@ -6,12 +6,23 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "loaders/tokenizer.h"
 #include "trainers/commands.h"
 #include "trainers/estimate.h"
+#include "trainers/metrics.h"
 #include "trainers/sft.h"
 
 namespace leantune {
 namespace {
+
+namespace fs = std::filesystem;
+
+// The dataset sft would read: the given one, or the demo's when no model is given.
+std::string setup_dataset(const std::string& dataset, const std::string& model_path) {
+  if (!dataset.empty()) return dataset;
+  const fs::path demo = fs::path(model_path).parent_path() / "stories.jsonl";
+  return fs::exists(demo) ? demo.string() : "";
+}
 
 void print_estimate(const MemoryEstimate& e) {
   std::printf("  %-22s %12s\n", "params", format_bytes(e.params).c_str());
@@ -23,12 +34,40 @@ void print_estimate(const MemoryEstimate& e) {
   std::printf("  %-22s %12s\n", "activations", format_bytes(e.activations).c_str());
   std::printf("  %-22s %12s\n", "loss (held)", format_bytes(e.loss).c_str());
   std::printf("  %-22s %12s\n", "workspace at peak", format_bytes(e.workspace).c_str());
-  std::printf("  %-22s %12s  (during %s)\n", "peak", format_bytes(e.peak).c_str(),
-              e.peak_phase.c_str());
+  std::printf("  %-22s %12s  (during %s, %s)\n", "peak", format_bytes(e.peak).c_str(),
+              e.peak_phase.c_str(), e.peak_detail.c_str());
+  std::printf("outside the allocator (host):\n");
+  std::printf("  %-22s %12s\n", "code, tokenizer, data",
+              format_bytes(e.outside_allocator - e.blas_buffers).c_str());
+  std::printf("  %-22s %12s\n", "BLAS buffers", format_bytes(e.blas_buffers).c_str());
+  if (e.offloaded_host > 0)
+    std::printf("  %-22s %12s\n", "offloaded activations", format_bytes(e.offloaded_host).c_str());
+  std::printf("  %-22s %12s\n", "peak RSS", format_bytes(e.rss_peak).c_str());
+}
+
+// Host memory resident before training: this process's own code and libraries (measured now:
+// the same binary runs sft), the tokenizer (measured by loading it), and the dataset (its file
+// size twice over: the text while it is read, and the token ids).
+int64_t resident_before_training(const std::string& model_path, const std::string& dataset) {
+  const int64_t base = process_rss_bytes(false);
+  int64_t tokenizer = 0;
+  const fs::path dir =
+      fs::is_directory(model_path) ? fs::path(model_path) : fs::path(model_path).parent_path();
+  if (fs::exists(dir / "tokenizer.json")) {
+    try {
+      auto tok = Tokenizer::load(dir.string());
+      tokenizer = std::max<int64_t>(0, process_rss_bytes(false) - base);
+    } catch (const Error&) {
+      tokenizer = 0;  // sft reports a broken tokenizer itself
+    }
+  }
+  std::error_code ec;
+  const auto data = dataset.empty() ? 0 : fs::file_size(dataset, ec);
+  return base + tokenizer + (ec ? 0 : 2 * static_cast<int64_t>(data));
 }
 
 int run_estimate(const std::vector<std::string>& args) {
-  Options o = sft_options();
+  Options o = sft_options("estimate");
   o.add_float("budget_gib", 0.0, "device memory available (GiB); 0 = no budget check", 0.0);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
@@ -38,7 +77,9 @@ int run_estimate(const std::vector<std::string>& args) {
   if (path.empty()) path = embedded_data_dir() + "/config.json";
   const ModelConfig model = ModelConfig::load(path);
   const Device device = Device::parse(o.get_string("device"));
-  const EstimateConfig cfg = estimate_config_from_options(o, model, device.is_cpu());
+  EstimateConfig cfg = estimate_config_from_options(o, model, device.is_cpu());
+  cfg.resident_before_training =
+      resident_before_training(path, setup_dataset(o.get_string("dataset"), path));
   const MemoryEstimate e = estimate_memory(cfg);
   std::printf(
       "estimate for %s (%s, %lld parameters, %lld trainable) on %s, %s, %lld tokens per "

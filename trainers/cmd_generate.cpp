@@ -1,23 +1,31 @@
-// trainer_bin generate --model DIR --prompt S [--chat] [--max_new_tokens N] [--temperature T]
-//                      [--top_k K] [--top_p P] [--seed N] [--device D]
-// Loads an HF model folder (with its tokenizer files) and prints the completion of the prompt.
+// trainer_bin generate --model DIR [--base_model DIR] --prompt S [--chat] [--max_new_tokens N]
+//                      [--temperature T] [--top_k K] [--top_p P] [--seed N] [--device D]
+// Loads an HF model folder (with its tokenizer files), or a PEFT adapter folder on its base, and
+// prints the completion of the prompt.
 // With --chat the prompt is one user message rendered with the tokenizer's chat template and
 // an assistant generation prompt.
 #include <cstdio>
+#include <filesystem>
 
 #include "loaders/chat_template.h"
 #include "loaders/tokenizer.h"
 #include "models/decoder.h"
 #include "models/generate.h"
+#include "models/peft_io.h"
 #include "trainers/commands.h"
 #include "trainers/options.h"
+#include "trainers/peft_options.h"
 
 namespace leantune {
 namespace {
 
 int run_generate(const std::vector<std::string>& args) {
   Options o("generate");
-  o.add_string("model", "", "HF model folder (config.json, safetensors, tokenizer files)");
+  o.add_string("model", "",
+               "HF model folder (config.json, safetensors, tokenizer files) or a PEFT adapter "
+               "folder (adapter_config.json)");
+  o.add_string("base_model", "",
+               "the base model of an adapter folder (default: its base_model_name_or_path)");
   o.add_string("prompt", "", "the prompt text");
   o.add_bool("chat", false, "render the prompt as a user turn with the chat template");
   o.add_string("chat_template", "", "override the chat template", {"", "chatml", "llama3"});
@@ -37,9 +45,29 @@ int run_generate(const std::vector<std::string>& args) {
   const Device dev = Device::parse(o.get_string("device"));
   DType dt;
   dtype_from_string(o.get_string("dtype"), &dt);
-  auto tok = Tokenizer::load(o.get_string("model"));
+  // A PEFT adapter folder loads as AutoPeftModelForCausalLM does: its base (--base_model, or
+  // the adapter's base_model_name_or_path) with the adapter attached; the tokenizer comes from
+  // the adapter folder when it has one, else from the base.
+  const std::string path = o.get_string("model");
+  std::string tokenizer_dir = path;
+  std::shared_ptr<DecoderModel> model;
+  if (is_adapter_dir(path)) {
+    const std::string base = o.get_string("base_model").empty() ? resolve_base_model_path(path)
+                                                                : o.get_string("base_model");
+    if (!std::filesystem::exists(std::filesystem::path(path) / "tokenizer.json"))
+      tokenizer_dir = base;
+    model = DecoderModel::load(base, dev, dt);
+    PeftSetup peft = load_adapter(path, *model, 0);
+    peft.set_training(false);
+  } else {
+    LT_CHECK_INPUT(o.get_string("base_model").empty(),
+                   "generate: --base_model is for an adapter "
+                   "folder, and ",
+                   path, " has no adapter_config.json");
+    model = DecoderModel::load(path, dev, dt);
+  }
+  auto tok = Tokenizer::load(tokenizer_dir);
   if (!o.get_string("chat_template").empty()) tok->set_chat_template(o.get_string("chat_template"));
-  auto model = DecoderModel::load(o.get_string("model"), dev, dt);
   std::vector<int32_t> ids;
   if (o.get_bool("chat")) {
     ids =

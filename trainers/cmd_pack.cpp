@@ -141,16 +141,18 @@ int run_pack(const std::vector<std::string>& args) {
   cleanup.renamed = true;
 
   std::printf("%s\n", data.stats.summary().c_str());
+  // Empty examples stay zero-length items for the packing windows; the packer drops them.
+  const int64_t packed_examples = ex.size() - packing.empty_items;
   std::printf(
       "packed %lld examples with %s (max_length %lld) into %lld bins: efficiency %.4f, "
       "%lld tokens dropped (%lld examples truncated), %lld fragments from %lld split examples "
       "-> %s\n",
-      static_cast<long long>(ex.size()), packing_strategy_name(packing.strategy),
+      static_cast<long long>(packed_examples), packing_strategy_name(packing.strategy),
       static_cast<long long>(packing.max_length), static_cast<long long>(packing.num_bins()),
       packing.efficiency(), static_cast<long long>(packing.dropped_tokens),
       static_cast<long long>(packing.truncated_items),
       static_cast<long long>(packing.strategy == PackingStrategy::kBfdSplit
-                                 ? static_cast<int64_t>(packing.segments.size()) - ex.size() +
+                                 ? static_cast<int64_t>(packing.segments.size()) - packed_examples +
                                        packing.split_items
                                  : 0),
       static_cast<long long>(packing.split_items), out_path.c_str());

@@ -85,9 +85,34 @@ nlohmann::json MemoryEstimate::to_json() const {
           {"workspace", workspace},
           {"peak", peak},
           {"peak_phase", peak_phase},
+          {"peak_detail", peak_detail},
+          {"outside_allocator", outside_allocator},
+          {"blas_buffers", blas_buffers},
+          {"offloaded_host", offloaded_host},
+          {"rss_peak", rss_peak},
           {"trainable_parameters", trainable_parameters},
           {"total_parameters", total_parameters}};
 }
+
+namespace {
+
+// The walk: bytes live on the device allocator, the highest point and where it fell.
+struct Walk {
+  int64_t live = 0, peak = 0;
+  std::string phase, detail;
+  // `extra` bytes live on top of `live` for a moment.
+  void at(const char* ph, const std::string& what, int64_t extra = 0) {
+    if (live + extra > peak) {
+      peak = live + extra;
+      phase = ph;
+      detail = what;
+    }
+  }
+};
+
+std::string layer_name(int64_t l) { return "layer " + std::to_string(l); }
+
+}  // namespace
 
 MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const ModelConfig& m = c.model;
@@ -97,7 +122,6 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const int64_t h = m.hidden_size, v = m.vocab_size, l = m.num_hidden_layers;
   const int64_t nq = m.num_attention_heads * m.head_dim, nkv = m.num_key_value_heads * m.head_dim;
   const int64_t inter = m.intermediate_size;
-  const bool quant = c.load_in_4bit || c.load_in_8bit;
   const bool head_trains =
       !c.use_peft || listed(c.lora_modules_to_save, "lm_head") ||
       (m.tie_word_embeddings && listed(c.lora_modules_to_save, "embed_tokens"));
@@ -105,7 +129,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
                             (m.tie_word_embeddings && head_trains);
 
   // ---- parameters and what trains
-  int64_t layer_params = 0, layer_trainable = 0, layer_grad_bytes = 0;
+  int64_t layer_params = 0, layer_trainable = 0;
   int64_t layer_param_bytes = 2 * h * b;  // the two norms
   if (!c.use_peft || listed(c.lora_modules_to_save, "input_layernorm")) layer_trainable += 2 * h;
   for (const ModuleShape& s : layer_modules(m)) {
@@ -121,7 +145,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     }
   }
   layer_params += 2 * h;
-  layer_grad_bytes = layer_trainable * b;
+  const int64_t layer_grad_bytes = layer_trainable * b;
   const int64_t embed = v * h, head = m.tie_word_embeddings ? 0 : v * h;
   e.total_parameters = embed + head + h + l * layer_params;
   e.params = (embed + head + h) * b + l * layer_param_bytes + c.trainable_tokens * h * b;
@@ -129,22 +153,25 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   if (embed_trains) e.trainable_parameters += embed;
   if (head_trains && head > 0) e.trainable_parameters += head;
   if (!c.use_peft) e.trainable_parameters += h;  // final norm
-  // The head's gradient arrives from the fused loss in f32 (the embedding's, when tied).
+  // The head's gradient comes out of the fused loss in f32 (the embedding's, when tied).
   const int64_t head_grad = head_trains ? v * h * (c.fused_loss ? 4 : b) : 0;
-  const int64_t embed_grad_extra = (embed_trains && !m.tie_word_embeddings) ? embed * b : 0;
-  e.grads = l * layer_grad_bytes + head_grad + embed_grad_extra + (!c.use_peft ? h * b : 0) +
-            c.trainable_tokens * h * b;
+  const int64_t embed_grad = embed_trains ? embed * b : 0;
+  const int64_t small_grads = (!c.use_peft ? h * b : 0) + c.trainable_tokens * h * b;
+  e.grads = l * layer_grad_bytes + head_grad +
+            (m.tie_word_embeddings && head_trains ? 0 : embed_grad) + small_grads;
   e.optimizer = optimizer_state_bytes(c, e.trainable_parameters, b, m);
-  if (c.optim.rfind("paged_", 0) == 0) {  // host-resident, paged in per parameter
+  const bool paged = c.optim.rfind("paged_", 0) == 0;
+  if (paged) {  // host-resident, paged in per parameter
     e.optimizer_host = e.optimizer;
     e.optimizer = 0;
   }
-  if (c.offload_optimizer) {
+  if (c.offload_optimizer) {  // f32 master weights and states on the host
     e.optimizer_host =
         optimizer_state_bytes(c, e.trainable_parameters, 4, m) + 4 * e.trainable_parameters;
     e.optimizer = 0;
   }
-  if (c.optimizer_in_backward) {
+  const bool in_bwd = c.optimizer_in_backward;
+  if (in_bwd) {
     // One gradient in flight: the largest trainable one, and the head's part of a tied
     // embedding's while the lookup's part is pending.
     int64_t largest = !c.use_peft ? std::max(inter * h, nq * h) * b : 0;
@@ -152,137 +179,172 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     if (embed_trains && !m.tie_word_embeddings) largest = std::max(largest, embed * b);
     e.grads = std::min(e.grads, largest + (m.tie_word_embeddings && head_trains ? head_grad : 0));
   }
+  // A paged optimizer pages one parameter's states onto the device for its step; the largest is
+  // the embedding's or the head's.
+  const int64_t paged_ws =
+      paged && !c.offload_optimizer
+          ? optimizer_state_bytes(c, (embed_trains || head_trains) ? v * h : 0, 4, m)
+          : 0;
 
-  // ---- activations saved for backward, per layer
-  int64_t per_layer = t * h * b + 4 * t;       // input_layernorm: x, rstd
-  per_layer += t * h * b + 4 * t;              // post_attention_layernorm: h1, rstd
-  per_layer += t * (nq + 2 * nkv + nq) * b;    // attention: q, k, v, out
-  per_layer += 4 * m.num_attention_heads * t;  // lse
-  per_layer += 2 * t * inter * b;              // swiglu: gate, up
-  bool qkv_input = false, o_input = false, gu_input = false, down_input = false;
+  // ---- what one decoder layer keeps for backward (beyond its input, counted as the previous
+  // layer's output), read off the ops: rms_norm keeps its input and an f32 rstd, attention its
+  // roped q and k, v, output and an f32 lse per head, swiglu gate and up, a linear its input when
+  // its weight trains, a LoRA adapter its input and the [t x r] product x A^T.
+  const int64_t th = t * h * b;
+  bool qkv_input = false, gu_input = false, down_input = false;
   int64_t lora_u = 0;
   for (const ModuleShape& s : layer_modules(m)) {
     const bool lora = c.use_peft && targeted(c.lora_target_modules, s.kind);
-    const bool saves = !c.use_peft || lora;
     if (lora) lora_u += t * c.lora_r * b;
-    if (!saves) continue;
+    if (c.use_peft && !lora) continue;
     if (s.kind == "q_proj" || s.kind == "k_proj" || s.kind == "v_proj") qkv_input = true;
-    if (s.kind == "o_proj") o_input = true;  // the attention output, already counted
     if (s.kind == "gate_proj" || s.kind == "up_proj") gu_input = true;
     if (s.kind == "down_proj") down_input = true;
   }
-  (void)o_input;
-  if (qkv_input) per_layer += t * h * b;
-  if (gu_input) per_layer += t * h * b;
-  if (down_input) per_layer += t * inter * b;
-  per_layer += lora_u;
-  const int64_t head_acts = t * h * b + 4 * t;  // final norm input and rstd
-  int64_t acts;
-  int64_t backward_layer_acts;  // activations of the layer whose backward runs, beyond acts
-  if (c.activation_offloading) {
-    // Tensors of layers in flight come back two at a time; the head stays.
-    acts = head_acts;
-    backward_layer_acts = c.gradient_checkpointing ? 2 * t * h * b + per_layer : 2 * per_layer;
-  } else if (c.gradient_checkpointing) {
-    acts = l * t * h * b + head_acts;
-    backward_layer_acts = per_layer;  // recomputed for the layer in backward
-  } else {
-    acts = l * per_layer + head_acts;
-    backward_layer_acts = 0;
-  }
-  e.activations = acts;
+  int64_t saved = 2 * 4 * t;                            // the two norms' rstd
+  saved += t * (nq + 2 * nkv + nq) * b;                 // attention: q, k, v, out
+  saved += 4 * m.num_attention_heads * t;               // lse
+  saved += th;                                          // h1, the second norm's input
+  saved += 2 * t * inter * b;                           // swiglu: gate, up
+  saved += (qkv_input ? th : 0) + (gu_input ? th : 0);  // normed inputs of trained projections
+  saved += (down_input ? t * inter * b : 0) + lora_u;
+  // A layer's forward beyond what it keeps: the normed inputs and the swiglu output nobody
+  // saves, a projection's output before the residual add; 16-bit GEMMs on the CPU read f32
+  // copies of both operands and write an f32 output.
+  int64_t gemm_ws = 0;
+  if (c.cpu && b == 2)
+    for (const ModuleShape& s : layer_modules(m))
+      gemm_ws = std::max(gemm_ws, t * (s.in + s.out) * 4 + s.in * s.out * 4);
+  const int64_t fwd_ws = (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws;
+  // One layer's backward at its widest, the MLP: the gradients of gate and up beside the
+  // gradient of the layer output and of the norm input.
+  const int64_t bwd_ws = 2 * t * inter * b + 2 * th + gemm_ws;
+  const bool offload = c.activation_offloading, ckpt = c.gradient_checkpointing;
+  // Bytes a layer leaves on the device until its backward: its output, and what it saves unless
+  // checkpointing recomputes it or offloading moves it to host memory.
+  const int64_t kept = th + ((ckpt || offload) ? 0 : saved);
+  e.activations = th + l * kept + th + 4 * t;  // embedding output, layers, final norm
 
-  // ---- loss
+  // ---- the walk over one optimizer step in the steady state (optimizer state exists)
+  const int64_t accumulated = c.gradient_accumulation_steps > 1 ? e.grads : 0;
+  Walk w;
+  w.live = e.params + e.optimizer + accumulated;
+  w.live += th;  // embedding output
+  for (int64_t i = 0; i < l; ++i) {
+    w.at("forward", layer_name(i), (ckpt ? saved : 0) + fwd_ws);
+    w.live += kept;
+  }
+  w.live += th + 4 * t;  // final norm: output, rstd
+  // The loss: the fused kernel runs forward and backward of the head chunk by chunk and keeps
+  // dhidden and the head's gradient; its workspace is a [chunk x vocab] f32 logits block, f32
+  // [chunk x hidden] rows and, for a 16-bit head, an f32 copy of the head weight.
   const int64_t chunk = std::min<int64_t>(c.loss_chunk_tokens, t);
   int64_t loss_held, loss_ws;
   if (c.fused_loss) {
-    loss_held = t * h * b;  // dhidden (the head's f32 gradient is counted in grads)
+    loss_held = th + (accumulated ? 0 : head_grad);
     loss_ws = chunk * v * 4 + 2 * chunk * h * 4 + (b == 2 ? v * h * 4 : 0);
   } else {
     loss_held = t * v * b;  // logits
     loss_ws = t * v * 4;    // f32 softmax rows, which become the gradient
   }
   e.loss = loss_held;
-
-  // ---- transients
-  // One layer's backward at its widest point, the MLP: the gradients of gate and up while the
-  // gradient of the layer output and of the norm input are live (measured on the CPU backend:
-  // the attention half of a layer's backward is narrower).
-  const int64_t layer_bwd_ws = 2 * t * inter * b + 2 * t * h * b;
-  // 16-bit GEMMs on the CPU read f32 copies of both operands and write an f32 output.
-  int64_t gemm_ws = 0;
-  if (c.cpu && b == 2)
-    for (const ModuleShape& s : layer_modules(m))
-      gemm_ws = std::max(gemm_ws, t * (s.in + s.out) * 4 + s.in * s.out * 4);
-  const int64_t seq = std::max<int64_t>(c.max_seqlen, 1);
-  const int64_t attn_ws = c.cpu ? 2 * 64 * seq * 4 * 2 : 0;
-
-  // ---- peak over the step
-  const int64_t grads_before = c.gradient_accumulation_steps > 1 ? e.grads : 0;
-  const int64_t fwd =
-      acts + std::max(loss_held + loss_ws, gemm_ws + attn_ws + t * inter * b) + grads_before;
-  // Start of backward: everything saved, the loss's held gradients, the first layer's work.
-  // A paged optimizer pages one parameter's states onto the device for its step (during
-  // backward with optimizer_in_backward); the largest is the embedding's or the head's.
-  const int64_t paged_ws =
-      c.optim.rfind("paged_", 0) == 0 && !c.offload_optimizer
-          ? optimizer_state_bytes(c, (embed_trains || head_trains) ? v * h : 0, 4, m)
-          : 0;
-  const int64_t bwd = acts + loss_held + (grads_before ? e.grads : head_grad) +
-                      backward_layer_acts + layer_bwd_ws + gemm_ws + attn_ws +
-                      (c.optimizer_in_backward ? paged_ws : 0);
-  // End of backward: all gradients, little else.
-  const int64_t bwd_end = e.grads + t * h * b + layer_bwd_ws;
-  // The optimizer step: gradients and state, and the f32 conversion of one gradient.
-  const int64_t opt = c.optimizer_in_backward ? 0 : e.grads + (b == 2 ? v * h * 4 : 0) + paged_ws;
-  const int64_t train_max = std::max({fwd, bwd, bwd_end});
-  e.peak = e.params + e.optimizer + std::max(train_max, opt);
-  e.peak_phase =
-      opt > train_max ? "optimizer step" : (fwd >= std::max(bwd, bwd_end) ? "forward" : "backward");
-  e.workspace = (e.peak - e.params - e.optimizer) -
-                (e.peak_phase == "forward"    ? acts + loss_held + grads_before
-                 : e.peak_phase == "backward" ? acts + loss_held + e.grads
-                                              : e.grads);
-  if (e.workspace < 0) e.workspace = 0;
-  (void)quant;
+  w.live += loss_held;
+  w.at("loss", "fused linear cross-entropy", loss_ws);
+  w.live -= th;  // the final norm's output dies with the loss' forward
+  // Backward, last layer first: a layer's gradients appear, what it kept goes.
+  for (int64_t i = l - 1; i >= 0; --i) {
+    int64_t in_flight = bwd_ws;
+    if (ckpt)
+      in_flight += saved;  // recomputed
+    else if (offload)
+      in_flight += 2 * saved;  // this layer and the one prefetched
+    w.at("backward", layer_name(i),
+         in_flight + (accumulated ? 0 : layer_grad_bytes) + (in_bwd ? paged_ws : 0));
+    w.live += (accumulated || in_bwd) ? 0 : layer_grad_bytes;
+    w.live -= kept;
+  }
+  // The embedding: its dense gradient, and with tied weights the sum with the head's gradient
+  // (all three live for a moment).
+  if (embed_trains) {
+    const bool tied_sum = m.tie_word_embeddings && head_trains && !accumulated;
+    const int64_t sum = tied_sum ? v * h * 4 : 0;
+    w.at("backward", "embedding", embed_grad + sum);
+  }
+  // The optimizer step of the first update creates the state while every gradient is live
+  // (inside backward with optimizer_in_backward, one gradient at a time).
+  Walk first = w;
+  first.live = e.params + e.grads + e.optimizer;
+  first.at(in_bwd ? "backward" : "optimizer step", "first update: optimizer state created",
+           paged_ws);
+  if (first.peak > w.peak) w = first;
+  e.peak = w.peak;
+  e.peak_phase = w.phase;
+  e.peak_detail = w.detail;
+  // ---- host resident memory
+  const bool weight_grads = !c.use_peft;
+  e.blas_buffers = c.cpu ? c.blas_threads * (weight_grads ? 31 : 3) * (int64_t{1} << 20) : 0;
+  e.offloaded_host = offload ? l * (th + (ckpt ? 0 : saved)) : 0;
+  e.outside_allocator = c.resident_before_training + e.blas_buffers;
+  e.rss_peak = (c.cpu ? e.peak + e.peak * 12 / 100 : 0) + e.outside_allocator + e.offloaded_host;
+  e.workspace =
+      std::max<int64_t>(0, e.peak - e.params - e.optimizer - e.grads - e.activations - e.loss);
   return e;
 }
 
 }  // namespace leantune
 
+#include <omp.h>
+
+#include "models/peft_io.h"
+#include "models/quantize_model.h"
 #include "trainers/options.h"
+#include "trainers/peft_options.h"
+#include "trainers/quant_options.h"
+#include "trainers/trainer.h"
 
 namespace leantune {
 
-EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu,
-                                            int64_t micro_batch_tokens, int64_t max_seqlen) {
+EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments& args,
+                               const PeftConfig* peft, const QuantConfig& quant, bool fused_loss,
+                               int64_t max_length, bool cpu, int64_t micro_batch_tokens,
+                               int64_t max_seqlen) {
   EstimateConfig c;
   c.model = model;
-  c.dtype = o.get_bool("bf16") ? DType::kBF16 : DType::kF32;
+  c.dtype = args.bf16 ? DType::kBF16 : DType::kF32;
   c.cpu = cpu;
-  const int64_t max_length =
-      o.get_int_or_none("max_length").value_or(model.max_position_embeddings);
-  c.micro_batch_tokens = micro_batch_tokens > 0
-                             ? micro_batch_tokens
-                             : o.get_int("per_device_train_batch_size") * max_length;
-  c.max_seqlen = max_seqlen > 0 ? max_seqlen : max_length;
-  c.gradient_accumulation_steps = o.get_int("gradient_accumulation_steps");
-  c.gradient_checkpointing = o.get_bool("gradient_checkpointing");
-  c.activation_offloading = o.get_bool("activation_offloading");
-  c.min_offload_size = o.get_int("min_offload_size");
-  c.fused_loss = o.get_bool("use_liger_kernel");
-  c.use_peft = o.get_bool("use_peft");
-  c.lora_r = o.get_int("lora_r");
-  c.lora_target_modules = o.get_string_list("lora_target_modules");
-  c.lora_modules_to_save = o.get_string_list("lora_modules_to_save");
-  c.trainable_tokens = static_cast<int64_t>(o.get_string_list("trainable_token_indices").size());
-  c.load_in_4bit = o.get_bool("load_in_4bit");
-  c.load_in_8bit = o.get_bool("load_in_8bit");
-  c.double_quant = o.get_bool("bnb_4bit_use_double_quant");
-  c.optim = o.get_string("optim");
-  c.optimizer_in_backward = o.get_bool("optimizer_in_backward");
-  c.offload_optimizer = o.get_string("offload_optimizer") == "cpu";
+  const int64_t length = max_length > 0 ? max_length : model.max_position_embeddings;
+  c.micro_batch_tokens =
+      micro_batch_tokens > 0 ? micro_batch_tokens : args.per_device_train_batch_size * length;
+  c.max_seqlen = max_seqlen > 0 ? max_seqlen : length;
+  c.gradient_accumulation_steps = args.gradient_accumulation_steps;
+  c.gradient_checkpointing = args.gradient_checkpointing;
+  c.activation_offloading = args.activation_offloading;
+  c.min_offload_size = args.min_offload_size;
+  c.fused_loss = fused_loss;
+  c.use_peft = peft != nullptr;
+  if (peft) {
+    c.lora_r = peft->r;
+    c.lora_target_modules = peft->target_modules;
+    c.lora_modules_to_save = peft->modules_to_save;
+    c.trainable_tokens = static_cast<int64_t>(peft->trainable_token_indices.size());
+  }
+  c.load_in_4bit = quant.load_in_4bit;
+  c.load_in_8bit = quant.load_in_8bit;
+  c.double_quant = quant.double_quant;
+  c.optim = args.optim;
+  c.optimizer_in_backward = args.optimizer_in_backward;
+  c.offload_optimizer = args.offload_optimizer == "cpu";
+  c.blas_threads = omp_get_max_threads();
   return c;
+}
+
+EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu) {
+  const TrainingArguments args = training_arguments(o);
+  const PeftConfig peft = peft_config_from_options(o);
+  const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
+  return estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
+                         o.get_bool("use_liger_kernel"),
+                         o.get_int_or_none("max_length").value_or(0), cpu);
 }
 
 }  // namespace leantune

@@ -16,6 +16,21 @@
 
 namespace leantune {
 
+int64_t process_rss_bytes(bool high_water_mark) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  const char* key = high_water_mark ? "VmHWM:" : "VmRSS:";
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, key, std::strlen(key)) == 0) {
+      std::sscanf(line + std::strlen(key), "%lld", &kb);
+      break;
+    }
+  std::fclose(f);
+  return static_cast<int64_t>(kb) * 1024;
+}
+
 nlohmann::json memory_snapshot(Device device) {
   AllocatorStats st = allocator(device).stats();
   nlohmann::json tags = nlohmann::json::object();
@@ -23,11 +38,9 @@ nlohmann::json memory_snapshot(Device device) {
     tags[mem_tag_name(static_cast<MemTag>(i))] = {{"current", st.by_tag[i].current},
                                                   {"peak", st.by_tag[i].peak},
                                                   {"at_peak", st.by_tag_at_peak[i]}};
-  nlohmann::json j = {{"allocated", st.allocated.current},
-                      {"peak_allocated", st.allocated.peak},
-                      {"reserved", st.reserved.current},
-                      {"peak_reserved", st.reserved.peak},
-                      {"by_tag", tags}};
+  nlohmann::json j = {{"allocated", st.allocated.current}, {"peak_allocated", st.allocated.peak},
+                      {"reserved", st.reserved.current},   {"peak_reserved", st.reserved.peak},
+                      {"phase_at_peak", st.phase_at_peak}, {"by_tag", tags}};
   if (device.is_cuda()) {
     size_t free_b = 0, total_b = 0;
     cuda_mem_get_info(device.index, &free_b, &total_b);

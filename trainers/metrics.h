@@ -20,6 +20,9 @@ namespace leantune {
 // {"allocated", "peak_allocated", "reserved", "peak_reserved", "by_tag": {tag: {"current",
 // "peak"}}} in bytes, plus device totals from cudaMemGetInfo on CUDA.
 nlohmann::json memory_snapshot(Device device);
+// The process's resident set (VmRSS) or its high-water mark (VmHWM) from /proc/self/status, in
+// bytes; 0 where that file does not exist.
+int64_t process_rss_bytes(bool high_water_mark);
 
 class MetricsLogger {
  public:

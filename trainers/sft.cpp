@@ -31,8 +31,8 @@ std::string embedded_data_dir() {
            "repository's data/ folder, or pass --model_name_or_path and --dataset");
 }
 
-Options sft_options() {
-  Options o("sft");
+Options sft_options(const std::string& command) {
+  Options o(command);
   o.add_string("model_name_or_path", "",
                "HF model folder to fine-tune (empty with no dataset: the built-in demo model)");
   o.add_string("dataset", "", "training data: a JSONL file in a TRL format");
@@ -199,12 +199,14 @@ nlohmann::json SftTrainer::technique_savings() const {
     for (int64_t u = 0; u < train_->num_units(); ++u)
       longest =
           std::max<int64_t>(longest, static_cast<int64_t>(train_->unit_row(u).input_ids.size()));
-    const EstimateConfig ec = estimate_config_from_options(
-        options_, model_->config(), model_->device().is_cpu(), max_micro_tokens_, longest);
+    EstimateConfig ec = estimate_config(
+        model_->config(), args_, peft_.active() ? &peft_.config : nullptr, quant_config_,
+        fused_loss_, 0, model_->device().is_cpu(), max_micro_tokens_, longest);
+    ec.resident_before_training = resident_before_training_;
     s["estimate"] = estimate_memory(ec).to_json();
   }
-  if (!quant_kind_.empty())
-    s["quantized_base"] = {{"kind", quant_kind_},
+  if (quant_config_.enabled())
+    s["quantized_base"] = {{"kind", quant_config_.kind()},
                            {"modules", quant_report_.quantized_modules},
                            {"dense_bytes", quant_report_.dense_bytes},
                            {"quantized_bytes", quant_report_.quantized_bytes}};
@@ -226,11 +228,20 @@ nlohmann::json SftTrainer::technique_savings() const {
 std::string format_memory_report(const nlohmann::json& r) {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, "memory report (%s): peak allocated %s, peak reserved %s\n",
+  const std::string phase = r.value("phase_at_peak", "");
+  std::snprintf(line, sizeof line, "memory report (%s): peak allocated %s%s%s, peak reserved %s\n",
                 r.value("device", "?").c_str(),
                 format_bytes(r.value("peak_allocated", int64_t{0})).c_str(),
+                phase.empty() ? "" : " during ", phase.c_str(),
                 format_bytes(r.value("peak_reserved", int64_t{0})).c_str());
   out += line;
+  if (r.value("peak_rss", int64_t{0}) > 0) {
+    std::snprintf(line, sizeof line,
+                  "  peak RSS %s (the process's resident memory: the host allocator's segments "
+                  "on the CPU, plus code, BLAS buffers, tokenizer and data)\n",
+                  format_bytes(r.value("peak_rss", int64_t{0})).c_str());
+    out += line;
+  }
   std::snprintf(line, sizeof line, "  %-18s %12s %12s\n", "by tag", "at the peak", "own peak");
   out += line;
   const std::pair<const char*, const char*> cats[] = {
@@ -247,14 +258,28 @@ std::string format_memory_report(const nlohmann::json& r) {
   }
   const auto& s = r["savings"];
   if (s.contains("estimate")) {
-    const int64_t est = s["estimate"].value("peak", int64_t{0});
-    const int64_t measured = r.value("peak_allocated", int64_t{0});
+    const auto& e = s["estimate"];
+    auto rel = [](int64_t est, int64_t measured) {
+      return measured > 0
+                 ? 100.0 * static_cast<double>(est - measured) / static_cast<double>(measured)
+                 : 0.0;
+    };
+    const int64_t est = e.value("peak", int64_t{0});
     std::snprintf(
-        line, sizeof line, "  estimated peak %s (trainer_bin estimate): %+.1f%% of measured\n",
-        format_bytes(est).c_str(),
-        measured > 0 ? 100.0 * static_cast<double>(est - measured) / static_cast<double>(measured)
-                     : 0.0);
+        line, sizeof line,
+        "  estimated peak %s during %s (%s) (trainer_bin estimate): %+.1f%% of measured\n",
+        format_bytes(est).c_str(), e.value("peak_phase", "").c_str(),
+        e.value("peak_detail", "").c_str(), rel(est, r.value("peak_allocated", int64_t{0})));
     out += line;
+    const int64_t est_rss = e.value("rss_peak", int64_t{0});
+    if (est_rss > 0 && r.value("peak_rss", int64_t{0}) > 0) {
+      std::snprintf(line, sizeof line,
+                    "  estimated peak RSS %s (%s outside the allocator): %+.1f%% of measured\n",
+                    format_bytes(est_rss).c_str(),
+                    format_bytes(e.value("outside_allocator", int64_t{0})).c_str(),
+                    rel(est_rss, r.value("peak_rss", int64_t{0})));
+      out += line;
+    }
   }
   if (s.size() > (s.contains("estimate") ? 1u : 0u)) out += "  saved by the enabled techniques:\n";
   if (s.contains("padding_free")) {
@@ -391,6 +416,16 @@ SftRun make_sft_run(const Options& o) {
     run.model =
         std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
     run.model->init_random(args.seed);
+    if (o.get_bool("use_peft")) {
+      // The demo's base exists only in memory: written beside the adapter (before quantization,
+      // dense as initialised) and recorded as its base_model_name_or_path, relative to the
+      // output folder's parent as PEFT-style loaders resolve it, so the adapter loads again.
+      const fs::path out = fs::absolute(fs::path(args.output_dir)).lexically_normal();
+      const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
+      run.model->save((out_dir / "base_model").string(), DType::kF32);
+      copy_tokenizer_files(setup.tokenizer_dir, (out_dir / "base_model").string());
+      base_name = (out_dir.filename() / "base_model").string();
+    }
     if (quant.enabled()) quant_report = quantize_model(*run.model, quant);
     run.model->set_requires_grad(true);
     peft = apply_peft_options(o, *run.model, args.seed);
@@ -418,7 +453,7 @@ SftRun make_sft_run(const Options& o) {
       std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer, setup.tokenizer_dir, loader,
                                    eval, train.stats, o.get_bool("use_liger_kernel"));
   run.trainer->set_peft(std::move(peft), base_name, o.get_bool("merge_adapter"));
-  if (quant.enabled()) run.trainer->set_quantized_base(quant.kind(), quant_report);
+  if (quant.enabled()) run.trainer->set_quantized_base(quant, quant_report);
   return run;
 }
 

@@ -19,7 +19,8 @@
 namespace leantune {
 
 // Options of `trainer_bin sft` (model, data and training options, TRL names).
-Options sft_options();
+// The sft command's options; `command` names the usage line (estimate takes the same options).
+Options sft_options(const std::string& command = "sft");
 
 struct SftSetup {
   std::string model_name_or_path;  // empty = the built-in embedded model
@@ -41,8 +42,8 @@ class SftTrainer final : public Trainer {
   // adapter_config.json; merge_adapter also writes output_dir/merged.
   void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
   // What quantizing the frozen base saved (QLoRA), for the memory report.
-  void set_quantized_base(std::string kind, QuantizeReport report) {
-    quant_kind_ = std::move(kind);
+  void set_quantized_base(QuantConfig cfg, QuantizeReport report) {
+    quant_config_ = std::move(cfg);
     quant_report_ = report;
   }
   PeftSetup& peft() { return peft_; }
@@ -73,7 +74,7 @@ class SftTrainer final : public Trainer {
   std::shared_ptr<DataLoader> eval_;
   DataStats train_stats_;
   bool fused_loss_;
-  std::string quant_kind_;
+  QuantConfig quant_config_;  // load_in_4bit / load_in_8bit off: a dense base
   QuantizeReport quant_report_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;

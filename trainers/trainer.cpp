@@ -243,7 +243,11 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
       {"peak_reserved", snap["peak_reserved"]},
       {"peak_by_tag", nlohmann::json::object()},
       {"at_peak_by_tag", nlohmann::json::object()},
+      {"phase_at_peak", snap["phase_at_peak"]},
       {"pinned_host_peak", pinned_allocator().stats().allocated.peak},
+      {"pinned_host_peak_reserved", pinned_allocator().stats().reserved.peak},
+      {"peak_rss", process_rss_bytes(true)},
+      {"rss_at_train_start", rss_at_start_},
       {"optimizer",
        {{"optim", args_.optim},
         {"offload_optimizer", args_.offload_optimizer},
@@ -298,6 +302,12 @@ TrainResult Trainer::train() {
   MetricsLogger log(args_.output_dir + "/metrics.jsonl", total_steps_, resumed, step_);
   if (resumed) log.message("resumed from step " + std::to_string(step_));
   on_train_begin(log);
+  MemPhaseGuard setup_phase("between steps");
+  rss_at_start_ = process_rss_bytes(false);
+  // Host memory outside the allocators before the first step: code, libraries, tokenizer, data.
+  resident_before_training_ =
+      std::max<int64_t>(0, rss_at_start_ - allocator(Device::cpu()).stats().reserved.current -
+                               pinned_allocator().stats().reserved.current);
   allocator(model_->device()).reset_peak_stats();
 
   double window_loss = 0, window_norm = 0;
@@ -333,7 +343,11 @@ TrainResult Trainer::train() {
       // One offloader per micro-batch, around its forward and backward.
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
           OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
-      Tensor loss = compute_loss(micro[i], static_cast<double>(normalizer));
+      Tensor loss;
+      {
+        MemPhaseGuard phase("forward");
+        loss = compute_loss(micro[i], static_cast<double>(normalizer));
+      }
       if (nan_steps_.count(update)) loss = ops::scale(loss, std::nan(""));
       const double lv = loss.item();
       step_loss += lv;
@@ -341,12 +355,14 @@ TrainResult Trainer::train() {
       if (args_.optimizer_in_backward) {
         // Parameters are updated inside backward: a non-finite loss skips backward itself.
         if (finite && loss.requires_grad()) {
+          MemPhaseGuard phase("backward");
           OptimizerInBackward in_bwd(*optimizer_, scheduler_.lr(step_));
           loss.backward();
           backward_norm = in_bwd.grad_norm();
           if (!in_bwd.finite()) finite = false;
         }
       } else if (loss.requires_grad()) {
+        MemPhaseGuard phase("backward");
         loss.backward();
       }
       if (offloader) {
@@ -377,7 +393,10 @@ TrainResult Trainer::train() {
       consecutive_nonfinite_ = 0;
       double scale = 1.0;
       if (args_.max_grad_norm > 0) scale = std::min(1.0, args_.max_grad_norm / (norm + 1e-6));
-      if (!args_.optimizer_in_backward) optimizer_->step(scheduler_.lr(step_), scale);
+      if (!args_.optimizer_in_backward) {
+        MemPhaseGuard phase("optimizer step");
+        optimizer_->step(scheduler_.lr(step_), scale);
+      }
       zero_grads();
     }
     const double lr_used = scheduler_.lr(step_);

@@ -131,6 +131,8 @@ class Trainer {
   std::shared_ptr<DecoderModel> model_;
   TrainingArguments args_;
   Options options_;
+  // Host resident memory outside the allocators when the loop began (bytes).
+  int64_t resident_before_training_ = 0;
 
  private:
   void build_optimizer();
@@ -151,6 +153,7 @@ class Trainer {
   std::set<int64_t> nan_steps_;
   int64_t stop_after_ = -1;
   OffloadStats offload_totals_;
+  int64_t rss_at_start_ = 0;  // resident set when the loop began (bytes)
 };
 
 // Set by SIGTERM/SIGINT while a StopSignalScope is alive (train() holds one; a command may hold
