@@ -104,8 +104,11 @@ vocab_huge() {
 }
 out_dir() { mkdir -p "$W/packed"; }
 number_overflow() { printf '{"text": 1E777}\n' >"$W/d.jsonl"; }
+# Big enough that tokenizing it takes seconds on any machine: the SIGTERM lands while loading.
 big_data() {
-  for _ in $(seq 500); do cat "$DATA"; done >"$W/big.jsonl"
+  for _ in $(seq 500); do cat "$DATA"; done >"$W/big1.jsonl"
+  for _ in $(seq 10); do cat "$W/big1.jsonl"; done >"$W/big.jsonl"
+  rm -f "$W/big1.jsonl"
 }
 
 # ---- checks after a run: files, not messages ----

@@ -272,7 +272,10 @@ TEST(OptimTrainer, EstimateShowsEachOptimizersBytesForLlama31_8B) {
   // optimizer_in_backward: the largest gradient in flight, the LM head's (f32 from the fused
   // loss), instead of all of them.
   EXPECT_EQ(q8_bwd.grads, m.vocab_size * m.hidden_size * 4);
-  EXPECT_LT(q8_bwd.peak, q8.peak - q8.grads + q8_bwd.grads + 1);
+  // The walk's peak no longer holds every gradient at once: it falls in the loss or backward,
+  // below the normal step's.
+  EXPECT_LT(q8_bwd.peak, q8.peak);
+  EXPECT_NE(q8_bwd.peak_phase, "optimizer step");
   EXPECT_LT(off.peak, q8_bwd.peak - q8_bwd.optimizer + 1);
 }
 
