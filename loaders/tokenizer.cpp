@@ -510,10 +510,23 @@ struct Tokenizer::Impl {
   StringIdMap added_by_content;
   int64_t vocab_size = 0;
 
-  std::optional<std::string> bos, eos, pad;
+  std::optional<std::string> bos, eos, pad, unk;
   std::string chat_source;
   std::optional<ChatTemplate> chat;
   std::string chat_error;
+
+  // The special tokens a chat template sees (transformers' special_tokens_map).
+  std::vector<std::pair<std::string, std::string>> special_tokens() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (auto [key, v] : {std::pair{"bos_token", &bos}, std::pair{"eos_token", &eos},
+                          std::pair{"unk_token", &unk}, std::pair{"pad_token", &pad}}) {
+      if (*v) out.emplace_back(key, **v);
+    }
+    return out;
+  }
+  void give_special_tokens(ChatTemplate& t) const {
+    for (const auto& [key, value] : special_tokens()) t.set_special_token(key, value);
+  }
 
   void load_model(const json& model, ParsedTokenizerJson& parsed);
   void load_added(const json& list);
@@ -1148,7 +1161,7 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json,
                  ? json::object()
                  : parse_json(special_tokens_map_json, source + " (special_tokens_map.json)");
   for (auto [key, dst] : {std::pair{"bos_token", &impl->bos}, std::pair{"eos_token", &impl->eos},
-                          std::pair{"pad_token", &impl->pad}}) {
+                          std::pair{"pad_token", &impl->pad}, std::pair{"unk_token", &impl->unk}}) {
     // tokenizer_config.json takes precedence, as in transformers.
     *dst = config_token(cfg, key);
     if (!*dst) *dst = config_token(stm, key);
@@ -1166,8 +1179,10 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json,
   auto tok = std::make_shared<Tokenizer>(std::move(impl));
   tok->impl_->chat_error.clear();
   try {
-    ChatTemplate t = ChatTemplate::detect(tok->impl_->chat_source, cfg_source);
-    if (tok->impl_->bos) t.set_bos_token(*tok->impl_->bos);
+    const std::string dir = std::filesystem::path(source).parent_path().string();
+    const std::string cfg_file = (dir.empty() ? "" : dir + "/") + "tokenizer_config.json";
+    ChatTemplate t = ChatTemplate::detect(tok->impl_->chat_source, cfg_file + "[chat_template]");
+    tok->impl_->give_special_tokens(t);
     tok->impl_->chat = std::move(t);
   } catch (const Error& e) {
     tok->impl_->chat_error = e.what();
@@ -1200,7 +1215,7 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
     try {
       ChatTemplate t =
           ChatTemplate::detect(impl.chat_source, (dir / "chat_template.jinja").string());
-      if (impl.bos) t.set_bos_token(*impl.bos);
+      impl.give_special_tokens(t);
       impl.chat = std::move(t);
     } catch (const Error& e) {
       impl.chat_error = e.what();
@@ -1277,12 +1292,21 @@ const ChatTemplate& Tokenizer::chat_template() const {
   return *impl_->chat;
 }
 
+std::vector<std::pair<std::string, std::string>> Tokenizer::special_tokens() const {
+  return impl_->special_tokens();
+}
+
 bool Tokenizer::has_chat_template() const { return impl_->chat.has_value(); }
 
 void Tokenizer::set_chat_template(const std::string& name) {
   ChatTemplate t = ChatTemplate::from_name(name);
-  if (impl_->bos) t.set_bos_token(*impl_->bos);
+  impl_->give_special_tokens(t);
   impl_->chat = std::move(t);
+}
+
+void Tokenizer::set_chat_template_kwargs(const nlohmann::ordered_json& kwargs) {
+  LT_CHECK_INPUT(impl_->chat.has_value(), "--chat_template_kwargs: ", impl_->chat_error);
+  impl_->chat->set_kwargs(kwargs);
 }
 
 const std::string& Tokenizer::chat_template_source() const { return impl_->chat_source; }

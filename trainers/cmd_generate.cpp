@@ -10,6 +10,7 @@
 #include "models/decoder.h"
 #include "models/generate.h"
 #include "trainers/commands.h"
+#include "trainers/data_options.h"
 #include "trainers/options.h"
 
 namespace leantune {
@@ -20,7 +21,7 @@ int run_generate(const std::vector<std::string>& args) {
   o.add_string("model", "", "HF model folder (config.json, safetensors, tokenizer files)");
   o.add_string("prompt", "", "the prompt text");
   o.add_bool("chat", false, "render the prompt as a user turn with the chat template");
-  o.add_string("chat_template", "", "override the chat template", {"", "chatml", "llama3"});
+  add_chat_options(o);
   o.add_int("max_new_tokens", 64, "stop after this many new tokens", 1);
   o.add_float("temperature", 0.0, "0 = greedy; > 0 samples from softmax(logits / T)", 0.0);
   o.add_int("top_k", 0, "sample among the k most likely tokens (0 = off)", 0);
@@ -38,7 +39,7 @@ int run_generate(const std::vector<std::string>& args) {
   DType dt;
   dtype_from_string(o.get_string("dtype"), &dt);
   auto tok = Tokenizer::load(o.get_string("model"));
-  if (!o.get_string("chat_template").empty()) tok->set_chat_template(o.get_string("chat_template"));
+  apply_chat_options(o, *tok);
   auto model = DecoderModel::load(o.get_string("model"), dev, dt);
   std::vector<int32_t> ids;
   if (o.get_bool("chat")) {

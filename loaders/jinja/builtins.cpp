@@ -20,9 +20,9 @@ bool is_py_space(const std::string& cp) {
   return cp == " " || cp == "\t" || cp == "\n" || cp == "\r" || cp == "\v" || cp == "\f" ||
          cp == "\x1c" || cp == "\x1d" || cp == "\x1e" || cp == "\x1f" || cp == "\x85" ||
          cp == "\xc2\x85" || cp == "\xc2\xa0" || cp == "\xe3\x80\x80" || cp == "\xe2\x80\xa8" ||
-         cp == "\xe2\x80\xa9" || (cp.size() == 3 && cp[0] == '\xe2' && cp[1] == '\x80' &&
-                                  static_cast<unsigned char>(cp[2]) >= 0x80 &&
-                                  static_cast<unsigned char>(cp[2]) <= 0x8a) ||
+         cp == "\xe2\x80\xa9" ||
+         (cp.size() == 3 && cp[0] == '\xe2' && cp[1] == '\x80' &&
+          static_cast<unsigned char>(cp[2]) >= 0x80 && static_cast<unsigned char>(cp[2]) <= 0x8a) ||
          cp == "\xe2\x80\xaf" || cp == "\xe2\x81\x9f" || cp == "\xe1\x9a\x80";
 }
 
@@ -118,7 +118,8 @@ std::string replace(const std::string& s, const std::string& from, const std::st
 
 bool affix(const std::string& s, const Value& v, bool prefix) {
   auto one = [&](const Value& x) {
-    if (x.type != Type::kString) eval_fail("startswith/endswith takes a string or tuple of strings");
+    if (x.type != Type::kString)
+      eval_fail("startswith/endswith takes a string or tuple of strings");
     if (x.s.size() > s.size()) return false;
     return prefix ? s.compare(0, x.s.size(), x.s) == 0
                   : s.compare(s.size() - x.s.size(), x.s.size(), x.s) == 0;
@@ -138,8 +139,10 @@ std::string case_map(const std::string& s, int mode) {  // 0 lower, 1 upper, 2 t
   for (size_t k = 0; k < out.size(); ++k) {
     char& c = out[k];
     const bool alpha = std::isalpha(static_cast<unsigned char>(c)) != 0;
-    if (mode == 0) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    else if (mode == 1) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (mode == 0)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    else if (mode == 1)
+      c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     else if (mode == 2) {
       c = static_cast<char>(word_start ? std::toupper(static_cast<unsigned char>(c))
                                        : std::tolower(static_cast<unsigned char>(c)));
@@ -170,7 +173,8 @@ Value get_method(const Value& obj, const std::string& name) {
     const std::string s = obj.s;
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       const bool l = name != "rstrip", r = name != "lstrip";
-      return bound([s, l, r](const Args& a) { return Value::string(strip(s, a.get(0, "chars"), l, r)); });
+      return bound(
+          [s, l, r](const Args& a) { return Value::string(strip(s, a.get(0, "chars"), l, r)); });
     }
     if (name == "split") {
       return bound([s](const Args& a) { return split(s, a.get(0, "sep"), a.get(1, "maxsplit")); });
@@ -191,7 +195,8 @@ Value get_method(const Value& obj, const std::string& name) {
         if (!from || !to || from->type != Type::kString || to->type != Type::kString) {
           eval_fail("replace takes two strings");
         }
-        return Value::string(replace(s, from->s, to->s, count && count->type == Type::kInt ? count->i : -1));
+        return Value::string(
+            replace(s, from->s, to->s, count && count->type == Type::kInt ? count->i : -1));
       });
     }
     if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
@@ -205,11 +210,15 @@ Value get_method(const Value& obj, const std::string& name) {
         if (!sub || sub->type != Type::kString) eval_fail("find/count takes a string");
         if (find) {
           const size_t at = s.find(sub->s);
-          return Value::integer(at == std::string::npos ? -1 : static_cast<int64_t>(code_points(s.substr(0, at)).size()));
+          return Value::integer(at == std::string::npos
+                                    ? -1
+                                    : static_cast<int64_t>(code_points(s.substr(0, at)).size()));
         }
         if (sub->s.empty()) return Value::integer(static_cast<int64_t>(code_points(s).size()) + 1);
         int64_t n = 0;
-        for (size_t at = s.find(sub->s); at != std::string::npos; at = s.find(sub->s, at + sub->s.size())) ++n;
+        for (size_t at = s.find(sub->s); at != std::string::npos;
+             at = s.find(sub->s, at + sub->s.size()))
+          ++n;
         return Value::integer(n);
       });
     }
@@ -247,8 +256,10 @@ Value get_method(const Value& obj, const std::string& name) {
       return bound([d, what](const Args&) {
         List out;
         for (const auto& [k, v] : *d.dict) {
-          if (what == 0) out.push_back(Value::new_tuple({Value::string(k), v}));
-          else out.push_back(what == 1 ? Value::string(k) : v);
+          if (what == 0)
+            out.push_back(Value::new_tuple({Value::string(k), v}));
+          else
+            out.push_back(what == 1 ? Value::string(k) : v);
         }
         return Value::new_list(std::move(out));
       });
@@ -259,8 +270,10 @@ Value get_method(const Value& obj, const std::string& name) {
 
 List iterate(const Value& v) {
   switch (v.type) {
-    case Type::kUndefined: return {};
-    case Type::kList: return *v.list;
+    case Type::kUndefined:
+      return {};
+    case Type::kList:
+      return *v.list;
     case Type::kDict: {
       List out;
       for (const auto& kv : *v.dict) out.push_back(Value::string(kv.first));
@@ -271,17 +284,23 @@ List iterate(const Value& v) {
       for (auto& cp : code_points(v.s)) out.push_back(Value::string(cp));
       return out;
     }
-    default: eval_fail("'" + v.type_name() + "' object is not iterable");
+    default:
+      eval_fail("'" + v.type_name() + "' object is not iterable");
   }
 }
 
 int64_t length(const Value& v) {
   switch (v.type) {
-    case Type::kUndefined: return 0;
-    case Type::kString: return static_cast<int64_t>(code_points(v.s).size());
-    case Type::kList: return static_cast<int64_t>(v.list->size());
-    case Type::kDict: return static_cast<int64_t>(v.dict->size());
-    default: eval_fail("object of type '" + v.type_name() + "' has no len()");
+    case Type::kUndefined:
+      return 0;
+    case Type::kString:
+      return static_cast<int64_t>(code_points(v.s).size());
+    case Type::kList:
+      return static_cast<int64_t>(v.list->size());
+    case Type::kDict:
+      return static_cast<int64_t>(v.dict->size());
+    default:
+      eval_fail("object of type '" + v.type_name() + "' has no len()");
   }
 }
 
@@ -295,9 +314,12 @@ bool contains(const Value& c, const Value& item) {
         if (equal(v, item)) return true;
       }
       return false;
-    case Type::kDict: return item.type == Type::kString && c.find(item.s) != nullptr;
-    case Type::kUndefined: eval_fail("argument of type 'Undefined' is not iterable");
-    default: eval_fail("argument of type '" + c.type_name() + "' is not iterable");
+    case Type::kDict:
+      return item.type == Type::kString && c.find(item.s) != nullptr;
+    case Type::kUndefined:
+      eval_fail("argument of type 'Undefined' is not iterable");
+    default:
+      eval_fail("argument of type '" + c.type_name() + "' is not iterable");
   }
 }
 
@@ -309,8 +331,8 @@ int64_t index_of(const Value& idx) {
 }
 
 // Python slice.indices(n): resolved start, stop, step.
-void slice_indices(int64_t n, const Value* start, const Value* stop, const Value* step,
-                   int64_t* b, int64_t* e, int64_t* s) {
+void slice_indices(int64_t n, const Value* start, const Value* stop, const Value* step, int64_t* b,
+                   int64_t* e, int64_t* s) {
   auto given = [](const Value* v) { return v && v->type != Type::kNone && !v->is_undefined(); };
   *s = given(step) ? index_of(*step) : 1;
   if (*s == 0) eval_fail("slice step cannot be zero");
@@ -348,7 +370,8 @@ Value subscript(const Value& obj, const Value& index) {
     const int64_t n = length(obj);
     int64_t k = index_of(index);
     if (k < 0) k += n;
-    if (k < 0 || k >= n) return Value::undefined("'" + obj.type_name() + " object' has no element " + index.repr());
+    if (k < 0 || k >= n)
+      return Value::undefined("'" + obj.type_name() + " object' has no element " + index.repr());
     if (obj.type == Type::kList) return (*obj.list)[static_cast<size_t>(k)];
     return Value::string(code_points(obj.s)[static_cast<size_t>(k)]);
   }
@@ -376,7 +399,9 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   const bool nums = a.is_number() && b.is_number();
   const bool floats = nums && (a.type == Type::kFloat || b.type == Type::kFloat);
   if (op == "+") {
-    if (nums) return floats ? Value::real(a.as_double() + b.as_double()) : Value::integer(a.as_int() + b.as_int());
+    if (nums)
+      return floats ? Value::real(a.as_double() + b.as_double())
+                    : Value::integer(a.as_int() + b.as_int());
     if (a.type == Type::kString && b.type == Type::kString) {
       check_size(a.s.size() + b.s.size());
       return Value::string(a.s + b.s);
@@ -387,16 +412,21 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
       return Value::new_list(std::move(out));
     }
   } else if (op == "-") {
-    if (nums) return floats ? Value::real(a.as_double() - b.as_double()) : Value::integer(a.as_int() - b.as_int());
+    if (nums)
+      return floats ? Value::real(a.as_double() - b.as_double())
+                    : Value::integer(a.as_int() - b.as_int());
   } else if (op == "*") {
-    if (nums) return floats ? Value::real(a.as_double() * b.as_double()) : Value::integer(a.as_int() * b.as_int());
+    if (nums)
+      return floats ? Value::real(a.as_double() * b.as_double())
+                    : Value::integer(a.as_int() * b.as_int());
     const Value* str = a.type == Type::kString || a.type == Type::kList ? &a : &b;
     const Value* cnt = str == &a ? &b : &a;
     if ((str->type == Type::kString || str->type == Type::kList) &&
         (cnt->type == Type::kInt || cnt->type == Type::kBool)) {
       const int64_t n = std::max<int64_t>(0, cnt->as_int());
       const size_t unit = str->type == Type::kString ? str->s.size() : str->list->size();
-      if (unit > 0 && static_cast<uint64_t>(n) > kMaxStringBytes / unit) eval_fail("result exceeds the size limit");
+      if (unit > 0 && static_cast<uint64_t>(n) > kMaxStringBytes / unit)
+        eval_fail("result exceeds the size limit");
       if (str->type == Type::kString) {
         std::string out;
         for (int64_t k = 0; k < n; ++k) out += str->s;
@@ -413,7 +443,8 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     }
   } else if (op == "//" || op == "%") {
     if (nums) {
-      if (b.as_double() == 0.0) eval_fail(op == "%" ? "modulo by zero" : "integer division or modulo by zero");
+      if (b.as_double() == 0.0)
+        eval_fail(op == "%" ? "modulo by zero" : "integer division or modulo by zero");
       if (floats) {
         const double q = std::floor(a.as_double() / b.as_double());
         return op == "//" ? Value::real(q) : Value::real(a.as_double() - q * b.as_double());
@@ -442,7 +473,8 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     const Value& u = a.is_undefined() ? a : b;
     eval_fail(undefined_message(u));
   }
-  eval_fail("unsupported operand type(s) for " + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'");
+  eval_fail("unsupported operand type(s) for " + op + ": '" + a.type_name() + "' and '" +
+            b.type_name() + "'");
 }
 
 }  // namespace leantune::jinja

@@ -23,11 +23,13 @@ Value attribute(const Value& item, const std::string& path) {
   size_t at = 0;
   while (true) {
     const size_t dot = path.find('.', at);
-    const std::string part = path.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
+    const std::string part =
+        path.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
     const bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
     if (cur.is_undefined()) return cur;
-    cur = numeric && cur.type == Type::kList ? subscript(cur, Value::integer(std::atoll(part.c_str())))
-                                             : subscript(cur, Value::string(part));
+    cur = numeric && cur.type == Type::kList
+              ? subscript(cur, Value::integer(std::atoll(part.c_str())))
+              : subscript(cur, Value::string(part));
     if (dot == std::string::npos) return cur;
     at = dot + 1;
   }
@@ -49,7 +51,8 @@ Value sort_keys_copy(const Value& v) {
   if (v.type != Type::kDict) return v;
   Dict out;
   for (const auto& [k, x] : *v.dict) out.emplace_back(k, sort_keys_copy(x));
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
   return Value::new_dict(std::move(out));
 }
 
@@ -59,12 +62,15 @@ Value tojson(const Value& v, const Args& a) {
   if (flag(a, 99, "ensure_ascii")) eval_fail("tojson(ensure_ascii=True) is not supported");
   int ind = -1;
   if (indent && indent->type != Type::kNone) {
-    if (indent->type == Type::kInt) ind = static_cast<int>(std::clamp<int64_t>(indent->i, 0, 64));
-    else eval_fail("tojson indent must be an integer");
+    if (indent->type == Type::kInt)
+      ind = static_cast<int>(std::clamp<int64_t>(indent->i, 0, 64));
+    else
+      eval_fail("tojson indent must be an integer");
   }
   std::string item_sep = ind >= 0 ? "," : ", ", key_sep = ": ";
   if (separators && separators->type == Type::kList && separators->list->size() == 2 &&
-      (*separators->list)[0].type == Type::kString && (*separators->list)[1].type == Type::kString) {
+      (*separators->list)[0].type == Type::kString &&
+      (*separators->list)[1].type == Type::kString) {
     item_sep = (*separators->list)[0].s;
     key_sep = (*separators->list)[1].s;
   } else if (separators && separators->type != Type::kNone) {
@@ -74,15 +80,18 @@ Value tojson(const Value& v, const Args& a) {
   if (v.type == Type::kFunction || v.type == Type::kNamespace) {
     eval_fail("Object of type " + v.type_name() + " is not JSON serializable");
   }
-  return Value::string(to_json(flag(a, 99, "sort_keys") ? sort_keys_copy(v) : v, ind, item_sep, key_sep));
+  return Value::string(
+      to_json(flag(a, 99, "sort_keys") ? sort_keys_copy(v) : v, ind, item_sep, key_sep));
 }
 
 Value to_int(const Value& v, const Args& a) {
   const Value* dflt = arg(a, 0, "default");
   const Value fallback = dflt ? *dflt : Value::integer(0);
   switch (v.type) {
-    case Type::kInt: return v;
-    case Type::kBool: return Value::integer(v.as_int());
+    case Type::kInt:
+      return v;
+    case Type::kBool:
+      return Value::integer(v.as_int());
     case Type::kFloat:
       if (!std::isfinite(v.f) || std::fabs(v.f) > 9.2e18) return fallback;
       return Value::integer(static_cast<int64_t>(v.f));
@@ -102,7 +111,8 @@ Value to_int(const Value& v, const Args& a) {
       }
       return fallback;
     }
-    default: return fallback;
+    default:
+      return fallback;
   }
 }
 
@@ -125,7 +135,8 @@ Value select_items(const Value& seq, const Args& a, bool by_attr, bool keep) {
   std::string attr;
   if (by_attr) {
     const Value* at = arg(a, 0, nullptr);
-    if (!at || at->type != Type::kString) eval_fail("selectattr/rejectattr needs an attribute name");
+    if (!at || at->type != Type::kString)
+      eval_fail("selectattr/rejectattr needs an attribute name");
     attr = at->s;
   }
   const Value* test = a.positional.size() > first_test ? &a.positional[first_test] : nullptr;
@@ -194,7 +205,12 @@ Value min_max(const Value& seq, bool want_max) {
 
 Value indent(const Value& v, const Args& a) {
   const Value* w = arg(a, 0, "width");
-  std::string pad = w && w->type == Type::kString ? w->s : std::string(w && w->type == Type::kInt ? static_cast<size_t>(std::clamp<int64_t>(w->i, 0, 256)) : 4, ' ');
+  std::string pad = w && w->type == Type::kString
+                        ? w->s
+                        : std::string(w && w->type == Type::kInt
+                                          ? static_cast<size_t>(std::clamp<int64_t>(w->i, 0, 256))
+                                          : 4,
+                                      ' ');
   const bool first = flag(a, 1, "first"), blank = flag(a, 2, "blank");
   const std::string s = v.str();
   std::string out;
@@ -216,12 +232,12 @@ Value indent(const Value& v, const Args& a) {
 }  // namespace
 
 bool has_filter(const std::string& n) {
-  static const char* kNames[] = {"trim", "tojson", "length", "count", "items", "join", "upper",
-                                 "lower", "capitalize", "title", "replace", "default", "d",
-                                 "first", "last", "selectattr", "rejectattr", "select", "reject",
-                                 "map", "list", "string", "int", "float", "abs", "reverse",
-                                 "unique", "sort", "min", "max", "indent", "safe", "e", "escape",
-                                 "wordcount", "sum"};
+  static const char* kNames[] = {
+      "trim",       "tojson",  "length",    "count",   "items", "join",   "upper",  "lower",
+      "capitalize", "title",   "replace",   "default", "d",     "first",  "last",   "selectattr",
+      "rejectattr", "select",  "reject",    "map",     "list",  "string", "int",    "float",
+      "abs",        "reverse", "unique",    "sort",    "min",   "max",    "indent", "safe",
+      "e",          "escape",  "wordcount", "sum"};
   for (const char* k : kNames) {
     if (n == k) return true;
   }
@@ -254,7 +270,10 @@ Value apply_filter(const std::string& n, const Value& v, const Args& a) {
     return Value::string(out);
   }
   if (n == "upper" || n == "lower" || n == "capitalize" || n == "title") {
-    return Value::string(py_case(v.str(), n == "lower" ? 0 : n == "upper" ? 1 : n == "title" ? 2 : 3));
+    return Value::string(py_case(v.str(), n == "lower"   ? 0
+                                          : n == "upper" ? 1
+                                          : n == "title" ? 2
+                                                         : 3));
   }
   if (n == "replace") {
     const Value* from = arg(a, 0, "old");
@@ -313,7 +332,8 @@ Value apply_filter(const std::string& n, const Value& v, const Args& a) {
   if (n == "min" || n == "max") return min_max(v, n == "max");
   if (n == "indent") return indent(v, a);
   if (n == "wordcount") {
-    return Value::integer(length(get_method(Value::string(v.str()), "split").fn->operator()(Args{})));
+    return Value::integer(
+        length(get_method(Value::string(v.str()), "split").fn->operator()(Args{})));
   }
   if (n == "sum") {
     Value total = a.get(1, "start") ? *a.get(1, "start") : Value::integer(0);
@@ -324,11 +344,12 @@ Value apply_filter(const std::string& n, const Value& v, const Args& a) {
 }
 
 bool has_test(const std::string& n) {
-  static const char* kNames[] = {"defined", "undefined", "none", "string", "mapping", "iterable",
-                                 "sequence", "number", "integer", "float", "boolean", "true",
-                                 "false", "equalto", "eq", "==", "ne", "!=", "lt", "<", "le",
-                                 "<=", "gt", ">", "ge", ">=", "in", "odd", "even", "divisibleby",
-                                 "callable", "lower", "upper", "sameas"};
+  static const char* kNames[] = {
+      "defined", "undefined",   "none",     "string",  "mapping", "iterable", "sequence",
+      "number",  "integer",     "float",    "boolean", "true",    "false",    "equalto",
+      "eq",      "==",          "ne",       "!=",      "lt",      "<",        "le",
+      "<=",      "gt",          ">",        "ge",      ">=",      "in",       "odd",
+      "even",    "divisibleby", "callable", "lower",   "upper",   "sameas"};
   for (const char* k : kNames) {
     if (n == k) return true;
   }
@@ -345,7 +366,8 @@ bool apply_test(const std::string& n, const Value& v, const Args& a) {
     const Value& o = need();
     bool ok = true;
     const bool r = want_less ? less(v, o, &ok) : less(o, v, &ok);
-    if (!ok) eval_fail("'<' not supported between '" + v.type_name() + "' and '" + o.type_name() + "'");
+    if (!ok)
+      eval_fail("'<' not supported between '" + v.type_name() + "' and '" + o.type_name() + "'");
     return r || (or_equal && equal(v, o));
   };
   if (n == "defined") return !v.is_undefined();
@@ -354,9 +376,11 @@ bool apply_test(const std::string& n, const Value& v, const Args& a) {
   if (n == "string") return v.type == Type::kString;
   if (n == "mapping") return v.type == Type::kDict;
   if (n == "iterable") {
-    return v.type == Type::kString || v.type == Type::kList || v.type == Type::kDict || v.is_undefined();
+    return v.type == Type::kString || v.type == Type::kList || v.type == Type::kDict ||
+           v.is_undefined();
   }
-  if (n == "sequence") return v.type == Type::kString || v.type == Type::kList || v.type == Type::kDict;
+  if (n == "sequence")
+    return v.type == Type::kString || v.type == Type::kList || v.type == Type::kDict;
   if (n == "number") return v.is_number();
   if (n == "integer") return v.type == Type::kInt;
   if (n == "float") return v.type == Type::kFloat;
@@ -371,7 +395,8 @@ bool apply_test(const std::string& n, const Value& v, const Args& a) {
   if (n == "ge" || n == ">=") return order(false, true);
   if (n == "in") return contains(need(), v);
   if (n == "odd" || n == "even" || n == "divisibleby") {
-    if (v.type != Type::kInt && v.type != Type::kBool) eval_fail("test '" + n + "' expects an integer");
+    if (v.type != Type::kInt && v.type != Type::kBool)
+      eval_fail("test '" + n + "' expects an integer");
     if (n == "divisibleby") {
       const Value& d = need();
       if (!d.is_number() || d.as_int() == 0) eval_fail("divisibleby needs a non-zero integer");

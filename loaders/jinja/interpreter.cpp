@@ -14,7 +14,7 @@ namespace leantune::jinja {
 namespace {
 
 constexpr int kMaxCallDepth = 32;
-constexpr uint64_t kMaxSteps = 20'000'000;
+constexpr uint64_t kMaxSteps = 2'000'000;  // real chat templates take ~100 per message
 
 struct Frame {
   std::vector<std::pair<std::string, Value>> vars;
@@ -71,32 +71,34 @@ class Renderer {
 
   void add_globals(Frame& g) {
     g.set("range", Value::function([](const Args& a) {
-      int64_t start = 0, stop = 0, stride = 1;
-      auto num = [](const Value* v) {
-        if (!v || (v->type != Type::kInt && v->type != Type::kBool)) eval_fail("range() takes integers");
-        return v->as_int();
-      };
-      if (a.positional.size() == 1) {
-        stop = num(a.get(0, nullptr));
-      } else if (a.positional.size() >= 2) {
-        start = num(a.get(0, nullptr));
-        stop = num(a.get(1, nullptr));
-        if (a.positional.size() >= 3) stride = num(a.get(2, nullptr));
-      } else {
-        eval_fail("range expected at least 1 argument");
-      }
-      if (stride == 0) eval_fail("range() arg 3 must not be zero");
-      List out;
-      for (int64_t k = start; stride > 0 ? k < stop : k > stop; k += stride) {
-        if (out.size() >= kMaxListItems) eval_fail("range() exceeds the size limit");
-        out.push_back(Value::integer(k));
-      }
-      return Value::new_list(std::move(out));
-    }));
+            int64_t start = 0, stop = 0, stride = 1;
+            auto num = [](const Value* v) {
+              if (!v || (v->type != Type::kInt && v->type != Type::kBool))
+                eval_fail("range() takes integers");
+              return v->as_int();
+            };
+            if (a.positional.size() == 1) {
+              stop = num(a.get(0, nullptr));
+            } else if (a.positional.size() >= 2) {
+              start = num(a.get(0, nullptr));
+              stop = num(a.get(1, nullptr));
+              if (a.positional.size() >= 3) stride = num(a.get(2, nullptr));
+            } else {
+              eval_fail("range expected at least 1 argument");
+            }
+            if (stride == 0) eval_fail("range() arg 3 must not be zero");
+            List out;
+            for (int64_t k = start; stride > 0 ? k < stop : k > stop; k += stride) {
+              if (out.size() >= kMaxListItems) eval_fail("range() exceeds the size limit");
+              out.push_back(Value::integer(k));
+            }
+            return Value::new_list(std::move(out));
+          }));
     auto make_dict = [](const Args& a, Type t) {
       Value d = Value::new_dict({}, t);
       for (const Value& p : a.positional) {
-        if (p.type != Type::kDict) eval_fail("namespace()/dict() takes a mapping or keyword arguments");
+        if (p.type != Type::kDict)
+          eval_fail("namespace()/dict() takes a mapping or keyword arguments");
         for (const auto& [k, v] : *p.dict) d.set(k, v);
       }
       for (const auto& [k, v] : a.keyword) {
@@ -107,28 +109,32 @@ class Renderer {
       }
       return d;
     };
-    g.set("namespace", Value::function([make_dict](const Args& a) { return make_dict(a, Type::kNamespace); }));
-    g.set("dict", Value::function([make_dict](const Args& a) { return make_dict(a, Type::kDict); }));
+    g.set("namespace",
+          Value::function([make_dict](const Args& a) { return make_dict(a, Type::kNamespace); }));
+    g.set("dict",
+          Value::function([make_dict](const Args& a) { return make_dict(a, Type::kDict); }));
     g.set("raise_exception", Value::function([](const Args& a) -> Value {
-      const Value* m = a.get(0, "message");
-      eval_fail("raise_exception: " + (m ? m->str() : std::string()));
-    }));
+            const Value* m = a.get(0, "message");
+            eval_fail("raise_exception: " + (m ? m->str() : std::string()));
+          }));
     const std::optional<std::tm> now = now_;
     g.set("strftime_now", Value::function([now](const Args& a) {
-      const Value* fmt = a.get(0, "format");
-      if (!fmt || fmt->type != Type::kString) eval_fail("strftime_now takes a format string");
-      std::tm tm{};
-      if (now) {
-        tm = *now;
-      } else {
-        const std::time_t t = std::time(nullptr);
-        localtime_r(&t, &tm);
-      }
-      char buf[512];
-      const size_t n = fmt->s.size() < 200 ? std::strftime(buf, sizeof(buf), fmt->s.c_str(), &tm) : 0;
-      if (n == 0 && !fmt->s.empty()) eval_fail("strftime_now: format too long or empty result");
-      return Value::string(std::string(buf, n));
-    }));
+            const Value* fmt = a.get(0, "format");
+            if (!fmt || fmt->type != Type::kString) eval_fail("strftime_now takes a format string");
+            std::tm tm{};
+            if (now) {
+              tm = *now;
+            } else {
+              const std::time_t t = std::time(nullptr);
+              localtime_r(&t, &tm);
+            }
+            char buf[512];
+            const size_t n =
+                fmt->s.size() < 200 ? std::strftime(buf, sizeof(buf), fmt->s.c_str(), &tm) : 0;
+            if (n == 0 && !fmt->s.empty())
+              eval_fail("strftime_now: format too long or empty result");
+            return Value::string(std::string(buf, n));
+          }));
   }
 
   // ---- statements ----
@@ -150,7 +156,9 @@ class Renderer {
   Flow exec(const Node& n, std::string& out) {
     step(n);
     switch (n.kind) {
-      case NodeKind::kText: emit(n, out, n.literal.s); return Flow::kNormal;
+      case NodeKind::kText:
+        emit(n, out, n.literal.s);
+        return Flow::kNormal;
       case NodeKind::kOutput: {
         const Value v = eval(*n.args[0]);
         emit(n, out, v.str());
@@ -158,9 +166,14 @@ class Renderer {
       }
       case NodeKind::kIf:
         return exec_body(eval(*n.args[0]).truthy() ? n.body : n.else_body, out);
-      case NodeKind::kFor: return exec_for(n, out);
-      case NodeKind::kSet: exec_set(n); return Flow::kNormal;
-      case NodeKind::kMacro: frame_->set(n.name, make_macro(n, frame_)); return Flow::kNormal;
+      case NodeKind::kFor:
+        return exec_for(n, out);
+      case NodeKind::kSet:
+        exec_set(n);
+        return Flow::kNormal;
+      case NodeKind::kMacro:
+        frame_->set(n.name, make_macro(n, frame_));
+        return Flow::kNormal;
       case NodeKind::kCallBlock: {
         Value caller = make_macro(n, frame_);
         const Value v = eval_call(*n.args[0], &caller);
@@ -180,9 +193,12 @@ class Renderer {
         emit(n, out, body);
         return Flow::kNormal;
       }
-      case NodeKind::kBreak: return Flow::kBreak;
-      case NodeKind::kContinue: return Flow::kContinue;
-      default: fail(n, "not a statement");
+      case NodeKind::kBreak:
+        return Flow::kBreak;
+      case NodeKind::kContinue:
+        return Flow::kContinue;
+      default:
+        fail(n, "not a statement");
     }
   }
 
@@ -243,9 +259,9 @@ class Renderer {
       loop.set("previtem", k > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
       loop.set("nextitem", k + 1 < len ? items[k + 1] : Value::undefined("there is no next item"));
       loop.set("cycle", Value::function([k](const Args& a) {
-        if (a.positional.empty()) eval_fail("no items for cycling given");
-        return a.positional[static_cast<size_t>(k) % a.positional.size()];
-      }));
+                 if (a.positional.empty()) eval_fail("no items for cycling given");
+                 return a.positional[static_cast<size_t>(k) % a.positional.size()];
+               }));
       frame_->set("loop", loop);
       bind(items[k]);
       const Flow f = exec_body(n.body, out);
@@ -277,7 +293,8 @@ class Renderer {
     } catch (const EvalError& e) {
       fail(n, "cannot unpack: " + e.what);
     }
-    if (parts.size() != n.targets.size()) fail(n, "cannot unpack into " + std::to_string(n.targets.size()) + " names");
+    if (parts.size() != n.targets.size())
+      fail(n, "cannot unpack into " + std::to_string(n.targets.size()) + " names");
     for (size_t k = 0; k < parts.size(); ++k) frame_->set(n.targets[k], parts[k]);
   }
 
@@ -286,7 +303,8 @@ class Renderer {
     const Node* node = &n;
     return Value::function([this, node, closure](const Args& a) {
       if (a.positional.size() > node->targets.size()) {
-        eval_fail("macro '" + node->name + "' takes at most " + std::to_string(node->targets.size()) + " arguments");
+        eval_fail("macro '" + node->name + "' takes at most " +
+                  std::to_string(node->targets.size()) + " arguments");
       }
       if (++call_depth_ > kMaxCallDepth) {
         --call_depth_;
@@ -299,13 +317,19 @@ class Renderer {
       try {
         for (size_t k = 0; k < node->targets.size(); ++k) {
           const Value* v = a.get(k, node->targets[k].c_str());
-          if (v) frame_->set(node->targets[k], *v);
-          else if (node->defaults[k]) frame_->set(node->targets[k], eval(*node->defaults[k]));
-          else frame_->set(node->targets[k], Value::undefined("'" + node->targets[k] + "' is undefined"));
+          if (v)
+            frame_->set(node->targets[k], *v);
+          else if (node->defaults[k])
+            frame_->set(node->targets[k], eval(*node->defaults[k]));
+          else
+            frame_->set(node->targets[k],
+                        Value::undefined("'" + node->targets[k] + "' is undefined"));
         }
         for (const auto& [k, v] : a.keyword) {
-          if (k == "caller") frame_->set("caller", v);
-          else if (std::find(node->targets.begin(), node->targets.end(), k) == node->targets.end()) {
+          if (k == "caller")
+            frame_->set("caller", v);
+          else if (std::find(node->targets.begin(), node->targets.end(), k) ==
+                   node->targets.end()) {
             eval_fail("macro '" + node->name + "' takes no keyword argument '" + k + "'");
           }
         }
@@ -326,7 +350,8 @@ class Renderer {
   Args eval_args(const Node& n, size_t first) {
     Args a;
     for (size_t k = first; k < n.args.size(); ++k) a.positional.push_back(eval(*n.args[k]));
-    for (size_t k = 0; k < n.kwargs.size(); ++k) a.keyword.emplace_back(n.kw_names[k], eval(*n.kwargs[k]));
+    for (size_t k = 0; k < n.kwargs.size(); ++k)
+      a.keyword.emplace_back(n.kw_names[k], eval(*n.kwargs[k]));
     return a;
   }
 
@@ -335,7 +360,8 @@ class Renderer {
     Args a = eval_args(n, 1);
     if (caller) a.keyword.emplace_back("caller", *caller);
     if (fn.type != Type::kFunction) {
-      fail(n, fn.is_undefined() ? undefined_message(fn) : "'" + fn.type_name() + "' object is not callable");
+      fail(n, fn.is_undefined() ? undefined_message(fn)
+                                : "'" + fn.type_name() + "' object is not callable");
     }
     try {
       return (*fn.fn)(a);
@@ -364,7 +390,8 @@ class Renderer {
 
   Value eval_inner(const Node& n) {
     switch (n.kind) {
-      case NodeKind::kLiteral: return n.literal;
+      case NodeKind::kLiteral:
+        return n.literal;
       case NodeKind::kName: {
         const Value* v = frame_->find(n.name);
         return v ? *v : Value::undefined("'" + n.name + "' is undefined");
@@ -389,8 +416,10 @@ class Renderer {
         const Value obj = eval(*n.args[0]);
         if (obj.is_undefined()) fail(n, undefined_message(obj));
         if (obj.type == Type::kDict) {
-          const Value m = n.name == "get" || n.name == "items" || n.name == "keys" || n.name == "values"
-                              ? get_method(obj, n.name) : Value::undefined();
+          const Value m =
+              n.name == "get" || n.name == "items" || n.name == "keys" || n.name == "values"
+                  ? get_method(obj, n.name)
+                  : Value::undefined();
           if (!m.is_undefined()) return m;
           const Value* v = obj.find(n.name);
           return v ? *v : Value::undefined("'dict object' has no attribute '" + n.name + "'");
@@ -400,9 +429,11 @@ class Renderer {
           return v ? *v : Value::undefined("'Namespace' has no attribute '" + n.name + "'");
         }
         if (obj.type == Type::kString) return get_method(obj, n.name);
-        return Value::undefined("'" + obj.type_name() + " object' has no attribute '" + n.name + "'");
+        return Value::undefined("'" + obj.type_name() + " object' has no attribute '" + n.name +
+                                "'");
       }
-      case NodeKind::kGetItem: return subscript(eval(*n.args[0]), eval(*n.args[1]));
+      case NodeKind::kGetItem:
+        return subscript(eval(*n.args[0]), eval(*n.args[1]));
       case NodeKind::kSlice: {
         const Value obj = eval(*n.args[0]);
         Value parts[3];
@@ -415,8 +446,10 @@ class Renderer {
         }
         return slice(obj, p[0], p[1], p[2]);
       }
-      case NodeKind::kCall: return eval_call(n, nullptr);
-      case NodeKind::kFilter: return eval_filter(n, eval(*n.args[0]));
+      case NodeKind::kCall:
+        return eval_call(n, nullptr);
+      case NodeKind::kFilter:
+        return eval_filter(n, eval(*n.args[0]));
       case NodeKind::kTest: {
         const Value v = eval(*n.args[0]);
         const Args a = eval_args(n, 1);
@@ -425,17 +458,21 @@ class Renderer {
       case NodeKind::kUnary: {
         const Value v = eval(*n.args[0]);
         if (n.name == "not") return Value::boolean(!v.truthy());
-        if (!v.is_number()) fail(n, "bad operand type for unary " + n.name + ": '" + v.type_name() + "'");
+        if (!v.is_number())
+          fail(n, "bad operand type for unary " + n.name + ": '" + v.type_name() + "'");
         if (n.name == "+") return v.type == Type::kFloat ? v : Value::integer(v.as_int());
         if (v.type == Type::kFloat) return Value::real(-v.f);
         if (v.as_int() == INT64_MIN) fail(n, "integer overflow");
         return Value::integer(-v.as_int());
       }
-      case NodeKind::kBinary: return eval_binary(n);
+      case NodeKind::kBinary:
+        return eval_binary(n);
       case NodeKind::kCond:
         if (eval(*n.args[0]).truthy()) return eval(*n.args[1]);
-        return n.args[2] ? eval(*n.args[2]) : Value::undefined("the conditional expression has no else");
-      default: fail(n, "not an expression");
+        return n.args[2] ? eval(*n.args[2])
+                         : Value::undefined("the conditional expression has no else");
+      default:
+        fail(n, "not an expression");
     }
   }
 
@@ -451,7 +488,8 @@ class Renderer {
       bool ok = true;
       const bool lt = op[0] == '<' ? less(a, b, &ok) : less(b, a, &ok);
       if (!ok) {
-        fail(n, "'" + op + "' not supported between instances of '" + a.type_name() + "' and '" + b.type_name() + "'");
+        fail(n, "'" + op + "' not supported between instances of '" + a.type_name() + "' and '" +
+                    b.type_name() + "'");
       }
       return Value::boolean(lt || (op.size() == 2 && equal(a, b)));
     }
@@ -474,7 +512,8 @@ class Renderer {
 };
 
 // Unknown filters and tests are errors when the template is compiled, as in jinja2.
-void check_names(const std::vector<NodePtr>& nodes, const std::string& source, bool* has_generation);
+void check_names(const std::vector<NodePtr>& nodes, const std::string& source,
+                 bool* has_generation);
 
 void check_node(const Node& n, const std::string& source, bool* has_generation) {
   if (n.kind == NodeKind::kFilter && !has_filter(n.name)) {
@@ -491,7 +530,8 @@ void check_node(const Node& n, const std::string& source, bool* has_generation) 
   }
 }
 
-void check_names(const std::vector<NodePtr>& nodes, const std::string& source, bool* has_generation) {
+void check_names(const std::vector<NodePtr>& nodes, const std::string& source,
+                 bool* has_generation) {
   for (const NodePtr& n : nodes) check_node(*n, source, has_generation);
 }
 

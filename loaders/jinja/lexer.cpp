@@ -12,7 +12,9 @@ namespace leantune::jinja {
 
 namespace {
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 class Lexer {
  public:
@@ -84,7 +86,8 @@ class Lexer {
 
   size_t find_open(size_t from) const {
     for (size_t k = from; k + 1 < src_.size(); ++k) {
-      if (src_[k] == '{' && (src_[k + 1] == '{' || src_[k + 1] == '%' || src_[k + 1] == '#')) return k;
+      if (src_[k] == '{' && (src_[k + 1] == '{' || src_[k + 1] == '%' || src_[k + 1] == '#'))
+        return k;
     }
     return src_.size();
   }
@@ -158,10 +161,14 @@ class Lexer {
     int depth = 0;
     while (true) {
       while (pos_ < src_.size() && is_space(src_[pos_])) advance_to(pos_ + 1);
-      if (pos_ >= src_.size()) fail(tag_line, tag_col, close == '}' ? "unclosed '{{' (no '}}')" : "unclosed '{%' (no '%}')");
+      if (pos_ >= src_.size())
+        fail(tag_line, tag_col,
+             close == '}' ? "unclosed '{{' (no '}}')" : "unclosed '{%' (no '%}')");
       const int l = line_, c = col_;
       const char ch = src_[pos_];
-      auto closes_at = [&](size_t k) { return src_.compare(k, 2, std::string(1, close) + "}") == 0; };
+      auto closes_at = [&](size_t k) {
+        return src_.compare(k, 2, std::string(1, close) + "}") == 0;
+      };
       if (depth == 0 && (ch == '-' || ch == '+') && pos_ + 1 < src_.size() && closes_at(pos_ + 1)) {
         advance_to(pos_ + 3);
         out_.push_back({close == '}' ? Tok::kVarEnd : Tok::kBlockEnd, "", l, c});
@@ -174,7 +181,9 @@ class Lexer {
       }
       if (std::isalpha(static_cast<unsigned char>(ch)) || ch == '_') {
         size_t k = pos_;
-        while (k < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[k])) || src_[k] == '_')) ++k;
+        while (k < src_.size() &&
+               (std::isalnum(static_cast<unsigned char>(src_[k])) || src_[k] == '_'))
+          ++k;
         out_.push_back({Tok::kName, src_.substr(pos_, k - pos_), l, c});
         advance_to(k);
       } else if (std::isdigit(static_cast<unsigned char>(ch))) {
@@ -182,8 +191,9 @@ class Lexer {
       } else if (ch == '\'' || ch == '"') {
         lex_string(l, c);
       } else {
-        static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~",
-                                     "<", ">", "=", "(", ")", "[", "]", "{", "}", ",", ".", ":", "|"};
+        static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                                     "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                                     "]",  "{",  "}",  ",",  ".",  ":",  "|"};
         std::string op;
         for (const char* o : kOps) {
           if (src_.compare(pos_, std::char_traits<char>::length(o), o) == 0) {
@@ -203,11 +213,14 @@ class Lexer {
   void lex_number(int l, int c) {
     size_t k = pos_;
     auto digits = [&] {
-      while (k < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[k])) || src_[k] == '_')) ++k;
+      while (k < src_.size() &&
+             (std::isdigit(static_cast<unsigned char>(src_[k])) || src_[k] == '_'))
+        ++k;
     };
     digits();
     bool is_float = false;
-    if (k + 1 < src_.size() && src_[k] == '.' && std::isdigit(static_cast<unsigned char>(src_[k + 1]))) {
+    if (k + 1 < src_.size() && src_[k] == '.' &&
+        std::isdigit(static_cast<unsigned char>(src_[k + 1]))) {
       is_float = true;
       ++k;
       digits();
@@ -240,31 +253,59 @@ class Lexer {
       }
       const char e = src_[++k];
       switch (e) {
-        case 'n': out.push_back('\n'); break;
-        case 't': out.push_back('\t'); break;
-        case 'r': out.push_back('\r'); break;
-        case '0': out.push_back('\0'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'v': out.push_back('\v'); break;
-        case 'a': out.push_back('\a'); break;
-        case '\\': case '\'': case '"': out.push_back(e); break;
-        case '\n': break;
-        case 'x': case 'u': case 'U': {
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case '0':
+          out.push_back('\0');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'v':
+          out.push_back('\v');
+          break;
+        case 'a':
+          out.push_back('\a');
+          break;
+        case '\\':
+        case '\'':
+        case '"':
+          out.push_back(e);
+          break;
+        case '\n':
+          break;
+        case 'x':
+        case 'u':
+        case 'U': {
           const size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
           uint32_t cp = 0;
           if (k + n >= src_.size()) fail(l, c, "truncated \\" + std::string(1, e) + " escape");
           for (size_t d = 1; d <= n; ++d) {
             const char h = src_[k + d];
-            if (!std::isxdigit(static_cast<unsigned char>(h))) fail(l, c, "bad \\" + std::string(1, e) + " escape");
-            cp = cp * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
+            if (!std::isxdigit(static_cast<unsigned char>(h)))
+              fail(l, c, "bad \\" + std::string(1, e) + " escape");
+            cp = cp * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h))
+                                                     ? h - '0'
+                                                     : (std::tolower(h) - 'a' + 10));
           }
           if (cp > 0x10FFFF) fail(l, c, "escape out of the Unicode range");
           k += n;
           append_utf8(out, cp);
           break;
         }
-        default: out.push_back('\\'); out.push_back(e);
+        default:
+          out.push_back('\\');
+          out.push_back(e);
       }
     }
     if (k >= src_.size()) fail(l, c, "unterminated string literal");
@@ -302,8 +343,10 @@ class Lexer {
 std::vector<Token> tokenize(const std::string& text, const std::string& source) {
   // jinja2's default keep_trailing_newline=False drops one trailing newline.
   std::string body = text;
-  if (body.size() >= 2 && body.compare(body.size() - 2, 2, "\r\n") == 0) body.resize(body.size() - 2);
-  else if (!body.empty() && (body.back() == '\n' || body.back() == '\r')) body.pop_back();
+  if (body.size() >= 2 && body.compare(body.size() - 2, 2, "\r\n") == 0)
+    body.resize(body.size() - 2);
+  else if (!body.empty() && (body.back() == '\n' || body.back() == '\r'))
+    body.pop_back();
   return Lexer(body, source).run();
 }
 

@@ -16,10 +16,10 @@ enum class Tok {
   kBlockBegin,  // {%
   kBlockEnd,    // %}
   kName,
-  kString,      // value: the unescaped literal
+  kString,  // value: the unescaped literal
   kInt,
   kFloat,
-  kOp,          // value: the operator or punctuation
+  kOp,  // value: the operator or punctuation
   kEnd,
 };
 

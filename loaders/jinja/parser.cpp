@@ -17,7 +17,8 @@ constexpr int kMaxDepth = 100;  // nesting of blocks and expressions (bounds the
 
 class Parser {
  public:
-  Parser(std::vector<Token> toks, const std::string& source) : t_(std::move(toks)), source_(source) {}
+  Parser(std::vector<Token> toks, const std::string& source)
+      : t_(std::move(toks)), source_(source) {}
 
   std::vector<NodePtr> run() {
     std::vector<NodePtr> out = parse_body({});
@@ -31,13 +32,20 @@ class Parser {
   }
   static std::string describe(const Token& t) {
     switch (t.kind) {
-      case Tok::kEnd: return "end of template";
-      case Tok::kVarEnd: return "}}";
-      case Tok::kBlockEnd: return "%}";
-      case Tok::kVarBegin: return "{{";
-      case Tok::kBlockBegin: return "{%";
-      case Tok::kText: return "text";
-      default: return t.value;
+      case Tok::kEnd:
+        return "end of template";
+      case Tok::kVarEnd:
+        return "}}";
+      case Tok::kBlockEnd:
+        return "%}";
+      case Tok::kVarBegin:
+        return "{{";
+      case Tok::kBlockBegin:
+        return "{%";
+      case Tok::kText:
+        return "text";
+      default:
+        return t.value;
     }
   }
   const Token& cur() const { return t_[pos_]; }
@@ -55,7 +63,8 @@ class Parser {
     return true;
   }
   void expect_op(const char* op) {
-    if (!accept_op(op)) fail(cur(), std::string("expected '") + op + "', got '" + describe(cur()) + "'");
+    if (!accept_op(op))
+      fail(cur(), std::string("expected '") + op + "', got '" + describe(cur()) + "'");
   }
   std::string expect_name() {
     if (cur().kind != Tok::kName) fail(cur(), "expected a name, got '" + describe(cur()) + "'");
@@ -88,7 +97,9 @@ class Parser {
     while (true) {
       const Token& t = cur();
       if (t.kind == Tok::kEnd) {
-        if (!stops.empty()) fail(open_tags_.back(), "unclosed '" + open_tags_.back().value + "' block (expected {% " + *stops.begin() + " %})");
+        if (!stops.empty())
+          fail(open_tags_.back(), "unclosed '" + open_tags_.back().value + "' block (expected {% " +
+                                      *stops.begin() + " %})");
         return out;
       }
       if (t.kind == Tok::kText) {
@@ -131,12 +142,18 @@ class Parser {
     open_tags_.push_back(t);
     next();
     NodePtr n;
-    if (kw == "if") n = parse_if(t);
-    else if (kw == "for") n = parse_for(t);
-    else if (kw == "set") n = parse_set(t);
-    else if (kw == "macro") n = parse_macro(t);
-    else if (kw == "call") n = parse_call_block(t);
-    else if (kw == "filter") n = parse_filter_block(t);
+    if (kw == "if")
+      n = parse_if(t);
+    else if (kw == "for")
+      n = parse_for(t);
+    else if (kw == "set")
+      n = parse_set(t);
+    else if (kw == "macro")
+      n = parse_macro(t);
+    else if (kw == "call")
+      n = parse_call_block(t);
+    else if (kw == "filter")
+      n = parse_filter_block(t);
     else if (kw == "generation") {
       n = node(NodeKind::kGeneration, t);
       expect_block_end();
@@ -415,9 +432,12 @@ class Parser {
       case Tok::kName: {
         next();
         auto n = node(NodeKind::kLiteral, t);
-        if (t.value == "true" || t.value == "True") n->literal = Value::boolean(true);
-        else if (t.value == "false" || t.value == "False") n->literal = Value::boolean(false);
-        else if (t.value == "none" || t.value == "None") n->literal = Value::none();
+        if (t.value == "true" || t.value == "True")
+          n->literal = Value::boolean(true);
+        else if (t.value == "false" || t.value == "False")
+          n->literal = Value::boolean(false);
+        else if (t.value == "none" || t.value == "None")
+          n->literal = Value::none();
         else {
           n->kind = NodeKind::kName;
           n->name = t.value;
@@ -538,6 +558,8 @@ class Parser {
         n = std::move(g);
       } else if (is_op("(")) {
         auto c = node(NodeKind::kCall, at);
+        c->line = n->line;  // errors of a call point at the callee
+        c->col = n->col;
         c->args.push_back(std::move(n));
         parse_call_args(*c);
         n = std::move(c);

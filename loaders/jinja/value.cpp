@@ -43,7 +43,8 @@ Value value_from_json(const Json& j) {
     }
     case nlohmann::json::value_t::object: {
       Dict items;
-      for (auto it = j.begin(); it != j.end(); ++it) items.emplace_back(it.key(), value_from_json(*it));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        items.emplace_back(it.key(), value_from_json(*it));
       return Value::new_dict(std::move(items));
     }
     default:
@@ -124,7 +125,8 @@ std::string format_float(double x) {
   }
   if (exp10 < 0) return out + "0." + std::string(-exp10 - 1, '0') + digits;
   const size_t int_len = static_cast<size_t>(exp10) + 1;
-  if (digits.size() <= int_len) return out + digits + std::string(int_len - digits.size(), '0') + ".0";
+  if (digits.size() <= int_len)
+    return out + digits + std::string(int_len - digits.size(), '0') + ".0";
   return out + digits.substr(0, int_len) + "." + digits.substr(int_len);
 }
 
@@ -160,13 +162,27 @@ void json_string(const std::string& s, std::string& out) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char b[8];
@@ -189,14 +205,23 @@ void json_value(const Value& v, int indent, int depth, const std::string& item_s
   };
   switch (v.type) {
     case Type::kUndefined:
-    case Type::kNone: out += "null"; return;
-    case Type::kBool: out += v.b ? "true" : "false"; return;
-    case Type::kInt: out += std::to_string(v.i); return;
-    case Type::kFloat:
-      out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity")
-                                                        : format_float(v.f);
+    case Type::kNone:
+      out += "null";
       return;
-    case Type::kString: json_string(v.s, out); return;
+    case Type::kBool:
+      out += v.b ? "true" : "false";
+      return;
+    case Type::kInt:
+      out += std::to_string(v.i);
+      return;
+    case Type::kFloat:
+      out += std::isnan(v.f)   ? "NaN"
+             : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity")
+                               : format_float(v.f);
+      return;
+    case Type::kString:
+      json_string(v.s, out);
+      return;
     case Type::kList: {
       if (v.list->empty()) {
         out += "[]";
@@ -232,7 +257,9 @@ void json_value(const Value& v, int indent, int depth, const std::string& item_s
       out += '}';
       return;
     }
-    case Type::kFunction: out += "null"; return;
+    case Type::kFunction:
+      out += "null";
+      return;
   }
 }
 
@@ -247,20 +274,29 @@ std::string to_json(const Value& v, int indent, const std::string& item_sep,
 
 std::string Value::str() const {
   switch (type) {
-    case Type::kUndefined: return "";
-    case Type::kString: return s;
-    default: return repr();
+    case Type::kUndefined:
+      return "";
+    case Type::kString:
+      return s;
+    default:
+      return repr();
   }
 }
 
 std::string Value::repr() const {
   switch (type) {
-    case Type::kUndefined: return "";
-    case Type::kNone: return "None";
-    case Type::kBool: return b ? "True" : "False";
-    case Type::kInt: return std::to_string(i);
-    case Type::kFloat: return format_float(f);
-    case Type::kString: return py_repr_string(s);
+    case Type::kUndefined:
+      return "";
+    case Type::kNone:
+      return "None";
+    case Type::kBool:
+      return b ? "True" : "False";
+    case Type::kInt:
+      return std::to_string(i);
+    case Type::kFloat:
+      return format_float(f);
+    case Type::kString:
+      return py_repr_string(s);
     case Type::kList: {
       std::string out = tuple ? "(" : "[";
       for (size_t k = 0; k < list->size(); ++k) out += (k ? ", " : "") + (*list)[k].repr();
@@ -276,24 +312,36 @@ std::string Value::repr() const {
       }
       return out + "}";
     }
-    case Type::kNamespace: return "<Namespace>";
-    case Type::kFunction: return "<function>";
+    case Type::kNamespace:
+      return "<Namespace>";
+    case Type::kFunction:
+      return "<function>";
   }
   return "";
 }
 
 std::string Value::type_name() const {
   switch (type) {
-    case Type::kUndefined: return "undefined";
-    case Type::kNone: return "NoneType";
-    case Type::kBool: return "bool";
-    case Type::kInt: return "int";
-    case Type::kFloat: return "float";
-    case Type::kString: return "str";
-    case Type::kList: return "list";
-    case Type::kDict: return "dict";
-    case Type::kNamespace: return "Namespace";
-    case Type::kFunction: return "function";
+    case Type::kUndefined:
+      return "undefined";
+    case Type::kNone:
+      return "NoneType";
+    case Type::kBool:
+      return "bool";
+    case Type::kInt:
+      return "int";
+    case Type::kFloat:
+      return "float";
+    case Type::kString:
+      return "str";
+    case Type::kList:
+      return "list";
+    case Type::kDict:
+      return "dict";
+    case Type::kNamespace:
+      return "Namespace";
+    case Type::kFunction:
+      return "function";
   }
   return "";
 }
@@ -306,8 +354,10 @@ bool equal(const Value& a, const Value& b) {
   if (a.type != b.type) return false;
   switch (a.type) {
     case Type::kUndefined:
-    case Type::kNone: return true;
-    case Type::kString: return a.s == b.s;
+    case Type::kNone:
+      return true;
+    case Type::kString:
+      return a.s == b.s;
     case Type::kList: {
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
@@ -323,7 +373,8 @@ bool equal(const Value& a, const Value& b) {
       }
       return true;
     }
-    default: return a.dict == b.dict && a.fn == b.fn;
+    default:
+      return a.dict == b.dict && a.fn == b.fn;
   }
 }
 
@@ -353,9 +404,12 @@ std::vector<std::string> code_points(const std::string& s) {
   for (size_t k = 0; k < s.size();) {
     size_t n = 1;
     const unsigned char c = static_cast<unsigned char>(s[k]);
-    if (c >= 0xF0) n = 4;
-    else if (c >= 0xE0) n = 3;
-    else if (c >= 0xC0) n = 2;
+    if (c >= 0xF0)
+      n = 4;
+    else if (c >= 0xE0)
+      n = 3;
+    else if (c >= 0xC0)
+      n = 2;
     n = std::min(n, s.size() - k);
     out.push_back(s.substr(k, n));
     k += n;

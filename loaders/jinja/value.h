@@ -31,18 +31,29 @@ struct Args {
 };
 using Function = std::function<Value(const Args&)>;
 
-enum class Type { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kFunction };
+enum class Type {
+  kUndefined,
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kList,
+  kDict,
+  kNamespace,
+  kFunction
+};
 
 struct Value {
   Type type = Type::kUndefined;
   bool b = false;
   int64_t i = 0;
   double f = 0.0;
-  std::string s;                    // kString; kUndefined: the name that was undefined
-  std::shared_ptr<List> list;       // kList
-  bool tuple = false;               // kList made as a Python tuple (repr "(a, b)")
-  std::shared_ptr<Dict> dict;       // kDict, kNamespace
-  std::shared_ptr<Function> fn;     // kFunction
+  std::string s;                 // kString; kUndefined: the name that was undefined
+  std::shared_ptr<List> list;    // kList
+  bool tuple = false;            // kList made as a Python tuple (repr "(a, b)")
+  std::shared_ptr<Dict> dict;    // kDict, kNamespace
+  std::shared_ptr<Function> fn;  // kFunction
 
   static Value undefined(std::string name = "") {
     Value v;
@@ -96,7 +107,9 @@ struct Value {
   static Value from_json(const nlohmann::ordered_json& j);
 
   bool is_undefined() const { return type == Type::kUndefined; }
-  bool is_number() const { return type == Type::kInt || type == Type::kFloat || type == Type::kBool; }
+  bool is_number() const {
+    return type == Type::kInt || type == Type::kFloat || type == Type::kBool;
+  }
   bool is_mapping() const { return type == Type::kDict; }
   double as_double() const { return type == Type::kFloat ? f : static_cast<double>(as_int()); }
   int64_t as_int() const { return type == Type::kBool ? (b ? 1 : 0) : i; }
@@ -127,7 +140,8 @@ bool less(const Value& a, const Value& b, bool* ok);
 // Python repr(float) (shortest round-trip digits, 'e+XX' exponents, '.0' for integral values).
 std::string format_float(double x);
 // json.dumps(x, ensure_ascii=False, indent, separators, sort_keys=False).
-std::string to_json(const Value& v, int indent, const std::string& item_sep, const std::string& key_sep);
+std::string to_json(const Value& v, int indent, const std::string& item_sep,
+                    const std::string& key_sep);
 
 // Code-point helpers for Python-style string length, indexing and slicing.
 std::vector<std::string> code_points(const std::string& s);
