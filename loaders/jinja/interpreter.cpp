@@ -45,6 +45,11 @@ class Renderer {
  public:
   Renderer(const std::string& source, const std::optional<std::tm>& now, Rendered* out)
       : source_(source), now_(now), out_(out) {}
+  // A macro and the frame it closes over reference each other; emptying the closure frames
+  // breaks those cycles once rendering is over.
+  ~Renderer() {
+    for (const auto& f : closures_) f->vars.clear();
+  }
 
   void run(const std::vector<NodePtr>& nodes, const Value& context) {
     auto globals = std::make_shared<Frame>();
@@ -301,6 +306,7 @@ class Renderer {
   // A macro (or a call block's caller) as a callable bound to its defining frame.
   Value make_macro(const Node& n, std::shared_ptr<Frame> closure) {
     const Node* node = &n;
+    closures_.push_back(closure);
     return Value::function([this, node, closure](const Args& a) {
       if (a.positional.size() > node->targets.size()) {
         eval_fail("macro '" + node->name + "' takes at most " +
@@ -509,6 +515,7 @@ class Renderer {
   std::shared_ptr<Frame> frame_;
   uint64_t steps_ = 0;
   int call_depth_ = 0;
+  std::vector<std::shared_ptr<Frame>> closures_;
 };
 
 // Unknown filters and tests are errors when the template is compiled, as in jinja2.
