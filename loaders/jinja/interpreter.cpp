@@ -64,7 +64,7 @@ class Renderer {
 
  private:
   [[noreturn]] void fail(const Node& n, const std::string& what) const {
-    LT_THROW(ErrorKind::kInput, source_, ":", n.line, ":", n.col, ": ", what);
+    LT_THROW(ErrorKind::kInput, source_, ":", n.line, ":", n.col, ": ", one_line(what));
   }
   void step(const Node& n) {
     if (++steps_ > kMaxSteps) fail(n, "template exceeds the evaluation step limit");
@@ -524,10 +524,12 @@ void check_names(const std::vector<NodePtr>& nodes, const std::string& source,
 
 void check_node(const Node& n, const std::string& source, bool* has_generation) {
   if (n.kind == NodeKind::kFilter && !has_filter(n.name)) {
-    LT_THROW(ErrorKind::kInput, source, ":", n.line, ":", n.col, ": unknown filter '", n.name, "'");
+    LT_THROW(ErrorKind::kInput, source, ":", n.line, ":", n.col, ": unknown filter '",
+             one_line(n.name), "'");
   }
   if (n.kind == NodeKind::kTest && !has_test(n.name)) {
-    LT_THROW(ErrorKind::kInput, source, ":", n.line, ":", n.col, ": unknown test '", n.name, "'");
+    LT_THROW(ErrorKind::kInput, source, ":", n.line, ":", n.col, ": unknown test '",
+             one_line(n.name), "'");
   }
   if (n.kind == NodeKind::kGeneration) *has_generation = true;
   for (const auto* list : {&n.args, &n.kwargs, &n.defaults, &n.body, &n.else_body}) {

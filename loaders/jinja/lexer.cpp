@@ -7,6 +7,7 @@
 #include <cctype>
 
 #include "engine/check.h"
+#include "loaders/jinja/value.h"
 
 namespace leantune::jinja {
 
@@ -81,7 +82,7 @@ class Lexer {
 
  private:
   [[noreturn]] void fail(int line, int col, const std::string& what) const {
-    LT_THROW(ErrorKind::kInput, source_, ":", line, ":", col, ": ", what);
+    LT_THROW(ErrorKind::kInput, source_, ":", line, ":", col, ": ", one_line(what));
   }
 
   size_t find_open(size_t from) const {

@@ -28,7 +28,7 @@ class Parser {
 
  private:
   [[noreturn]] void fail(const Token& at, const std::string& what) const {
-    LT_THROW(ErrorKind::kInput, source_, ":", at.line, ":", at.col, ": ", what);
+    LT_THROW(ErrorKind::kInput, source_, ":", at.line, ":", at.col, ": ", one_line(what));
   }
   static std::string describe(const Token& t) {
     switch (t.kind) {

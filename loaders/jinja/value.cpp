@@ -399,6 +399,28 @@ bool less(const Value& a, const Value& b, bool* ok) {
   return false;
 }
 
+std::string one_line(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (out.size() >= 200) {
+      out += "...";
+      break;
+    }
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof(b), "\\x%02x", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> code_points(const std::string& s) {
   std::vector<std::string> out;
   for (size_t k = 0; k < s.size();) {

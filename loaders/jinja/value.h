@@ -143,6 +143,10 @@ std::string format_float(double x);
 std::string to_json(const Value& v, int indent, const std::string& item_sep,
                     const std::string& key_sep);
 
+// `s` with newlines and other control characters escaped, cut to 200 bytes: error messages
+// quote template text and stay one line.
+std::string one_line(const std::string& s);
+
 // Code-point helpers for Python-style string length, indexing and slicing.
 std::vector<std::string> code_points(const std::string& s);
 
