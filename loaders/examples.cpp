@@ -243,9 +243,9 @@ void tokenize_sft_record(const Record& r, const DatasetFormat& f, const TextEnco
       LT_CHECK(enc != nullptr, "tokenize_sft_record: no encoder");
       if (f.conversational) {
         ChatIds c = enc->encode_chat(r.text.messages, /*add_generation_prompt=*/false);
+        if (cfg.assistant_only_loss) check_assistant_mask(c);
         *ids = std::move(c.ids);
         if (cfg.assistant_only_loss) {
-          check_assistant_mask(c);
           *mask = std::move(c.assistant_mask);
         } else {
           mask->assign(ids->size(), 1);

@@ -63,8 +63,13 @@ expect_stdout smollm2_multi_turn "$cli/smollm2_multi_turn.ids" \
 expect_stdout qwen_tools_row "$cli/qwen2.5_tools.ids" \
   "$bin" tokenize --tokenizer "$qwen_tok" --chat --file "$cli/qwen2.5_tools.row.json"
 
-# ---- pack (sft's data path): the tokenized conversation is transformers' ids
-if "$bin" pack --dataset "$cli/smollm2_multi_turn.jsonl" --tokenizer "$smol_tok" \
+# ---- pack (sft's data path): the tokenized conversation is transformers' ids. The fixture
+# folder holds only tokenizer.json; SmolLM2's tokenizer_config.json gives its special tokens.
+mkdir -p "$tmp/smollm2"
+cp "$smol_tok/tokenizer.json" "$tmp/smollm2/"
+printf '{"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>", "unk_token": "<|endoftext|>"}\n' \
+  >"$tmp/smollm2/tokenizer_config.json"
+if "$bin" pack --dataset "$cli/smollm2_multi_turn.jsonl" --tokenizer "$tmp/smollm2" \
   --chat_template "$smol_tmpl" --max_length 4096 --out "$tmp/packed.jsonl" 2>"$tmp/err"; then
   got=$(grep -o '"input_ids":\[[^]]*\]' "$tmp/packed.jsonl" | sed 's/"input_ids"://')
   if [ "$got" = "$(cat "$cli/smollm2_multi_turn.ids")" ]; then
@@ -77,11 +82,11 @@ else
 fi
 
 # ---- bad templates and options: exit 2, one line with file:line:col
-printf 'hello\n{%% if messages %%}\n{{ messages | frobnicate }}\n' >"$tmp/unknown_filter.jinja"
+printf 'hello\n{{ messages | frobnicate }}\n' >"$tmp/unknown_filter.jinja"
 printf '{%% for m in messages %%}{{ m.content }}' >"$tmp/unclosed.jinja"
 printf '\n  {{ raise_exception("system role not supported") }}' >"$tmp/raise.jinja"
 msgs='[{"role": "user", "content": "hi"}]'
-expect_bad unknown_filter "unknown_filter\.jinja:3:15: unknown filter 'frobnicate'" \
+expect_bad unknown_filter "unknown_filter\.jinja:2:15: unknown filter 'frobnicate'" \
   "$bin" tokenize --tokenizer "$qwen_tok" --chat --chat_template "$tmp/unknown_filter.jinja" --text "$msgs"
 expect_bad unclosed_for "unclosed\.jinja:1:4: unclosed 'for' block" \
   "$bin" tokenize --tokenizer "$qwen_tok" --chat --chat_template "$tmp/unclosed.jinja" --text "$msgs"
