@@ -1,9 +1,14 @@
-// Native renderers for the ChatML and Llama-3 chat templates (see chat_template.h).
+// Chat templates through the Jinja2 interpreter, with transformers' inputs and assistant-mask
+// rules (see chat_template.h).
 #include "loaders/chat_template.h"
 
-#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "engine/check.h"
+#include "loaders/jinja/bundled.h"
+#include "loaders/jinja/interpreter.h"
 #include "loaders/tokenizer.h"
 #include "loaders/unicode.h"
 
@@ -11,219 +16,263 @@ namespace leantune {
 
 namespace {
 
-constexpr const char* kHint = "pass --chat_template chatml|llama3 to choose one";
+using ojson = nlohmann::ordered_json;
 
-// The text of the jinja string literal that starts at src[pos] (just after its opening quote),
-// with escapes resolved, up to `stop` (exclusive) or the closing quote.
-std::string read_literal(const std::string& src, size_t pos, char quote, const std::string& stop) {
-  std::string out;
-  while (pos < src.size() && src[pos] != quote) {
-    if (src.compare(pos, stop.size(), stop) == 0) break;
-    if (src[pos] == '\\' && pos + 1 < src.size()) {
-      const char c = src[pos + 1];
-      out.push_back(c == 'n' ? '\n' : c == 't' ? '\t' : c);
-      pos += 2;
-      continue;
-    }
-    out.push_back(src[pos++]);
+const char* bundled_text(const std::string& name) {
+  for (const auto& t : jinja::bundled_templates()) {
+    if (name == t.name) return t.text;
   }
+  return nullptr;
+}
+
+// Parsed bundled training variants, built once.
+const std::vector<std::pair<std::string, std::shared_ptr<const jinja::Template>>>&
+training_variants() {
+  static const auto kAll = [] {
+    std::vector<std::pair<std::string, std::shared_ptr<const jinja::Template>>> out;
+    for (const auto& t : jinja::bundled_templates()) {
+      const std::string name = t.name;
+      if (name.size() > 9 && name.compare(name.size() - 9, 9, "_training") == 0) {
+        out.emplace_back(
+            name, std::make_shared<const jinja::Template>(t.text, "<bundled>/" + name + ".jinja"));
+      }
+    }
+    return out;
+  }();
+  return kAll;
+}
+
+ojson messages_json(const std::vector<ChatMessage>& messages) {
+  ojson out = ojson::array();
+  for (const ChatMessage& m : messages) out.push_back({{"role", m.role}, {"content", m.content}});
   return out;
 }
 
-// ChatML templates that inject a system prompt when the conversation has none write it as a
-// literal '<|im_start|>system\n<prompt><|im_end|>\n' (Qwen2, Qwen2.5, SmolLM2).
-std::optional<std::string> chatml_default_system(const std::string& src) {
-  const std::string head = "<|im_start|>system\\n";
-  for (size_t at = src.find(head); at != std::string::npos; at = src.find(head, at + 1)) {
-    if (at == 0) continue;
-    const char quote = src[at - 1];
-    if (quote != '\'' && quote != '"') continue;
-    const size_t body = at + head.size();
-    if (body >= src.size() || src[body] == quote) continue;  // '<|im_start|>system\n' + ...
-    const size_t end = src.find("<|im_end|>", body);
-    const size_t close = src.find(quote, body);
-    if (end == std::string::npos || (close != std::string::npos && close < end)) continue;
-    return read_literal(src, body, quote, "<|im_end|>");
-  }
-  return std::nullopt;
+ChatRequest request_of(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+  ChatRequest r;
+  r.messages = messages_json(messages);
+  r.add_generation_prompt = add_generation_prompt;
+  return r;
 }
 
-const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                         "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+std::tm local_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  return tm;
+}
 
 }  // namespace
 
-ChatTemplate ChatTemplate::from_name(const std::string& name) {
-  ChatTemplate t;
-  t.name_ = name;
-  if (name == "chatml") {
-    t.kind_ = ChatTemplateKind::kChatML;
-  } else if (name == "qwen2.5") {
-    t.kind_ = ChatTemplateKind::kChatML;
-    t.default_system_ = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
-  } else if (name == "llama3") {
-    t.kind_ = ChatTemplateKind::kLlama3;
-  } else if (name == "llama3.1") {
-    t.kind_ = ChatTemplateKind::kLlama3;
-    t.llama_system_header_ = true;
-  } else if (name == "llama3.2") {
-    t.kind_ = ChatTemplateKind::kLlama3;
-    t.llama_system_header_ = true;
-    t.llama_date_from_clock_ = true;
-  } else {
-    LT_THROW(ErrorKind::kInput, "unknown chat template '", name,
-             "' (known: chatml, qwen2.5, llama3, llama3.1, llama3.2)");
+ojson parse_chat_template_kwargs(const std::string& text) {
+  ojson j;
+  try {
+    j = ojson::parse(text);
+  } catch (const std::exception& e) {
+    LT_THROW(ErrorKind::kInput, "--chat_template_kwargs: not valid JSON: ", e.what());
   }
+  LT_CHECK_INPUT(j.is_object(), "--chat_template_kwargs must be a JSON object, got ", text);
+  return j;
+}
+
+std::vector<std::string> ChatTemplate::bundled_names() {
+  std::vector<std::string> out;
+  for (const auto& t : jinja::bundled_templates()) {
+    const std::string n = t.name;
+    if (n.find("_training") == std::string::npos) out.push_back(n);
+  }
+  return out;
+}
+
+ChatTemplate ChatTemplate::from_name(const std::string& name) {
+  const bool training = name.find("_training") != std::string::npos;
+  if (const char* text = training ? nullptr : bundled_text(name)) {
+    ChatTemplate t = from_source(text, "<bundled>/" + name + ".jinja");
+    t.name_ = name;
+    return t;
+  }
+  std::error_code ec;
+  if (!name.empty() && std::filesystem::is_regular_file(name, ec)) {
+    std::ifstream f(name, std::ios::binary);
+    LT_CHECK_INPUT(f.good(), "--chat_template: cannot read ", name);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return from_source(ss.str(), name);
+  }
+  std::string known;
+  for (const std::string& n : bundled_names()) known += (known.empty() ? "" : ", ") + n;
+  LT_THROW(ErrorKind::kInput, "unknown chat template '", name, "' (known: ", known,
+           "; or the path of a .jinja file)");
+}
+
+ChatTemplate ChatTemplate::from_source(const std::string& text, const std::string& source) {
+  ChatTemplate t;
+  t.name_ = source;
+  t.template_ = std::make_shared<const jinja::Template>(text, source);
+  t.own_generation_ = t.template_->has_generation();
+  t.find_training_variant();
   return t;
 }
 
-ChatTemplate ChatTemplate::detect(const std::string& src, const std::string& source_for_errors) {
-  LT_CHECK_INPUT(!src.empty(), source_for_errors, " has no chat_template; ", kHint);
-  ChatTemplate t;
-  if (src.find("<|im_start|>") != std::string::npos) {
-    // Templates with reasoning blocks (Qwen3) render differently from plain ChatML.
-    LT_CHECK_INPUT(src.find("<think>") == std::string::npos &&
-                       src.find("reasoning_content") == std::string::npos,
-                   source_for_errors,
-                   ": the chat template has reasoning (<think>) blocks, which are not "
-                   "supported; ",
-                   kHint);
-    t.kind_ = ChatTemplateKind::kChatML;
-    t.default_system_ = chatml_default_system(src);
-    t.name_ = t.default_system_ ? "chatml+default_system" : "chatml";
-    return t;
-  }
-  if (src.find("<|start_header_id|>") != std::string::npos) {
-    t.kind_ = ChatTemplateKind::kLlama3;
-    t.name_ = "llama3";
-    if (src.find("Cutting Knowledge Date") != std::string::npos) {
-      t.llama_system_header_ = true;
-      t.llama_date_from_clock_ = src.find("strftime_now") != std::string::npos;
-      const std::string key = "set date_string = ";
-      const size_t at = src.find(key);
-      if (at != std::string::npos && at + key.size() < src.size()) {
-        const char quote = src[at + key.size()];
-        if (quote == '"' || quote == '\'') {
-          t.llama_fallback_date_ = read_literal(src, at + key.size() + 1, quote, "\x01");
+ChatTemplate ChatTemplate::detect(const std::string& text, const std::string& source_for_errors) {
+  LT_CHECK_INPUT(!text.empty(), source_for_errors,
+                 " has no chat_template; pass --chat_template NAME|FILE.jinja to choose one");
+  return from_source(text, source_for_errors);
+}
+
+void ChatTemplate::set_special_token(const std::string& key, const std::string& value) {
+  special_[key] = value;
+  find_training_variant();
+}
+
+void ChatTemplate::set_kwargs(const ojson& kwargs) {
+  LT_CHECK_INPUT(kwargs.is_object(), "chat_template_kwargs must be a JSON object, got ",
+                 kwargs.dump());
+  for (auto it = kwargs.begin(); it != kwargs.end(); ++it) kwargs_[it.key()] = it.value();
+  find_training_variant();
+}
+
+std::string ChatTemplate::assistant_mask_error() const {
+  if (has_assistant_mask()) return "";
+  return "assistant_only_loss needs the chat template (" + name_ +
+         ") to mark assistant text with {% generation %} blocks; it has none and is not one of "
+         "the known families (ChatML, Qwen2.5, SmolLM2, Llama-3.x): pass --chat_template "
+         "FILE.jinja with {% generation %} blocks";
+}
+
+// The family training variant that renders a few probe conversations exactly as the template.
+void ChatTemplate::find_training_variant() {
+  training_.reset();
+  training_name_.clear();
+  if (own_generation_ || !template_) return;
+  const std::vector<std::vector<ChatMessage>> probes = {
+      {{"user", "Hi"}},
+      {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", " Hello. "}},
+      {{"user", "a"}, {"assistant", "b"}, {"user", "c"}, {"assistant", "d"}},
+  };
+  const std::tm now = now_ ? *now_ : local_now();
+  for (const auto& [name, variant] : training_variants()) {
+    bool same = true;
+    for (const auto& p : probes) {
+      for (bool agp : {false, true}) {
+        ChatRequest r = request_of(p, agp);
+        try {
+          ChatTemplate probe = *this;
+          probe.now_ = now;
+          if (probe.render_with(*template_, r).text != probe.render_with(*variant, r).text)
+            same = false;
+        } catch (const Error&) {
+          same = false;
         }
+        if (!same) break;
       }
-      t.name_ = t.llama_date_from_clock_ ? "llama3.2" : "llama3.1";
+      if (!same) break;
     }
-    return t;
+    if (same) {
+      training_ = variant;
+      training_name_ = name;
+      return;
+    }
   }
-  LT_THROW(ErrorKind::kInput, source_for_errors,
-           ": the chat template is not one of the supported families (ChatML/Qwen2, Llama-3); ",
-           kHint);
 }
 
-std::string ChatTemplate::effective_date_string() const {
-  if (date_string_) return *date_string_;
-  if (!llama_date_from_clock_) return llama_fallback_date_;
-  // transformers' strftime_now: datetime.now().strftime("%d %b %Y"), local time.
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char day[8];
-  std::snprintf(day, sizeof(day), "%02d", tm.tm_mday);
-  return std::string(day) + " " + kMonths[tm.tm_mon] + " " + std::to_string(1900 + tm.tm_year);
+RenderedChat ChatTemplate::render_with(const jinja::Template& t, const ChatRequest& r) const {
+  ojson ctx = ojson::object();
+  ojson messages = ojson::array();
+  LT_CHECK_INPUT(r.messages.is_array(), "chat messages must be a JSON list");
+  for (const ojson& m : r.messages) {
+    if (!m.is_object()) {
+      messages.push_back(m);
+      continue;
+    }
+    ojson kept = ojson::object();
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      if (!it.value().is_null()) kept[it.key()] = it.value();
+    }
+    messages.push_back(std::move(kept));
+  }
+  ctx["messages"] = std::move(messages);
+  ctx["tools"] = r.tools;
+  ctx["documents"] = nullptr;
+  ctx["add_generation_prompt"] = r.add_generation_prompt;
+  for (auto it = special_.begin(); it != special_.end(); ++it) ctx[it.key()] = it.value();
+  for (auto it = kwargs_.begin(); it != kwargs_.end(); ++it) ctx[it.key()] = it.value();
+  for (auto it = r.kwargs.begin(); it != r.kwargs.end(); ++it) ctx[it.key()] = it.value();
+  jinja::Rendered out = t.render(jinja::Value::from_json(ctx), now_);
+  RenderedChat rc;
+  rc.text = std::move(out.text);
+  rc.generation_spans = std::move(out.generation_spans);
+  return rc;
 }
 
-RenderedChat ChatTemplate::render_with_spans(const std::vector<ChatMessage>& messages,
-                                             bool add_generation_prompt) const {
-  LT_CHECK_INPUT(!messages.empty(), "a chat conversation needs at least one message");
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string& r = messages[i].role;
-    LT_CHECK_INPUT(r == "system" || r == "user" || r == "assistant", "chat message ", i,
-                   " has role '", r, "' (expected system, user or assistant)");
+RenderedChat ChatTemplate::render_request(const ChatRequest& r) const {
+  LT_CHECK(template_ != nullptr, "ChatTemplate: no template");
+  if (own_generation_ || !training_) {
+    RenderedChat rc = render_with(*template_, r);
+    rc.has_spans = own_generation_;
+    if (!own_generation_) rc.generation_spans.clear();
+    return rc;
   }
-  RenderedChat out;
-  std::string& s = out.text;
-  size_t first = 0;
-  if (kind_ == ChatTemplateKind::kChatML) {
-    if (messages[0].role == "system") {
-      s += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
-      first = 1;
-    } else if (default_system_) {
-      s += "<|im_start|>system\n" + *default_system_ + "<|im_end|>\n";
+  ChatTemplate pinned = *this;
+  if (!pinned.now_) pinned.now_ = local_now();
+  RenderedChat rc = pinned.render_with(*template_, r);
+  try {
+    RenderedChat tr = pinned.render_with(*training_, r);
+    if (tr.text == rc.text) {
+      rc.generation_spans = std::move(tr.generation_spans);
+      rc.has_spans = true;
     }
-    for (size_t i = first; i < messages.size(); ++i) {
-      const ChatMessage& m = messages[i];
-      s += "<|im_start|>" + m.role;
-      const size_t begin = s.size();
-      s += "\n" + m.content + "<|im_end|>\n";
-      if (m.role == "assistant") out.generation_spans.emplace_back(begin, s.size());
-    }
-    if (add_generation_prompt) s += "<|im_start|>assistant\n";
-    return out;
+  } catch (const Error&) {
+    // The variant cannot render this conversation (e.g. tool calls): no mask for it.
   }
-  if (llama_system_header_) {
-    std::string system;
-    if (messages[0].role == "system") {
-      system = unicode::python_strip(messages[0].content);
-      first = 1;
-    }
-    s += bos_token_;
-    s += "<|start_header_id|>system<|end_header_id|>\n\n";
-    s += "Cutting Knowledge Date: December 2023\n";
-    s += "Today Date: " + effective_date_string() + "\n\n";
-    s += system + "<|eot_id|>";
-  }
-  for (size_t i = first; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    if (!llama_system_header_ && i == 0) s += bos_token_;
-    s += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
-    const size_t begin = s.size();
-    s += unicode::python_strip(m.content);
-    s += "<|eot_id|>";
-    if (m.role == "assistant") out.generation_spans.emplace_back(begin, s.size());
-  }
-  if (add_generation_prompt) s += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
+  return rc;
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt) const {
-  return render_with_spans(messages, add_generation_prompt).text;
+  ChatRequest r = request_of(messages, add_generation_prompt);
+  return render_with(*template_, r).text;
+}
+
+RenderedChat ChatTemplate::render_with_spans(const std::vector<ChatMessage>& messages,
+                                             bool add_generation_prompt) const {
+  return render_request(request_of(messages, add_generation_prompt));
 }
 
 ChatEncoding ChatTemplate::encode(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
                                   bool add_generation_prompt) const {
-  const RenderedChat r = render_with_spans(messages, add_generation_prompt);
+  return encode_request(tok, request_of(messages, add_generation_prompt));
+}
+
+ChatEncoding ChatTemplate::encode_request(const Tokenizer& tok, const ChatRequest& request) const {
+  const RenderedChat r = render_request(request);
   EncodingWithOffsets enc = tok.encode_with_offsets(r.text, /*add_special_tokens=*/false);
   ChatEncoding out;
-  out.assistant_mask.assign(enc.ids.size(), 0);
-  // transformers: mask tokens from char_to_token(span start) to char_to_token(span end - 1),
-  // where char_to_token is the first token whose range holds the character.
-  auto token_at = [&](size_t byte) -> std::optional<size_t> {
-    for (size_t t = 0; t < enc.offsets.size(); ++t) {
-      if (enc.offsets[t].first <= byte && byte < enc.offsets[t].second) return t;
-    }
-    return std::nullopt;
-  };
-  size_t search_from = 0;
-  for (const auto& [b, e] : r.generation_spans) {
-    if (e <= b) continue;
-    std::optional<size_t> start;
-    for (size_t t = search_from; t < enc.offsets.size(); ++t) {
-      if (enc.offsets[t].first <= b && b < enc.offsets[t].second) {
-        start = t;
-        break;
+  if (r.has_spans) {
+    out.assistant_mask.assign(enc.ids.size(), 0);
+    // transformers: tokens from char_to_token(span start) to char_to_token(span end - 1), where
+    // char_to_token is the first token whose range holds the character.
+    auto token_at = [&](size_t byte, size_t from) -> std::optional<size_t> {
+      for (size_t t = from; t < enc.offsets.size(); ++t) {
+        if (enc.offsets[t].first <= byte && byte < enc.offsets[t].second) return t;
       }
+      return std::nullopt;
+    };
+    size_t search_from = 0;
+    for (const auto& [b, e] : r.generation_spans) {
+      if (e <= b) continue;
+      std::optional<size_t> start = token_at(b, search_from);
+      if (!start) start = token_at(b, 0);
+      if (!start) break;  // as transformers: the span is past the tokens
+      const size_t last_char = unicode::previous_code_point_start(r.text, e);
+      std::optional<size_t> end = token_at(last_char, *start);
+      if (!end) end = token_at(last_char, 0);
+      // transformers' `end_token + 1 if end_token else len(ids)`: a missing (or 0) end token
+      // marks to the end.
+      const size_t stop = end && *end != 0 ? *end + 1 : enc.ids.size();
+      for (size_t t = *start; t < stop; ++t) out.assistant_mask[t] = 1;
+      search_from = *start;
     }
-    if (!start) start = token_at(b);
-    if (!start) break;
-    const size_t last_char = unicode::previous_code_point_start(r.text, e);
-    std::optional<size_t> end;
-    for (size_t t = *start; t < enc.offsets.size(); ++t) {
-      if (enc.offsets[t].first <= last_char && last_char < enc.offsets[t].second) {
-        end = t;
-        break;
-      }
-    }
-    if (!end) end = token_at(last_char);
-    const size_t stop = end ? *end + 1 : enc.ids.size();
-    for (size_t t = *start; t < stop; ++t) out.assistant_mask[t] = 1;
-    search_from = *start;
   }
   out.ids = std::move(enc.ids);
   return out;

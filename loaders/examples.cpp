@@ -206,6 +206,16 @@ void check_sft_format(const DatasetFormat& f, const TextEncoder* encoder, const 
                  ": assistant_only_loss=true needs conversational data (message lists), "
                  "but the dataset format is ",
                  f.name());
+  if (cfg.assistant_only_loss && f.conversational && encoder != nullptr) {
+    const std::string why = encoder->assistant_mask_error();
+    LT_CHECK_INPUT(why.empty(), why);
+  }
+}
+
+void check_assistant_mask(const ChatIds& c) {
+  LT_CHECK_INPUT(c.assistant_mask.size() == c.ids.size(),
+                 "assistant_only_loss: the chat template gives no assistant mask for this "
+                 "conversation (its {% generation %} training variant renders it differently)");
 }
 
 }  // namespace
@@ -229,6 +239,7 @@ void tokenize_sft_record(const Record& r, const DatasetFormat& f, const TextEnco
       LT_CHECK(enc != nullptr, "tokenize_sft_record: no encoder");
       if (f.conversational) {
         ChatIds c = enc->encode_chat(r.text.messages, /*add_generation_prompt=*/false);
+        if (cfg.assistant_only_loss) check_assistant_mask(c);
         *ids = std::move(c.ids);
         if (cfg.assistant_only_loss) {
           *mask = std::move(c.assistant_mask);
@@ -250,6 +261,7 @@ void tokenize_sft_record(const Record& r, const DatasetFormat& f, const TextEnco
       if (f.conversational) {
         prompt_ids = enc->encode_chat(r.prompt.messages, /*add_generation_prompt=*/true).ids;
         ChatIds full = enc->encode_chat(concat(r.prompt.messages, r.completion.messages), false);
+        if (cfg.assistant_only_loss) check_assistant_mask(full);
         *ids = std::move(full.ids);
         assistant = std::move(full.assistant_mask);
       } else {

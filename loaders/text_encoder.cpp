@@ -29,7 +29,12 @@ class TokenizerEncoder final : public TextEncoder {
     eos_ = *eos;
     eos_id_ = *eos_id;
     pad_id_ = tok_->pad_token_id().value_or(eos_id_);
-    if (!chat_template.empty()) override_ = ChatTemplate::from_name(chat_template);
+    if (!chat_template.empty()) {
+      override_ = ChatTemplate::from_name(chat_template);
+      for (const auto& [key, value] : tok_->special_tokens()) {
+        override_->set_special_token(key, value);
+      }
+    }
   }
 
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override {
@@ -48,6 +53,7 @@ class TokenizerEncoder final : public TextEncoder {
   int32_t eos_token_id() const override { return eos_id_; }
   int32_t pad_token_id() const override { return pad_id_; }
   int64_t vocab_size() const override { return tok_->vocab_size(); }
+  std::string assistant_mask_error() const override { return chat().assistant_mask_error(); }
 
  private:
   const ChatTemplate& chat() const { return override_ ? *override_ : tok_->chat_template(); }

@@ -14,7 +14,7 @@
 // API
 //   std::unique_ptr<TextEncoder> make_text_encoder(std::shared_ptr<const Tokenizer> tok,
 //                                                  const std::string& chat_template = "")
-//   (chat_template: "" = the tokenizer's own; else a ChatTemplate::from_name name)
+//   (chat_template: "" = the tokenizer's own; else a ChatTemplate::from_name name or .jinja path)
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,7 @@ class Tokenizer;
 
 struct ChatIds {
   std::vector<int32_t> ids;
-  std::vector<uint8_t> assistant_mask;
+  std::vector<uint8_t> assistant_mask;  // empty when the template gives no mask for it
 };
 
 class TextEncoder {
@@ -46,6 +46,9 @@ class TextEncoder {
   virtual int32_t eos_token_id() const = 0;
   virtual int32_t pad_token_id() const = 0;
   virtual int64_t vocab_size() const = 0;
+  // "" when encode_chat() gives assistant masks; else why not (one line, for refusing
+  // assistant_only_loss before any data is read).
+  virtual std::string assistant_mask_error() const { return ""; }
 };
 
 // Throws Error(kInput) when the tokenizer has no eos token, or when chat_template names no

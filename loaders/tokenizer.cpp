@@ -46,7 +46,7 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json,
           ? json::object()
           : parse_json_strict(special_tokens_map_json, source + " (special_tokens_map.json)");
   for (auto [key, dst] : {std::pair{"bos_token", &impl->bos}, std::pair{"eos_token", &impl->eos},
-                          std::pair{"pad_token", &impl->pad}}) {
+                          std::pair{"pad_token", &impl->pad}, std::pair{"unk_token", &impl->unk}}) {
     // tokenizer_config.json takes precedence, as in transformers.
     *dst = config_token(cfg, key);
     if (!*dst) *dst = config_token(stm, key);
@@ -64,8 +64,10 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json,
   auto tok = std::make_shared<Tokenizer>(std::move(impl));
   tok->impl_->chat_error.clear();
   try {
-    ChatTemplate t = ChatTemplate::detect(tok->impl_->chat_source, cfg_source);
-    if (tok->impl_->bos) t.set_bos_token(*tok->impl_->bos);
+    const std::string dir = std::filesystem::path(source).parent_path().string();
+    const std::string cfg_file = (dir.empty() ? "" : dir + "/") + "tokenizer_config.json";
+    ChatTemplate t = ChatTemplate::detect(tok->impl_->chat_source, cfg_file + "[chat_template]");
+    tok->impl_->give_special_tokens(t);
     tok->impl_->chat = std::move(t);
   } catch (const Error& e) {
     tok->impl_->chat_error = e.what();
@@ -99,7 +101,7 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
     try {
       ChatTemplate t =
           ChatTemplate::detect(impl.chat_source, (dir / "chat_template.jinja").string());
-      if (impl.bos) t.set_bos_token(*impl.bos);
+      impl.give_special_tokens(t);
       impl.chat = std::move(t);
     } catch (const Error& e) {
       impl.chat_error = e.what();
@@ -176,12 +178,21 @@ const ChatTemplate& Tokenizer::chat_template() const {
   return *impl_->chat;
 }
 
+std::vector<std::pair<std::string, std::string>> Tokenizer::special_tokens() const {
+  return impl_->special_tokens();
+}
+
 bool Tokenizer::has_chat_template() const { return impl_->chat.has_value(); }
 
 void Tokenizer::set_chat_template(const std::string& name) {
   ChatTemplate t = ChatTemplate::from_name(name);
-  if (impl_->bos) t.set_bos_token(*impl_->bos);
+  impl_->give_special_tokens(t);
   impl_->chat = std::move(t);
+}
+
+void Tokenizer::set_chat_template_kwargs(const nlohmann::ordered_json& kwargs) {
+  LT_CHECK_INPUT(impl_->chat.has_value(), "--chat_template_kwargs: ", impl_->chat_error);
+  impl_->chat->set_kwargs(kwargs);
 }
 
 const std::string& Tokenizer::chat_template_source() const { return impl_->chat_source; }

@@ -33,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
 
@@ -86,9 +87,13 @@ class Tokenizer {
   // The chat template found in tokenizer_config.json. Throws Error(kInput) suggesting
   // --chat_template chatml|llama3 if it is absent or unrecognised.
   const ChatTemplate& chat_template() const;
+  // The named special tokens a chat template sees (bos/eos/unk/pad_token that are set).
+  std::vector<std::pair<std::string, std::string>> special_tokens() const;
   bool has_chat_template() const;
   // Overrides the template by name ("chatml" | "llama3"); Error(kInput) otherwise.
   void set_chat_template(const std::string& name);
+  // Extra template variables (TRL's chat_template_kwargs); Error(kInput) without a template.
+  void set_chat_template_kwargs(const nlohmann::ordered_json& kwargs);
   // The jinja source from tokenizer_config.json ("" if none).
   const std::string& chat_template_source() const;
 

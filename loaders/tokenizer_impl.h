@@ -96,10 +96,23 @@ struct Tokenizer::Impl {
   StringIdMap added_by_content;
   int64_t vocab_size = 0;
 
-  std::optional<std::string> bos, eos, pad;
+  std::optional<std::string> bos, eos, pad, unk;
   std::string chat_source;
   std::optional<ChatTemplate> chat;
   std::string chat_error;
+
+  // The special tokens a chat template sees (transformers' special_tokens_map).
+  std::vector<std::pair<std::string, std::string>> special_tokens() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (auto [key, v] : {std::pair{"bos_token", &bos}, std::pair{"eos_token", &eos},
+                          std::pair{"unk_token", &unk}, std::pair{"pad_token", &pad}}) {
+      if (*v) out.emplace_back(key, **v);
+    }
+    return out;
+  }
+  void give_special_tokens(ChatTemplate& t) const {
+    for (const auto& [key, value] : special_tokens()) t.set_special_token(key, value);
+  }
 
   void load_model(const json& model, ParsedTokenizerJson& parsed);
   void load_added(const json& list);

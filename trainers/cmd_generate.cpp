@@ -13,6 +13,7 @@
 #include "models/generate.h"
 #include "models/peft_io.h"
 #include "trainers/commands.h"
+#include "trainers/data_options.h"
 #include "trainers/options.h"
 #include "trainers/peft_options.h"
 
@@ -28,7 +29,7 @@ int run_generate(const std::vector<std::string>& args) {
                "the base model of an adapter folder (default: its base_model_name_or_path)");
   o.add_string("prompt", "", "the prompt text");
   o.add_bool("chat", false, "render the prompt as a user turn with the chat template");
-  o.add_string("chat_template", "", "override the chat template", {"", "chatml", "llama3"});
+  add_chat_options(o);
   o.add_int("max_new_tokens", 64, "stop after this many new tokens", 1);
   o.add_float("temperature", 0.0, "0 = greedy; > 0 samples from softmax(logits / T)", 0.0);
   o.add_int("top_k", 0, "sample among the k most likely tokens (0 = off)", 0);
@@ -67,7 +68,7 @@ int run_generate(const std::vector<std::string>& args) {
     model = DecoderModel::load(path, dev, dt);
   }
   auto tok = Tokenizer::load(tokenizer_dir);
-  if (!o.get_string("chat_template").empty()) tok->set_chat_template(o.get_string("chat_template"));
+  apply_chat_options(o, *tok);
   std::vector<int32_t> ids;
   if (o.get_bool("chat")) {
     ids =

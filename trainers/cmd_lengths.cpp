@@ -18,6 +18,7 @@
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
 #include "trainers/commands.h"
+#include "trainers/data_options.h"
 #include "trainers/options.h"
 
 namespace leantune {
@@ -27,16 +28,11 @@ int run_lengths(const std::vector<std::string>& args) {
   Options o("lengths");
   o.add_string("dataset", "", "JSONL dataset in a TRL format");
   o.add_string("tokenizer", "", "tokenizer folder (not needed for a tokenized dataset)");
-  o.add_string("chat_template", "", "override the chat template",
-               {"", "chatml", "qwen2.5", "llama3", "llama3.1", "llama3.2"});
+  add_chat_options(o);
   o.add_string("plot", "", "write an SVG histogram to this path");
   o.add_int("per_device_train_batch_size", 8, "batch size for the padded-efficiency estimate", 1);
   o.add_int("seed", 42, "shuffle seed for the padded-efficiency estimate", 0);
-  o.add_string("dataset_text_field", "text", "the text key of language-modeling data");
-  o.add_bool_or_none("completion_only_loss", std::nullopt,
-                     "mask prompt tokens (default: on for prompt-completion data)");
-  o.add_bool("assistant_only_loss", false, "mask all but assistant tokens (conversational data)");
-  o.add_bool("skip_bad_lines", false, "skip and count malformed lines instead of failing");
+  add_dataset_options(o);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;
@@ -46,16 +42,14 @@ int run_lengths(const std::vector<std::string>& args) {
   const std::string plot = o.get_string("plot");
 
   DataConfig cfg;
-  cfg.dataset_text_field = o.get_string("dataset_text_field");
-  cfg.skip_bad_lines = o.get_bool("skip_bad_lines");
+  read_dataset_options(o, &cfg);
   cfg.max_length = 0;  // measure whole examples
-  cfg.completion_only_loss = o.get_bool_or_none("completion_only_loss");
-  cfg.assistant_only_loss = o.get_bool("assistant_only_loss");
   validate_data_config(cfg);
   std::unique_ptr<TextEncoder> encoder;
   if (!o.get_string("tokenizer").empty()) {
-    encoder = make_text_encoder(Tokenizer::load(o.get_string("tokenizer")),
-                                o.get_string("chat_template"));
+    std::shared_ptr<Tokenizer> tok = Tokenizer::load(o.get_string("tokenizer"));
+    apply_chat_options(o, *tok);
+    encoder = make_text_encoder(tok);
   }
   // Open the plot file before the (possibly long) tokenisation so a bad path fails fast.
   std::unique_ptr<FILE, int (*)(FILE*)> svg(nullptr, std::fclose);

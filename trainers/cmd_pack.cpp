@@ -21,6 +21,7 @@
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
 #include "trainers/commands.h"
+#include "trainers/data_options.h"
 #include "trainers/options.h"
 #include "trainers/output_path.h"
 
@@ -42,18 +43,13 @@ int run_pack(const std::vector<std::string>& args) {
   Options o("pack");
   o.add_string("dataset", "", "JSONL dataset in a TRL format");
   o.add_string("tokenizer", "", "tokenizer folder (not needed for a tokenized dataset)");
-  o.add_string("chat_template", "", "override the chat template",
-               {"", "chatml", "qwen2.5", "llama3", "llama3.1", "llama3.2"});
+  add_chat_options(o);
   o.add_int("max_length", 0, "bin size in tokens", 1);
   o.add_string("packing_strategy", "bfd", "how examples are packed",
                {"bfd", "bfd_split", "wrapped"});
   o.add_int("packing_window", 0, "examples packed together (0 = all; 1000 = TRL's chunks)", 0);
   o.add_string("out", "", "output JSONL path");
-  o.add_string("dataset_text_field", "text", "the text key of language-modeling data");
-  o.add_bool_or_none("completion_only_loss", std::nullopt,
-                     "mask prompt tokens (default: on for prompt-completion data)");
-  o.add_bool("assistant_only_loss", false, "mask all but assistant tokens (conversational data)");
-  o.add_bool("skip_bad_lines", false, "skip and count malformed lines instead of failing");
+  add_dataset_options(o);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;
@@ -66,20 +62,18 @@ int run_pack(const std::vector<std::string>& args) {
   check_output_file(out_path, "out");
 
   DataConfig cfg;
-  cfg.dataset_text_field = o.get_string("dataset_text_field");
-  cfg.skip_bad_lines = o.get_bool("skip_bad_lines");
+  read_dataset_options(o, &cfg);
   cfg.max_length = o.get_int("max_length");
   cfg.packing = true;
   cfg.packing_strategy = o.get_string("packing_strategy");
   cfg.packing_window = o.get_int("packing_window");
-  cfg.completion_only_loss = o.get_bool_or_none("completion_only_loss");
-  cfg.assistant_only_loss = o.get_bool("assistant_only_loss");
   validate_data_config(cfg);
 
   std::unique_ptr<TextEncoder> encoder;
   if (!o.get_string("tokenizer").empty()) {
-    encoder = make_text_encoder(Tokenizer::load(o.get_string("tokenizer")),
-                                o.get_string("chat_template"));
+    std::shared_ptr<Tokenizer> tok = Tokenizer::load(o.get_string("tokenizer"));
+    apply_chat_options(o, *tok);
+    encoder = make_text_encoder(tok);
   }
   const SftData data = load_sft_data(dataset, encoder.get(), cfg);
   const TokenizedDataset& ex = data.examples;

@@ -2,16 +2,17 @@
 //
 //   trainer_bin tokenize --tokenizer PATH (--text S | --file F) [--add_special_tokens]
 //   trainer_bin tokenize --tokenizer PATH (--text S | --file F) --chat [--add_generation_prompt]
-//                        [--chat_template chatml|qwen2.5|llama3|llama3.1|llama3.2]
+//                        [--chat_template NAME|FILE.jinja] [--chat_template_kwargs JSON]
 //                        [--date_string "26 Jul 2024"] [--assistant_mask]
 //   trainer_bin tokenize --tokenizer PATH (--text S | --file F) --decode [--skip_special_tokens]
 //
-// Encoding prints the ids as one JSON array line. --chat reads a JSON list of {"role",
-// "content"} messages and prints the ids of the rendered conversation (with --assistant_mask, a
-// JSON object {"ids": [...], "assistant_mask": [...]}). --decode reads a JSON array of ids and
-// prints the text followed by a newline. Nothing else goes to stdout. --file - reads stdin.
-// Bad input or usage throws Error(kInput) (exit 2 through main.cpp), with one line naming it.
-#include <CLI/CLI.hpp>
+// Encoding prints the ids as one JSON array line. --chat reads a JSON list of messages, or a
+// dataset row {"messages": [...], "tools": [...], "chat_template_kwargs": {...}} (TRL's
+// conversational format with tools), and prints the ids apply_chat_template(tokenize=True)
+// gives (with --assistant_mask, a JSON object {"ids": [...], "assistant_mask": [...]}). --decode
+// reads a JSON array of ids and prints the text followed by a newline. Nothing else goes to stdout.
+// --file - reads stdin. Bad input or usage throws Error(kInput) (exit 2 through main.cpp), with one
+// line naming it.
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -25,11 +26,14 @@
 #include "loaders/fs_util.h"
 #include "loaders/tokenizer.h"
 #include "trainers/commands.h"
+#include "trainers/data_options.h"
+#include "trainers/options.h"
 
 namespace leantune {
 namespace {
 
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 std::string read_input(const std::string& text, const std::string& file, bool have_text) {
   if (have_text) return text;
@@ -64,82 +68,100 @@ std::vector<int32_t> parse_ids(const std::string& input) {
   return ids;
 }
 
-std::vector<ChatMessage> parse_messages(const std::string& input) {
-  const json j = parse_input_json(input, "a JSON list of {\"role\", \"content\"} messages");
-  LT_CHECK_INPUT(j.is_array(), "tokenize --chat: the input must be a JSON list of messages");
-  std::vector<ChatMessage> messages;
-  for (size_t i = 0; i < j.size(); ++i) {
-    const json& m = j[i];
-    LT_CHECK_INPUT(m.is_object() && m.contains("role") && m["role"].is_string() &&
-                       m.contains("content") && m["content"].is_string(),
-                   "tokenize --chat: message ", i,
-                   " must be an object with string \"role\" and \"content\"");
-    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+// --chat input: a JSON list of messages, or a dataset row {"messages": [...], "tools": [...],
+// "chat_template_kwargs": {...}} as in TRL's conversational datasets with tools.
+ChatRequest parse_chat(const std::string& input) {
+  ojson j;
+  try {
+    j = ojson::parse(input);
+  } catch (const ojson::exception& e) {
+    LT_THROW(ErrorKind::kInput,
+             "tokenize --chat: the input is not a JSON list of messages or a {\"messages\": "
+             "[...]} row: ",
+             e.what());
   }
-  return messages;
+  ChatRequest r;
+  if (j.is_object()) {
+    LT_CHECK_INPUT(j.contains("messages") && j["messages"].is_array(),
+                   "tokenize --chat: a row needs a \"messages\" list");
+    r.messages = j["messages"];
+    if (j.contains("tools") && !j["tools"].is_null()) {
+      LT_CHECK_INPUT(j["tools"].is_array(), "tokenize --chat: \"tools\" must be a list");
+      r.tools = j["tools"];
+    }
+    if (j.contains("chat_template_kwargs")) {
+      LT_CHECK_INPUT(j["chat_template_kwargs"].is_object(),
+                     "tokenize --chat: \"chat_template_kwargs\" must be an object");
+      r.kwargs = j["chat_template_kwargs"];
+    }
+  } else {
+    LT_CHECK_INPUT(j.is_array(),
+                   "tokenize --chat: the input must be a JSON list of messages or a "
+                   "{\"messages\": [...]} row");
+    r.messages = j;
+  }
+  for (size_t i = 0; i < r.messages.size(); ++i) {
+    const ojson& m = r.messages[i];
+    LT_CHECK_INPUT(m.is_object() && m.contains("role") && m["role"].is_string(),
+                   "tokenize --chat: message ", i, " must be an object with a string \"role\"");
+  }
+  return r;
 }
 
 int run_tokenize(const std::vector<std::string>& args) {
-  CLI::App app{"Encodes text (or a chat) to token ids, or decodes ids, with a tokenizer.json.",
-               "trainer_bin tokenize"};
-  std::string tokenizer_path, text, file, chat_template, date_string;
-  bool chat = false, add_special = false, decode = false, skip_special = false;
-  bool add_generation_prompt = false, assistant_mask = false;
-  app.add_option("--tokenizer", tokenizer_path,
-                 "a model folder with tokenizer.json (+ tokenizer_config.json), or a "
-                 "tokenizer.json")
-      ->required();
-  auto* text_opt = app.add_option("--text", text, "the input");
-  auto* file_opt = app.add_option("--file", file, "read the input from this file ('-': stdin)");
-  text_opt->excludes(file_opt);
-  file_opt->excludes(text_opt);
-  app.add_flag("--add_special_tokens", add_special,
-               "let the post-processor add its special tokens (e.g. Llama-3's BOS)");
-  app.add_flag("--chat", chat, "the input is a JSON list of {\"role\", \"content\"} messages");
-  app.add_option("--chat_template", chat_template,
-                 "with --chat: chatml | qwen2.5 | llama3 | llama3.1 | llama3.2 instead of the "
-                 "template in tokenizer_config.json");
-  app.add_flag("--add_generation_prompt", add_generation_prompt,
-               "with --chat: end with the assistant header");
-  app.add_option("--date_string", date_string, "with --chat: Llama-3.1/3.2 'Today Date'");
-  app.add_flag("--assistant_mask", assistant_mask,
-               "with --chat: print {\"ids\", \"assistant_mask\"}");
-  app.add_flag("--decode", decode, "the input is a JSON array of ids; print the text");
-  app.add_flag("--skip_special_tokens", skip_special, "with --decode: drop special tokens");
-  try {
-    std::vector<std::string> rev(args.rbegin(), args.rend());
-    app.parse(rev);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
+  Options o("tokenize");
+  o.add_string("tokenizer", "",
+               "a model folder with tokenizer.json (+ tokenizer_config.json), or a tokenizer.json");
+  o.add_string("text", "", "the input");
+  o.add_string("file", "", "read the input from this file ('-': stdin)");
+  o.add_bool("add_special_tokens", false,
+             "let the post-processor add its special tokens (e.g. Llama-3's BOS)");
+  o.add_bool("chat", false,
+             "the input is a JSON list of messages or a {\"messages\", \"tools\"} row");
+  add_chat_options(o);
+  o.add_bool("add_generation_prompt", false, "with --chat: end with the assistant header");
+  o.add_string("date_string", "", "with --chat: the template's date_string (Llama-3.1/3.2)");
+  o.add_bool("assistant_mask", false, "with --chat: print {\"ids\", \"assistant_mask\"}");
+  o.add_bool("decode", false, "the input is a JSON array of ids; print the text");
+  o.add_bool("skip_special_tokens", false, "with --decode: drop special tokens");
+  if (!o.parse(args)) {
+    std::printf("%s", o.help().c_str());
     return 0;
-  } catch (const CLI::ParseError& e) {
-    LT_THROW(ErrorKind::kInput, "tokenize: ", e.what(), " (run 'trainer_bin tokenize --help')");
   }
-  const bool have_text = text_opt->count() > 0;
-  LT_CHECK_INPUT(have_text || file_opt->count() > 0,
-                 "tokenize: give the input with --text or --file");
+  LT_CHECK_INPUT(!o.get_string("tokenizer").empty(), "tokenize: --tokenizer PATH is required");
+  const bool have_text = o.is_set("text"), have_file = o.is_set("file");
+  LT_CHECK_INPUT(!(have_text && have_file), "tokenize: --text excludes --file");
+  LT_CHECK_INPUT(have_text || have_file, "tokenize: give the input with --text or --file");
+  const bool chat = o.get_bool("chat"), decode = o.get_bool("decode");
   LT_CHECK_INPUT(!(chat && decode), "tokenize: --chat and --decode exclude each other");
-  LT_CHECK_INPUT(chat || (chat_template.empty() && date_string.empty() && !assistant_mask &&
-                          !add_generation_prompt),
-                 "tokenize: --chat_template, --date_string, --add_generation_prompt and "
-                 "--assistant_mask need --chat");
-  LT_CHECK_INPUT(decode || !skip_special, "tokenize: --skip_special_tokens needs --decode");
+  LT_CHECK_INPUT(chat || (!o.is_set("chat_template") && !o.is_set("chat_template_kwargs") &&
+                          !o.is_set("date_string") && !o.get_bool("assistant_mask") &&
+                          !o.get_bool("add_generation_prompt")),
+                 "tokenize: --chat_template, --chat_template_kwargs, --date_string, "
+                 "--add_generation_prompt and --assistant_mask need --chat");
+  LT_CHECK_INPUT(decode || !o.get_bool("skip_special_tokens"),
+                 "tokenize: --skip_special_tokens needs --decode");
 
-  const std::string input = read_input(text, file, have_text);
-  auto tok = Tokenizer::load(tokenizer_path);
+  const std::string input = read_input(o.get_string("text"), o.get_string("file"), have_text);
+  auto tok = Tokenizer::load(o.get_string("tokenizer"));
   if (decode) {
-    const std::string out = tok->decode(parse_ids(input), skip_special);
+    const std::string out = tok->decode(parse_ids(input), o.get_bool("skip_special_tokens"));
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fputc('\n', stdout);
     return 0;
   }
   if (chat) {
-    const std::vector<ChatMessage> messages = parse_messages(input);
-    if (!chat_template.empty()) tok->set_chat_template(chat_template);
+    ChatRequest request = parse_chat(input);
+    request.add_generation_prompt = o.get_bool("add_generation_prompt");
+    apply_chat_options(o, *tok);
     ChatTemplate tmpl = tok->chat_template();
-    if (!date_string.empty()) tmpl.set_date_string(date_string);
-    const ChatEncoding enc = tmpl.encode(*tok, messages, add_generation_prompt);
-    if (assistant_mask) {
+    if (!o.get_string("date_string").empty()) tmpl.set_date_string(o.get_string("date_string"));
+    const ChatEncoding enc = tmpl.encode_request(*tok, request);
+    if (o.get_bool("assistant_mask")) {
+      LT_CHECK_INPUT(enc.assistant_mask.size() == enc.ids.size(), "tokenize --assistant_mask: ",
+                     tmpl.has_assistant_mask()
+                         ? "the template's training variant renders this conversation differently"
+                         : tmpl.assistant_mask_error());
       const json out{{"ids", enc.ids}, {"assistant_mask", enc.assistant_mask}};
       std::printf("%s\n", out.dump().c_str());
     } else {
@@ -147,7 +169,7 @@ int run_tokenize(const std::vector<std::string>& args) {
     }
     return 0;
   }
-  std::printf("%s\n", json(tok->encode(input, add_special)).dump().c_str());
+  std::printf("%s\n", json(tok->encode(input, o.get_bool("add_special_tokens"))).dump().c_str());
   return 0;
 }
 

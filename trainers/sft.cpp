@@ -10,6 +10,7 @@
 #include "models/generate.h"
 #include "models/quantize_model.h"
 #include "trainers/commands.h"
+#include "trainers/data_options.h"
 #include "trainers/estimate.h"
 #include "trainers/model_io.h"
 #include "trainers/output_path.h"
@@ -37,7 +38,6 @@ Options sft_options(const std::string& command) {
                "HF model folder to fine-tune (empty with no dataset: the built-in demo model)");
   o.add_string("dataset", "", "training data: a JSONL file in a TRL format");
   o.add_string("eval_dataset", "", "evaluation data (JSONL), evaluated every eval_steps");
-  o.add_string("dataset_text_field", "text", "the key of the text in language-modeling data");
   o.add_int_or_none("max_length", 1024,
                     "truncate (or pack) sequences to this many tokens; none = no limit", 1);
   o.add_string("truncation_mode", "keep_start", "which end of a too-long sequence is kept",
@@ -50,13 +50,8 @@ Options sft_options(const std::string& command) {
   o.add_bool_or_none("padding_free", std::nullopt,
                      "flat varlen batches without pad tokens (default: on with bfd packing)");
   o.add_int_or_none("pad_to_multiple_of", std::nullopt, "pad each batch to a multiple of this", 1);
-  o.add_bool_or_none("completion_only_loss", std::nullopt,
-                     "loss only on completion tokens (default: on for prompt-completion data)");
-  o.add_bool("assistant_only_loss", false, "loss only on the assistant's tokens (chat data)");
-  o.add_string("chat_template", "", "override the tokenizer's chat template",
-               {"", "chatml", "llama3"});
-  o.add_bool("skip_bad_lines", false,
-             "skip (and count) malformed dataset lines instead of stopping");
+  add_dataset_options(o);
+  add_chat_options(o);
   o.add_bool("use_liger_kernel", true,
              "fused chunked linear cross-entropy: the [tokens x vocab] logits never exist");
   add_peft_options(o);
@@ -361,19 +356,14 @@ SftRun make_sft_run(const Options& o) {
   const Device device = Device::parse(args.device);
   const DType dtype = args.bf16 ? DType::kBF16 : DType::kF32;
   run.tokenizer = Tokenizer::load(setup.tokenizer_dir);
-  if (!o.get_string("chat_template").empty())
-    run.tokenizer->set_chat_template(o.get_string("chat_template"));
-  std::unique_ptr<TextEncoder> encoder =
-      make_text_encoder(run.tokenizer, o.get_string("chat_template"));
+  apply_chat_options(o, *run.tokenizer);
+  std::unique_ptr<TextEncoder> encoder = make_text_encoder(run.tokenizer);
   run.eos_token_id = encoder->eos_token_id();
 
   DataConfig dc;
-  dc.dataset_text_field = o.get_string("dataset_text_field");
-  dc.skip_bad_lines = o.get_bool("skip_bad_lines");
+  read_dataset_options(o, &dc);
   dc.max_length = o.get_int_or_none("max_length").value_or(0);
   dc.truncation_mode = o.get_string("truncation_mode");
-  dc.completion_only_loss = o.get_bool_or_none("completion_only_loss");
-  dc.assistant_only_loss = o.get_bool("assistant_only_loss");
   dc.packing = o.get_bool("packing");
   dc.packing_strategy = o.get_string("packing_strategy");
   dc.packing_window = o.get_int("packing_window");

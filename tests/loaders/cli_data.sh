@@ -155,8 +155,10 @@ if [ -f "$tok/tokenizer.json" ]; then
     "$bin" pack --dataset "$fx/text.jsonl" --tokenizer "$tok" --max_length 64 \
     --assistant_only_loss --out "$tmp/o.jsonl"
   printf '{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}\n{"messages":[{"role":"robot","content":"a"}]}\n' >"$tmp/role.jsonl"
-  expect_bad pack_unknown_role "role.jsonl:2: " \
-    "$bin" pack --dataset "$tmp/role.jsonl" --tokenizer "$tok" --max_length 64 --out "$tmp/o.jsonl"
+  # Roles are the chat template's business, as in transformers: Qwen2.5's renders only the
+  # roles it knows.
+  expect_ok pack_unknown_role "$bin" pack --dataset "$tmp/role.jsonl" --tokenizer "$tok" \
+    --max_length 64 --out "$tmp/o.jsonl"
 else
   echo "skip: no tokenizer fixture at $tok"
 fi

@@ -1,18 +1,23 @@
-// Chat template tests: the native renderers must give transformers' apply_chat_template text,
-// ids and (TRL generation-block) assistant masks on the references made by
-// tests/fixtures/gen_tokenizer_fixtures.py; detection and its errors are checked on the real
-// tokenizer_config.json files and on made-up templates.
+// Chat template tests: templates run by the Jinja2 interpreter must give transformers'
+// apply_chat_template text, ids and (generation-block) assistant masks on the references made by
+// tests/fixtures/gen_tokenizer_fixtures.py and gen_chat_template_fixtures.py (SmolLM2 with its
+// default system prompt, tools, kwargs); known families without {% generation %} blocks get
+// their training variant's mask; other templates refuse assistant masks with one line.
 #include <gtest/gtest.h>
 
 #include <ctime>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 
 #include "engine/check.h"
 #include "loaders/chat_template.h"
 #include "loaders/fs_util.h"
+#include "loaders/jinja/bundled.h"
 #include "loaders/tokenizer.h"
 
 namespace leantune {
@@ -46,6 +51,7 @@ ChatTemplate template_for(const json& c) {
   const auto tok = tokenizer(c["tokenizer"]);
   ChatTemplate t =
       c["template"] == "detected" ? tok->chat_template() : ChatTemplate::from_name(c["template"]);
+  for (const auto& [key, value] : tok->special_tokens()) t.set_special_token(key, value);
   if (c["date_string"].is_string()) t.set_date_string(c["date_string"]);
   return t;
 }
@@ -77,65 +83,129 @@ TEST(ChatTemplateReferences, IdsAndAssistantMaskMatchTransformersAndTrl) {
   }
 }
 
-TEST(ChatTemplateDetect, RecognisesTheFixtureTemplates) {
-  const ChatTemplate& qwen = tokenizer("qwen2.5")->chat_template();
-  EXPECT_EQ(qwen.kind(), ChatTemplateKind::kChatML);
-  EXPECT_EQ(qwen.default_system_prompt(),
-            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
-  const ChatTemplate& llama = tokenizer("llama3.2")->chat_template();
-  EXPECT_EQ(llama.kind(), ChatTemplateKind::kLlama3);
-  EXPECT_EQ(llama.name(), "llama3.2");
+using ojson = nlohmann::ordered_json;
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
-TEST(ChatTemplateDetect, Llama32DateDefaultsToTodayLikeStrftimeNow) {
-  const ChatTemplate t = tokenizer("llama3.2")->chat_template();
-  const std::string date = t.effective_date_string();
-  EXPECT_TRUE(std::regex_match(date, std::regex("[0-3][0-9] [A-Z][a-z][a-z] 20[0-9][0-9]")))
-      << date;
-  const std::time_t now = std::time(nullptr);
+std::string jinja_dir() { return std::string(LT_SOURCE_DIR) + "/tests/fixtures/chat_templates/"; }
+
+const ojson& jinja_references() {
+  static const ojson j = ojson::parse(read_text(jinja_dir() + "references.json"));
+  return j;
+}
+
+bool is_bundled(const std::string& name) {
+  for (const std::string& n : ChatTemplate::bundled_names()) {
+    if (n == name) return true;
+  }
+  return false;
+}
+
+// The case's template as leantune loads it (by name, or from its .jinja file), with the case's
+// special tokens, kwargs and clock.
+ChatTemplate jinja_template_for(const ojson& c, const std::string& name) {
+  ChatTemplate t =
+      is_bundled(name) || name.find("_training") == std::string::npos
+          ? ChatTemplate::from_name(is_bundled(name) ? name : jinja_dir() + name + ".jinja")
+          : ChatTemplate::from_source(
+                [&] {
+                  for (const auto& b : jinja::bundled_templates()) {
+                    if (name == b.name) return std::string(b.text);
+                  }
+                  return std::string();
+                }(),
+                name);
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    if (c["context"].contains(key)) t.set_special_token(key, c["context"][key].get<std::string>());
+  }
+  t.set_kwargs(c["kwargs"]);
   std::tm tm{};
-  localtime_r(&now, &tm);
-  EXPECT_NE(date.find(std::to_string(1900 + tm.tm_year)), std::string::npos) << date;
-  const std::string text = t.render({{"user", "hi"}}, false);
-  EXPECT_NE(text.find("Today Date: " + date + "\n\n"), std::string::npos) << text;
-  ChatTemplate fixed = t;
-  fixed.set_date_string("01 Jan 2030");
-  EXPECT_NE(fixed.render({{"user", "hi"}}, false).find("Today Date: 01 Jan 2030\n"),
-            std::string::npos);
+  tm.tm_year = 2024 - 1900;
+  tm.tm_mon = 6;
+  tm.tm_mday = 26;
+  t.set_now(tm);
+  return t;
 }
 
-TEST(ChatTemplateDetect, Llama31StyleUsesTheTemplatesFixedDate) {
-  const std::string src =
-      "{{- bos_token }}{%- if not date_string is defined %}{%- set date_string = \"26 Jul 2024\" "
-      "%}{%- endif %}{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
-      "{{- \"Cutting Knowledge Date: December 2023\\n\" }}";
-  const ChatTemplate t = ChatTemplate::detect(src, "t.json");
-  EXPECT_EQ(t.name(), "llama3.1");
-  EXPECT_EQ(t.effective_date_string(), "26 Jul 2024");
+ChatRequest request_for(const ojson& c) {
+  ChatRequest r;
+  r.messages = c["context"]["messages"];
+  r.tools = c["context"]["tools"];
+  r.add_generation_prompt = c["add_generation_prompt"];
+  return r;
 }
 
-TEST(ChatTemplateDetect, PlainChatMLHasNoDefaultSystemPrompt) {
-  const std::string src =
-      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
-      "{{ '<|im_start|>assistant\\n' }}{% endif %}";
-  const ChatTemplate t = ChatTemplate::detect(src, "t.json");
-  EXPECT_EQ(t.kind(), ChatTemplateKind::kChatML);
-  EXPECT_FALSE(t.default_system_prompt().has_value());
-  EXPECT_EQ(t.render({{"user", "hi"}, {"assistant", "yo"}}, true),
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
-            "<|im_start|>assistant\n");
+std::string describe_j(const ojson& c) {
+  return c["template"].get<std::string>() + "/" + c["conversation"].get<std::string>() +
+         " add_generation_prompt=" + (c["add_generation_prompt"].get<bool>() ? "true" : "false") +
+         " kwargs=" + c["kwargs"].dump();
 }
 
-TEST(ChatTemplateDetect, SmolLM2StyleDefaultSystemPromptIsRead) {
-  const std::string src =
-      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-      "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-      "Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
-      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
-  const ChatTemplate t = ChatTemplate::detect(src, "t.json");
-  EXPECT_EQ(t.default_system_prompt(),
-            "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+const ojson* find_case(const std::string& tmpl, const ojson& like) {
+  for (const ojson& c : jinja_references()["cases"]) {
+    if (c["template"] == tmpl && c["conversation"] == like["conversation"] &&
+        c["add_generation_prompt"] == like["add_generation_prompt"] &&
+        c["kwargs"] == like["kwargs"]) {
+      return &c;
+    }
+  }
+  return nullptr;
+}
+
+// Ids and masks through ChatTemplate (the path sft, tokenize --chat and generate take).
+TEST(ChatTemplateJinja, IdsAndMasksMatchTransformers) {
+  size_t checked = 0, masks = 0, family_masks = 0;
+  for (const ojson& c : jinja_references()["cases"]) {
+    if (c.contains("error") || !c.contains("ids")) continue;
+    const std::string name = c["template"];
+    if (name.rfind("constructs_", 0) == 0) continue;
+    const ChatTemplate t = jinja_template_for(c, name);
+    const auto tok = tokenizer(c["tokenizer"]);
+    const ChatEncoding enc = t.encode_request(*tok, request_for(c));
+    EXPECT_EQ(enc.ids, c["ids"].get<std::vector<int32_t>>()) << describe_j(c);
+    ++checked;
+    if (c.contains("assistant_mask")) {
+      EXPECT_EQ(enc.assistant_mask, c["assistant_mask"].get<std::vector<uint8_t>>())
+          << describe_j(c);
+      ++masks;
+    } else if (const ojson* training = find_case(name + "_training", c)) {
+      // A known family without {% generation %}: its training variant's mask.
+      if (training->contains("assistant_mask") && training->at("text") == c["text"]) {
+        EXPECT_EQ(enc.assistant_mask, training->at("assistant_mask").get<std::vector<uint8_t>>())
+            << describe_j(c);
+        ++family_masks;
+      }
+    }
+  }
+  EXPECT_GE(checked, 150u);
+  EXPECT_GE(masks, 40u);
+  EXPECT_GE(family_masks, 40u);
+}
+
+TEST(ChatTemplateJinja, SmolLM2DefaultSystemPromptIsRendered) {
+  ojson c;
+  c["context"] = ojson::object();
+  c["kwargs"] = ojson::object();
+  const ChatTemplate t = jinja_template_for(c, "smollm2");
+  EXPECT_EQ(t.render({{"user", "hi"}}, true),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_TRUE(t.has_assistant_mask());
+}
+
+TEST(ChatTemplateJinja, DeepSeekR1DistillRendersButHasNoMask) {
+  const ChatTemplate t = ChatTemplate::from_name(jinja_dir() + "deepseek_r1_distill_qwen.jinja");
+  EXPECT_EQ(t.render({{"user", "2+2?"}, {"assistant", "<think>sum</think>4"}}, true),
+            "<\uff5cUser\uff5c>2+2?<\uff5cAssistant\uff5c>4<\uff5cend\u2581of\u2581sentence\uff5c>"
+            "<\uff5cAssistant\uff5c><think>\n");
+  EXPECT_FALSE(t.has_assistant_mask());
+  EXPECT_NE(t.assistant_mask_error().find("{% generation %}"), std::string::npos);
+  EXPECT_EQ(t.assistant_mask_error().find('\n'), std::string::npos);
 }
 
 void expect_input_error(const std::function<void()>& fn, const std::string& needle) {
@@ -148,29 +218,45 @@ void expect_input_error(const std::function<void()>& fn, const std::string& need
   }
 }
 
-TEST(ChatTemplateDetect, UnknownOrMissingTemplatesSuggestTheOption) {
-  expect_input_error(
-      [] { ChatTemplate::detect("{{ '[INST] ' + message['content'] + ' [/INST]' }}", "m/cfg"); },
-      "--chat_template chatml|llama3");
-  expect_input_error([] { ChatTemplate::detect("", "m/cfg"); }, "--chat_template chatml|llama3");
-  expect_input_error([] { ChatTemplate::detect("<|im_start|>{% if '<think>' %}", "m/cfg"); },
-                     "--chat_template");
-  // SmolLM2's fixture has no tokenizer_config.json, hence no template.
+TEST(ChatTemplateNames, BundledNamesFilesAndUnknownNames) {
+  for (const char* n : {"chatml", "qwen2.5", "llama3", "llama3.1", "llama3.2"}) {
+    ChatTemplate t = ChatTemplate::from_name(n);
+    t.set_bos_token("<|begin_of_text|>");  // the Llama templates need it (from the tokenizer)
+    EXPECT_EQ(t.name(), n);
+    EXPECT_TRUE(t.has_assistant_mask()) << n;
+  }
+  const ChatTemplate f = ChatTemplate::from_name(jinja_dir() + "smollm2.jinja");
+  EXPECT_EQ(f.name(), jinja_dir() + "smollm2.jinja");
+  expect_input_error([] { ChatTemplate::from_name("vicuna"); }, "unknown chat template 'vicuna'");
+  expect_input_error([] { ChatTemplate::from_name("chatml_training"); }, "unknown chat template");
+  expect_input_error([] { ChatTemplate::detect("", "m/cfg"); }, "--chat_template");
+  // SmolLM2's fixture folder has no tokenizer_config.json, hence no template.
   expect_input_error([] { tokenizer("smollm2")->chat_template(); }, "--chat_template");
-  expect_input_error([] { ChatTemplate::from_name("vicuna"); }, "vicuna");
 }
 
-TEST(ChatTemplateDetect, OverrideByName) {
+TEST(ChatTemplateNames, TemplateErrorsNameTheConfigLineAndColumn) {
+  expect_input_error([] { ChatTemplate::detect("{{ x }}\n{% if %}", "m/tokenizer_config.json"); },
+                     "m/tokenizer_config.json:2:7: ");
+  expect_input_error([] { parse_chat_template_kwargs("[1]"); }, "--chat_template_kwargs");
+  expect_input_error([] { parse_chat_template_kwargs("{bad"); }, "--chat_template_kwargs");
+}
+
+TEST(ChatTemplateNames, KwargsReachTheTemplate) {
+  ChatTemplate t = ChatTemplate::from_source(
+      "{{ 'think' if enable_thinking is not defined or enable_thinking else 'plain' }}", "k.jinja");
+  EXPECT_EQ(t.render({{"user", "x"}}, false), "think");
+  t.set_kwargs(parse_chat_template_kwargs(R"({"enable_thinking": false})"));
+  EXPECT_EQ(t.render({{"user", "x"}}, false), "plain");
+}
+
+TEST(ChatTemplateNames, OverrideByNameOnATokenizer) {
   auto tok = Tokenizer::load(fixture_dir() + "smollm2");
   EXPECT_FALSE(tok->has_chat_template());
   tok->set_chat_template("chatml");
-  EXPECT_EQ(tok->chat_template().kind(), ChatTemplateKind::kChatML);
   const ChatEncoding enc =
       tok->chat_template().encode(*tok, {{"user", "a"}, {"assistant", "b"}}, false);
   EXPECT_EQ(tok->decode(enc.ids),
-            "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nb"
-            "<|im_end|>\n");
-  // Masked: "\n", "b", "<|im_end|>", "\n".
+            "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n");
   std::string masked;
   for (size_t i = 0; i < enc.ids.size(); ++i) {
     if (enc.assistant_mask[i]) masked += tok->decode({enc.ids[i]});
@@ -178,14 +264,9 @@ TEST(ChatTemplateDetect, OverrideByName) {
   EXPECT_EQ(masked, "\nb<|im_end|>\n");
 }
 
-TEST(ChatTemplateMessages, BadConversationsAreInputErrors) {
-  const ChatTemplate t = ChatTemplate::from_name("qwen2.5");
-  expect_input_error([&] { t.render({}, false); }, "at least one message");
-  expect_input_error([&] { t.render({{"user", "a"}, {"tool", "b"}}, false); }, "role 'tool'");
-}
-
-TEST(ChatTemplateMessages, Llama3TrimsContentWithPythonWhitespace) {
-  const ChatTemplate t = ChatTemplate::from_name("llama3");
+TEST(ChatTemplateNames, Llama3TrimsContentWithPythonWhitespace) {
+  ChatTemplate t = ChatTemplate::from_name("llama3");
+  t.set_bos_token("<|begin_of_text|>");
   EXPECT_EQ(t.render({{"user", " \u3000hi\x1f\n"}}, false),
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>");
 }

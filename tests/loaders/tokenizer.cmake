@@ -7,10 +7,13 @@
 #       cmake -DLEANTUNE_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang ...
 # (trainer_bin tokenize is exercised by loaders_test_tokenizer's TokenizeCommand tests.)
 
+file(GLOB _lt_jinja_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/loaders/jinja/*.cpp)
 file(GLOB _lt_tok_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/loaders/tokenizer*.cpp)
 list(APPEND _lt_tok_sources
     ${PROJECT_SOURCE_DIR}/loaders/fs_util.cpp
     ${PROJECT_SOURCE_DIR}/loaders/chat_template.cpp
+    ${_lt_jinja_sources}
+    ${LT_BUNDLED_TEMPLATES_CPP}
     ${PROJECT_SOURCE_DIR}/loaders/bpe.cpp
     ${PROJECT_SOURCE_DIR}/loaders/unicode.cpp
     ${PROJECT_SOURCE_DIR}/engine/check.cpp)

@@ -1,0 +1,19 @@
+// The chat templates compiled into the library (loaders/jinja/templates/*.jinja, embedded by
+// loaders/jinja/templates/embed.cmake): the model templates --chat_template names ("chatml",
+// "qwen2.5", "llama3", "llama3.1", "llama3.2") and their "<name>_training" variants with
+// {% generation %} blocks that give the assistant mask for those families.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace leantune::jinja {
+
+struct BundledTemplate {
+  const char* name;
+  const char* text;
+};
+
+const std::vector<BundledTemplate>& bundled_templates();
+
+}  // namespace leantune::jinja
