@@ -149,9 +149,14 @@ size_t Allocator::block_size(const Block* b) { return b->size; }
 MemTag Allocator::block_tag(const Block* b) { return b->tag; }
 
 void Allocator::record(TraceEvent::Kind kind, uint64_t id, int64_t size, MemTag tag,
-                       uint64_t stream) {
+                       uint64_t stream, const Block* block) {
   if (!trace_on_) return;
-  trace_.push_back(TraceEvent{kind, id, size, tag, stream, now_ns() - t0_ns_});
+  TraceEvent e{kind, id, size, tag, stream, now_ns() - t0_ns_, current_mem_phase()};
+  if (block) {
+    e.segment = block->segment_id;
+    for (const Block* p = block->prev; p; p = p->prev) e.offset += static_cast<int64_t>(p->size);
+  }
+  trace_.push_back(e);
 }
 
 Block* Allocator::find_free_block(Pool& pool, size_t size, uint64_t stream) {
@@ -246,7 +251,7 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
   }
   stats_.active_blocks++;
   stats_.num_allocs++;
-  record(TraceEvent::kAlloc, b->id, sz, tag, stream.id);
+  record(TraceEvent::kAlloc, b->id, sz, tag, stream.id, b);
   if (poison_) std::memset(b->ptr, 0xff, b->size);
   return b;
 }
@@ -453,12 +458,15 @@ std::string Allocator::trace_json() const {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : trace_) {
-    events.push_back({{"kind", kKinds[e.kind]},
-                      {"id", e.id},
-                      {"size", e.size},
-                      {"tag", mem_tag_name(e.tag)},
-                      {"stream", e.stream},
-                      {"t_ns", e.time_ns}});
+    nlohmann::json ev = {
+        {"kind", kKinds[e.kind]},          {"id", e.id},         {"size", e.size},
+        {"tag", mem_tag_name(e.tag)},      {"stream", e.stream}, {"t_ns", e.time_ns},
+        {"phase", mem_phase_name(e.phase)}};
+    if (e.kind == TraceEvent::kAlloc) {
+      ev["segment"] = e.segment;
+      ev["offset"] = e.offset;
+    }
+    events.push_back(std::move(ev));
   }
   nlohmann::json j = {{"device", device().str()}, {"events", events}};
   return j.dump();

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/mem_phase.h"
 #include "engine/stream.h"
 
 namespace leantune {
@@ -113,6 +114,9 @@ struct TraceEvent {
   MemTag tag;
   uint64_t stream;
   int64_t time_ns;
+  MemPhase phase;        // what the thread was doing (engine/mem_phase.h)
+  uint64_t segment = 0;  // kAlloc: the segment holding the block
+  int64_t offset = 0;    // kAlloc: the block's byte offset in its segment
 };
 
 struct Block;
@@ -153,7 +157,8 @@ class Allocator {
   bool trace_enabled() const;
   std::vector<TraceEvent> trace() const;
   void clear_trace();
-  // {"device": ..., "events": [{"kind","id","size","tag","stream","t_ns"}...]}
+  // {"device": ..., "events": [{"kind","id","size","tag","stream","t_ns","phase"
+  //  (+ "segment","offset" for alloc)}...]}
   std::string trace_json() const;
 
   Device device() const;
@@ -171,7 +176,8 @@ class Allocator {
   void process_events();
   bool release_cached_segments();
   void release_segment(Block* head);
-  void record(TraceEvent::Kind kind, uint64_t id, int64_t size, MemTag tag, uint64_t stream);
+  void record(TraceEvent::Kind kind, uint64_t id, int64_t size, MemTag tag, uint64_t stream,
+              const Block* block = nullptr);
   [[noreturn]] void throw_oom(size_t bytes, MemTag tag);
 
   std::unique_ptr<MemoryBacking> backing_;

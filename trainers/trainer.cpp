@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "engine/autograd.h"
+#include "engine/mem_phase.h"
 #include "engine/ops.h"
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
@@ -33,6 +34,43 @@ class SignalScope {
  private:
   void (*prev_term_)(int);
   void (*prev_int_)(int);
+};
+
+// Records the device allocator's trace from construction until `until_step` updates are done
+// and writes it to `path`; also written when training stops early or throws (the trace of an
+// out-of-memory step is the one most wanted).
+class MemoryTraceScope {
+ public:
+  MemoryTraceScope(std::string path, int64_t until_step, Allocator& alloc)
+      : path_(std::move(path)), until_(until_step), alloc_(alloc) {
+    if (path_.empty()) return;
+    alloc_.clear_trace();
+    alloc_.set_trace_enabled(true);
+  }
+  ~MemoryTraceScope() {
+    try {
+      if (!path_.empty()) write();
+    } catch (...) {
+      // Already unwinding from the error that matters; the trace is lost.
+    }
+  }
+  void after_step(int64_t step, MetricsLogger& log) {
+    if (path_.empty() || step < until_) return;
+    write();
+    log.message("memory trace written to " + written_);
+  }
+
+ private:
+  void write() {
+    alloc_.set_trace_enabled(false);
+    written_ = path_;
+    path_.clear();
+    write_text_atomic(written_, alloc_.trace_json());
+    alloc_.clear_trace();
+  }
+  std::string path_, written_;
+  int64_t until_;
+  Allocator& alloc_;
 };
 
 bool no_decay(const std::string& name) {
@@ -83,6 +121,11 @@ void add_training_options(Options& o) {
   o.add_string("device", d.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is present)");
   o.add_string("resume_from_checkpoint", "",
                "a checkpoint folder, or 'latest' for the newest complete one in output_dir");
+  o.add_string("memory_trace", d.memory_trace,
+               "write the allocator trace (alloc/free/segment events with tag, size, stream, "
+               "time and phase) of the first memory_trace_steps updates to this JSON file; "
+               "view it with trainer_bin memviz");
+  o.add_int("memory_trace_steps", d.memory_trace_steps, "updates recorded by memory_trace", 1);
 }
 
 TrainingArguments training_arguments(const Options& o) {
@@ -114,6 +157,13 @@ TrainingArguments training_arguments(const Options& o) {
   a.min_offload_size = off.min_offload_size;
   a.device = o.get_string("device");
   a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
+  a.memory_trace = o.get_string("memory_trace");
+  a.memory_trace_steps = o.get_int("memory_trace_steps");
+  if (!a.memory_trace.empty()) {
+    const std::filesystem::path parent = std::filesystem::path(a.memory_trace).parent_path();
+    LT_CHECK_INPUT(parent.empty() || std::filesystem::is_directory(parent),
+                   "option memory_trace: ", parent.string(), " is not a folder");
+  }
   LT_CHECK_INPUT(!a.output_dir.empty(), "option output_dir must not be empty");
   LT_CHECK_INPUT(a.max_steps > 0 || a.num_train_epochs > 0,
                  "options max_steps and num_train_epochs: one of them must be > 0");
@@ -251,6 +301,8 @@ TrainResult Trainer::train() {
   if (resumed) log.message("resumed from step " + std::to_string(step_));
   on_train_begin(log);
   allocator(model_->device()).reset_peak_stats();
+  MemoryTraceScope trace(args_.memory_trace, step_ + args_.memory_trace_steps,
+                         allocator(model_->device()));
 
   double window_loss = 0, window_norm = 0;
   int64_t window_steps = 0, window_tokens = 0, window_real = 0, window_total = 0;
@@ -318,6 +370,7 @@ TrainResult Trainer::train() {
       consecutive_nonfinite_ = 0;
       double scale = 1.0;
       if (args_.max_grad_norm > 0) scale = std::min(1.0, args_.max_grad_norm / (norm + 1e-6));
+      MemPhaseGuard phase(MemPhaseKind::kOptimizer);
       optimizer_->step(scheduler_.lr(step_), scale);
       zero_grads();
     }
@@ -327,6 +380,20 @@ TrainResult Trainer::train() {
     window_loss += step_loss;
     window_norm += finite ? norm : 0;
     ++window_steps;
+    trace.after_step(step_, log);
+    bool callback_stop = false;
+    if (step_callback_) {
+      const nlohmann::json rec = {
+          {"step", step_},
+          {"total_steps", total_steps_},
+          {"loss", step_loss},
+          {"grad_norm", finite ? norm : 0.0},
+          {"learning_rate", lr_used},
+          {"num_tokens", num_tokens_},
+          {"skipped", !finite || !std::isfinite(norm)},
+          {"allocated", allocator(model_->device()).stats().allocated.current}};
+      callback_stop = !step_callback_(rec);
+    }
 
     if (step_ % args_.logging_steps == 0 || step_ == total_steps_) {
       const double secs =
@@ -350,7 +417,8 @@ TrainResult Trainer::train() {
     if (args_.eval_steps > 0 && step_ % args_.eval_steps == 0 && step_ < total_steps_) {
       if (auto ev = evaluate()) log.log({{"step", step_}, {"eval_loss", *ev}});
     }
-    const bool stop = stop_requested() || (stop_after_ > 0 && step_ >= stop_after_);
+    const bool stop =
+        stop_requested() || (stop_after_ > 0 && step_ >= stop_after_) || callback_stop;
     if ((args_.save_steps > 0 && step_ % args_.save_steps == 0 && step_ < total_steps_) || stop)
       save_checkpoint(step_, log);
     if (stop) {
