@@ -295,6 +295,7 @@ void Allocator::retag(Block* b, MemTag tag) {
   stats_.by_tag[static_cast<int>(b->tag)].add(-sz);
   stats_.by_tag[static_cast<int>(tag)].add(sz);
   b->tag = tag;
+  record(TraceEvent::kRetag, b->id, sz, tag, b->stream);
 }
 
 void Allocator::free_block(Block* b) {
@@ -454,7 +455,8 @@ void Allocator::clear_trace() {
 }
 
 std::string Allocator::trace_json() const {
-  static constexpr const char* kKinds[] = {"alloc", "free", "segment_alloc", "segment_free", "oom"};
+  static constexpr const char* kKinds[] = {"alloc",        "free", "segment_alloc",
+                                           "segment_free", "oom",  "retag"};
   std::lock_guard<std::recursive_mutex> lk(mu_);
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : trace_) {

@@ -107,11 +107,11 @@ struct AllocatorStats {
 };
 
 struct TraceEvent {
-  enum Kind : uint8_t { kAlloc, kFree, kSegmentAlloc, kSegmentFree, kOom };
+  enum Kind : uint8_t { kAlloc, kFree, kSegmentAlloc, kSegmentFree, kOom, kRetag };
   Kind kind;
-  uint64_t id;  // allocation id (kAlloc/kFree), segment id (segment events)
+  uint64_t id;  // allocation id (kAlloc/kFree/kRetag), segment id (segment events)
   int64_t size;
-  MemTag tag;
+  MemTag tag;  // kRetag: the block's new tag
   uint64_t stream;
   int64_t time_ns;
   MemPhase phase;        // what the thread was doing (engine/mem_phase.h)

@@ -38,12 +38,25 @@ class SignalScope {
 
 // Records the device allocator's trace from construction until `until_step` updates are done
 // and writes it to `path`; also written when training stops early or throws (the trace of an
-// out-of-memory step is the one most wanted).
+// out-of-memory step is the one most wanted). Besides the events, the file holds the baseline
+// (bytes already allocated per tag and reserved when recording began: parameters, for one) and
+// the updates recorded, so that trainer_bin memviz can show absolute figures.
 class MemoryTraceScope {
  public:
-  MemoryTraceScope(std::string path, int64_t until_step, Allocator& alloc)
-      : path_(std::move(path)), until_(until_step), alloc_(alloc) {
+  MemoryTraceScope(std::string path, int64_t first_step, int64_t until_step, Allocator& alloc)
+      : path_(std::move(path)),
+        first_(first_step),
+        last_(first_step),
+        until_(until_step),
+        alloc_(alloc) {
     if (path_.empty()) return;
+    const AllocatorStats st = alloc_.stats();
+    baseline_ = {{"allocated", st.allocated.current},
+                 {"reserved", st.reserved.current},
+                 {"segments", st.segments},
+                 {"by_tag", nlohmann::json::object()}};
+    for (int i = 0; i < kNumMemTags; ++i)
+      baseline_["by_tag"][mem_tag_name(static_cast<MemTag>(i))] = st.by_tag[i].current;
     alloc_.clear_trace();
     alloc_.set_trace_enabled(true);
   }
@@ -55,6 +68,7 @@ class MemoryTraceScope {
     }
   }
   void after_step(int64_t step, MetricsLogger& log) {
+    last_ = step;
     if (path_.empty() || step < until_) return;
     write();
     log.message("memory trace written to " + written_);
@@ -65,12 +79,16 @@ class MemoryTraceScope {
     alloc_.set_trace_enabled(false);
     written_ = path_;
     path_.clear();
-    write_text_atomic(written_, alloc_.trace_json());
+    nlohmann::json j = nlohmann::json::parse(alloc_.trace_json());
     alloc_.clear_trace();
+    j["baseline"] = baseline_;
+    j["steps"] = {first_ + 1, last_};
+    write_text_atomic(written_, j.dump());
   }
   std::string path_, written_;
-  int64_t until_;
+  int64_t first_, last_, until_;
   Allocator& alloc_;
+  nlohmann::json baseline_;
 };
 
 bool no_decay(const std::string& name) {
@@ -301,7 +319,7 @@ TrainResult Trainer::train() {
   if (resumed) log.message("resumed from step " + std::to_string(step_));
   on_train_begin(log);
   allocator(model_->device()).reset_peak_stats();
-  MemoryTraceScope trace(args_.memory_trace, step_ + args_.memory_trace_steps,
+  MemoryTraceScope trace(args_.memory_trace, step_, step_ + args_.memory_trace_steps,
                          allocator(model_->device()));
 
   double window_loss = 0, window_norm = 0;
