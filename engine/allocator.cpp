@@ -13,13 +13,6 @@
 namespace leantune {
 
 namespace {
-constexpr size_t kMinBlockSize = 512;
-constexpr size_t kSmallSize = 1 << 20;     // requests up to 1 MiB use the small pool
-constexpr size_t kSmallBuffer = 2 << 20;   // small-pool segments
-constexpr size_t kLargeBuffer = 20 << 20;  // large-pool segments for requests < 10 MiB
-constexpr size_t kMinLargeAlloc = 10 << 20;
-constexpr size_t kRoundLarge = 2 << 20;
-
 size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 int64_t now_ns() {
@@ -113,11 +106,14 @@ struct Allocator::Pool {
   std::set<Block*, BlockLess> blocks;
 };
 
-Allocator::Allocator(std::unique_ptr<MemoryBacking> backing)
+Allocator::Allocator(std::unique_ptr<MemoryBacking> backing, AllocatorSettings settings)
     : backing_(std::move(backing)),
       small_(new Pool{true, {}}),
       large_(new Pool{false, {}}),
+      settings_(settings),
       t0_ns_(now_ns()) {
+  LT_CHECK(settings_.round_to >= 1 && settings_.round_large >= 1 && settings_.small_segment >= 1,
+           "allocator settings: rounding and segment sizes must be >= 1");
   const char* env = std::getenv("LEANTUNE_ALLOC_POISON");
   poison_ = env && env[0] == '1' && backing_->device().is_cpu();
 }
@@ -165,6 +161,15 @@ Block* Allocator::find_free_block(Pool& pool, size_t size, uint64_t stream) {
   key.size = size;
   key.ptr = nullptr;
   auto it = pool.blocks.lower_bound(&key);
+  if (settings_.cross_stream_reuse) {
+    // The smallest fitting block of any stream (the pool is ordered by stream first).
+    Block* best = nullptr;
+    for (Block* c : pool.blocks)
+      if (c->size >= size && (!best || c->size < best->size)) best = c;
+    if (!best) return nullptr;
+    pool.blocks.erase(best);
+    return best;
+  }
   if (it == pool.blocks.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
   pool.blocks.erase(it);
@@ -198,14 +203,15 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
            " used with the allocator of ", device().str());
   std::lock_guard<std::recursive_mutex> lk(mu_);
   process_events();
-  const size_t size = round_up(std::max<size_t>(bytes, 1), kMinBlockSize);
+  const AllocatorSettings& cfg = settings_;
+  const size_t size = round_up(std::max<size_t>(bytes, 1), cfg.round_to);
   LT_CHECK(size >= bytes, "allocation size overflow: ", bytes);
-  Pool& pool = size <= kSmallSize ? *small_ : *large_;
+  Pool& pool = size <= cfg.small_size ? *small_ : *large_;
   Block* b = find_free_block(pool, size, stream.id);
   if (!b) {
-    const size_t seg = pool.small
-                           ? kSmallBuffer
-                           : (size < kMinLargeAlloc ? kLargeBuffer : round_up(size, kRoundLarge));
+    const size_t seg = pool.small ? std::max(cfg.small_segment, size)
+                                  : (size < cfg.min_large_alloc ? std::max(cfg.large_segment, size)
+                                                                : round_up(size, cfg.round_large));
     bool ok = false;
     b = alloc_segment(pool, seg, stream.id, &ok);
     if (!ok) {
@@ -222,7 +228,8 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
     }
   }
   const size_t remaining = b->size - size;
-  const bool split = pool.small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+  const bool split = pool.small ? remaining >= std::max<size_t>(cfg.small_split_min, 1)
+                                : remaining > cfg.large_split_min;
   if (split) {
     auto* rest = new Block;
     rest->ptr = static_cast<char*>(b->ptr) + size;

@@ -119,11 +119,29 @@ struct TraceEvent {
   int64_t offset = 0;    // kAlloc: the block's byte offset in its segment
 };
 
+// The caching policy's sizes (the defaults are the policy above). bench_allocator replays a trace
+// under other settings to compare them.
+struct AllocatorSettings {
+  size_t round_to = 512;              // requests round up to a multiple of this (>= 1)
+  size_t small_size = 1 << 20;        // requests up to this use the small pool
+  size_t small_segment = 2 << 20;     // small-pool segment size
+  size_t large_segment = 20 << 20;    // large-pool segment for requests below min_large_alloc
+  size_t min_large_alloc = 10 << 20;  // larger requests get a segment of their own size
+  size_t round_large = 2 << 20;       // ... rounded up to this
+  size_t small_split_min = 512;       // a small-pool block splits when the rest is >= this
+  size_t large_split_min = 1 << 20;   // a large-pool block splits when the rest is > this
+  // Off: a freed block is reused only on the stream it was allocated on (safe without
+  // synchronisation). On: any stream's cached block can serve a request (what a program that
+  // synchronises its streams could afford); for comparing traces only.
+  bool cross_stream_reuse = false;
+};
+
 struct Block;
 
 class Allocator {
  public:
-  explicit Allocator(std::unique_ptr<MemoryBacking> backing);
+  explicit Allocator(std::unique_ptr<MemoryBacking> backing, AllocatorSettings settings = {});
+  const AllocatorSettings& settings() const { return settings_; }
   ~Allocator();
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
@@ -188,6 +206,7 @@ class Allocator {
   std::set<Block*> segments_;                      // segment head blocks
   AllocatorStats stats_;
   size_t limit_ = 0;
+  AllocatorSettings settings_;
   uint64_t next_id_ = 1;
   uint64_t next_segment_id_ = 1;
   bool trace_on_ = false;
