@@ -153,6 +153,7 @@ int64_t Model::num_trainable_parameters() const {
 }
 
 std::string Model::device() const { return impl_->m.model->device().str(); }
+std::string Model::dtype() const { return dtype_name(impl_->m.model->dtype()); }
 std::string Model::architecture() const { return impl_->m.model->config().architecture; }
 
 MemoryStats Model::memory_stats() const {

@@ -9,9 +9,7 @@
 #include "engine/autograd.h"
 #include "engine/mem_phase.h"
 #include "loaders/text_encoder.h"
-#include "models/generate.h"
 #include "models/quantize_model.h"
-#include "trainers/commands.h"
 #include "trainers/estimate.h"
 #include "trainers/model_io.h"
 #include "trainers/peft_options.h"
@@ -458,40 +456,6 @@ SftRun make_sft_run(const Options& o) {
   return make_sft_run(o, load_sft_model(o));
 }
 
-int run_sft(const Options& o) {
-  SftRun run = make_sft_run(o);
-  const TrainingArguments& args = run.trainer->args();
-  std::printf("sft: %s (%s, %lld parameters) on %s, %s\n",
-              run.setup.embedded ? "built-in demo model" : run.setup.model_name_or_path.c_str(),
-              run.model->config().architecture.c_str(),
-              static_cast<long long>(run.model->num_parameters()),
-              run.model->device().str().c_str(), dtype_name(run.model->dtype()));
-  std::fflush(stdout);
-  TrainResult r = run.trainer->train();
-  if (r.interrupted) {
-    std::printf("sft: stopped at step %lld; resume with --resume_from_checkpoint latest\n",
-                static_cast<long long>(r.steps));
-    return 0;
-  }
-  std::string skipped =
-      r.skipped_steps ? ", " + std::to_string(r.skipped_steps) + " updates skipped" : "";
-  std::printf("sft: %lld steps, loss %.4f -> %.4f%s; model written to %s\n",
-              static_cast<long long>(r.steps), r.losses.empty() ? 0.0 : r.losses.front(),
-              r.losses.empty() ? 0.0 : r.losses.back(), skipped.c_str(), args.output_dir.c_str());
-  std::printf("%s", format_memory_report(r.memory).c_str());
-  if (run.setup.embedded) {
-    run.trainer->peft().set_training(false);
-    const std::string prompt = "One sunny day, Mia";
-    GenerationConfig g;
-    g.max_new_tokens = 48;
-    g.eos_token_ids = {run.eos_token_id};
-    GenerationResult gen = generate(*run.model, {run.tokenizer->encode(prompt, true)}, g);
-    std::printf("sample: %s%s\n", prompt.c_str(),
-                run.tokenizer->decode(gen.tokens[0], true).c_str());
-  }
-  return 0;
-}
-
 void apply_embedded_defaults(Options& o) {
   if (!o.get_string("model_name_or_path").empty() || !o.get_string("dataset").empty()) return;
   auto dflt = [&](const char* k, const nlohmann::json& v) {
@@ -509,21 +473,5 @@ void apply_embedded_defaults(Options& o) {
   dflt("weight_decay", 0.01);
   dflt("output_dir", "trainer_output/embedded");
 }
-
-namespace {
-int sft_command(const std::vector<std::string>& argv) {
-  Options o = sft_options();
-  if (!o.parse(argv)) {
-    std::printf("%s", o.help().c_str());
-    return 0;
-  }
-  apply_embedded_defaults(o);
-  return run_sft(o);
-}
-
-CommandRegistration reg(
-    "sft", "supervised fine-tuning (TRL SFTTrainer options); no options: the built-in demo",
-    sft_command);
-}  // namespace
 
 }  // namespace leantune

@@ -109,9 +109,6 @@ SftRun make_sft_run(const Options& o, const SftModel& m);
 // options the user did not set.
 void apply_embedded_defaults(Options& o);
 
-// Runs `trainer_bin sft` with parsed options; returns the process exit code.
-int run_sft(const Options& o);
-
 // Prints the end-of-run memory report (peak by category and the savings of each technique).
 std::string format_memory_report(const nlohmann::json& report);
 

@@ -109,6 +109,7 @@ class Model {
   int64_t num_parameters() const;
   int64_t num_trainable_parameters() const;
   std::string device() const;
+  std::string dtype() const;  // "f32" or "bf16"
   std::string architecture() const;
   // The allocator's figures for this model's device (peaks since the last train() began).
   MemoryStats memory_stats() const;
