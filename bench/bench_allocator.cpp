@@ -1,10 +1,17 @@
-// bench_allocator: replays allocation traces through the caching allocator and through a
-// no-cache baseline (one raw malloc / cudaMalloc per request), and prints JSON:
-//   ns per alloc and per free, peak allocated, peak reserved, fragmentation (reserved minus
-//   allocated at the allocation peak), segments, retries.
+// bench_allocator: replays allocation traces through the caching allocator under several
+// settings side by side, and through a no-cache baseline (one raw malloc / cudaMalloc per
+// request), and prints JSON: ns per alloc and per free, peak allocated, peak reserved,
+// fragmentation (reserved minus allocated at the allocation peak), segments, retries.
 //
 //   bench_allocator [--device cpu|cuda] [--trace FILE.json] [--record FILE.json]
-//                   [--steps N] [--layers L] [--hidden H] [--seed S]
+//                   [--settings NAME,NAME...] [--steps N] [--layers L] [--hidden H] [--seed S]
+//
+// Settings (engine/allocator.h AllocatorSettings): default; round_64 / round_4k (request
+// rounding 64 B / 4 KiB instead of 512 B); split_large_always (a large-pool block splits
+// whenever 512 B remain, not only above 1 MiB); split_large_never; small_pool_64k (only requests
+// up to 64 KiB use the small pool); cross_stream_reuse (blocks freed on one stream serve
+// another). --settings picks some (default: all). A trace from --memory_trace replays each
+// event on its own stream id.
 //
 // Without --trace it generates a trace shaped like transformer training: parameters and
 // gradients allocated once; per step a sequence length drawn from a long-tailed distribution,
@@ -13,7 +20,9 @@
 // writes that trace in the allocator's trace JSON format (Allocator::trace_json), which
 // --trace reads back.
 #include <chrono>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -23,6 +32,7 @@
 #include <vector>
 
 #include "engine/allocator.h"
+#include "engine/check.h"
 #include "engine/cuda_api.h"
 #include "engine/rng.h"
 #include "loaders/fs_util.h"
@@ -36,6 +46,7 @@ struct Op {
   uint64_t id;
   int64_t size;
   MemTag tag;
+  uint64_t stream = 0;
 };
 
 std::vector<Op> synthetic_trace(int steps, int layers, int64_t hidden, uint64_t seed) {
@@ -94,20 +105,63 @@ std::vector<Op> synthetic_trace(int steps, int layers, int64_t hidden, uint64_t 
   return ops;
 }
 
+// The alloc and free events of a trace; Error(kInput) naming the file and event otherwise.
 std::vector<Op> load_trace(const std::string& path) {
   const nlohmann::json j = read_json_file(path);
+  LT_CHECK_INPUT(j.is_object() && j.contains("events") && j.at("events").is_array(), path,
+                 ": no 'events' array (a trace from --memory_trace or --record)");
   std::vector<Op> ops;
   std::map<std::string, MemTag> tags;
   for (int i = 0; i < kNumMemTags; ++i)
     tags[mem_tag_name(static_cast<MemTag>(i))] = static_cast<MemTag>(i);
-  for (const auto& e : j.at("events")) {
-    const std::string kind = e.at("kind");
-    if (kind == "alloc")
-      ops.push_back({true, e.at("id"), e.at("size"), tags.at(e.at("tag").get<std::string>())});
-    else if (kind == "free")
-      ops.push_back({false, e.at("id"), 0, MemTag::kOther});
+  const nlohmann::json& events = j.at("events");
+  for (size_t i = 0; i < events.size(); ++i) {
+    const nlohmann::json& e = events[i];
+    try {
+      const std::string kind = e.at("kind");
+      if (kind != "alloc" && kind != "free") continue;
+      const std::string tag = e.at("tag");
+      LT_CHECK_INPUT(tags.count(tag), path, ": event ", i, ": unknown tag '", tag, "'");
+      const int64_t size = e.at("size");
+      LT_CHECK_INPUT(size >= 0, path, ": event ", i, ": negative size");
+      ops.push_back(
+          {kind == "alloc", e.at("id"), size, tags.at(tag), e.value("stream", uint64_t{0})});
+    } catch (const nlohmann::json::exception& ex) {
+      LT_THROW(ErrorKind::kInput, path, ": event ", i, ": ", ex.what());
+    }
   }
   return ops;
+}
+
+struct NamedSettings {
+  std::string name;
+  AllocatorSettings settings;
+};
+
+std::vector<NamedSettings> all_settings() {
+  std::vector<NamedSettings> v;
+  v.push_back({"default", {}});
+  AllocatorSettings s;
+  s.round_to = 64;
+  s.small_split_min = 64;
+  v.push_back({"round_64", s});
+  s = {};
+  s.round_to = 4096;
+  s.small_split_min = 4096;
+  v.push_back({"round_4k", s});
+  s = {};
+  s.large_split_min = 511;
+  v.push_back({"split_large_always", s});
+  s = {};
+  s.large_split_min = SIZE_MAX;
+  v.push_back({"split_large_never", s});
+  s = {};
+  s.small_size = 64 << 10;
+  v.push_back({"small_pool_64k", s});
+  s = {};
+  s.cross_stream_reuse = true;
+  v.push_back({"cross_stream_reuse", s});
+  return v;
 }
 
 struct Result {
@@ -118,7 +172,7 @@ struct Result {
 
 using Clock = std::chrono::steady_clock;
 
-Result run_cached(const std::vector<Op>& ops, Allocator& alloc, const Stream& s) {
+Result run_cached(const std::vector<Op>& ops, Allocator& alloc) {
   std::map<uint64_t, Block*> live;
   Result r;
   double ta = 0, tf = 0;
@@ -127,6 +181,9 @@ Result run_cached(const std::vector<Op>& ops, Allocator& alloc, const Stream& s)
   const AllocatorStats before = alloc.stats();
   for (const Op& op : ops) {
     if (op.alloc) {
+      Stream s;
+      s.device = alloc.device();
+      s.id = op.stream;
       auto t0 = Clock::now();
       Block* b = alloc.allocate(static_cast<size_t>(op.size), op.tag, s);
       ta += std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
@@ -206,7 +263,7 @@ nlohmann::json to_json(const Result& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device = "cpu", trace, record;
+  std::string device = "cpu", trace, record, only;
   int steps = 20, layers = 24;
   int64_t hidden = 896;
   uint64_t seed = 1;
@@ -225,6 +282,8 @@ int main(int argc, char** argv) {
       trace = next();
     else if (a == "--record")
       record = next();
+    else if (a == "--settings")
+      only = next();
     else if (a == "--steps")
       steps = std::stoi(next());
     else if (a == "--layers")
@@ -242,33 +301,56 @@ int main(int argc, char** argv) {
     Device dev = Device::parse(device);
     std::vector<Op> ops =
         trace.empty() ? synthetic_trace(steps, layers, hidden, seed) : load_trace(trace);
-    std::unique_ptr<MemoryBacking> raw =
-        dev.is_cuda() ? cuda_make_device_backing(dev.index) : make_host_backing(false);
-    Allocator alloc(dev.is_cuda() ? cuda_make_device_backing(dev.index) : make_host_backing(false));
-    Stream s = current_stream(dev);
-    if (!record.empty()) alloc.set_trace_enabled(true);
-    // Warm run first (segments cached), then the measured run, as in steady-state training.
-    run_cached(ops, alloc, s);
-    if (!record.empty()) {
-      std::ofstream(record) << alloc.trace_json();
-      alloc.set_trace_enabled(false);
+    std::vector<NamedSettings> chosen;
+    for (const NamedSettings& ns : all_settings())
+      if (only.empty() || ("," + only + ",").find("," + ns.name + ",") != std::string::npos)
+        chosen.push_back(ns);
+    LT_CHECK_INPUT(!chosen.empty(), "--settings ", only,
+                   ": no known setting (default, round_64, round_4k, split_large_always, "
+                   "split_large_never, small_pool_64k, cross_stream_reuse)");
+    auto backing = [&] {
+      return dev.is_cuda() ? cuda_make_device_backing(dev.index) : make_host_backing(false);
+    };
+    nlohmann::json settings = nlohmann::json::object();
+    Result first;
+    for (size_t k = 0; k < chosen.size(); ++k) {
+      Allocator alloc(backing(), chosen[k].settings);
+      const bool rec = k == 0 && !record.empty();
+      if (rec) alloc.set_trace_enabled(true);
+      // Warm run first (segments cached), then the measured run, as in steady-state training.
+      run_cached(ops, alloc);
+      if (rec) {
+        std::ofstream(record) << alloc.trace_json();
+        alloc.set_trace_enabled(false);
+      }
+      const Result r = run_cached(ops, alloc);
+      if (k == 0) first = r;
+      nlohmann::json j = to_json(r);
+      j["fragmentation_fraction"] =
+          r.peak_reserved > 0 ? static_cast<double>(r.fragmentation) / r.peak_reserved : 0.0;
+      settings[chosen[k].name] = j;
     }
-    Result warm = run_cached(ops, alloc, s);
-    Result base = run_uncached(ops, *raw);
+    std::unique_ptr<MemoryBacking> raw = backing();
+    const Result base = run_uncached(ops, *raw);
+    settings["no_cache"] = to_json(base);
     nlohmann::json out = {
         {"device", dev.str()},
         {"source", trace.empty() ? "synthetic" : trace},
         {"events", ops.size()},
-        {"caching", to_json(warm)},
-        {"no_cache", to_json(base)},
+        {"settings", settings},
         {"figures",
-         {{"allocator_ns_per_alloc", warm.ns_alloc},
-          {"allocator_ns_per_free", warm.ns_free},
+         {{"setting", chosen[0].name},
+          {"allocator_ns_per_alloc", first.ns_alloc},
+          {"allocator_ns_per_free", first.ns_free},
           {"allocator_baseline_ns_per_alloc", base.ns_alloc},
+          {"allocator_baseline_ns_per_free", base.ns_free},
           {"allocator_fragmentation_fraction",
-           warm.peak_reserved > 0 ? static_cast<double>(warm.fragmentation) / warm.peak_reserved
-                                  : 0.0}}}};
+           first.peak_reserved > 0 ? static_cast<double>(first.fragmentation) / first.peak_reserved
+                                   : 0.0}}}};
     std::printf("%s\n", out.dump(2).c_str());
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_allocator: %s\n", e.what());
+    return exit_code(e.kind());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_allocator: %s\n", e.what());
     return 1;

@@ -14,13 +14,6 @@
 namespace leantune {
 
 namespace {
-constexpr size_t kMinBlockSize = 512;
-constexpr size_t kSmallSize = 1 << 20;     // requests up to 1 MiB use the small pool
-constexpr size_t kSmallBuffer = 2 << 20;   // small-pool segments
-constexpr size_t kLargeBuffer = 20 << 20;  // large-pool segments for requests < 10 MiB
-constexpr size_t kMinLargeAlloc = 10 << 20;
-constexpr size_t kRoundLarge = 2 << 20;
-
 size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 int64_t now_ns() {
@@ -66,10 +59,10 @@ MemTagGuard::~MemTagGuard() { t_mem_tag = prev_; }
 namespace {
 std::atomic<const char*> g_mem_phase{""};
 }
-void set_memory_phase(const char* phase) { g_mem_phase.store(phase, std::memory_order_relaxed); }
-const char* memory_phase() { return g_mem_phase.load(std::memory_order_relaxed); }
-MemPhaseGuard::MemPhaseGuard(const char* phase) : prev_(memory_phase()) { set_memory_phase(phase); }
-MemPhaseGuard::~MemPhaseGuard() { set_memory_phase(prev_); }
+void set_step_phase(const char* phase) { g_mem_phase.store(phase, std::memory_order_relaxed); }
+const char* step_phase() { return g_mem_phase.load(std::memory_order_relaxed); }
+StepPhaseGuard::StepPhaseGuard(const char* phase) : prev_(step_phase()) { set_step_phase(phase); }
+StepPhaseGuard::~StepPhaseGuard() { set_step_phase(prev_); }
 
 std::unique_ptr<MemoryBacking> make_host_backing(bool pinned) {
   return std::make_unique<HostBacking>(pinned);
@@ -122,11 +115,14 @@ struct Allocator::Pool {
   std::set<Block*, BlockLess> blocks;
 };
 
-Allocator::Allocator(std::unique_ptr<MemoryBacking> backing)
+Allocator::Allocator(std::unique_ptr<MemoryBacking> backing, AllocatorSettings settings)
     : backing_(std::move(backing)),
       small_(new Pool{true, {}}),
       large_(new Pool{false, {}}),
+      settings_(settings),
       t0_ns_(now_ns()) {
+  LT_CHECK(settings_.round_to >= 1 && settings_.round_large >= 1 && settings_.small_segment >= 1,
+           "allocator settings: rounding and segment sizes must be >= 1");
   const char* env = std::getenv("LEANTUNE_ALLOC_POISON");
   poison_ = env && env[0] == '1' && backing_->device().is_cpu();
 }
@@ -158,9 +154,14 @@ size_t Allocator::block_size(const Block* b) { return b->size; }
 MemTag Allocator::block_tag(const Block* b) { return b->tag; }
 
 void Allocator::record(TraceEvent::Kind kind, uint64_t id, int64_t size, MemTag tag,
-                       uint64_t stream) {
+                       uint64_t stream, const Block* block) {
   if (!trace_on_) return;
-  trace_.push_back(TraceEvent{kind, id, size, tag, stream, now_ns() - t0_ns_});
+  TraceEvent e{kind, id, size, tag, stream, now_ns() - t0_ns_, current_mem_phase()};
+  if (block) {
+    e.segment = block->segment_id;
+    for (const Block* p = block->prev; p; p = p->prev) e.offset += static_cast<int64_t>(p->size);
+  }
+  trace_.push_back(e);
 }
 
 Block* Allocator::find_free_block(Pool& pool, size_t size, uint64_t stream) {
@@ -169,6 +170,15 @@ Block* Allocator::find_free_block(Pool& pool, size_t size, uint64_t stream) {
   key.size = size;
   key.ptr = nullptr;
   auto it = pool.blocks.lower_bound(&key);
+  if (settings_.cross_stream_reuse) {
+    // The smallest fitting block of any stream (the pool is ordered by stream first).
+    Block* best = nullptr;
+    for (Block* c : pool.blocks)
+      if (c->size >= size && (!best || c->size < best->size)) best = c;
+    if (!best) return nullptr;
+    pool.blocks.erase(best);
+    return best;
+  }
   if (it == pool.blocks.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
   pool.blocks.erase(it);
@@ -202,14 +212,15 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
            " used with the allocator of ", device().str());
   std::lock_guard<std::recursive_mutex> lk(mu_);
   process_events();
-  const size_t size = round_up(std::max<size_t>(bytes, 1), kMinBlockSize);
+  const AllocatorSettings& cfg = settings_;
+  const size_t size = round_up(std::max<size_t>(bytes, 1), cfg.round_to);
   LT_CHECK(size >= bytes, "allocation size overflow: ", bytes);
-  Pool& pool = size <= kSmallSize ? *small_ : *large_;
+  Pool& pool = size <= cfg.small_size ? *small_ : *large_;
   Block* b = find_free_block(pool, size, stream.id);
   if (!b) {
-    const size_t seg = pool.small
-                           ? kSmallBuffer
-                           : (size < kMinLargeAlloc ? kLargeBuffer : round_up(size, kRoundLarge));
+    const size_t seg = pool.small ? std::max(cfg.small_segment, size)
+                                  : (size < cfg.min_large_alloc ? std::max(cfg.large_segment, size)
+                                                                : round_up(size, cfg.round_large));
     bool ok = false;
     b = alloc_segment(pool, seg, stream.id, &ok);
     if (!ok) {
@@ -226,7 +237,8 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
     }
   }
   const size_t remaining = b->size - size;
-  const bool split = pool.small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+  const bool split = pool.small ? remaining >= std::max<size_t>(cfg.small_split_min, 1)
+                                : remaining > cfg.large_split_min;
   if (split) {
     auto* rest = new Block;
     rest->ptr = static_cast<char*>(b->ptr) + size;
@@ -252,11 +264,11 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
   if (stats_.allocated.current == stats_.allocated.peak) {
     stats_.reserved_at_peak_allocated = stats_.reserved.current;
     for (int i = 0; i < kNumMemTags; ++i) stats_.by_tag_at_peak[i] = stats_.by_tag[i].current;
-    stats_.phase_at_peak = memory_phase();
+    stats_.phase_at_peak = step_phase();
   }
   stats_.active_blocks++;
   stats_.num_allocs++;
-  record(TraceEvent::kAlloc, b->id, sz, tag, stream.id);
+  record(TraceEvent::kAlloc, b->id, sz, tag, stream.id, b);
   if (poison_) std::memset(b->ptr, 0xff, b->size);
   return b;
 }
@@ -299,6 +311,7 @@ void Allocator::retag(Block* b, MemTag tag) {
   stats_.by_tag[static_cast<int>(b->tag)].add(-sz);
   stats_.by_tag[static_cast<int>(tag)].add(sz);
   b->tag = tag;
+  record(TraceEvent::kRetag, b->id, sz, tag, b->stream);
 }
 
 // Called once no stream can still use b: only then may poisoning overwrite it (an in-flight copy
@@ -390,7 +403,7 @@ void Allocator::reset_peak_stats() {
   for (auto& t : stats_.by_tag) t.peak = t.current;
   for (int i = 0; i < kNumMemTags; ++i) stats_.by_tag_at_peak[i] = stats_.by_tag[i].current;
   stats_.reserved_at_peak_allocated = stats_.reserved.current;
-  stats_.phase_at_peak = memory_phase();
+  stats_.phase_at_peak = step_phase();
 }
 
 size_t Allocator::largest_free_block() const {
@@ -464,16 +477,20 @@ void Allocator::clear_trace() {
 }
 
 std::string Allocator::trace_json() const {
-  static constexpr const char* kKinds[] = {"alloc", "free", "segment_alloc", "segment_free", "oom"};
+  static constexpr const char* kKinds[] = {"alloc",        "free", "segment_alloc",
+                                           "segment_free", "oom",  "retag"};
   std::lock_guard<std::recursive_mutex> lk(mu_);
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : trace_) {
-    events.push_back({{"kind", kKinds[e.kind]},
-                      {"id", e.id},
-                      {"size", e.size},
-                      {"tag", mem_tag_name(e.tag)},
-                      {"stream", e.stream},
-                      {"t_ns", e.time_ns}});
+    nlohmann::json ev = {
+        {"kind", kKinds[e.kind]},          {"id", e.id},         {"size", e.size},
+        {"tag", mem_tag_name(e.tag)},      {"stream", e.stream}, {"t_ns", e.time_ns},
+        {"phase", mem_phase_name(e.phase)}};
+    if (e.kind == TraceEvent::kAlloc) {
+      ev["segment"] = e.segment;
+      ev["offset"] = e.offset;
+    }
+    events.push_back(std::move(ev));
   }
   nlohmann::json j = {{"device", device().str()}, {"events", events}};
   return j.dump();

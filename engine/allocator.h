@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/mem_phase.h"
 #include "engine/stream.h"
 
 namespace leantune {
@@ -59,18 +60,21 @@ class MemTagGuard {
   MemTag prev_;
 };
 
-// The training phase the process is in ("forward", "backward", "optimizer step", ...), recorded
-// by every allocator when its allocation peaks, so that the memory report names where the peak
-// fell. Process-wide; the string must outlive the run (a literal). Costs one relaxed load per
-// new peak.
-void set_memory_phase(const char* phase);
-const char* memory_phase();
-class MemPhaseGuard {
+// The step phase the process is in ("forward", "loss", "backward", "optimizer step", "between
+// steps"), recorded by every allocator when its allocation peaks, so that the memory report names
+// where the peak fell in the same words as trainer_bin estimate's walk. Coarser than the
+// per-thread allocation phase of engine/mem_phase.h, which attributes each traced event to a
+// layer: this one is process-wide, so an offload copy or a backward node on any thread counts
+// in the step phase around it. The string must outlive the run (a literal). Costs one relaxed
+// load per new peak.
+void set_step_phase(const char* phase);
+const char* step_phase();
+class StepPhaseGuard {
  public:
-  explicit MemPhaseGuard(const char* phase);
-  ~MemPhaseGuard();
-  MemPhaseGuard(const MemPhaseGuard&) = delete;
-  MemPhaseGuard& operator=(const MemPhaseGuard&) = delete;
+  explicit StepPhaseGuard(const char* phase);
+  ~StepPhaseGuard();
+  StepPhaseGuard(const StepPhaseGuard&) = delete;
+  StepPhaseGuard& operator=(const StepPhaseGuard&) = delete;
 
  private:
   const char* prev_;
@@ -117,27 +121,48 @@ struct AllocatorStats {
   int64_t num_ooms = 0;
   int64_t reserved_at_peak_allocated = 0;
   int64_t by_tag_at_peak[kNumMemTags] = {};  // allocated bytes per tag when allocation peaked
-  const char* phase_at_peak = "";            // memory_phase() when allocation peaked
+  const char* phase_at_peak = "";            // step_phase() when allocation peaked
   // Reserved minus allocated at the moment allocation peaked.
   int64_t fragmentation_bytes() const { return reserved_at_peak_allocated - allocated.peak; }
   const MemStat& tag(MemTag t) const { return by_tag[static_cast<int>(t)]; }
 };
 
 struct TraceEvent {
-  enum Kind : uint8_t { kAlloc, kFree, kSegmentAlloc, kSegmentFree, kOom };
+  enum Kind : uint8_t { kAlloc, kFree, kSegmentAlloc, kSegmentFree, kOom, kRetag };
   Kind kind;
-  uint64_t id;  // allocation id (kAlloc/kFree), segment id (segment events)
+  uint64_t id;  // allocation id (kAlloc/kFree/kRetag), segment id (segment events)
   int64_t size;
-  MemTag tag;
+  MemTag tag;  // kRetag: the block's new tag
   uint64_t stream;
   int64_t time_ns;
+  MemPhase phase;        // what the thread was doing (engine/mem_phase.h)
+  uint64_t segment = 0;  // kAlloc: the segment holding the block
+  int64_t offset = 0;    // kAlloc: the block's byte offset in its segment
+};
+
+// The caching policy's sizes (the defaults are the policy above). bench_allocator replays a trace
+// under other settings to compare them.
+struct AllocatorSettings {
+  size_t round_to = 512;              // requests round up to a multiple of this (>= 1)
+  size_t small_size = 1 << 20;        // requests up to this use the small pool
+  size_t small_segment = 2 << 20;     // small-pool segment size
+  size_t large_segment = 20 << 20;    // large-pool segment for requests below min_large_alloc
+  size_t min_large_alloc = 10 << 20;  // larger requests get a segment of their own size
+  size_t round_large = 2 << 20;       // ... rounded up to this
+  size_t small_split_min = 512;       // a small-pool block splits when the rest is >= this
+  size_t large_split_min = 1 << 20;   // a large-pool block splits when the rest is > this
+  // Off: a freed block is reused only on the stream it was allocated on (safe without
+  // synchronisation). On: any stream's cached block can serve a request (what a program that
+  // synchronises its streams could afford); for comparing traces only.
+  bool cross_stream_reuse = false;
 };
 
 struct Block;
 
 class Allocator {
  public:
-  explicit Allocator(std::unique_ptr<MemoryBacking> backing);
+  explicit Allocator(std::unique_ptr<MemoryBacking> backing, AllocatorSettings settings = {});
+  const AllocatorSettings& settings() const { return settings_; }
   ~Allocator();
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
@@ -171,7 +196,8 @@ class Allocator {
   bool trace_enabled() const;
   std::vector<TraceEvent> trace() const;
   void clear_trace();
-  // {"device": ..., "events": [{"kind","id","size","tag","stream","t_ns"}...]}
+  // {"device": ..., "events": [{"kind","id","size","tag","stream","t_ns","phase"
+  //  (+ "segment","offset" for alloc)}...]}
   std::string trace_json() const;
 
   Device device() const;
@@ -189,7 +215,8 @@ class Allocator {
   void process_events();
   bool release_cached_segments();
   void release_segment(Block* head);
-  void record(TraceEvent::Kind kind, uint64_t id, int64_t size, MemTag tag, uint64_t stream);
+  void record(TraceEvent::Kind kind, uint64_t id, int64_t size, MemTag tag, uint64_t stream,
+              const Block* block = nullptr);
   [[noreturn]] void throw_oom(size_t bytes, MemTag tag);
 
   std::unique_ptr<MemoryBacking> backing_;
@@ -200,6 +227,7 @@ class Allocator {
   std::set<Block*> segments_;                      // segment head blocks
   AllocatorStats stats_;
   size_t limit_ = 0;
+  AllocatorSettings settings_;
   uint64_t next_id_ = 1;
   uint64_t next_segment_id_ = 1;
   bool trace_on_ = false;

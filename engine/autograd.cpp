@@ -17,7 +17,7 @@ std::vector<BackwardObserver*> g_observers;
 std::vector<ReplayableState*> g_replayable;
 }  // namespace
 
-Node::Node() : sequence_nr_(g_sequence++) {}
+Node::Node() : sequence_nr_(g_sequence++), mem_phase_(current_mem_phase()) {}
 
 bool grad_mode_enabled() { return t_grad_mode; }
 void set_grad_mode(bool on) { t_grad_mode = on; }
@@ -205,6 +205,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
+    // Allocations of this node's backward are attributed to its forward layer's backward.
+    MemPhaseGuard phase(backward_phase_of(n->mem_phase()));
     std::vector<Tensor> in = std::move(state[n].inputs);
     in.resize(n->num_outputs());
     bool any = false;

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/mem_phase.h"
 #include "engine/tensor.h"
 
 namespace leantune {
@@ -48,6 +49,8 @@ class Node : public std::enable_shared_from_this<Node> {
   void set_next_edges(const std::vector<Tensor>& inputs);
   const std::vector<Edge>& next_edges() const { return next_edges_; }
   uint64_t sequence_nr() const { return sequence_nr_; }
+  // The allocation phase the node was created in (engine/mem_phase.h).
+  MemPhase mem_phase() const { return mem_phase_; }
   uint32_t num_outputs() const { return num_outputs_; }
   void set_num_outputs(uint32_t n) { num_outputs_ = n; }
   // True when input i of the forward op needs a gradient.
@@ -58,6 +61,7 @@ class Node : public std::enable_shared_from_this<Node> {
 
  private:
   uint64_t sequence_nr_;
+  MemPhase mem_phase_;
   uint32_t num_outputs_ = 1;
 };
 

@@ -26,6 +26,7 @@
 #include "engine/autograd.h"
 #include "engine/check.h"
 #include "engine/cuda_api.h"
+#include "engine/mem_phase.h"
 #include "engine/stream.h"
 #include "engine/tensor.h"
 
@@ -265,6 +266,7 @@ std::shared_ptr<void> OffloadState::pack(const Tensor& t) {
 
 std::shared_ptr<HostCopy> OffloadState::offload(const Tensor& t, int64_t lo, int64_t hi,
                                                 int64_t layer) {
+  MemPhaseGuard phase(MemPhaseKind::kOffload);
   const std::shared_ptr<Storage>& source = t.storage();
   const int64_t begin = lo / kSpanAlign * kSpanAlign;
   auto c = std::make_shared<HostCopy>(shared_from_this());
@@ -318,6 +320,7 @@ void OffloadState::retire_stash() {
 
 void OffloadState::restore(HostCopy& c) {
   LT_CHECK(c.host != nullptr, "activation offloading: an offloaded tensor lost its host copy");
+  MemPhaseGuard phase(MemPhaseKind::kOffload);
   const Stream compute = current_stream(c.device);
   const Stream copy = copy_stream();
   // Allocated on the compute stream: its previous user may still be queued there.

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "engine/autograd.h"
+#include "engine/mem_phase.h"
 #include "engine/offload.h"
 #include "engine/ops.h"
 #include "engine/rng.h"
@@ -253,6 +254,11 @@ Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
   for (int64_t l = 0; l < num_layers(); ++l) {
     // What layer l saves is reloaded when backward nears it (activation offloading).
     OffloadLayerScope offload_layer(l);
+    // Training forward is attributed per layer (its backward inherits it); evaluation and
+    // generation keep their own label.
+    const bool training = current_mem_phase().kind == MemPhaseKind::kForward;
+    MemPhaseGuard phase(training ? MemPhase{MemPhaseKind::kForward, static_cast<int32_t>(l)}
+                                 : current_mem_phase());
     if (gradient_checkpointing && grad_mode_enabled()) {
       auto fn = [this, l, positions, cu_seqlens, max_seqlen](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{layer_forward(l, in[0], positions, cu_seqlens, max_seqlen)};
@@ -273,6 +279,8 @@ Tensor DecoderModel::logits(const Tensor& hidden) const {
 
 ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& opt) {
   LT_CHECK(batch.input_ids.defined() && batch.cu_seqlens.defined(), "forward on an empty batch");
+  const MemPhase outer = current_mem_phase();
+  MemPhaseGuard phase(outer.kind == MemPhaseKind::kNone ? MemPhase{MemPhaseKind::kForward} : outer);
   Tensor ids = batch.input_ids.to(device_);
   Tensor pos = batch.position_ids.to(device_);
   Tensor cu = batch.cu_seqlens.to(device_);
@@ -297,7 +305,7 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
   if (need_full_logits) r.logits = logits(hidden);
   if (opt.need_loss) {
     // The fused loss computes its gradients here, in forward: its own phase in the memory report.
-    MemPhaseGuard phase(grad_mode_enabled() ? "loss" : memory_phase());
+    StepPhaseGuard phase(grad_mode_enabled() ? "loss" : step_phase());
     const double normalizer = opt.normalizer > 0
                                   ? opt.normalizer
                                   : static_cast<double>(std::max<int64_t>(r.label_tokens, 1));

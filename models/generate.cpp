@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "engine/autograd.h"
+#include "engine/mem_phase.h"
 #include "engine/rng.h"
 #include "kernels/attention.h"
 #include "kernels/residual.h"
@@ -112,6 +113,7 @@ GenerationResult generate(const DecoderModel& model,
                           const std::vector<std::vector<int32_t>>& prompts,
                           const GenerationConfig& cfg) {
   NoGradGuard ng;
+  MemPhaseGuard phase(MemPhaseKind::kGeneration);
   MemTagGuard tag(MemTag::kKVCache);
   const ModelConfig& c = model.config();
   const Device dev = model.device();

@@ -1,13 +1,15 @@
 #include "trainers/sft.h"
 
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
 #include "engine/autograd.h"
 #include "engine/host_memory.h"
+#include "engine/mem_phase.h"
 #include "loaders/text_encoder.h"
-#include "models/generate.h"
 #include "models/quantize_model.h"
 #include "trainers/commands.h"
 #include "trainers/data_options.h"
@@ -23,6 +25,13 @@ namespace fs = std::filesystem;
 
 std::string embedded_data_dir() {
   if (const char* env = std::getenv("LEANTUNE_DATA_DIR")) return std::string(env) + "/embedded";
+  // An installed libleantune (lib/libleantune.so) finds it in share/leantune/embedded.
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&embedded_data_dir), &info) != 0 && info.dli_fname) {
+    const fs::path installed =
+        fs::path(info.dli_fname).parent_path().parent_path() / "share/leantune/embedded";
+    if (fs::exists(installed / "config.json")) return installed.string();
+  }
 #ifdef LEANTUNE_SOURCE_DIR
   if (fs::exists(std::string(LEANTUNE_SOURCE_DIR) + "/data/embedded/config.json"))
     return std::string(LEANTUNE_SOURCE_DIR) + "/data/embedded";
@@ -129,6 +138,7 @@ Tensor SftTrainer::compute_loss(const Batch& b, double normalizer) {
 std::optional<double> SftTrainer::evaluate() {
   if (!eval_) return std::nullopt;
   NoGradGuard ng;
+  MemPhaseGuard phase(MemPhaseKind::kEvaluation);
   peft_.set_training(false);
   double nll = 0;
   int64_t tokens = 0;
@@ -328,23 +338,43 @@ std::string format_memory_report(const nlohmann::json& r) {
   return out;
 }
 
-SftRun make_sft_run(const Options& o) {
-  TrainingArguments args = training_arguments(o);
-  prepare_output_dir(args.output_dir, "output_dir");
-  SftRun run;
-  SftSetup& setup = run.setup;
+const std::vector<std::string>& sft_model_option_names() {
+  static const std::vector<std::string> names = {"model_name_or_path",
+                                                 "device",
+                                                 "bf16",
+                                                 "chat_template",
+                                                 "use_peft",
+                                                 "lora_r",
+                                                 "lora_alpha",
+                                                 "lora_dropout",
+                                                 "lora_target_modules",
+                                                 "use_rslora",
+                                                 "lora_modules_to_save",
+                                                 "trainable_token_indices",
+                                                 "load_in_4bit",
+                                                 "load_in_8bit",
+                                                 "bnb_4bit_quant_type",
+                                                 "bnb_4bit_use_double_quant",
+                                                 "bnb_4bit_compute_dtype",
+                                                 "llm_int8_skip_modules"};
+  return names;
+}
+
+SftModel load_sft_model(const Options& o) {
+  SftModel m;
+  SftSetup& setup = m.setup;
+  // Before the model: under ulimit -v, OpenBLAS's buffers are reserved and the CPU allocator
+  // capped (engine/host_memory.h).
+  {
+    const HostMemoryPlan host = prepare_host_memory(o.get_float("max_memory_gib"));
+    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
+  }
   setup.model_name_or_path = o.get_string("model_name_or_path");
-  setup.dataset = o.get_string("dataset");
-  setup.embedded = setup.model_name_or_path.empty() && setup.dataset.empty();
-  LT_CHECK_INPUT(setup.embedded || !setup.model_name_or_path.empty(),
-                 "sft: --model_name_or_path is required when --dataset is given");
-  LT_CHECK_INPUT(setup.embedded || !setup.dataset.empty(),
-                 "sft: --dataset is required when --model_name_or_path is given");
+  setup.embedded = setup.model_name_or_path.empty();
   if (setup.embedded) {
     const std::string dir = embedded_data_dir();
     setup.tokenizer_dir = dir;
     setup.model_config = dir + "/config.json";
-    setup.dataset = dir + "/stories.jsonl";
   } else {
     setup.tokenizer_dir = setup.model_name_or_path;
     // An adapter folder without tokenizer files uses its base model's.
@@ -352,11 +382,75 @@ SftRun make_sft_run(const Options& o) {
         !fs::exists(fs::path(setup.model_name_or_path) / "tokenizer.json"))
       setup.tokenizer_dir = resolve_base_model_path(setup.model_name_or_path);
   }
+  const Device device = Device::parse(o.get_string("device"));
+  const DType dtype = o.get_bool("bf16") ? DType::kBF16 : DType::kF32;
+  const auto seed = static_cast<uint64_t>(o.get_int("seed"));
+  m.tokenizer = Tokenizer::load(setup.tokenizer_dir);
+  apply_chat_options(o, *m.tokenizer);
 
-  const Device device = Device::parse(args.device);
-  const DType dtype = args.bf16 ? DType::kBF16 : DType::kF32;
-  run.tokenizer = Tokenizer::load(setup.tokenizer_dir);
-  apply_chat_options(o, *run.tokenizer);
+  // QLoRA: the base is quantized while loading (before adapters and the optimizer exist, so
+  // nothing keeps the dense weights alive).
+  const QuantConfig quant = quant_config_from_options(o, dtype);
+  const bool adapter_dir = !setup.embedded && is_adapter_dir(setup.model_name_or_path);
+  LT_CHECK_INPUT(!quant.enabled() || o.get_bool("use_peft") || adapter_dir,
+                 "options load_in_4bit / load_in_8bit need use_peft: a quantized base is frozen, "
+                 "only adapters train");
+  m.base_name = setup.model_name_or_path;
+  if (setup.embedded) {
+    m.model = std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
+    m.model->init_random(seed);
+    if (o.get_bool("use_peft")) {
+      // The demo's base exists only in memory: written beside the adapter (before quantization,
+      // dense as initialised) and recorded as its base_model_name_or_path, relative to the
+      // output folder's parent as PEFT-style loaders resolve it, so the adapter loads again.
+      const std::string output_dir = o.get_string("output_dir");
+      prepare_output_dir(output_dir, "output_dir");
+      const fs::path out = fs::absolute(fs::path(output_dir)).lexically_normal();
+      const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
+      m.model->save((out_dir / "base_model").string(), DType::kF32);
+      copy_tokenizer_files(setup.tokenizer_dir, (out_dir / "base_model").string());
+      m.base_name = (out_dir.filename() / "base_model").string();
+    }
+    if (quant.enabled()) m.quant_report = quantize_model(*m.model, quant);
+    m.model->set_requires_grad(true);
+    m.peft = apply_peft_options(o, *m.model, seed);
+  } else if (adapter_dir) {
+    // Continue training a PEFT adapter: its base is loaded and frozen, the adapter trains on.
+    m.base_name = resolve_base_model_path(setup.model_name_or_path);
+    if (quant.enabled()) {
+      m.model = load_quantized(m.base_name, device, dtype, quant, &m.quant_report);
+      m.peft = load_adapter(setup.model_name_or_path, *m.model, seed);
+    } else {
+      m.model = load_model_or_adapter(setup.model_name_or_path, device, dtype, &m.peft, seed);
+    }
+    m.peft.set_training(true);
+  } else {
+    m.model = quant.enabled()
+                  ? load_quantized(setup.model_name_or_path, device, dtype, quant, &m.quant_report)
+                  : DecoderModel::load(setup.model_name_or_path, device, dtype);
+    m.model->set_requires_grad(true);
+    m.peft = apply_peft_options(o, *m.model, seed);
+  }
+  if (quant.enabled()) m.quant = quant;
+  LT_CHECK_INPUT(m.tokenizer->vocab_size() <= m.model->config().vocab_size, "the tokenizer has ",
+                 m.tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
+                 m.model->config().vocab_size);
+  return m;
+}
+
+SftRun make_sft_run(const Options& o, const SftModel& m) {
+  TrainingArguments args = training_arguments(o);
+  prepare_output_dir(args.output_dir, "output_dir");
+  SftRun run;
+  run.setup = m.setup;
+  SftSetup& setup = run.setup;
+  setup.dataset = o.get_string("dataset");
+  if (setup.dataset.empty()) {
+    LT_CHECK_INPUT(setup.embedded, "sft: --dataset is required when --model_name_or_path is given");
+    setup.dataset = setup.tokenizer_dir + "/stories.jsonl";
+  }
+  run.tokenizer = m.tokenizer;
+  run.model = m.model;
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(run.tokenizer);
   run.eos_token_id = encoder->eos_token_id();
 
@@ -385,112 +479,18 @@ SftRun make_sft_run(const Options& o) {
     eval = std::make_shared<DataLoader>(std::make_shared<TokenizedDataset>(std::move(ev.examples)),
                                         ec, encoder->pad_token_id());
   }
-
-  // After the data (its memory counts), before the model: under ulimit -v, OpenBLAS's buffers
-  // are reserved and the CPU allocator capped (engine/host_memory.h).
-  {
-    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
-    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
-  }
-  // QLoRA: the base is quantized while loading (before adapters and the optimizer exist, so
-  // nothing keeps the dense weights alive).
-  const QuantConfig quant = quant_config_from_options(o, dtype);
-  const bool adapter_dir = !setup.embedded && is_adapter_dir(setup.model_name_or_path);
-  LT_CHECK_INPUT(!quant.enabled() || o.get_bool("use_peft") || adapter_dir,
-                 "options load_in_4bit / load_in_8bit need use_peft: a quantized base is frozen, "
-                 "only adapters train");
-  PeftSetup peft;
-  QuantizeReport quant_report;
-  std::string base_name = setup.model_name_or_path;
-  if (setup.embedded) {
-    run.model =
-        std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
-    run.model->init_random(args.seed);
-    if (o.get_bool("use_peft")) {
-      // The demo's base exists only in memory: written beside the adapter (before quantization,
-      // dense as initialised) and recorded as its base_model_name_or_path, relative to the
-      // output folder's parent as PEFT-style loaders resolve it, so the adapter loads again.
-      const fs::path out = fs::absolute(fs::path(args.output_dir)).lexically_normal();
-      const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
-      run.model->save((out_dir / "base_model").string(), DType::kF32);
-      copy_tokenizer_files(setup.tokenizer_dir, (out_dir / "base_model").string());
-      base_name = (out_dir.filename() / "base_model").string();
-    }
-    if (quant.enabled()) quant_report = quantize_model(*run.model, quant);
-    run.model->set_requires_grad(true);
-    peft = apply_peft_options(o, *run.model, args.seed);
-  } else if (adapter_dir) {
-    // Continue training a PEFT adapter: its base is loaded and frozen, the adapter trains on.
-    base_name = resolve_base_model_path(setup.model_name_or_path);
-    if (quant.enabled()) {
-      run.model = load_quantized(base_name, device, dtype, quant, &quant_report);
-      peft = load_adapter(setup.model_name_or_path, *run.model, args.seed);
-    } else {
-      run.model = load_model_or_adapter(setup.model_name_or_path, device, dtype, &peft, args.seed);
-    }
-    peft.set_training(true);
-  } else {
-    run.model = quant.enabled()
-                    ? load_quantized(setup.model_name_or_path, device, dtype, quant, &quant_report)
-                    : DecoderModel::load(setup.model_name_or_path, device, dtype);
-    run.model->set_requires_grad(true);
-    peft = apply_peft_options(o, *run.model, args.seed);
-  }
-  LT_CHECK_INPUT(run.tokenizer->vocab_size() <= run.model->config().vocab_size,
-                 "the tokenizer has ", run.tokenizer->vocab_size(),
-                 " tokens but the model's vocab_size is ", run.model->config().vocab_size);
   run.trainer =
       std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer, setup.tokenizer_dir, loader,
                                    eval, train.stats, o.get_bool("use_liger_kernel"));
-  run.trainer->set_peft(std::move(peft), base_name, o.get_bool("merge_adapter"));
-  if (quant.enabled()) run.trainer->set_quantized_base(quant, quant_report);
+  run.trainer->set_peft(m.peft, m.base_name, o.get_bool("merge_adapter"));
+  if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   return run;
 }
 
-int run_sft(const Options& o) {
-  SftRun run = make_sft_run(o);
-  const TrainingArguments& args = run.trainer->args();
-  std::printf("sft: %s (%s, %lld parameters) on %s, %s\n",
-              run.setup.embedded ? "built-in demo model" : run.setup.model_name_or_path.c_str(),
-              run.model->config().architecture.c_str(),
-              static_cast<long long>(run.model->num_parameters()),
-              run.model->device().str().c_str(), dtype_name(run.model->dtype()));
-  std::fflush(stdout);
-  if (stop_requested()) {
-    std::printf("sft: stopped by a signal before training began; nothing to save\n");
-    return 0;
-  }
-  TrainResult r = run.trainer->train();
-  if (r.nothing_to_do) {
-    std::printf(
-        "sft: nothing to do: %s is at step %lld and this run has %lld steps (raise --max_steps "
-        "to train further); no model written\n",
-        r.resumed_from.c_str(), static_cast<long long>(r.steps),
-        static_cast<long long>(r.total_steps));
-    return 0;
-  }
-  if (r.interrupted) {
-    std::printf("sft: stopped at step %lld; resume with --resume_from_checkpoint latest\n",
-                static_cast<long long>(r.steps));
-    return 0;
-  }
-  std::string skipped =
-      r.skipped_steps ? ", " + std::to_string(r.skipped_steps) + " updates skipped" : "";
-  std::printf("sft: %lld steps, loss %.4f -> %.4f%s; model written to %s\n",
-              static_cast<long long>(r.steps), r.losses.empty() ? 0.0 : r.losses.front(),
-              r.losses.empty() ? 0.0 : r.losses.back(), skipped.c_str(), args.output_dir.c_str());
-  std::printf("%s", format_memory_report(r.memory).c_str());
-  if (run.setup.embedded) {
-    run.trainer->peft().set_training(false);
-    const std::string prompt = "One sunny day, Mia";
-    GenerationConfig g;
-    g.max_new_tokens = 48;
-    g.eos_token_ids = {run.eos_token_id};
-    GenerationResult gen = generate(*run.model, {run.tokenizer->encode(prompt, true)}, g);
-    std::printf("sample: %s%s\n", prompt.c_str(),
-                run.tokenizer->decode(gen.tokens[0], true).c_str());
-  }
-  return 0;
+SftRun make_sft_run(const Options& o) {
+  LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
+                 "sft: --model_name_or_path is required when --dataset is given");
+  return make_sft_run(o, load_sft_model(o));
 }
 
 void apply_embedded_defaults(Options& o) {
@@ -510,23 +510,5 @@ void apply_embedded_defaults(Options& o) {
   dflt("weight_decay", 0.01);
   dflt("output_dir", "trainer_output/embedded");
 }
-
-namespace {
-int sft_command(const std::vector<std::string>& argv) {
-  // From the start: a SIGTERM while the data loads is a clean stop, as during training.
-  StopSignalScope signals;
-  Options o = sft_options();
-  if (!o.parse(argv)) {
-    std::printf("%s", o.help().c_str());
-    return 0;
-  }
-  apply_embedded_defaults(o);
-  return run_sft(o);
-}
-
-CommandRegistration reg(
-    "sft", "supervised fine-tuning (TRL SFTTrainer options); no options: the built-in demo",
-    sft_command);
-}  // namespace
 
 }  // namespace leantune

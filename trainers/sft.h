@@ -88,14 +88,27 @@ struct SftRun {
   std::unique_ptr<SftTrainer> trainer;
   int32_t eos_token_id = 0;
 };
-// Builds the run from parsed options (Error(kInput) for any bad option, file or data).
+// The model side of a run, loaded from the model options alone (sft_model_option_names):
+// tokenizer, model, LoRA adapters, quantized base. Empty model_name_or_path: the embedded demo.
+struct SftModel {
+  SftSetup setup;  // without the dataset
+  std::shared_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<DecoderModel> model;
+  PeftSetup peft;          // shares the adapters with the model (inactive without use_peft)
+  std::string base_name;   // base_model_name_or_path for adapter_config.json
+  QuantConfig quant;       // enabled(): the base is quantized
+  QuantizeReport quant_report;
+};
+// The sft options that describe the model rather than the training run.
+const std::vector<std::string>& sft_model_option_names();
+SftModel load_sft_model(const Options& o);
+// Builds the run from parsed options (Error(kInput) for any bad option, file or data); the
+// second form trains an already loaded model (its model options must be those in `o`).
 SftRun make_sft_run(const Options& o);
+SftRun make_sft_run(const Options& o, const SftModel& m);
 // For the embedded demo when no model and no dataset are given: the demo's settings for
 // options the user did not set.
 void apply_embedded_defaults(Options& o);
-
-// Runs `trainer_bin sft` with parsed options; returns the process exit code.
-int run_sft(const Options& o);
 
 // Prints the end-of-run memory report (peak by category and the savings of each technique).
 std::string format_memory_report(const nlohmann::json& report);

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "engine/autograd.h"
+#include "engine/mem_phase.h"
 #include "engine/ops.h"
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
@@ -27,6 +28,61 @@ void on_signal(int sig) {
     std::raise(sig);
   }
 }
+
+// Records the device allocator's trace from construction until `until_step` updates are done
+// and writes it to `path`; also written when training stops early or throws (the trace of an
+// out-of-memory step is the one most wanted). Besides the events, the file holds the baseline
+// (bytes already allocated per tag and reserved when recording began: parameters, for one) and
+// the updates recorded, so that trainer_bin memviz can show absolute figures.
+class MemoryTraceScope {
+ public:
+  MemoryTraceScope(std::string path, int64_t first_step, int64_t until_step, Allocator& alloc)
+      : path_(std::move(path)),
+        first_(first_step),
+        last_(first_step),
+        until_(until_step),
+        alloc_(alloc) {
+    if (path_.empty()) return;
+    const AllocatorStats st = alloc_.stats();
+    baseline_ = {{"allocated", st.allocated.current},
+                 {"reserved", st.reserved.current},
+                 {"segments", st.segments},
+                 {"by_tag", nlohmann::json::object()}};
+    for (int i = 0; i < kNumMemTags; ++i)
+      baseline_["by_tag"][mem_tag_name(static_cast<MemTag>(i))] = st.by_tag[i].current;
+    alloc_.clear_trace();
+    alloc_.set_trace_enabled(true);
+  }
+  ~MemoryTraceScope() {
+    try {
+      if (!path_.empty()) write();
+    } catch (...) {
+      // Already unwinding from the error that matters; the trace is lost.
+    }
+  }
+  void after_step(int64_t step, MetricsLogger& log) {
+    last_ = step;
+    if (path_.empty() || step < until_) return;
+    write();
+    log.message("memory trace written to " + written_);
+  }
+
+ private:
+  void write() {
+    alloc_.set_trace_enabled(false);
+    written_ = path_;
+    path_.clear();
+    nlohmann::json j = nlohmann::json::parse(alloc_.trace_json());
+    alloc_.clear_trace();
+    j["baseline"] = baseline_;
+    j["steps"] = {first_ + 1, last_};
+    write_text_atomic(written_, j.dump());
+  }
+  std::string path_, written_;
+  int64_t first_, last_, until_;
+  Allocator& alloc_;
+  nlohmann::json baseline_;
+};
 
 bool no_decay(const std::string& name) {
   return name.find("norm") != std::string::npos ||
@@ -95,6 +151,11 @@ void add_training_options(Options& o) {
               0.0);
   o.add_string("resume_from_checkpoint", "",
                "a checkpoint folder, or 'latest' for the newest complete one in output_dir");
+  o.add_string("memory_trace", d.memory_trace,
+               "write the allocator trace (alloc/free/segment events with tag, size, stream, "
+               "time and phase) of the first memory_trace_steps updates to this JSON file; "
+               "view it with trainer_bin memviz");
+  o.add_int("memory_trace_steps", d.memory_trace_steps, "updates recorded by memory_trace", 1);
 }
 
 TrainingArguments training_arguments(const Options& o) {
@@ -131,6 +192,13 @@ TrainingArguments training_arguments(const Options& o) {
   a.device = o.get_string("device");
   a.max_memory_gib = o.get_float("max_memory_gib");
   a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
+  a.memory_trace = o.get_string("memory_trace");
+  a.memory_trace_steps = o.get_int("memory_trace_steps");
+  if (!a.memory_trace.empty()) {
+    const std::filesystem::path parent = std::filesystem::path(a.memory_trace).parent_path();
+    LT_CHECK_INPUT(parent.empty() || std::filesystem::is_directory(parent),
+                   "option memory_trace: ", parent.string(), " is not a folder");
+  }
   LT_CHECK_INPUT(!a.output_dir.empty(), "option output_dir must not be empty");
   LT_CHECK_INPUT(a.max_steps > 0 || a.num_train_epochs > 0,
                  "options max_steps and num_train_epochs: one of them must be > 0");
@@ -302,13 +370,15 @@ TrainResult Trainer::train() {
   MetricsLogger log(args_.output_dir + "/metrics.jsonl", total_steps_, resumed, step_);
   if (resumed) log.message("resumed from step " + std::to_string(step_));
   on_train_begin(log);
-  MemPhaseGuard setup_phase("between steps");
+  StepPhaseGuard setup_phase("between steps");
   rss_at_start_ = process_rss_bytes(false);
   // Host memory outside the allocators before the first step: code, libraries, tokenizer, data.
   resident_before_training_ =
       std::max<int64_t>(0, rss_at_start_ - allocator(Device::cpu()).stats().reserved.current -
                                pinned_allocator().stats().reserved.current);
   allocator(model_->device()).reset_peak_stats();
+  MemoryTraceScope trace(args_.memory_trace, step_, step_ + args_.memory_trace_steps,
+                         allocator(model_->device()));
 
   double window_loss = 0, window_norm = 0;
   int64_t window_steps = 0, window_tokens = 0, window_real = 0, window_total = 0;
@@ -345,7 +415,7 @@ TrainResult Trainer::train() {
           OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
       Tensor loss;
       {
-        MemPhaseGuard phase("forward");
+        StepPhaseGuard phase("forward");
         loss = compute_loss(micro[i], static_cast<double>(normalizer));
       }
       if (nan_steps_.count(update)) loss = ops::scale(loss, std::nan(""));
@@ -355,14 +425,14 @@ TrainResult Trainer::train() {
       if (args_.optimizer_in_backward) {
         // Parameters are updated inside backward: a non-finite loss skips backward itself.
         if (finite && loss.requires_grad()) {
-          MemPhaseGuard phase("backward");
+          StepPhaseGuard phase("backward");
           OptimizerInBackward in_bwd(*optimizer_, scheduler_.lr(step_));
           loss.backward();
           backward_norm = in_bwd.grad_norm();
           if (!in_bwd.finite()) finite = false;
         }
       } else if (loss.requires_grad()) {
-        MemPhaseGuard phase("backward");
+        StepPhaseGuard phase("backward");
         loss.backward();
       }
       if (offloader) {
@@ -394,7 +464,8 @@ TrainResult Trainer::train() {
       double scale = 1.0;
       if (args_.max_grad_norm > 0) scale = std::min(1.0, args_.max_grad_norm / (norm + 1e-6));
       if (!args_.optimizer_in_backward) {
-        MemPhaseGuard phase("optimizer step");
+        StepPhaseGuard phase("optimizer step");
+        MemPhaseGuard alloc_phase(MemPhaseKind::kOptimizer);
         optimizer_->step(scheduler_.lr(step_), scale);
       }
       zero_grads();
@@ -405,6 +476,20 @@ TrainResult Trainer::train() {
     window_loss += step_loss;
     window_norm += finite ? norm : 0;
     ++window_steps;
+    trace.after_step(step_, log);
+    bool callback_stop = false;
+    if (step_callback_) {
+      const nlohmann::json rec = {
+          {"step", step_},
+          {"total_steps", total_steps_},
+          {"loss", step_loss},
+          {"grad_norm", finite ? norm : 0.0},
+          {"learning_rate", lr_used},
+          {"num_tokens", num_tokens_},
+          {"skipped", !finite || !std::isfinite(norm)},
+          {"allocated", allocator(model_->device()).stats().allocated.current}};
+      callback_stop = !step_callback_(rec);
+    }
 
     if (step_ % args_.logging_steps == 0 || step_ == total_steps_) {
       const double secs =
@@ -428,7 +513,8 @@ TrainResult Trainer::train() {
     if (args_.eval_steps > 0 && step_ % args_.eval_steps == 0 && step_ < total_steps_) {
       if (auto ev = evaluate()) log.log({{"step", step_}, {"eval_loss", *ev}});
     }
-    const bool stop = stop_requested() || (stop_after_ > 0 && step_ >= stop_after_);
+    const bool stop =
+        stop_requested() || (stop_after_ > 0 && step_ >= stop_after_) || callback_stop;
     if ((args_.save_steps > 0 && step_ % args_.save_steps == 0 && step_ < total_steps_) || stop)
       save_checkpoint(step_, log);
     if (stop) {

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -66,6 +67,8 @@ struct TrainingArguments {
   std::string resume_from_checkpoint;
   int64_t max_consecutive_nonfinite = 10;
   double max_memory_gib = 0;  // CPU allocator cap (0 = derived from ulimit -v, if any)
+  std::string memory_trace;   // allocator trace of the first memory_trace_steps updates (JSON)
+  int64_t memory_trace_steps = 3;
 };
 
 // Declares the options every trainer shares (TRL/transformers names and defaults).
@@ -96,6 +99,10 @@ class Trainer {
   void set_nan_injection(std::set<int64_t> steps) { nan_steps_ = std::move(steps); }
   // Stop (as on SIGTERM: checkpoint and return) after this update.
   void set_stop_after(int64_t step) { stop_after_ = step; }
+  // Called after every update with {step, total_steps, loss, grad_norm, learning_rate,
+  // num_tokens, skipped, allocated}; returning false stops as set_stop_after does.
+  using StepCallback = std::function<bool(const nlohmann::json& record)>;
+  void set_step_callback(StepCallback cb) { step_callback_ = std::move(cb); }
   DecoderModel& model() { return *model_; }
   const TrainingArguments& args() const { return args_; }
 
@@ -152,6 +159,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   std::set<int64_t> nan_steps_;
   int64_t stop_after_ = -1;
+  StepCallback step_callback_;
   OffloadStats offload_totals_;
   int64_t rss_at_start_ = 0;  // resident set when the loop began (bytes)
 };
