@@ -42,6 +42,8 @@ int run_sft(const Options& o) {
     for (const std::string& n : sft_model_option_names()) model_key = model_key || n == it.key();
     (model_key ? model_json : config)[it.key()] = it.value();
   }
+  // Option combinations are refused before anything loads.
+  (void)training_arguments(o);
   api::ModelOptions mo;
   mo.seed = o.get_int("seed");
   mo.json = model_json.dump();

@@ -235,7 +235,7 @@ TrainSummary Trainer::train(const StepCallback& on_step) {
     s.total_steps = r.total_steps;
     if (!r.interrupted && !impl_->options.get_string("eval_dataset").empty())
       s.eval_loss = r.final_eval_loss;
-    s.memory_report = format_memory_report(r.memory);
+    if (!r.nothing_to_do) s.memory_report = format_memory_report(r.memory);
     return s;
   });
   if (user_error) std::rethrow_exception(user_error);

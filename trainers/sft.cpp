@@ -363,12 +363,6 @@ const std::vector<std::string>& sft_model_option_names() {
 SftModel load_sft_model(const Options& o) {
   SftModel m;
   SftSetup& setup = m.setup;
-  // Before the model: under ulimit -v, OpenBLAS's buffers are reserved and the CPU allocator
-  // capped (engine/host_memory.h).
-  {
-    const HostMemoryPlan host = prepare_host_memory(o.get_float("max_memory_gib"));
-    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
-  }
   setup.model_name_or_path = o.get_string("model_name_or_path");
   setup.embedded = setup.model_name_or_path.empty();
   if (setup.embedded) {
@@ -399,18 +393,6 @@ SftModel load_sft_model(const Options& o) {
   if (setup.embedded) {
     m.model = std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
     m.model->init_random(seed);
-    if (o.get_bool("use_peft")) {
-      // The demo's base exists only in memory: written beside the adapter (before quantization,
-      // dense as initialised) and recorded as its base_model_name_or_path, relative to the
-      // output folder's parent as PEFT-style loaders resolve it, so the adapter loads again.
-      const std::string output_dir = o.get_string("output_dir");
-      prepare_output_dir(output_dir, "output_dir");
-      const fs::path out = fs::absolute(fs::path(output_dir)).lexically_normal();
-      const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
-      m.model->save((out_dir / "base_model").string(), DType::kF32);
-      copy_tokenizer_files(setup.tokenizer_dir, (out_dir / "base_model").string());
-      m.base_name = (out_dir.filename() / "base_model").string();
-    }
     if (quant.enabled()) m.quant_report = quantize_model(*m.model, quant);
     m.model->set_requires_grad(true);
     m.peft = apply_peft_options(o, *m.model, seed);
@@ -441,6 +423,12 @@ SftModel load_sft_model(const Options& o) {
 SftRun make_sft_run(const Options& o, const SftModel& m) {
   TrainingArguments args = training_arguments(o);
   prepare_output_dir(args.output_dir, "output_dir");
+  // Under ulimit -v, OpenBLAS's buffers are reserved and the CPU allocator capped
+  // (engine/host_memory.h) before anything trains.
+  {
+    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
+    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
+  }
   SftRun run;
   run.setup = m.setup;
   SftSetup& setup = run.setup;
@@ -451,6 +439,20 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
   }
   run.tokenizer = m.tokenizer;
   run.model = m.model;
+  std::string base_name = m.base_name;
+  if (setup.embedded && o.get_bool("use_peft")) {
+    // The demo's base exists only in memory: it is initialised again from the seed (dense, as
+    // before any quantization), written beside the adapter and recorded as its
+    // base_model_name_or_path, relative to the output folder's parent as PEFT-style loaders
+    // resolve it, so that the adapter loads again.
+    const fs::path out = fs::absolute(fs::path(args.output_dir)).lexically_normal();
+    const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
+    DecoderModel base(ModelConfig::load(setup.model_config), m.model->device(), m.model->dtype());
+    base.init_random(static_cast<uint64_t>(args.seed));
+    base.save((out_dir / "base_model").string(), DType::kF32);
+    copy_tokenizer_files(setup.tokenizer_dir, (out_dir / "base_model").string());
+    base_name = (out_dir.filename() / "base_model").string();
+  }
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(run.tokenizer);
   run.eos_token_id = encoder->eos_token_id();
 
@@ -482,7 +484,7 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
   run.trainer =
       std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer, setup.tokenizer_dir, loader,
                                    eval, train.stats, o.get_bool("use_liger_kernel"));
-  run.trainer->set_peft(m.peft, m.base_name, o.get_bool("merge_adapter"));
+  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   return run;
 }
