@@ -105,9 +105,7 @@ Dynamic dynamic_smem(const std::string& name) {
 std::filesystem::path report_dir() { return std::filesystem::path(LT_BINARY_DIR) / "ptxas"; }
 
 TEST(KernelResources, NoSpillsAndSharedMemoryWithinEachArchitecture) {
-#ifndef LEANTUNE_WITH_CUDA
-  GTEST_SKIP() << "CPU-only build: no CUDA kernels";
-#endif
+  if (!LT_BUILT_WITH_CUDA) GTEST_SKIP() << "CPU-only build: no CUDA kernels";
   ASSERT_TRUE(std::filesystem::is_directory(report_dir()))
       << report_dir() << " missing: the CUDA build writes it (scripts/ptxas_log.sh)";
   const std::vector<KernelRow> rows = read_report(report_dir());
@@ -135,9 +133,7 @@ TEST(KernelResources, NoSpillsAndSharedMemoryWithinEachArchitecture) {
 
 // Every compiled architecture has a tensor-core backward for head_dim 128 that fits.
 TEST(KernelResources, AttentionBackwardD128HasAVariantThatFitsEveryArchitecture) {
-#ifndef LEANTUNE_WITH_CUDA
-  GTEST_SKIP() << "CPU-only build: no CUDA kernels";
-#endif
+  if (!LT_BUILT_WITH_CUDA) GTEST_SKIP() << "CPU-only build: no CUDA kernels";
   ASSERT_TRUE(std::filesystem::is_directory(report_dir()));
   std::map<std::string, bool> fits;
   for (const KernelRow& r : read_report(report_dir())) {
