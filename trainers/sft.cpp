@@ -343,6 +343,7 @@ const std::vector<std::string>& sft_model_option_names() {
                                                  "device",
                                                  "bf16",
                                                  "chat_template",
+                                                 "chat_template_kwargs",
                                                  "use_peft",
                                                  "lora_r",
                                                  "lora_alpha",

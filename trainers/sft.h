@@ -99,7 +99,8 @@ struct SftModel {
   QuantConfig quant;       // enabled(): the base is quantized
   QuantizeReport quant_report;
 };
-// The sft options that describe the model rather than the training run.
+// The sft options that describe the model rather than the training run (the chat group among
+// them: the tokenizer and its chat template are loaded with the model).
 const std::vector<std::string>& sft_model_option_names();
 SftModel load_sft_model(const Options& o);
 // Builds the run from parsed options (Error(kInput) for any bad option, file or data); the
