@@ -1,0 +1,87 @@
+// Communicator: the one interface every distributed feature (data parallel, ZeRO 1/2/3, ring
+// attention) talks to. leantune has no transport of its own: the backends are
+//   - single process (world 1; every collective is a copy or a no-op),
+//   - MPI, for CPU tensors (Open MPI; bf16/f16 travel as 16-bit words and are reduced in f32),
+//   - NCCL, for CUDA tensors, bootstrapped through MPI (rank 0's unique id is broadcast,
+//     cudaSetDevice by node-local rank) and run on the communicator's own stream, ordered
+//     against the caller's current stream with events.
+// Every collective is issued by every rank of the communicator in the same order (as MPI and
+// NCCL demand). Tensors are contiguous; shapes are [numel] views unless said otherwise.
+//
+// Determinism: with deterministic() true, sums fold the ranks' contributions in rank order
+// (0 + 1 + 2 ...) in f32 (f64 for f64), so the result does not depend on the world size or on
+// how a reduction was split (all_reduce vs reduce_scatter + all_gather) beyond that order.
+//
+// Failure: a dead or stuck peer becomes a leantune::Error on every live rank within
+// timeout_seconds() ("rank R lost: ..." naming the peer when it is known); no call blocks
+// forever. The watchdog aborts the job's communicators (MPI_Abort / ncclCommAbort) when a
+// blocked call cannot be interrupted, so the exit is non-zero everywhere.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace leantune {
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
+
+struct CommOptions {
+  std::string backend = "auto";  // auto | single | mpi | nccl (auto: nccl for CUDA, else mpi)
+  bool deterministic = false;    // --deterministic_comm
+  double timeout_seconds = 600;  // --comm_timeout
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Rank among the processes of this node (selects the CUDA device).
+  virtual int local_rank() const = 0;
+  virtual std::string backend_name() const = 0;  // "single", "mpi", "nccl"
+  virtual bool deterministic() const = 0;
+  virtual double timeout_seconds() const = 0;
+
+  // In place: x becomes op over all ranks' x.
+  virtual void all_reduce(Tensor& x, ReduceOp op = ReduceOp::kSum) = 0;
+  // in:[size()*n] -> out:[n], rank r keeps block r of the reduction.
+  virtual void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) = 0;
+  // in:[n] -> out:[size()*n], block r is rank r's input.
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  virtual void broadcast(Tensor& x, int root) = 0;
+  // Point-to-point in a group: every send and recv between group_start() and group_end() may
+  // progress concurrently (NCCL group semantics; MPI uses nonblocking calls completed at
+  // group_end). Outside a group each call completes before it returns.
+  virtual void group_start() = 0;
+  virtual void group_end() = 0;
+  virtual void send(const Tensor& x, int peer) = 0;
+  virtual void recv(Tensor& x, int peer) = 0;
+  virtual void barrier() = 0;
+
+  // Host scalars (loss sums, token counts, grad norms), always deterministic (rank order).
+  virtual double all_reduce_scalar(double v, ReduceOp op = ReduceOp::kSum) = 0;
+  virtual int64_t all_reduce_int(int64_t v, ReduceOp op = ReduceOp::kSum) = 0;
+  virtual std::vector<double> all_gather_scalar(double v) = 0;
+
+  // Sub-communicator of the ranks with the same color, ordered by (key, rank). Collective.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+// The world communicator of this process: MPI is initialised on first use when the process was
+// started by mpirun/srun (or LEANTUNE_BACKEND asks for it); otherwise the single-process one.
+// Options apply to the first call; later calls return the same object.
+Communicator& world_communicator(const CommOptions& options = {});
+// True when this process runs under a launcher with more than one rank.
+bool launched_distributed();
+// Finalises MPI/NCCL (at exit of trainer_bin; safe to call when nothing was initialised).
+void shutdown_communicators();
+
+// A fresh single-process communicator (tests, and world_size 1 runs).
+std::unique_ptr<Communicator> make_single_communicator(const CommOptions& options = {});
+
+}  // namespace leantune
