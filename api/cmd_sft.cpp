@@ -23,6 +23,8 @@ ErrorKind kind_of(api::ErrorCategory c) {
       return ErrorKind::kOutOfMemory;
     case api::ErrorCategory::kNonFinite:
       return ErrorKind::kNonFinite;
+    case api::ErrorCategory::kComm:
+      return ErrorKind::kComm;
     case api::ErrorCategory::kInternal:
       break;
   }

@@ -16,6 +16,8 @@ int exit_code(ErrorKind kind) {
       return 3;
     case ErrorKind::kNonFinite:
       return 4;
+    case ErrorKind::kComm:
+      return 5;
     case ErrorKind::kInternal:
       return 1;
   }

@@ -20,6 +20,7 @@ enum class ErrorKind {
   kInput,        // bad input file, bad option, bad data: exit 2
   kOutOfMemory,  // the caching allocator could not satisfy a request: exit 3
   kNonFinite,    // training stopped after repeated non-finite steps: exit 4
+  kComm,         // a peer rank died, stalled past --comm_timeout, or a collective failed: exit 5
 };
 
 class Error : public std::runtime_error {

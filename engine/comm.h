@@ -68,8 +68,13 @@ class Communicator {
   virtual int64_t all_reduce_int(int64_t v, ReduceOp op = ReduceOp::kSum) = 0;
   virtual std::vector<double> all_gather_scalar(double v) = 0;
 
-  // Sub-communicator of the ranks with the same color, ordered by (key, rank). Collective.
+  // Sub-communicator of the ranks with the same color, ordered by (key, rank), with this one's
+  // options. Collective.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // A communicator over the same ranks with other options (determinism, timeout), or a second
+  // one so that two streams of traffic (all-gather and reduce-scatter) do not serialise.
+  // Collective.
+  virtual std::unique_ptr<Communicator> duplicate(const CommOptions& options) = 0;
 };
 
 // The world communicator of this process: MPI is initialised on first use when the process was
@@ -78,6 +83,11 @@ class Communicator {
 Communicator& world_communicator(const CommOptions& options = {});
 // True when this process runs under a launcher with more than one rank.
 bool launched_distributed();
+// Whether world_communicator() has been created in this process.
+bool world_communicator_started();
+// Ends every rank of the job (MPI_Abort) after an error on this one, so that peers waiting in a
+// collective stop at once instead of at their timeout. Returns when MPI is not running.
+void abort_communicators(int exit_code);
 // Finalises MPI/NCCL (at exit of trainer_bin; safe to call when nothing was initialised).
 void shutdown_communicators();
 

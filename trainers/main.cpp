@@ -1,5 +1,7 @@
 // trainer_bin: the command-line entry point. Every subcommand's errors are caught here and
 // reported as one line on stderr with a distinct exit code (engine/check.h: exit_code()).
+// Under a launcher (mpirun/srun) a rank that fails ends the whole job (abort_communicators), so
+// its peers stop at once instead of waiting in their next collective until --comm_timeout.
 #include <unistd.h>
 
 #include <csignal>
@@ -10,20 +12,12 @@
 #include <string>
 
 #include "engine/check.h"
+#include "engine/comm.h"
 #include "trainers/commands.h"
 
-int main(int argc, char** argv) {
-  // OpenMP threads that spin while waiting steal the CPU from each other and from whatever else
-  // runs on the machine; with one busy core out of two, spinning made training 6x slower than
-  // one thread. The runtime reads OMP_WAIT_POLICY when it loads, before main, so trainer_bin
-  // sets it and starts itself again (once) unless the user chose a policy.
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    ::execv("/proc/self/exe", argv);
-    // If re-executing is impossible, run as is.
-  }
-  // A file-size limit (ulimit -f) must be a failed write that names the file, not a kill.
-  std::signal(SIGXFSZ, SIG_IGN);
+namespace {
+
+int run(int argc, char** argv) {
   try {
     return leantune::run_command_line(argc, argv);
   } catch (const leantune::Error& e) {
@@ -40,4 +34,33 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "trainer_bin: internal error: %s\n", e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // OpenMP threads that spin while waiting steal the CPU from each other and from whatever else
+  // runs on the machine; with one busy core out of two, spinning made training 6x slower than
+  // one thread. The runtime reads OMP_WAIT_POLICY when it loads, before main, so trainer_bin
+  // sets it and starts itself again (once) unless the user chose a policy.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    ::execv("/proc/self/exe", argv);
+    // If re-executing is impossible, run as is.
+  }
+  // A file-size limit (ulimit -f) must be a failed write that names the file, not a kill.
+  std::signal(SIGXFSZ, SIG_IGN);
+  const int code = run(argc, argv);
+  try {
+    if (code != 0 && leantune::world_communicator_started() &&
+        leantune::world_communicator().size() > 1) {
+      std::fflush(stderr);
+      leantune::abort_communicators(code);
+    }
+    leantune::shutdown_communicators();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainer_bin: shutting down the communicators: %s\n", e.what());
+    return code != 0 ? code : 1;
+  }
+  return code;
 }

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "engine/autograd.h"
+#include "engine/comm.h"
 #include "engine/host_memory.h"
 #include "engine/mem_phase.h"
 #include "loaders/text_encoder.h"
@@ -472,7 +473,10 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
 
   SftData train = load_sft_data(setup.dataset, encoder.get(), dc);
   auto train_examples = std::make_shared<TokenizedDataset>(std::move(train.examples));
-  auto loader = std::make_shared<DataLoader>(train_examples, dc, encoder->pad_token_id());
+  // Data parallel: every rank takes its own shard of the micro-batches (data_loader.h).
+  Communicator& comm = world_communicator(args.comm);
+  auto loader = std::make_shared<DataLoader>(train_examples, dc, encoder->pad_token_id(),
+                                             comm.rank(), comm.size());
   std::shared_ptr<DataLoader> eval;
   if (!o.get_string("eval_dataset").empty()) {
     DataConfig ec = dc;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "engine/autograd.h"
@@ -12,6 +13,7 @@
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
 #include "trainers/checkpoint.h"
+#include "trainers/dist_options.h"
 #include "trainers/offload_options.h"
 #include "trainers/optim_options.h"
 
@@ -144,6 +146,7 @@ void add_training_options(Options& o) {
   o.add_bool("gradient_checkpointing", d.gradient_checkpointing,
              "recompute each decoder layer in backward, keeping only its input");
   add_offload_options(o);
+  add_dist_options(o);
   o.add_string("device", d.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is present)");
   o.add_float("max_memory_gib", d.max_memory_gib,
               "cap of the CPU backend's allocator in GiB, refused with exit 3 beyond it (0 = 80% "
@@ -189,6 +192,7 @@ TrainingArguments training_arguments(const Options& o) {
   const OffloadArguments off = offload_arguments(o);
   a.activation_offloading = off.activation_offloading;
   a.min_offload_size = off.min_offload_size;
+  a.comm = dist_arguments(o);
   a.device = o.get_string("device");
   a.max_memory_gib = o.get_float("max_memory_gib");
   a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
@@ -245,11 +249,62 @@ double Trainer::grad_norm() const {
   return std::sqrt(s);
 }
 
+bool Trainer::writes_files() const { return world_communicator(args_.comm).rank() == 0; }
+
+void Trainer::all_reduce_gradients(Communicator& comm) {
+  // Buckets of up to kBucket elements of one dtype, in parameter order (the same on every
+  // rank, so every rank issues the same collectives). A parameter without a gradient on this
+  // rank (it took no part in the loss) contributes zeros.
+  constexpr int64_t kBucket = int64_t{1} << 24;
+  MemTagGuard tag(MemTag::kComm);
+  size_t i = 0;
+  while (i < trainable_.size()) {
+    std::vector<Tensor> grads;
+    int64_t elems = 0;
+    DType dtype = DType::kF32;
+    for (; i < trainable_.size(); ++i) {
+      Tensor p = trainable_[i].tensor;
+      Tensor g = p.grad();
+      if (!g.defined()) {
+        g = Tensor::zeros(p.shape(), p.dtype(), p.device(), MemTag::kGrad);
+        p.set_grad(g);
+      }
+      LT_CHECK_INPUT(g.device().is_cpu(),
+                     "data parallel on ", g.device().str(),
+                     " needs the NCCL backend, which this build does not provide yet; "
+                     "run the ranks on the CPU (--device cpu)");
+      if (!grads.empty() && (g.dtype() != dtype || elems + g.numel() > kBucket)) break;
+      dtype = g.dtype();
+      grads.push_back(g);
+      elems += g.numel();
+    }
+    Tensor bucket = Tensor::empty({elems}, dtype, Device::cpu(), MemTag::kComm);
+    const size_t esz = dtype_size(dtype);
+    int64_t off = 0;
+    for (const Tensor& g : grads) {
+      Tensor src = g.contiguous();
+      std::memcpy(static_cast<char*>(bucket.data_ptr()) + off * esz, src.data_ptr(), src.nbytes());
+      off += g.numel();
+    }
+    comm.all_reduce(bucket, ReduceOp::kSum);
+    off = 0;
+    for (Tensor g : grads) {
+      g.copy_(bucket.narrow(0, off, g.numel()).view(g.shape()));
+      off += g.numel();
+    }
+  }
+}
+
 void Trainer::zero_grads() {
   for (auto& p : trainable_) p.tensor.zero_grad();
 }
 
 void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
+  Communicator& comm = world_communicator(args_.comm);
+  if (!writes_files()) {
+    comm.barrier();  // rank 0 writes the checkpoint (data parallel keeps every rank identical)
+    return;
+  }
   const std::string path = write_checkpoint(args_.output_dir, step, [&](const std::string& dir) {
     save_model(dir, false);
     save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_tensors(),
@@ -269,6 +324,7 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
   });
   rotate_checkpoints(args_.output_dir, args_.save_total_limit);
   log.message("saved " + path);
+  if (comm.size() > 1) comm.barrier();
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
@@ -344,9 +400,16 @@ TrainResult Trainer::train() {
   LT_CHECK_INPUT(total_steps_ > 0, "no training steps (num_train_epochs too small)");
   scheduler_ = LrScheduler::make(args_.lr_scheduler_type, args_.learning_rate, total_steps_,
                                  args_.warmup_steps, args_.warmup_ratio);
+  Communicator& comm = world_communicator(args_.comm);
+  const bool distributed = comm.size() > 1;
+  LT_CHECK_INPUT(!distributed || !args_.optimizer_in_backward,
+                 "option optimizer_in_backward: not supported with data parallel (",
+                 comm.size(), " ranks): parameters would be updated before their gradients "
+                 "are summed over the ranks");
   build_optimizer();
   // Before anything else writes: killed saves may have left the disk full of temporary folders.
-  const StaleCleanup cleaned = clean_stale_checkpoint_files(args_.output_dir);
+  const StaleCleanup cleaned =
+      writes_files() ? clean_stale_checkpoint_files(args_.output_dir) : StaleCleanup{};
   if (cleaned.removed > 0 || cleaned.restored > 0)
     std::fprintf(stderr,
                  "%s: removed %lld temporary checkpoint folder(s) of interrupted saves (%s), "
@@ -354,6 +417,9 @@ TrainResult Trainer::train() {
                  args_.output_dir.c_str(), static_cast<long long>(cleaned.removed),
                  format_bytes(cleaned.bytes).c_str(), static_cast<long long>(cleaned.restored));
   bool resumed = false;
+  LT_CHECK_INPUT(!distributed || args_.resume_from_checkpoint.empty(),
+                 "option resume_from_checkpoint: resuming a data-parallel run (", comm.size(),
+                 " ranks) is not supported yet; the checkpoint holds rank 0's data position only");
   if (!args_.resume_from_checkpoint.empty()) {
     const std::string dir = resolve_checkpoint(args_.resume_from_checkpoint, args_.output_dir);
     load_checkpoint(dir);
@@ -366,8 +432,9 @@ TrainResult Trainer::train() {
       return result;
     }
   }
-  std::filesystem::create_directories(args_.output_dir);
-  MetricsLogger log(args_.output_dir + "/metrics.jsonl", total_steps_, resumed, step_);
+  if (writes_files()) std::filesystem::create_directories(args_.output_dir);
+  MetricsLogger log(writes_files() ? args_.output_dir + "/metrics.jsonl" : std::string(),
+                    total_steps_, resumed, step_);
   if (resumed) log.message("resumed from step " + std::to_string(step_));
   on_train_begin(log);
   StepPhaseGuard setup_phase("between steps");
@@ -396,6 +463,8 @@ TrainResult Trainer::train() {
       reports.push_back(rep);
       normalizer += loss_tokens(micro.back());
     }
+    // Data parallel: the loss is normalised by the loss tokens of the whole global batch.
+    if (distributed) normalizer = comm.all_reduce_int(normalizer);
     if (normalizer == 0) {
       // Packed or truncated data can leave an accumulated batch with nothing to predict: the
       // update would only apply weight decay and stale momentum. Skipped and counted.
@@ -447,6 +516,15 @@ TrainResult Trainer::train() {
       window_tokens += reports[i].real_tokens;
       window_real += reports[i].real_tokens;
       window_total += reports[i].real_tokens + reports[i].pad_tokens;
+    }
+    if (distributed) {
+      // Every rank must agree on skipping; the gradients and the loss are summed over ranks.
+      finite = comm.all_reduce_int(finite ? 0 : 1, ReduceOp::kMax) == 0;
+      step_loss = comm.all_reduce_scalar(step_loss);
+      if (finite) {
+        StepPhaseGuard phase("gradient all-reduce");
+        all_reduce_gradients(comm);
+      }
     }
     const double norm = args_.optimizer_in_backward ? backward_norm : grad_norm();
     if (!finite || !std::isfinite(norm)) {
@@ -513,8 +591,9 @@ TrainResult Trainer::train() {
     if (args_.eval_steps > 0 && step_ % args_.eval_steps == 0 && step_ < total_steps_) {
       if (auto ev = evaluate()) log.log({{"step", step_}, {"eval_loss", *ev}});
     }
-    const bool stop =
-        stop_requested() || (stop_after_ > 0 && step_ >= stop_after_) || callback_stop;
+    bool stop = stop_requested() || (stop_after_ > 0 && step_ >= stop_after_) || callback_stop;
+    // A signal or a callback on one rank stops all of them at the same step.
+    if (distributed) stop = comm.all_reduce_int(stop ? 1 : 0, ReduceOp::kMax) != 0;
     if ((args_.save_steps > 0 && step_ % args_.save_steps == 0 && step_ < total_steps_) || stop)
       save_checkpoint(step_, log);
     if (stop) {
@@ -531,8 +610,9 @@ TrainResult Trainer::train() {
       result.final_eval_loss = *ev;
       log.log({{"step", step_}, {"eval_loss", *ev}});
     }
-    save_model(args_.output_dir, true);
+    if (writes_files()) save_model(args_.output_dir, true);
   }
+  if (distributed) comm.barrier();  // the output is complete when any rank returns
   result.memory = memory_report(technique_savings());
   return result;
 }

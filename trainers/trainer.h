@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/comm.h"
 #include "engine/offload.h"
 #include "engine/optim.h"
 #include "loaders/batch.h"
@@ -69,6 +70,7 @@ struct TrainingArguments {
   double max_memory_gib = 0;  // CPU allocator cap (0 = derived from ulimit -v, if any)
   std::string memory_trace;   // allocator trace of the first memory_trace_steps updates (JSON)
   int64_t memory_trace_steps = 3;
+  CommOptions comm;  // --comm_backend, --deterministic_comm, --comm_timeout
 };
 
 // Declares the options every trainer shares (TRL/transformers names and defaults).
@@ -147,6 +149,10 @@ class Trainer {
   void load_checkpoint(const std::string& dir);
   double grad_norm() const;
   void zero_grads();
+  // Data parallel: sums every trainable gradient over the ranks, in buckets (MemTag::kComm).
+  void all_reduce_gradients(Communicator& comm);
+  // Rank 0 writes files; the others only compute.
+  bool writes_files() const;
   nlohmann::json memory_report(const nlohmann::json& savings) const;
 
   std::vector<Optimizer::Param> trainable_;

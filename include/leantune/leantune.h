@@ -41,6 +41,7 @@ enum class ErrorCategory {
   kInput = 2,        // bad option, file or data
   kOutOfMemory = 3,  // the caching allocator (or the host) ran out of memory
   kNonFinite = 4,    // training stopped after repeated non-finite steps
+  kComm = 5,         // a peer rank died or stalled past --comm_timeout
 };
 
 class Error : public std::runtime_error {

@@ -1,0 +1,168 @@
+// The communicator factory and the single-process backend (engine/comm.h).
+//
+// Single process: world size 1, so every reduction is the identity (kAvg divides by 1), a
+// reduce_scatter or all_gather is a copy, and send/recv to oneself go through a queue (a ring of
+// one rank sends to itself). The world communicator is chosen once: MPI when the process was
+// started by a launcher with more than one rank (or --comm_backend mpi), otherwise single.
+#include "engine/comm.h"
+
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+
+#include "engine/check.h"
+#include "engine/comm_fold.h"
+#include "engine/comm_mpi.h"
+
+namespace leantune {
+namespace {
+
+void check_tensor(const Tensor& t, const char* what) {
+  LT_CHECK(t.defined() && t.is_contiguous(), "comm ", what, ": tensor must be contiguous");
+  LT_CHECK(comm_detail::comm_dtype_supported(t.dtype()), "comm ", what, ": unsupported dtype ",
+           dtype_name(t.dtype()));
+}
+
+class SingleCommunicator final : public Communicator {
+ public:
+  explicit SingleCommunicator(const CommOptions& o) : opt_(o) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  std::string backend_name() const override { return "single"; }
+  bool deterministic() const override { return opt_.deterministic; }
+  double timeout_seconds() const override { return opt_.timeout_seconds; }
+
+  void all_reduce(Tensor& x, ReduceOp) override { check_tensor(x, "all_reduce"); }
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp) override {
+    check_tensor(in, "reduce_scatter");
+    check_tensor(out, "reduce_scatter");
+    LT_CHECK(in.numel() == out.numel(), "reduce_scatter: in ", in.str(), " out ", out.str());
+    if (!out.shares_storage(in) || out.data_ptr() != in.data_ptr()) out.copy_(in.view(out.shape()));
+  }
+  void all_gather(const Tensor& in, Tensor& out) override {
+    check_tensor(in, "all_gather");
+    check_tensor(out, "all_gather");
+    LT_CHECK(in.numel() == out.numel(), "all_gather: in ", in.str(), " out ", out.str());
+    if (out.data_ptr() != in.data_ptr()) out.copy_(in.view(out.shape()));
+  }
+  void broadcast(Tensor& x, int root) override {
+    check_tensor(x, "broadcast");
+    LT_CHECK(root == 0, "broadcast: root ", root, " outside world of 1");
+  }
+  void group_start() override { ++group_depth_; }
+  void group_end() override {
+    LT_CHECK(group_depth_ > 0, "group_end without group_start");
+    --group_depth_;
+    if (group_depth_ == 0) flush();
+  }
+  void send(const Tensor& x, int peer) override {
+    check_tensor(x, "send");
+    LT_CHECK(peer == 0, "send: peer ", peer, " outside world of 1");
+    sends_.push_back(x.clone(MemTag::kComm));
+    if (group_depth_ == 0) flush();
+  }
+  void recv(Tensor& x, int peer) override {
+    check_tensor(x, "recv");
+    LT_CHECK(peer == 0, "recv: peer ", peer, " outside world of 1");
+    recvs_.push_back(x);
+    if (group_depth_ == 0) flush();
+  }
+  void barrier() override {}
+  double all_reduce_scalar(double v, ReduceOp) override { return v; }
+  int64_t all_reduce_int(int64_t v, ReduceOp op) override {
+    LT_CHECK(op != ReduceOp::kAvg, "all_reduce_int: avg of an integer");
+    return v;
+  }
+  std::vector<double> all_gather_scalar(double v) override { return {v}; }
+  std::unique_ptr<Communicator> split(int, int) override {
+    return std::make_unique<SingleCommunicator>(opt_);
+  }
+  std::unique_ptr<Communicator> duplicate(const CommOptions& options) override {
+    return std::make_unique<SingleCommunicator>(options);
+  }
+
+ private:
+  // Matches sends to receives in order; outside a group a receive with no send yet would wait
+  // forever, so it is an error instead.
+  void flush() {
+    while (!sends_.empty() && !recvs_.empty()) {
+      Tensor& dst = recvs_.front();
+      LT_CHECK(dst.nbytes() == sends_.front().nbytes(), "recv of ", dst.str(), " matched a send of ",
+               sends_.front().str());
+      dst.copy_(sends_.front().view(dst.shape()));
+      sends_.pop_front();
+      recvs_.pop_front();
+    }
+    LT_CHECK(recvs_.empty(), "recv from rank 0 with no matching send");
+  }
+
+  CommOptions opt_;
+  int group_depth_ = 0;
+  std::deque<Tensor> sends_;
+  std::deque<Tensor> recvs_;
+};
+
+std::mutex g_world_mutex;
+std::unique_ptr<Communicator> g_world;
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : 0;
+}
+
+}  // namespace
+
+bool launched_distributed() {
+  for (const char* n : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"})
+    if (env_int(n) > 1) return true;
+  return false;
+}
+
+std::unique_ptr<Communicator> make_single_communicator(const CommOptions& options) {
+  return std::make_unique<SingleCommunicator>(options);
+}
+
+Communicator& world_communicator(const CommOptions& options) {
+  std::lock_guard<std::mutex> lock(g_world_mutex);
+  if (g_world) return *g_world;
+  const std::string& b = options.backend;
+  LT_CHECK_INPUT(b == "auto" || b == "single" || b == "mpi" || b == "nccl",
+                 "--comm_backend ", b, ": expected auto, single, mpi or nccl");
+  LT_CHECK_INPUT(options.timeout_seconds > 0, "--comm_timeout ", options.timeout_seconds,
+                 ": must be positive (seconds)");
+  const bool want_mpi = b == "mpi" || b == "nccl" || (b == "auto" && launched_distributed());
+  if (b == "single") {
+    LT_CHECK_INPUT(!launched_distributed(),
+                   "--comm_backend single, but this process is one of several ranks started by a "
+                   "launcher (mpirun/srun)");
+  }
+  if (want_mpi) {
+    LT_CHECK_INPUT(comm_detail::mpi_available(), "--comm_backend ", b,
+                   ": this build of leantune has no MPI (install libopenmpi-dev and rebuild)");
+    LT_CHECK_INPUT(b != "nccl",
+                   "--comm_backend nccl: the NCCL backend needs CUDA tensors and a CUDA build; "
+                   "CPU ranks use mpi");
+    g_world = comm_detail::make_mpi_world(options);
+  } else {
+    g_world = make_single_communicator(options);
+  }
+  return *g_world;
+}
+
+bool world_communicator_started() {
+  std::lock_guard<std::mutex> lock(g_world_mutex);
+  return g_world != nullptr;
+}
+
+void abort_communicators(int exit_code) {
+  if (comm_detail::mpi_available()) comm_detail::mpi_abort_if_initialized(exit_code);
+}
+
+void shutdown_communicators() {
+  std::lock_guard<std::mutex> lock(g_world_mutex);
+  g_world.reset();
+  if (comm_detail::mpi_available()) comm_detail::mpi_finalize_if_initialized();
+}
+
+}  // namespace leantune
