@@ -1,0 +1,63 @@
+#!/bin/bash
+# Data-parallel SFT under mpirun against the single-process run with the same global batch
+# (tests/trainers/data_parallel.cmake). Usage: data_parallel.sh TRAINER_BIN MPIRUN CASE
+#   CASE = full|lora  x  np2|np4    np ranks x 1 micro-batch vs 1 rank x np micro-batches,
+#          --deterministic_comm: losses and final weights bit-identical;
+#          without it: losses within 1e-5 relative.
+#   CASE = accum     2 ranks x 2 micro-batches vs 1 rank x 4: losses within 1e-5 relative.
+#   CASE = refusals  options data parallel does not support are refused in one line, exit 2.
+set -u
+bin=$1 mpirun=$2 case=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1
+mpi() { local np=$1; shift; timeout 250 "$mpirun" --oversubscribe --allow-run-as-root \
+          --bind-to none -x OMP_NUM_THREADS -np "$np" "$bin" "$@"; }
+common=(sft --max_steps 3 --per_device_train_batch_size 2 --logging_steps 1 --save_steps 0)
+fail() { echo "FAIL: $*"; exit 1; }
+losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+# Relative agreement of two loss columns within $3.
+close() {
+  paste <(losses "$1") <(losses "$2") | awk -v tol="$3" '
+    { d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1;
+      if (d > tol * m) { printf "step %d: %s vs %s\n", NR, $1, $2; bad = 1 } ; n++ }
+    END { if (n == 0) { print "no losses"; exit 1 } exit bad }'
+}
+weights() { [ -f "$1/adapter_model.safetensors" ] && echo "$1/adapter_model.safetensors" \
+              || echo "$1/model.safetensors"; }
+
+case $case in
+  full_np*|lora_np*)
+    np=${case#*_np}
+    extra=()
+    # LoRA dropout draws from each rank's own stream, so its masks differ between world sizes
+    # (as in torch DDP); the comparison runs without it.
+    [ "${case%%_*}" = lora ] && extra=(--use_peft --lora_dropout 0)
+    "$bin" "${common[@]}" "${extra[@]}" --gradient_accumulation_steps "$np" --deterministic_comm \
+      --output_dir "$work/one" >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "1 rank"; }
+    mpi "$np" "${common[@]}" "${extra[@]}" --deterministic_comm --output_dir "$work/dp" \
+      >"$work/dp.log" 2>&1 || { tail -20 "$work/dp.log"; fail "$np ranks"; }
+    cmp <(losses "$work/one") <(losses "$work/dp") || fail "losses differ under --deterministic_comm"
+    cmp "$(weights "$work/one")" "$(weights "$work/dp")" || fail "final weights differ"
+    mpi "$np" "${common[@]}" "${extra[@]}" --output_dir "$work/lib" >"$work/lib.log" 2>&1 ||
+      { tail -20 "$work/lib.log"; fail "$np ranks without --deterministic_comm"; }
+    close "$work/one" "$work/lib" 1e-5 || fail "losses beyond 1e-5 relative"
+    echo "ok: $np ranks == 1 rank x $np micro-batches ($(losses "$work/dp" | tr '\n' ' '))" ;;
+  accum)
+    "$bin" "${common[@]}" --gradient_accumulation_steps 4 --output_dir "$work/one" \
+      >"$work/one.log" 2>&1 || fail "1 rank"
+    mpi 2 "${common[@]}" --gradient_accumulation_steps 2 --output_dir "$work/dp" \
+      >"$work/dp.log" 2>&1 || { tail -20 "$work/dp.log"; fail "2 ranks"; }
+    close "$work/one" "$work/dp" 1e-5 || fail "losses beyond 1e-5 relative"
+    echo "ok: 2 ranks x 2 == 1 rank x 4 within 1e-5" ;;
+  refusals)
+    out=$(mpi 2 "${common[@]}" --optimizer_in_backward --max_grad_norm 0 \
+            --output_dir "$work/x" 2>&1); rc=$?
+    [ $rc -ne 0 ] || fail "optimizer_in_backward accepted under data parallel"
+    echo "$out" | grep -q "optimizer_in_backward: not supported with data parallel" ||
+      { echo "$out"; fail "no one-line reason"; }
+    out=$("$bin" "${common[@]}" --comm_timeout 0 --output_dir "$work/y" 2>&1); rc=$?
+    [ $rc -eq 2 ] || fail "--comm_timeout 0: exit $rc"
+    echo "ok: refusals" ;;
+  *) fail "unknown case $case" ;;
+esac
