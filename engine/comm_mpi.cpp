@@ -317,8 +317,11 @@ class MpiCommunicator final : public Communicator {
                  detail::mpi_error_string(rc), "); ", lost_peers(peer));
       if (done) return;
       if (Clock::now() >= deadline) break;
-      // Spin briefly for latency, then sleep so that ranks sharing cores make progress.
-      if (++spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      // Nonblocking collectives progress only inside MPI calls: test without pause for the
+      // first 20 ms (latency and bandwidth), then pause 50 us between tests so that ranks
+      // sharing cores, or waiting on a slow peer, leave the CPU to others.
+      if (++spins > 64 && Clock::now() - start > std::chrono::milliseconds(20))
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     ++timeouts_;
     LT_THROW(ErrorKind::kComm, "rank ", rank_, ": ", what, " got no answer within ",
