@@ -16,16 +16,30 @@ void add_dist_options(Options& o) {
              "transport's reduction tree)");
   o.add_float("comm_timeout", d.timeout_seconds,
                "seconds a collective waits for a peer before the run stops naming the lost rank");
+  o.add_int("zero_stage", 0,
+            "ZeRO (DeepSpeed's stages): 0 data parallel, 1 optimizer states sharded, 2 gradients "
+            "sharded too (3, parameters sharded, is not built yet)",
+            0, 3);
+  o.add_int("reduce_bucket_size", DistArguments{}.reduce_bucket_size,
+            "elements per ZeRO unit (gradients are reduced unit by unit; under stage 2 the full "
+            "gradients of at most about one unit exist at once)",
+            1);
 }
 
-CommOptions dist_arguments(const Options& o) {
-  CommOptions c;
+DistArguments dist_arguments(const Options& o) {
+  DistArguments d;
+  CommOptions& c = d.comm;
   c.backend = o.get_string("comm_backend");
   c.deterministic = o.get_bool("deterministic_comm");
   c.timeout_seconds = o.get_float("comm_timeout");
   LT_CHECK_INPUT(c.timeout_seconds > 0, "option comm_timeout ", c.timeout_seconds,
                  ": must be a positive number of seconds");
-  return c;
+  d.zero_stage = static_cast<int>(o.get_int("zero_stage"));
+  d.reduce_bucket_size = o.get_int("reduce_bucket_size");
+  LT_CHECK_INPUT(d.zero_stage != 3,
+                 "option zero_stage 3: sharding the parameters themselves is not built yet; use "
+                 "1 or 2 (optimizer states and gradients sharded)");
+  return d;
 }
 
 }  // namespace leantune

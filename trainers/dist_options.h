@@ -6,6 +6,12 @@
 //                       depend on the transport's reduction tree
 //   comm_timeout        seconds a collective may wait for a peer before the run stops with a
 //                       message naming the lost rank (exit 5) and the job is ended
+//   zero_stage          0: data parallel (gradients all-reduced, every rank keeps everything);
+//                       1: optimizer states and f32 masters sharded; 2: gradients
+//                       reduce-scattered as well (trainers/zero.h); 3 (parameters sharded)
+//                       is refused: not built yet
+//   reduce_bucket_size  elements per ZeRO unit: the grain of the reductions, and under stage 2
+//                       the most full gradients that exist at once beyond those in flight
 #pragma once
 
 #include "engine/comm.h"
@@ -13,7 +19,13 @@
 
 namespace leantune {
 
+struct DistArguments {
+  CommOptions comm;
+  int zero_stage = 0;
+  int64_t reduce_bucket_size = 25'000'000;  // elements per ZeRO unit (DeepSpeed's name)
+};
+
 void add_dist_options(Options& o);
-CommOptions dist_arguments(const Options& o);
+DistArguments dist_arguments(const Options& o);
 
 }  // namespace leantune

@@ -16,6 +16,7 @@
 #include "trainers/dist_options.h"
 #include "trainers/offload_options.h"
 #include "trainers/optim_options.h"
+#include "trainers/zero.h"
 
 namespace leantune {
 
@@ -192,7 +193,10 @@ TrainingArguments training_arguments(const Options& o) {
   const OffloadArguments off = offload_arguments(o);
   a.activation_offloading = off.activation_offloading;
   a.min_offload_size = off.min_offload_size;
-  a.comm = dist_arguments(o);
+  const DistArguments dist = dist_arguments(o);
+  a.comm = dist.comm;
+  a.zero_stage = dist.zero_stage;
+  a.reduce_bucket_size = dist.reduce_bucket_size;
   a.device = o.get_string("device");
   a.max_memory_gib = o.get_float("max_memory_gib");
   a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
@@ -234,10 +238,20 @@ void Trainer::build_optimizer() {
   for (const auto& [name, t] : trainable_parameters())
     trainable_.push_back({name, t, !no_decay(name)});
   LT_CHECK_INPUT(!trainable_.empty(), "nothing to train: no parameter requires a gradient");
-  optimizer_ = make_optimizer(
-      OptimArguments{args_.optim, args_.optimizer_in_backward, args_.offload_optimizer}, trainable_,
-      AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon,
-                  args_.weight_decay});
+  const OptimArguments oa{args_.optim, args_.optimizer_in_backward, args_.offload_optimizer};
+  const AdamWConfig cfg{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
+                        args_.adam_epsilon, args_.weight_decay};
+  Communicator& comm = world_communicator(args_.comm);
+  zero_ = nullptr;
+  if (args_.zero_stage > 0 && comm.size() > 1) {
+    auto z = std::make_unique<ZeroOptimizer>(args_.zero_stage, comm, oa, trainable_, cfg,
+                                             args_.reduce_bucket_size);
+    zero_ = z.get();
+    optimizer_ = std::move(z);
+  } else {
+    // One rank owns every shard: ZeRO is the plain optimizer.
+    optimizer_ = make_optimizer(oa, trainable_, cfg);
+  }
 }
 
 double Trainer::grad_norm() const {
@@ -297,10 +311,17 @@ void Trainer::all_reduce_gradients(Communicator& comm) {
 
 void Trainer::zero_grads() {
   for (auto& p : trainable_) p.tensor.zero_grad();
+  if (zero_) zero_->drop_gradients();
 }
 
 void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
   Communicator& comm = world_communicator(args_.comm);
+  if (zero_) {
+    // Only reached on a stop (save_steps inside a ZeRO run is refused at the start).
+    log.message("no checkpoint at step " + std::to_string(step) +
+                " (checkpoints of sharded optimizer states are not built yet)");
+    return;
+  }
   if (!writes_files()) {
     comm.barrier();  // rank 0 writes the checkpoint (data parallel keeps every rank identical)
     return;
@@ -417,6 +438,10 @@ TrainResult Trainer::train() {
                  args_.output_dir.c_str(), static_cast<long long>(cleaned.removed),
                  format_bytes(cleaned.bytes).c_str(), static_cast<long long>(cleaned.restored));
   bool resumed = false;
+  LT_CHECK_INPUT(!zero_ || args_.save_steps <= 0 || args_.save_steps >= total_steps_,
+                 "option save_steps ", args_.save_steps, ": checkpoints of ZeRO stage ",
+                 args_.zero_stage, " runs (sharded optimizer states) are not built yet; use "
+                 "--save_steps 0 (the final model is written)");
   LT_CHECK_INPUT(!distributed || args_.resume_from_checkpoint.empty(),
                  "option resume_from_checkpoint: resuming a data-parallel run (", comm.size(),
                  " ranks) is not supported yet; the checkpoint holds rank 0's data position only");
@@ -502,6 +527,10 @@ TrainResult Trainer::train() {
         }
       } else if (loss.requires_grad()) {
         StepPhaseGuard phase("backward");
+        // ZeRO-2: the last micro-batch's backward reduce-scatters each unit as it completes.
+        std::unique_ptr<ZeroOptimizer::BackwardReducer> reducer;
+        if (zero_ && zero_->stage() == 2 && i + 1 == micro.size())
+          reducer = std::make_unique<ZeroOptimizer::BackwardReducer>(*zero_);
         loss.backward();
       }
       if (offloader) {
@@ -522,11 +551,16 @@ TrainResult Trainer::train() {
       finite = comm.all_reduce_int(finite ? 0 : 1, ReduceOp::kMax) == 0;
       step_loss = comm.all_reduce_scalar(step_loss);
       if (finite) {
-        StepPhaseGuard phase("gradient all-reduce");
-        all_reduce_gradients(comm);
+        StepPhaseGuard phase("gradient reduction");
+        if (zero_)
+          zero_->reduce_gradients();
+        else
+          all_reduce_gradients(comm);
       }
     }
-    const double norm = args_.optimizer_in_backward ? backward_norm : grad_norm();
+    const double norm = args_.optimizer_in_backward ? backward_norm
+                        : zero_                     ? zero_->grad_norm()
+                                                    : grad_norm();
     if (!finite || !std::isfinite(norm)) {
       ++consecutive_nonfinite_;
       ++skipped_steps_;

@@ -36,6 +36,8 @@
 
 namespace leantune {
 
+class ZeroOptimizer;
+
 struct TrainingArguments {
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
@@ -71,6 +73,8 @@ struct TrainingArguments {
   std::string memory_trace;   // allocator trace of the first memory_trace_steps updates (JSON)
   int64_t memory_trace_steps = 3;
   CommOptions comm;  // --comm_backend, --deterministic_comm, --comm_timeout
+  int zero_stage = 0;
+  int64_t reduce_bucket_size = 25'000'000;
 };
 
 // Declares the options every trainer shares (TRL/transformers names and defaults).
@@ -157,6 +161,7 @@ class Trainer {
 
   std::vector<Optimizer::Param> trainable_;
   std::unique_ptr<Optimizer> optimizer_;
+  ZeroOptimizer* zero_ = nullptr;  // optimizer_ when ZeRO 1/2 shards it
   LrScheduler scheduler_;
   int64_t total_steps_ = 0;
   int64_t step_ = 0;

@@ -2,7 +2,15 @@
 # run over the same global batch.
 if(MPI_CXX_FOUND)
   find_program(LT_MPIRUN mpirun)
-  foreach(c full_np2 full_np4 lora_np2 lora_np4 accum refusals)
+  set(_cases refusals accum_z0 accum_z2)
+  foreach(stage 0 1 2)
+    foreach(kind full lora)
+      foreach(np 2 4)
+        list(APPEND _cases z${stage}_${kind}_np${np})
+      endforeach()
+    endforeach()
+  endforeach()
+  foreach(c ${_cases})
     add_test(NAME trainers_data_parallel_${c}
              COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/data_parallel.sh $<TARGET_FILE:trainer_bin>
                      ${LT_MPIRUN} ${c})

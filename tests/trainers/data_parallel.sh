@@ -1,10 +1,12 @@
 #!/bin/bash
 # Data-parallel SFT under mpirun against the single-process run with the same global batch
 # (tests/trainers/data_parallel.cmake). Usage: data_parallel.sh TRAINER_BIN MPIRUN CASE
-#   CASE = full|lora  x  np2|np4    np ranks x 1 micro-batch vs 1 rank x np micro-batches,
-#          --deterministic_comm: losses and final weights bit-identical;
-#          without it: losses within 1e-5 relative.
-#   CASE = accum     2 ranks x 2 micro-batches vs 1 rank x 4: losses within 1e-5 relative.
+#   CASE = z<stage>_<full|lora>_np<N>   --zero_stage 0|1|2 on N ranks x 1 micro-batch vs 1 rank
+#          x N micro-batches. --deterministic_comm: losses and final weights bit-identical;
+#          without it: losses within 1e-5 relative. Stages 1 and 2: the optimizer-state bytes of
+#          rank 0 (allocator tag, metrics.jsonl) are 1/N of the single process's, within 2%;
+#          stage 2 (small units): the gradient peak is below the single process's.
+#   CASE = accum_z<stage>   2 ranks x 2 micro-batches vs 1 rank x 4: losses within 1e-5.
 #   CASE = refusals  options data parallel does not support are refused in one line, exit 2.
 set -u
 bin=$1 mpirun=$2 case=$3
@@ -23,41 +25,68 @@ close() {
       if (d > tol * m) { printf "step %d: %s vs %s\n", NR, $1, $2; bad = 1 } ; n++ }
     END { if (n == 0) { print "no losses"; exit 1 } exit bad }'
 }
+# Peak bytes of an allocator tag in the last metrics record (rank 0's).
+tag_peak() { tail -1 "$1/metrics.jsonl" | grep -o "\"$2\":{[^}]*}" | grep -o '"peak":[0-9]*' | cut -d: -f2; }
 weights() { [ -f "$1/adapter_model.safetensors" ] && echo "$1/adapter_model.safetensors" \
               || echo "$1/model.safetensors"; }
 
 case $case in
-  full_np*|lora_np*)
+  z*_np*)
     np=${case#*_np}
+    stage=${case:1:1}
+    kind=${case#*_}; kind=${kind%%_*}
+    zero=(--zero_stage "$stage" --reduce_bucket_size 100000)
     extra=()
     # LoRA dropout draws from each rank's own stream, so its masks differ between world sizes
     # (as in torch DDP); the comparison runs without it.
-    [ "${case%%_*}" = lora ] && extra=(--use_peft --lora_dropout 0)
+    [ "$kind" = lora ] && extra=(--use_peft --lora_dropout 0)
     "$bin" "${common[@]}" "${extra[@]}" --gradient_accumulation_steps "$np" --deterministic_comm \
       --output_dir "$work/one" >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "1 rank"; }
-    mpi "$np" "${common[@]}" "${extra[@]}" --deterministic_comm --output_dir "$work/dp" \
+    mpi "$np" "${common[@]}" "${extra[@]}" "${zero[@]}" --deterministic_comm --output_dir "$work/dp" \
       >"$work/dp.log" 2>&1 || { tail -20 "$work/dp.log"; fail "$np ranks"; }
     cmp <(losses "$work/one") <(losses "$work/dp") || fail "losses differ under --deterministic_comm"
     cmp "$(weights "$work/one")" "$(weights "$work/dp")" || fail "final weights differ"
-    mpi "$np" "${common[@]}" "${extra[@]}" --output_dir "$work/lib" >"$work/lib.log" 2>&1 ||
+    mpi "$np" "${common[@]}" "${extra[@]}" "${zero[@]}" --output_dir "$work/lib" >"$work/lib.log" 2>&1 ||
       { tail -20 "$work/lib.log"; fail "$np ranks without --deterministic_comm"; }
     close "$work/one" "$work/lib" 1e-5 || fail "losses beyond 1e-5 relative"
-    echo "ok: $np ranks == 1 rank x $np micro-batches ($(losses "$work/dp" | tr '\n' ' '))" ;;
-  accum)
+    if [ "$stage" != 0 ]; then
+      one=$(tag_peak "$work/one" optimizer) dp=$(tag_peak "$work/dp" optimizer)
+      awk -v a="$one" -v b="$dp" -v n="$np" 'BEGIN { r = b * n / a; exit !(r >= 0.999 && r <= 1.02) }' ||
+        fail "optimizer bytes: $dp on rank 0 vs $one on one rank (expected 1/$np)"
+      echo "optimizer-state bytes: $one on 1 rank, $dp on each of $np"
+    fi
+    if [ "$stage" = 2 ] && [ "$kind" = full ]; then  # LoRA adapters fit in one unit
+      one=$(tag_peak "$work/one" grad) dp=$(tag_peak "$work/dp" grad)
+      [ "$dp" -lt "$one" ] || fail "stage 2 gradient peak $dp not below $one"
+      echo "gradient peak: $one on 1 rank, $dp per rank"
+    fi
+    echo "ok: $np ranks (zero $stage, $kind) == 1 rank x $np micro-batches ($(losses "$work/dp" | tr '\n' ' '))" ;;
+  accum_z*)
+    stage=${case#accum_z}
     "$bin" "${common[@]}" --gradient_accumulation_steps 4 --output_dir "$work/one" \
       >"$work/one.log" 2>&1 || fail "1 rank"
-    mpi 2 "${common[@]}" --gradient_accumulation_steps 2 --output_dir "$work/dp" \
+    mpi 2 "${common[@]}" --zero_stage "$stage" --gradient_accumulation_steps 2 --output_dir "$work/dp" \
       >"$work/dp.log" 2>&1 || { tail -20 "$work/dp.log"; fail "2 ranks"; }
     close "$work/one" "$work/dp" 1e-5 || fail "losses beyond 1e-5 relative"
-    echo "ok: 2 ranks x 2 == 1 rank x 4 within 1e-5" ;;
+    echo "ok: 2 ranks x 2 (zero $stage) == 1 rank x 4 within 1e-5" ;;
   refusals)
     out=$(mpi 2 "${common[@]}" --optimizer_in_backward --max_grad_norm 0 \
             --output_dir "$work/x" 2>&1); rc=$?
     [ $rc -ne 0 ] || fail "optimizer_in_backward accepted under data parallel"
     echo "$out" | grep -q "optimizer_in_backward: not supported with data parallel" ||
       { echo "$out"; fail "no one-line reason"; }
-    out=$("$bin" "${common[@]}" --comm_timeout 0 --output_dir "$work/y" 2>&1); rc=$?
-    [ $rc -eq 2 ] || fail "--comm_timeout 0: exit $rc"
+    expect2() {  # expect2 PATTERN CMD...: exit 2 with PATTERN in the one-line message
+      local pat=$1; shift
+      out=$("$@" 2>&1); rc=$?
+      [ $rc -ne 0 ] || fail "accepted: $*"
+      echo "$out" | grep -q -- "$pat" || { echo "$out"; fail "no line with '$pat'"; }
+    }
+    expect2 "option comm_timeout" "$bin" "${common[@]}" --comm_timeout 0 --output_dir "$work/y"
+    expect2 "option zero_stage 3" "$bin" "${common[@]}" --zero_stage 3 --output_dir "$work/y"
+    expect2 "optim adafactor" mpi 2 "${common[@]}" --zero_stage 1 --optim adafactor \
+      --output_dir "$work/y"
+    expect2 "option save_steps 1" mpi 2 "${common[@]}" --zero_stage 2 --save_steps 1 \
+      --output_dir "$work/y"
     echo "ok: refusals" ;;
   *) fail "unknown case $case" ;;
 esac

@@ -1,0 +1,222 @@
+// ZeRO stages 1 and 2 (see zero.h).
+#include "trainers/zero.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "engine/allocator.h"
+#include "engine/check.h"
+#include "engine/ops.h"
+
+namespace leantune {
+namespace {
+
+char* bytes_at(const Tensor& t, int64_t element) {
+  return static_cast<char*>(t.data_ptr()) + element * static_cast<int64_t>(t.element_size());
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments& args,
+                             std::vector<Param> params, const AdamWConfig& cfg,
+                             int64_t unit_elements)
+    : stage_(stage), comm_(comm), params_(std::move(params)) {
+  LT_CHECK_INPUT(unit_elements > 0, "option reduce_bucket_size ", unit_elements,
+                 ": must be a positive number of elements");
+  LT_CHECK_INPUT(stage == 1 || stage == 2, "option zero_stage ", stage,
+                 ": this sharded optimizer serves stages 1 and 2");
+  LT_CHECK_INPUT(args.optim == "adamw_torch" || args.optim == "sgd", "options zero_stage ", stage,
+                 " and optim ", args.optim,
+                 ": ZeRO shards elementwise optimizers (adamw_torch, sgd); adafactor factors "
+                 "2-D shapes and the 8-bit states are blockwise");
+  LT_CHECK_INPUT(args.offload_optimizer == "none", "options zero_stage ", stage,
+                 " and offload_optimizer ", args.offload_optimizer, " cannot be combined yet");
+  const int n_ranks = comm_.size(), r = comm_.rank();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].tensor;
+    LT_CHECK_INPUT(p.device().is_cpu(), "option zero_stage: parameter ", params_[i].name, " is on ",
+                   p.device().str(), "; sharding on CUDA needs the NCCL backend (not built yet)");
+    LT_CHECK(p.is_contiguous(), "zero: parameter ", params_[i].name, " is not contiguous");
+    const bool fits = !units_.empty() && units_.back().dtype == p.dtype() &&
+                      units_.back().elements + p.numel() <= unit_elements;
+    if (!fits) {
+      units_.emplace_back();
+      units_.back().dtype = p.dtype();
+    }
+    Unit& u = units_.back();
+    u.params.push_back(i);
+    u.offsets.push_back(u.elements);
+    u.elements += p.numel();
+  }
+  std::vector<Param> piece_params;
+  MemTagGuard tag(MemTag::kOptimizer);
+  for (Unit& u : units_) {
+    u.slice = (u.elements + n_ranks - 1) / n_ranks;
+    const int64_t lo = r * u.slice, hi = lo + u.slice;
+    for (size_t k = 0; k < u.params.size(); ++k) {
+      const Param& p = params_[u.params[k]];
+      const int64_t off = u.offsets[k], n = p.tensor.numel();
+      const int64_t b = std::max(off, lo), e = std::min(off + n, hi);
+      if (b >= e) continue;
+      Piece piece{u.params[k], b - off, e - b, b - lo, Tensor()};
+      // A view of the parameter itself: the inner optimizer updates these elements in place,
+      // and no copy of the weights exists.
+      piece.tensor = p.tensor.detach().view({n}).narrow(0, piece.begin, piece.length);
+      piece.tensor.set_requires_grad(true);
+      piece_params.push_back(
+          {p.name + "@" + std::to_string(piece.begin), piece.tensor, p.decay});
+      u.pieces.push_back(pieces_.size());
+      pieces_.push_back(std::move(piece));
+    }
+  }
+  inner_ = make_optimizer(args, std::move(piece_params), cfg);
+}
+
+int64_t ZeroOptimizer::owned_elements() const {
+  int64_t n = 0;
+  for (const Piece& p : pieces_) n += p.length;
+  return n;
+}
+
+void ZeroOptimizer::reduce_gradients() {
+  for (Unit& u : units_)
+    if (!u.reduced) reduce_unit(u);
+}
+
+void ZeroOptimizer::drop_gradients() {
+  for (Unit& u : units_) {
+    u.grad_slice = Tensor();
+    u.reduced = false;
+  }
+  for (Piece& p : pieces_) p.tensor.zero_grad();
+  slice_sum_squares_ = 0;
+}
+
+void ZeroOptimizer::reduce_unit(Unit& u) {
+  MemTagGuard tag(MemTag::kComm);
+  const int n_ranks = comm_.size();
+  u.reduced = true;
+  // The unit's gradients in one flat buffer (zeros for a parameter without one, and padding).
+  DType gdt = u.dtype;
+  bool first = true;
+  for (size_t i : u.params) {
+    Tensor g = params_[i].tensor.grad();
+    if (!g.defined()) continue;
+    LT_CHECK(first || g.dtype() == gdt, "zero: gradients of one unit in different dtypes");
+    gdt = g.dtype();
+    first = false;
+  }
+  Tensor flat = Tensor::zeros({u.slice * n_ranks}, gdt, Device::cpu(), MemTag::kComm);
+  for (size_t k = 0; k < u.params.size(); ++k) {
+    Tensor g = params_[u.params[k]].tensor.grad();
+    if (!g.defined()) continue;
+    Tensor src = g.contiguous();
+    std::memcpy(bytes_at(flat, u.offsets[k]), src.data_ptr(), src.nbytes());
+  }
+  if (stage_ == 1) {
+    comm_.all_reduce(flat, ReduceOp::kSum);
+    for (size_t k = 0; k < u.params.size(); ++k) {
+      Tensor& p = params_[u.params[k]].tensor;
+      Tensor g = p.grad();
+      if (!g.defined()) {
+        g = Tensor::zeros(p.shape(), gdt, Device::cpu(), MemTag::kGrad);
+        p.set_grad(g);
+      }
+      std::memcpy(g.data_ptr(), bytes_at(flat, u.offsets[k]), g.nbytes());
+    }
+    return;
+  }
+  // Only the slice stays: the full gradients go before the slice is allocated.
+  for (size_t i : u.params) params_[i].tensor.zero_grad();
+  u.grad_slice = Tensor::empty({u.slice}, gdt, Device::cpu(), MemTag::kGrad);
+  comm_.reduce_scatter(flat, u.grad_slice, ReduceOp::kSum);
+  flat = Tensor();
+  for (size_t pi : u.pieces) {
+    const Piece& piece = pieces_[pi];
+    slice_sum_squares_ += ops::sum_squares(u.grad_slice.narrow(0, piece.slice_at, piece.length));
+  }
+}
+
+ZeroOptimizer::BackwardReducer::BackwardReducer(ZeroOptimizer& z) : z_(z) {
+  pending_.assign(z_.units_.size(), 0);
+  for (size_t ui = 0; ui < z_.units_.size(); ++ui)
+    for (size_t i : z_.units_[ui].params) {
+      unit_of_[z_.params_[i].tensor.impl()] = ui;
+      ++pending_[ui];
+    }
+  add_backward_observer(this);
+}
+
+ZeroOptimizer::BackwardReducer::~BackwardReducer() { remove_backward_observer(this); }
+
+void ZeroOptimizer::BackwardReducer::after_node(Node& node) {
+  auto* acc = dynamic_cast<AccumulateGrad*>(&node);
+  if (!acc) return;
+  auto it = unit_of_.find(acc->leaf());
+  if (it == unit_of_.end()) return;
+  const size_t ui = it->second;
+  unit_of_.erase(it);  // a leaf's gradient is complete once
+  if (--pending_[ui] == 0 && !z_.units_[ui].reduced) z_.reduce_unit(z_.units_[ui]);
+}
+
+double ZeroOptimizer::grad_norm() const {
+  if (stage_ == 1) {
+    double s = 0;
+    for (const Param& p : params_) {
+      Tensor g = p.tensor.grad();
+      if (g.defined()) s += ops::sum_squares(g);
+    }
+    return std::sqrt(s);
+  }
+  return std::sqrt(comm_.all_reduce_scalar(slice_sum_squares_));
+}
+
+void ZeroOptimizer::update(const std::vector<size_t>&, double lr, double grad_scale) {
+  // Each piece's gradient: its part of the summed gradient.
+  for (Unit& u : units_) {
+    for (size_t pi : u.pieces) {
+      Piece& piece = pieces_[pi];
+      Tensor g;
+      if (stage_ == 1) {
+        Tensor full = params_[piece.param].tensor.grad();
+        LT_CHECK(full.defined(), "zero: no gradient for ", params_[piece.param].name);
+        g = full.view({full.numel()}).narrow(0, piece.begin, piece.length);
+      } else {
+        LT_CHECK(u.grad_slice.defined(), "zero: reduce_gradients() was not called");
+        g = u.grad_slice.narrow(0, piece.slice_at, piece.length);
+      }
+      piece.tensor.set_grad(g.contiguous());
+    }
+  }
+  inner_->step(lr, grad_scale);
+  // The updated slices, gathered back into every rank's parameters.
+  MemTagGuard tag(MemTag::kComm);
+  const int n_ranks = comm_.size();
+  for (Unit& u : units_) {
+    Tensor mine = Tensor::zeros({u.slice}, u.dtype, Device::cpu(), MemTag::kComm);
+    for (size_t pi : u.pieces) {
+      const Piece& piece = pieces_[pi];
+      std::memcpy(bytes_at(mine, piece.slice_at), piece.tensor.data_ptr(), piece.tensor.nbytes());
+    }
+    Tensor all = Tensor::empty({u.slice * n_ranks}, u.dtype, Device::cpu(), MemTag::kComm);
+    comm_.all_gather(mine, all);
+    for (size_t k = 0; k < u.params.size(); ++k) {
+      const Tensor& p = params_[u.params[k]].tensor;
+      std::memcpy(p.data_ptr(), bytes_at(all, u.offsets[k]), p.nbytes());
+    }
+  }
+  drop_gradients();
+}
+
+std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::state_tensors() const {
+  return inner_->state_tensors();
+}
+
+void ZeroOptimizer::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) {
+  inner_->load_state_tensors(state);
+  inner_->set_step_count(step_count());
+}
+
+int64_t ZeroOptimizer::state_bytes() const { return inner_->state_bytes(); }
+
+}  // namespace leantune

@@ -1,0 +1,113 @@
+// ZeRO stages 1 and 2 (DeepSpeed's meanings) over the Communicator: the optimizer's states, and
+// the f32 master copies of 16-bit weights, exist for 1/N of the parameters on each rank.
+//
+// Layout: the trainable parameters, in order, are grouped into units (consecutive parameters of
+// one dtype, up to --reduce_bucket_size elements; a larger parameter is a unit of its own). Each unit
+// is a flat vector padded to a multiple of N and cut into N equal slices; rank r owns slice r of
+// every unit. Where a parameter meets the rank's slice, the rank holds a "piece": a view of those
+// elements of the parameter, which the inner optimizer (any elementwise one: adamw_torch, sgd)
+// updates in place exactly as it would update that part of the whole parameter.
+//
+// One update:
+//   stage 1  each unit's gradients are summed over the ranks (all_reduce of the unit's flat
+//            buffer); every rank has the full gradients (the norm is the single-process one).
+//   stage 2  each unit's gradients are reduce-scattered: the rank keeps the sum of its slice
+//            only and drops the full gradients of the unit at once. The global norm is the
+//            rank-order sum of the ranks' squared slice norms.
+//   then     the inner optimizer steps the pieces; each unit's updated slices are all-gathered
+//            back into the parameters (every rank ends with the same full weights).
+// Under --deterministic_comm every sum folds in rank order, so a run on N ranks with one
+// micro-batch equals the single-process run with N micro-batches bit for bit (stage 2's norm,
+// summed from slices, may differ in the last bits, which shows only when clipping applies).
+// Scratch: one unit's flat buffer at a time (MemTag::kComm).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/comm.h"
+#include "engine/optim.h"
+#include "trainers/optim_options.h"
+
+namespace leantune {
+
+class ZeroOptimizer final : public Optimizer {
+ public:
+  // Refuses (Error kInput, one line) optimizers that are not elementwise. unit_elements:
+  // --reduce_bucket_size.
+  ZeroOptimizer(int stage, Communicator& comm, const OptimArguments& args,
+                std::vector<Param> params, const AdamWConfig& cfg, int64_t unit_elements);
+
+  // Sums the gradients over the ranks (stage 1: all of them; stage 2: this rank's slices, and
+  // the full gradients are dropped). Call once per update, after the last backward; units
+  // already reduced during backward (BackwardReducer) are skipped.
+  void reduce_gradients();
+  // Drops every gradient and slice (a skipped update).
+  void drop_gradients();
+
+  // Stage 2, around the last micro-batch's backward: a unit is reduce-scattered as soon as the
+  // gradient of each of its parameters is complete, and its full gradients are dropped at once,
+  // so the full-model gradient never exists. Every rank runs the same graph, so every rank
+  // issues the same collectives in the same order.
+  class BackwardReducer final : public BackwardObserver {
+   public:
+    explicit BackwardReducer(ZeroOptimizer& z);
+    ~BackwardReducer() override;
+    BackwardReducer(const BackwardReducer&) = delete;
+    BackwardReducer& operator=(const BackwardReducer&) = delete;
+    void after_node(Node& node) override;
+
+   private:
+    ZeroOptimizer& z_;
+    std::unordered_map<const TensorImpl*, size_t> unit_of_;
+    std::vector<size_t> pending_;  // parameters per unit whose gradient is not complete yet
+  };
+  // Global gradient norm after reduce_gradients().
+  double grad_norm() const;
+
+  size_t num_params() const override { return params_.size(); }
+  const Param& param(size_t i) const override { return params_[i]; }
+  // The inner optimizer's state of this rank's pieces ("<name>@<offset>.<part>").
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
+  int64_t state_bytes() const override;
+  int stage() const { return stage_; }
+  // Elements of trainable parameters this rank owns (its slices, padding excluded).
+  int64_t owned_elements() const;
+
+ private:
+  struct Piece {
+    size_t param;      // index into params_
+    int64_t begin;     // first element of the parameter in this rank's slice
+    int64_t length;    // elements
+    int64_t slice_at;  // offset of those elements within the rank's slice of the unit
+    Tensor tensor;     // view of the parameter's elements, updated by the inner optimizer
+  };
+  struct Unit {
+    std::vector<size_t> params;
+    std::vector<int64_t> offsets;  // of each parameter in the unit's flat vector
+    int64_t elements = 0;
+    int64_t slice = 0;  // elements per rank (padded)
+    DType dtype = DType::kF32;
+    std::vector<size_t> pieces;  // into pieces_
+    Tensor grad_slice;           // stage 2: this rank's summed gradient slice
+    bool reduced = false;        // in this update
+  };
+
+  void reduce_unit(Unit& u);
+
+  void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
+
+  int stage_;
+  Communicator& comm_;
+  std::vector<Param> params_;
+  std::vector<Unit> units_;
+  std::vector<Piece> pieces_;
+  std::unique_ptr<Optimizer> inner_;
+  double slice_sum_squares_ = 0;  // stage 2, this rank's part of the squared norm
+};
+
+}  // namespace leantune
