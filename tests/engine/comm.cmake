@@ -10,13 +10,14 @@ if(MPI_CXX_FOUND)
     add_test(NAME engine_comm_mpi_np${np}
              COMMAND ${LT_MPIRUN} ${LT_MPIRUN_ARGS} -np ${np} $<TARGET_FILE:engine_comm_mpi>
                      collectives --gtest_brief=1)
-    set_tests_properties(engine_comm_mpi_np${np} PROPERTIES LABELS "mpi;engine" TIMEOUT 300
+    set_tests_properties(engine_comm_mpi_np${np} PROPERTIES LABELS "mpi;engine" TIMEOUT 300 RESOURCE_LOCK mpi
                          ENVIRONMENT "OMP_NUM_THREADS=1")
   endforeach()
   foreach(mode stuck killed)
     add_test(NAME engine_comm_mpi_${mode}_rank
              COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/comm_failure.sh ${mode} ${LT_MPIRUN}
                      $<TARGET_FILE:engine_comm_mpi>)
-    set_tests_properties(engine_comm_mpi_${mode}_rank PROPERTIES LABELS "mpi;engine" TIMEOUT 120)
+    set_tests_properties(engine_comm_mpi_${mode}_rank PROPERTIES LABELS "mpi;engine" TIMEOUT 120
+                         RESOURCE_LOCK mpi)
   endforeach()
 endif()

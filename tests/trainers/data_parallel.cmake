@@ -14,6 +14,7 @@ if(MPI_CXX_FOUND)
     add_test(NAME trainers_data_parallel_${c}
              COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/data_parallel.sh $<TARGET_FILE:trainer_bin>
                      ${LT_MPIRUN} ${c})
-    set_tests_properties(trainers_data_parallel_${c} PROPERTIES LABELS "mpi;trainers" TIMEOUT 600)
+    set_tests_properties(trainers_data_parallel_${c} PROPERTIES LABELS "mpi;trainers" TIMEOUT 600
+                         RESOURCE_LOCK mpi)
   endforeach()
 endif()

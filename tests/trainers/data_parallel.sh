@@ -43,11 +43,11 @@ case $case in
     "$bin" "${common[@]}" "${extra[@]}" --gradient_accumulation_steps "$np" --deterministic_comm \
       --output_dir "$work/one" >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "1 rank"; }
     mpi "$np" "${common[@]}" "${extra[@]}" "${zero[@]}" --deterministic_comm --output_dir "$work/dp" \
-      >"$work/dp.log" 2>&1 || { tail -20 "$work/dp.log"; fail "$np ranks"; }
+      >"$work/dp.log" 2>&1 || { cat "$work/dp.log"; fail "$np ranks"; }
     cmp <(losses "$work/one") <(losses "$work/dp") || fail "losses differ under --deterministic_comm"
     cmp "$(weights "$work/one")" "$(weights "$work/dp")" || fail "final weights differ"
     mpi "$np" "${common[@]}" "${extra[@]}" "${zero[@]}" --output_dir "$work/lib" >"$work/lib.log" 2>&1 ||
-      { tail -20 "$work/lib.log"; fail "$np ranks without --deterministic_comm"; }
+      { cat "$work/lib.log"; fail "$np ranks without --deterministic_comm"; }
     close "$work/one" "$work/lib" 1e-5 || fail "losses beyond 1e-5 relative"
     if [ "$stage" != 0 ]; then
       one=$(tag_peak "$work/one" optimizer) dp=$(tag_peak "$work/dp" optimizer)
@@ -66,7 +66,7 @@ case $case in
     "$bin" "${common[@]}" --gradient_accumulation_steps 4 --output_dir "$work/one" \
       >"$work/one.log" 2>&1 || fail "1 rank"
     mpi 2 "${common[@]}" --zero_stage "$stage" --gradient_accumulation_steps 2 --output_dir "$work/dp" \
-      >"$work/dp.log" 2>&1 || { tail -20 "$work/dp.log"; fail "2 ranks"; }
+      >"$work/dp.log" 2>&1 || { cat "$work/dp.log"; fail "2 ranks"; }
     close "$work/one" "$work/dp" 1e-5 || fail "losses beyond 1e-5 relative"
     echo "ok: 2 ranks x 2 (zero $stage) == 1 rank x 4 within 1e-5" ;;
   refusals)
