@@ -3,7 +3,8 @@
 // Single process: world size 1, so every reduction is the identity (kAvg divides by 1), a
 // reduce_scatter or all_gather is a copy, and send/recv to oneself go through a queue (a ring of
 // one rank sends to itself). The world communicator is chosen once: MPI when the process was
-// started by a launcher with more than one rank (or --comm_backend mpi), otherwise single.
+// started by a launcher with more than one rank (or --comm_backend mpi), otherwise single;
+// NCCL (CUDA tensors, one GPU per rank) when --comm_backend nccl asks for it.
 #include "engine/comm.h"
 
 #include <cstdlib>
@@ -13,6 +14,8 @@
 #include "engine/check.h"
 #include "engine/comm_fold.h"
 #include "engine/comm_mpi.h"
+#include "engine/comm_nccl.h"
+#include "engine/cuda_backend.h"
 
 namespace leantune {
 namespace {
@@ -140,10 +143,20 @@ Communicator& world_communicator(const CommOptions& options) {
   if (want_mpi) {
     LT_CHECK_INPUT(comm_detail::mpi_available(), "--comm_backend ", b,
                    ": this build of leantune has no MPI (install libopenmpi-dev and rebuild)");
-    LT_CHECK_INPUT(b != "nccl",
-                   "--comm_backend nccl: the NCCL backend needs CUDA tensors and a CUDA build; "
-                   "CPU ranks use mpi");
-    g_world = comm_detail::make_mpi_world(options);
+    if (b == "nccl") {
+      // One process per GPU: the node-local rank picks the device (a launcher that pins one GPU
+      // per task leaves one visible device).
+      LT_CHECK_INPUT(cuda_backend_device_count() > 0, "--comm_backend nccl: no CUDA device (",
+                     cuda_backend_error().empty() ? "none visible" : cuda_backend_error(), ")");
+      std::unique_ptr<Communicator> mpi = comm_detail::make_mpi_world(options);
+      const int count = cuda_backend_device_count();
+      const int device = count == 1 ? 0 : mpi->local_rank();
+      LT_CHECK_INPUT(device < count, "--comm_backend nccl: node-local rank ", mpi->local_rank(),
+                     " but only ", count, " CUDA devices on this node (one rank per GPU)");
+      g_world = comm_detail::make_nccl_communicator(std::move(mpi), device, options);
+    } else {
+      g_world = comm_detail::make_mpi_world(options);
+    }
   } else {
     g_world = make_single_communicator(options);
   }

@@ -30,7 +30,7 @@ namespace leantune {
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
 
 struct CommOptions {
-  std::string backend = "auto";  // auto | single | mpi | nccl (auto: nccl for CUDA, else mpi)
+  std::string backend = "auto";  // auto | single | mpi | nccl (auto: mpi under a launcher)
   bool deterministic = false;    // --deterministic_comm
   double timeout_seconds = 600;  // --comm_timeout
 };

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "engine/cuda_api.h"
+#include "engine/comm_nccl.h"
 #include "engine/cuda_backend.h"
 #include "engine/ops_cuda.h"
 #include "engine/optim.h"
@@ -69,12 +70,42 @@
   X(void, leantune::cuda_ops, philox_fill,                                                        \
     (const Tensor& t, const PhiloxParams& p, int kind, double a, double b), (t, p, kind, a, b))   \
   X(void, leantune, adamw_step_cuda,                                                              \
-    (const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args), (tensors, args))
+    (const std::vector<AdamWTensor>& tensors, const AdamWStepArgs& args), (tensors, args))                \
+  X(bool, leantune, nccl_available, (), ())                                                       \
+  X(void, leantune, nccl_get_unique_id, (void* id_out), (id_out))                                 \
+  X(void*, leantune, nccl_comm_init, (int size, int rank, const void* id, int device),            \
+    (size, rank, id, device))                                                                     \
+  X(int, leantune, nccl_async_error, (void* comm), (comm))                                        \
+  X(std::string, leantune, nccl_error_string, (int code), (code))                                 \
+  X(void, leantune, nccl_abort, (void* comm), (comm))                                             \
+  X(void, leantune, nccl_destroy, (void* comm), (comm))                                           \
+  X(void, leantune, nccl_group_start, (), ())                                                     \
+  X(void, leantune, nccl_group_end, (), ())                                                       \
+  X(void, leantune, nccl_all_reduce,                                                              \
+    (void* comm, const void* send, void* recv, size_t count, int dtype, int op, void* stream),    \
+    (comm, send, recv, count, dtype, op, stream))                                                 \
+  X(void, leantune, nccl_reduce_scatter,                                                          \
+    (void* comm, const void* send, void* recv, size_t recv_count, int dtype, int op,              \
+     void* stream),                                                                               \
+    (comm, send, recv, recv_count, dtype, op, stream))                                            \
+  X(void, leantune, nccl_all_gather,                                                              \
+    (void* comm, const void* send, void* recv, size_t send_count, int dtype, void* stream),       \
+    (comm, send, recv, send_count, dtype, stream))                                                \
+  X(void, leantune, nccl_broadcast,                                                               \
+    (void* comm, void* buf, size_t count, int dtype, int root, void* stream),                     \
+    (comm, buf, count, dtype, root, stream))                                                      \
+  X(void, leantune, nccl_send, (void* comm, const void* buf, size_t bytes, int peer, void* stream),\
+    (comm, buf, bytes, peer, stream))                                                             \
+  X(void, leantune, nccl_recv, (void* comm, void* buf, size_t bytes, int peer, void* stream),     \
+    (comm, buf, bytes, peer, stream))                                                             \
+  X(void, leantune, nccl_fold_rank_order,                                                         \
+    (const void* in, void* out, int64_t num_ranks, int64_t n, int dtype, int op, void* stream),   \
+    (in, out, num_ranks, n, dtype, op, stream))
 // clang-format on
 
 namespace leantune {
 
-inline constexpr uint32_t kEngineCudaAbiVersion = 1;
+inline constexpr uint32_t kEngineCudaAbiVersion = 2;
 inline constexpr const char* kEngineCudaTableSymbol = LT_CUDA_STR(LT_ENGINE_CUDA_TABLE);
 
 struct EngineCudaTable {

@@ -9,10 +9,16 @@ if(MPI_CXX_FOUND)
   foreach(np 1 2 4)
     add_test(NAME engine_comm_mpi_np${np}
              COMMAND ${LT_MPIRUN} ${LT_MPIRUN_ARGS} -np ${np} $<TARGET_FILE:engine_comm_mpi>
-                     collectives --gtest_brief=1)
+                     collectives --gtest_brief=1 --gtest_filter=-*Cuda*)
     set_tests_properties(engine_comm_mpi_np${np} PROPERTIES LABELS "mpi;engine" TIMEOUT 300 RESOURCE_LOCK mpi
                          ENVIRONMENT "OMP_NUM_THREADS=1")
   endforeach()
+  # The NCCL backend against the MPI one: gpu tier (skips without one GPU per rank).
+  add_test(NAME engine_comm_nccl_cuda_np2
+           COMMAND ${LT_MPIRUN} ${LT_MPIRUN_ARGS} -np 2 $<TARGET_FILE:engine_comm_mpi>
+                   collectives --gtest_brief=1 --gtest_filter=*Cuda*)
+  set_tests_properties(engine_comm_nccl_cuda_np2 PROPERTIES LABELS "gpu;mpi" TIMEOUT 300
+                       RESOURCE_LOCK mpi SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
   foreach(mode stuck killed)
     add_test(NAME engine_comm_mpi_${mode}_rank
              COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/comm_failure.sh ${mode} ${LT_MPIRUN}

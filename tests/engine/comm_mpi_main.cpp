@@ -22,6 +22,8 @@
 #include "engine/check.h"
 #include "engine/comm.h"
 #include "engine/comm_fold.h"
+#include "engine/comm_nccl.h"
+#include "engine/cuda_backend.h"
 #include "engine/dtype.h"
 #include "engine/tensor.h"
 
@@ -252,6 +254,52 @@ TEST(CommMpi, CpuOnlyAndContiguousAreChecked) {
   Tensor out = Tensor::empty({3}, DType::kF32);
   Tensor in = Tensor::zeros({3 * w.size() + 1}, DType::kF32);
   EXPECT_THROW(w.reduce_scatter(in, out), Error);
+}
+
+// The NCCL backend (gpu tier, one GPU per rank) against the MPI one on the same inputs: the
+// library reductions within the dtype's tolerance; the deterministic ones bit for bit (both fold
+// in rank order in f32/f64).
+TEST(CommNcclCuda, MatchesTheMpiBackend) {
+  Communicator& w = world();
+  const int devices = cuda_backend_device_count();
+  if (devices < w.size()) GTEST_SKIP() << devices << " CUDA devices for " << w.size() << " ranks";
+  for (bool det : {false, true}) {
+    CommOptions o;
+    o.deterministic = det;
+    o.timeout_seconds = 120;
+    auto mpi = w.duplicate(o);
+    auto nccl = comm_detail::make_nccl_communicator(w.duplicate(o), w.local_rank(), o);
+    const Device dev = Device::cuda(w.local_rank());
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (int64_t n : {int64_t{1}, int64_t{19}, int64_t{71 * 229}}) {
+        const int N = w.size();
+        Tensor host = contribution(w.rank(), N * n, dt);
+        Tensor want = host.clone();
+        mpi->all_reduce(want);
+        Tensor x = host.to(dev);
+        nccl->all_reduce(x);
+        Tensor got = x.to(Device::cpu());
+        const auto a = got.to_f64(), b = want.to_f64();
+        for (int64_t i = 0; i < N * n; ++i)
+          ASSERT_NEAR(a[i], b[i], tolerance(dt, N) * (1 + std::fabs(b[i]))) << "all_reduce " << i;
+        if (det) EXPECT_TRUE(bit_equal(got, want)) << "deterministic all_reduce";
+        Tensor rs_want = Tensor::empty({n}, dt);
+        mpi->reduce_scatter(host, rs_want);
+        Tensor rs = Tensor::empty({n}, dt, dev);
+        Tensor hd = host.to(dev);
+        nccl->reduce_scatter(hd, rs);
+        Tensor rs_got = rs.to(Device::cpu());
+        if (det) EXPECT_TRUE(bit_equal(rs_got, rs_want)) << "deterministic reduce_scatter";
+        Tensor ag = Tensor::empty({N * n}, dt, dev);
+        Tensor mine = contribution(w.rank(), n, dt).to(dev);
+        nccl->all_gather(mine, ag);
+        Tensor ag_want = Tensor::empty({N * n}, dt);
+        mpi->all_gather(contribution(w.rank(), n, dt), ag_want);
+        EXPECT_TRUE(bit_equal(ag.to(Device::cpu()), ag_want)) << "all_gather";
+      }
+    }
+    nccl->barrier();
+  }
 }
 
 // Rank 1 stops answering (alive, but never reaching the collective: a deadlock, a hung file
