@@ -250,17 +250,28 @@ Tensor DpoTrainer::compute_loss(const Batch& b, double normalizer) {
   LT_CHECK(!pending_.empty(), "dpo: compute_loss without a fetched micro-batch");
   PairBatch pb = std::move(pending_.front());
   pending_.pop_front();
+  pb.batch = b;
+  // This micro-batch's share of the accumulated batch's pair mean.
+  const double scale = static_cast<double>(pb.keys.size() / 2) / normalizer;
+  nlohmann::json metrics;
+  Tensor loss = pairs_loss(pb, scale, nullptr, &metrics);
+  for (auto it = metrics.begin(); it != metrics.end(); ++it)
+    window_[it.key()] = window_.value(it.key(), 0.0) + it.value().get<double>();
+  ++window_batches_;
+  return loss;
+}
+
+Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossResult* result,
+                              nlohmann::json* metrics) {
   const size_t n = pb.keys.size() / 2;
   // The reference first: its activations are gone before the policy's graph is built.
-  const std::vector<double> ref = ref_->logps(b, pb.keys, logps_);
+  const std::vector<double> ref = ref_->logps(pb.batch, pb.keys, logps_);
   SequenceLogpsOptions po = logps_;
   po.logit_sums = true;
-  kernels::SequenceLogprobs pol = sequence_logps(*model_, b, po);
+  kernels::SequenceLogprobs pol = sequence_logps(*model_, pb.batch, po);
   const std::vector<double> lp = pol.logps.to_f64();
-  const PreferenceLossResult r =
+  PreferenceLossResult r =
       preference_loss(loss_, make_pairs(lp, ref, pb.completion_tokens, pol.tokens));
-  // This micro-batch's share of the accumulated batch's pair mean.
-  const double scale = static_cast<double>(n) / normalizer;
   std::vector<double> grad(r.dchosen);
   grad.insert(grad.end(), r.drejected.begin(), r.drejected.end());
   for (double& g : grad) g *= scale;
@@ -272,27 +283,25 @@ Tensor DpoTrainer::compute_loss(const Batch& b, double normalizer) {
     logits_r += pol.logit_sums[n + i];
     tok_r += pol.tokens[n + i];
   }
-  const std::pair<const char*, double> m[] = {
-      {"rewards/chosen", r.rewards_chosen},
-      {"rewards/rejected", r.rewards_rejected},
-      {"rewards/accuracies", r.rewards_accuracies},
-      {"rewards/margins", r.rewards_margins},
-      {"logps/chosen", r.logps_chosen},
-      {"logps/rejected", r.logps_rejected},
-      {"logits/chosen", tok_c > 0 ? logits_c / static_cast<double>(tok_c) : 0.0},
-      {"logits/rejected", tok_r > 0 ? logits_r / static_cast<double>(tok_r) : 0.0}};
-  for (const auto& [k, v] : m) window_[k] = window_.value(k, 0.0) + v;
-  ++window_batches_;
-  return host_loss(pol.logps, r.loss * scale, std::move(grad));
+  if (metrics)
+    *metrics = {{"rewards/chosen", r.rewards_chosen},
+                {"rewards/rejected", r.rewards_rejected},
+                {"rewards/accuracies", r.rewards_accuracies},
+                {"rewards/margins", r.rewards_margins},
+                {"logps/chosen", r.logps_chosen},
+                {"logps/rejected", r.logps_rejected},
+                {"logits/chosen", tok_c > 0 ? logits_c / static_cast<double>(tok_c) : 0.0},
+                {"logits/rejected", tok_r > 0 ? logits_r / static_cast<double>(tok_r) : 0.0}};
+  const double value = r.loss * scale;
+  if (result) *result = std::move(r);
+  return host_loss(pol.logps, value, std::move(grad));
 }
 
 PreferenceLossResult DpoTrainer::evaluate_pairs(const std::vector<int64_t>& idx) {
   NoGradGuard ng;
-  PairBatch pb = collate_pairs(train_.examples, idx, data_);
-  const std::vector<double> ref = ref_->logps(pb.batch, pb.keys, logps_);
-  kernels::SequenceLogprobs pol = sequence_logps(*model_, pb.batch, logps_);
-  return preference_loss(loss_,
-                         make_pairs(pol.logps.to_f64(), ref, pb.completion_tokens, pol.tokens));
+  PreferenceLossResult r;
+  pairs_loss(collate_pairs(train_.examples, idx, data_), 1.0, &r, nullptr);
+  return r;
 }
 
 nlohmann::json DpoTrainer::log_metrics() {

@@ -75,6 +75,10 @@ class DpoTrainer final : public Trainer {
   const std::vector<nlohmann::json>& logged_metrics() const { return logged_; }
   // Loss and metrics of the given pairs with the current weights (no update; for tests).
   PreferenceLossResult evaluate_pairs(const std::vector<int64_t>& idx);
+  // The loss of one collated micro-batch times `scale`, differentiable with respect to the
+  // policy; the loss terms go to *result and TRL's metrics to *metrics when given.
+  Tensor pairs_loss(const PairBatch& pb, double scale, PreferenceLossResult* result,
+                    nlohmann::json* metrics);
 
  protected:
   int64_t micro_batches_per_epoch() const override;

@@ -1,0 +1,251 @@
+// DPO: parity with TRL 1.16's DPOTrainer (tests/fixtures/gen_dpo_fixtures.py: loss and metrics
+// of every loss_type within 1e-5 relative, the first step's gradient), padded == padding-free,
+// the reference modes' memory (allocator stats), the built-in demo, and bad input through
+// trainer_bin (exit 2, one line naming the row or option).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "engine/allocator.h"
+#include "engine/ops.h"
+#include "loaders/fs_util.h"
+#include "loaders/safetensors.h"
+#include "testing/testing.h"
+#include "trainers/dpo.h"
+#include "trainers/trainer_test_util.h"
+
+namespace leantune {
+namespace {
+
+using testing::run_command;
+using testing::trainer_bin;
+
+nlohmann::json fixture_meta() {
+  return nlohmann::json::parse(read_text_file(testing::fixture_path("dpo/cases.json")));
+}
+
+PreferenceData fixture_pairs(const nlohmann::json& meta) {
+  PreferenceData d;
+  int64_t line = 1;
+  for (const auto& p : meta["pairs"]) {
+    PreferenceExample ex;
+    ex.prompt_ids = p["prompt_ids"].get<std::vector<int32_t>>();
+    ex.chosen_ids = p["chosen_ids"].get<std::vector<int32_t>>();
+    ex.rejected_ids = p["rejected_ids"].get<std::vector<int32_t>>();
+    ex.line = line++;
+    d.examples.push_back(ex);
+  }
+  d.stats.examples = static_cast<int64_t>(d.examples.size());
+  return d;
+}
+
+// A DpoTrainer on the fixture's policy and reference with the case's loss options.
+struct FixtureRun {
+  std::shared_ptr<DecoderModel> model;
+  std::unique_ptr<DpoTrainer> trainer;
+};
+
+FixtureRun fixture_run(const nlohmann::json& c, bool padding_free, bool fused,
+                       const std::string& ref_mode = "ref_model") {
+  FixtureRun r;
+  r.model = std::shared_ptr<DecoderModel>(DecoderModel::load(
+      testing::fixture_path("models/qwen2_tied/model"), Device::cpu(), DType::kF32));
+  r.model->set_requires_grad(true);
+  Options o = dpo_options();
+  o.parse({"--output_dir", testing::temp_dir("dpo_fixture"), "--device", "cpu"});
+  PreferenceLossConfig lc;
+  lc.loss_types = c["loss_type"].get<std::vector<std::string>>();
+  if (c.contains("loss_weights")) lc.loss_weights = c["loss_weights"].get<std::vector<double>>();
+  lc.beta = c.value("beta", 0.1);
+  lc.label_smoothing = c.value("label_smoothing", 0.0);
+  lc.f_divergence_type = c.value("f_divergence_type", std::string("reverse_kl"));
+  lc.f_alpha_divergence_coef = c.value("f_alpha_divergence_coef", 1.0);
+  validate_preference_loss(lc);
+  DpoDataConfig dd;
+  dd.max_length = 0;
+  dd.padding_free = padding_free;
+  SequenceLogpsOptions lo;
+  lo.fused = fused;
+  lo.chunk_tokens = 5;  // several chunks, pieces of several sequences in one chunk
+  r.trainer = std::make_unique<DpoTrainer>(training_arguments(o), r.model, o, "",
+                                           fixture_pairs(fixture_meta()), dd, lc, lo);
+  RefModelConfig rc;
+  if (ref_mode == "ref_model") rc.ref_model = testing::fixture_path("dpo/ref_model");
+  if (ref_mode == "precompute") {
+    rc.ref_model = testing::fixture_path("dpo/ref_model");
+    rc.precompute = true;
+    rc.precompute_batch_size = 2;
+  }
+  r.trainer->set_reference(rc);
+  return r;
+}
+
+double rel(double a, double e) { return std::abs(a - e) / std::max(std::abs(e), 1e-12); }
+
+class DpoParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DpoParity, LossMetricsAndFirstStepGradientMatchTrl) {
+  const nlohmann::json meta = fixture_meta();
+  nlohmann::json c;
+  for (const auto& x : meta["cases"])
+    if (x["name"] == GetParam()) c = x;
+  ASSERT_FALSE(c.is_null()) << GetParam();
+  auto ref = SafetensorsFile::open(testing::fixture_path("dpo/cases.safetensors"));
+  FixtureRun run = fixture_run(c, /*padding_free=*/false, /*fused=*/true);
+  PreferenceLossResult res;
+  nlohmann::json metrics;
+  const PairBatch pb = collate_pairs(fixture_pairs(meta).examples, {0, 1, 2}, DpoDataConfig{0});
+  Tensor loss = run.trainer->pairs_loss(pb, 1.0, &res, &metrics);
+  const double want = c["loss"].get<double>();
+  EXPECT_LE(rel(loss.item(), want), 1e-5) << loss.item() << " vs TRL " << want;
+  EXPECT_LE(rel(res.loss, want), 1e-5);
+  for (auto it = c["metrics"].begin(); it != c["metrics"].end(); ++it) {
+    ASSERT_TRUE(metrics.contains(it.key())) << it.key();
+    const double e = it.value().get<double>(), a = metrics[it.key()].get<double>();
+    EXPECT_LE(std::abs(a - e), 1e-5 * std::abs(e) + 1e-7) << it.key() << ": " << a << " vs " << e;
+  }
+  loss.backward();
+  std::set<std::string> keys;
+  for (const auto& e : ref->entries()) keys.insert(e.name);
+  int checked = 0;
+  for (const auto& [name, p] : run.model->named_parameters()) {
+    const std::string key = GetParam() + ".grad." + name;
+    if (!keys.count(key)) continue;
+    const Tensor e = ref->tensor(key);
+    const double scale = ops::max_abs(e);
+    EXPECT_TRUE(testing::all_close(p.grad(), e, 1e-4 * scale + 1e-9, 1e-4)) << name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(TrlCases, DpoParity,
+                         ::testing::Values("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair",
+                                           "robust", "bco_pair", "sppo_hard", "apo_zero",
+                                           "apo_down", "sft", "sigmoid_norm",
+                                           "sigmoid_sft_weighted", "forward_kl", "js_divergence",
+                                           "alpha_divergence", "beta_0.5"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (char& ch : n)
+                             if (ch == '.') ch = '_';
+                           return n;
+                         });
+
+// Every variant of the batch layout and LM-head path gives the same loss and gradient.
+TEST(Dpo, PaddingFreeAndUnchunkedGiveTheSameLossAndGradient) {
+  const nlohmann::json meta = fixture_meta();
+  const nlohmann::json c = meta["cases"][0];
+  std::vector<double> losses;
+  std::vector<Tensor> grads;
+  for (int v = 0; v < 3; ++v) {
+    FixtureRun run = fixture_run(c, /*padding_free=*/v == 1, /*fused=*/v != 2);
+    DpoDataConfig dd{0};
+    dd.padding_free = v == 1;
+    const PairBatch pb = collate_pairs(fixture_pairs(meta).examples, {0, 1, 2}, dd);
+    if (v == 1) EXPECT_EQ(pb.batch.stats.pad_tokens, 0);
+    if (v == 0) EXPECT_GT(pb.batch.stats.pad_tokens, 0);
+    Tensor loss = run.trainer->pairs_loss(pb, 1.0, nullptr, nullptr);
+    loss.backward();
+    losses.push_back(loss.item());
+    grads.push_back(run.model->embed_tokens().grad().clone(MemTag::kOther));
+  }
+  for (int v = 1; v < 3; ++v) {
+    EXPECT_LE(rel(losses[v], losses[0]), 1e-6) << v;
+    EXPECT_TRUE(testing::all_close(grads[v], grads[0], 1e-6 * ops::max_abs(grads[0]), 1e-5)) << v;
+  }
+}
+
+int64_t param_bytes() {
+  return allocator(Device::cpu()).stats().by_tag[static_cast<int>(MemTag::kParam)].current;
+}
+
+TEST(Dpo, PrecomputedReferenceHoldsNoWeightsAndMatchesTheLiveOne) {
+  const nlohmann::json meta = fixture_meta();
+  const nlohmann::json c = meta["cases"][0];
+  const int64_t none = param_bytes();
+  FixtureRun live = fixture_run(c, false, true, "ref_model");
+  const int64_t with_ref = param_bytes() - none;
+  const int64_t ref_bytes = live.trainer->reference().held_bytes();
+  EXPECT_GT(ref_bytes, 0);
+  const double live_loss = live.trainer->evaluate_pairs({0, 1, 2}).loss;
+  live = FixtureRun{};
+  ASSERT_EQ(param_bytes(), none);
+  FixtureRun pre = fixture_run(c, false, true, "precompute");
+  // After the pass only the policy's weights are held: the reference model was freed.
+  EXPECT_TRUE(pre.trainer->reference().precomputed());
+  EXPECT_EQ(pre.trainer->reference().held_bytes(), 0);
+  EXPECT_EQ(param_bytes() - none, with_ref - ref_bytes);
+  EXPECT_LE(rel(pre.trainer->evaluate_pairs({0, 1, 2}).loss, live_loss), 1e-6);
+}
+
+// Parameter bytes (allocator, tag param) held once a run of the tiny model on the built-in
+// preference set is set up, and its reference mode; the run then trains one step.
+int64_t run_param_bytes(const std::vector<std::string>& extra, RefMode* mode) {
+  const std::string model = testing::make_tiny_model(testing::temp_dir("dpo_model"));
+  std::vector<std::string> args = {"--model_name_or_path",
+                                   model,
+                                   "--dataset",
+                                   std::string(LT_SOURCE_DIR) + "/data/embedded/preferences.jsonl",
+                                   "--output_dir",
+                                   testing::temp_dir("dpo_out"),
+                                   "--device",
+                                   "cpu",
+                                   "--max_steps",
+                                   "1",
+                                   "--per_device_train_batch_size",
+                                   "2"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Options o = dpo_options();
+  o.parse(args);
+  const int64_t before = param_bytes();
+  DpoRun run = make_dpo_run(o);
+  *mode = run.trainer->reference().mode();
+  const int64_t held = param_bytes() - before;
+  run.trainer->train();
+  EXPECT_EQ(param_bytes() - before, held) << "training changed the parameter bytes";
+  return held;
+}
+
+TEST(Dpo, UsePeftWithoutRefModelHoldsOneCopyOfTheBase) {
+  RefMode pre, full, peft;
+  // Precomputed: the policy alone (the copy that computed the reference is freed).
+  const int64_t one = run_param_bytes({"--precompute_ref_log_probs", "true"}, &pre);
+  EXPECT_EQ(pre, RefMode::kPrecomputed);
+  // Full fine-tuning without ref_model: a second copy.
+  EXPECT_EQ(run_param_bytes({}, &full), 2 * one);
+  EXPECT_EQ(full, RefMode::kPolicyCopy);
+  // LoRA without ref_model: one copy of the base plus the adapters (a few KiB).
+  const int64_t lora = run_param_bytes({"--use_peft", "true"}, &peft);
+  EXPECT_EQ(peft, RefMode::kAdaptersOff);
+  EXPECT_GE(lora, one);
+  EXPECT_LT(lora - one, 16 << 10);
+  // QLoRA: the NF4 base is the reference with the adapters off; still one (smaller) copy.
+  RefMode qlora;
+  const int64_t nf4 = run_param_bytes({"--use_peft", "true", "--load_in_4bit", "true"}, &qlora);
+  EXPECT_EQ(qlora, RefMode::kAdaptersOff);
+  EXPECT_LT(nf4, lora);
+}
+
+TEST(Dpo, DemoReachesRewardAccuracyAboveNinety) {
+  const std::string out = testing::temp_dir("dpo_demo");
+  std::string log;
+  ASSERT_EQ(run_command("cd " + out + " && " + trainer_bin() + " dpo --device cpu 2>&1", &log), 0)
+      << log;
+  std::ifstream f(out + "/trainer_output/embedded_dpo/metrics.jsonl");
+  double last = -1;
+  std::string line;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("rewards/accuracies")) last = j["rewards/accuracies"].get<double>();
+  }
+  EXPECT_GT(last, 0.9) << log;
+  EXPECT_NE(log.find("reference model: a frozen copy of the initial policy"), std::string::npos)
+      << log;
+}
+
+}  // namespace
+}  // namespace leantune
