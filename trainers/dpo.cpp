@@ -11,6 +11,7 @@
 #include "loaders/text_encoder.h"
 #include "trainers/data_options.h"
 #include "trainers/estimate.h"
+#include "trainers/estimate_pref.h"
 #include "trainers/model_io.h"
 #include "trainers/output_path.h"
 #include "trainers/peft_options.h"
@@ -389,6 +390,21 @@ nlohmann::json DpoTrainer::technique_savings() const {
   if (args_.gradient_checkpointing)
     s["gradient_checkpointing"] = {
         {"note", "only each layer's input is kept between forward and backward"}};
+  {
+    // The planning estimate for this run's largest micro-batch, beside the measured peak.
+    int64_t longest = 0;
+    for (const PreferenceExample& ex : train_.examples)
+      longest = std::max<int64_t>(
+          longest, static_cast<int64_t>(ex.prompt_ids.size() +
+                                        std::max(ex.chosen_ids.size(), ex.rejected_ids.size())));
+    if (data_.max_length > 0) longest = std::min(longest, data_.max_length);
+    EstimateConfig ec = estimate_config(
+        model_->config(), args_, peft_.active() ? &peft_.config : nullptr, quant_config_,
+        logps_.fused, 0, model_->device().is_cpu(), max_micro_tokens_, longest);
+    ec.resident_before_training = resident_before_training_;
+    const std::string mode = ref_mode_name(ref_->mode());
+    s["estimate"] = estimate_preference(ec, mode, ref_->held_bytes()).to_json();
+  }
   if (quant_config_.enabled())
     s["quantized_base"] = {{"kind", quant_config_.kind()},
                            {"modules", quant_report_.quantized_modules},
