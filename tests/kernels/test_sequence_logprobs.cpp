@@ -166,5 +166,28 @@ TEST(SequenceLogprobsMemory, ChunkedPeakDoesNotGrowWithTokensTimesVocab) {
   EXPECT_GE(full, 2 * logits_bytes);
 }
 
+// The same op on a CUDA device equals the CPU path (values and gradients).
+TEST(SequenceLogprobsCuda, MatchesCpu) {
+  LT_SKIP_WITHOUT_CUDA();
+  std::vector<int32_t> cu;
+  const Tensor y = make_targets({19, 1, 33, 7}, 229, &cu);
+  const Tensor cut = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
+  const int64_t t = y.numel();
+  const Tensor g = Tensor::from_doubles({0.5, -1.0, 0.25, 2.0}, {4}, DType::kF32);
+  std::vector<Tensor> out;
+  for (Device dev : {Device::cpu(), Device::cuda(0)}) {
+    Tensor x = testing::randn({t, 71}, DType::kF32, 31).to(dev);
+    Tensor w = testing::randn({229, 71}, DType::kF32, 32).to(dev);
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    SequenceLogprobs r = linear_sequence_logprobs(x, w, y, cut, {16, true});
+    r.logps.backward(g.to(dev));
+    out.push_back(r.logps.to(Device::cpu()));
+    out.push_back(x.grad().to(Device::cpu()));
+    out.push_back(w.grad().to(Device::cpu()));
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(testing::all_close(out[3 + i], out[i], 1e-4, 1e-4)) << i;
+}
+
 }  // namespace
 }  // namespace leantune::kernels

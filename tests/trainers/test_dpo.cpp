@@ -15,6 +15,7 @@
 #include "loaders/safetensors.h"
 #include "testing/testing.h"
 #include "trainers/dpo.h"
+#include "trainers/estimate_pref.h"
 #include "trainers/trainer_test_util.h"
 
 namespace leantune {
@@ -228,6 +229,36 @@ TEST(Dpo, UsePeftWithoutRefModelHoldsOneCopyOfTheBase) {
   const int64_t nf4 = run_param_bytes({"--use_peft", "true", "--load_in_4bit", "true"}, &qlora);
   EXPECT_EQ(qlora, RefMode::kAdaptersOff);
   EXPECT_LT(nf4, lora);
+}
+
+// trainer_bin estimate dpo: the reference modes differ by exactly the reference weights.
+TEST(Dpo, EstimateCoversEachReferenceMode) {
+  const ModelConfig m =
+      ModelConfig::load(std::string(LT_SOURCE_DIR) + "/data/embedded/config.json");
+  auto est = [&](const std::vector<std::string>& extra) {
+    Options o = dpo_options("estimate dpo");
+    std::vector<std::string> a = {"--device", "cpu", "--max_length", "64"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    o.parse(a);
+    return estimate_dpo_from_options(o, m, true);
+  };
+  const PreferenceEstimate pre = est({"--precompute_ref_log_probs", "true"});
+  const PreferenceEstimate copy = est({});
+  const PreferenceEstimate lora = est({"--use_peft", "true"});
+  const PreferenceEstimate nf4 = est(
+      {"--ref_model", std::string(LT_SOURCE_DIR) + "/data/embedded", "--ref_load_in_4bit", "true"});
+  EXPECT_EQ(pre.reference_mode, "precomputed");
+  EXPECT_EQ(pre.reference_params, 0);
+  EXPECT_EQ(copy.reference_mode, "policy_copy");
+  EXPECT_EQ(copy.reference_params, copy.policy.params);
+  EXPECT_EQ(copy.peak, pre.peak + copy.policy.params);
+  EXPECT_EQ(lora.reference_mode, "adapters_off");
+  EXPECT_EQ(lora.reference_params, 0);
+  EXPECT_EQ(nf4.reference_mode, "ref_model");
+  EXPECT_GT(nf4.reference_params, 0);
+  EXPECT_LT(nf4.reference_params, copy.reference_params / 2);
+  // Chosen and rejected: twice the tokens of an sft micro-batch.
+  EXPECT_GT(pre.policy.activations, 0);
 }
 
 TEST(Dpo, DemoReachesRewardAccuracyAboveNinety) {
