@@ -1,15 +1,18 @@
-// DPO step benchmark on the CPU: one preference pair (prompt + chosen, prompt + rejected, each
-// max_length tokens) through a randomly initialised model of a given shape, the policy's
-// forward, TRL's sigmoid loss and backward, with the chunked LM head (use_liger_loss) and with
-// full logits. The reference log-probabilities are taken as precomputed (zeros): this measures
-// the policy's step, which is where the two paths differ. Prints one JSON object: seconds and
-// the allocator's peak above the weights (total and by tag) for each path.
+// DPO step benchmark (CPU, or CUDA when a device is present): one preference pair (prompt + chosen,
+// prompt + rejected, each max_length tokens) through a randomly initialised model of a given shape,
+// the policy's forward, TRL's sigmoid loss and backward, with the chunked LM head (use_liger_loss)
+// and with full logits. The reference log-probabilities are taken as precomputed (zeros): this
+// measures the policy's step, which is where the two paths differ. Prints one JSON object: seconds
+// and the allocator's peak above the weights (total and by tag) for each path, and under "figures"
+// the flat numbers bench/gpu_suite.sh collects.
 //
-//   OMP_NUM_THREADS=2 build/bench/bench_dpo [--config bench/configs/qwen2.5-0.5b.json]
+//   OMP_NUM_THREADS=2 build/bench/bench_dpo [--config bench/configs/qwen2.5-0.5b.json] [--device
+//   cpu|cuda]
 //       [--max_length 2048] [--prompt 1024] [--layers N (default: the config's)] [--chunk 1024]
-//       [--paths chunked,full]
+//       [--paths chunked,full] [--gradient_checkpointing true]
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -51,8 +54,12 @@ Batch pair_batch(int64_t max_length, int64_t prompt, int64_t vocab) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config = "bench/configs/qwen2.5-0.5b.json";  // from the repository root
+  // From the repository root, or LEANTUNE_ROOT (bench/gpu_suite.sh sets it).
+  const char* root = std::getenv("LEANTUNE_ROOT");
+  std::string config = std::string(root ? root : ".") + "/bench/configs/qwen2.5-0.5b.json";
+  std::string device_name = cuda_available() ? "cuda" : "cpu";
   int64_t max_length = 2048, prompt = 1024, layers = -1, chunk = 1024;
+  bool checkpointing = false;
   std::string paths = "chunked,full";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -68,6 +75,10 @@ int main(int argc, char** argv) {
       chunk = std::stoll(v);
     else if (k == "--paths")
       paths = v;
+    else if (k == "--device")
+      device_name = v;
+    else if (k == "--gradient_checkpointing")
+      checkpointing = v == "true";
     else {
       std::fprintf(stderr, "bench_dpo: unknown option %s\n", k.c_str());
       return 2;
@@ -76,10 +87,11 @@ int main(int argc, char** argv) {
   ModelConfig cfg = ModelConfig::load(config);
   const int64_t config_layers = cfg.num_hidden_layers;
   if (layers >= 0) cfg.num_hidden_layers = layers;
-  DecoderModel model(cfg, Device::cpu(), DType::kF32);
+  const Device device = Device::parse(device_name);
+  DecoderModel model(cfg, device, DType::kF32);
   model.init_random(1);
   model.set_requires_grad(true);
-  Allocator& a = allocator(Device::cpu());
+  Allocator& a = allocator(device);
   const Batch b = pair_batch(max_length, prompt, cfg.vocab_size);
   nlohmann::json out = {{"config", config},
                         {"layers", cfg.num_hidden_layers},
@@ -91,7 +103,8 @@ int main(int argc, char** argv) {
                         {"tokens", b.num_tokens()},
                         {"scored_tokens", 2 * (max_length - prompt)},
                         {"dtype", "f32"},
-                        {"device", "cpu"},
+                        {"gradient_checkpointing", checkpointing},
+                        {"device", device.str()},
                         {"reference", "precomputed (zeros)"}};
   for (const std::string path : {"chunked", "full"}) {
     if (paths.find(path) == std::string::npos) continue;
@@ -103,6 +116,7 @@ int main(int argc, char** argv) {
     SequenceLogpsOptions o;
     o.fused = path == "chunked";
     o.chunk_tokens = chunk;
+    o.gradient_checkpointing = checkpointing;
     double loss = 0;
     {
       kernels::SequenceLogprobs r = sequence_logps(model, b, o);
@@ -128,6 +142,8 @@ int main(int argc, char** argv) {
                  {"loss", loss},
                  {"peak_above_weights", st.allocated.peak - base},
                  {"peak_by_tag", tags}};
+    out["figures"]["dpo_" + path + "_seconds"] = secs;
+    out["figures"]["dpo_" + path + "_peak_above_weights_bytes"] = st.allocated.peak - base;
     std::fprintf(stderr, "%s: %.1f s, peak above weights %s\n", path.c_str(), secs,
                  format_bytes(st.allocated.peak - base).c_str());
   }

@@ -165,12 +165,11 @@ void DpoTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, b
 }
 
 void DpoTrainer::set_reference(RefModelConfig cfg) {
+  // One pass in data order with the precompute batch size, before any update.
+  const int64_t bs = std::max<int64_t>(1, cfg.precompute_batch_size);
   ref_ = std::make_unique<ReferenceModel>(std::move(cfg), model_, &peft_);
   if (ref_->mode() != RefMode::kPrecomputed) return;
-  // One pass in data order with the precompute batch size, before any update.
   const int64_t n = static_cast<int64_t>(train_.examples.size());
-  const int64_t bs = std::max<int64_t>(1, options_.get_int_or_none("precompute_ref_batch_size")
-                                              .value_or(args_.per_device_eval_batch_size));
   ref_->precompute((n + bs - 1) / bs,
                    [&](int64_t b) {
                      std::vector<int64_t> idx;
