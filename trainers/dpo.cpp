@@ -21,41 +21,6 @@ namespace leantune {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// A scalar whose value is `value` and whose gradient with respect to `input` ([n]) is `grad`
-// (times the incoming gradient): the preference loss is a host function of the sequence
-// log-probabilities, so its backward is their precomputed gradient.
-class HostLossBackward final : public Node {
- public:
-  std::vector<double> grad;
-  DType dtype = DType::kF32;
-  Device device = Device::cpu();
-  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
-    if (!grads[0].defined()) return {Tensor()};
-    const double g = grads[0].item();
-    std::vector<double> v = grad;
-    for (double& x : v) x *= g;
-    return {Tensor::from_doubles(v, {static_cast<int64_t>(v.size())}, dtype).to(device)};
-  }
-  std::string name() const override { return "PreferenceLossBackward"; }
-};
-
-Tensor host_loss(const Tensor& input, double value, std::vector<double> grad) {
-  Tensor out = Tensor::full({}, value, input.dtype(), input.device());
-  if (node_needed({input})) {
-    auto node = std::make_shared<HostLossBackward>();
-    node->set_next_edges({input});
-    node->grad = std::move(grad);
-    node->dtype = input.dtype();
-    node->device = input.device();
-    set_history(out, node);
-  }
-  return out;
-}
-
-}  // namespace
-
 Options dpo_options(const std::string& command) {
   Options o(command);
   o.add_string("model_name_or_path", "",
@@ -294,7 +259,7 @@ Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossR
                 {"logits/rejected", tok_r > 0 ? logits_r / static_cast<double>(tok_r) : 0.0}};
   const double value = r.loss * scale;
   if (result) *result = std::move(r);
-  return host_loss(pol.logps, value, std::move(grad));
+  return loss_from_sequence_gradient(pol.logps, value, std::move(grad));
 }
 
 PreferenceLossResult DpoTrainer::evaluate_pairs(const std::vector<int64_t>& idx) {

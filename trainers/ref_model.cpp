@@ -36,6 +36,40 @@ kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch&
   return kernels::logits_sequence_logprobs(model.logits(hidden), targets, b.cu_seqlens, ko);
 }
 
+namespace {
+
+class SequenceGradientLossBackward final : public Node {
+ public:
+  std::vector<double> grad;
+  DType dtype = DType::kF32;
+  Device device = Device::cpu();
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    if (!grads[0].defined()) return {Tensor()};
+    const double g = grads[0].item();
+    std::vector<double> v = grad;
+    for (double& x : v) x *= g;
+    return {Tensor::from_doubles(v, {static_cast<int64_t>(v.size())}, dtype).to(device)};
+  }
+  std::string name() const override { return "SequenceGradientLossBackward"; }
+};
+
+}  // namespace
+
+Tensor loss_from_sequence_gradient(const Tensor& logps, double value, std::vector<double> grad) {
+  LT_CHECK(logps.dim() == 1 && static_cast<int64_t>(grad.size()) == logps.numel(),
+           "loss_from_sequence_gradient: ", grad.size(), " gradients for ", logps.str());
+  Tensor out = Tensor::full({}, value, logps.dtype(), logps.device());
+  if (node_needed({logps})) {
+    auto node = std::make_shared<SequenceGradientLossBackward>();
+    node->set_next_edges({logps});
+    node->grad = std::move(grad);
+    node->dtype = logps.dtype();
+    node->device = logps.device();
+    set_history(out, node);
+  }
+  return out;
+}
+
 void add_ref_model_options(Options& o) {
   o.add_string("ref_model", "",
                "HF folder of a separate frozen reference model (empty: the policy's own weights "

@@ -53,6 +53,12 @@ struct SequenceLogpsOptions {
 kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch& batch,
                                          const SequenceLogpsOptions& opts);
 
+// A scalar loss computed on the host from per-sequence log-probabilities: its value is `value`
+// and its gradient with respect to `logps` ([n], from sequence_logps) is `grad` times the
+// incoming gradient. The preference losses (trainers/preference_loss.h, KTO's) are host functions
+// of these few numbers, so their backward is the precomputed gradient.
+Tensor loss_from_sequence_gradient(const Tensor& logps, double value, std::vector<double> grad);
+
 // ref_model, ref_load_in_4bit, precompute_ref_log_probs, precompute_ref_batch_size.
 void add_ref_model_options(Options& o);
 
