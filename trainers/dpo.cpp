@@ -53,7 +53,7 @@ Options dpo_options(const std::string& command) {
   add_peft_options(o);
   add_quant_options(o);
   add_training_options(o);
-  o.set("learning_rate", 1e-6);  // DPOConfig's default
+  o.set_default("learning_rate", 1e-6);  // DPOConfig's default
   return o;
 }
 

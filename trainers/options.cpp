@@ -493,6 +493,11 @@ void Options::set(const std::string& name, const nlohmann::json& value) {
   user_set_[s.name] = false;
 }
 
+void Options::set_default(const std::string& name, const nlohmann::json& value) {
+  set(name, value);
+  spec(name).def = value;
+}
+
 std::string Options::help() const {
   std::ostringstream os;
   os << "usage: trainer_bin " << command_;
