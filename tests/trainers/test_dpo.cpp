@@ -261,6 +261,36 @@ TEST(Dpo, EstimateCoversEachReferenceMode) {
   EXPECT_GT(pre.policy.activations, 0);
 }
 
+// The loss of a micro-batch is its share of the accumulated batch's pair mean: 2 x 2 pairs with
+// accumulation give the losses and weights of one batch of 4 (trainer_bin, fresh processes).
+// Also checks loss_weights given as JSON numbers in a config.
+TEST(Dpo, AccumulationOf2x2EqualsOneBatchOf4) {
+  const std::string model = testing::make_tiny_model(testing::temp_dir("dpo_acc_model"));
+  const std::string cfg = testing::temp_dir("dpo_acc_cfg") + "/c.json";
+  std::ofstream(cfg) << R"({"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.25]})";
+  const std::string common = " dpo --config " + cfg + " --model_name_or_path " + model +
+                             " --dataset " + LT_SOURCE_DIR +
+                             "/data/embedded/preferences.jsonl --device cpu --max_steps 3 "
+                             "--logging_steps 1 --save_steps 0 --learning_rate 1e-3 --seed 5";
+  std::vector<std::vector<std::pair<int64_t, double>>> losses;
+  for (const char* shape : {" --per_device_train_batch_size 4 --gradient_accumulation_steps 1",
+                            " --per_device_train_batch_size 2 --gradient_accumulation_steps 2"}) {
+    const std::string out = testing::temp_dir("dpo_acc_out");
+    std::string log;
+    ASSERT_EQ(run_command(trainer_bin() + common + shape + " --output_dir " + out + " 2>&1", &log),
+              0)
+        << log;
+    losses.push_back(testing::read_losses(out + "/metrics.jsonl"));
+  }
+  ASSERT_EQ(losses[0].size(), 3u);
+  ASSERT_EQ(losses[1].size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(losses[1][i].second, losses[0][i].second, 2e-5 * std::abs(losses[0][i].second))
+        << "step " << i + 1;
+  // The weights changed the loss (a step 1 loss of sigmoid alone would be log 2).
+  EXPECT_GT(std::abs(losses[0][0].second - std::log(2.0)), 1e-3);
+}
+
 TEST(Dpo, DemoReachesRewardAccuracyAboveNinety) {
   const std::string out = testing::temp_dir("dpo_demo");
   std::string log;
