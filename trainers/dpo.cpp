@@ -390,9 +390,21 @@ nlohmann::json DpoTrainer::technique_savings() const {
 DpoRun make_dpo_run(const Options& o) {
   LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
                  "dpo: --model_name_or_path is required when --dataset is given");
+  check_dpo_options(o);
+  return make_dpo_run(o, load_sft_model(o));
+}
+
+void check_dpo_options(const Options& o) {
   LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
                  "options --completion_only_loss / --assistant_only_loss are SFT options; DPO "
                  "always scores the completions only");
+  (void)training_arguments(o);
+  (void)ref_model_config(o);
+  (void)preference_loss_config(o);
+}
+
+DpoRun make_dpo_run(const Options& o, SftModel model) {
+  check_dpo_options(o);
   TrainingArguments args = training_arguments(o);
   const RefModelConfig ref_cfg = ref_model_config(o);
   const PreferenceLossConfig loss = preference_loss_config(o);
@@ -402,7 +414,7 @@ DpoRun make_dpo_run(const Options& o) {
     if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
   }
   DpoRun run;
-  run.model = load_sft_model(o);
+  run.model = std::move(model);
   const SftModel& m = run.model;
   std::string dataset = o.get_string("dataset");
   if (dataset.empty()) dataset = m.setup.tokenizer_dir + "/preferences.jsonl";

@@ -125,7 +125,12 @@ struct DpoRun {
   std::unique_ptr<DpoTrainer> trainer;
 };
 // Loads model, data and reference per the options (Error(kInput) for any bad option or data).
+// The second form trains an already loaded model (its model options, sft_model_option_names,
+// must be those in `o`), as the public API's Trainer does for sft.
 DpoRun make_dpo_run(const Options& o);
+DpoRun make_dpo_run(const Options& o, SftModel model);
+// Refuses bad training, reference and loss options before anything loads.
+void check_dpo_options(const Options& o);
 // The demo's settings (built-in model and preference set) for options the user did not set.
 void apply_dpo_embedded_defaults(Options& o);
 
