@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -289,6 +290,89 @@ TEST(Dpo, AccumulationOf2x2EqualsOneBatchOf4) {
         << "step " << i + 1;
   // The weights changed the loss (a step 1 loss of sigmoid alone would be log 2).
   EXPECT_GT(std::abs(losses[0][0].second - std::log(2.0)), 1e-3);
+}
+
+// A resumed run continues the straight run's losses bit for bit (full fine-tuning: the
+// reference copy is taken from the initial weights before the checkpoint loads; and with the
+// precomputed reference).
+TEST(Dpo, ResumeIsBitExactInAFreshProcess) {
+  namespace fs = std::filesystem;
+  const std::string model = testing::make_tiny_model(testing::temp_dir("dpo_res_model"));
+  for (const char* extra : {"", " --precompute_ref_log_probs true"}) {
+    const std::string straight = testing::temp_dir("dpo_straight"),
+                      resumed = testing::temp_dir("dpo_resumed");
+    const std::string common = std::string(" dpo --model_name_or_path ") + model + " --dataset " +
+                               LT_SOURCE_DIR +
+                               "/data/embedded/preferences.jsonl --device cpu --max_steps 8 "
+                               "--logging_steps 1 --learning_rate 1e-3 --seed 5 "
+                               "--per_device_train_batch_size 4" +
+                               extra;
+    std::string log;
+    ASSERT_EQ(
+        run_command(trainer_bin() + common + " --save_steps 4 --output_dir " + straight + " 2>&1",
+                    &log),
+        0)
+        << log;
+    fs::copy(straight + "/checkpoint-4", resumed + "/checkpoint-4", fs::copy_options::recursive);
+    ASSERT_EQ(run_command(trainer_bin() + common + " --save_steps 0 --output_dir " + resumed +
+                              " --resume_from_checkpoint latest 2>&1",
+                          &log),
+              0)
+        << log;
+    auto a = testing::read_losses(straight + "/metrics.jsonl"),
+         b = testing::read_losses(resumed + "/metrics.jsonl");
+    ASSERT_EQ(a.size(), 8u);
+    ASSERT_EQ(b.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(b[i].second, a[4 + i].second) << "step " << i + 5;
+    EXPECT_EQ(testing::read_file(straight + "/model.safetensors"),
+              testing::read_file(resumed + "/model.safetensors"));
+  }
+}
+
+// Old DPO truncation: the prompt keeps its last max_prompt_length tokens, completions their
+// first max_completion_length, then max_length by truncation_mode; truncated and dropped pairs
+// are counted in the data report.
+TEST(Dpo, TruncationIsAppliedAndCounted) {
+  const std::string model = testing::make_tiny_model(testing::temp_dir("dpo_tr_model"));
+  auto run = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {
+        "--model_name_or_path",
+        model,
+        "--dataset",
+        std::string(LT_SOURCE_DIR) + "/data/embedded/preferences.jsonl",
+        "--output_dir",
+        testing::temp_dir("dpo_tr_out"),
+        "--device",
+        "cpu",
+        "--max_steps",
+        "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Options o = dpo_options();
+    o.parse(args);
+    return make_dpo_run(o);
+  };
+  DpoRun full = run({});
+  EXPECT_EQ(full.trainer->train_stats().truncated_examples, 0);
+  const int64_t pairs = full.trainer->train_stats().examples;
+  DpoRun cut =
+      run({"--max_prompt_length", "4", "--max_completion_length", "6", "--max_length", "9"});
+  const DataStats& st = cut.trainer->train_stats();
+  EXPECT_EQ(st.examples, pairs);
+  EXPECT_EQ(st.truncated_examples, pairs);
+  EXPECT_GT(st.truncated_tokens, 0);
+  EXPECT_NE(st.summary().find("truncated"), std::string::npos) << st.summary();
+  // keep_start with max_length at or below the prompt: no completion token survives, every pair
+  // is dropped and counted, and a run with nothing left is refused.
+  try {
+    run({"--max_length", "3"});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(
+        std::string(e.what()).find(std::to_string(pairs) + " dropped with no trainable token"),
+        std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Dpo, DemoReachesRewardAccuracyAboveNinety) {
