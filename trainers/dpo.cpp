@@ -265,7 +265,14 @@ Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossR
 PreferenceLossResult DpoTrainer::evaluate_pairs(const std::vector<int64_t>& idx) {
   NoGradGuard ng;
   PreferenceLossResult r;
-  pairs_loss(collate_pairs(train_.examples, idx, data_), 1.0, &r, nullptr);
+  peft_.set_training(false);  // evaluation: no adapter dropout
+  try {
+    pairs_loss(collate_pairs(train_.examples, idx, data_), 1.0, &r, nullptr);
+  } catch (...) {
+    peft_.set_training(true);
+    throw;
+  }
+  peft_.set_training(true);
   return r;
 }
 
@@ -454,7 +461,9 @@ DpoRun make_dpo_run(const Options& o, SftModel model) {
                                              std::move(data), dd, loss, lo);
   run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
-  run.trainer->set_reference(ref_cfg);
+  RefModelConfig rc = ref_cfg;
+  rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
+  run.trainer->set_reference(rc);
   return run;
 }
 

@@ -73,7 +73,7 @@ class DpoTrainer final : public Trainer {
   const DataStats& train_stats() const { return train_.stats; }
   // Every logged record's DPO metrics, in order (for tests and the command's summary).
   const std::vector<nlohmann::json>& logged_metrics() const { return logged_; }
-  // Loss and metrics of the given pairs with the current weights (no update; for tests).
+  // Loss and metrics of the given pairs with the current weights (no update, no dropout).
   PreferenceLossResult evaluate_pairs(const std::vector<int64_t>& idx);
   // The loss of one collated micro-batch times `scale`, differentiable with respect to the
   // policy; the loss terms go to *result and TRL's metrics to *metrics when given.

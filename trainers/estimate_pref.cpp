@@ -24,7 +24,7 @@ nlohmann::json PreferenceEstimate::to_json() const {
 
 int64_t reference_param_bytes(const std::string& mode, const ModelConfig& policy,
                               const ModelConfig& ref, bool bf16, bool ref_4bit) {
-  if (mode == "precomputed" || mode == "adapters_off") return 0;
+  if (mode == "precomputed" || mode == "adapters_off" || mode == "initial_adapter") return 0;
   EstimateConfig c;
   c.model = mode == "ref_model" ? ref : policy;
   c.dtype = bf16 ? DType::kBF16 : DType::kF32;

@@ -104,6 +104,8 @@ const char* ref_mode_name(RefMode m) {
       return "precomputed";
     case RefMode::kAdaptersOff:
       return "adapters_off";
+    case RefMode::kInitialAdapter:
+      return "initial_adapter";
     case RefMode::kSeparateModel:
       return "ref_model";
     case RefMode::kPolicyCopy:
@@ -126,7 +128,7 @@ ReferenceModel::ReferenceModel(RefModelConfig cfg, std::shared_ptr<DecoderModel>
   if (!cfg_.ref_model.empty())
     source_ = RefMode::kSeparateModel;
   else if (peft_ && peft_->active())
-    source_ = RefMode::kAdaptersOff;
+    source_ = cfg_.adapter_loaded ? RefMode::kInitialAdapter : RefMode::kAdaptersOff;
   else
     source_ = RefMode::kPolicyCopy;
   mode_ = cfg_.precompute ? RefMode::kPrecomputed : source_;
@@ -157,6 +159,9 @@ ReferenceModel::ReferenceModel(RefModelConfig cfg, std::shared_ptr<DecoderModel>
              " parameters");
     for (size_t i = 0; i < src.size(); ++i) ops::copy(dst[i].second, src[i].second.detach());
   }
+  if (source_ == RefMode::kInitialAdapter)
+    for (const auto& [name, t] : peft_->trainable_parameters(*policy_))
+      initial_adapter_.emplace_back(t, t.detach().clone(MemTag::kParam));
   if (ref_) ref_->set_requires_grad(false);
   ref_bytes_loaded_ = param_bytes(dev) - before;
 }
@@ -175,6 +180,28 @@ std::vector<double> ReferenceModel::forward(const Batch& b, const SequenceLogpsO
       return r.logps.to_f64();
     } catch (...) {
       peft_->set_adapters_enabled(true);
+      throw;
+    }
+  }
+  if (source_ == RefMode::kInitialAdapter) {
+    // Swap the initial adapter values in for the forward, the trained ones back after it.
+    std::vector<Tensor> now;
+    for (const auto& [live, init] : initial_adapter_) {
+      now.push_back(live.detach().clone(MemTag::kWorkspace));
+      ops::copy(live.detach(), init);
+    }
+    const bool training = peft_->runtime && peft_->runtime->training;
+    auto restore = [&] {
+      for (size_t i = 0; i < now.size(); ++i) ops::copy(initial_adapter_[i].first.detach(), now[i]);
+      peft_->set_training(training);
+    };
+    peft_->set_training(false);
+    try {
+      kernels::SequenceLogprobs r = sequence_logps(*policy_, b, o);
+      restore();
+      return r.logps.to_f64();
+    } catch (...) {
+      restore();
       throw;
     }
   }
@@ -209,10 +236,13 @@ void ReferenceModel::precompute(
     for (size_t j = 0; j < v.size(); ++j) cache_[keys[j]] = v[j];
   }
   ref_.reset();  // nothing of the reference is kept during training
+  initial_adapter_.clear();
   done_ = true;
 }
 
-int64_t ReferenceModel::held_bytes() const { return ref_ ? ref_bytes_loaded_ : 0; }
+int64_t ReferenceModel::held_bytes() const {
+  return ref_ || !initial_adapter_.empty() ? ref_bytes_loaded_ : 0;
+}
 
 nlohmann::json ReferenceModel::memory_json() const {
   nlohmann::json j = {{"mode", ref_mode_name(mode_)},
@@ -245,6 +275,11 @@ std::string format_reference_memory(const nlohmann::json& r) {
     std::snprintf(line, sizeof line,
                   "    reference model: the policy's base weights with adapters off; 0 B extra "
                   "(no second copy of the base)\n");
+  } else if (mode == "initial_adapter") {
+    std::snprintf(line, sizeof line,
+                  "    reference model: the policy's base with the adapter as loaded; %s for the "
+                  "adapter's initial values (no second copy of the base)\n",
+                  format_bytes(held).c_str());
   } else if (mode == "ref_model") {
     const bool q = r.contains("quantized");
     std::snprintf(line, sizeof line,

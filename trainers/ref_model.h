@@ -17,6 +17,10 @@
 //   use_peft, no ref_model     the policy's own weights with the adapters (and trainable tokens)
 //                              switched off for the reference forward: no second copy of the
 //                              base; works on a quantized (QLoRA) base.
+//   adapter folder, no ref_model  (training goes on from a PEFT adapter) the adapter's initial
+//                              values are kept and swapped in for the reference forward, as TRL
+//                              copies the loaded adapter to "ref": the reference is base + the
+//                              adapter as loaded (adapter dropout off there).
 //   --ref_model DIR            a second frozen model from DIR, dense or NF4 (ref_load_in_4bit).
 //   otherwise                  (full fine-tuning, no ref_model) a frozen copy of the policy's
 //                              initial weights, as TRL loads a second copy of the model.
@@ -62,7 +66,7 @@ Tensor loss_from_sequence_gradient(const Tensor& logps, double value, std::vecto
 // ref_model, ref_load_in_4bit, precompute_ref_log_probs, precompute_ref_batch_size.
 void add_ref_model_options(Options& o);
 
-enum class RefMode { kPrecomputed, kAdaptersOff, kSeparateModel, kPolicyCopy };
+enum class RefMode { kPrecomputed, kAdaptersOff, kInitialAdapter, kSeparateModel, kPolicyCopy };
 const char* ref_mode_name(RefMode m);
 
 struct RefModelConfig {
@@ -70,6 +74,9 @@ struct RefModelConfig {
   bool ref_load_in_4bit = false;
   bool precompute = false;
   int64_t precompute_batch_size = 0;  // 0: per_device_eval_batch_size
+  // The policy's adapters were loaded from an adapter folder (not freshly initialised): the
+  // reference is the adapter as loaded rather than the bare base.
+  bool adapter_loaded = false;
 };
 // Error(kInput) naming the option for ref_load_in_4bit without ref_model.
 RefModelConfig ref_model_config(const Options& o);
@@ -111,6 +118,8 @@ class ReferenceModel {
   std::shared_ptr<DecoderModel> policy_;
   PeftSetup* peft_;
   std::shared_ptr<DecoderModel> ref_;  // separate model or policy copy, while held
+  // kInitialAdapter: (live trainable tensor, its values when training began).
+  std::vector<std::pair<Tensor, Tensor>> initial_adapter_;
   QuantizeReport quant_report_;
   int64_t ref_bytes_loaded_ = 0;  // what the separate model / copy held while it existed
   std::unordered_map<int64_t, double> cache_;

@@ -375,6 +375,41 @@ TEST(Dpo, TruncationIsAppliedAndCounted) {
   }
 }
 
+// Training on from a PEFT adapter folder: the reference is the adapter as loaded (TRL's "ref"
+// copy), so before any update the policy equals it: rewards 0, sigmoid loss log 2; after a
+// step the trained adapter differs from it while the reference stays.
+TEST(Dpo, AdapterFolderReferenceIsTheAdapterAsLoaded) {
+  const std::string model = testing::make_tiny_model(testing::temp_dir("dpo_ad_model"));
+  const std::string data = std::string(LT_SOURCE_DIR) + "/data/embedded/preferences.jsonl";
+  const std::string first = testing::temp_dir("dpo_ad_first");
+  std::string log;
+  ASSERT_EQ(
+      run_command(trainer_bin() + " dpo --model_name_or_path " + model + " --dataset " + data +
+                      " --use_peft true --learning_rate 3e-2 --max_steps 3 "
+                      "--save_steps 0 --device cpu --output_dir " +
+                      first + " 2>&1",
+                  &log),
+      0)
+      << log;
+  Options o = dpo_options();
+  o.parse({"--model_name_or_path", first, "--dataset", data, "--output_dir",
+           testing::temp_dir("dpo_ad_second"), "--device", "cpu", "--max_steps", "2",
+           "--learning_rate", "3e-2", "--per_device_train_batch_size", "4"});
+  DpoRun run = make_dpo_run(o);
+  EXPECT_EQ(run.trainer->reference().mode(), RefMode::kInitialAdapter);
+  const PreferenceLossResult r0 = run.trainer->evaluate_pairs({0, 1, 2, 3});
+  EXPECT_EQ(r0.rewards_margins, 0.0);
+  EXPECT_NEAR(r0.loss, std::log(2.0), 1e-12);
+  run.trainer->train();
+  const PreferenceLossResult r1 = run.trainer->evaluate_pairs({0, 1, 2, 3});
+  EXPECT_GT(std::abs(r1.rewards_margins), 1e-4);
+  // The adapters-off reference (a fresh adapter on the same base) would not be zero at start.
+  Options fresh = dpo_options();
+  fresh.parse({"--model_name_or_path", model, "--dataset", data, "--output_dir",
+               testing::temp_dir("dpo_ad_fresh"), "--device", "cpu", "--use_peft", "true"});
+  EXPECT_EQ(make_dpo_run(fresh).trainer->reference().mode(), RefMode::kAdaptersOff);
+}
+
 TEST(Dpo, DemoReachesRewardAccuracyAboveNinety) {
   const std::string out = testing::temp_dir("dpo_demo");
   std::string log;
