@@ -292,6 +292,19 @@ bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
         read_field(obj, "rejected", conv, false, &r->rejected);
         if (f.implicit_prompt) {
           extract_prompt(&r->chosen, &r->rejected, &r->prompt, conv);
+          // The shared prefix is the prompt; a pair whose remaining turns do not begin with the
+          // assistant's reply differed before it, i.e. had different prompts.
+          const bool prompt_differs = conv ? r->prompt.messages.empty() ||
+                                                 (!r->chosen.messages.empty() &&
+                                                  r->chosen.messages.front().role != "assistant") ||
+                                                 (!r->rejected.messages.empty() &&
+                                                  r->rejected.messages.front().role != "assistant")
+                                           : r->prompt.text.empty();
+          if (prompt_differs) {
+            fail(BadLineKind::kWrongType,
+                 "implicit prompt: 'chosen' and 'rejected' do not share their prompt (they differ "
+                 "before the reply); give the prompt as an explicit 'prompt' field");
+          }
           const bool chosen_empty = conv ? r->chosen.messages.empty() : r->chosen.text.empty();
           const bool rejected_empty =
               conv ? r->rejected.messages.empty() : r->rejected.text.empty();

@@ -9,6 +9,7 @@
 #include "loaders/tokenizer.h"
 #include "trainers/commands.h"
 #include "trainers/estimate.h"
+#include "trainers/estimate_pref.h"
 #include "trainers/metrics.h"
 #include "trainers/sft.h"
 
@@ -67,6 +68,8 @@ int64_t resident_before_training(const std::string& model_path, const std::strin
 }
 
 int run_estimate(const std::vector<std::string>& args) {
+  // trainer_bin estimate dpo ...: the preference trainers' estimate (trainers/estimate_pref.h).
+  if (!args.empty() && args[0] == "dpo") return run_estimate_dpo({args.begin() + 1, args.end()});
   Options o = sft_options("estimate");
   o.add_float("budget_gib", 0.0, "device memory available (GiB); 0 = no budget check", 0.0);
   if (!o.parse(args)) {

@@ -149,6 +149,13 @@ void MetricsLogger::print_progress(const nlohmann::json& r) {
                 r.value("loss", 0.0), r.value("grad_norm", 0.0), r.value("learning_rate", 0.0),
                 r.value("tokens_per_second", 0.0), format_bytes(static_cast<int64_t>(peak)).c_str(),
                 fmt_duration(eta).c_str());
+  if (r.contains("rewards/accuracies")) {
+    // Preference trainers: TRL's reward metrics after the common ones.
+    const size_t used = std::strlen(line);
+    std::snprintf(line + used, sizeof line - used,
+                  "  rewards/accuracies %.3f  rewards/margins %.4f",
+                  r.value("rewards/accuracies", 0.0), r.value("rewards/margins", 0.0));
+  }
   if (tty_) {
     const int width = 24;
     const int filled = total_steps_ > 0 ? static_cast<int>(width * step / total_steps_) : 0;

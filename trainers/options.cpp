@@ -314,7 +314,8 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
       }
       break;
     case Type::kStringList:
-      // Integers are accepted as their decimal text, so a config can list token ids as numbers.
+      // Numbers are accepted as their JSON text, so a config can list token ids or loss
+      // weights as numbers.
       if (v.is_string()) {
         out = nlohmann::json::array({v});
       } else {
@@ -323,7 +324,7 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
         for (const auto& e : v) {
           if (e.is_string())
             out.push_back(e);
-          else if (e.is_number_integer())
+          else if (e.is_number())
             out.push_back(e.dump());
           else
             bad();
@@ -491,6 +492,11 @@ void Options::set(const std::string& name, const nlohmann::json& value) {
   Spec& s = spec(name);
   set_from_json(s, value, "internal");
   user_set_[s.name] = false;
+}
+
+void Options::set_default(const std::string& name, const nlohmann::json& value) {
+  set(name, value);
+  spec(name).def = value;
 }
 
 std::string Options::help() const {

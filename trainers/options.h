@@ -74,6 +74,9 @@ class Options {
   bool is_set(const std::string& name) const;
   // Overrides a value programmatically (e.g. the embedded default run).
   void set(const std::string& name, const nlohmann::json& value);
+  // Changes a declared option's default (a trainer whose TRL config has another default than
+  // the shared declaration, e.g. DPOConfig's learning_rate); help shows the new one.
+  void set_default(const std::string& name, const nlohmann::json& value);
 
   std::string help() const;
   // Every option and its final value, for logs and checkpoints.

@@ -19,6 +19,7 @@
 #include "trainers/output_path.h"
 #include "trainers/peft_options.h"
 #include "trainers/quant_options.h"
+#include "trainers/ref_model.h"
 
 namespace leantune {
 
@@ -288,6 +289,7 @@ std::string format_memory_report(const nlohmann::json& r) {
     }
   }
   if (s.size() > (s.contains("estimate") ? 1u : 0u)) out += "  saved by the enabled techniques:\n";
+  if (s.contains("reference_model")) out += format_reference_memory(s["reference_model"]);
   if (s.contains("padding_free")) {
     std::snprintf(
         line, sizeof line, "    padding-free batches: %lld pad tokens never computed\n",

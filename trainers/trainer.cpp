@@ -617,6 +617,7 @@ TrainResult Trainer::train() {
           {"padding_efficiency",
            window_total > 0 ? static_cast<double>(window_real) / window_total : 1.0},
           {"memory", memory_snapshot(model_->device())}};
+      rec.update(log_metrics());
       log.log(rec);
       window_loss = window_norm = 0;
       window_steps = window_tokens = window_real = window_total = 0;

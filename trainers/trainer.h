@@ -140,6 +140,9 @@ class Trainer {
   virtual void on_train_begin(MetricsLogger& log) {}
   // Memory-report lines a trainer adds (what its techniques saved).
   virtual nlohmann::json technique_savings() const { return nlohmann::json::object(); }
+  // Trainer-specific metrics of the logging window (DPO's rewards/*), merged into each logged
+  // record; the trainer resets its window when called.
+  virtual nlohmann::json log_metrics() { return nlohmann::json::object(); }
 
   std::shared_ptr<DecoderModel> model_;
   TrainingArguments args_;

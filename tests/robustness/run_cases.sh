@@ -104,6 +104,17 @@ vocab_huge() {
 }
 out_dir() { mkdir -p "$W/packed"; }
 number_overflow() { printf '{"text": 1E777}\n' >"$W/d.jsonl"; }
+# DPO: preference rows with a missing field, and an implicit-prompt pair whose prompts differ.
+pref_no_chosen() {
+  printf '%s\n' '{"prompt": "One day,", "chosen": " a cat.", "rejected": " a dog."}' \
+    '{"prompt": "One day,", "rejected": " a dog."}' >"$W/p.jsonl"
+}
+pref_prompt_differs() {
+  printf '%s\n' \
+    '{"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Go"}]}' \
+    '{"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "rejected": [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Go"}]}' \
+    >"$W/p.jsonl"
+}
 # Big enough that tokenizing it takes seconds on any machine: the SIGTERM lands while loading.
 big_data() {
   for _ in $(seq 500); do cat "$DATA"; done >"$W/big1.jsonl"

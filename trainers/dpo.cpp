@@ -1,0 +1,485 @@
+// DPO trainer: collation of preference pairs, the loss hook and its metrics. See dpo.h.
+#include "trainers/dpo.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+
+#include "engine/autograd.h"
+#include "engine/host_memory.h"
+#include "kernels/cross_entropy.h"
+#include "loaders/text_encoder.h"
+#include "trainers/data_options.h"
+#include "trainers/estimate.h"
+#include "trainers/estimate_pref.h"
+#include "trainers/model_io.h"
+#include "trainers/output_path.h"
+#include "trainers/peft_options.h"
+#include "trainers/quant_options.h"
+
+namespace leantune {
+
+namespace fs = std::filesystem;
+
+Options dpo_options(const std::string& command) {
+  Options o(command);
+  o.add_string("model_name_or_path", "",
+               "HF model folder to train (empty with no dataset: the built-in demo model)");
+  o.add_string("dataset", "",
+               "preference data: JSONL with prompt/chosen/rejected or chosen/rejected "
+               "(implicit prompt), standard or conversational");
+  o.add_int_or_none("max_length", 1024,
+                    "cut prompt + completion to this many tokens; none = no limit", 1);
+  o.add_string("truncation_mode", "keep_start", "which end of a too-long sequence is kept",
+               {"keep_start", "keep_end"});
+  o.add_int_or_none("max_prompt_length", std::nullopt,
+                    "the prompt keeps its last this many tokens, before max_length (none = all)",
+                    1);
+  o.add_int_or_none("max_completion_length", std::nullopt,
+                    "chosen and rejected keep their first this many tokens, before max_length "
+                    "(none = all)",
+                    1);
+  o.add_bool("padding_free", false,
+             "chosen and rejected sequences flat in one varlen batch, no pad tokens");
+  o.add_int_or_none("pad_to_multiple_of", std::nullopt,
+                    "pad each padded sequence to a multiple of this", 1);
+  o.add_bool("use_liger_loss", true,
+             "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
+             "exist (off: full logits)");
+  add_preference_loss_options(o);
+  add_ref_model_options(o);
+  add_dataset_options(o);
+  add_chat_options(o);
+  add_peft_options(o);
+  add_quant_options(o);
+  add_training_options(o);
+  o.set_default("learning_rate", 1e-6);  // DPOConfig's default
+  return o;
+}
+
+PairBatch collate_pairs(const std::vector<PreferenceExample>& data, const std::vector<int64_t>& idx,
+                        const DpoDataConfig& cfg) {
+  const TruncationMode mode = parse_truncation_mode(cfg.truncation_mode);
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<std::vector<uint8_t>> masks;
+  PairBatch pb;
+  for (int side = 0; side < 2; ++side)
+    for (int64_t i : idx) {
+      const PreferenceExample& ex = data[static_cast<size_t>(i)];
+      std::vector<int32_t> ids;
+      std::vector<uint8_t> cm;
+      build_preference_sequence(ex.prompt_ids, side == 0 ? ex.chosen_ids : ex.rejected_ids,
+                                cfg.max_length, mode, &ids, &cm);
+      int64_t c = 0;
+      for (uint8_t m : cm) c += m;
+      pb.completion_tokens.push_back(c);
+      pb.keys.push_back(2 * i + side);
+      seqs.push_back(std::move(ids));
+      masks.push_back(std::move(cm));
+    }
+  int64_t longest = 0;
+  for (const auto& s : seqs) longest = std::max<int64_t>(longest, static_cast<int64_t>(s.size()));
+  int64_t padded = longest;
+  if (cfg.pad_to_multiple_of > 0)
+    padded =
+        (longest + cfg.pad_to_multiple_of - 1) / cfg.pad_to_multiple_of * cfg.pad_to_multiple_of;
+  std::vector<int64_t> ids, pos, labels;
+  std::vector<int32_t> cu{0};
+  BatchStats st;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t n = static_cast<int64_t>(seqs[s].size());
+    const int64_t len = cfg.padding_free ? n : padded;
+    for (int64_t t = 0; t < len; ++t) {
+      const bool real = t < n;
+      ids.push_back(real ? seqs[s][t] : cfg.pad_token_id);
+      pos.push_back(t);
+      labels.push_back(real && masks[s][t] ? seqs[s][t] : kernels::kIgnoreIndex);
+      if (real && masks[s][t] && t >= 1) ++st.label_tokens;
+    }
+    st.real_tokens += n;
+    st.pad_tokens += len - n;
+    cu.push_back(cu.back() + static_cast<int32_t>(len));
+  }
+  st.sequences = static_cast<int64_t>(seqs.size());
+  const int64_t t = static_cast<int64_t>(ids.size());
+  pb.batch.input_ids = Tensor::from_vector(ids, {t});
+  pb.batch.position_ids = Tensor::from_vector(pos, {t});
+  pb.batch.labels = Tensor::from_vector(labels, {t});
+  pb.batch.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
+  pb.batch.max_seqlen = cfg.padding_free ? longest : padded;
+  pb.batch.stats = st;
+  return pb;
+}
+
+DpoTrainer::DpoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
+                       std::string tokenizer_dir, PreferenceData train, DpoDataConfig data,
+                       PreferenceLossConfig loss, SequenceLogpsOptions logps)
+    : Trainer(std::move(args), std::move(model), std::move(options)),
+      tokenizer_dir_(std::move(tokenizer_dir)),
+      train_(std::move(train)),
+      data_(std::move(data)),
+      loss_(std::move(loss)),
+      logps_(logps) {
+  logps_.gradient_checkpointing = args_.gradient_checkpointing;
+}
+
+void DpoTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter) {
+  peft_ = std::move(peft);
+  base_model_name_or_path_ = std::move(base_model_name_or_path);
+  merge_adapter_ = merge_adapter;
+}
+
+void DpoTrainer::set_reference(RefModelConfig cfg) {
+  // One pass in data order with the precompute batch size, before any update.
+  const int64_t bs = std::max<int64_t>(1, cfg.precompute_batch_size);
+  ref_ = std::make_unique<ReferenceModel>(std::move(cfg), model_, &peft_);
+  if (ref_->mode() != RefMode::kPrecomputed) return;
+  const int64_t n = static_cast<int64_t>(train_.examples.size());
+  ref_->precompute((n + bs - 1) / bs,
+                   [&](int64_t b) {
+                     std::vector<int64_t> idx;
+                     for (int64_t i = b * bs; i < std::min(n, (b + 1) * bs); ++i) idx.push_back(i);
+                     PairBatch pb = collate_pairs(train_.examples, idx, data_);
+                     return std::make_pair(std::move(pb.batch), std::move(pb.keys));
+                   },
+                   logps_);
+}
+
+int64_t DpoTrainer::micro_batches_per_epoch() const {
+  const int64_t n = static_cast<int64_t>(train_.examples.size());
+  const int64_t bs = args_.per_device_train_batch_size;
+  return (n + bs - 1) / bs;
+}
+
+std::vector<int64_t> DpoTrainer::epoch_order(int64_t epoch) const {
+  // Fisher-Yates with a 64-bit Mersenne Twister keyed by (seed, epoch): the same order on every
+  // machine, and on resume.
+  std::vector<int64_t> order(train_.examples.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::mt19937_64 gen(args_.seed * 1000003ULL + static_cast<uint64_t>(epoch));
+  for (size_t i = order.size(); i > 1; --i) {
+    const size_t j = static_cast<size_t>(gen() % i);
+    std::swap(order[i - 1], order[j]);
+  }
+  return order;
+}
+
+Batch DpoTrainer::next_micro_batch(BatchReport* report) {
+  if (step_in_epoch_ >= micro_batches_per_epoch()) {
+    ++epoch_;
+    step_in_epoch_ = 0;
+  }
+  const std::vector<int64_t> order = epoch_order(epoch_);
+  const int64_t bs = args_.per_device_train_batch_size;
+  const int64_t n = static_cast<int64_t>(order.size());
+  std::vector<int64_t> idx(order.begin() + step_in_epoch_ * bs,
+                           order.begin() + std::min(n, (step_in_epoch_ + 1) * bs));
+  ++step_in_epoch_;
+  PairBatch pb = collate_pairs(train_.examples, idx, data_);
+  if (data_.padding_free) {
+    int64_t longest = 0;
+    const std::vector<int64_t> cu = pb.batch.cu_seqlens.to_i64();
+    for (size_t i = 1; i < cu.size(); ++i) longest = std::max(longest, cu[i] - cu[i - 1]);
+    padded_tokens_avoided_ += longest * pb.batch.stats.sequences - pb.batch.stats.real_tokens;
+  }
+  max_micro_tokens_ = std::max(max_micro_tokens_, pb.batch.num_tokens());
+  if (report) {
+    report->real_tokens = pb.batch.stats.real_tokens;
+    report->pad_tokens = pb.batch.stats.pad_tokens;
+  }
+  Batch b = pb.batch;
+  pending_.push_back(std::move(pb));
+  return b;
+}
+
+namespace {
+
+PreferencePairs make_pairs(const std::vector<double>& lp, const std::vector<double>& ref,
+                           const std::vector<int64_t>& completion,
+                           const std::vector<int64_t>& scored) {
+  const size_t n = lp.size() / 2;
+  PreferencePairs p;
+  p.chosen_logps.assign(lp.begin(), lp.begin() + n);
+  p.rejected_logps.assign(lp.begin() + n, lp.end());
+  p.ref_chosen_logps.assign(ref.begin(), ref.begin() + n);
+  p.ref_rejected_logps.assign(ref.begin() + n, ref.end());
+  p.chosen_tokens.assign(completion.begin(), completion.begin() + n);
+  p.rejected_tokens.assign(completion.begin() + n, completion.end());
+  p.chosen_loss_tokens.assign(scored.begin(), scored.begin() + n);
+  return p;
+}
+
+}  // namespace
+
+Tensor DpoTrainer::compute_loss(const Batch& b, double normalizer) {
+  LT_CHECK(!pending_.empty(), "dpo: compute_loss without a fetched micro-batch");
+  PairBatch pb = std::move(pending_.front());
+  pending_.pop_front();
+  pb.batch = b;
+  // This micro-batch's share of the accumulated batch's pair mean.
+  const double scale = static_cast<double>(pb.keys.size() / 2) / normalizer;
+  nlohmann::json metrics;
+  Tensor loss = pairs_loss(pb, scale, nullptr, &metrics);
+  for (auto it = metrics.begin(); it != metrics.end(); ++it)
+    window_[it.key()] = window_.value(it.key(), 0.0) + it.value().get<double>();
+  ++window_batches_;
+  return loss;
+}
+
+Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossResult* result,
+                              nlohmann::json* metrics) {
+  const size_t n = pb.keys.size() / 2;
+  // The reference first: its activations are gone before the policy's graph is built.
+  const std::vector<double> ref = ref_->logps(pb.batch, pb.keys, logps_);
+  SequenceLogpsOptions po = logps_;
+  po.logit_sums = true;
+  kernels::SequenceLogprobs pol = sequence_logps(*model_, pb.batch, po);
+  const std::vector<double> lp = pol.logps.to_f64();
+  PreferenceLossResult r =
+      preference_loss(loss_, make_pairs(lp, ref, pb.completion_tokens, pol.tokens));
+  std::vector<double> grad(r.dchosen);
+  grad.insert(grad.end(), r.drejected.begin(), r.drejected.end());
+  for (double& g : grad) g *= scale;
+  double logits_c = 0, logits_r = 0;
+  int64_t tok_c = 0, tok_r = 0;
+  for (size_t i = 0; i < n; ++i) {
+    logits_c += pol.logit_sums[i];
+    tok_c += pol.tokens[i];
+    logits_r += pol.logit_sums[n + i];
+    tok_r += pol.tokens[n + i];
+  }
+  if (metrics)
+    *metrics = {{"rewards/chosen", r.rewards_chosen},
+                {"rewards/rejected", r.rewards_rejected},
+                {"rewards/accuracies", r.rewards_accuracies},
+                {"rewards/margins", r.rewards_margins},
+                {"logps/chosen", r.logps_chosen},
+                {"logps/rejected", r.logps_rejected},
+                {"logits/chosen", tok_c > 0 ? logits_c / static_cast<double>(tok_c) : 0.0},
+                {"logits/rejected", tok_r > 0 ? logits_r / static_cast<double>(tok_r) : 0.0}};
+  const double value = r.loss * scale;
+  if (result) *result = std::move(r);
+  return loss_from_sequence_gradient(pol.logps, value, std::move(grad));
+}
+
+PreferenceLossResult DpoTrainer::evaluate_pairs(const std::vector<int64_t>& idx) {
+  NoGradGuard ng;
+  PreferenceLossResult r;
+  peft_.set_training(false);  // evaluation: no adapter dropout
+  try {
+    pairs_loss(collate_pairs(train_.examples, idx, data_), 1.0, &r, nullptr);
+  } catch (...) {
+    peft_.set_training(true);
+    throw;
+  }
+  peft_.set_training(true);
+  return r;
+}
+
+nlohmann::json DpoTrainer::log_metrics() {
+  nlohmann::json out = nlohmann::json::object();
+  if (window_batches_ == 0) return out;
+  for (auto it = window_.begin(); it != window_.end(); ++it)
+    out[it.key()] = it.value().get<double>() / static_cast<double>(window_batches_);
+  window_ = nlohmann::json::object();
+  window_batches_ = 0;
+  logged_.push_back(out);
+  return out;
+}
+
+double DpoTrainer::epoch_progress() const {
+  const double per = static_cast<double>(std::max<int64_t>(micro_batches_per_epoch(), 1));
+  return static_cast<double>(epoch_) + static_cast<double>(step_in_epoch_) / per;
+}
+
+nlohmann::json DpoTrainer::data_state() const {
+  return {{"epoch", epoch_}, {"step_in_epoch", step_in_epoch_}, {"pairs", train_.examples.size()}};
+}
+
+void DpoTrainer::set_data_state(const nlohmann::json& s) {
+  LT_CHECK_INPUT(s.is_object() && s.contains("epoch") && s.contains("step_in_epoch") &&
+                     s.value("pairs", int64_t{-1}) == static_cast<int64_t>(train_.examples.size()),
+                 "the checkpoint's data state does not belong to this dataset (",
+                 s.value("pairs", int64_t{-1}), " pairs there, ", train_.examples.size(), " here)");
+  epoch_ = s["epoch"].get<int64_t>();
+  step_in_epoch_ = s["step_in_epoch"].get<int64_t>();
+}
+
+void DpoTrainer::write_model_extras(const std::string& dir) const {
+  if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);
+}
+
+void DpoTrainer::on_train_begin(MetricsLogger& log) {
+  log.message(train_.stats.summary());
+  log.message(std::string("dpo: reference ") + ref_mode_name(ref_->mode()) +
+              (ref_->mode() == RefMode::kPrecomputed
+                   ? std::string(" (computed by ") + ref_mode_name(ref_->source_mode()) + ")"
+                   : std::string()) +
+              ", loss " +
+              [&] {
+                std::string s;
+                for (const auto& t : loss_.loss_types) s += (s.empty() ? "" : "+") + t;
+                return s;
+              }() +
+              ", beta " + std::to_string(loss_.beta));
+}
+
+std::vector<std::pair<std::string, Tensor>> DpoTrainer::trainable_parameters() const {
+  return peft_.active() ? peft_.trainable_parameters(*model_) : Trainer::trainable_parameters();
+}
+
+void DpoTrainer::save_model(const std::string& dir, bool final_output) const {
+  if (!peft_.active()) return Trainer::save_model(dir, final_output);
+  save_peft(peft_, *model_, dir, base_model_name_or_path_);
+  write_model_extras(dir);
+  if (final_output && merge_adapter_) {
+    const DType disk = model_->dtype() == DType::kF64 ? DType::kF32 : model_->dtype();
+    merge_and_save(peft_, *model_, dir + "/merged", disk);
+    write_model_extras(dir + "/merged");
+  }
+}
+
+void DpoTrainer::load_model(const std::string& dir) {
+  if (!peft_.active()) return Trainer::load_model(dir);
+  load_peft_checkpoint(peft_, *model_, dir);
+}
+
+nlohmann::json DpoTrainer::technique_savings() const {
+  nlohmann::json s = nlohmann::json::object();
+  s["reference_model"] = ref_->memory_json();
+  if (data_.padding_free)
+    s["padding_free"] = {
+        {"pad_tokens_avoided", padded_tokens_avoided_},
+        {"note", "tokens that padding each sequence to the batch's longest would have added"}};
+  if (logps_.fused) {
+    const int64_t v = model_->config().vocab_size;
+    s["chunked_loss"] = {{"largest_micro_batch_tokens", max_micro_tokens_},
+                         {"vocab_size", v},
+                         {"logits_bytes_not_materialised", max_micro_tokens_ * v * 4 * 2},
+                         {"note", "f32 logits and their gradient for the largest micro-batch"}};
+  }
+  if (args_.gradient_checkpointing)
+    s["gradient_checkpointing"] = {
+        {"note", "only each layer's input is kept between forward and backward"}};
+  {
+    // The planning estimate for this run's largest micro-batch, beside the measured peak.
+    int64_t longest = 0;
+    for (const PreferenceExample& ex : train_.examples)
+      longest = std::max<int64_t>(
+          longest, static_cast<int64_t>(ex.prompt_ids.size() +
+                                        std::max(ex.chosen_ids.size(), ex.rejected_ids.size())));
+    if (data_.max_length > 0) longest = std::min(longest, data_.max_length);
+    EstimateConfig ec = estimate_config(
+        model_->config(), args_, peft_.active() ? &peft_.config : nullptr, quant_config_,
+        logps_.fused, 0, model_->device().is_cpu(), max_micro_tokens_, longest);
+    ec.resident_before_training = resident_before_training_;
+    const std::string mode = ref_mode_name(ref_->mode());
+    s["estimate"] = estimate_preference(ec, mode, ref_->held_bytes()).to_json();
+  }
+  if (quant_config_.enabled())
+    s["quantized_base"] = {{"kind", quant_config_.kind()},
+                           {"modules", quant_report_.quantized_modules},
+                           {"dense_bytes", quant_report_.dense_bytes},
+                           {"quantized_bytes", quant_report_.quantized_bytes}};
+  if (peft_.active()) {
+    const int64_t total = model_->num_parameters();
+    const int64_t trainable = peft_.num_trainable_parameters(*model_);
+    const int64_t per = static_cast<int64_t>(dtype_size(model_->dtype())) + 8 +
+                        (model_->dtype() == DType::kF32 ? 0 : 4);
+    s["peft"] = {
+        {"trainable_parameters", trainable},
+        {"total_parameters", total},
+        {"grad_and_optimizer_bytes_avoided", std::max<int64_t>(total - trainable, 0) * per}};
+  }
+  return s;
+}
+
+DpoRun make_dpo_run(const Options& o) {
+  LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
+                 "dpo: --model_name_or_path is required when --dataset is given");
+  check_dpo_options(o);
+  return make_dpo_run(o, load_sft_model(o));
+}
+
+void check_dpo_options(const Options& o) {
+  LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
+                 "options --completion_only_loss / --assistant_only_loss are SFT options; DPO "
+                 "always scores the completions only");
+  (void)training_arguments(o);
+  (void)ref_model_config(o);
+  (void)preference_loss_config(o);
+}
+
+DpoRun make_dpo_run(const Options& o, SftModel model) {
+  check_dpo_options(o);
+  TrainingArguments args = training_arguments(o);
+  const RefModelConfig ref_cfg = ref_model_config(o);
+  const PreferenceLossConfig loss = preference_loss_config(o);
+  prepare_output_dir(args.output_dir, "output_dir");
+  {
+    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
+    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
+  }
+  DpoRun run;
+  run.model = std::move(model);
+  const SftModel& m = run.model;
+  std::string dataset = o.get_string("dataset");
+  if (dataset.empty()) dataset = m.setup.tokenizer_dir + "/preferences.jsonl";
+  std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
+
+  DataConfig dc;
+  read_dataset_options(o, &dc);
+  dc.max_length = o.get_int_or_none("max_length").value_or(0);
+  dc.truncation_mode = o.get_string("truncation_mode");
+  dc.max_prompt_length = o.get_int_or_none("max_prompt_length").value_or(0);
+  dc.max_completion_length = o.get_int_or_none("max_completion_length").value_or(0);
+  dc.per_device_train_batch_size = args.per_device_train_batch_size;
+  dc.seed = args.seed;
+  validate_data_config(dc);
+  PreferenceData data = load_preference_data(dataset, *encoder, dc);
+
+  DpoDataConfig dd;
+  dd.max_length = dc.max_length;
+  dd.truncation_mode = dc.truncation_mode;
+  dd.padding_free = o.get_bool("padding_free");
+  dd.pad_to_multiple_of = o.get_int_or_none("pad_to_multiple_of").value_or(0);
+  dd.pad_token_id = encoder->pad_token_id();
+  SequenceLogpsOptions lo;
+  lo.fused = o.get_bool("use_liger_loss");
+  std::string base_name = m.base_name;
+  if (m.setup.embedded && o.get_bool("use_peft")) {
+    // As for sft's demo: the in-memory base is written beside the adapter so that it loads.
+    const fs::path out = fs::absolute(fs::path(args.output_dir)).lexically_normal();
+    const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
+    DecoderModel base(ModelConfig::load(m.setup.model_config), m.model->device(), m.model->dtype());
+    base.init_random(static_cast<uint64_t>(args.seed));
+    base.save((out_dir / "base_model").string(), DType::kF32);
+    copy_tokenizer_files(m.setup.tokenizer_dir, (out_dir / "base_model").string());
+    base_name = (out_dir.filename() / "base_model").string();
+  }
+  run.trainer = std::make_unique<DpoTrainer>(args, m.model, o, m.setup.tokenizer_dir,
+                                             std::move(data), dd, loss, lo);
+  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
+  RefModelConfig rc = ref_cfg;
+  rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
+  run.trainer->set_reference(rc);
+  return run;
+}
+
+void apply_dpo_embedded_defaults(Options& o) {
+  if (!o.get_string("model_name_or_path").empty() || !o.get_string("dataset").empty()) return;
+  auto dflt = [&](const char* k, const nlohmann::json& v) {
+    if (!o.is_set(k)) o.set(k, v);
+  };
+  dflt("max_length", 128);
+  dflt("per_device_train_batch_size", 8);
+  dflt("learning_rate", 1e-3);
+  dflt("lr_scheduler_type", "constant");
+  dflt("max_steps", 40);
+  dflt("logging_steps", 5);
+  dflt("save_steps", 0);
+  dflt("output_dir", "trainer_output/embedded_dpo");
+}
+
+}  // namespace leantune

@@ -1,0 +1,42 @@
+// Memory estimate of a preference run (trainer_bin estimate dpo ...): the policy's step as the
+// SFT estimate walks it (trainers/estimate.h) over the micro-batch's chosen AND rejected
+// sequences (2 x per_device_train_batch_size x max_length tokens), plus what each reference
+// mode keeps resident for the whole run:
+//   precomputed   no weights; 16 B per cached sequence (host)
+//   adapters_off  nothing: the reference is the policy's base with the adapters off
+//   policy_copy   a second dense copy of the weights
+//   ref_model     the --ref_model's weights (its config.json when present, else the policy's
+//                 shape), NF4 with ref_load_in_4bit
+// The reference forward runs under no-grad before the policy's and frees its activations layer
+// by layer, below the policy's own peak, so it adds nothing at the peak.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "trainers/estimate.h"
+#include "trainers/options.h"
+
+namespace leantune {
+
+struct PreferenceEstimate {
+  MemoryEstimate policy;
+  std::string reference_mode;  // ref_mode_name()
+  int64_t reference_params = 0;
+  int64_t peak = 0;
+  nlohmann::json to_json() const;  // the policy estimate with the reference added to params/peak
+};
+
+// Reference weights for a mode; ref_model_config: the --ref_model's config (may equal policy's).
+int64_t reference_param_bytes(const std::string& mode, const ModelConfig& policy,
+                              const ModelConfig& ref_model_config, bool bf16, bool ref_4bit);
+PreferenceEstimate estimate_preference(const EstimateConfig& policy, const std::string& mode,
+                                       int64_t reference_params);
+// From parsed dpo options (trainers/dpo.h dpo_options).
+PreferenceEstimate estimate_dpo_from_options(const Options& o, const ModelConfig& model, bool cpu);
+
+// trainer_bin estimate dpo [the dpo options]: prints the estimate of each reference mode.
+int run_estimate_dpo(const std::vector<std::string>& args);
+
+}  // namespace leantune
