@@ -266,10 +266,10 @@ double Trainer::grad_norm() const {
 bool Trainer::writes_files() const { return world_communicator(args_.comm).rank() == 0; }
 
 void Trainer::all_reduce_gradients(Communicator& comm) {
-  // Buckets of up to kBucket elements of one dtype, in parameter order (the same on every
-  // rank, so every rank issues the same collectives). A parameter without a gradient on this
-  // rank (it took no part in the loss) contributes zeros.
-  constexpr int64_t kBucket = int64_t{1} << 24;
+  // Buckets of up to --reduce_bucket_size elements of one dtype, in parameter order (the same
+  // on every rank, so every rank issues the same collectives). A parameter without a gradient
+  // on this rank (it took no part in the loss) contributes zeros.
+  const int64_t kBucket = args_.reduce_bucket_size;
   MemTagGuard tag(MemTag::kComm);
   size_t i = 0;
   while (i < trainable_.size()) {
