@@ -87,6 +87,18 @@ case $case in
       --resume_from_checkpoint latest >"$work/c.log" 2>&1 || { cat "$work/c.log"; fail "resume"; }
     cmp "$work/straight/model.safetensors" "$work/resumed/model.safetensors" ||
       fail "resumed weights differ from the straight run"
+    # The checkpoint's model, consolidated, is the single-process run's at the same step.
+    "$bin" consolidate "$work/ckpt/checkpoint-2" --out "$work/export" >/dev/null ||
+      fail "consolidate"
+    "$bin" "${run[@]}" --gradient_accumulation_steps 2 --save_steps 2 \
+      --deterministic_comm --output_dir "$work/single" >"$work/d.log" 2>&1 || fail "1 rank"
+    mpi 2 "${run[@]}" --save_steps 2 --deterministic_comm --output_dir "$work/det" \
+      >"$work/e.log" 2>&1 || { cat "$work/e.log"; fail "deterministic run with checkpoints"; }
+    "$bin" consolidate "$work/det/checkpoint-2" --out "$work/det_export" >/dev/null ||
+      fail "consolidate"
+    [ ! -e "$work/det_export/rank_1.json" ] || fail "training state copied into the export"
+    cmp "$work/single/checkpoint-2/model.safetensors" "$work/det_export/model.safetensors" ||
+      fail "consolidated weights differ from the single-process run"
     out=$(mpi 4 "${run[@]}" --save_steps 0 --output_dir "$work/resumed" \
             --resume_from_checkpoint "$work/ckpt/checkpoint-2" 2>&1); rc=$?
     [ $rc -ne 0 ] || fail "resumed on 4 ranks from a 2-rank checkpoint"
