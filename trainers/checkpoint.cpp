@@ -170,6 +170,9 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& sourc
   st.num_tokens = count("num_tokens", false);
   st.consecutive_nonfinite = count("consecutive_nonfinite", false);
   st.skipped_steps = count("skipped_steps", false);
+  if (j.contains("world_size")) st.world_size = count("world_size", false);
+  LT_CHECK_INPUT(st.world_size >= 1, source, ": key 'world_size' must be at least 1");
+  st.zero_stage = count("zero_stage", false);
   auto text_value = [&](const char* key, std::string& out) {
     auto it = j.find(key);
     if (it == j.end()) return;

@@ -57,6 +57,8 @@ struct TrainerState {
   std::string optim = "adamw_torch";       // the --optim whose state the checkpoint holds
   std::string offload_optimizer = "none";  // and its --offload_optimizer
   nlohmann::json data_state;               // an object, read by the trainer's data side
+  int64_t world_size = 1;  // ranks of the run that wrote it (data parallel / ZeRO)
+  int64_t zero_stage = 0;
 };
 // Parses the text of trainer_state.json. Error(kInput) naming `source` and the key for invalid
 // JSON, a missing key, or a value that is not a non-negative integer (data_state: an object;

@@ -72,6 +72,8 @@ int run_estimate(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "dpo") return run_estimate_dpo({args.begin() + 1, args.end()});
   Options o = sft_options("estimate");
   o.add_float("budget_gib", 0.0, "device memory available (GiB); 0 = no budget check", 0.0);
+  o.add_int("world_size", 1, "ranks of the run (data parallel; with --zero_stage, the per-rank "
+            "peak of the sharded states)", 1);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;
@@ -81,15 +83,17 @@ int run_estimate(const std::vector<std::string>& args) {
   const ModelConfig model = ModelConfig::load(path);
   const Device device = Device::parse(o.get_string("device"));
   EstimateConfig cfg = estimate_config_from_options(o, model, device.is_cpu());
+  cfg.world_size = o.get_int("world_size");
   cfg.resident_before_training =
       resident_before_training(path, setup_dataset(o.get_string("dataset"), path));
   const MemoryEstimate e = estimate_memory(cfg);
   std::printf(
       "estimate for %s (%s, %lld parameters, %lld trainable) on %s, %s, %lld tokens per "
-      "micro-batch:\n",
+      "micro-batch, per rank of %lld (zero_stage %lld):\n",
       path.c_str(), model.architecture.c_str(), static_cast<long long>(e.total_parameters),
       static_cast<long long>(e.trainable_parameters), device.str().c_str(), dtype_name(cfg.dtype),
-      static_cast<long long>(cfg.micro_batch_tokens));
+      static_cast<long long>(cfg.micro_batch_tokens), static_cast<long long>(cfg.world_size),
+      static_cast<long long>(cfg.zero_stage));
   print_estimate(e);
   const double budget = o.get_float("budget_gib");
   if (budget <= 0) return 0;

@@ -170,6 +170,10 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
         optimizer_state_bytes(c, e.trainable_parameters, 4, m) + 4 * e.trainable_parameters;
     e.optimizer = 0;
   }
+  const int64_t ranks = std::max<int64_t>(1, c.world_size);
+  const bool sharded = ranks > 1 && c.zero_stage >= 1;
+  const bool grads_sharded = ranks > 1 && c.zero_stage >= 2;
+  if (sharded) e.optimizer = (e.optimizer + ranks - 1) / ranks;
   const bool in_bwd = c.optimizer_in_backward;
   if (in_bwd) {
     // One gradient in flight: the largest trainable one, and the head's part of a tied
@@ -260,7 +264,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
       in_flight += 2 * saved;  // this layer and the one prefetched
     w.at("backward", layer_name(i),
          in_flight + (accumulated ? 0 : layer_grad_bytes) + (in_bwd ? paged_ws : 0));
-    w.live += (accumulated || in_bwd) ? 0 : layer_grad_bytes;
+    // ZeRO 2 reduce-scatters each completed unit: 1/N of its gradients stays.
+    const int64_t stays = grads_sharded ? (layer_grad_bytes + ranks - 1) / ranks : layer_grad_bytes;
+    w.live += (accumulated || in_bwd) ? 0 : stays;
     w.live -= kept;
   }
   // The embedding: its dense gradient, and with tied weights the sum with the head's gradient
@@ -270,10 +276,19 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     const int64_t sum = tied_sum ? v * h * 4 : 0;
     w.at("backward", "embedding", embed_grad + sum);
   }
+  // Data parallel: each unit of gradients is reduced through a flat copy (kComm).
+  const int64_t grads_live = grads_sharded ? (e.grads + ranks - 1) / ranks : e.grads;
+  if (ranks > 1) {
+    const int64_t unit = std::min(e.grads, c.reduce_bucket_size * b);
+    Walk red = w;
+    red.live = e.params + e.optimizer + (grads_sharded ? grads_live : e.grads);
+    red.at("gradient reduction", "one unit's flat copy", unit * (c.deterministic_comm ? 3 : 1));
+    if (red.peak > w.peak) w = red;
+  }
   // The optimizer step of the first update creates the state while every gradient is live
   // (inside backward with optimizer_in_backward, one gradient at a time).
   Walk first = w;
-  first.live = e.params + e.grads + e.optimizer;
+  first.live = e.params + grads_live + e.optimizer;
   first.at(in_bwd ? "backward" : "optimizer step", "first update: optimizer state created",
            paged_ws);
   if (first.peak > w.peak) w = first;
@@ -286,6 +301,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   e.offloaded_host = offload ? l * (th + (ckpt ? 0 : saved)) : 0;
   e.outside_allocator = c.resident_before_training + e.blas_buffers;
   e.rss_peak = (c.cpu ? e.peak + e.peak * 12 / 100 : 0) + e.outside_allocator + e.offloaded_host;
+  if (grads_sharded) e.grads = grads_live;
   e.workspace =
       std::max<int64_t>(0, e.peak - e.params - e.optimizer - e.grads - e.activations - e.loss);
   return e;
@@ -335,6 +351,9 @@ EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments
   c.optimizer_in_backward = args.optimizer_in_backward;
   c.offload_optimizer = args.offload_optimizer == "cpu";
   c.blas_threads = omp_get_max_threads();
+  c.zero_stage = args.zero_stage;
+  c.reduce_bucket_size = args.reduce_bucket_size;
+  c.deterministic_comm = args.comm.deterministic;
   return c;
 }
 

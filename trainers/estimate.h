@@ -28,6 +28,11 @@
 //               workspace; the unfused path holds [tokens x vocab] logits and their gradient.
 //   workspace   backward temporaries of one layer, f32 conversion buffers of 16-bit GEMMs on the
 //               CPU, attention score blocks.
+//   per rank    with world_size N > 1: ZeRO 1 and 2 keep 1/N of the optimizer states (and of
+//               AdamW's f32 masters); ZeRO 2 keeps 1/N of each unit's gradients once backward
+//               has completed it (the walk's layer gradients count 1/N); the reduction of a unit
+//               of reduce_bucket_size elements needs its flat copy as comm workspace (three
+//               copies under the rank-order fold: padded input, received blocks, gathered).
 // The peak is found by walking one optimizer step as the trainer runs it: forward layer by layer
 // (each layer leaving what it keeps), the fused loss (which computes the head's gradient in
 // forward), backward last layer first (each layer's gradients appearing as what it kept goes,
@@ -72,6 +77,11 @@ struct EstimateConfig {
   std::string optim = "adamw_torch";
   bool optimizer_in_backward = false;
   bool offload_optimizer = false;
+  // Distribution (trainers/dist_options.h): ranks, ZeRO stage (0..2), elements per unit
+  int64_t world_size = 1;
+  int64_t zero_stage = 0;
+  int64_t reduce_bucket_size = 25'000'000;
+  bool deterministic_comm = false;
   // Outside the allocator (host resident memory)
   int64_t resident_before_training = 0;  // code, libraries, tokenizer and data (bytes)
   int64_t blas_threads = 1;

@@ -210,6 +210,7 @@ nlohmann::json SftTrainer::technique_savings() const {
         model_->config(), args_, peft_.active() ? &peft_.config : nullptr, quant_config_,
         fused_loss_, 0, model_->device().is_cpu(), max_micro_tokens_, longest);
     ec.resident_before_training = resident_before_training_;
+    ec.world_size = world_communicator(args_.comm).size();
     s["estimate"] = estimate_memory(ec).to_json();
   }
   if (quant_config_.enabled())

@@ -266,10 +266,10 @@ double Trainer::grad_norm() const {
 bool Trainer::writes_files() const { return world_communicator(args_.comm).rank() == 0; }
 
 void Trainer::all_reduce_gradients(Communicator& comm) {
-  // Buckets of up to kBucket elements of one dtype, in parameter order (the same on every
-  // rank, so every rank issues the same collectives). A parameter without a gradient on this
-  // rank (it took no part in the loss) contributes zeros.
-  constexpr int64_t kBucket = int64_t{1} << 24;
+  // Buckets of up to --reduce_bucket_size elements of one dtype, in parameter order (the same
+  // on every rank, so every rank issues the same collectives). A parameter without a gradient
+  // on this rank (it took no part in the loss) contributes zeros.
+  const int64_t kBucket = args_.reduce_bucket_size;
   MemTagGuard tag(MemTag::kComm);
   size_t i = 0;
   while (i < trainable_.size()) {
@@ -314,22 +314,56 @@ void Trainer::zero_grads() {
   if (zero_) zero_->drop_gradients();
 }
 
+// Data parallel: rank 0 writes the model, trainer_state.json and its own rank files; every
+// other rank first stages its own files (its data position, and under ZeRO its optimizer shard)
+// in `.checkpoint-N.tmp-rank-R`, which rank 0 moves into the checkpoint before the rename that
+// completes it. A killed save leaves only temporary folders, removed at the next start.
+namespace {
+
+std::string rank_state_name(int rank) { return "rank_" + std::to_string(rank) + ".json"; }
+std::string rank_optimizer_name(int rank) {
+  return "optimizer_rank_" + std::to_string(rank) + ".safetensors";
+}
+std::string rank_staging_dir(const std::string& output_dir, int64_t step, int rank) {
+  return output_dir + "/.checkpoint-" + std::to_string(step) + ".tmp-rank-" + std::to_string(rank);
+}
+
+}  // namespace
+
+void Trainer::write_rank_files(const std::string& dir, int rank) const {
+  std::filesystem::create_directories(dir);
+  write_text_atomic(dir + "/" + rank_state_name(rank),
+                    nlohmann::json{{"rank", rank}, {"data_state", data_state()}}.dump(1));
+  if (zero_)
+    save_safetensors(dir + "/" + rank_optimizer_name(rank), optimizer_->state_tensors(),
+                     {{"step", std::to_string(optimizer_->step_count())}});
+}
+
 void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
   Communicator& comm = world_communicator(args_.comm);
-  if (zero_) {
-    // Only reached on a stop (save_steps inside a ZeRO run is refused at the start).
-    log.message("no checkpoint at step " + std::to_string(step) +
-                " (checkpoints of sharded optimizer states are not built yet)");
+  const bool distributed = comm.size() > 1;
+  if (distributed && comm.rank() != 0) {
+    write_rank_files(rank_staging_dir(args_.output_dir, step, comm.rank()), comm.rank());
+    comm.barrier();  // staged
+    comm.barrier();  // rank 0 has completed the checkpoint
     return;
   }
-  if (!writes_files()) {
-    comm.barrier();  // rank 0 writes the checkpoint (data parallel keeps every rank identical)
-    return;
-  }
+  if (distributed) comm.barrier();  // every rank has staged its files
   const std::string path = write_checkpoint(args_.output_dir, step, [&](const std::string& dir) {
     save_model(dir, false);
-    save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_tensors(),
-                     {{"step", std::to_string(optimizer_->step_count())}});
+    if (!zero_)
+      save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_tensors(),
+                       {{"step", std::to_string(optimizer_->step_count())}});
+    if (distributed) {
+      write_rank_files(dir, 0);
+      for (int r = 1; r < comm.size(); ++r) {
+        const std::string staged = rank_staging_dir(args_.output_dir, step, r);
+        for (const std::string& name : {rank_state_name(r), rank_optimizer_name(r)})
+          if (std::filesystem::exists(staged + "/" + name))
+            std::filesystem::rename(staged + "/" + name, dir + "/" + name);
+        std::filesystem::remove_all(staged);
+      }
+    }
     nlohmann::json st = {{"global_step", step},
                          {"epoch", epoch_progress()},
                          {"num_tokens", num_tokens_},
@@ -338,6 +372,8 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
                          {"optimizer_step", optimizer_->step_count()},
                          {"optim", args_.optim},
                          {"offload_optimizer", args_.offload_optimizer},
+                         {"world_size", comm.size()},
+                         {"zero_stage", zero_ ? args_.zero_stage : 0},
                          {"total_steps", total_steps_},
                          {"data_state", data_state()},
                          {"options", options_.to_json()}};
@@ -345,31 +381,48 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
   });
   rotate_checkpoints(args_.output_dir, args_.save_total_limit);
   log.message("saved " + path);
-  if (comm.size() > 1) comm.barrier();
+  if (distributed) comm.barrier();
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
   // The small state file first: a corrupt one fails before the weights are read.
   const std::string state_path = dir + "/trainer_state.json";
   const TrainerState st = parse_trainer_state(read_text_file(state_path), state_path);
+  Communicator& comm = world_communicator(args_.comm);
+  const int64_t zero_stage = zero_ ? args_.zero_stage : 0;
+  LT_CHECK_INPUT(st.world_size == comm.size() && st.zero_stage == zero_stage, dir,
+                 " was written by ", st.world_size, " rank(s) with zero_stage ", st.zero_stage,
+                 "; this run has ", comm.size(), " with zero_stage ", zero_stage,
+                 " (resume with the same world size and stage)");
   load_model(dir);
   LT_CHECK_INPUT(st.optim == args_.optim && st.offload_optimizer == args_.offload_optimizer, dir,
                  " holds the state of --optim ", st.optim, " --offload_optimizer ",
                  st.offload_optimizer, "; this run uses --optim ", args_.optim,
                  " --offload_optimizer ", args_.offload_optimizer);
-  auto opt_file = SafetensorsFile::open(dir + "/optimizer.safetensors");
+  const std::string opt_path =
+      zero_ ? dir + "/" + rank_optimizer_name(comm.rank()) : dir + "/optimizer.safetensors";
+  auto opt_file = SafetensorsFile::open(opt_path);
   std::vector<std::pair<std::string, Tensor>> state;
   for (const auto& e : opt_file->entries()) state.emplace_back(e.name, opt_file->tensor(e.name));
-  optimizer_->load_state_tensors(state);
   optimizer_->set_step_count(st.optimizer_step);
+  optimizer_->load_state_tensors(state);
   step_ = st.global_step;
   num_tokens_ = st.num_tokens;
   consecutive_nonfinite_ = st.consecutive_nonfinite;
   skipped_steps_ = st.skipped_steps;
+  nlohmann::json data = st.data_state;
+  std::string data_source = state_path;
+  if (comm.size() > 1) {
+    data_source = dir + "/" + rank_state_name(comm.rank());
+    const nlohmann::json rs = parse_json_strict(read_text_file(data_source), data_source, 64);
+    LT_CHECK_INPUT(rs.is_object() && rs.contains("data_state") && rs["data_state"].is_object(),
+                   data_source, ": expected an object with a 'data_state' object");
+    data = rs["data_state"];
+  }
   try {
-    set_data_state(st.data_state);
+    set_data_state(data);
   } catch (const Error& e) {
-    LT_THROW(e.kind(), state_path, ": data_state: ", e.what());
+    LT_THROW(e.kind(), data_source, ": data_state: ", e.what());
   }
 }
 
@@ -438,13 +491,6 @@ TrainResult Trainer::train() {
                  args_.output_dir.c_str(), static_cast<long long>(cleaned.removed),
                  format_bytes(cleaned.bytes).c_str(), static_cast<long long>(cleaned.restored));
   bool resumed = false;
-  LT_CHECK_INPUT(!zero_ || args_.save_steps <= 0 || args_.save_steps >= total_steps_,
-                 "option save_steps ", args_.save_steps, ": checkpoints of ZeRO stage ",
-                 args_.zero_stage, " runs (sharded optimizer states) are not built yet; use "
-                 "--save_steps 0 (the final model is written)");
-  LT_CHECK_INPUT(!distributed || args_.resume_from_checkpoint.empty(),
-                 "option resume_from_checkpoint: resuming a data-parallel run (", comm.size(),
-                 " ranks) is not supported yet; the checkpoint holds rank 0's data position only");
   if (!args_.resume_from_checkpoint.empty()) {
     const std::string dir = resolve_checkpoint(args_.resume_from_checkpoint, args_.output_dir);
     load_checkpoint(dir);

@@ -154,6 +154,8 @@ class Trainer {
   void build_optimizer();
   void save_checkpoint(int64_t step, MetricsLogger& log);
   void load_checkpoint(const std::string& dir);
+  // This rank's files of a data-parallel checkpoint (data position; ZeRO: optimizer shard).
+  void write_rank_files(const std::string& dir, int rank) const;
   double grad_norm() const;
   void zero_grads();
   // Data parallel: sums every trainable gradient over the ranks, in buckets (MemTag::kComm).
