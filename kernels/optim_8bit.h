@@ -40,6 +40,9 @@ namespace leantune::kernels {
 
 inline constexpr int64_t kOptim8bitBlock = 256;
 inline constexpr int64_t kOptim8bitMinSize = 4096;
+// Paged optimizers stage the states through the device in slabs of this many elements (a
+// multiple of kOptim8bitBlock): 16 MiB of 8-bit states, 64 MiB of 32-bit ones per slab.
+inline constexpr int64_t kPagedSlabElements = int64_t{8} << 20;
 extern const float kDynamicMapUnsigned[256];
 
 // x f32 [n] (host) -> q u8 [n], absmax f32 [ceil(n / 256)], with the signed (state1) or

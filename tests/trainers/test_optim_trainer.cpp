@@ -269,9 +269,9 @@ TEST(OptimTrainer, EstimateShowsEachOptimizersBytesForLlama31_8B) {
   const MemoryEstimate paged = with("paged_adamw_8bit", false, false);
   EXPECT_EQ(paged.optimizer, 0);
   EXPECT_NEAR(paged.optimizer_host / n, 2.0, 0.05);
-  // optimizer_in_backward: the largest gradient in flight, the LM head's (f32 from the fused
-  // loss), instead of all of them.
-  EXPECT_EQ(q8_bwd.grads, m.vocab_size * m.hidden_size * 4);
+  // optimizer_in_backward: the largest gradient in flight, the LM head's (bf16, the weight's
+  // dtype, from the fused loss), instead of all of them.
+  EXPECT_EQ(q8_bwd.grads, m.vocab_size * m.hidden_size * 2);
   // The walk's peak no longer holds every gradient at once: it falls in the loss or backward,
   // below the normal step's.
   EXPECT_LT(q8_bwd.peak, q8.peak);
