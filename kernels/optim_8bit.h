@@ -30,10 +30,12 @@
 // elements), same operations and rounding.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/optim.h"
+#include "engine/stream.h"
 #include "engine/tensor.h"
 
 namespace leantune::kernels {
@@ -68,17 +70,38 @@ void adamw8bit_step_cuda(const std::vector<Adam8Tensor>& tensors, const AdamWSte
 
 // eight_bit false: every parameter takes the 32-bit path (bnb's AdamW with optim_bits=32).
 // paged (bnb's paged optimizers; transformers' paged_adamw_8bit / paged_adamw_32bit): the states
-// live in host memory (tag kOptimizer on the host allocator) and are paged in per parameter for
-// its step on the parameter's device (device scratch, kWorkspace), then written back. On the
-// host there is nothing to page: the step is the unpaged one.
+// of a parameter on a CUDA device live in pinned host memory (tag kOptimizer on the pinned
+// allocator) and are paged through the device in slabs of slab_elements for the step
+// (PagedStates: two staging buffers, the copy of the next slab overlapping the update of this
+// one). Per element the step is the unpaged one. On the host there is nothing to page: states
+// in ordinary host memory, the unpaged step, unless stage_on_host, which runs the same staging
+// pipeline with host buffers (the CPU twin of the CUDA path, for tests).
 struct AdamW8bitOptions {
   bool eight_bit = true;
   bool paged = false;
+  int64_t slab_elements = kPagedSlabElements;  // a multiple of kOptim8bitBlock
+  bool stage_on_host = false;
+};
+
+// The staging pipeline (optim_8bit_paged.cpp). step(): `host` holds each parameter's view with
+// its states in host memory and param/grad on `device`; each is updated in slabs of `slab`
+// elements staged on `device`, the states written back to the host asynchronously. wait()
+// blocks until the last write-back has landed (before the host states are read or written).
+class PagedStates {
+ public:
+  void step(const std::vector<Adam8Tensor>& host, const AdamWStepArgs& args, Device device,
+            int64_t slab);
+  void wait() const;
+
+ private:
+  std::unique_ptr<Event> done_;
 };
 
 class AdamW8bit : public Optimizer {
  public:
   AdamW8bit(std::vector<Param> params, AdamWConfig cfg, AdamW8bitOptions opt = {});
+  // Waits for the last write-back of paged states (host memory the copies still target).
+  ~AdamW8bit() override;
   size_t num_params() const override { return params_.size(); }
   const Param& param(size_t i) const override { return params_[i]; }
   // "<name>.state1", "<name>.state2", and for 8-bit parameters "<name>.absmax1/.absmax2".
@@ -89,10 +112,13 @@ class AdamW8bit : public Optimizer {
  private:
   void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
   void ensure_state(size_t i);
+  // Whether parameter i's states are staged (paged and on a device, or stage_on_host).
+  bool staged(size_t i) const;
   std::vector<Param> params_;
   AdamWConfig cfg_;
   AdamW8bitOptions opt_;
   std::vector<Adam8Tensor> state_;
+  PagedStates paging_;
 };
 
 }  // namespace leantune::kernels

@@ -176,5 +176,65 @@ TEST(Optim8bit, StatesAreTaggedOptimizerAndBf16HasNoMaster) {
   EXPECT_GT(moved, n / 2);
 }
 
+// The paged variants' staging pipeline (optim_8bit_paged.cpp) run on the host (stage_on_host,
+// the CPU twin of the CUDA path): states in pinned host memory, stepped in slabs through two
+// staging slots, give the unpaged optimizer's parameters and states to the last bit, whatever
+// the slab (whole quantization blocks per slab; a short last block only at the tensor's end).
+struct PagedCase {
+  std::string name;
+  std::vector<int64_t> sizes;
+  DType dtype;
+  bool eight_bit;
+  int64_t slab;
+};
+
+class Optim8bitPaged : public ::testing::TestWithParam<PagedCase> {};
+
+TEST_P(Optim8bitPaged, SlabsThroughTwoSlotsEqualTheUnpagedStep) {
+  const PagedCase& c = GetParam();
+  std::vector<Optimizer::Param> a, b;
+  for (size_t i = 0; i < c.sizes.size(); ++i) {
+    Tensor p = testing::randn({c.sizes[i]}, c.dtype, 30 + i, Device::cpu(), 0.1);
+    a.push_back({"p" + std::to_string(i), p, i % 2 == 0});
+    b.push_back({"p" + std::to_string(i), p.clone(), i % 2 == 0});
+  }
+  const AdamWConfig cfg{1e-3, 0.9, 0.999, 1e-8, 0.05};
+  AdamW8bit plain(a, cfg, kernels::AdamW8bitOptions{c.eight_bit, false});
+  AdamW8bit paged(b, cfg, kernels::AdamW8bitOptions{c.eight_bit, true, c.slab, true});
+  Allocator& pinned = pinned_allocator();
+  const int64_t pinned_before = pinned.stats().tag(MemTag::kOptimizer).current;
+  for (int s = 1; s <= 3; ++s) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      const Tensor g = testing::randn({c.sizes[i]}, c.dtype, 100 * s + i, Device::cpu(), 0.01);
+      a[i].tensor.set_grad(g);
+      b[i].tensor.set_grad(g.clone());
+    }
+    plain.step(1e-3 * s);
+    paged.step(1e-3 * s);
+    for (size_t i = 0; i < a.size(); ++i)
+      expect_bits(b[i].tensor, a[i].tensor, a[i].name + ", step " + std::to_string(s));
+  }
+  const auto sa = plain.state_tensors(), sb = paged.state_tensors();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t k = 0; k < sa.size(); ++k) {
+    EXPECT_TRUE(sb[k].second.storage()->is_pinned()) << sb[k].first;
+    expect_bits(sb[k].second, sa[k].second, sb[k].first);
+  }
+  // The states are in the pinned pool (blocks rounded up to 512 bytes).
+  const int64_t held = pinned.stats().tag(MemTag::kOptimizer).current - pinned_before;
+  EXPECT_GE(held, paged.state_bytes());
+  EXPECT_LT(held, paged.state_bytes() + 4 * 512 * static_cast<int64_t>(c.sizes.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Slabs, Optim8bitPaged,
+    ::testing::Values(
+        // 71x229: 63 full blocks + one of 131, cut in slabs of 2 and 1 blocks.
+        PagedCase{"bf16_8bit_slab512", {71 * 229, 19, 4097}, DType::kBF16, true, 512},
+        PagedCase{"f32_8bit_slab256", {71 * 229, 4096}, DType::kF32, true, 256},
+        PagedCase{"bf16_8bit_one_slab", {71 * 229}, DType::kBF16, true, 1 << 20},
+        PagedCase{"f32_32bit_slab768", {71 * 229, 1, 19}, DType::kF32, false, 768}),
+    [](const auto& info) { return info.param.name; });
+
 }  // namespace
 }  // namespace leantune
