@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <unordered_map>
 
 #include "engine/cpu_kernels.h"
@@ -308,16 +309,37 @@ float quantize_block(const float* x, int64_t len, bool full, const Midpoints& mi
 struct Consts {
   float b1, omb1, b2, omb2, c2, eps, step_size, gs;
   float eps_c2, step_size32;  // the 32-bit update
+  int64_t step;
 };
+
+// The updated parameter value written back: stochastically rounded for a bf16 param when the
+// tensor asks for it, else rounded to nearest.
+template <typename P>
+inline void store_param(P* p, int64_t i, float w, const Adam8Tensor& t, int64_t step) {
+  if constexpr (std::is_same_v<P, bf16_t>) {
+    if (t.stochastic_round) {
+      p[i].bits = bf16_stochastic_from_bits32(f32_bits(w),
+                                              optim_random_bits(t.seed, step, t.index_offset + i));
+      return;
+    }
+  }
+  cpu::store(p, i, w);
+}
 
 Consts consts_of(const AdamWStepArgs& a) {
   const double c1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
   const double c2 = std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step)));
-  return Consts{static_cast<float>(a.beta1),    static_cast<float>(1.0 - a.beta1),
-                static_cast<float>(a.beta2),    static_cast<float>(1.0 - a.beta2),
-                static_cast<float>(c2),         static_cast<float>(a.eps),
-                static_cast<float>(-a.lr / c1), static_cast<float>(a.grad_scale),
-                static_cast<float>(a.eps * c2), static_cast<float>(-a.lr * c2 / c1)};
+  return Consts{static_cast<float>(a.beta1),
+                static_cast<float>(1.0 - a.beta1),
+                static_cast<float>(a.beta2),
+                static_cast<float>(1.0 - a.beta2),
+                static_cast<float>(c2),
+                static_cast<float>(a.eps),
+                static_cast<float>(-a.lr / c1),
+                static_cast<float>(a.grad_scale),
+                static_cast<float>(a.eps * c2),
+                static_cast<float>(-a.lr * c2 / c1),
+                a.step};
 }
 
 template <typename P, typename G>
@@ -347,7 +369,7 @@ void step_8bit(const Adam8Tensor& t, const Consts& c, float decay) {
       float w = static_cast<float>(cpu::load(p, i));
       if (wd) w = w * decay;
       w = w + (c.step_size * mi) / denom;
-      cpu::store(p, i, w);
+      store_param(p, i, w, t, c.step);
       m[k] = mi;
       v[k] = vi;
     }
@@ -374,7 +396,7 @@ void step_32bit(const Adam8Tensor& t, const Consts& c, float decay) {
     float w = static_cast<float>(cpu::load(p, i));
     if (wd) w = w * decay;
     w = std::fma(mi / (std::sqrt(vi) + c.eps_c2), c.step_size32, w);
-    cpu::store(p, i, w);
+    store_param(p, i, w, t, c.step);
   });
 }
 
@@ -490,6 +512,10 @@ void AdamW8bit::ensure_state(size_t i) {
   };
   s.param = p;
   s.weight_decay = params_[i].decay ? cfg_.weight_decay : 0.0;
+  s.stochastic_round = opt_.stochastic_round && p.dtype() == DType::kBF16;
+  uint64_t seed = 0xcbf29ce484222325ull;  // FNV-1a of the name
+  for (unsigned char ch : params_[i].name) seed = (seed ^ ch) * 0x100000001b3ull;
+  s.seed = seed;
   if (opt_.eight_bit && n >= kOptim8bitMinSize) {
     // Zero codes with zero absmax decode to 0, as bnb initialises them.
     const int64_t blocks = (n + kOptim8bitBlock - 1) / kOptim8bitBlock;

@@ -114,6 +114,9 @@ void PagedStates::step(const std::vector<Adam8Tensor>& host, const AdamWStepArgs
     const Adam8Tensor& t = host[u.tensor];
     Adam8Tensor d;
     d.weight_decay = t.weight_decay;
+    d.stochastic_round = t.stochastic_round;
+    d.seed = t.seed;
+    d.index_offset = t.index_offset + u.offset;
     d.param = t.param.flatten().narrow(0, u.offset, u.length);
     d.grad = t.grad.flatten().narrow(0, u.offset, u.length);
     if (t.absmax1.defined()) {

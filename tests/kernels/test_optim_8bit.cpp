@@ -6,6 +6,7 @@
 // saved state continues bit for bit, and the state bytes are what the header promises.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -235,6 +236,58 @@ INSTANTIATE_TEST_SUITE_P(
         PagedCase{"bf16_8bit_one_slab", {71 * 229}, DType::kBF16, true, 1 << 20},
         PagedCase{"f32_32bit_slab768", {71 * 229, 1, 19}, DType::kF32, false, 768}),
     [](const auto& info) { return info.param.name; });
+
+// Stochastic rounding to bf16 (bf16 parameters of the 8-bit optimizer): the two neighbours of
+// x are drawn with probabilities that make the mean x (here 2^16 draws: within 4 standard
+// deviations), signs and exact values are kept, NaN/Inf pass through, and the bits depend only
+// on (seed, step, element).
+TEST(Optim8bit, StochasticRoundingToBf16IsUnbiased) {
+  for (float x : {1.0f + 0.3f / 128.0f, -0.1234567f, 3.0e-20f, 7.77e5f}) {
+    const uint32_t u = f32_bits(x);
+    const float lo = bf16_to_f32(static_cast<uint16_t>(u >> 16));
+    const float hi = bf16_to_f32(static_cast<uint16_t>((u >> 16) + 1));
+    const int n = 1 << 16;
+    double sum = 0;
+    for (int i = 0; i < n; ++i) {
+      const float r =
+          bf16_to_f32(kernels::bf16_stochastic_from_bits32(u, kernels::optim_random_bits(7, 3, i)));
+      ASSERT_TRUE(r == lo || r == hi) << x << " -> " << r;
+      sum += r;
+    }
+    const double p = (static_cast<double>(x) - lo) / (static_cast<double>(hi) - lo);
+    const double sd = std::abs(static_cast<double>(hi) - lo) * std::sqrt(p * (1 - p) / n);
+    EXPECT_NEAR(sum / n, x, 4 * sd + 1e-30) << x;
+  }
+  EXPECT_EQ(kernels::bf16_stochastic_from_bits32(f32_bits(1.5f), 0xffff), f32_to_bf16(1.5f));
+  EXPECT_EQ(kernels::bf16_stochastic_from_bits32(0x7f800000u, 0xffff), 0x7f80);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(kernels::bf16_stochastic_from_bits32(0x7fc00001u, 1))));
+  EXPECT_EQ(kernels::optim_random_bits(1, 2, 3), kernels::optim_random_bits(1, 2, 3));
+  EXPECT_NE(kernels::optim_random_bits(1, 2, 3), kernels::optim_random_bits(1, 3, 3));
+}
+
+// A bf16 parameter updated by less than half an ulp per step: rounding to nearest never moves
+// it, stochastic rounding moves it by the accumulated update on average.
+TEST(Optim8bit, StochasticRoundingKeepsUpdatesBelowHalfAnUlp) {
+  const int64_t n = 8192;
+  Tensor a = Tensor::full({n}, 1.0, DType::kBF16, Device::cpu());
+  Tensor b = a.clone();
+  const AdamWConfig cfg{1e-3, 0.9, 0.999, 1e-8, 0.0};  // ulp of bf16 at 1 is 2^-7 = 7.8e-3
+  AdamW8bit rn({{"w", a, true}}, cfg,
+               kernels::AdamW8bitOptions{true, false, kernels::kPagedSlabElements, false, false});
+  AdamW8bit sr({{"w", b, true}}, cfg);
+  for (int s = 0; s < 20; ++s) {
+    const Tensor g = Tensor::full({n}, 1.0, DType::kBF16, Device::cpu());
+    a.set_grad(g);
+    b.set_grad(g.clone());
+    rn.step(1e-3);
+    sr.step(1e-3);
+  }
+  double mean_a = 0, mean_b = 0;
+  for (float v : a.to_f32()) mean_a += v / n;
+  for (float v : b.to_f32()) mean_b += v / n;
+  EXPECT_EQ(mean_a, 1.0);                 // every update rounded away
+  EXPECT_NEAR(mean_b, 1.0 - 0.02, 1e-3);  // 20 steps of about -lr
+}
 
 }  // namespace
 }  // namespace leantune

@@ -21,6 +21,7 @@ struct Case {
   DType param;
   DType grad;
   double wd;
+  bool sr = false;  // stochastic rounding of a bf16 param
 };
 
 Adam8Tensor make(const Case& c, Device d) {
@@ -36,6 +37,8 @@ Adam8Tensor make(const Case& c, Device d) {
     t.absmax2 = Tensor::zeros({blocks}, DType::kF32, d, MemTag::kOptimizer);
   }
   t.weight_decay = c.wd;
+  t.stochastic_round = c.sr;
+  t.seed = 0x5eed;
   return t;
 }
 
@@ -76,7 +79,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"bf16_71x229", 71 * 229, DType::kBF16, DType::kBF16, 0.0},
                       Case{"f32_bf16grad_65536", 65536, DType::kF32, DType::kBF16, 0.1},
                       Case{"f32_small_992_wd", 992, DType::kF32, DType::kF32, 0.01},
-                      Case{"bf16_small_19", 19, DType::kBF16, DType::kF32, 0.0}),
+                      Case{"bf16_small_19", 19, DType::kBF16, DType::kF32, 0.0},
+                      Case{"bf16_sr_71x229", 71 * 229, DType::kBF16, DType::kBF16, 0.01, true},
+                      Case{"bf16_sr_small_19", 19, DType::kBF16, DType::kF32, 0.0, true}),
     [](const auto& info) { return info.param.name; });
 
 TEST(Optim8bitCuda, PagedOptimizerOnTheDeviceMatchesTheHost) {
