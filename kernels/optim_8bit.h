@@ -5,8 +5,9 @@
 // of 256 (state1: signed dynamic map kDynamicMap, state2: unsigned map kDynamicMapUnsigned)
 // with one f32 absmax per block: 2 bytes + 8/256 per element. Smaller parameters keep f32
 // moments (bnb's min_8bit_size). There is no f32 master copy: the parameter is read as f32,
-// updated, and rounded back to its dtype (as bnb does), so a bf16 model costs about 2 bytes of
-// optimizer state per parameter.
+// updated, and rounded back to its dtype (as bnb does; a bf16 parameter with stochastic rounding
+// by default, AdamW8bitOptions), so a bf16 model costs about 2 bytes of optimizer state per
+// parameter.
 //
 // One step of an 8-bit parameter, per element in f32, operation for operation as bnb's CPU
 // optimizer_update_8bit_blockwise (fma(a, b, c) is one rounding, as torch's vectorised add with
