@@ -9,9 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "loaders/model_config.h"
+#include "models/decoder.h"
 #include "testing/testing.h"
 #include "trainer_test_util.h"
 #include "trainers/estimate.h"
+#include "trainers/model_io.h"
 #include "trainers/sft.h"
 
 namespace leantune {
@@ -223,6 +225,28 @@ INSTANTIATE_TEST_SUITE_P(
                        {"--optim", "adamw_torch", "--gradient_checkpointing"},
                        true}),
     [](const auto& info) { return info.param.name; });
+
+TEST(OptimTrainer, OptimizerInBackwardHoldsAtMostTheLargestGradientUntied) {
+  // An untied head and embedding (576 x 32 each, the largest parameters): the head's gradient
+  // comes out of the fused loss and is applied first in backward, the embedding's last; no two
+  // large gradients are ever held together, so the gradient tag peaks at the largest parameter.
+  const std::string dir = testing::temp_dir("untied");
+  ModelConfig cfg = ModelConfig::load(testing::fixture_path("trainer/tiny_config.json"));
+  cfg.tie_word_embeddings = false;
+  DecoderModel m(cfg, Device::cpu(), DType::kF32);
+  m.init_random(1);
+  m.save(dir, DType::kF32);
+  copy_tokenizer_files(std::string(LT_SOURCE_DIR) + "/data/embedded", dir);
+  auto peak_grads = [&](bool in_bwd) {
+    std::vector<std::string> e = {"--max_grad_norm", "0", "--max_steps", "3"};
+    if (in_bwd) e.push_back("--optimizer_in_backward");
+    SftRun r = make_sft_run(testing::tiny_sft_options(dir, testing::temp_dir("out"), e));
+    return r.trainer->train().memory["peak_by_tag"]["grad"].get<int64_t>();
+  };
+  const int64_t largest = 576 * 32 * 4;
+  EXPECT_LE(peak_grads(true), largest);
+  EXPECT_GT(peak_grads(false), 2 * largest);
+}
 
 TEST(OptimTrainer, OptimizerInBackwardRefusesAccumulationAndClipping) {
   std::string log;
