@@ -8,6 +8,7 @@
 // with the number of tokens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -162,11 +163,15 @@ TEST_P(LinearCrossEntropyCuda, PartialGradientsAndLossOnly) {
   EXPECT_NEAR(kernels::linear_cross_entropy_fwd_bwd_cuda(xd, wd, y, 1.0, dh, Tensor(), opt),
               loss_ref, tol);
   EXPECT_LE(rel_fro(dh, dh_ref), grad_tol(c.dt));
-  // dweight only, in the input dtype (an f32 accumulator inside) and as a non-contiguous view.
+  // dweight only, in the input dtype (accumulated in place, rounded once per chunk of valid rows:
+  // the error grows about as the square root of the number of chunks) and as a non-contiguous
+  // view.
   if (c.dt != DType::kF64) {
     Tensor dw16 = Tensor::zeros({c.v, c.h}, c.dt, kGpu);
     kernels::linear_cross_entropy_fwd_bwd_cuda(xd, wd, y, 1.0, Tensor(), dw16, opt);
-    EXPECT_LE(rel_fro(dw16, dw_ref), grad_tol(c.dt) + (c.dt == DType::kF32 ? 0 : 4e-3));
+    const double chunks = static_cast<double>((count_valid(y) + c.chunk - 1) / c.chunk);
+    EXPECT_LE(rel_fro(dw16, dw_ref),
+              grad_tol(c.dt) + (c.dt == DType::kF32 ? 0 : 4e-3 * std::sqrt(std::max(chunks, 1.0))));
   }
   Tensor base = Tensor::zeros({c.h, c.v}, grad_dtype(c.dt), kGpu);
   Tensor dwt = base.transpose(0, 1);  // [V, H], not contiguous
