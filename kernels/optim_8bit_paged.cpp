@@ -157,7 +157,9 @@ void PagedStates::step(const std::vector<Adam8Tensor>& host, const AdamWStepArgs
     stepped[k & 1].wait(copy);
     move(units[k], static_cast<int>(k & 1), false);
   };
-  // The gradients and parameters are written on the compute stream; the slots are free.
+  // The slots' blocks may have served kernels queued earlier on the compute stream: the copy
+  // stream starts behind them.
+  copy.wait_stream(compute);
   h2d(0);
   for (size_t k = 0; k < units.size(); ++k) {
     if (k + 1 < units.size()) {
