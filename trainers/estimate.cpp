@@ -148,6 +148,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   }
   layer_params += 2 * h;
   const int64_t layer_grad_bytes = layer_trainable * b;
+  int64_t largest_layer_weight = 0;
+  for (const ModuleShape& s : layer_modules(m))
+    largest_layer_weight = std::max(largest_layer_weight, s.in * s.out * b);
   const int64_t embed = v * h, head = m.tie_word_embeddings ? 0 : v * h;
   e.total_parameters = embed + head + h + l * layer_params;
   e.params = (embed + head + h) * b + l * layer_param_bytes + c.trainable_tokens * h * b;
@@ -277,8 +280,14 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
       in_flight += saved;  // recomputed
     else if (offload)
       in_flight += 2 * saved;  // this layer and the one prefetched
-    w.at("backward", layer_name(i),
-         in_flight + (accumulated ? 0 : layer_grad_bytes) + (in_bwd ? paged_ws : 0));
+    // Gradients in flight: the layer's, or under optimizer_in_backward without checkpointing
+    // one weight's at a time (each is applied and freed as it completes; a recomputed layer's
+    // backward holds its own until it ends).
+    const int64_t layer_grads =
+        accumulated ? 0
+                    : (in_bwd && !ckpt ? std::min(layer_grad_bytes, largest_layer_weight)
+                                       : layer_grad_bytes);
+    w.at("backward", layer_name(i), in_flight + layer_grads + (in_bwd ? paged_ws : 0));
     w.live += (accumulated || in_bwd) ? 0 : layer_grad_bytes;
     w.live -= kept;
   }

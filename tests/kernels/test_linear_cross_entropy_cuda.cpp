@@ -263,13 +263,14 @@ TEST(LinearCrossEntropyCudaAutograd, LossAndGradsMatchCpuNode) {
 // Peak device memory above what the caller holds, for T tokens (a third of them ignored, so rows
 // are gathered), with the chunk fixed: must not grow with T beyond the 12 bytes per valid row of
 // the row list, targets and per-row losses.
-int64_t peak_extra_bytes(int64_t t, int64_t h, int64_t v, int64_t chunk) {
+int64_t peak_extra_bytes(int64_t t, int64_t h, int64_t v, int64_t chunk,
+                         DType dw_dtype = DType::kF32) {
   Allocator& alloc = allocator(kGpu);
   const Tensor xd = testing::randn({t, h}, DType::kBF16, 861, kGpu);
   const Tensor wd = testing::randn({v, h}, DType::kBF16, 862, kGpu, 0.05);
   const Tensor y = make_targets(t, v, 3);
   Tensor dh = Tensor::empty({t, h}, DType::kBF16, kGpu);
-  Tensor dw = Tensor::zeros({v, h}, DType::kF32, kGpu);
+  Tensor dw = Tensor::zeros({v, h}, dw_dtype, kGpu);
   device_synchronize(kGpu);
   const int64_t base = alloc.stats().allocated.current;
   alloc.reset_peak_stats();
@@ -290,6 +291,17 @@ TEST(LinearCrossEntropyCudaMemory, PeakExtraDoesNotGrowWithTokens) {
   EXPECT_LE(large - small, (t_large - t_small) * 2 / 3 * 12 + (int64_t{1} << 20))
       << "small " << small << " large " << large;
   EXPECT_LT(large, t_large * v * 2 / 8) << "extra memory is a sizeable part of the full logits";
+}
+
+TEST(LinearCrossEntropyCudaMemory, Bf16HeadGradientIsAccumulatedInPlace) {
+  LT_SKIP_WITHOUT_CUDA();
+  // The head's gradient as linear_cross_entropy holds it (bf16, the weight's dtype): cuBLASLt adds
+  // each chunk into it directly. An f32 accumulator would be V x H x 4 = 125 MiB; the extra here
+  // is the chunk's logits (8 MiB), gathered rows and cuBLASLt's workspace (<= 32 MiB).
+  const int64_t h = 1024, v = 32000;
+  const int64_t extra = peak_extra_bytes(768, h, v, 128, DType::kBF16);
+  EXPECT_GT(extra, 0);
+  EXPECT_LT(extra, v * h * 2) << extra;
 }
 
 }  // namespace
