@@ -1,9 +1,14 @@
 // The host-offloaded optimizer (see optim_offload.h).
 #include "engine/optim_offload.h"
 
+#include <deque>
+#include <map>
+#include <mutex>
 #include <unordered_map>
 
+#include "engine/cuda_api.h"
 #include "engine/ops.h"
+#include "engine/stream.h"
 
 namespace leantune {
 
@@ -23,10 +28,17 @@ OffloadedOptimizer::OffloadedOptimizer(std::vector<Param> params, const MakeInne
 
 void OffloadedOptimizer::update(const std::vector<size_t>& which, double lr, double grad_scale) {
   inner_->set_step_count(step_);
-  for (size_t i : which) {
+  std::vector<size_t> todo;
+  for (size_t i : which)
+    if (params_[i].tensor.grad().defined()) todo.push_back(i);
+  if (todo.empty()) return;
+  if (params_[todo[0]].tensor.device().is_cuda()) {
+    update_cuda(todo, lr, grad_scale);
+    return;
+  }
+  for (size_t i : todo) {
     const Tensor& p = params_[i].tensor;
     const Tensor g = p.grad();
-    if (!g.defined()) continue;
     Tensor& s = shadow_[i];
     Tensor host_grad = g;
     if (!g.device().is_cpu() || !g.is_contiguous()) {
@@ -38,6 +50,78 @@ void OffloadedOptimizer::update(const std::vector<size_t>& which, double lr, dou
     s.zero_grad();
     ops::copy(p, s);
   }
+}
+
+namespace {
+// One copy stream per device for the process (the engine never destroys CUDA streams).
+Stream offload_stream(Device device) {
+  static std::mutex mu;
+  static std::map<int, Stream> streams;
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = streams.find(device.index);
+  if (it == streams.end()) it = streams.emplace(device.index, new_stream(device)).first;
+  return it->second;
+}
+}  // namespace
+
+void OffloadedOptimizer::update_cuda(const std::vector<size_t>& todo, double lr,
+                                     double grad_scale) {
+  struct Pending {
+    size_t i;
+    Tensor host_grad;
+    std::unique_ptr<Event> ready;
+  };
+  const Device dev = params_[todo[0]].tensor.device();
+  const Stream compute = current_stream(dev), copy = offload_stream(dev);
+  // Everything queued so far (the gradients, the last reads of the weights) precedes the copies.
+  copy.wait_stream(compute);
+  std::deque<Pending> inflight;
+  size_t next = 0;
+  int64_t inflight_bytes = 0;
+  // Gradient downloads are queued ahead, up to kOffloadWindowBytes, so that the copy engine works
+  // while the CPU steps.
+  auto issue = [&] {
+    while (next < todo.size()) {
+      const size_t i = todo[next];
+      Tensor g = params_[i].tensor.grad();
+      if (!g.is_contiguous()) g = g.contiguous();
+      const int64_t bytes = static_cast<int64_t>(g.nbytes());
+      if (!inflight.empty() && inflight_bytes + bytes > kOffloadWindowBytes) return;
+      Pending p{i, Tensor::empty_pinned(g.shape(), g.dtype(), MemTag::kWorkspace),
+                std::make_unique<Event>(dev)};
+      cuda_memcpy_async(p.host_grad.data_ptr(), g.data_ptr(), g.nbytes(), CopyKind::kDeviceToHost,
+                        copy.handle);
+      p.ready->record(copy);
+      g.storage()->record_stream(copy);  // a contiguous temporary dies before the copy ends
+      inflight_bytes += bytes;
+      inflight.push_back(std::move(p));
+      ++next;
+    }
+  };
+  issue();
+  while (!inflight.empty()) {
+    Pending p = std::move(inflight.front());
+    inflight.pop_front();
+    p.ready->synchronize();
+    inflight_bytes -= static_cast<int64_t>(p.host_grad.nbytes());
+    issue();
+    const Tensor& param = params_[p.i].tensor;
+    Tensor& s = shadow_[p.i];
+    s.set_grad(p.host_grad);
+    inner_->update_param(p.i, lr, grad_scale);
+    s.zero_grad();
+    // The weight goes back rounded to its dtype from pinned memory; the CPU moves on to the next
+    // parameter while it uploads.
+    Tensor up = Tensor::empty_pinned(param.shape(), param.dtype(), MemTag::kWorkspace);
+    ops::copy(up, s);
+    LT_CHECK(param.is_contiguous(), "offloaded optimizer: parameter ", params_[p.i].name, " ",
+             param.str(), " is not contiguous");
+    cuda_memcpy_async(param.data_ptr(), up.data_ptr(), up.nbytes(), CopyKind::kHostToDevice,
+                      copy.handle);
+    up.storage()->record_stream(copy);
+  }
+  // Kernels queued from now on read the updated weights.
+  compute.wait_stream(copy);
 }
 
 std::vector<std::pair<std::string, Tensor>> OffloadedOptimizer::state_tensors() const {

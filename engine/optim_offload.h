@@ -9,6 +9,11 @@
 // the shadow), so on the CPU a run gives bit-identical results; on CUDA the difference is where
 // the step runs, not what it computes. The gradient copy is a scratch buffer (kWorkspace) freed
 // after each parameter.
+// On CUDA the copies are asynchronous, on one copy stream per device, through pinned host
+// buffers: the gradients' downloads are queued ahead (up to kOffloadWindowBytes in flight) so
+// that the copy engine works while the CPU steps, and each weight's upload (rounded on the host
+// into a pinned buffer of its dtype) overlaps the CPU step of the next parameter. The compute
+// stream waits for the uploads before anything queued after the step.
 // Checkpoint state: the inner optimizer's tensors plus "<name>.offload_master" (the shadows).
 #pragma once
 
@@ -20,6 +25,8 @@
 #include "engine/optim.h"
 
 namespace leantune {
+
+inline constexpr int64_t kOffloadWindowBytes = int64_t{256} << 20;
 
 class OffloadedOptimizer : public Optimizer {
  public:
@@ -34,6 +41,7 @@ class OffloadedOptimizer : public Optimizer {
 
  private:
   void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
+  void update_cuda(const std::vector<size_t>& todo, double lr, double grad_scale);
   std::vector<Param> params_;
   std::vector<Tensor> shadow_;
   std::unique_ptr<Optimizer> inner_;

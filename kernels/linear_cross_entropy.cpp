@@ -10,15 +10,24 @@
 // (Liger's FLCE) and held by the node, whose backward only multiplies them by dloss (no copy when
 // dloss == 1). linear_token_logprobs: logp = z_y - lse; its backward recomputes each chunk with
 // coef_r = -dlogp_r.
+// 16-bit weights are never copied whole to f32: the GEMMs run over blocks of rows of W
+// (weight_block_rows: about 16 MiB of f32 each), converted as they are used (twice per chunk: for
+// Z, then for dX_c); dW[block] += G[:, block]^T X_c goes through an f32 block buffer when dW is
+// not D-typed, so a 16-bit dW is rounded once per chunk of tokens (Liger's FLCE accumulates in the
+// weight's dtype the same way). f32/f64 weights take one GEMM per product, as one block.
 // Scratch (kWorkspace): X_c, Z, dX_c for one chunk (chunk_tokens x (2H + V) values of D), plus,
-// for 16-bit weights, one f32 copy of W and an f32 dW accumulator when dweight is 16-bit. None of
-// it grows with T. The weight gradient the nodes return is D-typed ([V,H] f32 for 16-bit
-// weights, tagged kGrad); dhidden has hidden's dtype (kActivation), zero on ignored rows.
+// for 16-bit weights, the f32 block of W and (16-bit dW) the f32 block of dW. None of it grows
+// with T. linear_cross_entropy's weight gradient has the weight's dtype (kGrad);
+// linear_token_logprobs' is D-typed; dhidden has hidden's dtype (kActivation), zero on ignored
+// rows.
 #include "kernels/linear_cross_entropy.h"
+
+#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "engine/autograd.h"
@@ -73,14 +82,70 @@ void valid_rows(const Tensor& targets, int64_t v, const char* op, std::vector<in
   }
 }
 
-// The chunk loop shared by the three entry points. w: [V,H] of dtype D (A's dtype), contiguous.
-// coef: one gradient coefficient per valid row, or nullptr for no gradients. lse/zy receive one
-// value per valid row. dhidden rows listed in `rows` are overwritten; dw_acc ([V,H] D) is added
-// to.
+// Rows of the head converted to the work dtype at a time when the weight is 16-bit: the f32
+// block buffer stays near 16 MiB instead of an f32 copy of the whole head.
+int64_t weight_block_rows(int64_t v, int64_t h) {
+  return std::clamp<int64_t>((int64_t{4} << 20) / std::max<int64_t>(h, 1), 1, v);
+}
+
+// Row-major C[m,n] (ld ldc) = alpha op(A) op(B) + beta C, all of dtype A (OpenBLAS).
+template <typename A>
+void gemm_ld(bool ta, bool tb, int64_t m, int64_t n, int64_t k, A alpha, const A* a, int64_t lda,
+             const A* b, int64_t ldb, A beta, A* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<A, double>)
+    cblas_dgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// dst[i] = A(src[i]) for the n elements of a contiguous block of any float dtype.
+template <typename A>
+void to_work(const Tensor& src, A* dst) {
+  const int64_t n = src.numel();
+  LT_DISPATCH_FLOAT(src.dtype(), T, {
+    const T* ps = static_cast<const T*>(src.data_ptr());
+    parallel_for(n, cpu::grain_for(1), [&](int64_t i) { dst[i] = static_cast<A>(load(ps, i)); });
+  });
+}
+
+// The head in blocks of rows, each as a contiguous A-typed [rows, H] array: a view of the weight
+// when it is A-typed (then one block holds every row), else converted into a reused buffer.
+template <typename A>
+class WeightBlocks {
+ public:
+  explicit WeightBlocks(const Tensor& w) : w_(w) {
+    const int64_t v = w.size(0), h = w.size(1);
+    direct_ = w.dtype() == DTypeOf<A>::value;
+    rows_ = direct_ ? v : weight_block_rows(v, h);
+    if (!direct_)
+      buf_ = Tensor::empty({rows_, h}, DTypeOf<A>::value, w.device(), MemTag::kWorkspace);
+  }
+  int64_t rows() const { return rows_; }
+  // Rows [r0, r0 + n) as A values.
+  const A* get(int64_t r0, int64_t n) {
+    if (direct_) return static_cast<const A*>(w_.data_ptr()) + r0 * w_.size(1);
+    A* out = static_cast<A*>(buf_.data_ptr());
+    to_work<A>(w_.narrow(0, r0, n), out);
+    return out;
+  }
+
+ private:
+  Tensor w_, buf_;
+  bool direct_ = true;
+  int64_t rows_ = 0;
+};
+
+// The chunk loop shared by the three entry points. w: [V,H] contiguous, of dtype D (A's dtype)
+// or 16-bit (converted block by block, WeightBlocks). coef: one gradient coefficient per valid
+// row, or nullptr for no gradients. lse/zy receive one value per valid row. dhidden rows listed
+// in `rows` are overwritten; dweight ([V,H] contiguous, any float dtype) is added to: in place
+// when D-typed, else per block of rows through an A-typed buffer, rounded once per chunk.
 template <typename A>
 void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t>& rows,
                 const std::vector<int64_t>& tgt, const std::vector<A>* coef, const Tensor& dhidden,
-                const Tensor& dw_acc, int64_t chunk_tokens, std::vector<A>* lse,
+                const Tensor& dweight, int64_t chunk_tokens, std::vector<A>* lse,
                 std::vector<A>* zy) {
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t h = hidden.size(1), v = w.size(0);
@@ -89,16 +154,20 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
   if (n == 0) return;
   const DType d = DTypeOf<A>::value;
   const int64_t cap = std::min(chunk_tokens, n);
-  const bool grads = coef != nullptr && (dhidden.defined() || dw_acc.defined());
+  const bool grads = coef != nullptr && (dhidden.defined() || dweight.defined());
+  WeightBlocks<A> wb(w);
+  const int64_t vb = wb.rows();
   Tensor xbuf = Tensor::empty({cap, h}, d, hidden.device(), MemTag::kWorkspace);
   Tensor zbuf = Tensor::empty({cap, v}, d, hidden.device(), MemTag::kWorkspace);
-  Tensor dxbuf;
+  Tensor dxbuf, dwbuf;
   if (grads && dhidden.defined())
     dxbuf = Tensor::empty({cap, h}, d, hidden.device(), MemTag::kWorkspace);
+  const bool dw_direct = dweight.defined() && dweight.dtype() == d;
+  if (grads && dweight.defined() && !dw_direct)
+    dwbuf = Tensor::empty({vb, h}, d, hidden.device(), MemTag::kWorkspace);
   for (int64_t c0 = 0; c0 < n; c0 += cap) {
     const int64_t c = std::min(cap, n - c0);
-    Tensor xc = xbuf.narrow(0, 0, c), zc = zbuf.narrow(0, 0, c);
-    A* px = static_cast<A*>(xc.data_ptr());
+    A* px = static_cast<A*>(xbuf.data_ptr());
     LT_DISPATCH_FLOAT(hidden.dtype(), T, {
       const T* ph = static_cast<const T*>(hidden.data_ptr());
       parallel_for(c, cpu::grain_for(h), [&](int64_t r) {
@@ -106,8 +175,11 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
         for (int64_t j = 0; j < h; ++j) px[r * h + j] = static_cast<A>(load(src, j));
       });
     });
-    ops::gemm(xc, false, w, true, zc, 1.0, 0.0);
-    A* pz = static_cast<A*>(zc.data_ptr());
+    A* pz = static_cast<A*>(zbuf.data_ptr());
+    for (int64_t r0 = 0; r0 < v; r0 += vb) {
+      const int64_t nb = std::min(vb, v - r0);
+      gemm_ld<A>(false, true, c, nb, h, A(1), px, h, wb.get(r0, nb), h, A(0), pz + r0, v);
+    }
     parallel_for(c, cpu::grain_for(v), [&](int64_t r) {
       A* z = pz + r * v;
       const int64_t y = tgt[c0 + r];
@@ -128,10 +200,26 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
       z[y] = (softmax_cpu::exp1(zt - l) - A(1)) * k;
     });
     if (!grads) continue;
-    if (dhidden.defined()) {
-      Tensor dxc = dxbuf.narrow(0, 0, c);
-      ops::gemm(zc, false, w, false, dxc, 1.0, 0.0);
-      const A* pdx = static_cast<const A*>(dxc.data_ptr());
+    A* pdx = dhidden.defined() ? static_cast<A*>(dxbuf.data_ptr()) : nullptr;
+    for (int64_t r0 = 0; r0 < v; r0 += vb) {
+      const int64_t nb = std::min(vb, v - r0);
+      // dX_c (+)= G[:, block] W[block];  dW[block] += G[:, block]^T X_c.
+      if (pdx)
+        gemm_ld<A>(false, false, c, h, nb, A(1), pz + r0, v, wb.get(r0, nb), h,
+                   r0 == 0 ? A(0) : A(1), pdx, h);
+      if (!dweight.defined()) continue;
+      if (dw_direct) {
+        gemm_ld<A>(true, false, nb, h, c, A(1), pz + r0, v, px, h, A(1),
+                   static_cast<A*>(dweight.data_ptr()) + r0 * h, h);
+      } else {
+        const Tensor dst = dweight.narrow(0, r0, nb);
+        A* pw = static_cast<A*>(dwbuf.data_ptr());
+        to_work<A>(dst, pw);
+        gemm_ld<A>(true, false, nb, h, c, A(1), pz + r0, v, px, h, A(1), pw, h);
+        ops::copy(dst, dwbuf.narrow(0, 0, nb));
+      }
+    }
+    if (pdx) {
       LT_DISPATCH_FLOAT(dhidden.dtype(), T, {
         T* pd = static_cast<T*>(dhidden.data_ptr());
         parallel_for(c, cpu::grain_for(h), [&](int64_t r) {
@@ -140,7 +228,6 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
         });
       });
     }
-    if (dw_acc.defined()) ops::gemm(zc, true, xc, false, dw_acc, 1.0, 1.0);
   }
 }
 
@@ -155,17 +242,19 @@ void zero_ignored_rows(const Tensor& dhidden, const std::vector<int64_t>& rows) 
     if (!valid[r]) std::memset(p + r * row_bytes, 0, row_bytes);
 }
 
-// Runs the loop in D = work_dtype(hidden): converts W once and, when dweight is not D-typed and
-// contiguous, accumulates into a D copy of it that is written back at the end.
+// Runs the loop in D = work_dtype(hidden). The weight is read in place when D-typed, else
+// converted block by block; dweight is accumulated into in place (a contiguous copy written back
+// only when it is a strided view).
 template <typename A>
 void run(const Tensor& hidden0, const Tensor& weight, const std::vector<int64_t>& rows,
          const std::vector<int64_t>& tgt, const std::vector<A>* coef, const Tensor& dhidden,
          const Tensor& dweight, int64_t chunk_tokens, std::vector<A>* lse, std::vector<A>* zy) {
-  const DType d = DTypeOf<A>::value;
   const Tensor hidden = as(hidden0, hidden0.dtype());
-  const Tensor w = as(weight, d);
+  const DType d = DTypeOf<A>::value;
+  const bool narrow_w = weight.dtype() == DType::kBF16 || weight.dtype() == DType::kF16;
+  const Tensor w = as(weight, narrow_w ? weight.dtype() : d);
   Tensor dw_acc;
-  if (dweight.defined()) dw_acc = as(dweight, d);
+  if (dweight.defined()) dw_acc = as(dweight, dweight.dtype());
   chunk_loop<A>(hidden, w, rows, tgt, coef, dhidden, dw_acc, chunk_tokens, lse, zy);
   if (dweight.defined() && !dw_acc.shares_storage(dweight)) ops::copy(dweight, dw_acc);
   if (dhidden.defined()) zero_ignored_rows(dhidden, rows);
@@ -264,8 +353,10 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
   Tensor dh, dw;
   if (need && hidden.requires_grad())
     dh = Tensor::empty(hidden.shape(), hidden.dtype(), hidden.device(), MemTag::kActivation);
+  // The head's gradient is held in the weight's own dtype (what AccumulateGrad keeps, so it is
+  // taken without a copy); 16-bit ones are rounded once per chunk of tokens.
   if (need && weight.requires_grad())
-    dw = Tensor::zeros(weight.shape(), d, weight.device(), MemTag::kGrad);
+    dw = Tensor::zeros(weight.shape(), weight.dtype(), weight.device(), MemTag::kGrad);
   const double sum = linear_cross_entropy_fwd_bwd(hidden.detach(), weight.detach(), targets,
                                                   1.0 / normalizer, dh, dw, opt);
   Tensor loss = Tensor::full({}, sum / normalizer, d, hidden.device());

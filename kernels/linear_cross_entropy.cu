@@ -20,10 +20,11 @@
 //   dX_c = grad_scale G W        [c,H]          grad_scale as the GEMM's alpha; written straight
 //                                                into dhidden when the rows are consecutive, else
 //                                                into a buffer and scattered
-//   dW  += grad_scale G^T X_c    [V,H]          cuBLASLt, alpha = grad_scale, beta = 1, into an
-//   A-typed
-//                                                accumulator: dweight itself when it is A-typed and
-//                                                contiguous, else a copy written back at the end
+//   dW  += grad_scale G^T X_c    [V,H]          cuBLASLt, alpha = grad_scale, beta = 1, straight
+//                                                into dweight when it is contiguous and A-typed or
+//                                                of the inputs' dtype (a bf16 dW, as
+//                                                linear_cross_entropy holds it, is rounded once per
+//                                                chunk), else into an A-typed copy written back
 // The per-row nll values land in one [n] array that is copied back and summed in row order in
 // double at the end (deterministic whatever the chunking; the one synchronisation).
 // Chunk size: c = min(opt.chunk_tokens, valid rows, budget rows) with the budget rows chosen so
@@ -31,8 +32,9 @@
 // down to a multiple of 128 rows): 2560 rows for V = 151936 in bf16 at H = 1536.
 // Peak extra device memory: c (V sizeof(logits) + H (sizeof(hidden) + sizeof(dX buffer))) +
 // 12 n bytes (row list, targets, nll) + cuBLASLt workspace (<= 32 MiB); plus, only when dweight is
-// not A-typed and contiguous, a [V,H] A-typed accumulator, and contiguous copies of hidden/weight
-// when their rows are not dense. Nothing else grows with T. All scratch is tagged kWorkspace.
+// neither A-typed nor of the inputs' dtype, or not contiguous, a [V,H] A-typed accumulator, and
+// contiguous copies of hidden/weight when their rows are not dense. Nothing else grows with T. All
+// scratch is tagged kWorkspace.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -349,10 +351,12 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
   if (any_gather) xbuf = Tensor::empty({cap, h}, in, d, MemTag::kWorkspace);
   if (any_scatter) dxbuf = Tensor::empty({cap, h}, dx_dt, d, MemTag::kWorkspace);
 
-  // dW accumulator: dweight itself when it is A-typed and contiguous, else an A-typed copy.
+  // dW accumulator: dweight itself when it is contiguous and A-typed or of the inputs' dtype
+  // (cuBLASLt forms alpha G^T X + dW in f32 and rounds once: a 16-bit dW is rounded once per
+  // chunk), else an A-typed copy.
   Tensor dw_acc;
   if (dweight.defined()) {
-    if (dweight.dtype() == wdt && dweight.is_contiguous()) {
+    if ((dweight.dtype() == wdt || dweight.dtype() == in) && dweight.is_contiguous()) {
       dw_acc = dweight;
     } else {
       dw_acc = Tensor::empty(dweight.shape(), wdt, d, MemTag::kWorkspace);
@@ -393,7 +397,7 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
     if (dw_acc.defined()) {
       // dW^T[H,V] += X_c^T G: A = X_c ([H,c] stored), B = G ([V,c] stored, transposed).
       gemm(xc, ldx, false, zbuf.data_ptr(), v, true, dw_acc.data_ptr(), h, h, v, c, alpha, 1.0, in,
-           wdt, d, stream);
+           dw_acc.dtype(), d, stream);
     }
   }
   if (dweight.defined() && !dw_acc.shares_storage(dweight)) ops::copy(dweight, dw_acc);

@@ -5,10 +5,12 @@
 // For each chunk of `chunk_tokens` rows (only rows with a valid target are computed):
 //   logits_c = hidden_c W^T (f32 accumulate), lse_c, loss_c;
 //   when gradients are needed: G_c = (softmax - onehot) / normalizer,
-//   dhidden_c = G_c W, dW += G_c^T hidden_c (f32 accumulation buffer).
+//   dhidden_c = G_c W, dW += G_c^T hidden_c (f32 products; dW held in W's dtype, a 16-bit dW
+//   rounded once per chunk as Liger's FLCE does).
 // The gradients are computed during the forward pass (as Liger's FLCE does) and held until
 // backward, which scales them by dloss. Peak extra memory: the chunk's logits and G
-// (chunk_tokens x V floats) plus dW in f32 when W requires grad; independent of T.
+// (chunk_tokens x V floats, bf16/f16 logits on CUDA) plus dW in W's dtype when W requires grad;
+// no f32 copy of a 16-bit W (CPU: f32 blocks of about 16 MiB); independent of T.
 // Workspace is tagged kWorkspace; dhidden is tagged kActivation.
 #pragma once
 

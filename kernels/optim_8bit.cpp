@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <unordered_map>
 
 #include "engine/cpu_kernels.h"
@@ -308,16 +309,37 @@ float quantize_block(const float* x, int64_t len, bool full, const Midpoints& mi
 struct Consts {
   float b1, omb1, b2, omb2, c2, eps, step_size, gs;
   float eps_c2, step_size32;  // the 32-bit update
+  int64_t step;
 };
+
+// The updated parameter value written back: stochastically rounded for a bf16 param when the
+// tensor asks for it, else rounded to nearest.
+template <typename P>
+inline void store_param(P* p, int64_t i, float w, const Adam8Tensor& t, int64_t step) {
+  if constexpr (std::is_same_v<P, bf16_t>) {
+    if (t.stochastic_round) {
+      p[i].bits = bf16_stochastic_from_bits32(f32_bits(w),
+                                              optim_random_bits(t.seed, step, t.index_offset + i));
+      return;
+    }
+  }
+  cpu::store(p, i, w);
+}
 
 Consts consts_of(const AdamWStepArgs& a) {
   const double c1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
   const double c2 = std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step)));
-  return Consts{static_cast<float>(a.beta1),    static_cast<float>(1.0 - a.beta1),
-                static_cast<float>(a.beta2),    static_cast<float>(1.0 - a.beta2),
-                static_cast<float>(c2),         static_cast<float>(a.eps),
-                static_cast<float>(-a.lr / c1), static_cast<float>(a.grad_scale),
-                static_cast<float>(a.eps * c2), static_cast<float>(-a.lr * c2 / c1)};
+  return Consts{static_cast<float>(a.beta1),
+                static_cast<float>(1.0 - a.beta1),
+                static_cast<float>(a.beta2),
+                static_cast<float>(1.0 - a.beta2),
+                static_cast<float>(c2),
+                static_cast<float>(a.eps),
+                static_cast<float>(-a.lr / c1),
+                static_cast<float>(a.grad_scale),
+                static_cast<float>(a.eps * c2),
+                static_cast<float>(-a.lr * c2 / c1),
+                a.step};
 }
 
 template <typename P, typename G>
@@ -347,7 +369,7 @@ void step_8bit(const Adam8Tensor& t, const Consts& c, float decay) {
       float w = static_cast<float>(cpu::load(p, i));
       if (wd) w = w * decay;
       w = w + (c.step_size * mi) / denom;
-      cpu::store(p, i, w);
+      store_param(p, i, w, t, c.step);
       m[k] = mi;
       v[k] = vi;
     }
@@ -374,7 +396,7 @@ void step_32bit(const Adam8Tensor& t, const Consts& c, float decay) {
     float w = static_cast<float>(cpu::load(p, i));
     if (wd) w = w * decay;
     w = std::fma(mi / (std::sqrt(vi) + c.eps_c2), c.step_size32, w);
-    cpu::store(p, i, w);
+    store_param(p, i, w, t, c.step);
   });
 }
 
@@ -462,6 +484,17 @@ AdamW8bit::AdamW8bit(std::vector<Param> params, AdamWConfig cfg, AdamW8bitOption
                        p.tensor.dtype() == DType::kF16,
                    "adamw_8bit: parameter ", p.name, " is ", dtype_name(p.tensor.dtype()),
                    " (f32, bf16 or f16 only)");
+  LT_CHECK(opt_.slab_elements > 0 && opt_.slab_elements % kOptim8bitBlock == 0,
+           "adamw_8bit: slab of ", opt_.slab_elements, " elements is not a positive multiple of ",
+           kOptim8bitBlock);
+}
+
+AdamW8bit::~AdamW8bit() {
+  try {
+    paging_.wait();
+  } catch (const std::exception&) {
+    // A failed device cannot finish the copies; nothing is left to protect.
+  }
 }
 
 void AdamW8bit::ensure_state(size_t i) {
@@ -469,56 +502,61 @@ void AdamW8bit::ensure_state(size_t i) {
   if (s.state1.defined()) return;
   const Tensor& p = params_[i].tensor;
   const int64_t n = p.numel();
-  const Device d = opt_.paged ? Device::cpu() : p.device();
+  // Staged states live in pinned host memory, others on the parameter's device.
+  const bool pinned = staged(i);
+  auto zeros = [&](int64_t len, DType dt) {
+    Tensor t = pinned ? Tensor::empty_pinned({len}, dt, MemTag::kOptimizer)
+                      : Tensor::empty({len}, dt, p.device(), MemTag::kOptimizer);
+    t.zero_();
+    return t;
+  };
   s.param = p;
   s.weight_decay = params_[i].decay ? cfg_.weight_decay : 0.0;
+  s.stochastic_round = opt_.stochastic_round && p.dtype() == DType::kBF16;
+  uint64_t seed = 0xcbf29ce484222325ull;  // FNV-1a of the name
+  for (unsigned char ch : params_[i].name) seed = (seed ^ ch) * 0x100000001b3ull;
+  s.seed = seed;
   if (opt_.eight_bit && n >= kOptim8bitMinSize) {
     // Zero codes with zero absmax decode to 0, as bnb initialises them.
     const int64_t blocks = (n + kOptim8bitBlock - 1) / kOptim8bitBlock;
-    s.state1 = Tensor::zeros({n}, DType::kU8, d, MemTag::kOptimizer);
-    s.state2 = Tensor::zeros({n}, DType::kU8, d, MemTag::kOptimizer);
-    s.absmax1 = Tensor::zeros({blocks}, DType::kF32, d, MemTag::kOptimizer);
-    s.absmax2 = Tensor::zeros({blocks}, DType::kF32, d, MemTag::kOptimizer);
+    s.state1 = zeros(n, DType::kU8);
+    s.state2 = zeros(n, DType::kU8);
+    s.absmax1 = zeros(blocks, DType::kF32);
+    s.absmax2 = zeros(blocks, DType::kF32);
   } else {
-    s.state1 = Tensor::zeros({n}, DType::kF32, d, MemTag::kOptimizer);
-    s.state2 = Tensor::zeros({n}, DType::kF32, d, MemTag::kOptimizer);
+    s.state1 = zeros(n, DType::kF32);
+    s.state2 = zeros(n, DType::kF32);
   }
 }
 
+bool AdamW8bit::staged(size_t i) const {
+  return opt_.paged && (!params_[i].tensor.device().is_cpu() || opt_.stage_on_host);
+}
+
 void AdamW8bit::update(const std::vector<size_t>& which, double lr, double grad_scale) {
-  std::vector<Adam8Tensor> batch;
+  std::vector<Adam8Tensor> direct, paged;
   for (size_t i : which) {
     Tensor g = params_[i].tensor.grad();
     if (!g.defined()) continue;
     ensure_state(i);
     Adam8Tensor t = state_[i];
     t.grad = g.is_contiguous() ? g : g.contiguous();
-    batch.push_back(t);
+    (staged(i) ? paged : direct).push_back(t);
   }
   const AdamWStepArgs args{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, grad_scale};
-  if (!opt_.paged || batch.empty() || batch[0].param.device().is_cpu()) {
-    adamw8bit_step(batch, args);
-    return;
-  }
-  // Page each parameter's states in, step on its device, write them back.
-  for (const Adam8Tensor& host : batch) {
-    MemTagGuard scratch(MemTag::kWorkspace);
-    Adam8Tensor dev = host;
-    const Device d = host.param.device();
-    for (Tensor Adam8Tensor::*f : {&Adam8Tensor::state1, &Adam8Tensor::state2,
-                                   &Adam8Tensor::absmax1, &Adam8Tensor::absmax2}) {
-      if (!(host.*f).defined()) continue;
-      dev.*f = Tensor::empty((host.*f).shape(), (host.*f).dtype(), d);
-      ops::copy(dev.*f, host.*f);
-    }
-    adamw8bit_step({dev}, args);
-    for (Tensor Adam8Tensor::*f :
-         {&Adam8Tensor::state1, &Adam8Tensor::state2, &Adam8Tensor::absmax1, &Adam8Tensor::absmax2})
-      if ((host.*f).defined()) ops::copy(host.*f, dev.*f);
+  adamw8bit_step(direct, args);
+  // One pipeline per device (a model lives on one; the loop keeps mixed lists correct).
+  while (!paged.empty()) {
+    const Device d = paged[0].param.device();
+    std::vector<Adam8Tensor> here, rest;
+    for (Adam8Tensor& t : paged) (t.param.device() == d ? here : rest).push_back(std::move(t));
+    paging_.step(here, args, d, opt_.slab_elements);
+    paged = std::move(rest);
   }
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW8bit::state_tensors() const {
+  paging_.wait();
   std::vector<std::pair<std::string, Tensor>> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Adam8Tensor& s = state_[i];
@@ -535,6 +573,7 @@ std::vector<std::pair<std::string, Tensor>> AdamW8bit::state_tensors() const {
 }
 
 void AdamW8bit::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) {
+  paging_.wait();
   std::unordered_map<std::string, Tensor> by_name(state.begin(), state.end());
   for (size_t i = 0; i < params_.size(); ++i) {
     const std::string& name = params_[i].name;

@@ -9,6 +9,7 @@
 // param f32/bf16/f16 contiguous; grad any float dtype; states as the header says. One launch
 // per parameter (the 8-bit optimizer targets large tensors; small ones are few).
 #include <cmath>
+#include <type_traits>
 
 #include "engine/cuda_utils.cuh"
 #include "kernels/optim_8bit.h"
@@ -22,7 +23,21 @@ constexpr int kBlock = static_cast<int>(kOptim8bitBlock);
 struct Consts {
   float b1, omb1, b2, omb2, c2, eps, step_size, gs, eps_c2, step_size32, decay;
   int wd;
+  int sr;  // stochastic rounding of a bf16 param (kernels/optim_8bit.h)
+  unsigned long long seed;
+  long long step, offset;
 };
+
+// The updated parameter value, as the CPU path's store_param writes it.
+template <typename P>
+__device__ __forceinline__ P param_out(float w, const Consts& c, int64_t i) {
+  if constexpr (std::is_same_v<P, __nv_bfloat16>) {
+    if (c.sr)
+      return __ushort_as_bfloat16(bf16_stochastic_from_bits32(
+          __float_as_uint(w), optim_random_bits(c.seed, c.step, c.offset + i)));
+  }
+  return cu::from_acc<P>(w);
+}
 
 __constant__ float c_map1[256];
 __constant__ float c_map2[256];
@@ -81,7 +96,7 @@ __global__ void __launch_bounds__(kBlock) adam8_kernel(P* p, const G* g, uint8_t
     float w = cu::to_acc(p[i]);
     if (c.wd) w = __fmul_rn(w, c.decay);
     w = __fadd_rn(w, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
-    p[i] = cu::from_acc<P>(w);
+    p[i] = param_out<P>(w, c, i);
   }
   const float am1 = block_max(valid ? fabsf(m) : 0.0f, red);
   const float am2 = block_max(valid ? fabsf(v) : 0.0f, red);
@@ -108,7 +123,7 @@ __global__ void adam32_kernel(P* p, const G* g, float* m, float* v, int64_t n, C
     float w = cu::to_acc(p[i]);
     if (c.wd) w = __fmul_rn(w, c.decay);
     w = __fmaf_rn(__fdiv_rn(mi, __fadd_rn(__fsqrt_rn(vi), c.eps_c2)), c.step_size32, w);
-    p[i] = cu::from_acc<P>(w);
+    p[i] = param_out<P>(w, c, i);
   }
 }
 
@@ -172,7 +187,11 @@ void adamw8bit_step_cuda(const std::vector<Adam8Tensor>& tensors, const AdamWSte
                    static_cast<float>(a.eps * c2),
                    static_cast<float>(-a.lr * c2 / c1),
                    static_cast<float>(1.0 - a.lr * t.weight_decay),
-                   t.weight_decay > 0.0 ? 1 : 0};
+                   t.weight_decay > 0.0 ? 1 : 0,
+                   t.stochastic_round ? 1 : 0,
+                   static_cast<unsigned long long>(t.seed),
+                   static_cast<long long>(a.step),
+                   static_cast<long long>(t.index_offset)};
     LT_CU_DISPATCH_F32_16(t.param.dtype(), P, {
       LT_CU_DISPATCH_FLOAT(t.grad.dtype(), G, {
         P* p = static_cast<P*>(t.param.data_ptr());

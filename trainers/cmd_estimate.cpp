@@ -135,6 +135,13 @@ int run_estimate(const std::vector<std::string>& args) {
            c.optimizer_in_backward = c.gradient_checkpointing = true;
          });
     with(
+        "--optim paged_adamw_8bit --optimizer_in_backward --max_grad_norm 0 "
+        "--gradient_checkpointing",
+        [](EstimateConfig& c) {
+          c.optim = "paged_adamw_8bit";
+          c.optimizer_in_backward = c.gradient_checkpointing = true;
+        });
+    with(
         "--optim adamw_8bit --optimizer_in_backward --max_grad_norm 0 --gradient_checkpointing "
         "--offload_optimizer cpu",
         [](EstimateConfig& c) {
@@ -142,6 +149,10 @@ int run_estimate(const std::vector<std::string>& args) {
           c.optimizer_in_backward = c.gradient_checkpointing = c.offload_optimizer = true;
         });
   }
+  with("--optim paged_adamw_8bit --gradient_checkpointing", [](EstimateConfig& c) {
+    c.optim = "paged_adamw_8bit";
+    c.gradient_checkpointing = true;
+  });
   with("--offload_optimizer cpu --gradient_checkpointing",
        [](EstimateConfig& c) { c.offload_optimizer = c.gradient_checkpointing = true; });
   for (int64_t div = 2; div <= 64 && cfg.micro_batch_tokens / div >= 1; div *= 2) {

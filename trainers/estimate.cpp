@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/optim_8bit.h"
+
 namespace leantune {
 
 namespace {
@@ -146,6 +148,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   }
   layer_params += 2 * h;
   const int64_t layer_grad_bytes = layer_trainable * b;
+  int64_t largest_layer_weight = 0;
+  for (const ModuleShape& s : layer_modules(m))
+    largest_layer_weight = std::max(largest_layer_weight, s.in * s.out * b);
   const int64_t embed = v * h, head = m.tie_word_embeddings ? 0 : v * h;
   e.total_parameters = embed + head + h + l * layer_params;
   e.params = (embed + head + h) * b + l * layer_param_bytes + c.trainable_tokens * h * b;
@@ -153,22 +158,25 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   if (embed_trains) e.trainable_parameters += embed;
   if (head_trains && head > 0) e.trainable_parameters += head;
   if (!c.use_peft) e.trainable_parameters += h;  // final norm
-  // The head's gradient comes out of the fused loss in f32 (the embedding's, when tied).
-  const int64_t head_grad = head_trains ? v * h * (c.fused_loss ? 4 : b) : 0;
+  // The head's gradient comes out of the loss in the weight's dtype (the embedding's, when tied).
+  const int64_t head_grad = head_trains ? v * h * b : 0;
   const int64_t embed_grad = embed_trains ? embed * b : 0;
   const int64_t small_grads = (!c.use_peft ? h * b : 0) + c.trainable_tokens * h * b;
   e.grads = l * layer_grad_bytes + head_grad +
             (m.tie_word_embeddings && head_trains ? 0 : embed_grad) + small_grads;
   e.optimizer = optimizer_state_bytes(c, e.trainable_parameters, b, m);
   const bool paged = c.optim.rfind("paged_", 0) == 0;
-  if (paged) {  // host-resident, paged in per parameter
+  // Host-resident, paged in slab by slab (on the CPU the host is the device).
+  if (paged && !c.cpu) {
     e.optimizer_host = e.optimizer;
     e.optimizer = 0;
   }
   if (c.offload_optimizer) {  // f32 master weights and states on the host
-    e.optimizer_host =
+    const int64_t host =
         optimizer_state_bytes(c, e.trainable_parameters, 4, m) + 4 * e.trainable_parameters;
-    e.optimizer = 0;
+    // On the CPU the host is the device: the shadows are in the allocator's peak.
+    e.optimizer_host = c.cpu ? 0 : host;
+    e.optimizer = c.cpu ? host : 0;
   }
   const int64_t ranks = std::max<int64_t>(1, c.world_size);
   const bool sharded = ranks > 1 && c.zero_stage >= 1;
@@ -179,15 +187,17 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     // One gradient in flight: the largest trainable one, and the head's part of a tied
     // embedding's while the lookup's part is pending.
     int64_t largest = !c.use_peft ? std::max(inter * h, nq * h) * b : 0;
-    if (head_trains) largest = std::max(largest, v * h * (c.fused_loss ? 4 : b));
+    if (head_trains) largest = std::max(largest, v * h * b);
     if (embed_trains && !m.tie_word_embeddings) largest = std::max(largest, embed * b);
     e.grads = std::min(e.grads, largest + (m.tie_word_embeddings && head_trains ? head_grad : 0));
   }
-  // A paged optimizer pages one parameter's states onto the device for its step; the largest is
-  // the embedding's or the head's.
+  // A paged optimizer pages the states in slabs of kPagedSlabElements through two device
+  // buffers (the next slab's copy overlaps this one's update).
+  const int64_t largest_param = (embed_trains || head_trains) ? v * h : std::max(inter, nq) * h;
   const int64_t paged_ws =
-      paged && !c.offload_optimizer
-          ? optimizer_state_bytes(c, (embed_trains || head_trains) ? v * h : 0, 4, m)
+      paged && !c.offload_optimizer && !c.cpu
+          ? 2 * optimizer_state_bytes(
+                    c, std::min<int64_t>(largest_param, kernels::kPagedSlabElements), 4, m)
           : 0;
 
   // ---- what one decoder layer keeps for backward (beyond its input, counted as the previous
@@ -240,13 +250,23 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   }
   w.live += th + 4 * t;  // final norm: output, rstd
   // The loss: the fused kernel runs forward and backward of the head chunk by chunk and keeps
-  // dhidden and the head's gradient; its workspace is a [chunk x vocab] f32 logits block, f32
-  // [chunk x hidden] rows and, for a 16-bit head, an f32 copy of the head weight.
+  // dhidden and the head's gradient (in the weight's dtype). Its workspace on the CPU: a [chunk x
+  // vocab] f32 logits block, f32 [chunk x hidden] rows and, for a 16-bit head, f32 blocks of
+  // about 16 MiB of the weight and of its gradient (never a whole f32 copy); on CUDA: the chunk's
+  // logits in the weight's dtype (chunks capped at 768 MiB of logits), gathered rows and
+  // cuBLASLt's workspace (32 MiB).
   const int64_t chunk = std::min<int64_t>(c.loss_chunk_tokens, t);
   int64_t loss_held, loss_ws;
   if (c.fused_loss) {
-    loss_held = th + (accumulated ? 0 : head_grad);
-    loss_ws = chunk * v * 4 + 2 * chunk * h * 4 + (b == 2 ? v * h * 4 : 0);
+    loss_held = th + head_grad;
+    if (c.cpu) {
+      const int64_t wblock = b == 2 ? std::min<int64_t>(v, (int64_t{4} << 20) / h) * h * 4 : 0;
+      loss_ws = chunk * v * 4 + 2 * chunk * h * 4 + wblock * (head_trains ? 2 : 1);
+    } else {
+      const int64_t rows = std::min<int64_t>(
+          chunk, std::max<int64_t>(1, (int64_t{768} << 20) / (v * b + 2 * h * b)));
+      loss_ws = rows * v * b + 2 * rows * h * b + 12 * t + (int64_t{32} << 20);
+    }
   } else {
     loss_held = t * v * b;  // logits
     loss_ws = t * v * 4;    // f32 softmax rows, which become the gradient
@@ -255,6 +275,8 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   w.live += loss_held;
   w.at("loss", "fused linear cross-entropy", loss_ws);
   w.live -= th;  // the final norm's output dies with the loss' forward
+  // optimizer_in_backward: an untied head is updated first in backward and its gradient freed.
+  if (in_bwd && head_trains && !m.tie_word_embeddings) w.live -= head_grad;
   // Backward, last layer first: a layer's gradients appear, what it kept goes.
   for (int64_t i = l - 1; i >= 0; --i) {
     int64_t in_flight = bwd_ws;
@@ -262,19 +284,26 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
       in_flight += saved;  // recomputed
     else if (offload)
       in_flight += 2 * saved;  // this layer and the one prefetched
-    w.at("backward", layer_name(i),
-         in_flight + (accumulated ? 0 : layer_grad_bytes) + (in_bwd ? paged_ws : 0));
+    // Gradients in flight: the layer's, or under optimizer_in_backward without checkpointing
+    // one weight's at a time (each is applied and freed as it completes; a recomputed layer's
+    // backward holds its own until it ends).
+    const int64_t layer_grads =
+        accumulated ? 0
+                    : (in_bwd && !ckpt ? std::min(layer_grad_bytes, largest_layer_weight)
+                                       : layer_grad_bytes);
+    w.at("backward", layer_name(i), in_flight + layer_grads + (in_bwd ? paged_ws : 0));
     // ZeRO 2 reduce-scatters each completed unit: 1/N of its gradients stays.
     const int64_t stays = grads_sharded ? (layer_grad_bytes + ranks - 1) / ranks : layer_grad_bytes;
     w.live += (accumulated || in_bwd) ? 0 : stays;
     w.live -= kept;
   }
-  // The embedding: its dense gradient, and with tied weights the sum with the head's gradient
-  // (all three live for a moment).
+  // The embedding: its dense gradient, with tied weights the sum with the head's gradient (all
+  // three live for a moment), and under a paged optimizer with optimizer_in_backward the slabs of
+  // its states.
   if (embed_trains) {
     const bool tied_sum = m.tie_word_embeddings && head_trains && !accumulated;
-    const int64_t sum = tied_sum ? v * h * 4 : 0;
-    w.at("backward", "embedding", embed_grad + sum);
+    const int64_t sum = tied_sum ? v * h * b : 0;
+    w.at("backward", "embedding", embed_grad + sum + (in_bwd ? paged_ws : 0));
   }
   // Data parallel: each unit of gradients is reduced through a flat copy (kComm).
   const int64_t grads_live = grads_sharded ? (e.grads + ranks - 1) / ranks : e.grads;
@@ -300,7 +329,10 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   e.blas_buffers = c.cpu ? c.blas_threads * (weight_grads ? 31 : 3) * (int64_t{1} << 20) : 0;
   e.offloaded_host = offload ? l * (th + (ckpt ? 0 : saved)) : 0;
   e.outside_allocator = c.resident_before_training + e.blas_buffers;
-  e.rss_peak = (c.cpu ? e.peak + e.peak * 12 / 100 : 0) + e.outside_allocator + e.offloaded_host;
+  // Cached blocks: 12% of the peak in f32 runs; a bf16 run (the head and its gradient never
+  // converted whole, so no large f32 blocks are left cached) measured none.
+  const int64_t cached = b == 2 ? 0 : e.peak * 12 / 100;
+  e.rss_peak = (c.cpu ? e.peak + cached : 0) + e.outside_allocator + e.offloaded_host;
   if (grads_sharded) e.grads = grads_live;
   e.workspace =
       std::max<int64_t>(0, e.peak - e.params - e.optimizer - e.grads - e.activations - e.loss);

@@ -103,10 +103,10 @@ struct MemoryEstimate {
   int64_t total_parameters = 0;
   // Host resident memory (RSS). On the CPU the allocator's segments are part of it: the peak
   // plus the caching allocator's unused cached blocks, which the CPU runs measured at 5-19% of
-  // the peak (counted as 12%). Outside the allocator: what was resident before training, BLAS
-  // buffers (OpenBLAS's per-thread buffer, about 31 MiB per thread resident once weight
-  // gradients are computed, about 3 MiB when only input gradients are, as measured), and the
-  // host pool that activation offloading fills.
+  // the peak (counted as 12% in f32 runs, none in 16-bit ones, as measured). Outside the allocator:
+  // what was resident before training, BLAS buffers (OpenBLAS's per-thread buffer, about 31 MiB per
+  // thread resident once weight gradients are computed, about 3 MiB when only input gradients are,
+  // as measured), and the host pool that activation offloading fills.
   int64_t outside_allocator = 0;
   int64_t blas_buffers = 0;
   int64_t offloaded_host = 0;

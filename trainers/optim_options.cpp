@@ -15,7 +15,8 @@ void add_optim_options(Options& o) {
       "optimizer: adamw_torch (f32 states, 8 bytes/param + f32 master of 16-bit "
       "weights), adamw_8bit = adamw_bnb_8bit (bitsandbytes 8-bit states, ~2 bytes/param, "
       "no master), paged_adamw_8bit / paged_adamw_32bit (bitsandbytes' paged AdamW: states "
-      "in host memory, paged in per parameter for the step), adafactor (transformers' Adafactor: "
+      "in pinned host memory, paged through the device in slabs for the step), adafactor "
+      "(transformers' Adafactor: "
       "factored second moment, no first "
       "moment), sgd (no momentum, L2 weight decay)",
       {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit",

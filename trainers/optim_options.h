@@ -2,7 +2,8 @@
 //
 //   optim  adamw_torch (torch.optim.AdamW: f32 moments, an f32 master copy of 16-bit weights;
 //          engine/optim.h), adamw_8bit / adamw_bnb_8bit (bitsandbytes AdamW8bit: 8-bit blockwise
-//          moments, no master; kernels/optim_8bit.h), adafactor (transformers' Adafactor as its
+//          moments, no master: bf16 weights written back with stochastic rounding;
+//          kernels/optim_8bit.h), adafactor (transformers' Adafactor as its
 //          Trainer builds it: factored second moment, no first moment; engine/optim_adafactor.h),
 //          sgd (torch.optim.SGD without momentum). The betas, epsilon and weight decay options
 //          apply to the AdamW variants; sgd uses weight_decay (L2).

@@ -1,13 +1,14 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
-#include "testing/functional.h"
 #include "kernel_test_util.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear.h"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/linear_cross_entropy_grad.h"
+#include "testing/functional.h"
 
 namespace leantune {
 namespace {
@@ -109,8 +110,13 @@ TEST_P(LinearCrossEntropyTest, RawFusedPassMatchesFloat64Reference) {
   Vec dxv = dx.payload().to_f64(), dwv = dw.payload().to_f64();
   const double lim = c.dt == DType::kF64 ? 1e-12 : c.dt == DType::kF32 ? 1e-5 : 4e-3;
   EXPECT_LT(rel_err(dxv, r.dx), lim);
-  EXPECT_LT(rel_err(dwv, r.dw), lim);
+  // A 16-bit dW is accumulated in its own dtype, rounded once per chunk of valid rows: the error
+  // grows with the number of chunks (about sqrt of it, the roundings being independent).
   std::vector<int64_t> yv = y.to_i64();
+  const int64_t valid =
+      std::count_if(yv.begin(), yv.end(), [](int64_t t) { return t != kIgnoreIndex; });
+  const double chunks = static_cast<double>(std::max<int64_t>(1, (valid + c.chunk - 1) / c.chunk));
+  EXPECT_LT(rel_err(dwv, r.dw), dtype_size(c.dt) == 2 ? lim * std::sqrt(chunks) : lim);
   for (int64_t i = 0; i < c.t; ++i) {
     if (yv[i] != kIgnoreIndex) continue;
     for (int64_t j = 0; j < c.h; ++j) ASSERT_EQ(dxv[i * c.h + j], 0.0) << "row " << i;
@@ -144,6 +150,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearCrossEntropyTest,
                                            LceCase{DType::kF32, 71, 19, 229, 16},
                                            LceCase{DType::kF32, 71, 19, 229, 1024},
                                            LceCase{DType::kBF16, 71, 19, 229, 7},
+                                           // H 2048: the head converted in blocks of 2048 rows
+                                           LceCase{DType::kBF16, 19, 2048, 4099, 7},
                                            LceCase{DType::kF16, 19, 8, 50, 5},
                                            LceCase{DType::kF64, 13, 5, 11, 3}),
                          lce_name);

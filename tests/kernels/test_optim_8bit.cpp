@@ -6,6 +6,7 @@
 // saved state continues bit for bit, and the state bytes are what the header promises.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -174,6 +175,118 @@ TEST(Optim8bit, StatesAreTaggedOptimizerAndBf16HasNoMaster) {
   int moved = 0;
   for (int64_t i = 0; i < n; ++i) moved += p1[i] != p0[i];
   EXPECT_GT(moved, n / 2);
+}
+
+// The paged variants' staging pipeline (optim_8bit_paged.cpp) run on the host (stage_on_host,
+// the CPU twin of the CUDA path): states in pinned host memory, stepped in slabs through two
+// staging slots, give the unpaged optimizer's parameters and states to the last bit, whatever
+// the slab (whole quantization blocks per slab; a short last block only at the tensor's end).
+struct PagedCase {
+  std::string name;
+  std::vector<int64_t> sizes;
+  DType dtype;
+  bool eight_bit;
+  int64_t slab;
+};
+
+class Optim8bitPaged : public ::testing::TestWithParam<PagedCase> {};
+
+TEST_P(Optim8bitPaged, SlabsThroughTwoSlotsEqualTheUnpagedStep) {
+  const PagedCase& c = GetParam();
+  std::vector<Optimizer::Param> a, b;
+  for (size_t i = 0; i < c.sizes.size(); ++i) {
+    Tensor p = testing::randn({c.sizes[i]}, c.dtype, 30 + i, Device::cpu(), 0.1);
+    a.push_back({"p" + std::to_string(i), p, i % 2 == 0});
+    b.push_back({"p" + std::to_string(i), p.clone(), i % 2 == 0});
+  }
+  const AdamWConfig cfg{1e-3, 0.9, 0.999, 1e-8, 0.05};
+  AdamW8bit plain(a, cfg, kernels::AdamW8bitOptions{c.eight_bit, false});
+  AdamW8bit paged(b, cfg, kernels::AdamW8bitOptions{c.eight_bit, true, c.slab, true});
+  Allocator& pinned = pinned_allocator();
+  const int64_t pinned_before = pinned.stats().tag(MemTag::kOptimizer).current;
+  for (int s = 1; s <= 3; ++s) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      const Tensor g = testing::randn({c.sizes[i]}, c.dtype, 100 * s + i, Device::cpu(), 0.01);
+      a[i].tensor.set_grad(g);
+      b[i].tensor.set_grad(g.clone());
+    }
+    plain.step(1e-3 * s);
+    paged.step(1e-3 * s);
+    for (size_t i = 0; i < a.size(); ++i)
+      expect_bits(b[i].tensor, a[i].tensor, a[i].name + ", step " + std::to_string(s));
+  }
+  const auto sa = plain.state_tensors(), sb = paged.state_tensors();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t k = 0; k < sa.size(); ++k) {
+    EXPECT_TRUE(sb[k].second.storage()->is_pinned()) << sb[k].first;
+    expect_bits(sb[k].second, sa[k].second, sb[k].first);
+  }
+  // The states are in the pinned pool (blocks rounded up to 512 bytes).
+  const int64_t held = pinned.stats().tag(MemTag::kOptimizer).current - pinned_before;
+  EXPECT_GE(held, paged.state_bytes());
+  EXPECT_LT(held, paged.state_bytes() + 4 * 512 * static_cast<int64_t>(c.sizes.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Slabs, Optim8bitPaged,
+    ::testing::Values(
+        // 71x229: 63 full blocks + one of 131, cut in slabs of 2 and 1 blocks.
+        PagedCase{"bf16_8bit_slab512", {71 * 229, 19, 4097}, DType::kBF16, true, 512},
+        PagedCase{"f32_8bit_slab256", {71 * 229, 4096}, DType::kF32, true, 256},
+        PagedCase{"bf16_8bit_one_slab", {71 * 229}, DType::kBF16, true, 1 << 20},
+        PagedCase{"f32_32bit_slab768", {71 * 229, 1, 19}, DType::kF32, false, 768}),
+    [](const auto& info) { return info.param.name; });
+
+// Stochastic rounding to bf16 (bf16 parameters of the 8-bit optimizer): the two neighbours of
+// x are drawn with probabilities that make the mean x (here 2^16 draws: within 4 standard
+// deviations), signs and exact values are kept, NaN/Inf pass through, and the bits depend only
+// on (seed, step, element).
+TEST(Optim8bit, StochasticRoundingToBf16IsUnbiased) {
+  for (float x : {1.0f + 0.3f / 128.0f, -0.1234567f, 3.0e-20f, 7.77e5f}) {
+    const uint32_t u = f32_bits(x);
+    const float lo = bf16_to_f32(static_cast<uint16_t>(u >> 16));
+    const float hi = bf16_to_f32(static_cast<uint16_t>((u >> 16) + 1));
+    const int n = 1 << 16;
+    double sum = 0;
+    for (int i = 0; i < n; ++i) {
+      const float r =
+          bf16_to_f32(kernels::bf16_stochastic_from_bits32(u, kernels::optim_random_bits(7, 3, i)));
+      ASSERT_TRUE(r == lo || r == hi) << x << " -> " << r;
+      sum += r;
+    }
+    const double p = (static_cast<double>(x) - lo) / (static_cast<double>(hi) - lo);
+    const double sd = std::abs(static_cast<double>(hi) - lo) * std::sqrt(p * (1 - p) / n);
+    EXPECT_NEAR(sum / n, x, 4 * sd + 1e-30) << x;
+  }
+  EXPECT_EQ(kernels::bf16_stochastic_from_bits32(f32_bits(1.5f), 0xffff), f32_to_bf16(1.5f));
+  EXPECT_EQ(kernels::bf16_stochastic_from_bits32(0x7f800000u, 0xffff), 0x7f80);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(kernels::bf16_stochastic_from_bits32(0x7fc00001u, 1))));
+  EXPECT_EQ(kernels::optim_random_bits(1, 2, 3), kernels::optim_random_bits(1, 2, 3));
+  EXPECT_NE(kernels::optim_random_bits(1, 2, 3), kernels::optim_random_bits(1, 3, 3));
+}
+
+// A bf16 parameter updated by less than half an ulp per step: rounding to nearest never moves
+// it, stochastic rounding moves it by the accumulated update on average.
+TEST(Optim8bit, StochasticRoundingKeepsUpdatesBelowHalfAnUlp) {
+  const int64_t n = 8192;
+  Tensor a = Tensor::full({n}, 1.0, DType::kBF16, Device::cpu());
+  Tensor b = a.clone();
+  const AdamWConfig cfg{1e-3, 0.9, 0.999, 1e-8, 0.0};  // ulp of bf16 at 1 is 2^-7 = 7.8e-3
+  AdamW8bit rn({{"w", a, true}}, cfg,
+               kernels::AdamW8bitOptions{true, false, kernels::kPagedSlabElements, false, false});
+  AdamW8bit sr({{"w", b, true}}, cfg);
+  for (int s = 0; s < 20; ++s) {
+    const Tensor g = Tensor::full({n}, 1.0, DType::kBF16, Device::cpu());
+    a.set_grad(g);
+    b.set_grad(g.clone());
+    rn.step(1e-3);
+    sr.step(1e-3);
+  }
+  double mean_a = 0, mean_b = 0;
+  for (float v : a.to_f32()) mean_a += v / n;
+  for (float v : b.to_f32()) mean_b += v / n;
+  EXPECT_EQ(mean_a, 1.0);                 // every update rounded away
+  EXPECT_NEAR(mean_b, 1.0 - 0.02, 1e-3);  // 20 steps of about -lr
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ struct Case {
   DType param;
   DType grad;
   double wd;
+  bool sr = false;  // stochastic rounding of a bf16 param
 };
 
 Adam8Tensor make(const Case& c, Device d) {
@@ -36,6 +37,8 @@ Adam8Tensor make(const Case& c, Device d) {
     t.absmax2 = Tensor::zeros({blocks}, DType::kF32, d, MemTag::kOptimizer);
   }
   t.weight_decay = c.wd;
+  t.stochastic_round = c.sr;
+  t.seed = 0x5eed;
   return t;
 }
 
@@ -76,31 +79,41 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"bf16_71x229", 71 * 229, DType::kBF16, DType::kBF16, 0.0},
                       Case{"f32_bf16grad_65536", 65536, DType::kF32, DType::kBF16, 0.1},
                       Case{"f32_small_992_wd", 992, DType::kF32, DType::kF32, 0.01},
-                      Case{"bf16_small_19", 19, DType::kBF16, DType::kF32, 0.0}),
+                      Case{"bf16_small_19", 19, DType::kBF16, DType::kF32, 0.0},
+                      Case{"bf16_sr_71x229", 71 * 229, DType::kBF16, DType::kBF16, 0.01, true},
+                      Case{"bf16_sr_small_19", 19, DType::kBF16, DType::kF32, 0.0, true}),
     [](const auto& info) { return info.param.name; });
 
 TEST(Optim8bitCuda, PagedOptimizerOnTheDeviceMatchesTheHost) {
-  // paged_adamw_8bit / paged_adamw_32bit on a device: host-resident states paged in per
-  // parameter; the result equals the CPU optimizer's bit for bit, and the states stay on the
-  // host.
+  // paged_adamw_8bit / paged_adamw_32bit on a device: states in pinned host memory, paged through
+  // two device slots in slabs (here of 2048 elements: 8 slabs, the copy of each overlapping the
+  // step of the one before on the copy stream); the result equals the CPU optimizer's bit for
+  // bit, and the states stay on the host, pinned.
   LT_SKIP_WITHOUT_CUDA();
-  for (bool eight : {true, false}) {
-    Tensor hp = testing::randn({71, 229}, DType::kBF16, 21, Device::cpu(), 0.1);
-    Tensor dp = hp.to(Device::cuda(0));
-    kernels::AdamW8bit host({{"w", hp, true}}, AdamWConfig{1e-3, 0.9, 0.999, 1e-8, 0.01},
-                            kernels::AdamW8bitOptions{eight, false});
-    kernels::AdamW8bit dev({{"w", dp, true}}, AdamWConfig{1e-3, 0.9, 0.999, 1e-8, 0.01},
-                           kernels::AdamW8bitOptions{eight, true});
-    for (int s = 1; s <= 3; ++s) {
-      const Tensor g = testing::randn({71, 229}, DType::kBF16, 200 + s, Device::cpu(), 0.01);
-      hp.set_grad(g);
-      dp.set_grad(g.to(Device::cuda(0)));
-      host.step(1e-3);
-      dev.step(1e-3);
+  for (int64_t slab : {int64_t{2048}, kernels::kPagedSlabElements})
+    for (bool eight : {true, false}) {
+      Tensor hp = testing::randn({71, 229}, DType::kBF16, 21, Device::cpu(), 0.1);
+      Tensor dp = hp.to(Device::cuda(0));
+      kernels::AdamW8bit host({{"w", hp, true}}, AdamWConfig{1e-3, 0.9, 0.999, 1e-8, 0.01},
+                              kernels::AdamW8bitOptions{eight, false});
+      kernels::AdamW8bit dev({{"w", dp, true}}, AdamWConfig{1e-3, 0.9, 0.999, 1e-8, 0.01},
+                             kernels::AdamW8bitOptions{eight, true, slab});
+      for (int s = 1; s <= 3; ++s) {
+        const Tensor g = testing::randn({71, 229}, DType::kBF16, 200 + s, Device::cpu(), 0.01);
+        hp.set_grad(g);
+        dp.set_grad(g.to(Device::cuda(0)));
+        host.step(1e-3);
+        dev.step(1e-3);
+      }
+      EXPECT_EQ(bytes(hp), bytes(dp)) << (eight ? "8-bit" : "32-bit") << ", slab " << slab;
+      const auto hs = host.state_tensors(), ds = dev.state_tensors();
+      ASSERT_EQ(hs.size(), ds.size());
+      for (size_t k = 0; k < ds.size(); ++k) {
+        EXPECT_TRUE(ds[k].second.device().is_cpu()) << ds[k].first;
+        EXPECT_TRUE(ds[k].second.storage()->is_pinned()) << ds[k].first;
+        EXPECT_EQ(bytes(hs[k].second), bytes(ds[k].second)) << ds[k].first << ", slab " << slab;
+      }
     }
-    EXPECT_EQ(bytes(hp), bytes(dp)) << (eight ? "8-bit" : "32-bit");
-    for (const auto& [name, t] : dev.state_tensors()) EXPECT_TRUE(t.device().is_cpu()) << name;
-  }
 }
 
 }  // namespace
