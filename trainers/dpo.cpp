@@ -145,10 +145,18 @@ void DpoTrainer::set_reference(RefModelConfig cfg) {
                    logps_);
 }
 
-int64_t DpoTrainer::micro_batches_per_epoch() const {
+// Data parallel: global micro-batch g of an epoch goes to rank g % world_size; every rank takes
+// ceil(global / world_size), the last ranks wrapping to the epoch's first micro-batches, as the
+// SFT data loader does.
+int64_t DpoTrainer::global_micro_batches_per_epoch() const {
   const int64_t n = static_cast<int64_t>(train_.examples.size());
   const int64_t bs = args_.per_device_train_batch_size;
   return (n + bs - 1) / bs;
+}
+
+int64_t DpoTrainer::micro_batches_per_epoch() const {
+  const int64_t world = world_communicator(args_.comm).size();
+  return (global_micro_batches_per_epoch() + world - 1) / world;
 }
 
 std::vector<int64_t> DpoTrainer::epoch_order(int64_t epoch) const {
@@ -172,8 +180,10 @@ Batch DpoTrainer::next_micro_batch(BatchReport* report) {
   const std::vector<int64_t> order = epoch_order(epoch_);
   const int64_t bs = args_.per_device_train_batch_size;
   const int64_t n = static_cast<int64_t>(order.size());
-  std::vector<int64_t> idx(order.begin() + step_in_epoch_ * bs,
-                           order.begin() + std::min(n, (step_in_epoch_ + 1) * bs));
+  const Communicator& comm = world_communicator(args_.comm);
+  const int64_t g =
+      (step_in_epoch_ * comm.size() + comm.rank()) % std::max<int64_t>(1, global_micro_batches_per_epoch());
+  std::vector<int64_t> idx(order.begin() + g * bs, order.begin() + std::min(n, (g + 1) * bs));
   ++step_in_epoch_;
   PairBatch pb = collate_pairs(train_.examples, idx, data_);
   if (data_.padding_free) {

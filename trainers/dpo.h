@@ -98,6 +98,7 @@ class DpoTrainer final : public Trainer {
 
  private:
   std::vector<int64_t> epoch_order(int64_t epoch) const;
+  int64_t global_micro_batches_per_epoch() const;
 
   std::string tokenizer_dir_;
   PreferenceData train_;
