@@ -65,8 +65,8 @@ int main(int argc, char** argv) {
     const double rs_factor = n > 1 ? static_cast<double>(n - 1) / n : 0.0;
     if (world.rank() == 0) {
       std::printf("# bench_comm: %d ranks, f32, %d iterations per size\n", n, iters);
-      std::printf("%-14s %-8s %12s %12s %12s %12s\n", "collective", "backend", "bytes",
-                  "time_us", "algbw_GB/s", "busbw_GB/s");
+      std::printf("%-14s %-8s %12s %12s %12s %12s\n", "collective", "backend", "bytes", "time_us",
+                  "algbw_GB/s", "busbw_GB/s");
     }
     auto row = [&](const char* coll, const char* backend, int64_t bytes, double t, double f) {
       if (world.rank() != 0) return;
@@ -86,21 +86,31 @@ int main(int argc, char** argv) {
             ar_factor);
         row("reduce_scatter", name, b,
             seconds_per_call(world, iters, [&] { c->reduce_scatter(x, shard); }), rs_factor);
-        row("all_gather", name, b,
-            seconds_per_call(world, iters, [&] { c->all_gather(shard, x); }), rs_factor);
+        row("all_gather", name, b, seconds_per_call(world, iters, [&] { c->all_gather(shard, x); }),
+            rs_factor);
       }
       const int cnt = static_cast<int>(elems), part = static_cast<int>(elems / n);
-      row("all_reduce", "raw", b, seconds_per_call(world, iters, [&] {
-            MPI_Allreduce(MPI_IN_PLACE, raw_in.data(), cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-          }), ar_factor);
-      row("reduce_scatter", "raw", b, seconds_per_call(world, iters, [&] {
-            MPI_Reduce_scatter_block(raw_in.data(), raw_out.data(), part, MPI_FLOAT, MPI_SUM,
-                                     MPI_COMM_WORLD);
-          }), rs_factor);
-      row("all_gather", "raw", b, seconds_per_call(world, iters, [&] {
-            MPI_Allgather(raw_in.data(), part, MPI_FLOAT, raw_out.data(), part, MPI_FLOAT,
-                          MPI_COMM_WORLD);
-          }), rs_factor);
+      row("all_reduce", "raw", b,
+          seconds_per_call(world, iters,
+                           [&] {
+                             MPI_Allreduce(MPI_IN_PLACE, raw_in.data(), cnt, MPI_FLOAT, MPI_SUM,
+                                           MPI_COMM_WORLD);
+                           }),
+          ar_factor);
+      row("reduce_scatter", "raw", b,
+          seconds_per_call(world, iters,
+                           [&] {
+                             MPI_Reduce_scatter_block(raw_in.data(), raw_out.data(), part,
+                                                      MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                           }),
+          rs_factor);
+      row("all_gather", "raw", b,
+          seconds_per_call(world, iters,
+                           [&] {
+                             MPI_Allgather(raw_in.data(), part, MPI_FLOAT, raw_out.data(), part,
+                                           MPI_FLOAT, MPI_COMM_WORLD);
+                           }),
+          rs_factor);
     }
     det.reset();
     leantune::shutdown_communicators();

@@ -91,8 +91,8 @@ class SingleCommunicator final : public Communicator {
   void flush() {
     while (!sends_.empty() && !recvs_.empty()) {
       Tensor& dst = recvs_.front();
-      LT_CHECK(dst.nbytes() == sends_.front().nbytes(), "recv of ", dst.str(), " matched a send of ",
-               sends_.front().str());
+      LT_CHECK(dst.nbytes() == sends_.front().nbytes(), "recv of ", dst.str(),
+               " matched a send of ", sends_.front().str());
       dst.copy_(sends_.front().view(dst.shape()));
       sends_.pop_front();
       recvs_.pop_front();
@@ -130,8 +130,8 @@ Communicator& world_communicator(const CommOptions& options) {
   std::lock_guard<std::mutex> lock(g_world_mutex);
   if (g_world) return *g_world;
   const std::string& b = options.backend;
-  LT_CHECK_INPUT(b == "auto" || b == "single" || b == "mpi" || b == "nccl",
-                 "--comm_backend ", b, ": expected auto, single, mpi or nccl");
+  LT_CHECK_INPUT(b == "auto" || b == "single" || b == "mpi" || b == "nccl", "--comm_backend ", b,
+                 ": expected auto, single, mpi or nccl");
   LT_CHECK_INPUT(options.timeout_seconds > 0, "--comm_timeout ", options.timeout_seconds,
                  ": must be positive (seconds)");
   const bool want_mpi = b == "mpi" || b == "nccl" || (b == "auto" && launched_distributed());

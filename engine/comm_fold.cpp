@@ -78,30 +78,33 @@ void fold_rank_order(const void* in, int64_t num_ranks, int64_t n, DType dtype, 
   LT_CHECK(num_ranks >= 1 && n >= 0, "fold_rank_order: ", num_ranks, " ranks, ", n, " elements");
   switch (dtype) {
     case DType::kF32:
-      fold<float, float>(in, num_ranks, n, op, out, [](float v) { return v; },
-                         [](float v) { return v; });
+      fold<float, float>(
+          in, num_ranks, n, op, out, [](float v) { return v; }, [](float v) { return v; });
       return;
     case DType::kF64:
-      fold<double, double>(in, num_ranks, n, op, out, [](double v) { return v; },
-                           [](double v) { return v; });
+      fold<double, double>(
+          in, num_ranks, n, op, out, [](double v) { return v; }, [](double v) { return v; });
       return;
     case DType::kBF16:
-      fold<uint16_t, float>(in, num_ranks, n, op, out, [](uint16_t v) { return bf16_to_f32(v); },
-                            [](float v) { return f32_to_bf16(v); });
+      fold<uint16_t, float>(
+          in, num_ranks, n, op, out, [](uint16_t v) { return bf16_to_f32(v); },
+          [](float v) { return f32_to_bf16(v); });
       return;
     case DType::kF16:
-      fold<uint16_t, float>(in, num_ranks, n, op, out, [](uint16_t v) { return f16_to_f32(v); },
-                            [](float v) { return f32_to_f16(v); });
+      fold<uint16_t, float>(
+          in, num_ranks, n, op, out, [](uint16_t v) { return f16_to_f32(v); },
+          [](float v) { return f32_to_f16(v); });
       return;
     case DType::kI64:
       LT_CHECK(op != ReduceOp::kAvg, "comm: avg of an integer tensor");
-      fold<int64_t, int64_t>(in, num_ranks, n, op, out, [](int64_t v) { return v; },
-                             [](int64_t v) { return v; });
+      fold<int64_t, int64_t>(
+          in, num_ranks, n, op, out, [](int64_t v) { return v; }, [](int64_t v) { return v; });
       return;
     case DType::kI32:
       LT_CHECK(op != ReduceOp::kAvg, "comm: avg of an integer tensor");
-      fold<int32_t, int64_t>(in, num_ranks, n, op, out, [](int32_t v) { return int64_t{v}; },
-                             [](int64_t v) { return static_cast<int32_t>(v); });
+      fold<int32_t, int64_t>(
+          in, num_ranks, n, op, out, [](int32_t v) { return int64_t{v}; },
+          [](int64_t v) { return static_cast<int32_t>(v); });
       return;
     default:
       LT_THROW(ErrorKind::kInternal, "comm: unsupported dtype ", dtype_name(dtype));

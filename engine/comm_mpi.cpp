@@ -152,8 +152,8 @@ class MpiCommunicator final : public Communicator {
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     check_cpu_tensor(in, "reduce_scatter");
     check_cpu_tensor(out, "reduce_scatter");
-    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size_,
-             "reduce_scatter: in ", in.str(), " must hold ", size_, " blocks of out ", out.str());
+    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size_, "reduce_scatter: in ",
+             in.str(), " must hold ", size_, " blocks of out ", out.str());
     LT_CHECK(in.data_ptr() != out.data_ptr() || size_ == 1, "reduce_scatter: out aliases in");
     const int64_t n = out.numel();
     if (n == 0) return;
@@ -161,8 +161,8 @@ class MpiCommunicator final : public Communicator {
     if (!opt_.deterministic && t != MPI_DATATYPE_NULL) {
       std::vector<MPI_Request> req(1);
       MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(),
-                                          checked_count(n, "reduce_scatter"), t, mpi_op(op),
-                                          comm_, &req[0]));
+                                          checked_count(n, "reduce_scatter"), t, mpi_op(op), comm_,
+                                          &req[0]));
       wait(req, "reduce_scatter", -1);
       if (op == ReduceOp::kAvg) scale_in_place(out, 1.0 / size_);
       return;
@@ -310,8 +310,8 @@ class MpiCommunicator final : public Communicator {
     int spins = 0;
     for (;;) {
       int done = 0;
-      const int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
-                                 MPI_STATUSES_IGNORE);
+      const int rc =
+          MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
       if (rc != MPI_SUCCESS)
         LT_THROW(ErrorKind::kComm, "rank ", rank_, ": ", what, " failed (",
                  detail::mpi_error_string(rc), "); ", lost_peers(peer));

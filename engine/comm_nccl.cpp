@@ -101,8 +101,8 @@ class NcclCommunicator final : public Communicator {
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     check(in, "reduce_scatter");
     check(out, "reduce_scatter");
-    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(),
-             "reduce_scatter: in ", in.str(), " must hold ", size(), " blocks of out ", out.str());
+    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(), "reduce_scatter: in ",
+             in.str(), " must hold ", size(), " blocks of out ", out.str());
     const int64_t n = out.numel();
     if (n == 0) return;
     if (!opt_.deterministic) {
@@ -142,9 +142,8 @@ class NcclCommunicator final : public Communicator {
     check(x, "broadcast");
     LT_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " outside 0..", size() - 1);
     if (x.numel() == 0) return;
-    issue("broadcast", [&](void* s) {
-      nccl_broadcast(comm_, x.data_ptr(), x.numel(), dtype_int(x), root, s);
-    });
+    issue("broadcast",
+          [&](void* s) { nccl_broadcast(comm_, x.data_ptr(), x.numel(), dtype_int(x), root, s); });
   }
 
   void group_start() override {
@@ -195,8 +194,10 @@ class NcclCommunicator final : public Communicator {
 
   void check(const Tensor& t, const char* what) const {
     LT_CHECK(t.defined() && t.is_contiguous(), "comm ", what, ": tensor must be contiguous");
-    LT_CHECK(t.device() == Device::cuda(device_), "comm ", what, ": the NCCL backend moves tensors "
-             "on cuda:", device_, "; got ", t.str());
+    LT_CHECK(t.device() == Device::cuda(device_), "comm ", what,
+             ": the NCCL backend moves tensors "
+             "on cuda:",
+             device_, "; got ", t.str());
     LT_CHECK(comm_dtype_supported(t.dtype()), "comm ", what, ": unsupported dtype ",
              dtype_name(t.dtype()));
   }
@@ -214,12 +215,12 @@ class NcclCommunicator final : public Communicator {
     done->record(stream_);
     done->wait(current_stream(Device::cuda(device_)));
     std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(Pending{done,
-                               Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                  std::chrono::duration<double>(
-                                                      opt_.timeout_seconds)),
-                               what,
-                               {}});
+    pending_.push_back(
+        Pending{done,
+                Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(opt_.timeout_seconds)),
+                what,
+                {}});
     cv_.notify_all();
   }
 

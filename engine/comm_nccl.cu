@@ -85,8 +85,7 @@ __global__ void fold_kernel(const T* __restrict__ in, T* __restrict__ out, int64
 }
 
 template <typename T>
-void launch_fold(const void* in, void* out, int64_t num_ranks, int64_t n, int op,
-                 cudaStream_t s) {
+void launch_fold(const void* in, void* out, int64_t num_ranks, int64_t n, int op, cudaStream_t s) {
   if (n == 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = (n + kThreads - 1) / kThreads;
@@ -112,7 +111,8 @@ ncclDataType_t nccl_type(int dtype) {
     case DType::kI64:
       return ncclInt64;
     default:
-      LT_THROW(ErrorKind::kInternal, "nccl: unsupported dtype ", dtype_name(static_cast<DType>(dtype)));
+      LT_THROW(ErrorKind::kInternal, "nccl: unsupported dtype ",
+               dtype_name(static_cast<DType>(dtype)));
   }
 }
 
@@ -201,14 +201,12 @@ void nccl_reduce_scatter(void* comm, const void* send, void* recv, size_t recv_c
 
 void nccl_all_gather(void* comm, const void* send, void* recv, size_t send_count, int dtype,
                      void* stream) {
-  nccl_ok(ncclAllGather(send, recv, send_count, nccl_type(dtype), as_comm(comm),
-                        as_stream(stream)),
+  nccl_ok(ncclAllGather(send, recv, send_count, nccl_type(dtype), as_comm(comm), as_stream(stream)),
           "all_gather");
 }
 
 void nccl_broadcast(void* comm, void* buf, size_t count, int dtype, int root, void* stream) {
-  nccl_ok(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, as_comm(comm),
-                        as_stream(stream)),
+  nccl_ok(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, as_comm(comm), as_stream(stream)),
           "broadcast");
 }
 

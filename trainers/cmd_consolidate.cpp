@@ -50,8 +50,8 @@ int run_consolidate(const std::vector<std::string>& args) {
   const std::string state_path = dir + "/trainer_state.json";
   const TrainerState st = parse_trainer_state(read_text_file(state_path), state_path);
   for (int64_t r = 1; r < st.world_size; ++r) {
-    LT_CHECK_INPUT(fs::exists(dir + "/rank_" + std::to_string(r) + ".json"), dir,
-                   ": rank_", r, ".json is missing for a checkpoint of ", st.world_size, " ranks");
+    LT_CHECK_INPUT(fs::exists(dir + "/rank_" + std::to_string(r) + ".json"), dir, ": rank_", r,
+                   ".json is missing for a checkpoint of ", st.world_size, " ranks");
     LT_CHECK_INPUT(st.zero_stage == 0 ||
                        fs::exists(dir + "/optimizer_rank_" + std::to_string(r) + ".safetensors"),
                    dir, ": optimizer_rank_", r, ".safetensors is missing (zero_stage ",

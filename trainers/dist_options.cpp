@@ -15,7 +15,7 @@ void add_dist_options(Options& o) {
              "fold the ranks' contributions in rank order (results independent of the "
              "transport's reduction tree)");
   o.add_float("comm_timeout", d.timeout_seconds,
-               "seconds a collective waits for a peer before the run stops naming the lost rank");
+              "seconds a collective waits for a peer before the run stops naming the lost rank");
   o.add_int("zero_stage", 0,
             "ZeRO (DeepSpeed's stages): 0 data parallel, 1 optimizer states sharded, 2 gradients "
             "sharded too (3, parameters sharded, is not built yet)",

@@ -181,8 +181,8 @@ Batch DpoTrainer::next_micro_batch(BatchReport* report) {
   const int64_t bs = args_.per_device_train_batch_size;
   const int64_t n = static_cast<int64_t>(order.size());
   const Communicator& comm = world_communicator(args_.comm);
-  const int64_t g =
-      (step_in_epoch_ * comm.size() + comm.rank()) % std::max<int64_t>(1, global_micro_batches_per_epoch());
+  const int64_t g = (step_in_epoch_ * comm.size() + comm.rank()) %
+                    std::max<int64_t>(1, global_micro_batches_per_epoch());
   std::vector<int64_t> idx(order.begin() + g * bs, order.begin() + std::min(n, (g + 1) * bs));
   ++step_in_epoch_;
   PairBatch pb = collate_pairs(train_.examples, idx, data_);

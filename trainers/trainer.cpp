@@ -239,8 +239,8 @@ void Trainer::build_optimizer() {
     trainable_.push_back({name, t, !no_decay(name)});
   LT_CHECK_INPUT(!trainable_.empty(), "nothing to train: no parameter requires a gradient");
   const OptimArguments oa{args_.optim, args_.optimizer_in_backward, args_.offload_optimizer};
-  const AdamWConfig cfg{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
-                        args_.adam_epsilon, args_.weight_decay};
+  const AdamWConfig cfg{args_.learning_rate, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon,
+                        args_.weight_decay};
   Communicator& comm = world_communicator(args_.comm);
   zero_ = nullptr;
   if (args_.zero_stage > 0 && comm.size() > 1) {
@@ -283,8 +283,7 @@ void Trainer::all_reduce_gradients(Communicator& comm) {
         g = Tensor::zeros(p.shape(), p.dtype(), p.device(), MemTag::kGrad);
         p.set_grad(g);
       }
-      LT_CHECK_INPUT(g.device().is_cpu(),
-                     "data parallel on ", g.device().str(),
+      LT_CHECK_INPUT(g.device().is_cpu(), "data parallel on ", g.device().str(),
                      " needs the NCCL backend, which this build does not provide yet; "
                      "run the ranks on the CPU (--device cpu)");
       if (!grads.empty() && (g.dtype() != dtype || elems + g.numel() > kBucket)) break;
@@ -477,8 +476,8 @@ TrainResult Trainer::train() {
   Communicator& comm = world_communicator(args_.comm);
   const bool distributed = comm.size() > 1;
   LT_CHECK_INPUT(!distributed || !args_.optimizer_in_backward,
-                 "option optimizer_in_backward: not supported with data parallel (",
-                 comm.size(), " ranks): parameters would be updated before their gradients "
+                 "option optimizer_in_backward: not supported with data parallel (", comm.size(),
+                 " ranks): parameters would be updated before their gradients "
                  "are summed over the ranks");
   build_optimizer();
   // Before anything else writes: killed saves may have left the disk full of temporary folders.

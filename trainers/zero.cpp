@@ -63,8 +63,7 @@ ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments
       // and no copy of the weights exists.
       piece.tensor = p.tensor.detach().view({n}).narrow(0, piece.begin, piece.length);
       piece.tensor.set_requires_grad(true);
-      piece_params.push_back(
-          {p.name + "@" + std::to_string(piece.begin), piece.tensor, p.decay});
+      piece_params.push_back({p.name + "@" + std::to_string(piece.begin), piece.tensor, p.decay});
       u.pieces.push_back(pieces_.size());
       pieces_.push_back(std::move(piece));
     }

@@ -2,11 +2,11 @@
 // the f32 master copies of 16-bit weights, exist for 1/N of the parameters on each rank.
 //
 // Layout: the trainable parameters, in order, are grouped into units (consecutive parameters of
-// one dtype, up to --reduce_bucket_size elements; a larger parameter is a unit of its own). Each unit
-// is a flat vector padded to a multiple of N and cut into N equal slices; rank r owns slice r of
-// every unit. Where a parameter meets the rank's slice, the rank holds a "piece": a view of those
-// elements of the parameter, which the inner optimizer (any elementwise one: adamw_torch, sgd)
-// updates in place exactly as it would update that part of the whole parameter.
+// one dtype, up to --reduce_bucket_size elements; a larger parameter is a unit of its own). Each
+// unit is a flat vector padded to a multiple of N and cut into N equal slices; rank r owns slice r
+// of every unit. Where a parameter meets the rank's slice, the rank holds a "piece": a view of
+// those elements of the parameter, which the inner optimizer (any elementwise one: adamw_torch,
+// sgd) updates in place exactly as it would update that part of the whole parameter.
 //
 // One update:
 //   stage 1  each unit's gradients are summed over the ranks (all_reduce of the unit's flat

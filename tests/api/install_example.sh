@@ -17,7 +17,10 @@ p=$tmp/prefix
 major=${version%%.*}
 [ -f "$p/lib/libleantune.so.$version" ] || fail "no lib/libleantune.so.$version"
 [ "$(readlink "$p/lib/libleantune.so.$major")" = "libleantune.so.$version" ] || fail "no soname link"
-readelf -d "$p/lib/libleantune.so.$version" | grep -q "SONAME.*\[libleantune.so.$major\]" || fail "soname"
+# Outputs are captured before grep -q reads them: grep -q stops at the first match, and under
+# pipefail the writer's SIGPIPE would fail the pipeline (ldd lists many libraries with MPI).
+dyn=$(readelf -d "$p/lib/libleantune.so.$version")
+grep -q "SONAME.*\[libleantune.so.$major\]" <<<"$dyn" || fail "soname"
 [ -f "$p/share/leantune/embedded/config.json" ] || fail "no embedded demo data"
 
 cmake -S "$src/examples" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$p" -DCMAKE_BUILD_TYPE=Release \
@@ -30,12 +33,14 @@ echo "$out" | grep -q "^leantune $version: 3 steps, loss" || fail "unexpected ou
 echo "$out" | grep -q "^step 3/3 loss" || fail "the step callback did not run"
 [ -f "$tmp/out/model.safetensors" ] || fail "no model written"
 # The library that ran is the installed one.
-ldd "$tmp/build/finetune_demo" | grep -q "$p/lib/libleantune.so.$major" || fail "not linked to the prefix"
+libs=$(ldd "$tmp/build/finetune_demo")
+grep -q "$p/lib/libleantune.so.$major" <<<"$libs" || fail "not linked to the prefix"
 
 export PKG_CONFIG_PATH=$p/lib/pkgconfig
 [ "$(pkg-config --modversion leantune)" = "$version" ] || fail "pkg-config version"
 # shellcheck disable=SC2046
 g++ -std=c++17 "$src/examples/finetune_demo.cpp" $(pkg-config --cflags --libs leantune) \
   -o "$tmp/demo_pc" || fail "pkg-config build failed"
-"$tmp/demo_pc" 1 "$tmp/out_pc" 2>/dev/null | grep -q "^leantune $version: 1 steps" || fail "pkg-config build run"
+pc_out=$("$tmp/demo_pc" 1 "$tmp/out_pc" 2>/dev/null) || fail "pkg-config build exited $?"
+grep -q "^leantune $version: 1 steps" <<<"$pc_out" || fail "pkg-config build run"
 echo "install_example: ok"

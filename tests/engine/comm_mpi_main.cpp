@@ -188,15 +188,16 @@ TEST_P(Collectives, AllGatherAndBroadcast) {
   EXPECT_TRUE(bit_equal(b, contribution(root, c.n, c.dtype)));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sizes, Collectives,
-    testing::Values(Case{DType::kF32, 1, false}, Case{DType::kF32, 19, false},
-                    Case{DType::kF32, 71 * 229, false}, Case{DType::kF32, 71 * 229, true},
-                    Case{DType::kF32, 19, true}, Case{DType::kF64, 19, false},
-                    Case{DType::kF64, 1, true}, Case{DType::kBF16, 1, false},
-                    Case{DType::kBF16, 71 * 229, false}, Case{DType::kF16, 19, true},
-                    Case{DType::kI64, 19, false}, Case{DType::kI32, 71, true}),
-    case_name);
+INSTANTIATE_TEST_SUITE_P(Sizes, Collectives,
+                         testing::Values(Case{DType::kF32, 1, false}, Case{DType::kF32, 19, false},
+                                         Case{DType::kF32, 71 * 229, false},
+                                         Case{DType::kF32, 71 * 229, true},
+                                         Case{DType::kF32, 19, true}, Case{DType::kF64, 19, false},
+                                         Case{DType::kF64, 1, true}, Case{DType::kBF16, 1, false},
+                                         Case{DType::kBF16, 71 * 229, false},
+                                         Case{DType::kF16, 19, true}, Case{DType::kI64, 19, false},
+                                         Case{DType::kI32, 71, true}),
+                         case_name);
 
 TEST(CommMpi, RanksScalarsAndBarrier) {
   Communicator& w = world();
