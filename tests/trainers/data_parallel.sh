@@ -117,6 +117,35 @@ case $case in
     cmp <(losses "$work/one") <(losses "$work/dp") || fail "dpo losses differ"
     cmp "$(weights "$work/one")" "$(weights "$work/dp")" || fail "dpo weights differ"
     echo "ok: dpo on 2 ranks (zero $stage) == 1 rank x 2 ($(losses "$work/dp" | tr '\n' ' '))" ;;
+  lost_rank_*)
+    # A training rank that dies (SIGKILL) or stops answering (SIGSTOP) mid-run ends the whole
+    # job non-zero within --comm_timeout, with a message naming rank 1.
+    sig=${case#lost_rank_}
+    mpi 2 sft --max_steps 100000 --per_device_train_batch_size 2 --logging_steps 1 \
+      --save_steps 0 --comm_timeout 4 --output_dir "$work/lost" >"$work/lost.log" 2>&1 &
+    job=$!
+    pid=""
+    for _ in $(seq 1 200); do  # rank 1's process, once it has trained a step
+      if grep -q '"step":2' "$work/lost/metrics.jsonl" 2>/dev/null; then
+        for p in $(pgrep -f "trainer_bin sft --max_steps 100000"); do
+          if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" &&
+             grep -q "$work/lost" /proc/$p/cmdline 2>/dev/null; then pid=$p; fi
+        done
+        [ -n "$pid" ] && break
+      fi
+      sleep 0.1
+    done
+    [ -n "$pid" ] || { kill $job; cat "$work/lost.log"; fail "rank 1 never started training"; }
+    start=$(date +%s)
+    kill -"$sig" "$pid"
+    wait $job; rc=$?
+    elapsed=$(( $(date +%s) - start ))
+    kill -KILL "$pid" 2>/dev/null
+    [ $rc -ne 0 ] || fail "the job exited 0 after rank 1 was sent SIG$sig"
+    [ $rc -ne 124 ] || fail "the job hung"
+    [ $elapsed -le 60 ] || fail "the job took $elapsed s to end"
+    grep -Eq "rank 1 lost|process rank 1" "$work/lost.log" || { cat "$work/lost.log"; fail "no line naming rank 1"; }
+    echo "ok: SIG$sig to rank 1 ended the job (exit $rc) in $elapsed s: $(grep -Eo "rank 1 lost[^;]*|process rank 1[^.]*" "$work/lost.log" | head -1)" ;;
   refusals)
     out=$(mpi 2 "${common[@]}" --optimizer_in_backward --max_grad_norm 0 \
             --output_dir "$work/x" 2>&1); rc=$?
