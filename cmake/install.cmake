@@ -31,6 +31,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/include/leantune/leantune.h
 install(FILES ${PROJECT_SOURCE_DIR}/data/embedded/config.json
               ${PROJECT_SOURCE_DIR}/data/embedded/stories.jsonl
               ${PROJECT_SOURCE_DIR}/data/embedded/preferences.jsonl
+              ${PROJECT_SOURCE_DIR}/data/embedded/unpaired.jsonl
               ${PROJECT_SOURCE_DIR}/data/embedded/tokenizer.json
               ${PROJECT_SOURCE_DIR}/data/embedded/tokenizer_config.json
               ${PROJECT_SOURCE_DIR}/data/embedded/VERSIONS.json

@@ -104,19 +104,23 @@ case $case in
     [ $rc -ne 0 ] || fail "resumed on 4 ranks from a 2-rank checkpoint"
     echo "$out" | grep -q "written by 2 rank(s)" || { echo "$out"; fail "no one-line reason"; }
     echo "ok: resume on 2 ranks (zero $stage) is bit-exact" ;;
-  dpo_z*)
-    # trainer_bin dpo shards its pairs over the ranks like sft: 2 ranks x 1 micro-batch equal
-    # 1 rank x 2 under --deterministic_comm.
-    stage=${case#dpo_z}
-    run=(dpo --max_steps 3 --per_device_train_batch_size 2 --logging_steps 1 --save_steps 0
+  dpo_z*|kto_z*)
+    # trainer_bin dpo and kto shard their micro-batches over the ranks like sft: 2 ranks x 1
+    # micro-batch equal 1 rank x 2 under --deterministic_comm.
+    # (kto's KL estimate is the ranks' mean, as TRL gathers it, not each micro-batch's: that
+    # comparison runs apo_zero_unpaired, which has no KL term.)
+    cmd=${case%%_z*}
+    stage=${case#*_z}
+    extra=(); [ "$cmd" = kto ] && extra=(--loss_type apo_zero_unpaired)
+    run=("$cmd" "${extra[@]}" --max_steps 3 --per_device_train_batch_size 2 --logging_steps 1 --save_steps 0
          --deterministic_comm)
     "$bin" "${run[@]}" --gradient_accumulation_steps 2 --output_dir "$work/one" \
       >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "1 rank"; }
     mpi 2 "${run[@]}" --zero_stage "$stage" --output_dir "$work/dp" >"$work/dp.log" 2>&1 ||
       { cat "$work/dp.log"; fail "2 ranks"; }
-    cmp <(losses "$work/one") <(losses "$work/dp") || fail "dpo losses differ"
-    cmp "$(weights "$work/one")" "$(weights "$work/dp")" || fail "dpo weights differ"
-    echo "ok: dpo on 2 ranks (zero $stage) == 1 rank x 2 ($(losses "$work/dp" | tr '\n' ' '))" ;;
+    cmp <(losses "$work/one") <(losses "$work/dp") || fail "$cmd losses differ"
+    cmp "$(weights "$work/one")" "$(weights "$work/dp")" || fail "$cmd weights differ"
+    echo "ok: $cmd on 2 ranks (zero $stage) == 1 rank x 2 ($(losses "$work/dp" | tr '\n' ' '))" ;;
   lost_rank_*)
     # A training rank that dies (SIGKILL) or stops answering (SIGSTOP) mid-run ends the whole
     # job non-zero within --comm_timeout, with a message naming rank 1.

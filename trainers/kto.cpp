@@ -1,0 +1,365 @@
+// KTO trainer: unpaired batches with their KL sequences, the loss hook and its metrics. See
+// kto.h.
+#include "trainers/kto.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "engine/autograd.h"
+#include "engine/host_memory.h"
+#include "kernels/cross_entropy.h"
+#include "loaders/text_encoder.h"
+#include "trainers/data_options.h"
+#include "trainers/model_io.h"
+#include "trainers/output_path.h"
+#include "trainers/peft_options.h"
+#include "trainers/quant_options.h"
+
+namespace leantune {
+
+namespace fs = std::filesystem;
+
+Options kto_options(const std::string& command) {
+  Options o(command);
+  o.add_string("model_name_or_path", "",
+               "HF model folder to train (empty with no dataset: the built-in demo model)");
+  o.add_string("dataset", "",
+               "unpaired preference data: JSONL with prompt, completion and a boolean label, "
+               "standard or conversational");
+  o.add_int_or_none("max_length", 1024,
+                    "cut prompt + completion to this many tokens; none = no limit", 1);
+  o.add_string("truncation_mode", "keep_end", "which end of a too-long sequence is kept",
+               {"keep_start", "keep_end"});
+  o.add_bool("use_liger_loss", true,
+             "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
+             "exist (off: full logits)");
+  add_kto_loss_options(o);
+  add_ref_model_options(o);
+  add_dataset_options(o);
+  add_chat_options(o);
+  add_peft_options(o);
+  add_quant_options(o);
+  add_training_options(o);
+  o.set_default("learning_rate", 1e-6);  // KTOConfig's default
+  return o;
+}
+
+namespace {
+
+Batch flat_batch(const std::vector<std::vector<int32_t>>& seqs,
+                 const std::vector<std::vector<uint8_t>>& masks) {
+  std::vector<int64_t> ids, pos, labels;
+  std::vector<int32_t> cu{0};
+  int64_t longest = 0;
+  BatchStats st;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t n = static_cast<int64_t>(seqs[s].size());
+    for (int64_t t = 0; t < n; ++t) {
+      ids.push_back(seqs[s][t]);
+      pos.push_back(t);
+      labels.push_back(masks[s][t] ? seqs[s][t] : kernels::kIgnoreIndex);
+      if (masks[s][t] && t >= 1) ++st.label_tokens;
+    }
+    st.real_tokens += n;
+    longest = std::max(longest, n);
+    cu.push_back(cu.back() + static_cast<int32_t>(n));
+  }
+  st.sequences = static_cast<int64_t>(seqs.size());
+  Batch b;
+  const int64_t t = static_cast<int64_t>(ids.size());
+  b.input_ids = Tensor::from_vector(ids, {t});
+  b.position_ids = Tensor::from_vector(pos, {t});
+  b.labels = Tensor::from_vector(labels, {t});
+  b.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
+  b.max_seqlen = longest;
+  b.stats = st;
+  return b;
+}
+
+}  // namespace
+
+UnpairedBatch collate_unpaired(const std::vector<UnpairedExample>& data,
+                               const std::vector<int64_t>& idx, int64_t max_length,
+                               const std::string& truncation_mode, bool with_kl) {
+  const TruncationMode mode = parse_truncation_mode(truncation_mode);
+  UnpairedBatch ub;
+  ub.idx = idx;
+  for (int kind = 0; kind < (with_kl ? 2 : 1); ++kind) {
+    std::vector<std::vector<int32_t>> seqs;
+    std::vector<std::vector<uint8_t>> masks;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const UnpairedExample& ex = data[static_cast<size_t>(idx[k])];
+      // KL: this prompt with the completion of the example before it (the first: the last).
+      const UnpairedExample& comp =
+          kind == 0 ? ex : data[static_cast<size_t>(idx[(k + idx.size() - 1) % idx.size()])];
+      std::vector<int32_t> ids;
+      std::vector<uint8_t> cm;
+      build_preference_sequence(ex.prompt_ids, comp.completion_ids, max_length, mode, &ids, &cm);
+      seqs.push_back(std::move(ids));
+      masks.push_back(std::move(cm));
+      (kind == 0 ? ub.matched_keys : ub.kl_keys).push_back(2 * idx[k] + kind);
+    }
+    (kind == 0 ? ub.matched : ub.kl) = flat_batch(seqs, masks);
+  }
+  return ub;
+}
+
+KtoTrainer::KtoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
+                       std::string tokenizer_dir, UnpairedData train, int64_t max_length,
+                       std::string truncation_mode, KtoLossConfig loss, SequenceLogpsOptions logps)
+    : Trainer(std::move(args), std::move(model), std::move(options)),
+      tokenizer_dir_(std::move(tokenizer_dir)),
+      train_(std::move(train)),
+      max_length_(max_length),
+      truncation_mode_(std::move(truncation_mode)),
+      loss_(std::move(loss)),
+      logps_(logps) {
+  logps_.gradient_checkpointing = args_.gradient_checkpointing;
+  LT_CHECK_INPUT(!kto_uses_kl(loss_) || args_.per_device_train_batch_size > 1,
+                 "option per_device_train_batch_size 1: loss_type kto estimates its KL term from "
+                 "the other completions of a micro-batch and needs at least 2 (as TRL)");
+}
+
+void KtoTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter) {
+  peft_ = std::move(peft);
+  base_model_name_or_path_ = std::move(base_model_name_or_path);
+  merge_adapter_ = merge_adapter;
+}
+
+int64_t KtoTrainer::global_micro_batches() const {
+  const int64_t n = static_cast<int64_t>(train_.examples.size());
+  const int64_t bs = args_.per_device_train_batch_size;
+  return (n + bs - 1) / bs;
+}
+
+std::vector<int64_t> KtoTrainer::micro_batch_examples(int64_t g) const {
+  const int64_t n = static_cast<int64_t>(train_.examples.size());
+  const int64_t bs = args_.per_device_train_batch_size;
+  std::vector<int64_t> idx;
+  for (int64_t i = g * bs; i < std::min(n, (g + 1) * bs); ++i) idx.push_back(i);
+  return idx;
+}
+
+void KtoTrainer::set_reference(RefModelConfig cfg) {
+  ref_ = std::make_unique<ReferenceModel>(std::move(cfg), model_, &peft_);
+  if (ref_->mode() != RefMode::kPrecomputed) return;
+  // The training micro-batches themselves (their KL rotation depends on them): matched
+  // sequences for even b, KL sequences for odd b.
+  const bool kl = kto_uses_kl(loss_);
+  ref_->precompute(
+      global_micro_batches() * (kl ? 2 : 1),
+      [&](int64_t b) {
+        UnpairedBatch ub = collate_unpaired(train_.examples, micro_batch_examples(kl ? b / 2 : b),
+                                            max_length_, truncation_mode_, kl);
+        if (kl && b % 2 == 1) return std::make_pair(std::move(ub.kl), std::move(ub.kl_keys));
+        return std::make_pair(std::move(ub.matched), std::move(ub.matched_keys));
+      },
+      logps_);
+}
+
+int64_t KtoTrainer::micro_batches_per_epoch() const {
+  const int64_t world = world_communicator(args_.comm).size();
+  return (global_micro_batches() + world - 1) / world;
+}
+
+Batch KtoTrainer::next_micro_batch(BatchReport* report) {
+  if (step_in_epoch_ >= micro_batches_per_epoch()) {
+    ++epoch_;
+    step_in_epoch_ = 0;
+  }
+  const Communicator& comm = world_communicator(args_.comm);
+  const int64_t g =
+      (step_in_epoch_ * comm.size() + comm.rank()) % std::max<int64_t>(1, global_micro_batches());
+  ++step_in_epoch_;
+  UnpairedBatch ub = collate_unpaired(train_.examples, micro_batch_examples(g), max_length_,
+                                      truncation_mode_, kto_uses_kl(loss_));
+  if (report) {
+    report->real_tokens = ub.matched.stats.real_tokens;
+    report->pad_tokens = 0;
+  }
+  Batch b = ub.matched;
+  pending_.push_back(std::move(ub));
+  return b;
+}
+
+Tensor KtoTrainer::compute_loss(const Batch& b, double normalizer) {
+  LT_CHECK(!pending_.empty(), "kto: compute_loss without a fetched micro-batch");
+  UnpairedBatch ub = std::move(pending_.front());
+  pending_.pop_front();
+  ub.matched = b;
+  const double scale = static_cast<double>(ub.idx.size()) / normalizer;
+  KtoLossResult r;
+  Tensor loss = batch_loss(ub, scale, &r);
+  for (auto it = r.metrics.begin(); it != r.metrics.end(); ++it)
+    window_[it.key()] = window_.value(it.key(), 0.0) + it.value().get<double>();
+  ++window_batches_;
+  return loss;
+}
+
+Tensor KtoTrainer::batch_loss(const UnpairedBatch& ub, double scale, KtoLossResult* result) {
+  const bool kl = kto_uses_kl(loss_);
+  // The reference first: its activations are gone before the policy's graph is built.
+  const std::vector<double> ref = ref_->logps(ub.matched, ub.matched_keys, logps_);
+  std::vector<double> ref_kl, pol_kl;
+  if (kl) {
+    ref_kl = ref_->logps(ub.kl, ub.kl_keys, logps_);
+    NoGradGuard ng;  // TRL scores the KL sequences without gradient
+    pol_kl = sequence_logps(*model_, ub.kl, logps_).logps.to_f64();
+  }
+  std::optional<double> kl_override;
+  Communicator& comm = world_communicator(args_.comm);
+  if (kl && comm.size() > 1)  // TRL gathers the ranks' estimates and takes their mean
+    kl_override = comm.all_reduce_scalar(kto_batch_kl(pol_kl, ref_kl)) / comm.size();
+  SequenceLogpsOptions po = logps_;
+  po.logit_sums = true;
+  kernels::SequenceLogprobs pol = sequence_logps(*model_, ub.matched, po);
+  const std::vector<double> lp = pol.logps.to_f64();
+  std::vector<KtoExampleTerms> terms;
+  for (size_t i = 0; i < lp.size(); ++i)
+    terms.push_back({lp[i], ref[i], train_.examples[static_cast<size_t>(ub.idx[i])].label,
+                     pol.tokens[i], pol.logit_sums[i]});
+  KtoLossResult r = kto_loss(loss_, terms, pol_kl, ref_kl, kl_override);
+  std::vector<double> grad = r.dlogp;
+  for (double& g : grad) g *= scale;
+  const double value = r.loss * scale;
+  if (result) *result = std::move(r);
+  return loss_from_sequence_gradient(pol.logps, value, std::move(grad));
+}
+
+nlohmann::json KtoTrainer::log_metrics() {
+  nlohmann::json out = nlohmann::json::object();
+  if (window_batches_ == 0) return out;
+  for (auto it = window_.begin(); it != window_.end(); ++it)
+    out[it.key()] = it.value().get<double>() / static_cast<double>(window_batches_);
+  window_ = nlohmann::json::object();
+  window_batches_ = 0;
+  logged_.push_back(out);
+  return out;
+}
+
+double KtoTrainer::epoch_progress() const {
+  const double per = static_cast<double>(std::max<int64_t>(micro_batches_per_epoch(), 1));
+  return static_cast<double>(epoch_) + static_cast<double>(step_in_epoch_) / per;
+}
+
+nlohmann::json KtoTrainer::data_state() const {
+  return {
+      {"epoch", epoch_}, {"step_in_epoch", step_in_epoch_}, {"examples", train_.examples.size()}};
+}
+
+void KtoTrainer::set_data_state(const nlohmann::json& s) {
+  LT_CHECK_INPUT(
+      s.is_object() && s.contains("epoch") && s.contains("step_in_epoch") &&
+          s.value("examples", int64_t{-1}) == static_cast<int64_t>(train_.examples.size()),
+      "the checkpoint's data state does not belong to this dataset (",
+      s.value("examples", int64_t{-1}), " examples there, ", train_.examples.size(), " here)");
+  epoch_ = s["epoch"].get<int64_t>();
+  step_in_epoch_ = s["step_in_epoch"].get<int64_t>();
+}
+
+void KtoTrainer::write_model_extras(const std::string& dir) const {
+  if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);
+}
+
+void KtoTrainer::on_train_begin(MetricsLogger& log) {
+  log.message(train_.stats.summary());
+  log.message(std::string("kto: reference ") + ref_mode_name(ref_->mode()) + ", loss " +
+              loss_.loss_type + ", beta " + std::to_string(loss_.beta));
+}
+
+std::vector<std::pair<std::string, Tensor>> KtoTrainer::trainable_parameters() const {
+  return peft_.active() ? peft_.trainable_parameters(*model_) : Trainer::trainable_parameters();
+}
+
+void KtoTrainer::save_model(const std::string& dir, bool final_output) const {
+  if (!peft_.active()) return Trainer::save_model(dir, final_output);
+  save_peft(peft_, *model_, dir, base_model_name_or_path_);
+  write_model_extras(dir);
+  if (final_output && merge_adapter_) {
+    const DType disk = model_->dtype() == DType::kF64 ? DType::kF32 : model_->dtype();
+    merge_and_save(peft_, *model_, dir + "/merged", disk);
+    write_model_extras(dir + "/merged");
+  }
+}
+
+void KtoTrainer::load_model(const std::string& dir) {
+  if (!peft_.active()) return Trainer::load_model(dir);
+  load_peft_checkpoint(peft_, *model_, dir);
+}
+
+nlohmann::json KtoTrainer::technique_savings() const {
+  nlohmann::json s = nlohmann::json::object();
+  s["reference_model"] = ref_->memory_json();
+  if (args_.gradient_checkpointing)
+    s["gradient_checkpointing"] = {
+        {"note", "only each layer's input is kept between forward and backward"}};
+  return s;
+}
+
+KtoRun make_kto_run(const Options& o) {
+  LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
+                 "kto: --model_name_or_path is required when --dataset is given");
+  LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
+                 "options --completion_only_loss / --assistant_only_loss are SFT options; KTO "
+                 "always scores the completions only");
+  TrainingArguments args = training_arguments(o);
+  const RefModelConfig ref_cfg = ref_model_config(o);
+  const KtoLossConfig loss = kto_loss_config(o);
+  KtoRun run;
+  run.model = load_sft_model(o);
+  prepare_output_dir(args.output_dir, "output_dir");
+  {
+    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
+    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
+  }
+  const SftModel& m = run.model;
+  std::string dataset = o.get_string("dataset");
+  if (dataset.empty()) dataset = m.setup.tokenizer_dir + "/unpaired.jsonl";
+  std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
+  DataConfig dc;
+  read_dataset_options(o, &dc);
+  dc.max_length = o.get_int_or_none("max_length").value_or(0);
+  dc.truncation_mode = o.get_string("truncation_mode");
+  dc.per_device_train_batch_size = args.per_device_train_batch_size;
+  dc.seed = args.seed;
+  validate_data_config(dc);
+  UnpairedData data = load_unpaired_data(dataset, *encoder, dc);
+  SequenceLogpsOptions lo;
+  lo.fused = o.get_bool("use_liger_loss");
+  std::string base_name = m.base_name;
+  if (m.setup.embedded && o.get_bool("use_peft")) {
+    // As for sft's demo: the in-memory base is written beside the adapter so that it loads.
+    const fs::path out = fs::absolute(fs::path(args.output_dir)).lexically_normal();
+    const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
+    DecoderModel base(ModelConfig::load(m.setup.model_config), m.model->device(), m.model->dtype());
+    base.init_random(static_cast<uint64_t>(args.seed));
+    base.save((out_dir / "base_model").string(), DType::kF32);
+    copy_tokenizer_files(m.setup.tokenizer_dir, (out_dir / "base_model").string());
+    base_name = (out_dir.filename() / "base_model").string();
+  }
+  run.trainer =
+      std::make_unique<KtoTrainer>(args, m.model, o, m.setup.tokenizer_dir, std::move(data),
+                                   dc.max_length, dc.truncation_mode, loss, lo);
+  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  RefModelConfig rc = ref_cfg;
+  rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
+  run.trainer->set_reference(rc);
+  return run;
+}
+
+void apply_kto_embedded_defaults(Options& o) {
+  if (!o.get_string("model_name_or_path").empty() || !o.get_string("dataset").empty()) return;
+  auto dflt = [&](const char* k, const nlohmann::json& v) {
+    if (!o.is_set(k)) o.set(k, v);
+  };
+  dflt("max_length", 128);
+  dflt("per_device_train_batch_size", 8);
+  dflt("learning_rate", 1e-3);
+  dflt("lr_scheduler_type", "constant");
+  dflt("max_steps", 40);
+  dflt("logging_steps", 5);
+  dflt("save_steps", 0);
+  dflt("output_dir", "trainer_output/embedded_kto");
+}
+
+}  // namespace leantune

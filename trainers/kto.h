@@ -1,0 +1,104 @@
+// KTO: Kahneman-Tversky optimisation on TRL-format unpaired preference JSONL (trainer_bin kto),
+// with TRL KTOConfig's option names and defaults (learning_rate 1e-6, beta 0.1, desirable and
+// undesirable weights 1, loss_type kto).
+//
+// Data: loaders/examples.h load_unpaired_data (prompt, completion, label; standard or
+// conversational through the chat template; max_length with truncation_mode; truncated and
+// dropped rows counted). Examples are taken in file order, as TRL requires sequential sampling
+// for the KL term: micro-batch g holds examples [g*B, (g+1)*B) (B = per_device_train_batch_size);
+// under data parallel rank r takes the micro-batches g with g % world_size == r.
+// KL sequences: each prompt with the completion of the example before it in the same
+// micro-batch (the first takes the last), TRL's rotation within batches of B.
+// One micro-batch is two flat varlen batches (no padding): the matched sequences, whose
+// summed completion log-probabilities train, and the KL sequences, scored without gradient.
+// Loss and metrics: trainers/kto_loss.h; a micro-batch's loss is its example mean times its
+// share of the accumulated batch's examples. Under data parallel the KL estimate is the ranks'
+// mean, as TRL gathers it. The reference model: trainers/ref_model.h (the same options as dpo).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "loaders/examples.h"
+#include "trainers/kto_loss.h"
+#include "trainers/ref_model.h"
+#include "trainers/sft.h"
+#include "trainers/trainer.h"
+
+namespace leantune {
+
+Options kto_options(const std::string& command = "kto");
+
+// The matched and KL sequences of examples `idx` (one micro-batch, in order). Keys: 2 * example
+// (matched) and 2 * example + 1 (its KL sequence).
+struct UnpairedBatch {
+  Batch matched, kl;
+  std::vector<int64_t> idx, matched_keys, kl_keys;
+};
+UnpairedBatch collate_unpaired(const std::vector<UnpairedExample>& data,
+                               const std::vector<int64_t>& idx, int64_t max_length,
+                               const std::string& truncation_mode, bool with_kl);
+
+class KtoTrainer final : public Trainer {
+ public:
+  KtoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
+             std::string tokenizer_dir, UnpairedData train, int64_t max_length,
+             std::string truncation_mode, KtoLossConfig loss, SequenceLogpsOptions logps);
+
+  void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
+  void set_reference(RefModelConfig cfg);
+  const DataStats& train_stats() const { return train_.stats; }
+  const std::vector<nlohmann::json>& logged_metrics() const { return logged_; }
+  // The loss of one micro-batch times `scale`, differentiable with respect to the policy.
+  Tensor batch_loss(const UnpairedBatch& ub, double scale, KtoLossResult* result);
+
+ protected:
+  int64_t micro_batches_per_epoch() const override;
+  Batch next_micro_batch(BatchReport* report) override;
+  int64_t loss_tokens(const Batch& b) const override { return b.stats.sequences; }
+  Tensor compute_loss(const Batch& b, double normalizer) override;
+  double epoch_progress() const override;
+  nlohmann::json data_state() const override;
+  void set_data_state(const nlohmann::json& s) override;
+  void write_model_extras(const std::string& dir) const override;
+  void on_train_begin(MetricsLogger& log) override;
+  nlohmann::json technique_savings() const override;
+  nlohmann::json log_metrics() override;
+  std::vector<std::pair<std::string, Tensor>> trainable_parameters() const override;
+  void save_model(const std::string& dir, bool final_output) const override;
+  void load_model(const std::string& dir) override;
+
+ private:
+  int64_t global_micro_batches() const;
+  std::vector<int64_t> micro_batch_examples(int64_t g) const;
+
+  std::string tokenizer_dir_;
+  UnpairedData train_;
+  int64_t max_length_;
+  std::string truncation_mode_;
+  KtoLossConfig loss_;
+  SequenceLogpsOptions logps_;
+  PeftSetup peft_;
+  std::string base_model_name_or_path_;
+  bool merge_adapter_ = false;
+  std::unique_ptr<ReferenceModel> ref_;
+  int64_t epoch_ = 0, step_in_epoch_ = 0;
+  std::deque<UnpairedBatch> pending_;
+  nlohmann::json window_ = nlohmann::json::object();
+  int64_t window_batches_ = 0;
+  std::vector<nlohmann::json> logged_;
+};
+
+struct KtoRun {
+  SftModel model;
+  std::unique_ptr<KtoTrainer> trainer;
+};
+KtoRun make_kto_run(const Options& o);
+// The demo's settings (built-in model and unpaired set) for options the user did not set.
+void apply_kto_embedded_defaults(Options& o);
+
+}  // namespace leantune
