@@ -68,12 +68,15 @@ int64_t resident_before_training(const std::string& model_path, const std::strin
 }
 
 int run_estimate(const std::vector<std::string>& args) {
-  // trainer_bin estimate dpo ...: the preference trainers' estimate (trainers/estimate_pref.h).
-  if (!args.empty() && args[0] == "dpo") return run_estimate_dpo({args.begin() + 1, args.end()});
+  // trainer_bin estimate dpo|kto ...: the preference trainers' estimate (estimate_pref.h).
+  if (!args.empty() && (args[0] == "dpo" || args[0] == "kto"))
+    return run_estimate_preference({args.begin() + 1, args.end()}, args[0]);
   Options o = sft_options("estimate");
   o.add_float("budget_gib", 0.0, "device memory available (GiB); 0 = no budget check", 0.0);
-  o.add_int("world_size", 1, "ranks of the run (data parallel; with --zero_stage, the per-rank "
-            "peak of the sharded states)", 1);
+  o.add_int("world_size", 1,
+            "ranks of the run (data parallel; with --zero_stage, the per-rank "
+            "peak of the sharded states)",
+            1);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;

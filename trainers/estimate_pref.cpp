@@ -7,6 +7,7 @@
 #include "engine/allocator.h"
 #include "models/peft_io.h"
 #include "trainers/dpo.h"
+#include "trainers/kto.h"
 #include "trainers/peft_options.h"
 #include "trainers/quant_options.h"
 
@@ -62,15 +63,21 @@ ModelConfig ref_config(const Options& o, const ModelConfig& policy) {
 }  // namespace
 
 PreferenceEstimate estimate_dpo_from_options(const Options& o, const ModelConfig& model, bool cpu) {
+  return estimate_preference_from_options(o, model, cpu, 2);
+}
+
+PreferenceEstimate estimate_preference_from_options(const Options& o, const ModelConfig& model,
+                                                    bool cpu, int64_t sequences_per_example) {
   const TrainingArguments args = training_arguments(o);
   const PeftConfig peft = peft_config_from_options(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
   const int64_t max_length = o.get_int_or_none("max_length").value_or(0);
   const int64_t length = max_length > 0 ? max_length : model.max_position_embeddings;
-  // Chosen and rejected of every pair in one micro-batch.
-  const EstimateConfig c = estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr,
-                                           quant, o.get_bool("use_liger_loss"), max_length, cpu,
-                                           2 * args.per_device_train_batch_size * length, length);
+  // DPO: chosen and rejected of every pair in one micro-batch. KTO: the matched sequences (its
+  // KL sequences run without gradient and keep nothing, below the policy's peak).
+  const EstimateConfig c = estimate_config(
+      model, args, o.get_bool("use_peft") ? &peft : nullptr, quant, o.get_bool("use_liger_loss"),
+      max_length, cpu, sequences_per_example * args.per_device_train_batch_size * length, length);
   const std::string mode = dpo_ref_mode(o);
   return estimate_preference(c, mode,
                              reference_param_bytes(mode, model, ref_config(o, model), args.bf16,
@@ -78,7 +85,13 @@ PreferenceEstimate estimate_dpo_from_options(const Options& o, const ModelConfig
 }
 
 int run_estimate_dpo(const std::vector<std::string>& args) {
-  Options o = dpo_options("estimate dpo");
+  return run_estimate_preference(args, "dpo");
+}
+
+int run_estimate_preference(const std::vector<std::string>& args, const std::string& trainer) {
+  const bool dpo = trainer == "dpo";
+  const int64_t per_example = dpo ? 2 : 1;
+  Options o = dpo ? dpo_options("estimate dpo") : kto_options("estimate kto");
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;
@@ -87,14 +100,14 @@ int run_estimate_dpo(const std::vector<std::string>& args) {
   if (path.empty()) path = embedded_data_dir() + "/config.json";
   const ModelConfig model = ModelConfig::load(path);
   const bool cpu = Device::parse(o.get_string("device")).is_cpu();
-  const PreferenceEstimate e = estimate_dpo_from_options(o, model, cpu);
-  std::printf(
-      "dpo estimate for %s (%lld parameters) on %s, %lld tokens per micro-batch "
-      "(chosen + rejected):\n",
-      path.c_str(), static_cast<long long>(e.policy.total_parameters), cpu ? "cpu" : "cuda",
-      static_cast<long long>(
-          2 * o.get_int("per_device_train_batch_size") *
-          o.get_int_or_none("max_length").value_or(model.max_position_embeddings)));
+  const PreferenceEstimate e = estimate_preference_from_options(o, model, cpu, per_example);
+  std::printf("%s estimate for %s (%lld parameters) on %s, %lld tokens per micro-batch (%s):\n",
+              trainer.c_str(), path.c_str(), static_cast<long long>(e.policy.total_parameters),
+              cpu ? "cpu" : "cuda",
+              static_cast<long long>(
+                  per_example * o.get_int("per_device_train_batch_size") *
+                  o.get_int_or_none("max_length").value_or(model.max_position_embeddings)),
+              dpo ? "chosen + rejected" : "the matched sequences; the KL ones run without grad");
   std::printf("  %-26s %12s\n", "policy params", format_bytes(e.policy.params).c_str());
   std::printf("  %-26s %12s\n", "grads", format_bytes(e.policy.grads).c_str());
   std::printf("  %-26s %12s\n", "optimizer states", format_bytes(e.policy.optimizer).c_str());

@@ -1,6 +1,7 @@
-// Memory estimate of a preference run (trainer_bin estimate dpo ...): the policy's step as the
-// SFT estimate walks it (trainers/estimate.h) over the micro-batch's chosen AND rejected
-// sequences (2 x per_device_train_batch_size x max_length tokens), plus what each reference
+// Memory estimate of a preference run (trainer_bin estimate dpo|kto ...): the policy's step as
+// the SFT estimate walks it (trainers/estimate.h) over the micro-batch's chosen AND rejected
+// sequences (2 x per_device_train_batch_size x max_length tokens; kto: its matched sequences,
+// 1 x ..., the KL sequences being scored without gradient), plus what each reference
 // mode keeps resident for the whole run:
 //   precomputed   no weights; 16 B per cached sequence (host)
 //   adapters_off  nothing: the reference is the policy's base with the adapters off
@@ -35,8 +36,13 @@ PreferenceEstimate estimate_preference(const EstimateConfig& policy, const std::
                                        int64_t reference_params);
 // From parsed dpo options (trainers/dpo.h dpo_options).
 PreferenceEstimate estimate_dpo_from_options(const Options& o, const ModelConfig& model, bool cpu);
+// From parsed dpo or kto options: sequences_per_example is 2 for dpo (chosen and rejected), 1
+// for kto (the matched sequence; its KL sequence runs without gradient).
+PreferenceEstimate estimate_preference_from_options(const Options& o, const ModelConfig& model,
+                                                    bool cpu, int64_t sequences_per_example);
 
-// trainer_bin estimate dpo [the dpo options]: prints the estimate of each reference mode.
+// trainer_bin estimate dpo|kto [that trainer's options]: the estimate of each reference mode.
 int run_estimate_dpo(const std::vector<std::string>& args);
+int run_estimate_preference(const std::vector<std::string>& args, const std::string& trainer);
 
 }  // namespace leantune

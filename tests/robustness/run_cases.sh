@@ -109,6 +109,14 @@ pref_no_chosen() {
   printf '%s\n' '{"prompt": "One day,", "chosen": " a cat.", "rejected": " a dog."}' \
     '{"prompt": "One day,", "rejected": " a dog."}' >"$W/p.jsonl"
 }
+unpaired_no_label() {
+  printf '%s\n' '{"prompt": "One day,", "completion": " a cat.", "label": true}' \
+    '{"prompt": "One day,", "completion": " a dog."}' >"$W/u.jsonl"
+}
+unpaired_label_text() {
+  printf '%s\n' '{"prompt": "One day,", "completion": " a cat.", "label": true}' \
+    '{"prompt": "One day,", "completion": " a dog.", "label": "yes"}' >"$W/u.jsonl"
+}
 pref_prompt_differs() {
   printf '%s\n' \
     '{"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Go"}]}' \

@@ -108,5 +108,29 @@ TEST(Kto, BadOptionsAreOneLineExitTwo) {
   EXPECT_NE(log.find("loss_type"), std::string::npos) << log;
 }
 
+// estimate kto: the policy step over the matched sequences only (the KL ones run without
+// gradient), so a kto micro-batch of 2B examples costs what a dpo micro-batch of B pairs does.
+TEST(Kto, EstimateCountsTheMatchedSequences) {
+  std::string kto, dpo;
+  ASSERT_EQ(run_command(trainer_bin() + " estimate kto --per_device_train_batch_size 4 " +
+                            "--max_length 64 --use_peft 2>&1",
+                        &kto),
+            0)
+      << kto;
+  ASSERT_EQ(run_command(trainer_bin() + " estimate dpo --per_device_train_batch_size 2 " +
+                            "--max_length 64 --use_peft 2>&1",
+                        &dpo),
+            0)
+      << dpo;
+  auto line = [](const std::string& out, const std::string& key) {
+    const size_t at = out.find("\n  " + key);
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at + 1) - at);
+  };
+  EXPECT_NE(kto.find("256 tokens per micro-batch"), std::string::npos) << kto;
+  EXPECT_FALSE(line(kto, "activations").empty()) << kto;
+  EXPECT_EQ(line(kto, "activations"), line(dpo, "activations"));
+  EXPECT_EQ(line(kto, "peak"), line(dpo, "peak"));
+}
+
 }  // namespace
 }  // namespace leantune
