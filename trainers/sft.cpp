@@ -264,6 +264,18 @@ std::string format_memory_report(const nlohmann::json& r) {
                   format_bytes(v).c_str());
     out += line;
   }
+  if (r.contains("distributed")) {
+    const auto& d = r["distributed"];
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "  data parallel: %d ranks (%s, zero_stage %d), per update %.1f ms: compute "
+                  "%.1f ms, communication %.1f ms, exposed %.1f ms\n",
+                  d["world_size"].get<int>(), d["backend"].get<std::string>().c_str(),
+                  d["zero_stage"].get<int>(), 1e3 * d["step_seconds"].get<double>(),
+                  1e3 * d["compute_seconds"].get<double>(), 1e3 * d["comm_seconds"].get<double>(),
+                  1e3 * d["exposed_comm_seconds"].get<double>());
+    out += line;
+  }
   const auto& s = r["savings"];
   if (s.contains("estimate")) {
     const auto& e = s["estimate"];

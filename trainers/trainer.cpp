@@ -457,6 +457,18 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
     r["peak_by_tag"][it.key()] = it.value()["peak"];
     r["at_peak_by_tag"][it.key()] = it.value()["at_peak"];
   }
+  Communicator& comm = world_communicator(args_.comm);
+  if (comm.size() > 1 && timed_updates_ > 0) {
+    // This rank's time per update. The CPU collectives block the rank, so all of it is exposed;
+    // stage 2's reductions inside backward are counted as communication, not compute.
+    const double comm_s = comm_seconds_ + (zero_ ? zero_->comm_seconds() : 0.0);
+    const double n = static_cast<double>(timed_updates_);
+    r["distributed"] = {
+        {"world_size", comm.size()},         {"zero_stage", zero_ ? args_.zero_stage : 0},
+        {"backend", comm.backend_name()},    {"updates", timed_updates_},
+        {"step_seconds", step_seconds_ / n}, {"compute_seconds", (step_seconds_ - comm_s) / n},
+        {"comm_seconds", comm_s / n},        {"exposed_comm_seconds", comm_s / n}};
+  }
   return r;
 }
 
@@ -521,8 +533,12 @@ TrainResult Trainer::train() {
   int64_t window_steps = 0, window_tokens = 0, window_real = 0, window_total = 0;
   auto window_start = std::chrono::steady_clock::now();
 
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   while (step_ < total_steps_) {
     const int64_t update = step_ + 1;
+    const auto update_start = std::chrono::steady_clock::now();
     // Fetch the whole accumulated batch first: the loss normaliser spans all of it.
     std::vector<Batch> micro;
     std::vector<BatchReport> reports;
@@ -534,7 +550,11 @@ TrainResult Trainer::train() {
       normalizer += loss_tokens(micro.back());
     }
     // Data parallel: the loss is normalised by the loss tokens of the whole global batch.
-    if (distributed) normalizer = comm.all_reduce_int(normalizer);
+    if (distributed) {
+      const auto t = std::chrono::steady_clock::now();
+      normalizer = comm.all_reduce_int(normalizer);
+      comm_seconds_ += seconds_since(t);
+    }
     if (normalizer == 0) {
       // Packed or truncated data can leave an accumulated batch with nothing to predict: the
       // update would only apply weight decay and stale momentum. Skipped and counted.
@@ -593,15 +613,17 @@ TrainResult Trainer::train() {
     }
     if (distributed) {
       // Every rank must agree on skipping; the gradients and the loss are summed over ranks.
+      const auto t = std::chrono::steady_clock::now();
       finite = comm.all_reduce_int(finite ? 0 : 1, ReduceOp::kMax) == 0;
       step_loss = comm.all_reduce_scalar(step_loss);
       if (finite) {
         StepPhaseGuard phase("gradient reduction");
         if (zero_)
-          zero_->reduce_gradients();
+          zero_->reduce_gradients();  // timed by the ZeRO optimizer itself
         else
           all_reduce_gradients(comm);
       }
+      if (!zero_) comm_seconds_ += seconds_since(t);
     }
     const double norm = args_.optimizer_in_backward ? backward_norm
                         : zero_                     ? zero_->grad_norm()
@@ -628,6 +650,8 @@ TrainResult Trainer::train() {
       zero_grads();
     }
     const double lr_used = scheduler_.lr(step_);
+    step_seconds_ += seconds_since(update_start);
+    ++timed_updates_;
     step_ = update;
     result.losses.push_back(step_loss);
     window_loss += step_loss;

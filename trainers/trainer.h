@@ -178,6 +178,9 @@ class Trainer {
   StepCallback step_callback_;
   OffloadStats offload_totals_;
   int64_t rss_at_start_ = 0;  // resident set when the loop began (bytes)
+  // Data parallel: wall seconds of the updates, and of this rank's collectives among them.
+  double step_seconds_ = 0, comm_seconds_ = 0;
+  int64_t timed_updates_ = 0;
 };
 
 // Set by SIGTERM/SIGINT while a StopSignalScope is alive (train() holds one; a command may hold

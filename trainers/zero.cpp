@@ -1,6 +1,7 @@
 // ZeRO stages 1 and 2 (see zero.h).
 #include "trainers/zero.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -10,6 +11,19 @@
 
 namespace leantune {
 namespace {
+
+// Adds the wall time of its scope to a counter.
+class ScopedSeconds {
+ public:
+  explicit ScopedSeconds(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~ScopedSeconds() {
+    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 char* bytes_at(const Tensor& t, int64_t element) {
   return static_cast<char*>(t.data_ptr()) + element * static_cast<int64_t>(t.element_size());
@@ -113,7 +127,10 @@ void ZeroOptimizer::reduce_unit(Unit& u) {
     std::memcpy(bytes_at(flat, u.offsets[k]), src.data_ptr(), src.nbytes());
   }
   if (stage_ == 1) {
-    comm_.all_reduce(flat, ReduceOp::kSum);
+    {
+      ScopedSeconds t(comm_seconds_);
+      comm_.all_reduce(flat, ReduceOp::kSum);
+    }
     for (size_t k = 0; k < u.params.size(); ++k) {
       Tensor& p = params_[u.params[k]].tensor;
       Tensor g = p.grad();
@@ -128,7 +145,10 @@ void ZeroOptimizer::reduce_unit(Unit& u) {
   // Only the slice stays: the full gradients go before the slice is allocated.
   for (size_t i : u.params) params_[i].tensor.zero_grad();
   u.grad_slice = Tensor::empty({u.slice}, gdt, Device::cpu(), MemTag::kGrad);
-  comm_.reduce_scatter(flat, u.grad_slice, ReduceOp::kSum);
+  {
+    ScopedSeconds t(comm_seconds_);
+    comm_.reduce_scatter(flat, u.grad_slice, ReduceOp::kSum);
+  }
   flat = Tensor();
   for (size_t pi : u.pieces) {
     const Piece& piece = pieces_[pi];
@@ -198,7 +218,10 @@ void ZeroOptimizer::update(const std::vector<size_t>&, double lr, double grad_sc
       std::memcpy(bytes_at(mine, piece.slice_at), piece.tensor.data_ptr(), piece.tensor.nbytes());
     }
     Tensor all = Tensor::empty({u.slice * n_ranks}, u.dtype, Device::cpu(), MemTag::kComm);
-    comm_.all_gather(mine, all);
+    {
+      ScopedSeconds t(comm_seconds_);
+      comm_.all_gather(mine, all);
+    }
     for (size_t k = 0; k < u.params.size(); ++k) {
       const Tensor& p = params_[u.params[k]].tensor;
       std::memcpy(p.data_ptr(), bytes_at(all, u.offsets[k]), p.nbytes());

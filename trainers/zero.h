@@ -77,6 +77,8 @@ class ZeroOptimizer final : public Optimizer {
   int stage() const { return stage_; }
   // Elements of trainable parameters this rank owns (its slices, padding excluded).
   int64_t owned_elements() const;
+  // Wall seconds spent in this optimizer's collectives so far (reductions and gathers).
+  double comm_seconds() const { return comm_seconds_; }
 
  private:
   struct Piece {
@@ -108,6 +110,7 @@ class ZeroOptimizer final : public Optimizer {
   std::vector<Piece> pieces_;
   std::unique_ptr<Optimizer> inner_;
   double slice_sum_squares_ = 0;  // stage 2, this rank's part of the squared norm
+  double comm_seconds_ = 0;
 };
 
 }  // namespace leantune

@@ -55,6 +55,9 @@ case $case in
         fail "optimizer bytes: $dp on rank 0 vs $one on one rank (expected 1/$np)"
       echo "optimizer-state bytes: $one on 1 rank, $dp on each of $np"
     fi
+    # The step-time breakdown of every rank's report (compute / communication / exposed).
+    grep -Eq "data parallel: $np ranks \(mpi, zero_stage $stage\), per update [0-9.]+ ms: compute [0-9.]+ ms, communication [0-9.]+ ms, exposed" "$work/dp.log" ||
+      { cat "$work/dp.log"; fail "no step-time breakdown"; }
     if [ "$stage" = 2 ] && [ "$kind" = full ]; then  # LoRA adapters fit in one unit
       one=$(tag_peak "$work/one" grad) dp=$(tag_peak "$work/dp" grad)
       [ "$dp" -lt "$one" ] || fail "stage 2 gradient peak $dp not below $one"
