@@ -4,6 +4,7 @@
 set -u
 mode=$1 mpirun=$2 prog=$3
 out=$(mktemp)
+trap 'rm -f "$out"' EXIT
 start=$(date +%s)
 timeout 100 "$mpirun" --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1 \
   -np 3 "$prog" "$mode" >"$out" 2>&1

@@ -21,6 +21,7 @@
 #include "engine/tensor.h"
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
+#include "tests/testing/scratch_root.h"
 
 namespace leantune {
 namespace {
@@ -33,8 +34,7 @@ std::string temp_dir(const std::string& tag) {
   for (char& c : id) {
     if (c == '/') c = '_';
   }
-  const fs::path dir =
-      fs::temp_directory_path() / ("leantune_st_" + std::to_string(::getpid())) / id;
+  const fs::path dir = testing::scratch_root("leantune_st_") / id;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();

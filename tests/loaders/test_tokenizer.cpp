@@ -404,9 +404,13 @@ CommandResult run_tokenize(const std::string& args, const std::string& stdin_tex
   size_t n;
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   const int status = pclose(p);
-  std::ifstream ef(err_path);
   std::stringstream err;
-  err << ef.rdbuf();
+  {
+    std::ifstream ef(err_path);
+    err << ef.rdbuf();
+  }
+  std::remove(in_path.c_str());
+  std::remove(err_path.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, err.str()};
 }
 

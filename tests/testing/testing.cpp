@@ -1,5 +1,7 @@
 #include "testing/testing.h"
 
+#include "testing/scratch_root.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -119,8 +121,7 @@ std::string temp_dir(const std::string& name) {
   std::string id = info ? std::string(info->test_suite_name()) + "." + info->name() : "anon";
   for (char& c : id)
     if (c == '/') c = '_';
-  auto dir = std::filesystem::temp_directory_path() /
-             ("leantune_test_" + std::to_string(::getpid())) / (id + "_" + name);
+  auto dir = scratch_root("leantune_test_") / (id + "_" + name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
