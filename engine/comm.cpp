@@ -41,7 +41,7 @@ class SingleCommunicator final : public Communicator {
     check_tensor(in, "reduce_scatter");
     check_tensor(out, "reduce_scatter");
     LT_CHECK(in.numel() == out.numel(), "reduce_scatter: in ", in.str(), " out ", out.str());
-    if (!out.shares_storage(in) || out.data_ptr() != in.data_ptr()) out.copy_(in.view(out.shape()));
+    if (out.data_ptr() != in.data_ptr()) out.copy_(in.view(out.shape()));
   }
   void all_gather(const Tensor& in, Tensor& out) override {
     check_tensor(in, "all_gather");

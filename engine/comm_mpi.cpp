@@ -323,7 +323,6 @@ class MpiCommunicator final : public Communicator {
       if (++spins > 64 && Clock::now() - start > std::chrono::milliseconds(20))
         std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    ++timeouts_;
     LT_THROW(ErrorKind::kComm, "rank ", rank_, ": ", what, " got no answer within ",
              opt_.timeout_seconds, " s (--comm_timeout); ", lost_peers(peer));
   }
@@ -382,7 +381,6 @@ class MpiCommunicator final : public Communicator {
   int group_peer_ = -1;  // the one peer of the current group, -2 when several
   std::vector<MPI_Request> group_reqs_;
   std::vector<Tensor> group_keep_;
-  int64_t timeouts_ = 0;
 };
 
 }  // namespace

@@ -30,6 +30,11 @@ float cuda_event_elapsed_ms(void* start, void* end);
 void cuda_device_synchronize(int device);
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
+
+// n bytes queued on stream s when `device` is a CUDA device (cuda_memcpy_async), copied at once
+// with memcpy on the host (where streams are logical). Nothing for n <= 0.
+void copy_bytes_async(void* dst, const void* src, int64_t n, Device device, CopyKind kind,
+                      const Stream& s);
 // Asynchronous on `stream`; host memory should be pinned for real overlap.
 void cuda_memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, void* stream);
 void cuda_memset_async(void* dst, int value, size_t bytes, void* stream);

@@ -16,8 +16,6 @@
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -52,26 +50,6 @@ class SequenceProbe final : public Node {
 };
 uint64_t next_sequence_nr() { return SequenceProbe().sequence_nr(); }
 
-// One copy stream per device for the whole process: the engine never destroys CUDA streams,
-// so a stream per training step would leak one per step.
-Stream side_stream(Device device) {
-  static std::mutex mu;
-  static std::map<std::pair<int, int>, Stream> streams;
-  std::lock_guard<std::mutex> lk(mu);
-  const auto key = std::make_pair(static_cast<int>(device.type), device.index);
-  auto it = streams.find(key);
-  if (it == streams.end()) it = streams.emplace(key, new_stream(device)).first;
-  return it->second;
-}
-
-void copy_bytes(void* dst, const void* src, int64_t n, Device device, CopyKind kind,
-                const Stream& s) {
-  if (n <= 0) return;
-  if (device.is_cuda())
-    cuda_memcpy_async(dst, src, static_cast<size_t>(n), kind, s.handle);
-  else
-    std::memcpy(dst, src, static_cast<size_t>(n));
-}
 
 Tensor view_over(std::shared_ptr<Storage> storage, const Shape& shape, const Shape& strides,
                  int64_t offset, DType dtype) {
@@ -201,7 +179,7 @@ OffloadState::OffloadState(const OffloadOptions& opt) : opt_(opt) {
            opt.max_fwd_stash_size, " must be >= 0");
   LT_CHECK_INPUT(opt.device.is_cpu() || opt.device.index < cuda_device_count(),
                  "activation offloading on ", opt.device.str(), ", which this process cannot use");
-  if (opt_.use_streams) side_ = side_stream(opt_.device);
+  if (opt_.use_streams) side_ = leantune::copy_stream(opt_.device);
 }
 
 std::shared_ptr<void> OffloadState::keep(const Tensor& t, int64_t* counter) {
@@ -285,7 +263,7 @@ std::shared_ptr<HostCopy> OffloadState::offload(const Tensor& t, int64_t lo, int
   const Stream copy = copy_stream();
   // The producer kernel of the activation was queued on the compute stream.
   if (copy != compute) copy.wait_stream(compute);
-  copy_bytes(c->host->data(), static_cast<const char*>(source->data()) + begin, c->nbytes,
+  copy_bytes_async(c->host->data(), static_cast<const char*>(source->data()) + begin, c->nbytes,
              opt_.device, CopyKind::kDeviceToHost, copy);
   // However the references are dropped (stash retired, graph freed, scope closed), neither block
   // is handed out again before the copy has finished.
@@ -329,7 +307,7 @@ void OffloadState::restore(HostCopy& c) {
   // Ordered already when both copies ran on the copy stream; not when the compute stream
   // changed in between.
   if (c.written) c.written->wait(copy);
-  copy_bytes(buf->data(), c.host->data(), c.nbytes, c.device, CopyKind::kHostToDevice, copy);
+  copy_bytes_async(buf->data(), c.host->data(), c.nbytes, c.device, CopyKind::kHostToDevice, copy);
   buf->record_stream(copy);
   c.host->record_stream(copy);
   c.ready = std::make_unique<Event>(c.device);

@@ -1,6 +1,8 @@
 #include "engine/stream.h"
 
 #include <atomic>
+#include <cstring>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -113,6 +115,25 @@ float Event::elapsed_ms(const Event& end) const {
 
 void device_synchronize(Device device) {
   if (device.is_cuda()) cuda_device_synchronize(device.index);
+}
+
+Stream copy_stream(Device device) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, Stream> streams;
+  std::lock_guard<std::mutex> lk(mu);
+  const auto key = std::make_pair(static_cast<int>(device.type), device.index);
+  auto it = streams.find(key);
+  if (it == streams.end()) it = streams.emplace(key, new_stream(device)).first;
+  return it->second;
+}
+
+void copy_bytes_async(void* dst, const void* src, int64_t n, Device device, CopyKind kind,
+                      const Stream& s) {
+  if (n <= 0) return;
+  if (device.is_cuda())
+    cuda_memcpy_async(dst, src, static_cast<size_t>(n), kind, s.handle);
+  else
+    std::memcpy(dst, src, static_cast<size_t>(n));
 }
 
 }  // namespace leantune

@@ -30,6 +30,10 @@ Stream current_stream(Device device);
 void set_current_stream(const Stream& s);
 // A new stream on the device (on the host: a fresh logical id).
 Stream new_stream(Device device);
+// The process-wide copy stream of a device, for transfers that overlap compute (activation
+// offloading, paged optimizer states). One per device: the engine never destroys CUDA streams,
+// so a stream per use would leak one each time.
+Stream copy_stream(Device device);
 
 class StreamGuard {
  public:

@@ -19,8 +19,6 @@
 // On the host (stage_on_host, the CPU twin that tests use) the same units, slots and copies run
 // in order with memcpy; streams and events are no-ops there.
 #include <cstring>
-#include <map>
-#include <mutex>
 
 #include "engine/cuda_api.h"
 #include "engine/stream.h"
@@ -28,26 +26,6 @@
 
 namespace leantune::kernels {
 namespace {
-
-// One copy stream per device for the process (the engine never destroys CUDA streams).
-Stream paging_stream(Device device) {
-  static std::mutex mu;
-  static std::map<std::pair<int, int>, Stream> streams;
-  std::lock_guard<std::mutex> lk(mu);
-  const auto key = std::make_pair(static_cast<int>(device.type), device.index);
-  auto it = streams.find(key);
-  if (it == streams.end()) it = streams.emplace(key, new_stream(device)).first;
-  return it->second;
-}
-
-void copy_bytes(void* dst, const void* src, int64_t n, Device device, CopyKind kind,
-                const Stream& s) {
-  if (n <= 0) return;
-  if (device.is_cuda())
-    cuda_memcpy_async(dst, src, static_cast<size_t>(n), kind, s.handle);
-  else
-    std::memcpy(dst, src, static_cast<size_t>(n));
-}
 
 struct Unit {
   size_t tensor;
@@ -94,7 +72,7 @@ void PagedStates::step(const std::vector<Adam8Tensor>& host, const AdamWStepArgs
   }
   if (units.empty()) return;
   const Stream compute = current_stream(device);
-  const Stream copy = paging_stream(device);
+  const Stream copy = copy_stream(device);
   // Two slots of staging buffers, for 8-bit and for 32-bit states as needed.
   Tensor q[2][2], am[2][2], f[2][2];
   {
@@ -142,9 +120,9 @@ void PagedStates::step(const std::vector<Adam8Tensor>& host, const AdamWStepArgs
       void* dp = (d.*(p.field)).data_ptr();
       const int64_t bytes = part_length(p, u) * es;
       if (to_device)
-        copy_bytes(dp, hp, bytes, device, CopyKind::kHostToDevice, copy);
+        copy_bytes_async(dp, hp, bytes, device, CopyKind::kHostToDevice, copy);
       else
-        copy_bytes(hp, dp, bytes, device, CopyKind::kDeviceToHost, copy);
+        copy_bytes_async(hp, dp, bytes, device, CopyKind::kDeviceToHost, copy);
     }
   };
   Event loaded[2] = {Event(device), Event(device)};

@@ -340,13 +340,8 @@ std::vector<std::pair<std::string, Tensor>> DpoTrainer::trainable_parameters() c
 
 void DpoTrainer::save_model(const std::string& dir, bool final_output) const {
   if (!peft_.active()) return Trainer::save_model(dir, final_output);
-  save_peft(peft_, *model_, dir, base_model_name_or_path_);
-  write_model_extras(dir);
-  if (final_output && merge_adapter_) {
-    const DType disk = model_->dtype() == DType::kF64 ? DType::kF32 : model_->dtype();
-    merge_and_save(peft_, *model_, dir + "/merged", disk);
-    write_model_extras(dir + "/merged");
-  }
+  save_adapter_output(peft_, *model_, dir, final_output, base_model_name_or_path_, merge_adapter_,
+                      [this](const std::string& d) { write_model_extras(d); });
 }
 
 void DpoTrainer::load_model(const std::string& dir) {

@@ -28,7 +28,8 @@ Options kto_options(const std::string& command) {
                "standard or conversational");
   o.add_int_or_none("max_length", 1024,
                     "cut prompt + completion to this many tokens; none = no limit", 1);
-  o.add_string("truncation_mode", "keep_end", "which end of a too-long sequence is kept",
+  // TRL's KTO collator keeps the start of a too-long sequence (KTOConfig has no such option).
+  o.add_string("truncation_mode", "keep_start", "which end of a too-long sequence is kept",
                {"keep_start", "keep_end"});
   o.add_bool("use_liger_loss", true,
              "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
@@ -273,13 +274,8 @@ std::vector<std::pair<std::string, Tensor>> KtoTrainer::trainable_parameters() c
 
 void KtoTrainer::save_model(const std::string& dir, bool final_output) const {
   if (!peft_.active()) return Trainer::save_model(dir, final_output);
-  save_peft(peft_, *model_, dir, base_model_name_or_path_);
-  write_model_extras(dir);
-  if (final_output && merge_adapter_) {
-    const DType disk = model_->dtype() == DType::kF64 ? DType::kF32 : model_->dtype();
-    merge_and_save(peft_, *model_, dir + "/merged", disk);
-    write_model_extras(dir + "/merged");
-  }
+  save_adapter_output(peft_, *model_, dir, final_output, base_model_name_or_path_, merge_adapter_,
+                      [this](const std::string& d) { write_model_extras(d); });
 }
 
 void KtoTrainer::load_model(const std::string& dir) {

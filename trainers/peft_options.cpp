@@ -117,4 +117,16 @@ void merge_and_save(const PeftSetup& setup, DecoderModel& model, const std::stri
   save_merged(setup, model, dir, disk_dtype);
 }
 
+void save_adapter_output(const PeftSetup& setup, DecoderModel& model, const std::string& dir,
+                         bool final_output, const std::string& base_model_name_or_path,
+                         bool merge_adapter,
+                         const std::function<void(const std::string&)>& extras) {
+  save_peft(setup, model, dir, base_model_name_or_path);
+  extras(dir);
+  if (!final_output || !merge_adapter) return;
+  const DType disk = model.dtype() == DType::kF64 ? DType::kF32 : model.dtype();
+  merge_and_save(setup, model, dir + "/merged", disk);
+  extras(dir + "/merged");
+}
+
 }  // namespace leantune

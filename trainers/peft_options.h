@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -57,5 +58,12 @@ std::string resolve_base_model_path(const std::string& adapter_dir);
 // Writes the merged model (adapters folded in) as an HF folder in disk_dtype.
 void merge_and_save(const PeftSetup& setup, DecoderModel& model, const std::string& dir,
                     DType disk_dtype);
+// A LoRA run's model in dir, as every trainer writes it: the adapter (save_peft), then
+// extras(dir) (the trainer's tokenizer files); for the final output with merge_adapter also the
+// merged model in dir/merged, in the model's dtype (f64 written as f32), and extras there.
+void save_adapter_output(const PeftSetup& setup, DecoderModel& model, const std::string& dir,
+                         bool final_output, const std::string& base_model_name_or_path,
+                         bool merge_adapter,
+                         const std::function<void(const std::string&)>& extras);
 
 }  // namespace leantune

@@ -291,20 +291,7 @@ void Trainer::all_reduce_gradients(Communicator& comm) {
       grads.push_back(g);
       elems += g.numel();
     }
-    Tensor bucket = Tensor::empty({elems}, dtype, Device::cpu(), MemTag::kComm);
-    const size_t esz = dtype_size(dtype);
-    int64_t off = 0;
-    for (const Tensor& g : grads) {
-      Tensor src = g.contiguous();
-      std::memcpy(static_cast<char*>(bucket.data_ptr()) + off * esz, src.data_ptr(), src.nbytes());
-      off += g.numel();
-    }
-    comm.all_reduce(bucket, ReduceOp::kSum);
-    off = 0;
-    for (Tensor g : grads) {
-      g.copy_(bucket.narrow(0, off, g.numel()).view(g.shape()));
-      off += g.numel();
-    }
+    all_reduce_tensors(comm, grads);
   }
 }
 

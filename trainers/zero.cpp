@@ -31,6 +31,30 @@ char* bytes_at(const Tensor& t, int64_t element) {
 
 }  // namespace
 
+void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors) {
+  if (tensors.empty()) return;
+  const DType dtype = tensors[0].dtype();
+  int64_t elems = 0;
+  for (const Tensor& t : tensors) {
+    LT_CHECK(t.dtype() == dtype && t.device().is_cpu(), "all_reduce_tensors: ", t.str(),
+             " beside ", dtype_name(dtype), " cpu tensors");
+    elems += t.numel();
+  }
+  Tensor flat = Tensor::empty({elems}, dtype, Device::cpu(), MemTag::kComm);
+  int64_t off = 0;
+  for (const Tensor& t : tensors) {
+    Tensor src = t.contiguous();
+    std::memcpy(bytes_at(flat, off), src.data_ptr(), src.nbytes());
+    off += t.numel();
+  }
+  comm.all_reduce(flat, ReduceOp::kSum);
+  off = 0;
+  for (Tensor t : tensors) {
+    t.copy_(flat.narrow(0, off, t.numel()).view(t.shape()));
+    off += t.numel();
+  }
+}
+
 ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments& args,
                              std::vector<Param> params, const AdamWConfig& cfg,
                              int64_t unit_elements)
@@ -85,12 +109,6 @@ ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments
   inner_ = make_optimizer(args, std::move(piece_params), cfg);
 }
 
-int64_t ZeroOptimizer::owned_elements() const {
-  int64_t n = 0;
-  for (const Piece& p : pieces_) n += p.length;
-  return n;
-}
-
 void ZeroOptimizer::reduce_gradients() {
   for (Unit& u : units_)
     if (!u.reduced) reduce_unit(u);
@@ -109,7 +127,7 @@ void ZeroOptimizer::reduce_unit(Unit& u) {
   MemTagGuard tag(MemTag::kComm);
   const int n_ranks = comm_.size();
   u.reduced = true;
-  // The unit's gradients in one flat buffer (zeros for a parameter without one, and padding).
+  // The dtype of the unit's gradients (they may differ from the weights', e.g. f32 for bf16).
   DType gdt = u.dtype;
   bool first = true;
   for (size_t i : u.params) {
@@ -119,28 +137,25 @@ void ZeroOptimizer::reduce_unit(Unit& u) {
     gdt = g.dtype();
     first = false;
   }
+  if (stage_ == 1) {  // every rank keeps the whole summed gradient
+    std::vector<Tensor> grads;
+    for (size_t i : u.params) {
+      Tensor& p = params_[i].tensor;
+      if (!p.grad().defined()) p.set_grad(Tensor::zeros(p.shape(), gdt, Device::cpu(), MemTag::kGrad));
+      grads.push_back(p.grad());
+    }
+    ScopedSeconds t(comm_seconds_);
+    all_reduce_tensors(comm_, grads);
+    return;
+  }
+  // Stage 2: the unit's gradients in one flat buffer padded to N slices (zeros for a parameter
+  // without one, and for the padding), reduce-scattered.
   Tensor flat = Tensor::zeros({u.slice * n_ranks}, gdt, Device::cpu(), MemTag::kComm);
   for (size_t k = 0; k < u.params.size(); ++k) {
     Tensor g = params_[u.params[k]].tensor.grad();
     if (!g.defined()) continue;
     Tensor src = g.contiguous();
     std::memcpy(bytes_at(flat, u.offsets[k]), src.data_ptr(), src.nbytes());
-  }
-  if (stage_ == 1) {
-    {
-      ScopedSeconds t(comm_seconds_);
-      comm_.all_reduce(flat, ReduceOp::kSum);
-    }
-    for (size_t k = 0; k < u.params.size(); ++k) {
-      Tensor& p = params_[u.params[k]].tensor;
-      Tensor g = p.grad();
-      if (!g.defined()) {
-        g = Tensor::zeros(p.shape(), gdt, Device::cpu(), MemTag::kGrad);
-        p.set_grad(g);
-      }
-      std::memcpy(g.data_ptr(), bytes_at(flat, u.offsets[k]), g.nbytes());
-    }
-    return;
   }
   // Only the slice stays: the full gradients go before the slice is allocated.
   for (size_t i : u.params) params_[i].tensor.zero_grad();

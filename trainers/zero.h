@@ -34,6 +34,10 @@
 
 namespace leantune {
 
+// Sums CPU tensors of one dtype over the ranks through one flat buffer (MemTag::kComm): the
+// gradient reduction of data parallel (a bucket) and of ZeRO stage 1 (a unit).
+void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors);
+
 class ZeroOptimizer final : public Optimizer {
  public:
   // Refuses (Error kInput, one line) optimizers that are not elementwise. unit_elements:
@@ -75,8 +79,6 @@ class ZeroOptimizer final : public Optimizer {
   void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
   int64_t state_bytes() const override;
   int stage() const { return stage_; }
-  // Elements of trainable parameters this rank owns (its slices, padding excluded).
-  int64_t owned_elements() const;
   // Wall seconds spent in this optimizer's collectives so far (reductions and gathers).
   double comm_seconds() const { return comm_seconds_; }
 

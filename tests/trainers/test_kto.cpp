@@ -51,13 +51,13 @@ TEST(Kto, TrainerBatchLossMatchesTrl) {
     lc.loss_type = c["loss_type"].get<std::string>();
     SequenceLogpsOptions lo;
     lo.chunk_tokens = 7;
-    KtoTrainer t(training_arguments(o), model, o, "", data, 0, "keep_end", lc, lo);
+    KtoTrainer t(training_arguments(o), model, o, "", data, 0, "keep_start", lc, lo);
     t.set_peft(PeftSetup{}, "", false);
     RefModelConfig rc;
     rc.ref_model = swap ? a : b;
     t.set_reference(rc);
     const UnpairedBatch ub =
-        collate_unpaired(data.examples, {0, 1, 2, 3}, 0, "keep_end", kto_uses_kl(lc));
+        collate_unpaired(data.examples, {0, 1, 2, 3}, 0, "keep_start", kto_uses_kl(lc));
     KtoLossResult r;
     Tensor loss = t.batch_loss(ub, 1.0, &r);
     EXPECT_LE(rel(loss.item(), c["loss"].get<double>()), 1e-5) << name;

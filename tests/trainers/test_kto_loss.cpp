@@ -1,6 +1,6 @@
 // The KTO loss against TRL's KTOTrainer (fixtures from tests/fixtures/gen_kto_fixtures.py): loss,
-// metrics and the first step's gradient on the tiny Qwen2 models, through the chunked
-// per-sequence log-probabilities; and the loss's own gradient against finite differences.
+// metrics and the first step's gradient on the tiny Qwen2 models, through the trainer's
+// collation and the chunked per-sequence log-probabilities; and the loss's own gradient against finite differences.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,12 +8,12 @@
 #include <set>
 
 #include "engine/ops.h"
-#include "kernels/cross_entropy.h"
 #include "loaders/examples.h"
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
 #include "models/decoder.h"
 #include "testing/testing.h"
+#include "trainers/kto.h"
 #include "trainers/kto_loss.h"
 #include "trainers/ref_model.h"
 
@@ -22,37 +22,6 @@ namespace {
 
 nlohmann::json fixture_meta() {
   return nlohmann::json::parse(read_text_file(testing::fixture_path("kto/cases.json")));
-}
-
-// Prompt + completion sequences, flat (no padding), labels on the completion tokens.
-Batch flat_batch(const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& seqs) {
-  std::vector<int64_t> ids, pos, labels;
-  std::vector<int32_t> cu{0};
-  int64_t longest = 0;
-  BatchStats st;
-  for (const auto& [prompt, completion] : seqs) {
-    std::vector<int32_t> s;
-    std::vector<uint8_t> cm;
-    build_preference_sequence(prompt, completion, 0, TruncationMode::kKeepStart, &s, &cm);
-    for (size_t t = 0; t < s.size(); ++t) {
-      ids.push_back(s[t]);
-      pos.push_back(static_cast<int64_t>(t));
-      labels.push_back(cm[t] ? s[t] : kernels::kIgnoreIndex);
-    }
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(s.size()));
-    st.real_tokens += static_cast<int64_t>(s.size());
-    cu.push_back(cu.back() + static_cast<int32_t>(s.size()));
-  }
-  st.sequences = static_cast<int64_t>(seqs.size());
-  Batch b;
-  const int64_t t = static_cast<int64_t>(ids.size());
-  b.input_ids = Tensor::from_vector(ids, {t});
-  b.position_ids = Tensor::from_vector(pos, {t});
-  b.labels = Tensor::from_vector(labels, {t});
-  b.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
-  b.max_seqlen = longest;
-  b.stats = st;
-  return b;
 }
 
 double rel(double a, double e) { return std::abs(a - e) / std::max(std::abs(e), 1e-12); }
@@ -78,20 +47,24 @@ TEST_P(KtoParity, LossMetricsAndFirstStepGradientMatchTrl) {
   cfg.beta = c.value("beta", 0.1);
   cfg.desirable_weight = c.value("desirable_weight", 1.0);
   cfg.undesirable_weight = c.value("undesirable_weight", 1.0);
-  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> matched, kl;
+  // The trainer's collation: matched sequences, and KL sequences with the completions rotated
+  // by one within the batch, as TRL prepares them.
+  std::vector<UnpairedExample> data;
   std::vector<bool> labels;
-  const auto& exs = meta["examples"];
-  for (size_t i = 0; i < exs.size(); ++i) {
-    const auto prompt = exs[i]["prompt_ids"].get<std::vector<int32_t>>();
-    matched.emplace_back(prompt, exs[i]["completion_ids"].get<std::vector<int32_t>>());
-    // TRL's KL completions: rotated by one within the batch.
-    const size_t j = (i + exs.size() - 1) % exs.size();
-    kl.emplace_back(prompt, exs[j]["completion_ids"].get<std::vector<int32_t>>());
-    labels.push_back(exs[i]["label"].get<bool>());
+  for (const auto& e : meta["examples"]) {
+    UnpairedExample ex;
+    ex.prompt_ids = e["prompt_ids"].get<std::vector<int32_t>>();
+    ex.completion_ids = e["completion_ids"].get<std::vector<int32_t>>();
+    ex.label = e["label"].get<bool>();
+    labels.push_back(ex.label);
+    data.push_back(ex);
   }
+  std::vector<int64_t> idx(data.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+  const UnpairedBatch ub = collate_unpaired(data, idx, 0, "keep_start", true);
   SequenceLogpsOptions lo;
   lo.chunk_tokens = 5;
-  const Batch mb = flat_batch(matched), kb = flat_batch(kl);
+  const Batch &mb = ub.matched, &kb = ub.kl;
   const std::vector<double> ref_lp = sequence_logps(*ref, mb, lo).logps.to_f64();
   const std::vector<double> ref_kl = sequence_logps(*ref, kb, lo).logps.to_f64();
   const std::vector<double> pol_kl = sequence_logps(*policy, kb, lo).logps.to_f64();
