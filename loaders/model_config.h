@@ -1,4 +1,6 @@
-// Hugging Face config.json -> ModelConfig, for LlamaForCausalLM and Qwen2ForCausalLM.
+// Hugging Face config.json -> ModelConfig, for LlamaForCausalLM and Qwen2ForCausalLM, and their
+// *ForSequenceClassification variants (the decoder with a `score` head instead of lm_head;
+// num_labels = len(id2label), else the num_labels key, else 2, as transformers reads it).
 //
 // Keys and defaults follow transformers' LlamaConfig / Qwen2Config, except that the keys that
 // fix the model's shapes have no silent default here: hidden_size, intermediate_size,
@@ -31,13 +33,15 @@
 namespace leantune {
 
 struct ModelConfig {
-  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM"
+  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "...ForSequenceClassification"
   std::string model_type;    // "llama" | "qwen2"
   int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0,
           num_key_value_heads = 0, head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
   double rms_norm_eps = 1e-6, initializer_range = 0.02;
   kernels::RopeConfig rope;  // head_dim, theta and scaling
   bool tie_word_embeddings = false;
+  bool sequence_classification = false;  // *ForSequenceClassification: score head, no lm_head
+  int64_t num_labels = 0;                // sequence classification only
   bool attention_bias = false;  // biases on q_proj, k_proj, v_proj
   bool o_proj_bias = false;     // bias on o_proj (llama: = attention_bias; qwen2: never)
   bool mlp_bias = false;        // biases on gate_proj, up_proj, down_proj
@@ -52,6 +56,8 @@ struct ModelConfig {
   // `raw` with the fields above written over it in transformers' key names.
   nlohmann::json to_json() const;
   void save(const std::string& dir) const;  // atomic dir/config.json
+  // This config as the same decoder's *ForSequenceClassification with `num_labels` outputs.
+  ModelConfig as_sequence_classification(int64_t num_labels) const;
   // Exact count from the shapes (tied head counted once; q/k/v bias for qwen2).
   int64_t num_parameters() const;
   std::string summary() const;  // one-paragraph human summary used by inspect

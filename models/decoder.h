@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -63,7 +64,10 @@ class DecoderModel {
   // Normal(0, initializer_range) for projections and embeddings, ones for norms, zeros for
   // biases, from the Philox stream (seed, kInit): the same model on every machine.
   void init_random(uint64_t seed);
-  void load_weights(const TensorStore& store);
+  // Copies every parameter from `store`. A parameter named in `optional` may be absent (it keeps
+  // its values; the names skipped so are returned); any other missing one is an Error.
+  std::vector<std::string> load_weights(const TensorStore& store,
+                                        const std::unordered_set<std::string>& optional = {});
   // Writes config.json + model.safetensors (sharded when max_shard_bytes > 0) in disk_dtype.
   void save(const std::string& dir, DType disk_dtype, uint64_t max_shard_bytes = 0) const;
 
@@ -77,10 +81,17 @@ class DecoderModel {
   Tensor final_norm() const { return norm_; }
   // The LM head matrix [V, H] (the embedding when tied).
   Tensor lm_head_weight() const {
+    LT_CHECK(!score_.defined(), "a sequence-classification model has no LM head");
     if (!tied()) return lm_head_.weight;
     return embedding_override.matrix ? embedding_override.matrix(embed_tokens_) : embed_tokens_;
   }
   bool tied() const { return cfg_.tie_word_embeddings; }
+  // *ForSequenceClassification (config.sequence_classification): the head `score.weight`
+  // [num_labels, H], no bias; there is no LM head (models/score_head.h reads the scores).
+  Tensor score_weight() const { return score_; }
+  // What the score is read after (transformers reads config.pad_token_id); TRL's RewardTrainer
+  // sets it to the tokenizer's pad token, and save() writes it.
+  void set_pad_token_id(std::optional<int64_t> id) { cfg_.pad_token_id = id; }
   const std::vector<std::string>& unused_tensors() const { return unused_; }
 
   // Every dense parameter with its HF name, in a fixed order (the tied head is not listed
@@ -113,6 +124,7 @@ class DecoderModel {
   std::vector<DecoderLayer> layers_;
   Tensor norm_;
   LinearModule lm_head_;
+  Tensor score_;  // sequence classification only
   std::vector<std::string> unused_;
 
  public:
