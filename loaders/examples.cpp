@@ -466,6 +466,18 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
   return out;
 }
 
+std::vector<int32_t> reward_sequence_ids(const TextField& prompt, const TextField& completion,
+                                         bool conversational, const TextEncoder& enc) {
+  if (conversational) {
+    std::vector<Message> m = prompt.messages;
+    m.insert(m.end(), completion.messages.begin(), completion.messages.end());
+    return enc.encode_chat(m, false).ids;
+  }
+  const std::string eos = enc.eos_token();
+  const bool has_eos = completion.text.ends_with(eos);
+  return enc.encode(prompt.text + completion.text + (has_eos ? "" : eos), true);
+}
+
 RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
                             const DataConfig& cfg) {
   validate_data_config(cfg);
@@ -478,16 +490,6 @@ RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
   RecordGuard guard(reader.path(), cfg.skip_bad_lines, &tokenizer_bad);
   Record rec;
   bool first = true;
-  const std::string eos = enc.eos_token();
-  auto side = [&](const TextField& completion) {
-    if (out.format.conversational) {
-      std::vector<Message> m = rec.prompt.messages;
-      m.insert(m.end(), completion.messages.begin(), completion.messages.end());
-      return enc.encode_chat(m, false).ids;
-    }
-    const bool has_eos = completion.text.ends_with(eos);
-    return enc.encode(rec.prompt.text + completion.text + (has_eos ? "" : eos), true);
-  };
   while (reader.next(&rec)) {
     if (first) {
       out.format = reader.format();
@@ -501,8 +503,9 @@ RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
     p.line = rec.line;
     p.margin = out.format.has_margin ? rec.margin : 0.0;
     if (!guard.run(rec.line, [&] {
-          p.chosen_ids = side(rec.chosen);
-          p.rejected_ids = side(rec.rejected);
+          const bool conv = out.format.conversational;
+          p.chosen_ids = reward_sequence_ids(rec.prompt, rec.chosen, conv, enc);
+          p.rejected_ids = reward_sequence_ids(rec.prompt, rec.rejected, conv, enc);
         })) {
       continue;
     }

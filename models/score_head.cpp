@@ -14,6 +14,7 @@
 #include "kernels/linear.h"
 #include "loaders/model_config.h"
 #include "loaders/safetensors.h"
+#include "models/peft_io.h"
 
 namespace leantune {
 
@@ -86,7 +87,9 @@ std::shared_ptr<DecoderModel> load_sequence_classifier(const std::string& dir, D
   return model;
 }
 
-RewardModel::RewardModel(std::shared_ptr<DecoderModel> model) : model_(std::move(model)) {
+RewardModel::RewardModel(std::shared_ptr<DecoderModel> model, std::shared_ptr<PeftSetup> adapters)
+    : model_(std::move(model)), adapters_(std::move(adapters)) {
+  if (adapters_) adapters_->set_training(false);
   LT_CHECK_INPUT(model_->config().sequence_classification && model_->config().num_labels == 1,
                  "a reward model is a *ForSequenceClassification with num_labels 1, not ",
                  model_->config().architecture);

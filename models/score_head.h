@@ -26,7 +26,8 @@
 //
 // RewardModel: a loaded classifier with num_labels 1, for the trainers that score completions
 // (GRPO's reward model): score(batch) or score_sequences(ids) -> one reward per sequence, under
-// no-grad.
+// no-grad (adapter dropout off). trainers/reward.h open_reward_model also opens PEFT adapter
+// folders.
 #pragma once
 
 #include <cstdint>
@@ -59,9 +60,13 @@ std::shared_ptr<DecoderModel> load_sequence_classifier(const std::string& dir, D
                                                        std::optional<int64_t> num_labels,
                                                        SequenceClassifierLoad* report = nullptr);
 
+struct PeftSetup;
+
 class RewardModel {
  public:
-  explicit RewardModel(std::shared_ptr<DecoderModel> model);
+  // adapters: the LoRA setup attached to `model` (kept alive with it), or null.
+  explicit RewardModel(std::shared_ptr<DecoderModel> model,
+                       std::shared_ptr<PeftSetup> adapters = nullptr);
   // A reward model folder (an HF *ForSequenceClassification with num_labels 1).
   static RewardModel load(const std::string& dir, Device device, DType dtype);
 
@@ -73,6 +78,7 @@ class RewardModel {
 
  private:
   std::shared_ptr<DecoderModel> model_;
+  std::shared_ptr<PeftSetup> adapters_;
 };
 
 // A flat varlen Batch of the sequences: unless padding_free, each right-padded with pad_id to the
