@@ -51,7 +51,7 @@ Options reward_options(const std::string& command) {
   add_peft_options(o);
   add_quant_options(o);
   add_training_options(o);
-  o.set_default("learning_rate", 1e-4);          // RewardConfig's default
+  o.set_default("learning_rate", 1e-4);           // RewardConfig's default
   o.set_default("gradient_checkpointing", true);  // RewardConfig's default
   return o;
 }
