@@ -22,6 +22,7 @@
 #include "loaders/tokenizer.h"
 #include "models/score_head.h"
 #include "testing/testing.h"
+#include "trainers/estimate_reward.h"
 #include "trainers/peft_options.h"
 #include "trainers/reward.h"
 #include "trainers/trainer_test_util.h"
@@ -425,6 +426,36 @@ TEST(RewardTrainer, AccumulationTwoByTwoEqualsFourByOne) {
   ASSERT_EQ(a.size(), 2u);
   ASSERT_EQ(b.size(), 2u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i].second, b[i].second, 1e-5);
+}
+
+}  // namespace
+}  // namespace leantune
+
+namespace leantune {
+namespace {
+
+// estimate reward: the policy step over chosen + rejected with the score head, nothing of
+// vocabulary size held by the loss; the trained head counted under LoRA.
+TEST(RewardEstimate, ScoreHeadInsteadOfTheLmHead) {
+  Options o = reward_options("estimate reward");
+  o.parse({"--per_device_train_batch_size", "3", "--max_length", "40", "--gradient_checkpointing",
+           "false"});
+  const ModelConfig causal = ModelConfig::load(testing::fixture_path("models/llama_gqa/model"));
+  const EstimateConfig c = reward_estimate_config(o, causal, true);
+  EXPECT_TRUE(c.model.sequence_classification);
+  EXPECT_EQ(c.micro_batch_tokens, 2 * 3 * 40);
+  const MemoryEstimate e = estimate_memory(c);
+  const int64_t h = causal.hidden_size;
+  EXPECT_EQ(e.loss, 240 * h * 4 + h * 4);  // the final hidden rows' gradient + the head's
+  EXPECT_EQ(e.total_parameters, c.model.num_parameters());
+  EXPECT_EQ(e.total_parameters, causal.num_parameters() - causal.vocab_size * h + h);
+  Options lo = reward_options("estimate reward");
+  lo.parse({"--use_peft", "--lora_r", "4"});
+  const MemoryEstimate el = estimate_memory(reward_estimate_config(lo, causal, true));
+  // LoRA on q_proj and v_proj of both layers, plus the score head trained whole.
+  const int64_t q = causal.num_attention_heads * causal.head_dim;
+  const int64_t kv = causal.num_key_value_heads * causal.head_dim;
+  EXPECT_EQ(el.trainable_parameters, 2 * 4 * ((h + q) + (h + kv)) + h);
 }
 
 }  // namespace
