@@ -208,9 +208,16 @@ std::vector<std::string> check_unexpected_tensors(const TensorStore& store,
   return known;
 }
 
+void check_causal_lm(const ModelConfig& cfg, const std::string& dir) {
+  LT_CHECK_INPUT(!cfg.sequence_classification, dir, ": ", cfg.architecture,
+                 " is a sequence classifier (a reward model) without an LM head; this needs a "
+                 "causal LM (score it with trainer_bin score)");
+}
+
 std::unique_ptr<DecoderModel> DecoderModel::load(const std::string& dir, Device device,
                                                  DType dtype) {
   ModelConfig cfg = ModelConfig::load(dir);
+  check_causal_lm(cfg, dir);
   auto model = std::make_unique<DecoderModel>(cfg, device, dtype);
   model->load_weights(TensorStore::open(dir));
   return model;
