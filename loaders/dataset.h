@@ -18,8 +18,8 @@
 //                         (0/1 lists of the same length) and optional "labels" (each label -100
 //                         or equal to its input id; other labels are rejected)
 // Preference rows may carry a "margin" number (RewardTrainer's optional column): when the first
-// line has one, every line must (a finite number). Keys outside the format are ignored. Detection order: input_ids, messages, the text field,
-// chosen+rejected, prompt+completion(+label), prompt.
+// line has one, every line must (a finite number). Keys outside the format are ignored. Detection
+// order: input_ids, messages, the text field, chosen+rejected, prompt+completion(+label), prompt.
 //
 // Empty text: "" for text/prompt-only prompt/completion/chosen/rejected, or an empty message list.
 // A prompt may be empty in prompt_completion/preference/unpaired data. Empty input_ids are valid:

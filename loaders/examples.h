@@ -111,7 +111,9 @@ struct DataStats {
   int64_t dropped_examples = 0;  // no trainable token left
   int64_t dropped_tokens = 0;    // all tokens of dropped examples (before truncation)
   int64_t prompt_mismatch = 0;   // tokenized prompt not a prefix of prompt + completion
-  int64_t too_long_examples = 0;  // dropped, longer than max_length (reward pairs: TRL's filter)
+
+  // Reward pairs dropped as longer than max_length (TRL's filter), and their tokens.
+  int64_t too_long_examples = 0;
   int64_t too_long_tokens = 0;
   // One line: "data.jsonl: 980 examples, 123456 tokens kept; 12 truncated (3456 tokens cut);
   // 3 empty dropped; 8 dropped with no trainable token (901 tokens); no bad lines".

@@ -33,15 +33,13 @@
 namespace leantune {
 
 struct ModelConfig {
-  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "...ForSequenceClassification"
+  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "*ForSequenceClass."
   std::string model_type;    // "llama" | "qwen2"
   int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0,
           num_key_value_heads = 0, head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
   double rms_norm_eps = 1e-6, initializer_range = 0.02;
   kernels::RopeConfig rope;  // head_dim, theta and scaling
   bool tie_word_embeddings = false;
-  bool sequence_classification = false;  // *ForSequenceClassification: score head, no lm_head
-  int64_t num_labels = 0;                // sequence classification only
   bool attention_bias = false;  // biases on q_proj, k_proj, v_proj
   bool o_proj_bias = false;     // bias on o_proj (llama: = attention_bias; qwen2: never)
   bool mlp_bias = false;        // biases on gate_proj, up_proj, down_proj
@@ -49,6 +47,10 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
   DType torch_dtype = DType::kF32;
   nlohmann::json raw;  // the parsed file, written back (with updates) by save()
+
+  // *ForSequenceClassification: the `score` head [num_labels, H], no lm_head.
+  bool sequence_classification = false;
+  int64_t num_labels = 0;  // sequence classification only
 
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
   // A config.json file, or a folder containing one.

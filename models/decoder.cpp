@@ -141,8 +141,8 @@ void DecoderModel::init_random(uint64_t seed) {
   }
 }
 
-std::vector<std::string> DecoderModel::load_weights(const TensorStore& store,
-                                                    const std::unordered_set<std::string>& optional) {
+std::vector<std::string> DecoderModel::load_weights(
+    const TensorStore& store, const std::unordered_set<std::string>& optional) {
   NoGradGuard ng;
   std::vector<std::string> missing, skipped;
   auto params = named_parameters();
@@ -183,9 +183,9 @@ std::vector<std::string> check_unexpected_tensors(const TensorStore& store,
     // Llama exports store the rotary inv_freq buffer, which is recomputed from the config.
     // A sequence classifier loaded from a causal-LM folder leaves its LM head (transformers
     // ignores it the same way when TRL loads one for reward modelling).
-    const bool is_known = ((cfg.tie_word_embeddings || cfg.sequence_classification) &&
-                           n == "lm_head.weight") ||
-                          n.find("rotary_emb.inv_freq") != std::string::npos;
+    const bool is_known =
+        ((cfg.tie_word_embeddings || cfg.sequence_classification) && n == "lm_head.weight") ||
+        n.find("rotary_emb.inv_freq") != std::string::npos;
     (is_known ? known : unexpected).push_back(n);
     int64_t layer = -1;
     if (std::sscanf(n.c_str(), "model.layers.%lld.", reinterpret_cast<long long*>(&layer)) == 1)

@@ -60,7 +60,8 @@ class DecoderModel {
   DecoderModel(ModelConfig cfg, Device device, DType dtype, bool allocate_linear_weights = true);
 
   // Loads an HF causal-LM folder (single or sharded safetensors; f32/bf16/f16 on disk converted
-  // to `dtype`; a *ForSequenceClassification folder is an Error: models/score_head.h loads those). Missing tensors and tensors the model does not use are an Error naming them
+  // to `dtype`; a *ForSequenceClassification folder is an Error: models/score_head.h loads those).
+  // Missing tensors and tensors the model does not use are an Error naming them
   // (check_unexpected_tensors); known leftovers are listed in unused_tensors().
   static std::unique_ptr<DecoderModel> load(const std::string& dir, Device device, DType dtype);
   // Normal(0, initializer_range) for projections and embeddings, ones for norms, zeros for
