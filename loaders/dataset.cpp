@@ -2,6 +2,7 @@
 #include "loaders/dataset.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "engine/check.h"
@@ -40,6 +41,7 @@ std::string DatasetFormat::name() const {
   std::vector<std::string> notes;
   if (conversational) notes.push_back("conversational");
   if (implicit_prompt) notes.push_back("implicit prompt");
+  if (has_margin) notes.push_back("margin");
   if (kind == DatasetKind::kLanguageModeling && text_field != "text" && text_field != "messages") {
     notes.push_back("text field '" + text_field + "'");
   }
@@ -235,6 +237,7 @@ DatasetFormat detect_format(const json& obj, const std::string& text_field) {
     f.conversational = looks_conversational(obj["chosen"]);
     auto p = obj.find("prompt");
     f.implicit_prompt = p == obj.end() || looks_conversational(*p) != f.conversational;
+    f.has_margin = obj.contains("margin") && !obj["margin"].is_null();
     return f;
   }
   if (obj.contains("prompt") && obj.contains("completion")) {
@@ -290,7 +293,16 @@ bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
       case DatasetKind::kPreference:
         read_field(obj, "chosen", conv, false, &r->chosen);
         read_field(obj, "rejected", conv, false, &r->rejected);
-        if (f.implicit_prompt) {
+        if (f.has_margin) {
+          const json& m = require(obj, "margin");
+          if (!m.is_number() || !std::isfinite(m.get<double>()))
+            fail(BadLineKind::kWrongType, std::string("'margin' must be a finite number, got ") +
+                                              (m.is_number() ? m.dump() : m.type_name()));
+          r->margin = m.get<double>();
+        }
+        if (f.implicit_prompt && !options_.extract_implicit_prompt) {
+          r->prompt = TextField{};
+        } else if (f.implicit_prompt) {
           extract_prompt(&r->chosen, &r->rejected, &r->prompt, conv);
           // The shared prefix is the prompt; a pair whose remaining turns do not begin with the
           // assistant's reply differed before it, i.e. had different prompts.

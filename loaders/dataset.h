@@ -17,8 +17,9 @@
 //   "assistant_masks"
 //                         (0/1 lists of the same length) and optional "labels" (each label -100
 //                         or equal to its input id; other labels are rejected)
-// Keys outside the format are ignored. Detection order: input_ids, messages, the text field,
-// chosen+rejected, prompt+completion(+label), prompt.
+// Preference rows may carry a "margin" number (RewardTrainer's optional column): when the first
+// line has one, every line must (a finite number). Keys outside the format are ignored. Detection
+// order: input_ids, messages, the text field, chosen+rejected, prompt+completion(+label), prompt.
 //
 // Empty text: "" for text/prompt-only prompt/completion/chosen/rejected, or an empty message list.
 // A prompt may be empty in prompt_completion/preference/unpaired data. Empty input_ids are valid:
@@ -65,6 +66,7 @@ struct DatasetFormat {
   bool has_completion_mask = false;  // tokenized only
   bool has_assistant_masks = false;  // tokenized only
   bool has_labels = false;           // tokenized only
+  bool has_margin = false;           // preference with a "margin" number (RewardTrainer's column)
   std::string text_field = "text";   // language_modeling: the key read ("messages" when that)
   // "prompt_completion (conversational)", "tokenized (input_ids, completion_mask)", ...
   std::string name() const;
@@ -91,6 +93,7 @@ struct Record {
   TextField chosen;
   TextField rejected;
   bool label = false;                    // unpaired_preference
+  double margin = 0;                     // preference with has_margin
   std::vector<int32_t> input_ids;        // tokenized
   std::vector<uint8_t> completion_mask;  // tokenized, when present
   std::vector<uint8_t> assistant_masks;  // tokenized, when present
@@ -102,6 +105,9 @@ struct DatasetReaderOptions {
   bool skip_bad_lines = false;
   // > 0: tokenized ids must be < vocab_size (else out_of_range).
   int64_t vocab_size = 0;
+  // Implicit-prompt preference rows: extract the shared prompt (DPO, KTO), or leave chosen and
+  // rejected whole with an empty prompt (RewardTrainer tokenizes each whole).
+  bool extract_implicit_prompt = true;
 };
 
 // Detects the format of one parsed line; throws Error(kInput) naming the keys when none fits.

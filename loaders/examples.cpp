@@ -47,6 +47,10 @@ std::string DataStats::summary() const {
     s +=
         "; " + std::to_string(prompt_mismatch) + " prompts not a token prefix of prompt+completion";
   }
+  if (too_long_examples > 0) {
+    s += "; " + std::to_string(too_long_examples) + " dropped longer than max_length (" +
+         std::to_string(too_long_tokens) + " tokens)";
+  }
   s += "; " + bad_lines.summary();
   return s;
 }
@@ -459,6 +463,69 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
   }
   finish_stats(reader, tokenizer_bad, &st);
   LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
+  return out;
+}
+
+std::vector<int32_t> reward_sequence_ids(const TextField& prompt, const TextField& completion,
+                                         bool conversational, const TextEncoder& enc) {
+  if (conversational) {
+    std::vector<Message> m = prompt.messages;
+    m.insert(m.end(), completion.messages.begin(), completion.messages.end());
+    return enc.encode_chat(m, false).ids;
+  }
+  const std::string eos = enc.eos_token();
+  const bool has_eos = completion.text.ends_with(eos);
+  return enc.encode(prompt.text + completion.text + (has_eos ? "" : eos), true);
+}
+
+RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
+                            const DataConfig& cfg) {
+  validate_data_config(cfg);
+  DatasetReaderOptions ro = reader_options(cfg, &enc);
+  ro.extract_implicit_prompt = false;
+  DatasetReader reader(path, ro);
+  RewardData out;
+  DataStats& st = out.stats;
+  BadLineCounts tokenizer_bad;
+  RecordGuard guard(reader.path(), cfg.skip_bad_lines, &tokenizer_bad);
+  Record rec;
+  bool first = true;
+  while (reader.next(&rec)) {
+    if (first) {
+      out.format = reader.format();
+      LT_CHECK_INPUT(out.format.kind == DatasetKind::kPreference, path, ":", rec.line,
+                     ": dataset format ", out.format.name(),
+                     " is not a preference format ('prompt'+'chosen'+'rejected' or "
+                     "'chosen'+'rejected')");
+      first = false;
+    }
+    RewardPair p;
+    p.line = rec.line;
+    p.margin = out.format.has_margin ? rec.margin : 0.0;
+    if (!guard.run(rec.line, [&] {
+          const bool conv = out.format.conversational;
+          p.chosen_ids = reward_sequence_ids(rec.prompt, rec.chosen, conv, enc);
+          p.rejected_ids = reward_sequence_ids(rec.prompt, rec.rejected, conv, enc);
+        })) {
+      continue;
+    }
+    const auto nc = static_cast<int64_t>(p.chosen_ids.size());
+    const auto nr = static_cast<int64_t>(p.rejected_ids.size());
+    if (nc == 0 || nr == 0) {
+      ++st.empty_examples;
+      continue;
+    }
+    if (cfg.max_length > 0 && (nc > cfg.max_length || nr > cfg.max_length)) {
+      ++st.too_long_examples;
+      st.too_long_tokens += nc + nr;
+      continue;
+    }
+    ++st.examples;
+    st.tokens += nc + nr;
+    out.pairs.push_back(std::move(p));
+  }
+  finish_stats(reader, tokenizer_bad, &st);
+  LT_CHECK_INPUT(st.examples > 0, path, ": no pair left to train on: ", st.summary());
   return out;
 }
 

@@ -35,6 +35,12 @@
 //                      max_completion_length; then prompt+completion is cut to max_length by
 //                      truncation_mode (build_preference_sequence). A pair whose chosen or rejected
 //                      sequence is left without a completion token at a position >= 1 is dropped.
+// Reward pairs (RewardTrainer._prepare_dataset): each side tokenized whole. Standard:
+//   encode(prompt + chosen + eos text unless chosen already ends with it, add_special_tokens=on);
+//   conversational: encode_chat(prompt + chosen messages) (no eos added). Implicit-prompt rows
+//   are not split (chosen and rejected hold their prompt). No truncation: a pair whose chosen or
+//   rejected sequence exceeds max_length is dropped and counted (TRL's filter). "margin" is read
+//   when the data has it.
 // Unpaired (KTO) examples follow the same rules with one completion and its label. Prompt-only
 // examples keep the prompt text and its ids (encode_chat with the generation prompt, or
 // encode without special tokens); prompts are not truncated (GRPO).
@@ -42,7 +48,7 @@
 // API
 //   SftData load_sft_data(path, encoder*, cfg)         encoder may be null for tokenized data
 //   bool tokenize_sft_record(record, format, encoder*, cfg, &ids, &mask, &stats)
-//   PreferenceData load_preference_data(path, encoder, cfg)
+//   PreferenceData load_preference_data(path, encoder, cfg); RewardData load_reward_data(...)
 //   UnpairedData load_unpaired_data(path, encoder, cfg); PromptData load_prompt_data(...)
 //   build_preference_sequence(prompt, completion, max_length, mode, &ids, &completion_mask)
 //   DataStats::summary()   one line: kept/dropped/truncated counts and bad lines
@@ -105,6 +111,10 @@ struct DataStats {
   int64_t dropped_examples = 0;  // no trainable token left
   int64_t dropped_tokens = 0;    // all tokens of dropped examples (before truncation)
   int64_t prompt_mismatch = 0;   // tokenized prompt not a prefix of prompt + completion
+
+  // Reward pairs dropped as longer than max_length (TRL's filter), and their tokens.
+  int64_t too_long_examples = 0;
+  int64_t too_long_tokens = 0;
   // One line: "data.jsonl: 980 examples, 123456 tokens kept; 12 truncated (3456 tokens cut);
   // 3 empty dropped; 8 dropped with no trainable token (901 tokens); no bad lines".
   std::string summary() const;
@@ -141,6 +151,19 @@ struct PreferenceData {
   DataStats stats;
 };
 
+struct RewardPair {
+  std::vector<int32_t> chosen_ids;  // whole sequence (prompt included)
+  std::vector<int32_t> rejected_ids;
+  double margin = 0;  // 0 without a margin column
+  int64_t line = 0;
+};
+
+struct RewardData {
+  std::vector<RewardPair> pairs;
+  DatasetFormat format;  // format.has_margin: the margin column is used
+  DataStats stats;
+};
+
 struct UnpairedExample {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> completion_ids;
@@ -173,6 +196,18 @@ void build_preference_sequence(std::span<const int32_t> prompt, std::span<const 
 
 PreferenceData load_preference_data(const std::string& path, const TextEncoder& encoder,
                                     const DataConfig& cfg);
+// One side of a reward pair (or any prompt + completion scored by a reward model) as
+// RewardTrainer tokenizes it (see "Reward pairs" above); prompt may be empty.
+std::vector<int32_t> reward_sequence_ids(const TextField& prompt, const TextField& completion,
+                                         bool conversational, const TextEncoder& encoder);
+// cfg: max_length (0 = none), skip_bad_lines, dataset_text_field.
+// One side of a reward pair (or any prompt + completion scored by a reward model) as
+// RewardTrainer tokenizes it (see "Reward pairs" above); prompt may be empty.
+std::vector<int32_t> reward_sequence_ids(const TextField& prompt, const TextField& completion,
+                                         bool conversational, const TextEncoder& encoder);
+// cfg: max_length (0 = none), skip_bad_lines, dataset_text_field.
+RewardData load_reward_data(const std::string& path, const TextEncoder& encoder,
+                            const DataConfig& cfg);
 UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& encoder,
                                 const DataConfig& cfg);
 PromptData load_prompt_data(const std::string& path, const TextEncoder& encoder,

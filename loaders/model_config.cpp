@@ -17,6 +17,8 @@ namespace {
 
 constexpr const char* kLlama = "LlamaForCausalLM";
 constexpr const char* kQwen2 = "Qwen2ForCausalLM";
+constexpr const char* kLlamaSeqCls = "LlamaForSequenceClassification";
+constexpr const char* kQwen2SeqCls = "Qwen2ForSequenceClassification";
 
 // Key lookups that treat null as absent and name the file and key in every error.
 class Reader {
@@ -165,13 +167,25 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                ? "is missing (and so is model_type)"
                : "is missing and model_type '" + printable(model_type) + "' is not llama or qwen2");
   }
-  if (c.architecture == kLlama) {
+  if (c.architecture == kLlama || c.architecture == kLlamaSeqCls) {
     c.model_type = "llama";
-  } else if (c.architecture == kQwen2) {
+  } else if (c.architecture == kQwen2 || c.architecture == kQwen2SeqCls) {
     c.model_type = "qwen2";
   } else {
     LT_THROW(ErrorKind::kInput, source, ": unsupported architecture '", printable(c.architecture),
-             "' (supported: ", kLlama, ", ", kQwen2, ")");
+             "' (supported: ", kLlama, ", ", kQwen2, ", ", kLlamaSeqCls, ", ", kQwen2SeqCls, ")");
+  }
+  c.sequence_classification = c.architecture == kLlamaSeqCls || c.architecture == kQwen2SeqCls;
+  if (c.sequence_classification) {
+    // transformers' PretrainedConfig: num_labels is len(id2label), else the num_labels key, else 2.
+    c.num_labels = 2;
+    if (const json* labels = r.find("id2label")) {
+      if (!labels->is_object() || labels->empty())
+        r.fail("id2label", "must be a non-empty object" + r.got(*labels));
+      c.num_labels = static_cast<int64_t>(labels->size());
+    } else if (r.find("num_labels") != nullptr) {
+      c.num_labels = r.positive("num_labels");
+    }
   }
   if (!model_type.empty() && model_type != c.model_type) {
     r.fail("model_type",
@@ -312,9 +326,36 @@ json ModelConfig::to_json() const {
   } else {
     j["eos_token_id"] = eos_token_ids;
   }
+  if (sequence_classification) {
+    // transformers writes the labels, not num_labels; LABEL_i is its default naming.
+    if (!j.contains("id2label") || !j["id2label"].is_object() ||
+        static_cast<int64_t>(j["id2label"].size()) != num_labels) {
+      json id2label = json::object(), label2id = json::object();
+      for (int64_t i = 0; i < num_labels; ++i) {
+        id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
+        label2id["LABEL_" + std::to_string(i)] = i;
+      }
+      j["id2label"] = id2label;
+      j["label2id"] = label2id;
+    }
+    j.erase("num_labels");
+  }
   const bool new_dtype_key = j.contains("dtype") && !j.contains("torch_dtype");
   j[new_dtype_key ? "dtype" : "torch_dtype"] = torch_dtype_name(torch_dtype);
   return j;
+}
+
+ModelConfig ModelConfig::as_sequence_classification(int64_t labels) const {
+  LT_CHECK_INPUT(labels >= 1, "num_labels must be >= 1, got ", labels);
+  ModelConfig c = *this;
+  c.sequence_classification = true;
+  c.num_labels = labels;
+  c.architecture = model_type == "llama" ? kLlamaSeqCls : kQwen2SeqCls;
+  if (c.raw.is_object()) {
+    c.raw.erase("id2label");
+    c.raw.erase("label2id");
+  }
+  return c;
 }
 
 void ModelConfig::save(const std::string& dir) const {
@@ -332,7 +373,9 @@ int64_t ModelConfig::num_parameters() const {
   if (o_proj_bias) layer += h;
   if (mlp_bias) layer += 2 * inter + h;
   const int64_t embed = vocab_size * h;
-  return embed + num_hidden_layers * layer + h + (tie_word_embeddings ? 0 : embed);
+  // A sequence classifier has the score head [num_labels, H] instead of an LM head.
+  const int64_t head = sequence_classification ? num_labels * h : (tie_word_embeddings ? 0 : embed);
+  return embed + num_hidden_layers * layer + h + head;
 }
 
 std::string ModelConfig::summary() const {

@@ -1,4 +1,6 @@
-// Hugging Face config.json -> ModelConfig, for LlamaForCausalLM and Qwen2ForCausalLM.
+// Hugging Face config.json -> ModelConfig, for LlamaForCausalLM and Qwen2ForCausalLM, and their
+// *ForSequenceClassification variants (the decoder with a `score` head instead of lm_head;
+// num_labels = len(id2label), else the num_labels key, else 2, as transformers reads it).
 //
 // Keys and defaults follow transformers' LlamaConfig / Qwen2Config, except that the keys that
 // fix the model's shapes have no silent default here: hidden_size, intermediate_size,
@@ -31,7 +33,7 @@
 namespace leantune {
 
 struct ModelConfig {
-  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM"
+  std::string architecture;  // "LlamaForCausalLM" | "Qwen2ForCausalLM" | "*ForSequenceClass."
   std::string model_type;    // "llama" | "qwen2"
   int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0,
           num_key_value_heads = 0, head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
@@ -46,12 +48,18 @@ struct ModelConfig {
   DType torch_dtype = DType::kF32;
   nlohmann::json raw;  // the parsed file, written back (with updates) by save()
 
+  // *ForSequenceClassification: the `score` head [num_labels, H], no lm_head.
+  bool sequence_classification = false;
+  int64_t num_labels = 0;  // sequence classification only
+
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
   // A config.json file, or a folder containing one.
   static ModelConfig load(const std::string& path_or_dir);
   // `raw` with the fields above written over it in transformers' key names.
   nlohmann::json to_json() const;
   void save(const std::string& dir) const;  // atomic dir/config.json
+  // This config as the same decoder's *ForSequenceClassification with `num_labels` outputs.
+  ModelConfig as_sequence_classification(int64_t num_labels) const;
   // Exact count from the shapes (tied head counted once; q/k/v bias for qwen2).
   int64_t num_parameters() const;
   std::string summary() const;  // one-paragraph human summary used by inspect

@@ -73,8 +73,12 @@ DecoderModel::DecoderModel(ModelConfig cfg, Device device, DType dtype,
     layers_.push_back(std::move(layer));
   }
   norm_ = param({h}, device, dtype, "model.norm.weight");
-  if (!cfg_.tie_word_embeddings)
+  if (cfg_.sequence_classification) {
+    LT_CHECK_INPUT(cfg_.num_labels >= 1, "num_labels must be >= 1, got ", cfg_.num_labels);
+    score_ = param({cfg_.num_labels, h}, device, dtype, "score.weight");
+  } else if (!cfg_.tie_word_embeddings) {
     lm_head_ = make_linear("lm_head", h, cfg_.vocab_size, false, device, dtype);
+  }
 }
 
 std::vector<std::pair<std::string, Tensor>> DecoderModel::named_parameters() const {
@@ -93,7 +97,10 @@ std::vector<std::pair<std::string, Tensor>> DecoderModel::named_parameters() con
     for (const LinearModule* m : {&L.gate_proj, &L.up_proj, &L.down_proj}) add_linear(*m);
   }
   out.emplace_back("model.norm.weight", norm_);
-  if (!tied()) out.emplace_back("lm_head.weight", lm_head_.weight);
+  if (score_.defined())
+    out.emplace_back("score.weight", score_);
+  else if (!tied())
+    out.emplace_back("lm_head.weight", lm_head_.weight);
   return out;
 }
 
@@ -103,7 +110,7 @@ std::vector<LinearModule*> DecoderModel::linear_modules() {
     for (LinearModule* m :
          {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj})
       out.push_back(m);
-  if (!tied()) out.push_back(&lm_head_);
+  if (!tied() && !score_.defined()) out.push_back(&lm_head_);
   return out;
 }
 
@@ -134,13 +141,14 @@ void DecoderModel::init_random(uint64_t seed) {
   }
 }
 
-void DecoderModel::load_weights(const TensorStore& store) {
+std::vector<std::string> DecoderModel::load_weights(
+    const TensorStore& store, const std::unordered_set<std::string>& optional) {
   NoGradGuard ng;
-  std::vector<std::string> missing;
+  std::vector<std::string> missing, skipped;
   auto params = named_parameters();
   for (auto& [name, t] : params) {
     if (!store.contains(name)) {
-      missing.push_back(name);
+      (optional.count(name) ? skipped : missing).push_back(name);
       continue;
     }
     Tensor src = store.get(name);
@@ -161,6 +169,7 @@ void DecoderModel::load_weights(const TensorStore& store) {
   std::unordered_set<std::string> used;
   for (auto& [name, t] : params) used.insert(name);
   unused_ = check_unexpected_tensors(store, used, cfg_);
+  return skipped;
 }
 
 std::vector<std::string> check_unexpected_tensors(const TensorStore& store,
@@ -172,8 +181,11 @@ std::vector<std::string> check_unexpected_tensors(const TensorStore& store,
     if (used.count(n)) continue;
     // A tied checkpoint may still store lm_head.weight (the embedding is what counts), and older
     // Llama exports store the rotary inv_freq buffer, which is recomputed from the config.
-    const bool is_known = (cfg.tie_word_embeddings && n == "lm_head.weight") ||
-                          n.find("rotary_emb.inv_freq") != std::string::npos;
+    // A sequence classifier loaded from a causal-LM folder leaves its LM head (transformers
+    // ignores it the same way when TRL loads one for reward modelling).
+    const bool is_known =
+        ((cfg.tie_word_embeddings || cfg.sequence_classification) && n == "lm_head.weight") ||
+        n.find("rotary_emb.inv_freq") != std::string::npos;
     (is_known ? known : unexpected).push_back(n);
     int64_t layer = -1;
     if (std::sscanf(n.c_str(), "model.layers.%lld.", reinterpret_cast<long long*>(&layer)) == 1)
@@ -196,9 +208,16 @@ std::vector<std::string> check_unexpected_tensors(const TensorStore& store,
   return known;
 }
 
+void check_causal_lm(const ModelConfig& cfg, const std::string& dir) {
+  LT_CHECK_INPUT(!cfg.sequence_classification, dir, ": ", cfg.architecture,
+                 " is a sequence classifier (a reward model) without an LM head; this needs a "
+                 "causal LM (score it with trainer_bin score)");
+}
+
 std::unique_ptr<DecoderModel> DecoderModel::load(const std::string& dir, Device device,
                                                  DType dtype) {
   ModelConfig cfg = ModelConfig::load(dir);
+  check_causal_lm(cfg, dir);
   auto model = std::make_unique<DecoderModel>(cfg, device, dtype);
   model->load_weights(TensorStore::open(dir));
   return model;

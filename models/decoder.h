@@ -3,7 +3,9 @@
 // Parameters carry Hugging Face names (model.embed_tokens.weight,
 // model.layers.N.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight); with
 // tie_word_embeddings the head is the embedding matrix and lm_head.weight is not a separate
-// parameter. All parameters live on one device in one compute dtype, tagged MemTag::kParam.
+// parameter. A *ForSequenceClassification config has `score.weight` [num_labels, H] instead of an
+// LM head (models/score_head.h reads it). All parameters live on one device in one compute
+// dtype, tagged MemTag::kParam.
 //
 // Forward takes a flat varlen Batch (loaders/batch.h): per layer
 //   x = rms_norm(h); q,k,v = proj(x) (+bias); rope(q,k); attention over cu_seqlens (causal, GQA);
@@ -15,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -56,14 +59,18 @@ class DecoderModel {
   // whole dense model).
   DecoderModel(ModelConfig cfg, Device device, DType dtype, bool allocate_linear_weights = true);
 
-  // Loads an HF folder (single or sharded safetensors; f32/bf16/f16 on disk converted to
-  // `dtype`). Missing tensors and tensors the model does not use are an Error naming them
+  // Loads an HF causal-LM folder (single or sharded safetensors; f32/bf16/f16 on disk converted
+  // to `dtype`; a *ForSequenceClassification folder is an Error: models/score_head.h loads those).
+  // Missing tensors and tensors the model does not use are an Error naming them
   // (check_unexpected_tensors); known leftovers are listed in unused_tensors().
   static std::unique_ptr<DecoderModel> load(const std::string& dir, Device device, DType dtype);
   // Normal(0, initializer_range) for projections and embeddings, ones for norms, zeros for
   // biases, from the Philox stream (seed, kInit): the same model on every machine.
   void init_random(uint64_t seed);
-  void load_weights(const TensorStore& store);
+  // Copies every parameter from `store`. A parameter named in `optional` may be absent (it keeps
+  // its values; the names skipped so are returned); any other missing one is an Error.
+  std::vector<std::string> load_weights(const TensorStore& store,
+                                        const std::unordered_set<std::string>& optional = {});
   // Writes config.json + model.safetensors (sharded when max_shard_bytes > 0) in disk_dtype.
   void save(const std::string& dir, DType disk_dtype, uint64_t max_shard_bytes = 0) const;
 
@@ -77,10 +84,18 @@ class DecoderModel {
   Tensor final_norm() const { return norm_; }
   // The LM head matrix [V, H] (the embedding when tied).
   Tensor lm_head_weight() const {
+    LT_CHECK_INPUT(!score_.defined(), cfg_.architecture,
+                   " is a sequence classifier (a reward model) without an LM head");
     if (!tied()) return lm_head_.weight;
     return embedding_override.matrix ? embedding_override.matrix(embed_tokens_) : embed_tokens_;
   }
   bool tied() const { return cfg_.tie_word_embeddings; }
+  // *ForSequenceClassification (config.sequence_classification): the head `score.weight`
+  // [num_labels, H], no bias; there is no LM head (models/score_head.h reads the scores).
+  Tensor score_weight() const { return score_; }
+  // What the score is read after (transformers reads config.pad_token_id); TRL's RewardTrainer
+  // sets it to the tokenizer's pad token, and save() writes it.
+  void set_pad_token_id(std::optional<int64_t> id) { cfg_.pad_token_id = id; }
   const std::vector<std::string>& unused_tensors() const { return unused_; }
 
   // Every dense parameter with its HF name, in a fixed order (the tied head is not listed
@@ -113,6 +128,7 @@ class DecoderModel {
   std::vector<DecoderLayer> layers_;
   Tensor norm_;
   LinearModule lm_head_;
+  Tensor score_;  // sequence classification only
   std::vector<std::string> unused_;
 
  public:
@@ -125,6 +141,9 @@ class DecoderModel {
   };
   EmbeddingOverride embedding_override;
 };
+
+// Error(kInput) naming dir when cfg is a sequence classifier where a causal LM is needed.
+void check_causal_lm(const ModelConfig& cfg, const std::string& dir);
 
 // The tensors of `store` that no parameter took (`used`). Known leftovers (a tied model's
 // lm_head.weight, rotary inv_freq buffers) are returned; any other is an Error(kInput) naming the

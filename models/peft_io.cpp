@@ -360,7 +360,7 @@ nlohmann::json adapter_config_json(const PeftSetup& setup,
       {"revision", nullptr},
       {"target_modules", targets},
       {"target_parameters", nullptr},
-      {"task_type", "CAUSAL_LM"},
+      {"task_type", c.task_type},
       {"trainable_token_indices", c.trainable_token_indices.empty()
                                       ? nlohmann::json(nullptr)
                                       : nlohmann::json(c.trainable_token_indices)},
@@ -431,6 +431,16 @@ PeftConfig read_adapter_config(const std::string& path, std::string* base_model_
   }
   if (const nlohmann::json* m = field(j, "modules_to_save"))
     c.modules_to_save = string_list(*m, "modules_to_save", file);
+  if (const nlohmann::json* t = field(j, "task_type"); t && t->is_string())
+    c.task_type = t->get<std::string>();
+  if (c.task_type == "SEQ_CLS") {
+    // PeftModelForSequenceClassification adds its head names to modules_to_save; of
+    // "classifier" and "score" only the decoder classifiers' score exists here.
+    std::erase(c.modules_to_save, std::string("classifier"));
+    if (std::find(c.modules_to_save.begin(), c.modules_to_save.end(), "score") ==
+        c.modules_to_save.end())
+      c.modules_to_save.push_back("score");
+  }
   if (const nlohmann::json* t = field(j, "trainable_token_indices")) {
     if (t->is_object()) {
       for (auto it = t->begin(); it != t->end(); ++it)

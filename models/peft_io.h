@@ -13,6 +13,8 @@
 //   - modules_to_save: a module (a parameter name without ".weight"/".bias") is trained whole
 //     when its name ends with an entry (PEFT's plain suffix test); such modules get no LoRA.
 //   - trainable_token_indices: models/trainable_tokens.h.
+//   - task_type SEQ_CLS (read from a file): "score" joins modules_to_save and "classifier" is
+//     dropped from it, as PEFT adds both head names for sequence classification.
 // Everything else is frozen: no gradient, no optimizer state.
 //
 // Files (PEFT's save_and_load): keys carry the "base_model.model." prefix and no adapter name:
@@ -52,6 +54,9 @@ struct PeftConfig {
   bool use_rslora = false;
   std::vector<std::string> modules_to_save;
   std::vector<int64_t> trainable_token_indices;
+  // PEFT's task_type: CAUSAL_LM, or SEQ_CLS for a sequence classifier (reward model), whose
+  // `score` head is then in modules_to_save as PeftModelForSequenceClassification puts it.
+  std::string task_type = "CAUSAL_LM";
   // Per-module overrides (keys are PEFT patterns: "(.*\.)?(key)$" on the module name).
   std::map<std::string, int64_t> rank_pattern;
   std::map<std::string, double> alpha_pattern;

@@ -103,6 +103,7 @@ std::shared_ptr<DecoderModel> load_quantized(const std::string& dir, Device devi
   }
   check_model_dtype(cfg, dtype);
   const ModelConfig mc = ModelConfig::load(dir);
+  check_causal_lm(mc, dir);
   // Dense weights are allocated only for the modules that stay dense: the whole dense model
   // never sits on the device.
   auto model = std::make_shared<DecoderModel>(mc, device, dtype, /*allocate_linear_weights=*/false);

@@ -10,6 +10,7 @@
 #include "trainers/commands.h"
 #include "trainers/estimate.h"
 #include "trainers/estimate_pref.h"
+#include "trainers/estimate_reward.h"
 #include "trainers/metrics.h"
 #include "trainers/sft.h"
 
@@ -71,6 +72,8 @@ int run_estimate(const std::vector<std::string>& args) {
   // trainer_bin estimate dpo|kto ...: the preference trainers' estimate (estimate_pref.h).
   if (!args.empty() && (args[0] == "dpo" || args[0] == "kto"))
     return run_estimate_preference({args.begin() + 1, args.end()}, args[0]);
+  if (!args.empty() && args[0] == "reward")
+    return run_estimate_reward({args.begin() + 1, args.end()});
   Options o = sft_options("estimate");
   o.add_float("budget_gib", 0.0, "device memory available (GiB); 0 = no budget check", 0.0);
   o.add_int("world_size", 1,

@@ -69,7 +69,10 @@ int64_t optimizer_state_bytes(const EstimateConfig& c, int64_t trainable, int64_
     }
     rc = rc * m.num_hidden_layers +
          (!c.use_peft ? (2 * m.num_hidden_layers + 1) * m.hidden_size : 0);
-    if (!c.use_peft) rc += (m.tie_word_embeddings ? 1 : 2) * (m.vocab_size + m.hidden_size);
+    if (!c.use_peft)
+      rc += m.sequence_classification
+                ? (m.vocab_size + m.hidden_size) + (m.num_labels + m.hidden_size)
+                : (m.tie_word_embeddings ? 1 : 2) * (m.vocab_size + m.hidden_size);
     return 4 * rc;
   }
   return 8 * trainable + master;  // adamw_torch
@@ -124,11 +127,14 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const int64_t h = m.hidden_size, v = m.vocab_size, l = m.num_hidden_layers;
   const int64_t nq = m.num_attention_heads * m.head_dim, nkv = m.num_key_value_heads * m.head_dim;
   const int64_t inter = m.intermediate_size;
-  const bool head_trains =
-      !c.use_peft || listed(c.lora_modules_to_save, "lm_head") ||
-      (m.tie_word_embeddings && listed(c.lora_modules_to_save, "embed_tokens"));
-  const bool embed_trains = !c.use_peft || listed(c.lora_modules_to_save, "embed_tokens") ||
-                            (m.tie_word_embeddings && head_trains);
+  // A sequence classifier (reward model) has the score head [num_labels, H] instead of the LM
+  // head: never tied, always trained (modules_to_save under PEFT), and no vocabulary-wide loss.
+  const bool seq_cls = m.sequence_classification;
+  const bool tied = m.tie_word_embeddings && !seq_cls;
+  const bool head_trains = seq_cls || !c.use_peft || listed(c.lora_modules_to_save, "lm_head") ||
+                           (tied && listed(c.lora_modules_to_save, "embed_tokens"));
+  const bool embed_trains =
+      !c.use_peft || listed(c.lora_modules_to_save, "embed_tokens") || (tied && head_trains);
 
   // ---- parameters and what trains
   int64_t layer_params = 0, layer_trainable = 0;
@@ -151,7 +157,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   int64_t largest_layer_weight = 0;
   for (const ModuleShape& s : layer_modules(m))
     largest_layer_weight = std::max(largest_layer_weight, s.in * s.out * b);
-  const int64_t embed = v * h, head = m.tie_word_embeddings ? 0 : v * h;
+  const int64_t embed = v * h, head = seq_cls ? m.num_labels * h : tied ? 0 : v * h;
   e.total_parameters = embed + head + h + l * layer_params;
   e.params = (embed + head + h) * b + l * layer_param_bytes + c.trainable_tokens * h * b;
   e.trainable_parameters = l * layer_trainable + c.trainable_tokens;
@@ -159,11 +165,10 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   if (head_trains && head > 0) e.trainable_parameters += head;
   if (!c.use_peft) e.trainable_parameters += h;  // final norm
   // The head's gradient comes out of the loss in the weight's dtype (the embedding's, when tied).
-  const int64_t head_grad = head_trains ? v * h * b : 0;
+  const int64_t head_grad = head_trains ? (seq_cls ? head : v * h) * b : 0;
   const int64_t embed_grad = embed_trains ? embed * b : 0;
   const int64_t small_grads = (!c.use_peft ? h * b : 0) + c.trainable_tokens * h * b;
-  e.grads = l * layer_grad_bytes + head_grad +
-            (m.tie_word_embeddings && head_trains ? 0 : embed_grad) + small_grads;
+  e.grads = l * layer_grad_bytes + head_grad + (tied && head_trains ? 0 : embed_grad) + small_grads;
   e.optimizer = optimizer_state_bytes(c, e.trainable_parameters, b, m);
   const bool paged = c.optim.rfind("paged_", 0) == 0;
   // Host-resident, paged in slab by slab (on the CPU the host is the device).
@@ -187,13 +192,14 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     // One gradient in flight: the largest trainable one, and the head's part of a tied
     // embedding's while the lookup's part is pending.
     int64_t largest = !c.use_peft ? std::max(inter * h, nq * h) * b : 0;
-    if (head_trains) largest = std::max(largest, v * h * b);
-    if (embed_trains && !m.tie_word_embeddings) largest = std::max(largest, embed * b);
-    e.grads = std::min(e.grads, largest + (m.tie_word_embeddings && head_trains ? head_grad : 0));
+    if (head_trains) largest = std::max(largest, head_grad);
+    if (embed_trains && !tied) largest = std::max(largest, embed * b);
+    e.grads = std::min(e.grads, largest + (tied && head_trains ? head_grad : 0));
   }
   // A paged optimizer pages the states in slabs of kPagedSlabElements through two device
   // buffers (the next slab's copy overlaps this one's update).
-  const int64_t largest_param = (embed_trains || head_trains) ? v * h : std::max(inter, nq) * h;
+  const int64_t largest_param =
+      (embed_trains || (head_trains && !seq_cls)) ? v * h : std::max(inter, nq) * h;
   const int64_t paged_ws =
       paged && !c.offload_optimizer && !c.cpu
           ? 2 * optimizer_state_bytes(
@@ -257,7 +263,11 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // cuBLASLt's workspace (32 MiB).
   const int64_t chunk = std::min<int64_t>(c.loss_chunk_tokens, t);
   int64_t loss_held, loss_ws;
-  if (c.fused_loss) {
+  if (seq_cls) {
+    // The score rows [B, H] and their gradient: nothing of vocabulary size.
+    loss_held = th + head_grad;
+    loss_ws = 0;
+  } else if (c.fused_loss) {
     loss_held = th + head_grad;
     if (c.cpu) {
       const int64_t wblock = b == 2 ? std::min<int64_t>(v, (int64_t{4} << 20) / h) * h * 4 : 0;
@@ -273,10 +283,10 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   }
   e.loss = loss_held;
   w.live += loss_held;
-  w.at("loss", "fused linear cross-entropy", loss_ws);
+  w.at("loss", seq_cls ? "score head" : "fused linear cross-entropy", loss_ws);
   w.live -= th;  // the final norm's output dies with the loss' forward
   // optimizer_in_backward: an untied head is updated first in backward and its gradient freed.
-  if (in_bwd && head_trains && !m.tie_word_embeddings) w.live -= head_grad;
+  if (in_bwd && head_trains && !tied) w.live -= head_grad;
   // Backward, last layer first: a layer's gradients appear, what it kept goes.
   for (int64_t i = l - 1; i >= 0; --i) {
     int64_t in_flight = bwd_ws;
@@ -301,7 +311,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // three live for a moment), and under a paged optimizer with optimizer_in_backward the slabs of
   // its states.
   if (embed_trains) {
-    const bool tied_sum = m.tie_word_embeddings && head_trains && !accumulated;
+    const bool tied_sum = tied && head_trains && !accumulated;
     const int64_t sum = tied_sum ? v * h * b : 0;
     w.at("backward", "embedding", embed_grad + sum + (in_bwd ? paged_ws : 0));
   }

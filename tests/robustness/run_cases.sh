@@ -123,6 +123,21 @@ pref_prompt_differs() {
     '{"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "rejected": [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Go"}]}' \
     >"$W/p.jsonl"
 }
+# Reward: a margin column whose second row has a text or no margin; a trained reward model.
+pref_margin_text() {
+  printf '%s\n' '{"prompt": "One day,", "chosen": " a cat.", "rejected": " a dog.", "margin": 0.5}' \
+    '{"prompt": "One day,", "chosen": " a cat.", "rejected": " a dog.", "margin": "big"}' >"$W/p.jsonl"
+}
+pref_margin_missing() {
+  printf '%s\n' '{"prompt": "One day,", "chosen": " a cat.", "rejected": " a dog.", "margin": 0.5}' \
+    '{"prompt": "One day,", "chosen": " a cat.", "rejected": " a dog."}' >"$W/p.jsonl"
+}
+reward_model_prompts() {
+  printf '%s\n' '{"prompt": "One day,", "chosen": " a cat.", "rejected": " a dog."}' >"$W/p.jsonl"
+  "$BIN" reward --model_name_or_path "$MODEL" --dataset "$W/p.jsonl" --max_steps 1 --device cpu \
+    --output_dir "$W/rm" >/dev/null 2>&1 || echo "SKIP: could not train the reward model"
+  printf '%s\n' '{"prompt": "One day,"}' >"$W/q.jsonl"
+}
 # Big enough that tokenizing it takes seconds on any machine: the SIGTERM lands while loading.
 big_data() {
   for _ in $(seq 500); do cat "$DATA"; done >"$W/big1.jsonl"
