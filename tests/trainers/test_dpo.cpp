@@ -148,8 +148,11 @@ TEST(Dpo, PaddingFreeAndUnchunkedGiveTheSameLossAndGradient) {
     DpoDataConfig dd{0};
     dd.padding_free = v == 1;
     const PairBatch pb = collate_pairs(fixture_pairs(meta).examples, {0, 1, 2}, dd);
-    if (v == 1) EXPECT_EQ(pb.batch.stats.pad_tokens, 0);
-    if (v == 0) EXPECT_GT(pb.batch.stats.pad_tokens, 0);
+    if (v == 1) {
+      EXPECT_EQ(pb.batch.stats.pad_tokens, 0);
+    } else {
+      EXPECT_GT(pb.batch.stats.pad_tokens, 0);
+    }
     Tensor loss = run.trainer->pairs_loss(pb, 1.0, nullptr, nullptr);
     loss.backward();
     losses.push_back(loss.item());

@@ -234,14 +234,16 @@ TEST(RewardData, TokenizedAsRewardTrainerDoes) {
           << tname << " " << d["kind"] << " row " << i;
       EXPECT_EQ(data.pairs[i].rejected_ids, kept[i]["rejected_ids"].get<std::vector<int32_t>>())
           << tname << " " << d["kind"] << " row " << i;
-      if (kept[i].contains("margin"))
+      if (kept[i].contains("margin")) {
         EXPECT_EQ(data.pairs[i].margin, kept[i]["margin"].get<double>());
+      }
       ++checked;
     }
     EXPECT_EQ(data.stats.too_long_examples, static_cast<int64_t>(d["rows"].size() - kept.size()));
-    if (data.stats.too_long_examples > 0)
+    if (data.stats.too_long_examples > 0) {
       EXPECT_NE(data.stats.summary().find("1 dropped longer than max_length"), std::string::npos)
           << data.stats.summary();
+    }
   }
   EXPECT_GE(checked, 12);
 }
