@@ -90,6 +90,36 @@ void Optimizer::step(double lr, double grad_scale) {
   update(all, lr, grad_scale);
 }
 
+void Optimizer::update_rows(size_t i, int64_t, const Tensor&, double) {
+  LT_THROW(ErrorKind::kInternal, "this optimizer cannot update parameter ", param(i).name,
+           " by rows");
+}
+
+Tensor param_rows(const Tensor& t, int64_t row0, const Tensor& grad_rows, const std::string& name) {
+  LT_CHECK(t.dim() >= 1 && grad_rows.dim() == t.dim() && row0 >= 0 &&
+               row0 + grad_rows.size(0) <= t.size(0),
+           "update_rows: gradient ", grad_rows.str(), " at row ", row0, " for ", name, " ",
+           t.str());
+  for (int64_t d = 1; d < t.dim(); ++d)
+    LT_CHECK(grad_rows.size(d) == t.size(d), "update_rows: gradient ", grad_rows.str(), " for ",
+             name, " ", t.str());
+  return t.narrow(0, row0, grad_rows.size(0));
+}
+
+void AdamW::update_rows(size_t i, int64_t row0, const Tensor& grad_rows, double lr) {
+  ensure_state(i);
+  const AdamWTensor& s = state_[i];
+  const std::string& name = params_[i].name;
+  AdamWTensor t;
+  t.param = param_rows(s.param, row0, grad_rows, name);
+  t.grad = grad_rows.is_contiguous() ? grad_rows : grad_rows.contiguous();
+  if (s.master.defined()) t.master = param_rows(s.master, row0, grad_rows, name);
+  t.exp_avg = param_rows(s.exp_avg, row0, grad_rows, name);
+  t.exp_avg_sq = param_rows(s.exp_avg_sq, row0, grad_rows, name);
+  t.weight_decay = s.weight_decay;
+  adamw_step({t}, AdamWStepArgs{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, 1.0});
+}
+
 void AdamW::update(const std::vector<size_t>& which, double lr, double grad_scale) {
   std::vector<AdamWTensor> batch;
   for (size_t i : which) {
@@ -153,6 +183,20 @@ Sgd::Sgd(std::vector<Param> params, double weight_decay)
              dtype_name(p.tensor.dtype()));
 }
 
+void Sgd::apply(const Tensor& p, const Tensor& w, const Tensor& g, bool decay, double lr,
+                double grad_scale) const {
+  Tensor gw = g;
+  if (g.dtype() != w.dtype() || !g.is_contiguous()) {
+    gw = Tensor::empty(w.shape(), w.dtype(), w.device(), MemTag::kWorkspace);
+    ops::copy(gw, g);
+  }
+  // p - lr (gs g + wd p) = (1 - lr wd) p - (lr gs) g
+  const double wd = decay ? weight_decay_ : 0.0;
+  if (wd != 0.0) ops::scale_(w, 1.0 - lr * wd);
+  ops::add_(w, gw, -lr * grad_scale);
+  if (!w.shares_storage(p)) ops::copy(p, w);
+}
+
 void Sgd::update(const std::vector<size_t>& which, double lr, double grad_scale) {
   for (size_t i : which) {
     const Tensor& p = params_[i].tensor;
@@ -163,18 +207,21 @@ void Sgd::update(const std::vector<size_t>& which, double lr, double grad_scale)
       master_[i] = Tensor::empty(p.shape(), DType::kF32, p.device(), MemTag::kOptimizer);
       ops::copy(master_[i], p);
     }
-    const Tensor& w = wide ? p : master_[i];
-    Tensor gw = g;
-    if (g.dtype() != w.dtype() || !g.is_contiguous()) {
-      gw = Tensor::empty(w.shape(), w.dtype(), w.device(), MemTag::kWorkspace);
-      ops::copy(gw, g);
-    }
-    // p - lr (gs g + wd p) = (1 - lr wd) p - (lr gs) g
-    const double wd = params_[i].decay ? weight_decay_ : 0.0;
-    if (wd != 0.0) ops::scale_(w, 1.0 - lr * wd);
-    ops::add_(w, gw, -lr * grad_scale);
-    if (!wide) ops::copy(p, w);
+    apply(p, wide ? p : master_[i], g, params_[i].decay, lr, grad_scale);
   }
+}
+
+void Sgd::update_rows(size_t i, int64_t row0, const Tensor& grad_rows, double lr) {
+  const Tensor& p = params_[i].tensor;
+  const std::string& name = params_[i].name;
+  const bool wide = p.dtype() == DType::kF32 || p.dtype() == DType::kF64;
+  if (!wide && !master_[i].defined()) {
+    master_[i] = Tensor::empty(p.shape(), DType::kF32, p.device(), MemTag::kOptimizer);
+    ops::copy(master_[i], p);
+  }
+  const Tensor pr = param_rows(p, row0, grad_rows, name);
+  apply(pr, wide ? pr : param_rows(master_[i], row0, grad_rows, name), grad_rows, params_[i].decay,
+        lr, 1.0);
 }
 
 std::vector<std::pair<std::string, Tensor>> Sgd::state_tensors() const {
@@ -204,11 +251,16 @@ int64_t Sgd::state_bytes() const {
 
 OptimizerInBackward::OptimizerInBackward(Optimizer& opt, double lr) : opt_(opt), lr_(lr) {
   for (size_t i = 0; i < opt.num_params(); ++i) index_[opt.param(i).tensor.impl()] = i;
-  opt_.begin_step();
   add_backward_observer(this);
 }
 
 OptimizerInBackward::~OptimizerInBackward() { remove_backward_observer(this); }
+
+void OptimizerInBackward::start() {
+  if (started_) return;
+  opt_.begin_step();
+  started_ = true;
+}
 
 void OptimizerInBackward::after_node(Node& node) {
   auto* acc = dynamic_cast<AccumulateGrad*>(&node);
@@ -221,12 +273,27 @@ void OptimizerInBackward::after_node(Node& node) {
   const double ss = ops::sum_squares(g);
   sum_squares_ += ss;
   if (std::isfinite(ss)) {
+    start();
     opt_.update_param(it->second, lr_, 1.0);
     ++updated_;
   } else {
     finite_ = false;
   }
   p.zero_grad();
+}
+
+void OptimizerInBackward::apply_rows(const Tensor& p, int64_t row0, const Tensor& grad_rows) {
+  auto it = index_.find(p.impl());
+  LT_CHECK(it != index_.end(), "optimizer_in_backward: rows of a parameter the optimizer lacks");
+  const double ss = ops::sum_squares(grad_rows);
+  sum_squares_ += ss;
+  if (!std::isfinite(ss)) {
+    finite_ = false;
+    return;
+  }
+  start();
+  opt_.update_rows(it->second, row0, grad_rows, lr_);
+  if (row0 == 0) ++updated_;
 }
 
 double OptimizerInBackward::grad_norm() const { return std::sqrt(sum_squares_); }

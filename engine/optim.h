@@ -72,6 +72,13 @@ class Optimizer {
   // list) from its .grad(). Per element the arithmetic is step()'s.
   void begin_step() { ++step_; }
   void update_param(size_t i, double lr, double grad_scale = 1.0) { update({i}, lr, grad_scale); }
+  // Rows [row0, row0 + n) of parameter i (along its first dimension) from grad_rows, shaped as
+  // those rows, at step_count() with grad_scale 1: per element the arithmetic of update_param.
+  // For the LM head updated block by block inside the fused loss, whose whole gradient never
+  // exists. Optimizers whose state does not split by rows (adafactor's factored moment) keep the
+  // default: supports_row_updates() false, and update_rows an Error.
+  virtual bool supports_row_updates() const { return false; }
+  virtual void update_rows(size_t i, int64_t row0, const Tensor& grad_rows, double lr);
   virtual size_t num_params() const = 0;
   virtual const Param& param(size_t i) const = 0;
   int64_t step_count() const { return step_; }
@@ -88,6 +95,10 @@ class Optimizer {
   virtual void update(const std::vector<size_t>& which, double lr, double grad_scale) = 0;
   int64_t step_ = 0;
 };
+
+// The rows [row0, row0 + n) of t (a parameter or a state shaped like it) along its first
+// dimension, n = grad_rows.size(0), after checking that grad_rows is shaped as those rows.
+Tensor param_rows(const Tensor& t, int64_t row0, const Tensor& grad_rows, const std::string& name);
 
 // Copies saved[name + suffix] into dst; a missing or mis-shaped/mis-typed entry is an
 // Error(kInput) naming it.
@@ -106,6 +117,8 @@ class AdamW : public Optimizer {
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
   void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
   int64_t state_bytes() const override;
+  bool supports_row_updates() const override { return true; }
+  void update_rows(size_t i, int64_t row0, const Tensor& grad_rows, double lr) override;
 
  private:
   void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
@@ -126,9 +139,14 @@ class Sgd : public Optimizer {
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
   void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
   int64_t state_bytes() const override;
+  bool supports_row_updates() const override { return true; }
+  void update_rows(size_t i, int64_t row0, const Tensor& grad_rows, double lr) override;
 
  private:
   void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
+  // The SGD update of w (param or its master) from g; p gets the rounded value when w is a master.
+  void apply(const Tensor& p, const Tensor& w, const Tensor& g, bool decay, double lr,
+             double grad_scale) const;
   std::vector<Param> params_;
   std::vector<Tensor> master_;
   double weight_decay_;
@@ -139,9 +157,10 @@ class Sgd : public Optimizer {
 // complete (the engine runs a leaf's AccumulateGrad once, after every consumer), so the
 // parameter is updated at once (Optimizer::update_param, grad_scale 1) and its gradient dropped.
 // No full-model gradient buffer exists: at most the gradients in flight plus one parameter's.
-// The constructor counts the update (begin_step). A gradient with a non-finite value is not
-// applied (and dropped); finite() then reports false. Only for one backward per update (no
-// accumulation) and no clipping by the global norm: the trainer refuses those combinations.
+// The update is counted (begin_step) when the first gradient is applied. A gradient with a
+// non-finite value is not applied (and dropped); finite() then reports false. Only for one backward
+// per update (no accumulation) and no clipping by the global norm: the trainer refuses those
+// combinations.
 class OptimizerInBackward final : public BackwardObserver {
  public:
   OptimizerInBackward(Optimizer& opt, double lr);
@@ -154,9 +173,19 @@ class OptimizerInBackward final : public BackwardObserver {
   double grad_norm() const;
   bool finite() const { return finite_; }
   int64_t updated() const { return updated_; }
+  // Whether the optimizer takes blocks of rows (Optimizer::supports_row_updates).
+  bool takes_rows() const { return opt_.supports_row_updates(); }
+  // A block of rows of parameter p's gradient handed out before backward (the LM head from the
+  // fused loss, kernels/linear_cross_entropy.h): applied at once with update_rows and counted in
+  // grad_norm(); a non-finite block is not applied and finite() reports false. p must be one of
+  // the optimizer's parameters.
+  void apply_rows(const Tensor& p, int64_t row0, const Tensor& grad_rows);
 
  private:
+  // The update is counted (begin_step) when the first gradient is applied.
+  void start();
   Optimizer& opt_;
+  bool started_ = false;
   double lr_;
   std::unordered_map<const TensorImpl*, size_t> index_;
   double sum_squares_ = 0.0;

@@ -2,8 +2,6 @@
 #include "engine/optim_offload.h"
 
 #include <deque>
-#include <map>
-#include <mutex>
 #include <unordered_map>
 
 #include "engine/cuda_api.h"
@@ -52,17 +50,28 @@ void OffloadedOptimizer::update(const std::vector<size_t>& which, double lr, dou
   }
 }
 
-namespace {
-// One copy stream per device for the process (the engine never destroys CUDA streams).
-Stream offload_stream(Device device) {
-  static std::mutex mu;
-  static std::map<int, Stream> streams;
-  std::lock_guard<std::mutex> lk(mu);
-  auto it = streams.find(device.index);
-  if (it == streams.end()) it = streams.emplace(device.index, new_stream(device)).first;
-  return it->second;
+void OffloadedOptimizer::update_rows(size_t i, int64_t row0, const Tensor& grad_rows, double lr) {
+  inner_->set_step_count(step_);
+  const Tensor& p = params_[i].tensor;
+  const std::string& name = params_[i].name;
+  Tensor host_grad = grad_rows;
+  if (!grad_rows.device().is_cpu() || !grad_rows.is_contiguous()) {
+    host_grad =
+        Tensor::empty(grad_rows.shape(), grad_rows.dtype(), Device::cpu(), MemTag::kWorkspace);
+    ops::copy(host_grad, grad_rows);
+  }
+  inner_->update_rows(i, row0, host_grad, lr);
+  const Tensor dst = param_rows(p, row0, grad_rows, name);
+  const Tensor src = param_rows(shadow_[i], row0, grad_rows, name);
+  if (p.device().is_cpu()) {
+    ops::copy(dst, src);
+    return;
+  }
+  // Rounded on the host, then one copy of the parameter's dtype up.
+  Tensor rounded = Tensor::empty(src.shape(), p.dtype(), Device::cpu(), MemTag::kWorkspace);
+  ops::copy(rounded, src);
+  ops::copy(dst, rounded);
 }
-}  // namespace
 
 void OffloadedOptimizer::update_cuda(const std::vector<size_t>& todo, double lr,
                                      double grad_scale) {
@@ -72,7 +81,7 @@ void OffloadedOptimizer::update_cuda(const std::vector<size_t>& todo, double lr,
     std::unique_ptr<Event> ready;
   };
   const Device dev = params_[todo[0]].tensor.device();
-  const Stream compute = current_stream(dev), copy = offload_stream(dev);
+  const Stream compute = current_stream(dev), copy = copy_stream(dev);
   // Everything queued so far (the gradients, the last reads of the weights) precedes the copies.
   copy.wait_stream(compute);
   std::deque<Pending> inflight;

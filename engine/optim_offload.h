@@ -38,6 +38,10 @@ class OffloadedOptimizer : public Optimizer {
   void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
   // Host bytes: the shadows and the inner optimizer's states.
   int64_t state_bytes() const override;
+  // Row blocks: the gradient rows come to the host, the inner optimizer updates the shadow's
+  // rows, and the rows go back rounded to the parameter's dtype (synchronous copies).
+  bool supports_row_updates() const override { return inner_->supports_row_updates(); }
+  void update_rows(size_t i, int64_t row0, const Tensor& grad_rows, double lr) override;
 
  private:
   void update(const std::vector<size_t>& which, double lr, double grad_scale) override;

@@ -16,6 +16,7 @@
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "kernels/vocab_block_softmax.h"
 
 // The exported table's name.
 #define LT_KERNELS_CUDA_TABLE leantune_cuda_kernels_table
@@ -83,12 +84,19 @@
   X(void, leantune::kernels, swiglu_bwd_cuda,                                                     \
     (const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,                 \
      const Tensor& dup),                                                                          \
-    (dy, gate, up, dgate, dup))
+    (dy, gate, up, dgate, dup))                                                                   \
+  X(void, leantune::kernels, vocab_block_lse_update_cuda,                                         \
+    (const Tensor& z, const Tensor& targets, int64_t v0, const Tensor& lse, const Tensor& zy),    \
+    (z, targets, v0, lse, zy))                                                                    \
+  X(void, leantune::kernels, vocab_block_softmax_grad_cuda,                                       \
+    (const Tensor& z, const Tensor& targets, int64_t v0, const Tensor& lse, double scale,         \
+     const Tensor& dz),                                                                           \
+    (z, targets, v0, lse, scale, dz))
 // clang-format on
 
 namespace leantune::kernels {
 
-inline constexpr uint32_t kKernelsCudaAbiVersion = 2;
+inline constexpr uint32_t kKernelsCudaAbiVersion = 3;
 inline constexpr const char* kKernelsCudaTableSymbol = LT_CUDA_STR(LT_KERNELS_CUDA_TABLE);
 
 struct KernelsCudaTable {

@@ -503,7 +503,7 @@ void AdamW8bit::ensure_state(size_t i) {
   const Tensor& p = params_[i].tensor;
   const int64_t n = p.numel();
   // Staged states live in pinned host memory, others on the parameter's device.
-  const bool pinned = staged(i);
+  const bool pinned = staged(p.device());
   auto zeros = [&](int64_t len, DType dt) {
     Tensor t = pinned ? Tensor::empty_pinned({len}, dt, MemTag::kOptimizer)
                       : Tensor::empty({len}, dt, p.device(), MemTag::kOptimizer);
@@ -529,21 +529,13 @@ void AdamW8bit::ensure_state(size_t i) {
   }
 }
 
-bool AdamW8bit::staged(size_t i) const {
-  return opt_.paged && (!params_[i].tensor.device().is_cpu() || opt_.stage_on_host);
-}
+bool AdamW8bit::staged(Device d) const { return opt_.paged && (!d.is_cpu() || opt_.stage_on_host); }
 
-void AdamW8bit::update(const std::vector<size_t>& which, double lr, double grad_scale) {
+void AdamW8bit::run(std::vector<Adam8Tensor> tensors, const AdamWStepArgs& args) {
   std::vector<Adam8Tensor> direct, paged;
-  for (size_t i : which) {
-    Tensor g = params_[i].tensor.grad();
-    if (!g.defined()) continue;
-    ensure_state(i);
-    Adam8Tensor t = state_[i];
-    t.grad = g.is_contiguous() ? g : g.contiguous();
-    (staged(i) ? paged : direct).push_back(t);
+  for (Adam8Tensor& t : tensors) {
+    (staged(t.param.device()) ? paged : direct).push_back(std::move(t));
   }
-  const AdamWStepArgs args{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, grad_scale};
   adamw8bit_step(direct, args);
   // One pipeline per device (a model lives on one; the loop keeps mixed lists correct).
   while (!paged.empty()) {
@@ -553,6 +545,42 @@ void AdamW8bit::update(const std::vector<size_t>& which, double lr, double grad_
     paging_.step(here, args, d, opt_.slab_elements);
     paged = std::move(rest);
   }
+}
+
+void AdamW8bit::update(const std::vector<size_t>& which, double lr, double grad_scale) {
+  std::vector<Adam8Tensor> batch;
+  for (size_t i : which) {
+    Tensor g = params_[i].tensor.grad();
+    if (!g.defined()) continue;
+    ensure_state(i);
+    Adam8Tensor t = state_[i];
+    t.grad = g.is_contiguous() ? g : g.contiguous();
+    batch.push_back(std::move(t));
+  }
+  run(std::move(batch), AdamWStepArgs{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, grad_scale});
+}
+
+void AdamW8bit::update_rows(size_t i, int64_t row0, const Tensor& grad_rows, double lr) {
+  ensure_state(i);
+  const Adam8Tensor& s = state_[i];
+  const Tensor rows = param_rows(s.param, row0, grad_rows, params_[i].name);
+  const int64_t n = rows.numel(), total = s.param.numel();
+  const int64_t e0 = n == 0 ? 0 : row0 * (total / std::max<int64_t>(s.param.size(0), 1));
+  Adam8Tensor t = s;
+  t.param = s.param.flatten().narrow(0, e0, n);
+  t.grad = (grad_rows.is_contiguous() ? grad_rows : grad_rows.contiguous()).flatten();
+  t.index_offset = s.index_offset + e0;
+  t.state1 = s.state1.narrow(0, e0, n);
+  t.state2 = s.state2.narrow(0, e0, n);
+  if (s.absmax1.defined()) {
+    LT_CHECK(e0 % kOptim8bitBlock == 0 && (n % kOptim8bitBlock == 0 || e0 + n == total),
+             "adamw_8bit: rows [", row0, ", ", row0 + grad_rows.size(0), ") of ", params_[i].name,
+             " do not fall on its ", kOptim8bitBlock, "-element state blocks");
+    const int64_t b0 = e0 / kOptim8bitBlock, nb = (n + kOptim8bitBlock - 1) / kOptim8bitBlock;
+    t.absmax1 = s.absmax1.narrow(0, b0, nb);
+    t.absmax2 = s.absmax2.narrow(0, b0, nb);
+  }
+  run({t}, AdamWStepArgs{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, step_, 1.0});
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW8bit::state_tensors() const {

@@ -142,12 +142,17 @@ class AdamW8bit : public Optimizer {
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
   void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
   int64_t state_bytes() const override;
+  // Row blocks must start and end on the 256-element blocks of 8-bit states (or at the end).
+  bool supports_row_updates() const override { return true; }
+  void update_rows(size_t i, int64_t row0, const Tensor& grad_rows, double lr) override;
 
  private:
   void update(const std::vector<size_t>& which, double lr, double grad_scale) override;
   void ensure_state(size_t i);
-  // Whether parameter i's states are staged (paged and on a device, or stage_on_host).
-  bool staged(size_t i) const;
+  // Runs the step on tensors (direct, or through the paging pipeline when staged).
+  void run(std::vector<Adam8Tensor> tensors, const AdamWStepArgs& args);
+  // Whether the states of a parameter on d are staged (paged and on a device, or stage_on_host).
+  bool staged(Device d) const;
   std::vector<Param> params_;
   AdamWConfig cfg_;
   AdamW8bitOptions opt_;

@@ -332,7 +332,16 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
     if (opt.fused_loss) {
       kernels::LinearCrossEntropyOptions lo;
       lo.chunk_tokens = opt.loss_chunk_tokens;
-      r.loss = kernels::linear_cross_entropy(hidden, lm_head_weight(), targets, normalizer, lo);
+      const Tensor w = lm_head_weight();
+      if (opt.head_grad_sink && !cfg_.tie_word_embeddings && w.requires_grad() &&
+          grad_mode_enabled()) {
+        const HeadGradSink& sink = opt.head_grad_sink;
+        r.loss = kernels::linear_cross_entropy_weight_blocks(
+            hidden, w, targets, normalizer,
+            [&sink, &w](int64_t row0, const Tensor& g) { sink(w, row0, g); }, lo);
+      } else {
+        r.loss = kernels::linear_cross_entropy(hidden, w, targets, normalizer, lo);
+      }
     } else {
       r.loss = kernels::cross_entropy(r.logits, targets, normalizer);
     }

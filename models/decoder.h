@@ -36,6 +36,11 @@ struct DecoderLayer {
   LinearModule q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
 };
 
+// Receives blocks of rows of a parameter's gradient as they complete (optimizer_in_backward's
+// OptimizerInBackward::apply_rows).
+using HeadGradSink =
+    std::function<void(const Tensor& param, int64_t row0, const Tensor& grad_rows)>;
+
 struct ForwardOptions {
   bool need_loss = true;
   bool need_logits = false;  // full [T, V] logits (tests, generation, small models)
@@ -43,6 +48,10 @@ struct ForwardOptions {
   bool gradient_checkpointing = false;
   bool fused_loss = true;  // chunked linear_cross_entropy instead of logits + cross_entropy
   int64_t loss_chunk_tokens = 1024;
+  // With the fused loss, an untied LM head that trains hands its gradient to this sink block by
+  // block during forward (linear_cross_entropy_weight_blocks) instead of holding it whole; the
+  // loss must then be backpropagated with d loss = 1.
+  HeadGradSink head_grad_sink;
 };
 
 struct ForwardResult {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/linear_cross_entropy.h"
 #include "kernels/optim_8bit.h"
 
 namespace leantune {
@@ -188,11 +189,17 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const bool grads_sharded = ranks > 1 && c.zero_stage >= 2;
   if (sharded) e.optimizer = (e.optimizer + ranks - 1) / ranks;
   const bool in_bwd = c.optimizer_in_backward;
+  // The head updated block by block inside the fused loss (sft under optimizer_in_backward):
+  // one block of its gradient at a time, in f32 (plus its copy in the weight's dtype).
+  const bool head_blocks =
+      c.head_update_in_loss && in_bwd && c.fused_loss && head_trains && !tied && !seq_cls;
+  const int64_t head_block_rows = std::min(v, kernels::weight_grad_block_rows(h));
+  const int64_t head_block_grad = head_blocks ? head_block_rows * h * (4 + (b == 2 ? 2 : 0)) : 0;
   if (in_bwd) {
     // One gradient in flight: the largest trainable one, and the head's part of a tied
     // embedding's while the lookup's part is pending.
     int64_t largest = !c.use_peft ? std::max(inter * h, nq * h) * b : 0;
-    if (head_trains) largest = std::max(largest, head_grad);
+    if (head_trains) largest = std::max(largest, head_blocks ? head_block_grad : head_grad);
     if (embed_trains && !tied) largest = std::max(largest, embed * b);
     e.grads = std::min(e.grads, largest + (tied && head_trains ? head_grad : 0));
   }
@@ -240,21 +247,27 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // gradient of the layer output and of the norm input.
   const int64_t bwd_ws = 2 * t * inter * b + 2 * th + gemm_ws;
   const bool offload = c.activation_offloading, ckpt = c.gradient_checkpointing;
-  // Bytes a layer leaves on the device until its backward: its output, and what it saves unless
-  // checkpointing recomputes it or offloading moves it to host memory.
-  const int64_t kept = th + ((ckpt || offload) ? 0 : saved);
-  e.activations = th + l * kept + th + 4 * t;  // embedding output, layers, final norm
+  // Bytes a layer leaves on the device until its backward: its output (the next layer's input),
+  // and what it saves unless checkpointing recomputes it. Offloading moves both to host memory,
+  // except the last layer's output, which the final norm saves outside offloading.
+  const int64_t kept = (offload ? 0 : th) + ((ckpt || offload) ? 0 : saved);
+  const int64_t embed_out = offload ? 0 : th, last_out = offload ? th : 0;
+  // On CUDA a saved tensor leaves the device only once its copy has landed: up to five copies
+  // in flight (OffloadOptions::max_fwd_stash_size), each at most a layer's largest saved tensor.
+  const int64_t stash =
+      offload && !c.cpu ? std::min<int64_t>(5, l) * (ckpt ? th : std::max(th, t * inter * b)) : 0;
+  e.activations = embed_out + l * kept + last_out + th + 4 * t;  // ..., final norm
 
   // ---- the walk over one optimizer step in the steady state (optimizer state exists)
   const int64_t accumulated = c.gradient_accumulation_steps > 1 ? e.grads : 0;
   Walk w;
   w.live = e.params + e.optimizer + accumulated;
-  w.live += th;  // embedding output
+  w.live += embed_out;
   for (int64_t i = 0; i < l; ++i) {
-    w.at("forward", layer_name(i), (ckpt ? saved : 0) + fwd_ws);
+    w.at("forward", layer_name(i), (ckpt ? saved : 0) + fwd_ws + stash);
     w.live += kept;
   }
-  w.live += th + 4 * t;  // final norm: output, rstd
+  w.live += last_out + th + 4 * t;  // the last layer's output kept; final norm: output, rstd
   // The loss: the fused kernel runs forward and backward of the head chunk by chunk and keeps
   // dhidden and the head's gradient (in the weight's dtype). Its workspace on the CPU: a [chunk x
   // vocab] f32 logits block, f32 [chunk x hidden] rows and, for a 16-bit head, f32 blocks of
@@ -267,6 +280,16 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     // The score rows [B, H] and their gradient: nothing of vocabulary size.
     loss_held = th + head_grad;
     loss_ws = 0;
+  } else if (head_blocks) {
+    // linear_cross_entropy_weight_blocks: dhidden held; as workspace the rows' lse, target
+    // logits and targets, a [chunk x block] f32 logits block, dhidden in f32, the block's
+    // gradient, and the f32 copies of 16-bit GEMM operands (a block of the head, a chunk of
+    // hidden rows); the optimizer's update of each block runs inside (paged: its slabs).
+    loss_held = th;
+    const int64_t rows = std::min<int64_t>(chunk, t);
+    loss_ws = 16 * t + rows * head_block_rows * 4 + t * h * 4 + head_block_grad +
+              (b == 2 ? head_block_rows * h * 4 + rows * h * 4 : 0) + paged_ws +
+              (c.cpu ? 0 : int64_t{32} << 20);
   } else if (c.fused_loss) {
     loss_held = th + head_grad;
     if (c.cpu) {
@@ -283,24 +306,24 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   }
   e.loss = loss_held;
   w.live += loss_held;
-  w.at("loss", seq_cls ? "score head" : "fused linear cross-entropy", loss_ws);
+  w.at("loss", seq_cls ? "score head" : "fused linear cross-entropy", loss_ws + stash);
   w.live -= th;  // the final norm's output dies with the loss' forward
   // optimizer_in_backward: an untied head is updated first in backward and its gradient freed.
-  if (in_bwd && head_trains && !tied) w.live -= head_grad;
+  if (in_bwd && head_trains && !tied && !head_blocks) w.live -= head_grad;
   // Backward, last layer first: a layer's gradients appear, what it kept goes.
   for (int64_t i = l - 1; i >= 0; --i) {
     int64_t in_flight = bwd_ws;
     if (ckpt)
       in_flight += saved;  // recomputed
     else if (offload)
-      in_flight += 2 * saved;  // this layer and the one prefetched
-    // Gradients in flight: the layer's, or under optimizer_in_backward without checkpointing
-    // one weight's at a time (each is applied and freed as it completes; a recomputed layer's
-    // backward holds its own until it ends).
+      in_flight += 2 * saved;          // this layer and the one prefetched
+    if (offload) in_flight += 2 * th;  // the inputs of this layer and of the one prefetched
+    // Gradients in flight: the layer's, or under optimizer_in_backward one weight's at a time
+    // (each is applied and freed as it completes, in a recomputed layer's inner backward too).
     const int64_t layer_grads =
-        accumulated ? 0
-                    : (in_bwd && !ckpt ? std::min(layer_grad_bytes, largest_layer_weight)
-                                       : layer_grad_bytes);
+        accumulated
+            ? 0
+            : (in_bwd ? std::min(layer_grad_bytes, largest_layer_weight) : layer_grad_bytes);
     w.at("backward", layer_name(i), in_flight + layer_grads + (in_bwd ? paged_ws : 0));
     // ZeRO 2 reduce-scatters each completed unit: 1/N of its gradients stays.
     const int64_t stays = grads_sharded ? (layer_grad_bytes + ranks - 1) / ranks : layer_grad_bytes;
@@ -355,6 +378,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
 
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
+#include "trainers/optim_options.h"
 #include "trainers/options.h"
 #include "trainers/peft_options.h"
 #include "trainers/quant_options.h"
@@ -403,9 +427,11 @@ EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig&
   const TrainingArguments args = training_arguments(o);
   const PeftConfig peft = peft_config_from_options(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
-  return estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
-                         o.get_bool("use_liger_kernel"),
-                         o.get_int_or_none("max_length").value_or(0), cpu);
+  EstimateConfig c = estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
+                                     o.get_bool("use_liger_kernel"),
+                                     o.get_int_or_none("max_length").value_or(0), cpu);
+  c.head_update_in_loss = args.optimizer_in_backward && optim_updates_rows(args.optim);
+  return c;
 }
 
 }  // namespace leantune

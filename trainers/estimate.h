@@ -21,11 +21,14 @@
 //               every projection whose weight trains or that carries a LoRA adapter (a frozen
 //               projection keeps nothing but its weight); with gradient checkpointing only each
 //               layer's input, plus one layer's set while it is recomputed; with activation
-//               offloading nothing but what stays by rule (the head) plus the two layers being
-//               prefetched in backward.
+//               offloading nothing but what stays by rule (the last layer's output, which the
+//               final norm saves outside offloading) plus the two layers being restored in
+//               backward, and on CUDA up to five device->host copies in flight in forward.
 //   loss        the fused linear cross-entropy holds dhidden and (when the head trains) the
-//               head's f32 gradient from forward to backward, and a chunk of logits as
-//               workspace; the unfused path holds [tokens x vocab] logits and their gradient.
+//               head's gradient from forward to backward, and a chunk of logits as workspace;
+//               with head_update_in_loss no head gradient is held, only one block of it (about
+//               32 MiB of f32) with the [chunk x block] logits and dhidden in f32 as workspace;
+//               the unfused path holds [tokens x vocab] logits and their gradient.
 //   workspace   backward temporaries of one layer, f32 conversion buffers of 16-bit GEMMs on the
 //               CPU, attention score blocks.
 //   per rank    with world_size N > 1: ZeRO 1 and 2 keep 1/N of the optimizer states (and of
@@ -77,6 +80,9 @@ struct EstimateConfig {
   std::string optim = "adamw_torch";
   bool optimizer_in_backward = false;
   bool offload_optimizer = false;
+  // sft under optimizer_in_backward with an optim that takes row blocks: an untied LM head that
+  // trains is updated block by block inside the fused loss (no whole head gradient).
+  bool head_update_in_loss = false;
   // Distribution (trainers/dist_options.h): ranks, ZeRO stage (0..2), elements per unit
   int64_t world_size = 1;
   int64_t zero_stage = 0;

@@ -74,6 +74,8 @@ std::unique_ptr<Optimizer> make_plain(const std::string& optim,
 }
 }  // namespace
 
+bool optim_updates_rows(const std::string& optim) { return optim != "adafactor"; }
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimArguments& a,
                                           std::vector<Optimizer::Param> params,
                                           const AdamWConfig& cfg) {

@@ -38,6 +38,11 @@ void add_optim_options(Options& o);
 // Also refuses contradictory combinations with the options of add_training_options.
 OptimArguments optim_arguments(const Options& o);
 
+// Whether the optimizer `optim` names updates blocks of rows (Optimizer::supports_row_updates):
+// under optimizer_in_backward, sft then updates an untied LM head block by block inside the
+// fused loss. For the estimate, which builds no optimizer; a test keeps it equal to the classes.
+bool optim_updates_rows(const std::string& optim);
+
 // The optimizer `a.optim` names over `params` (cfg: lr, betas, epsilon, weight decay).
 std::unique_ptr<Optimizer> make_optimizer(const OptimArguments& a,
                                           std::vector<Optimizer::Param> params,

@@ -559,24 +559,34 @@ TrainResult Trainer::train() {
       // One offloader per micro-batch, around its forward and backward.
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
           OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
+      // optimizer_in_backward: alive from forward on, since a fused loss may update the LM head
+      // block by block in its forward (head_grad_sink()).
+      std::unique_ptr<OptimizerInBackward> in_bwd;
+      if (args_.optimizer_in_backward) {
+        in_bwd = std::make_unique<OptimizerInBackward>(*optimizer_, scheduler_.lr(step_));
+        if (in_bwd->takes_rows() && nan_steps_.count(update) == 0)
+          head_grad_sink_ = [&in_bwd](const Tensor& p, int64_t row0, const Tensor& g) {
+            in_bwd->apply_rows(p, row0, g);
+          };
+      }
       Tensor loss;
       {
         StepPhaseGuard phase("forward");
         loss = compute_loss(micro[i], static_cast<double>(normalizer));
+        head_grad_sink_ = nullptr;
       }
       if (nan_steps_.count(update)) loss = ops::scale(loss, std::nan(""));
       const double lv = loss.item();
       step_loss += lv;
       if (!std::isfinite(lv)) finite = false;
-      if (args_.optimizer_in_backward) {
+      if (in_bwd) {
         // Parameters are updated inside backward: a non-finite loss skips backward itself.
         if (finite && loss.requires_grad()) {
           StepPhaseGuard phase("backward");
-          OptimizerInBackward in_bwd(*optimizer_, scheduler_.lr(step_));
           loss.backward();
-          backward_norm = in_bwd.grad_norm();
-          if (!in_bwd.finite()) finite = false;
         }
+        backward_norm = in_bwd->grad_norm();
+        if (!in_bwd->finite()) finite = false;
       } else if (loss.requires_grad()) {
         StepPhaseGuard phase("backward");
         // ZeRO-2: the last micro-batch's backward reduce-scatters each unit as it completes.

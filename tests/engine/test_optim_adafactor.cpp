@@ -63,7 +63,10 @@ TEST_P(AdafactorShapes, MatchesTheTransformersAlgorithm) {
   const Shape shape = GetParam();
   const int64_t n = shape_numel(shape);
   Tensor p = testing::randn(shape, DType::kF32, 3, Device::cpu(), 0.2);
-  RefAdafactor ref{shape.size() == 2 ? shape[0] : n, shape.size() == 2 ? shape[1] : 0, p.to_f64()};
+  RefAdafactor ref;
+  ref.rows = shape.size() == 2 ? shape[0] : n;
+  ref.cols = shape.size() == 2 ? shape[1] : 0;
+  ref.p = p.to_f64();
   ref.row.assign(ref.rows, 0.0);
   ref.col.assign(ref.cols, 0.0);
   ref.v.assign(n, 0.0);
