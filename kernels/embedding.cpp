@@ -52,6 +52,46 @@ class EmbeddingBackward final : public Node {
   void release_saved() override { ids.reset(); }
 };
 
+class EmbeddingBlocksBackward final : public Node {
+ public:
+  SavedTensor ids;
+  Shape weight_shape;
+  DType weight_dtype = DType::kF32;
+  Device device;
+  WeightGradSink sink;
+  int64_t block_rows = 0;
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    const Tensor& dy = grads[0];
+    if (!dy.defined()) return {Tensor()};
+    const int64_t v = weight_shape[0], h = weight_shape[1];
+    const std::vector<int64_t> id = checked_ids(ids.unpack(), v, "embedding_bwd");
+    const int64_t vb = std::min(v, block_rows > 0 ? block_rows : weight_grad_block_rows(h));
+    // Positions grouped by block, each group in token order.
+    std::vector<std::vector<int64_t>> pos(static_cast<size_t>((v + vb - 1) / vb));
+    for (size_t t = 0; t < id.size(); ++t) pos[id[t] / vb].push_back(static_cast<int64_t>(t));
+    Tensor flat = Tensor::empty({vb * h}, weight_dtype, device, MemTag::kGrad);
+    for (int64_t r0 = 0, b = 0; r0 < v; r0 += vb, ++b) {
+      const int64_t nb = std::min(vb, v - r0);
+      const Tensor dw = flat.narrow(0, 0, nb * h).view({nb, h});
+      const std::vector<int64_t>& p = pos[b];
+      if (p.empty()) {
+        ops::fill(dw, 0.0);
+      } else {
+        std::vector<int64_t> local(p.size());
+        for (size_t k = 0; k < p.size(); ++k) local[k] = id[p[k]] - r0;
+        const Shape n{static_cast<int64_t>(p.size())};
+        const Tensor rows = ops::index_rows(dy, Tensor::from_vector(p, n).to(dy.device()));
+        embedding_bwd(rows, Tensor::from_vector(local, n).to(device), dw);
+      }
+      sink(r0, dw);
+    }
+    return {Tensor()};
+  }
+  std::string name() const override { return "EmbeddingBlocksBackward"; }
+  void release_saved() override { ids.reset(); }
+};
+
 }  // namespace
 
 void embedding_fwd(const Tensor& weight, const Tensor& ids, const Tensor& y) {
@@ -129,6 +169,28 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
     node->weight_shape = weight.shape();
     node->weight_dtype = weight.dtype();
     node->device = weight.device();
+    set_history(y, node);
+  }
+  return y;
+}
+
+Tensor embedding_weight_blocks(const Tensor& weight, const Tensor& ids, const WeightGradSink& sink,
+                               int64_t block_rows) {
+  LT_CHECK(weight.dim() == 2 && ids.dim() == 1, "embedding: weight ", weight.str(), ", ids ",
+           ids.str());
+  LT_CHECK(static_cast<bool>(sink), "embedding_weight_blocks: no sink for the weight's gradient");
+  Tensor y = Tensor::empty({ids.numel(), weight.size(1)}, weight.dtype(), weight.device());
+  embedding_fwd(weight.detach(), ids, y);
+  if (node_needed({weight})) {
+    auto node = std::make_shared<EmbeddingBlocksBackward>();
+    // The weight's edge is kept (the node needs one) but gets no gradient: the sink has it.
+    node->set_next_edges({weight});
+    node->ids = SavedTensor(ids);
+    node->weight_shape = weight.shape();
+    node->weight_dtype = weight.dtype();
+    node->device = weight.device();
+    node->sink = sink;
+    node->block_rows = block_rows;
     set_history(y, node);
   }
   return y;

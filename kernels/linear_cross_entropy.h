@@ -15,9 +15,9 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 
 #include "engine/tensor.h"
+#include "kernels/weight_grad_sink.h"
 
 namespace leantune::kernels {
 
@@ -30,11 +30,9 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
 
 // The same loss with the weight's gradient handed out block by block instead of held whole
 // (linear_cross_entropy_blocks.cpp), for an optimizer that updates the LM head inside the loss
-// (optimizer_in_backward): sink(row0, grad) receives d loss / d weight[row0 : row0 + n] in the
-// weight's dtype, valid only during the call, once per block of rows, in order, during forward.
-// The whole [V, H] gradient never exists. Two passes over the vocabulary in blocks of
-// `block_rows` rows (0 = about 32 MiB of f32 gradient, a multiple of 256 elements so that
-// blockwise 8-bit optimizer states split cleanly): the first forms each row's log-sum-exp and
+// (optimizer_in_backward): the sink (kernels/weight_grad_sink.h) receives the blocks during
+// forward. The whole [V, H] gradient never exists. Two passes over the vocabulary in blocks of
+// `block_rows` rows (0 = weight_grad_block_rows): the first forms each row's log-sum-exp and
 // target logit, the second recomputes each block's logits, forms (softmax - onehot)/normalizer,
 // accumulates dhidden in f32 and the block's gradient over all tokens (f32, rounded once). One
 // more head GEMM than linear_cross_entropy. Ignored rows are computed and contribute nothing.
@@ -42,14 +40,11 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
 // already used that), and anything else is an Error.
 // Scratch (kWorkspace): a [chunk_tokens x block_rows] f32 logits block, the block's f32
 // gradient (and its copy in the weight's dtype, kGrad), dhidden in f32 [T, H].
-using WeightGradSink = std::function<void(int64_t row0, const Tensor& grad_rows)>;
 Tensor linear_cross_entropy_weight_blocks(const Tensor& hidden, const Tensor& weight,
                                           const Tensor& targets, double normalizer,
                                           const WeightGradSink& sink,
                                           const LinearCrossEntropyOptions& opt = {},
                                           int64_t block_rows = 0);
-// The block_rows that linear_cross_entropy_weight_blocks uses for 0, for a head of hidden size h.
-int64_t weight_grad_block_rows(int64_t h);
 
 // Raw entry point: loss value (sum of nll over valid rows, not normalised), and when dhidden /
 // dweight are defined, the gradients of (sum nll) * grad_scale. dweight is accumulated into.

@@ -12,7 +12,6 @@
 // and dX in f32 [T, H]; 16-bit operands of the mixed GEMMs are upcast a block at a time.
 #include <algorithm>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 #include "engine/autograd.h"
@@ -48,14 +47,6 @@ Tensor front(const Tensor& flat, int64_t rows, int64_t cols) {
 }
 
 }  // namespace
-
-int64_t weight_grad_block_rows(int64_t h) {
-  LT_CHECK(h > 0, "weight_grad_block_rows: hidden size ", h);
-  // Rows whose element count is a multiple of 256 (blockwise optimizer states).
-  const int64_t align = 256 / std::gcd<int64_t>(h, 256);
-  const int64_t rows = std::max<int64_t>(1, (int64_t{8} << 20) / h);  // 32 MiB of f32
-  return std::max(align, rows / align * align);
-}
 
 Tensor linear_cross_entropy_weight_blocks(const Tensor& hidden, const Tensor& weight,
                                           const Tensor& targets, double normalizer,

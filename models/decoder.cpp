@@ -241,8 +241,13 @@ void DecoderModel::save(const std::string& dir, DType disk_dtype, uint64_t max_s
   cfg.save(dir);
 }
 
-Tensor DecoderModel::embed(const Tensor& ids) const {
+Tensor DecoderModel::embed(const Tensor& ids, const RowGradSink& sink) const {
   if (embedding_override.embed) return embedding_override.embed(embed_tokens_, ids);
+  if (sink && !cfg_.tie_word_embeddings && embed_tokens_.requires_grad() && grad_mode_enabled()) {
+    const Tensor w = embed_tokens_;
+    return kernels::embedding_weight_blocks(
+        w, ids, [sink, w](int64_t row0, const Tensor& g) { sink(w, row0, g); });
+  }
   return kernels::embedding(embed_tokens_, ids);
 }
 
@@ -268,8 +273,8 @@ Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& pos
 
 Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
                                    const Tensor& cu_seqlens, int64_t max_seqlen,
-                                   bool gradient_checkpointing) const {
-  Tensor h = embed(ids);
+                                   bool gradient_checkpointing, const RowGradSink& sink) const {
+  Tensor h = embed(ids, sink);
   for (int64_t l = 0; l < num_layers(); ++l) {
     // What layer l saves is reloaded when backward nears it (activation offloading).
     OffloadLayerScope offload_layer(l);
@@ -308,7 +313,8 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
     std::vector<int64_t> c = batch.cu_seqlens.to_i64();
     for (size_t i = 1; i < c.size(); ++i) max_seqlen = std::max(max_seqlen, c[i] - c[i - 1]);
   }
-  Tensor hidden = hidden_states(ids, pos, cu, max_seqlen, opt.gradient_checkpointing);
+  Tensor hidden =
+      hidden_states(ids, pos, cu, max_seqlen, opt.gradient_checkpointing, opt.row_grad_sink);
   // LM head and loss: much memory traffic for little compute if offloaded (as TRL decides).
   NoOffloadScope head;
   ForwardResult r;
@@ -333,9 +339,9 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
       kernels::LinearCrossEntropyOptions lo;
       lo.chunk_tokens = opt.loss_chunk_tokens;
       const Tensor w = lm_head_weight();
-      if (opt.head_grad_sink && !cfg_.tie_word_embeddings && w.requires_grad() &&
+      if (opt.row_grad_sink && !cfg_.tie_word_embeddings && w.requires_grad() &&
           grad_mode_enabled()) {
-        const HeadGradSink& sink = opt.head_grad_sink;
+        const RowGradSink& sink = opt.row_grad_sink;
         r.loss = kernels::linear_cross_entropy_weight_blocks(
             hidden, w, targets, normalizer,
             [&sink, &w](int64_t row0, const Tensor& g) { sink(w, row0, g); }, lo);

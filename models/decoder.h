@@ -37,9 +37,8 @@ struct DecoderLayer {
 };
 
 // Receives blocks of rows of a parameter's gradient as they complete (optimizer_in_backward's
-// OptimizerInBackward::apply_rows).
-using HeadGradSink =
-    std::function<void(const Tensor& param, int64_t row0, const Tensor& grad_rows)>;
+// OptimizerInBackward::apply_rows; kernels/weight_grad_sink.h).
+using RowGradSink = std::function<void(const Tensor& param, int64_t row0, const Tensor& grad_rows)>;
 
 struct ForwardOptions {
   bool need_loss = true;
@@ -48,10 +47,10 @@ struct ForwardOptions {
   bool gradient_checkpointing = false;
   bool fused_loss = true;  // chunked linear_cross_entropy instead of logits + cross_entropy
   int64_t loss_chunk_tokens = 1024;
-  // With the fused loss, an untied LM head that trains hands its gradient to this sink block by
-  // block during forward (linear_cross_entropy_weight_blocks) instead of holding it whole; the
-  // loss must then be backpropagated with d loss = 1.
-  HeadGradSink head_grad_sink;
+  // When set, the untied LM head (with the fused loss, during forward: the loss must then be
+  // backpropagated with d loss = 1) and the token embedding (during backward), where they train,
+  // hand their gradients to this sink block by block instead of holding them whole.
+  RowGradSink row_grad_sink;
 };
 
 struct ForwardResult {
@@ -117,15 +116,17 @@ class DecoderModel {
 
   ForwardResult forward(const Batch& batch, const ForwardOptions& opt = {});
 
-  // Pieces used by forward, the trainers and generation.
-  Tensor embed(const Tensor& ids) const;
+  // Pieces used by forward, the trainers and generation. With a sink, a token embedding that
+  // trains (untied, no embedding override) hands its gradient out by rows in backward.
+  Tensor embed(const Tensor& ids, const RowGradSink& sink = nullptr) const;
   // One decoder layer over a flat varlen batch. positions:[T] i64, cu_seqlens:[B+1] i32 on the
   // model's device.
   Tensor layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
                        const Tensor& cu_seqlens, int64_t max_seqlen) const;
   // Embedding -> all layers -> final norm.
   Tensor hidden_states(const Tensor& ids, const Tensor& positions, const Tensor& cu_seqlens,
-                       int64_t max_seqlen, bool gradient_checkpointing) const;
+                       int64_t max_seqlen, bool gradient_checkpointing,
+                       const RowGradSink& sink = nullptr) const;
   // Normed hidden states [T, H] -> logits [T, V].
   Tensor logits(const Tensor& hidden) const;
 

@@ -189,18 +189,21 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const bool grads_sharded = ranks > 1 && c.zero_stage >= 2;
   if (sharded) e.optimizer = (e.optimizer + ranks - 1) / ranks;
   const bool in_bwd = c.optimizer_in_backward;
-  // The head updated block by block inside the fused loss (sft under optimizer_in_backward):
-  // one block of its gradient at a time, in f32 (plus its copy in the weight's dtype).
+  // Row-block updates (sft under optimizer_in_backward): the untied head inside the fused loss,
+  // one block of its gradient at a time in f32 (plus its copy in the weight's dtype), and the
+  // untied embedding in backward, one block in its dtype.
   const bool head_blocks =
-      c.head_update_in_loss && in_bwd && c.fused_loss && head_trains && !tied && !seq_cls;
+      c.row_block_updates && in_bwd && c.fused_loss && head_trains && !tied && !seq_cls;
+  const bool embed_blocks = c.row_block_updates && in_bwd && embed_trains && !tied;
   const int64_t head_block_rows = std::min(v, kernels::weight_grad_block_rows(h));
   const int64_t head_block_grad = head_blocks ? head_block_rows * h * (4 + (b == 2 ? 2 : 0)) : 0;
+  const int64_t embed_block_grad = embed_blocks ? head_block_rows * h * b : embed * b;
   if (in_bwd) {
     // One gradient in flight: the largest trainable one, and the head's part of a tied
     // embedding's while the lookup's part is pending.
     int64_t largest = !c.use_peft ? std::max(inter * h, nq * h) * b : 0;
     if (head_trains) largest = std::max(largest, head_blocks ? head_block_grad : head_grad);
-    if (embed_trains && !tied) largest = std::max(largest, embed * b);
+    if (embed_trains && !tied) largest = std::max(largest, embed_block_grad);
     e.grads = std::min(e.grads, largest + (tied && head_trains ? head_grad : 0));
   }
   // A paged optimizer pages the states in slabs of kPagedSlabElements through two device
@@ -310,6 +313,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   w.live -= th;  // the final norm's output dies with the loss' forward
   // optimizer_in_backward: an untied head is updated first in backward and its gradient freed.
   if (in_bwd && head_trains && !tied && !head_blocks) w.live -= head_grad;
+  // The fused loss' dhidden goes back through the final norm before the last layer's backward,
+  // where the gradient of the layer's output stands for it (in bwd_ws).
+  if (!seq_cls && (c.fused_loss || head_blocks)) w.live -= th;
   // Backward, last layer first: a layer's gradients appear, what it kept goes.
   for (int64_t i = l - 1; i >= 0; --i) {
     int64_t in_flight = bwd_ws;
@@ -336,7 +342,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   if (embed_trains) {
     const bool tied_sum = tied && head_trains && !accumulated;
     const int64_t sum = tied_sum ? v * h * b : 0;
-    w.at("backward", "embedding", embed_grad + sum + (in_bwd ? paged_ws : 0));
+    // By blocks: one block's gradient and the gathered gradient rows of its tokens (at most all).
+    const int64_t grad = embed_blocks ? embed_block_grad + th : embed_grad;
+    w.at("backward", "embedding", grad + sum + (in_bwd ? paged_ws : 0));
   }
   // Data parallel: each unit of gradients is reduced through a flat copy (kComm).
   const int64_t grads_live = grads_sharded ? (e.grads + ranks - 1) / ranks : e.grads;
@@ -430,7 +438,7 @@ EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig&
   EstimateConfig c = estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
                                      o.get_bool("use_liger_kernel"),
                                      o.get_int_or_none("max_length").value_or(0), cpu);
-  c.head_update_in_loss = args.optimizer_in_backward && optim_updates_rows(args.optim);
+  c.row_block_updates = args.optimizer_in_backward && optim_updates_rows(args.optim);
   return c;
 }
 

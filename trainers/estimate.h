@@ -26,8 +26,9 @@
 //               backward, and on CUDA up to five device->host copies in flight in forward.
 //   loss        the fused linear cross-entropy holds dhidden and (when the head trains) the
 //               head's gradient from forward to backward, and a chunk of logits as workspace;
-//               with head_update_in_loss no head gradient is held, only one block of it (about
-//               32 MiB of f32) with the [chunk x block] logits and dhidden in f32 as workspace;
+//               with row_block_updates no head gradient is held, only one block of it (about
+//               32 MiB of f32) with the [chunk x block] logits and dhidden in f32 as workspace
+//               (and the embedding's gradient is one block at a time in backward);
 //               the unfused path holds [tokens x vocab] logits and their gradient.
 //   workspace   backward temporaries of one layer, f32 conversion buffers of 16-bit GEMMs on the
 //               CPU, attention score blocks.
@@ -80,9 +81,10 @@ struct EstimateConfig {
   std::string optim = "adamw_torch";
   bool optimizer_in_backward = false;
   bool offload_optimizer = false;
-  // sft under optimizer_in_backward with an optim that takes row blocks: an untied LM head that
-  // trains is updated block by block inside the fused loss (no whole head gradient).
-  bool head_update_in_loss = false;
+  // sft under optimizer_in_backward with an optim that takes row blocks: an untied LM head (in
+  // the fused loss) and token embedding that train are updated block by block, so neither's
+  // whole gradient exists.
+  bool row_block_updates = false;
   // Distribution (trainers/dist_options.h): ranks, ZeRO stage (0..2), elements per unit
   int64_t world_size = 1;
   int64_t zero_stage = 0;

@@ -130,7 +130,7 @@ Tensor SftTrainer::compute_loss(const Batch& b, double normalizer) {
   fo.normalizer = normalizer;
   fo.gradient_checkpointing = args_.gradient_checkpointing;
   fo.fused_loss = fused_loss_;
-  fo.head_grad_sink = head_grad_sink();
+  fo.row_grad_sink = row_grad_sink();
   return model_->forward(b, fo).loss;
 }
 
@@ -208,7 +208,7 @@ nlohmann::json SftTrainer::technique_savings() const {
         fused_loss_, 0, model_->device().is_cpu(), max_micro_tokens_, longest);
     ec.resident_before_training = resident_before_training_;
     ec.world_size = world_communicator(args_.comm).size();
-    ec.head_update_in_loss = args_.optimizer_in_backward && optim_updates_rows(args_.optim);
+    ec.row_block_updates = args_.optimizer_in_backward && optim_updates_rows(args_.optim);
     s["estimate"] = estimate_memory(ec).to_json();
   }
   if (quant_config_.enabled())

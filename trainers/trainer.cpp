@@ -560,12 +560,12 @@ TrainResult Trainer::train() {
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
           OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
       // optimizer_in_backward: alive from forward on, since a fused loss may update the LM head
-      // block by block in its forward (head_grad_sink()).
+      // block by block in its forward (row_grad_sink()).
       std::unique_ptr<OptimizerInBackward> in_bwd;
       if (args_.optimizer_in_backward) {
         in_bwd = std::make_unique<OptimizerInBackward>(*optimizer_, scheduler_.lr(step_));
         if (in_bwd->takes_rows() && nan_steps_.count(update) == 0)
-          head_grad_sink_ = [&in_bwd](const Tensor& p, int64_t row0, const Tensor& g) {
+          row_grad_sink_ = [&in_bwd](const Tensor& p, int64_t row0, const Tensor& g) {
             in_bwd->apply_rows(p, row0, g);
           };
       }
@@ -573,7 +573,7 @@ TrainResult Trainer::train() {
       {
         StepPhaseGuard phase("forward");
         loss = compute_loss(micro[i], static_cast<double>(normalizer));
-        head_grad_sink_ = nullptr;
+        row_grad_sink_ = nullptr;
       }
       if (nan_steps_.count(update)) loss = ops::scale(loss, std::nan(""));
       const double lv = loss.item();

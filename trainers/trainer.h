@@ -126,7 +126,7 @@ class Trainer {
   // Set during compute_loss under optimizer_in_backward when the optimizer takes row blocks: a
   // trainer whose loss is the model's fused causal-LM loss passes it on (ForwardOptions), so the
   // LM head is updated inside the loss and its whole gradient never exists.
-  const HeadGradSink& head_grad_sink() const { return head_grad_sink_; }
+  const RowGradSink& row_grad_sink() const { return row_grad_sink_; }
   virtual double epoch_progress() const = 0;  // fractional epoch, for logs
   virtual nlohmann::json data_state() const = 0;
   virtual void set_data_state(const nlohmann::json& s) = 0;
@@ -178,7 +178,7 @@ class Trainer {
   int64_t consecutive_nonfinite_ = 0;
   int64_t skipped_steps_ = 0;
   std::set<int64_t> nan_steps_;
-  HeadGradSink head_grad_sink_;
+  RowGradSink row_grad_sink_;
   int64_t stop_after_ = -1;
   StepCallback step_callback_;
   OffloadStats offload_totals_;

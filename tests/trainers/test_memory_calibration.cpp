@@ -19,27 +19,26 @@ namespace {
 using testing::run_command;
 using testing::trainer_bin;
 
-// A 4-layer, 36.8M-parameter Llama with the SmolLM2 tokenizer.
-const std::string& calibration_model() {
-  static const std::string dir = [] {
-    const std::string root = testing::temp_dir("calibration_model");
-    const std::string cfg = root + "/config.json", out = root + "/model";
-    std::ofstream(cfg) << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+// A 4-layer, 36.8M-parameter Llama with the SmolLM2 tokenizer (untied: 62M parameters, an LM
+// head of its own as Llama-3.1-8B has).
+std::string calibration_model(bool tied = true) {
+  const std::string root = testing::temp_dir(tied ? "calibration_model" : "calibration_untied");
+  const std::string cfg = root + "/config.json", out = root + "/model";
+  std::ofstream(cfg) << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
       "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
       "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 4096,
       "rope_theta": 10000.0, "rms_norm_eps": 1e-05, "initializer_range": 0.02,
-      "tie_word_embeddings": true, "vocab_size": 49152, "bos_token_id": 0, "eos_token_id": 0,
-      "torch_dtype": "float32"})";
-    const std::string cmd = trainer_bin() + " init-model --model_config " + cfg + " --out " + out +
-                            " --tokenizer " + std::string(LT_SOURCE_DIR) +
-                            "/tests/fixtures/tokenizers/smollm2";
-    std::string log;
-    LT_CHECK(run_command(cmd, &log) == 0, "init-model failed: ", log);
-    std::ofstream(out + "/tokenizer_config.json")
-        << R"({"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"})";
-    return out;
-  }();
-  return dir;
+      "tie_word_embeddings": )"
+                     << (tied ? "true" : "false") << R"(, "vocab_size": 49152, "bos_token_id": 0,
+      "eos_token_id": 0, "torch_dtype": "float32"})";
+  const std::string cmd = trainer_bin() + " init-model --model_config " + cfg + " --out " + out +
+                          " --tokenizer " + std::string(LT_SOURCE_DIR) +
+                          "/tests/fixtures/tokenizers/smollm2";
+  std::string log;
+  LT_CHECK(run_command(cmd, &log) == 0, "init-model failed: ", log);
+  std::ofstream(out + "/tokenizer_config.json")
+      << R"({"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"})";
+  return out;
 }
 
 // 120 texts of 50-400 words: about 27k tokens, packed into 1,024-token bins.
@@ -75,6 +74,7 @@ struct CalibrationCase {
   // runs; the 8-bit optimizer runs leave more cached (up to 37% of the peak), so only their
   // allocator peak and phase are held to the estimate.
   bool check_rss = true;
+  bool tied = true;
 };
 
 class MemoryCalibration : public ::testing::TestWithParam<CalibrationCase> {};
@@ -88,8 +88,8 @@ double percent(const std::string& out, const std::string& label) {
 
 TEST_P(MemoryCalibration, EstimateWithinFivePercentOfPeakAndTenOfRss) {
   const std::string out_dir = testing::temp_dir("calibration_out");
-  const std::string cmd = trainer_bin() + " sft --model_name_or_path " + calibration_model() +
-                          " --dataset " + calibration_data() +
+  const std::string cmd = trainer_bin() + " sft --model_name_or_path " +
+                          calibration_model(GetParam().tied) + " --dataset " + calibration_data() +
                           " --packing true --max_length 1024 --per_device_train_batch_size 1"
                           " --max_steps 2 --save_steps 0 --device cpu --output_dir " +
                           out_dir + " " + GetParam().flags;
@@ -135,7 +135,15 @@ INSTANTIATE_TEST_SUITE_P(
         CalibrationCase{"bf16_offload_optimizer_in_backward",
                         "--bf16 true --offload_optimizer cpu --optimizer_in_backward true "
                         "--max_grad_norm 0",
-                        false}),
+                        false},
+        // The README's Llama-3.1-8B setup: the head updated by blocks inside the loss, the
+        // embedding by blocks in backward, layer inputs offloaded.
+        CalibrationCase{"untied_bf16_paged_adamw_8bit_in_backward_checkpointing_offloading",
+                        "--bf16 true --optim paged_adamw_8bit --optimizer_in_backward true "
+                        "--max_grad_norm 0 --gradient_checkpointing true "
+                        "--activation_offloading true",
+                        false, false},
+        CalibrationCase{"untied_full", "", true, false}),
     [](const ::testing::TestParamInfo<CalibrationCase>& i) { return i.param.name; });
 
 // `trainer_bin estimate` before any run predicts the same peak the sft run then measures.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -14,6 +15,7 @@
 #include "trainer_test_util.h"
 #include "trainers/estimate.h"
 #include "trainers/model_io.h"
+#include "trainers/optim_options.h"
 #include "trainers/sft.h"
 
 namespace leantune {
@@ -229,17 +231,23 @@ INSTANTIATE_TEST_SUITE_P(
                        true}),
     [](const auto& info) { return info.param.name; });
 
-TEST(OptimTrainer, OptimizerInBackwardHoldsAtMostTheLargestGradientUntied) {
-  // An untied head and embedding (576 x 32 each, the largest parameters): the head's gradient
-  // comes out of the fused loss and is applied first in backward, the embedding's last; no two
-  // large gradients are ever held together, so the gradient tag peaks at the largest parameter.
-  const std::string dir = testing::temp_dir("untied");
+// The tiny model with its own LM head.
+std::string make_untied_tiny_model(const std::string& dir) {
   ModelConfig cfg = ModelConfig::load(testing::fixture_path("trainer/tiny_config.json"));
   cfg.tie_word_embeddings = false;
   DecoderModel m(cfg, Device::cpu(), DType::kF32);
   m.init_random(1);
   m.save(dir, DType::kF32);
   copy_tokenizer_files(std::string(LT_SOURCE_DIR) + "/data/embedded", dir);
+  return dir;
+}
+
+TEST(OptimTrainer, OptimizerInBackwardHoldsAtMostTheLargestGradientUntied) {
+  // An untied head and embedding (576 x 32 each, the largest parameters): the head's gradient
+  // is handed out by blocks of rows inside the fused loss and the embedding's in backward (one
+  // block here: 576 rows are fewer than a block); no two large gradients are ever held
+  // together, so the gradient tag peaks at the largest parameter.
+  const std::string dir = make_untied_tiny_model(testing::temp_dir("untied"));
   auto peak_grads = [&](bool in_bwd) {
     std::vector<std::string> e = {"--max_grad_norm", "0", "--max_steps", "3"};
     if (in_bwd) e.push_back("--optimizer_in_backward");
@@ -249,6 +257,67 @@ TEST(OptimTrainer, OptimizerInBackwardHoldsAtMostTheLargestGradientUntied) {
   const int64_t largest = 576 * 32 * 4;
   EXPECT_LE(peak_grads(true), largest);
   EXPECT_GT(peak_grads(false), 2 * largest);
+}
+
+class UntiedByRows : public ::testing::TestWithParam<InBackwardCase> {};
+
+TEST_P(UntiedByRows, TracksTheStepAfterBackward) {
+  // Under optimizer_in_backward the untied head is updated by row blocks inside the loss (its
+  // gradient from linear_cross_entropy_weight_blocks: the same sums formed another way, within
+  // 3e-7 in f32) and the embedding by row blocks in backward (bit-identical rows): 30 steps stay
+  // within f32 rounding of the step after backward (here they even come out bit for bit, the
+  // gradient's differences lying below the weights' ulp after Adam's normalisation).
+  // adafactor takes no rows: bit-identical by construction.
+  const std::string dir = make_untied_tiny_model(testing::temp_dir("untied"));
+  std::vector<std::string> flags = GetParam().flags;
+  for (const char* f : {"--max_grad_norm", "0", "--max_steps", "30", "--logging_steps", "10"})
+    flags.push_back(f);
+  auto run = [&](bool in_backward, std::vector<std::vector<float>>* weights) {
+    std::vector<std::string> e = flags;
+    if (in_backward) e.push_back("--optimizer_in_backward");
+    SftRun r = make_sft_run(testing::tiny_sft_options(dir, testing::temp_dir("out"), e));
+    TrainResult res = r.trainer->train();
+    for (const auto& [n, t] : r.model->named_parameters()) weights->push_back(t.to_f32());
+    return res;
+  };
+  std::vector<std::vector<float>> wa, wb;
+  const TrainResult a = run(false, &wa), b = run(true, &wb);
+  ASSERT_EQ(a.losses.size(), 30u);
+  ASSERT_EQ(b.losses.size(), 30u);
+  const bool rows = GetParam().name != "adafactor";
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    if (rows) {
+      EXPECT_NEAR(b.losses[i], a.losses[i], 1e-5 * std::abs(a.losses[i])) << "step " << i + 1;
+    } else {
+      EXPECT_EQ(b.losses[i], a.losses[i]) << "step " << i + 1;
+    }
+  }
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t p = 0; p < wa.size(); ++p)
+    for (size_t k = 0; k < wa[p].size(); ++k)
+      ASSERT_NEAR(wb[p][k], wa[p][k], rows ? 2e-5 : 0.0) << "parameter " << p << " element " << k;
+  EXPECT_LT(b.losses.back(), b.losses.front());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optims, UntiedByRows,
+    ::testing::Values(InBackwardCase{"adamw_torch", {"--optim", "adamw_torch"}},
+                      InBackwardCase{"adamw_torch_checkpointing_offloading",
+                                     {"--optim", "adamw_torch", "--gradient_checkpointing",
+                                      "--activation_offloading"}},
+                      InBackwardCase{"sgd", {"--optim", "sgd", "--learning_rate", "0.1"}},
+                      InBackwardCase{"adafactor", {"--optim", "adafactor"}}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(OptimTrainer, OptimUpdatesRowsAgreesWithTheOptimizers) {
+  Tensor p = testing::randn({4, 64}, DType::kF32, 1);
+  for (const char* optim : {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit",
+                            "paged_adamw_32bit", "adafactor", "sgd"})
+    for (const char* off : {"none", "cpu"}) {
+      if (std::string(off) == "cpu" && std::string(optim).rfind("paged_", 0) == 0) continue;
+      auto opt = make_optimizer(OptimArguments{optim, true, off}, {{"w", p, true}}, AdamWConfig{});
+      EXPECT_EQ(opt->supports_row_updates(), optim_updates_rows(optim)) << optim << " " << off;
+    }
 }
 
 TEST(OptimTrainer, OptimizerInBackwardRefusesAccumulationAndClipping) {
