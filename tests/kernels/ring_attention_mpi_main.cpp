@@ -167,6 +167,26 @@ TEST_P(ZigzagRing, AutogradMatchesRawBackward) {
   EXPECT_LE(max_row_error(q.grad(), p.dq, z), tol);
 }
 
+// Mismatched inputs are a leantune::Error on every rank before any message is sent, so no rank
+// waits on a peer that gave up.
+TEST(ZigzagRingErrors, BadShapesAndLayoutsThrowBeforeTheRing) {
+  auto comm = test_comm();
+  const int cp = comm->size(), r = comm->rank();
+  const ZigzagLayout z = zigzag_layout({19, 71}, cp, r);
+  const int64_t T = z.local_rows();
+  const Tensor q = Tensor::zeros({T, 4, 8}, DType::kF32),
+               kv = Tensor::zeros({T, 2, 8}, DType::kF32);
+  const ZigzagLayout other = zigzag_layout({19, 71}, cp + 1, r);
+  EXPECT_THROW(zigzag_ring_attention_fwd(*comm, q, kv, kv, other), Error);
+  EXPECT_THROW(zigzag_ring_attention_fwd(*comm, q.narrow(0, 0, T - 1), kv, kv, z), Error);
+  EXPECT_THROW(zigzag_ring_attention_fwd(*comm, q.to(DType::kBF16), kv, kv, z), Error);
+  const Tensor bad_lse = Tensor::zeros({4, T + 1}, DType::kF32);
+  EXPECT_THROW(zigzag_ring_attention_bwd(*comm, q, kv, kv, q, bad_lse, q, z), Error);
+  // The ring still works afterwards.
+  AttentionOutput res = zigzag_ring_attention_fwd(*comm, q, kv, kv, z);
+  EXPECT_EQ(res.out.to_f64(), std::vector<double>(q.numel(), 0.0));
+}
+
 // The layout by hand: cp 2, documents of 1 and 19 tokens padded to 4 and 20 (chunks of 1 and
 // 5); rank 0 holds chunks 0 and 3 of each, rank 1 chunks 1 and 2.
 TEST(ZigzagLayoutTest, ChunksPositionsAndPads) {
