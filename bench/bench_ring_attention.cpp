@@ -12,10 +12,13 @@
 // ring run; with more ranks than cores both are oversubscribed alike. Rows (times in ms, mean
 // over iterations after one warm-up, slowest rank):
 //   single  fwd+bwd of the whole batch in one process;  ideal = single / cp
-//   ring    fwd, bwd and fwd+bwd of the ring step;      % ideal = ideal / ring
+//   ring    fwd+bwd of the ring step (slowest rank), and its fwd and bwd parts (slowest rank
+//           each);                                      % ideal = ideal / ring
 //   comm    exposed communication: time spent inside Communicator calls (posting sends and
-//           receives, and waiting for them at group_end), fwd + bwd; the transfers that finish
-//           while a step computes are hidden and not counted
+//           receives, and waiting for them at group_end), fwd + bwd, slowest rank and mean; the
+//           transfers that finish while a step computes are hidden and not counted
+//   busy    ring time minus comm per rank, least and most loaded rank (the zigzag balance)
+// All times in ms.
 // Exit codes: 0 ok, 1 internal error, 2 bad option.
 #include <algorithm>
 #include <chrono>
@@ -201,12 +204,19 @@ int main(int argc, char** argv) {
       bwd += t2 - t1;
       comm_s += comm.seconds;
     }
-    fwd = world.all_reduce_scalar(fwd / f.iters, ReduceOp::kMax);
-    bwd = world.all_reduce_scalar(bwd / f.iters, ReduceOp::kMax);
-    const double comm_max = world.all_reduce_scalar(comm_s / f.iters, ReduceOp::kMax);
-    const double comm_mean = world.all_reduce_scalar(comm_s / f.iters, ReduceOp::kSum) / cp;
+    fwd /= f.iters;
+    bwd /= f.iters;
+    comm_s /= f.iters;
+    const double ring = world.all_reduce_scalar(fwd + bwd, ReduceOp::kMax);
+    const double fwd_max = world.all_reduce_scalar(fwd, ReduceOp::kMax);
+    const double bwd_max = world.all_reduce_scalar(bwd, ReduceOp::kMax);
+    const double comm_max = world.all_reduce_scalar(comm_s, ReduceOp::kMax);
+    const double comm_mean = world.all_reduce_scalar(comm_s, ReduceOp::kSum) / cp;
+    // Time outside communicator calls: the zigzag split should make it equal across ranks.
+    const double busy_min = world.all_reduce_scalar(fwd + bwd - comm_s, ReduceOp::kMin);
+    const double busy_max = world.all_reduce_scalar(fwd + bwd - comm_s, ReduceOp::kMax);
     if (r == 0) {
-      const double ideal = single / cp, ring = fwd + bwd;
+      const double ideal = single / cp;
       const double kv_mb = 2.0 * kl.nbytes() / 1e6;
       std::printf(
           "# bench_ring_attention: cp %d, %lld tokens (%lld docs, %lld padded), heads "
@@ -216,12 +226,13 @@ int main(int argc, char** argv) {
           static_cast<long long>(Tg), static_cast<long long>(f.heads),
           static_cast<long long>(f.kv_heads), static_cast<long long>(f.head_dim), dtype_name(dt),
           static_cast<long long>(f.iters));
-      std::printf("%-4s %10s %10s %10s %10s %10s %8s %12s %12s %10s\n", "cp", "single_ms",
-                  "ideal_ms", "fwd_ms", "bwd_ms", "ring_ms", "%ideal", "comm_max_ms",
-                  "comm_mean_ms", "kv_MB/hop");
-      std::printf("%-4d %10.2f %10.2f %10.2f %10.2f %10.2f %7.1f%% %12.2f %12.2f %10.2f\n", cp,
-                  single * 1e3, ideal * 1e3, fwd * 1e3, bwd * 1e3, ring * 1e3, 100.0 * ideal / ring,
-                  comm_max * 1e3, comm_mean * 1e3, kv_mb);
+      std::printf("%-3s %10s %9s %9s %9s %9s %7s %10s %10s %10s %10s %9s\n", "cp", "single_ms",
+                  "ideal_ms", "ring_ms", "fwd_ms", "bwd_ms", "%ideal", "comm_max", "comm_mean",
+                  "busy_min", "busy_max", "kv_MB/hop");
+      std::printf("%-3d %10.2f %9.2f %9.2f %9.2f %9.2f %6.1f%% %10.2f %10.2f %10.2f %10.2f %9.2f\n",
+                  cp, single * 1e3, ideal * 1e3, ring * 1e3, fwd_max * 1e3, bwd_max * 1e3,
+                  100.0 * ideal / ring, comm_max * 1e3, comm_mean * 1e3, busy_min * 1e3,
+                  busy_max * 1e3, kv_mb);
     }
     shutdown_communicators();
     return 0;
