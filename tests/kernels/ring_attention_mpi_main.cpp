@@ -34,13 +34,15 @@ struct Case {
   const char* name;
   std::vector<int64_t> lengths;
   int64_t hq, hk, d;
+  double scale;  // 0 = 1/sqrt(d)
 };
 
 // The issue's batch (cu_seqlens [0, 128, 1248, 4240]: every length a multiple of 8, so no pads
-// up to cp 4) and awkward lengths with an empty document and GQA (pads at every cp > 1).
+// up to cp 4) and awkward lengths with an empty document, GQA and an explicit scale (pads at
+// every cp > 1).
 const Case kCases[] = {
-    {"Issue4240", {128, 1120, 2992}, 2, 1, 16},
-    {"Awkward", {1, 19, 0, 71, 2}, 4, 2, 8},
+    {"Issue4240", {128, 1120, 2992}, 2, 1, 16, 0.0},
+    {"Awkward", {1, 19, 0, 71, 2}, 4, 2, 8, 0.6},
 };
 
 // The global problem and its single-process reference, and this rank's view of it.
@@ -66,6 +68,7 @@ Problem make_problem(const Case& c, int cp, int rank, DType dt) {
   Tensor cu = Tensor::from_vector(p.z.cu_seqlens_global,
                                   {static_cast<int64_t>(p.z.cu_seqlens_global.size())});
   AttentionOptions opt;
+  opt.scale = c.scale;
   p.out = Tensor::empty(p.q.shape(), dt);
   p.lse = Tensor::empty({c.hq, Tg}, dt);
   attention_fwd(p.q, p.k, p.v, cu, cu, opt, p.out, p.lse);
@@ -118,8 +121,8 @@ TEST_P(ZigzagRing, ForwardAndBackwardMatchSingleProcessAttention) {
   const ZigzagLayout& z = p.z;
   const Tensor q = zigzag_local_rows(p.q, z), k = zigzag_local_rows(p.k, z),
                v = zigzag_local_rows(p.v, z), dout = zigzag_local_rows(p.dout, z);
-  AttentionOutput got = zigzag_ring_attention_fwd(*comm, q, k, v, z);
-  AttentionGrads g = zigzag_ring_attention_bwd(*comm, q, k, v, got.out, got.lse, dout, z);
+  AttentionOutput got = zigzag_ring_attention_fwd(*comm, q, k, v, z, c.scale);
+  AttentionGrads g = zigzag_ring_attention_bwd(*comm, q, k, v, got.out, got.lse, dout, z, c.scale);
   // Errors are relative to max(1, |reference|): lse (~8 here) and the dK/dV of early keys (sums
   // over ~3000 query rows, folded in another order than the reference's) exceed 1, where 1e-6
   // absolute would be below one f32 ulp.
@@ -154,11 +157,12 @@ TEST_P(ZigzagRing, AutogradMatchesRawBackward) {
   q.set_requires_grad(true);
   k.set_requires_grad(true);
   v.set_requires_grad(true);
-  AttentionOutput r = zigzag_ring_attention(*comm, q, k, v, z);
+  AttentionOutput r = zigzag_ring_attention(*comm, q, k, v, z, c.scale);
   fn::sum(fn::mul(r.out, w)).backward();
-  AttentionOutput raw = zigzag_ring_attention_fwd(*comm, q.detach(), k.detach(), v.detach(), z);
-  AttentionGrads g =
-      zigzag_ring_attention_bwd(*comm, q.detach(), k.detach(), v.detach(), raw.out, raw.lse, w, z);
+  AttentionOutput raw =
+      zigzag_ring_attention_fwd(*comm, q.detach(), k.detach(), v.detach(), z, c.scale);
+  AttentionGrads g = zigzag_ring_attention_bwd(*comm, q.detach(), k.detach(), v.detach(), raw.out,
+                                               raw.lse, w, z, c.scale);
   EXPECT_EQ(r.out.to_f64(), raw.out.to_f64());
   EXPECT_EQ(q.grad().to_f64(), g.dq.to_f64());
   EXPECT_EQ(k.grad().to_f64(), g.dk.to_f64());
