@@ -12,8 +12,19 @@
 // Forward (CPU, f32/f64): step 0 is causal attention over the local rows; at step s >= 1 the
 // KV of rank j = (r - s) mod cp has arrived around the ring: j < r -> all local queries against
 // j's first halves, unmasked; j > r -> the local second halves against all of j's KV,
-// unmasked. Partial results merge exactly through their log-sum-exp.
+// unmasked. Partial results merge exactly through their log-sum-exp. Each step posts the KV
+// exchange before it computes, so the transfer runs beside the compute.
 //   q:[T,Hq,D], k/v:[T,Hk,D] local rows -> out:[T,Hq,D], lse:[Hq,T] (as kernels/attention.h)
+//
+// Backward (same step schedule): every block's gradient is the flash-attention backward with
+// the FINAL out and lse (P = exp(S - lse), D = rowsum(dout * out)), so block contributions just
+// add. dQ accumulates locally; the dK/dV of the visiting KV travel a second ring one step behind
+// the KV (cp hops), so each rank ends with the complete dK/dV of its own rows. Accumulation in
+// the input dtype (f32 or f64; the CPU path takes no 16-bit input). Pad rows get zero gradients
+// when their dout is zero (real tokens never attend to pads).
+//
+// The autograd entry keeps a pointer to `comm`: it must outlive the backward, and every rank
+// of the ring must run the backward (it is collective).
 #pragma once
 
 #include <cstdint>
@@ -46,5 +57,21 @@ Tensor zigzag_local_rows(const Tensor& global, const ZigzagLayout& layout);
 AttentionOutput zigzag_ring_attention_fwd(Communicator& comm, const Tensor& q, const Tensor& k,
                                           const Tensor& v, const ZigzagLayout& layout,
                                           double scale = 0.0);
+
+struct AttentionGrads {
+  Tensor dq, dk, dv;
+};
+
+// dq:[T,Hq,D], dk/dv:[T,Hk,D] for this rank's rows, given the forward's out and lse and dout.
+// Collective over `comm`.
+AttentionGrads zigzag_ring_attention_bwd(Communicator& comm, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& out, const Tensor& lse,
+                                         const Tensor& dout, const ZigzagLayout& layout,
+                                         double scale = 0.0);
+
+// Differentiable w.r.t. q, k, v (out carries the node; lse carries no gradient).
+AttentionOutput zigzag_ring_attention(Communicator& comm, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const ZigzagLayout& layout,
+                                      double scale = 0.0);
 
 }  // namespace leantune::kernels
