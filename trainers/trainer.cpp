@@ -213,6 +213,8 @@ TrainingArguments training_arguments(const Options& o) {
   return a;
 }
 
+Trainer::~Trainer() = default;
+
 Trainer::Trainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options)
     : model_(std::move(model)), args_(std::move(args)), options_(std::move(options)) {}
 
@@ -243,6 +245,12 @@ void Trainer::build_optimizer() {
                         args_.weight_decay};
   Communicator& comm = world_communicator(args_.comm);
   zero_ = nullptr;
+  buckets_.reset();
+  if (comm.size() > 1 && args_.zero_stage == 0) {
+    std::vector<Tensor> params;
+    for (const auto& p : trainable_) params.push_back(p.tensor);
+    buckets_ = std::make_unique<GradientBuckets>(comm, std::move(params), args_.reduce_bucket_size);
+  }
   if (args_.zero_stage > 0 && comm.size() > 1) {
     auto z = std::make_unique<ZeroOptimizer>(args_.zero_stage, comm, oa, trainable_, cfg,
                                              args_.reduce_bucket_size);
@@ -264,36 +272,6 @@ double Trainer::grad_norm() const {
 }
 
 bool Trainer::writes_files() const { return world_communicator(args_.comm).rank() == 0; }
-
-void Trainer::all_reduce_gradients(Communicator& comm) {
-  // Buckets of up to --reduce_bucket_size elements of one dtype, in parameter order (the same
-  // on every rank, so every rank issues the same collectives). A parameter without a gradient
-  // on this rank (it took no part in the loss) contributes zeros.
-  const int64_t kBucket = args_.reduce_bucket_size;
-  MemTagGuard tag(MemTag::kComm);
-  size_t i = 0;
-  while (i < trainable_.size()) {
-    std::vector<Tensor> grads;
-    int64_t elems = 0;
-    DType dtype = DType::kF32;
-    for (; i < trainable_.size(); ++i) {
-      Tensor p = trainable_[i].tensor;
-      Tensor g = p.grad();
-      if (!g.defined()) {
-        g = Tensor::zeros(p.shape(), p.dtype(), p.device(), MemTag::kGrad);
-        p.set_grad(g);
-      }
-      LT_CHECK_INPUT(g.device().is_cpu(), "data parallel on ", g.device().str(),
-                     " needs the NCCL backend, which this build does not provide yet; "
-                     "run the ranks on the CPU (--device cpu)");
-      if (!grads.empty() && (g.dtype() != dtype || elems + g.numel() > kBucket)) break;
-      dtype = g.dtype();
-      grads.push_back(g);
-      elems += g.numel();
-    }
-    all_reduce_tensors(comm, grads);
-  }
-}
 
 void Trainer::zero_grads() {
   for (auto& p : trainable_) p.tensor.zero_grad();
@@ -448,7 +426,8 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
   if (comm.size() > 1 && timed_updates_ > 0) {
     // This rank's time per update. The CPU collectives block the rank, so all of it is exposed;
     // stage 2's reductions inside backward are counted as communication, not compute.
-    const double comm_s = comm_seconds_ + (zero_ ? zero_->comm_seconds() : 0.0);
+    const double comm_s = comm_seconds_ + (zero_ ? zero_->comm_seconds() : 0.0) +
+                          (buckets_ ? buckets_->comm_seconds() : 0.0);
     const double n = static_cast<double>(timed_updates_);
     r["distributed"] = {
         {"world_size", comm.size()},         {"zero_stage", zero_ ? args_.zero_stage : 0},
@@ -478,6 +457,9 @@ TrainResult Trainer::train() {
                  "option optimizer_in_backward: not supported with data parallel (", comm.size(),
                  " ranks): parameters would be updated before their gradients "
                  "are summed over the ranks");
+  LT_CHECK_INPUT(!distributed || model_->device().is_cpu() || comm.backend_name() == "nccl",
+                 "data parallel on ", model_->device().str(), " needs --comm_backend nccl (the ",
+                 comm.backend_name(), " backend moves host memory)");
   build_optimizer();
   // Before anything else writes: killed saves may have left the disk full of temporary folders.
   const StaleCleanup cleaned =
@@ -589,10 +571,14 @@ TrainResult Trainer::train() {
         if (!in_bwd->finite()) finite = false;
       } else if (loss.requires_grad()) {
         StepPhaseGuard phase("backward");
-        // ZeRO-2: the last micro-batch's backward reduce-scatters each unit as it completes.
+        // The last micro-batch's backward sums each bucket (data parallel) or reduce-scatters
+        // each unit (ZeRO-2) as soon as its gradients are complete.
         std::unique_ptr<ZeroOptimizer::BackwardReducer> reducer;
+        std::unique_ptr<GradientBuckets::BackwardReducer> bucket_reducer;
         if (zero_ && zero_->stage() == 2 && i + 1 == micro.size())
           reducer = std::make_unique<ZeroOptimizer::BackwardReducer>(*zero_);
+        if (buckets_ && i + 1 == micro.size())
+          bucket_reducer = std::make_unique<GradientBuckets::BackwardReducer>(*buckets_);
         loss.backward();
       }
       if (offloader) {
@@ -613,14 +599,15 @@ TrainResult Trainer::train() {
       const auto t = std::chrono::steady_clock::now();
       finite = comm.all_reduce_int(finite ? 0 : 1, ReduceOp::kMax) == 0;
       step_loss = comm.all_reduce_scalar(step_loss);
+      comm_seconds_ += seconds_since(t);
       if (finite) {
+        // The buckets and units not summed during backward (timed by their owners).
         StepPhaseGuard phase("gradient reduction");
         if (zero_)
-          zero_->reduce_gradients();  // timed by the ZeRO optimizer itself
+          zero_->reduce_gradients();
         else
-          all_reduce_gradients(comm);
+          buckets_->reduce_all();
       }
-      if (!zero_) comm_seconds_ += seconds_since(t);
     }
     const double norm = args_.optimizer_in_backward ? backward_norm
                         : zero_                     ? zero_->grad_norm()

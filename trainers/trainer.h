@@ -36,6 +36,7 @@
 
 namespace leantune {
 
+class GradientBuckets;
 class ZeroOptimizer;
 
 struct TrainingArguments {
@@ -97,7 +98,7 @@ struct TrainResult {
 class Trainer {
  public:
   Trainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options);
-  virtual ~Trainer() = default;
+  virtual ~Trainer();
 
   TrainResult train();
 
@@ -162,15 +163,14 @@ class Trainer {
   void write_rank_files(const std::string& dir, int rank) const;
   double grad_norm() const;
   void zero_grads();
-  // Data parallel: sums every trainable gradient over the ranks, in buckets (MemTag::kComm).
-  void all_reduce_gradients(Communicator& comm);
   // Rank 0 writes files; the others only compute.
   bool writes_files() const;
   nlohmann::json memory_report(const nlohmann::json& savings) const;
 
   std::vector<Optimizer::Param> trainable_;
   std::unique_ptr<Optimizer> optimizer_;
-  ZeroOptimizer* zero_ = nullptr;  // optimizer_ when ZeRO 1/2 shards it
+  ZeroOptimizer* zero_ = nullptr;             // optimizer_ when ZeRO 1/2 shards it
+  std::unique_ptr<GradientBuckets> buckets_;  // data parallel without ZeRO
   LrScheduler scheduler_;
   int64_t total_steps_ = 0;
   int64_t step_ = 0;

@@ -1,9 +1,8 @@
-// ZeRO stages 1 and 2 (see zero.h).
+// Data-parallel gradient buckets and ZeRO stages 1 and 2 (see zero.h).
 #include "trainers/zero.h"
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
 
 #include "engine/allocator.h"
 #include "engine/check.h"
@@ -25,8 +24,9 @@ class ScopedSeconds {
   std::chrono::steady_clock::time_point start_;
 };
 
-char* bytes_at(const Tensor& t, int64_t element) {
-  return static_cast<char*>(t.data_ptr()) + element * static_cast<int64_t>(t.element_size());
+// Elements [off, off + t.numel()) of a flat buffer, shaped as t (same device and dtype).
+Tensor flat_part(const Tensor& flat, int64_t off, const Tensor& t) {
+  return flat.narrow(0, off, t.numel()).view(t.shape());
 }
 
 }  // namespace
@@ -34,25 +34,89 @@ char* bytes_at(const Tensor& t, int64_t element) {
 void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors) {
   if (tensors.empty()) return;
   const DType dtype = tensors[0].dtype();
+  const Device device = tensors[0].device();
   int64_t elems = 0;
   for (const Tensor& t : tensors) {
-    LT_CHECK(t.dtype() == dtype && t.device().is_cpu(), "all_reduce_tensors: ", t.str(),
-             " beside ", dtype_name(dtype), " cpu tensors");
+    LT_CHECK(t.dtype() == dtype && t.device() == device, "all_reduce_tensors: ", t.str(),
+             " beside ", dtype_name(dtype), " tensors on ", device.str());
     elems += t.numel();
   }
-  Tensor flat = Tensor::empty({elems}, dtype, Device::cpu(), MemTag::kComm);
+  Tensor flat = Tensor::empty({elems}, dtype, device, MemTag::kComm);
   int64_t off = 0;
   for (const Tensor& t : tensors) {
-    Tensor src = t.contiguous();
-    std::memcpy(bytes_at(flat, off), src.data_ptr(), src.nbytes());
+    flat_part(flat, off, t).copy_(t);
     off += t.numel();
   }
   comm.all_reduce(flat, ReduceOp::kSum);
   off = 0;
   for (Tensor t : tensors) {
-    t.copy_(flat.narrow(0, off, t.numel()).view(t.shape()));
+    t.copy_(flat_part(flat, off, t));
     off += t.numel();
   }
+}
+
+GradientBuckets::GradientBuckets(Communicator& comm, std::vector<Tensor> params,
+                                 int64_t bucket_elements)
+    : comm_(comm), params_(std::move(params)) {
+  LT_CHECK_INPUT(bucket_elements > 0, "option reduce_bucket_size ", bucket_elements,
+                 ": must be a positive number of elements");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    const bool fits = !buckets_.empty() &&
+                      params_[buckets_.back().params.back()].dtype() == p.dtype() &&
+                      buckets_.back().elements + p.numel() <= bucket_elements;
+    if (!fits) buckets_.push_back({});
+    buckets_.back().params.push_back(i);
+    buckets_.back().elements += p.numel();
+  }
+}
+
+void GradientBuckets::reduce(Bucket& b) {
+  b.reduced = true;
+  MemTagGuard tag(MemTag::kComm);
+  ScopedSeconds t(comm_seconds_);
+  // Runs of one gradient dtype (a parameter without a gradient contributes zeros).
+  std::vector<Tensor> run;
+  for (size_t i : b.params) {
+    Tensor p = params_[i];
+    if (!p.grad().defined())
+      p.set_grad(Tensor::zeros(p.shape(), p.dtype(), p.device(), MemTag::kGrad));
+    const Tensor g = p.grad();
+    if (!run.empty() && run.back().dtype() != g.dtype()) {
+      all_reduce_tensors(comm_, run);
+      run.clear();
+    }
+    run.push_back(g);
+  }
+  all_reduce_tensors(comm_, run);
+}
+
+void GradientBuckets::reduce_all() {
+  for (Bucket& b : buckets_)
+    if (!b.reduced) reduce(b);
+  for (Bucket& b : buckets_) b.reduced = false;
+}
+
+GradientBuckets::BackwardReducer::BackwardReducer(GradientBuckets& g) : g_(g) {
+  pending_.assign(g_.buckets_.size(), 0);
+  for (size_t bi = 0; bi < g_.buckets_.size(); ++bi)
+    for (size_t i : g_.buckets_[bi].params) {
+      bucket_of_[g_.params_[i].impl()] = bi;
+      ++pending_[bi];
+    }
+  add_backward_observer(this);
+}
+
+GradientBuckets::BackwardReducer::~BackwardReducer() { remove_backward_observer(this); }
+
+void GradientBuckets::BackwardReducer::after_node(Node& node) {
+  auto* acc = dynamic_cast<AccumulateGrad*>(&node);
+  if (!acc) return;
+  auto it = bucket_of_.find(acc->leaf());
+  if (it == bucket_of_.end()) return;
+  const size_t bi = it->second;
+  bucket_of_.erase(it);  // a leaf's gradient is complete once
+  if (--pending_[bi] == 0 && !g_.buckets_[bi].reduced) g_.reduce(g_.buckets_[bi]);
 }
 
 ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments& args,
@@ -72,8 +136,13 @@ ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments
   const int n_ranks = comm_.size(), r = comm_.rank();
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].tensor;
-    LT_CHECK_INPUT(p.device().is_cpu(), "option zero_stage: parameter ", params_[i].name, " is on ",
-                   p.device().str(), "; sharding on CUDA needs the NCCL backend (not built yet)");
+    LT_CHECK_INPUT(p.device() == params_[0].tensor.device(), "option zero_stage: parameter ",
+                   params_[i].name, " is on ", p.device().str(), ", the first on ",
+                   params_[0].tensor.device().str());
+    LT_CHECK_INPUT(p.device().is_cpu() || comm_.backend_name() == "nccl",
+                   "option zero_stage: ", "parameters on ", p.device().str(),
+                   " need --comm_backend nccl (the ", comm_.backend_name(),
+                   " backend moves host memory)");
     LT_CHECK(p.is_contiguous(), "zero: parameter ", params_[i].name, " is not contiguous");
     const bool fits = !units_.empty() && units_.back().dtype == p.dtype() &&
                       units_.back().elements + p.numel() <= unit_elements;
@@ -141,7 +210,7 @@ void ZeroOptimizer::reduce_unit(Unit& u) {
     std::vector<Tensor> grads;
     for (size_t i : u.params) {
       Tensor& p = params_[i].tensor;
-      if (!p.grad().defined()) p.set_grad(Tensor::zeros(p.shape(), gdt, Device::cpu(), MemTag::kGrad));
+      if (!p.grad().defined()) p.set_grad(Tensor::zeros(p.shape(), gdt, p.device(), MemTag::kGrad));
       grads.push_back(p.grad());
     }
     ScopedSeconds t(comm_seconds_);
@@ -150,16 +219,16 @@ void ZeroOptimizer::reduce_unit(Unit& u) {
   }
   // Stage 2: the unit's gradients in one flat buffer padded to N slices (zeros for a parameter
   // without one, and for the padding), reduce-scattered.
-  Tensor flat = Tensor::zeros({u.slice * n_ranks}, gdt, Device::cpu(), MemTag::kComm);
+  const Device dev = params_[u.params[0]].tensor.device();
+  Tensor flat = Tensor::zeros({u.slice * n_ranks}, gdt, dev, MemTag::kComm);
   for (size_t k = 0; k < u.params.size(); ++k) {
     Tensor g = params_[u.params[k]].tensor.grad();
     if (!g.defined()) continue;
-    Tensor src = g.contiguous();
-    std::memcpy(bytes_at(flat, u.offsets[k]), src.data_ptr(), src.nbytes());
+    flat_part(flat, u.offsets[k], g).copy_(g);
   }
   // Only the slice stays: the full gradients go before the slice is allocated.
   for (size_t i : u.params) params_[i].tensor.zero_grad();
-  u.grad_slice = Tensor::empty({u.slice}, gdt, Device::cpu(), MemTag::kGrad);
+  u.grad_slice = Tensor::empty({u.slice}, gdt, dev, MemTag::kGrad);
   {
     ScopedSeconds t(comm_seconds_);
     comm_.reduce_scatter(flat, u.grad_slice, ReduceOp::kSum);
@@ -227,19 +296,20 @@ void ZeroOptimizer::update(const std::vector<size_t>&, double lr, double grad_sc
   MemTagGuard tag(MemTag::kComm);
   const int n_ranks = comm_.size();
   for (Unit& u : units_) {
-    Tensor mine = Tensor::zeros({u.slice}, u.dtype, Device::cpu(), MemTag::kComm);
+    const Device dev = params_[u.params[0]].tensor.device();
+    Tensor mine = Tensor::zeros({u.slice}, u.dtype, dev, MemTag::kComm);
     for (size_t pi : u.pieces) {
       const Piece& piece = pieces_[pi];
-      std::memcpy(bytes_at(mine, piece.slice_at), piece.tensor.data_ptr(), piece.tensor.nbytes());
+      flat_part(mine, piece.slice_at, piece.tensor).copy_(piece.tensor.detach());
     }
-    Tensor all = Tensor::empty({u.slice * n_ranks}, u.dtype, Device::cpu(), MemTag::kComm);
+    Tensor all = Tensor::empty({u.slice * n_ranks}, u.dtype, dev, MemTag::kComm);
     {
       ScopedSeconds t(comm_seconds_);
       comm_.all_gather(mine, all);
     }
     for (size_t k = 0; k < u.params.size(); ++k) {
-      const Tensor& p = params_[u.params[k]].tensor;
-      std::memcpy(p.data_ptr(), bytes_at(all, u.offsets[k]), p.nbytes());
+      Tensor p = params_[u.params[k]].tensor.detach();
+      p.copy_(flat_part(all, u.offsets[k], p));
     }
   }
   drop_gradients();

@@ -34,9 +34,52 @@
 
 namespace leantune {
 
-// Sums CPU tensors of one dtype over the ranks through one flat buffer (MemTag::kComm): the
-// gradient reduction of data parallel (a bucket) and of ZeRO stage 1 (a unit).
+// Sums tensors of one dtype on one device over the ranks through one flat buffer on that device
+// (MemTag::kComm): the gradient reduction of data parallel (a bucket) and of ZeRO stage 1 (a
+// unit). Host tensors need a host backend (mpi), CUDA tensors nccl.
 void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors);
+
+// Data parallel without ZeRO: the trainable parameters' gradients summed over the ranks in
+// buckets of up to --reduce_bucket_size elements of one dtype, in parameter order (the same on
+// every rank, so every rank issues the same collectives). A parameter without a gradient on
+// this rank (it took no part in the loss) contributes zeros.
+class GradientBuckets {
+ public:
+  GradientBuckets(Communicator& comm, std::vector<Tensor> params, int64_t bucket_elements);
+  // Sums every bucket not summed yet during backward; then all are pending for the next update.
+  void reduce_all();
+  // Around the last micro-batch's backward: a bucket is summed as soon as the gradient of each of
+  // its parameters is complete, while backward goes on (with NCCL the sum runs on the
+  // communicator's stream beside the backward kernels). Every rank runs the same graph, so
+  // every rank completes the buckets in the same order.
+  class BackwardReducer final : public BackwardObserver {
+   public:
+    explicit BackwardReducer(GradientBuckets& g);
+    ~BackwardReducer() override;
+    BackwardReducer(const BackwardReducer&) = delete;
+    BackwardReducer& operator=(const BackwardReducer&) = delete;
+    void after_node(Node& node) override;
+
+   private:
+    GradientBuckets& g_;
+    std::unordered_map<const TensorImpl*, size_t> bucket_of_;
+    std::vector<size_t> pending_;  // parameters per bucket whose gradient is not complete yet
+  };
+  // Wall seconds spent in the reductions so far.
+  double comm_seconds() const { return comm_seconds_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    int64_t elements = 0;
+    bool reduced = false;
+  };
+  void reduce(Bucket& b);
+  Communicator& comm_;
+  std::vector<Tensor> params_;
+  std::vector<Bucket> buckets_;
+  double comm_seconds_ = 0;
+};
 
 class ZeroOptimizer final : public Optimizer {
  public:
