@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,16 @@ class Communicator {
 
   // In place: x becomes op over all ranks' x.
   virtual void all_reduce(Tensor& x, ReduceOp op = ReduceOp::kSum) = 0;
+  // all_reduce whose result the caller does not read at once: `then` (the code that consumes x)
+  // runs after the sum in stream order. The NCCL backend enqueues both on its own stream and
+  // does not make the caller's stream wait, so kernels the caller queues meanwhile (the rest of
+  // backward) overlap the reduction; wait_deferred() orders the caller's stream after every such
+  // call since the last one. Host backends sum, run `then` and return.
+  virtual void all_reduce_then(Tensor& x, ReduceOp op, const std::function<void()>& then) {
+    all_reduce(x, op);
+    then();
+  }
+  virtual void wait_deferred() {}
   // in:[size()*n] -> out:[n], rank r keeps block r of the reduction.
   virtual void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) = 0;
   // in:[n] -> out:[size()*n], block r is rank r's input.

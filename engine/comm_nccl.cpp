@@ -8,6 +8,9 @@
 // for the caller's current stream (an event, no host sync), enqueues the NCCL call, records a
 // "done" event and makes the caller's stream wait for it, so compute issued later sees the
 // result while the host goes on (overlap is the caller's choice of when to issue).
+// all_reduce_then is the exception: it also queues the caller's consumer of the result on the
+// communicator's stream and leaves the caller's stream free until wait_deferred(), so that
+// backward kernels queued meanwhile overlap the gradient sums.
 //
 // Watchdog: a thread polls the pending "done" events and ncclCommGetAsyncError every 20 ms.
 // A collective still pending after --comm_timeout, or an asynchronous NCCL error, aborts the
@@ -96,6 +99,40 @@ class NcclCommunicator final : public Communicator {
                            op_int(op), s);
     });
     keep_until_done(all);
+  }
+
+  void all_reduce_then(Tensor& x, ReduceOp op, const std::function<void()>& then) override {
+    if (opt_.deterministic || x.numel() == 0) {
+      all_reduce(x, op);
+      then();
+      return;
+    }
+    check(x, "all_reduce");
+    throw_if_failed();
+    const Device dev = Device::cuda(device_);
+    stream_.wait_stream(current_stream(dev));
+    nccl_all_reduce(comm_, x.data_ptr(), x.data_ptr(), x.numel(), dtype_int(x), op_int(op),
+                    stream_.handle);
+    {
+      StreamGuard on_comm(stream_);  // then()'s kernels queue behind the sum
+      then();
+    }
+    auto done = std::make_shared<Event>(dev);
+    done->record(stream_);
+    deferred_.push_back(done);
+    std::lock_guard<std::mutex> lock(mu_);
+    // x (and what then() read) must outlive the queued work: kept until the event completes.
+    pending_.push_back(
+        Pending{done,
+                Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(opt_.timeout_seconds)),
+                "all_reduce",
+                {x}});
+    cv_.notify_all();
+  }
+  void wait_deferred() override {
+    for (const auto& e : deferred_) e->wait(current_stream(Device::cuda(device_)));
+    deferred_.clear();
   }
 
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
@@ -223,6 +260,8 @@ class NcclCommunicator final : public Communicator {
                 {}});
     cv_.notify_all();
   }
+
+  std::vector<std::shared_ptr<Event>> deferred_;  // all_reduce_then's, not yet waited for
 
   void keep_until_done(const Tensor& t) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -31,7 +31,7 @@ Tensor flat_part(const Tensor& flat, int64_t off, const Tensor& t) {
 
 }  // namespace
 
-void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors) {
+void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors, bool deferred) {
   if (tensors.empty()) return;
   const DType dtype = tensors[0].dtype();
   const Device device = tensors[0].device();
@@ -47,11 +47,18 @@ void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors) 
     flat_part(flat, off, t).copy_(t);
     off += t.numel();
   }
-  comm.all_reduce(flat, ReduceOp::kSum);
-  off = 0;
-  for (Tensor t : tensors) {
-    t.copy_(flat_part(flat, off, t));
-    off += t.numel();
+  auto unpack = [flat, tensors] {
+    int64_t at = 0;
+    for (Tensor t : tensors) {
+      t.copy_(flat_part(flat, at, t));
+      at += t.numel();
+    }
+  };
+  if (deferred) {
+    comm.all_reduce_then(flat, ReduceOp::kSum, unpack);
+  } else {
+    comm.all_reduce(flat, ReduceOp::kSum);
+    unpack();
   }
 }
 
@@ -83,18 +90,20 @@ void GradientBuckets::reduce(Bucket& b) {
       p.set_grad(Tensor::zeros(p.shape(), p.dtype(), p.device(), MemTag::kGrad));
     const Tensor g = p.grad();
     if (!run.empty() && run.back().dtype() != g.dtype()) {
-      all_reduce_tensors(comm_, run);
+      all_reduce_tensors(comm_, run, true);
       run.clear();
     }
     run.push_back(g);
   }
-  all_reduce_tensors(comm_, run);
+  all_reduce_tensors(comm_, run, true);
 }
 
 void GradientBuckets::reduce_all() {
   for (Bucket& b : buckets_)
     if (!b.reduced) reduce(b);
   for (Bucket& b : buckets_) b.reduced = false;
+  ScopedSeconds t(comm_seconds_);
+  comm_.wait_deferred();
 }
 
 GradientBuckets::BackwardReducer::BackwardReducer(GradientBuckets& g) : g_(g) {

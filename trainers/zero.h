@@ -36,8 +36,11 @@ namespace leantune {
 
 // Sums tensors of one dtype on one device over the ranks through one flat buffer on that device
 // (MemTag::kComm): the gradient reduction of data parallel (a bucket) and of ZeRO stage 1 (a
-// unit). Host tensors need a host backend (mpi), CUDA tensors nccl.
-void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors);
+// unit). Host tensors need a host backend (mpi), CUDA tensors nccl. deferred: through
+// Communicator::all_reduce_then (the tensors hold the sums once wait_deferred() has ordered the
+// caller's stream; on the host at once).
+void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors,
+                        bool deferred = false);
 
 // Data parallel without ZeRO: the trainable parameters' gradients summed over the ranks in
 // buckets of up to --reduce_bucket_size elements of one dtype, in parameter order (the same on
@@ -46,7 +49,8 @@ void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors);
 class GradientBuckets {
  public:
   GradientBuckets(Communicator& comm, std::vector<Tensor> params, int64_t bucket_elements);
-  // Sums every bucket not summed yet during backward; then all are pending for the next update.
+  // Sums every bucket not summed yet during backward and waits for the sums issued during
+  // backward (wait_deferred); then all buckets are pending for the next update.
   void reduce_all();
   // Around the last micro-batch's backward: a bucket is summed as soon as the gradient of each of
   // its parameters is complete, while backward goes on (with NCCL the sum runs on the

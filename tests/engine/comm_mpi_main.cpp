@@ -283,14 +283,23 @@ TEST(CommNcclCuda, MatchesTheMpiBackend) {
         const auto a = got.to_f64(), b = want.to_f64();
         for (int64_t i = 0; i < N * n; ++i)
           ASSERT_NEAR(a[i], b[i], tolerance(dt, N) * (1 + std::fabs(b[i]))) << "all_reduce " << i;
-        if (det) EXPECT_TRUE(bit_equal(got, want)) << "deterministic all_reduce";
+        if (det) {
+          EXPECT_TRUE(bit_equal(got, want)) << "deterministic all_reduce";
+        }
+        // Deferred: the consumer queued on the communicator's stream, ordered by wait_deferred.
+        Tensor xd = host.to(dev), copied = Tensor::empty(host.shape(), dt, dev);
+        nccl->all_reduce_then(xd, ReduceOp::kSum, [&] { copied.copy_(xd); });
+        nccl->wait_deferred();
+        EXPECT_TRUE(bit_equal(copied.to(Device::cpu()), got)) << "all_reduce_then";
         Tensor rs_want = Tensor::empty({n}, dt);
         mpi->reduce_scatter(host, rs_want);
         Tensor rs = Tensor::empty({n}, dt, dev);
         Tensor hd = host.to(dev);
         nccl->reduce_scatter(hd, rs);
         Tensor rs_got = rs.to(Device::cpu());
-        if (det) EXPECT_TRUE(bit_equal(rs_got, rs_want)) << "deterministic reduce_scatter";
+        if (det) {
+          EXPECT_TRUE(bit_equal(rs_got, rs_want)) << "deterministic reduce_scatter";
+        }
         Tensor ag = Tensor::empty({N * n}, dt, dev);
         Tensor mine = contribution(w.rank(), n, dt).to(dev);
         nccl->all_gather(mine, ag);
