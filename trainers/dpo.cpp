@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <random>
 
 #include "engine/autograd.h"
 #include "engine/host_memory.h"
@@ -119,7 +118,9 @@ DpoTrainer::DpoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> mod
       train_(std::move(train)),
       data_(std::move(data)),
       loss_(std::move(loss)),
-      logps_(logps) {
+      logps_(logps),
+      batches_(static_cast<int64_t>(train_.examples.size()), args_.per_device_train_batch_size,
+               args_.seed, true, "pairs") {
   logps_.gradient_checkpointing = args_.gradient_checkpointing;
 }
 
@@ -145,46 +146,12 @@ void DpoTrainer::set_reference(RefModelConfig cfg) {
                    logps_);
 }
 
-// Data parallel: global micro-batch g of an epoch goes to rank g % world_size; every rank takes
-// ceil(global / world_size), the last ranks wrapping to the epoch's first micro-batches, as the
-// SFT data loader does.
-int64_t DpoTrainer::global_micro_batches_per_epoch() const {
-  const int64_t n = static_cast<int64_t>(train_.examples.size());
-  const int64_t bs = args_.per_device_train_batch_size;
-  return (n + bs - 1) / bs;
-}
-
 int64_t DpoTrainer::micro_batches_per_epoch() const {
-  const int64_t world = world_communicator(args_.comm).size();
-  return (global_micro_batches_per_epoch() + world - 1) / world;
-}
-
-std::vector<int64_t> DpoTrainer::epoch_order(int64_t epoch) const {
-  // Fisher-Yates with a 64-bit Mersenne Twister keyed by (seed, epoch): the same order on every
-  // machine, and on resume.
-  std::vector<int64_t> order(train_.examples.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::mt19937_64 gen(args_.seed * 1000003ULL + static_cast<uint64_t>(epoch));
-  for (size_t i = order.size(); i > 1; --i) {
-    const size_t j = static_cast<size_t>(gen() % i);
-    std::swap(order[i - 1], order[j]);
-  }
-  return order;
+  return batches_.per_epoch(world_communicator(args_.comm));
 }
 
 Batch DpoTrainer::next_micro_batch(BatchReport* report) {
-  if (step_in_epoch_ >= micro_batches_per_epoch()) {
-    ++epoch_;
-    step_in_epoch_ = 0;
-  }
-  const std::vector<int64_t> order = epoch_order(epoch_);
-  const int64_t bs = args_.per_device_train_batch_size;
-  const int64_t n = static_cast<int64_t>(order.size());
-  const Communicator& comm = world_communicator(args_.comm);
-  const int64_t g = (step_in_epoch_ * comm.size() + comm.rank()) %
-                    std::max<int64_t>(1, global_micro_batches_per_epoch());
-  std::vector<int64_t> idx(order.begin() + g * bs, order.begin() + std::min(n, (g + 1) * bs));
-  ++step_in_epoch_;
+  const std::vector<int64_t> idx = batches_.next(world_communicator(args_.comm));
   PairBatch pb = collate_pairs(train_.examples, idx, data_);
   if (data_.padding_free) {
     int64_t longest = 0;
@@ -298,22 +265,12 @@ nlohmann::json DpoTrainer::log_metrics() {
 }
 
 double DpoTrainer::epoch_progress() const {
-  const double per = static_cast<double>(std::max<int64_t>(micro_batches_per_epoch(), 1));
-  return static_cast<double>(epoch_) + static_cast<double>(step_in_epoch_) / per;
+  return batches_.progress(world_communicator(args_.comm));
 }
 
-nlohmann::json DpoTrainer::data_state() const {
-  return {{"epoch", epoch_}, {"step_in_epoch", step_in_epoch_}, {"pairs", train_.examples.size()}};
-}
+nlohmann::json DpoTrainer::data_state() const { return batches_.state(); }
 
-void DpoTrainer::set_data_state(const nlohmann::json& s) {
-  LT_CHECK_INPUT(s.is_object() && s.contains("epoch") && s.contains("step_in_epoch") &&
-                     s.value("pairs", int64_t{-1}) == static_cast<int64_t>(train_.examples.size()),
-                 "the checkpoint's data state does not belong to this dataset (",
-                 s.value("pairs", int64_t{-1}), " pairs there, ", train_.examples.size(), " here)");
-  epoch_ = s["epoch"].get<int64_t>();
-  step_in_epoch_ = s["step_in_epoch"].get<int64_t>();
-}
+void DpoTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s); }
 
 void DpoTrainer::write_model_extras(const std::string& dir) const {
   if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);

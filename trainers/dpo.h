@@ -30,6 +30,7 @@
 #include "loaders/tokenizer.h"
 #include "trainers/preference_loss.h"
 #include "trainers/ref_model.h"
+#include "trainers/row_batches.h"
 #include "trainers/sft.h"
 #include "trainers/trainer.h"
 
@@ -97,9 +98,6 @@ class DpoTrainer final : public Trainer {
   void load_model(const std::string& dir) override;
 
  private:
-  std::vector<int64_t> epoch_order(int64_t epoch) const;
-  int64_t global_micro_batches_per_epoch() const;
-
   std::string tokenizer_dir_;
   PreferenceData train_;
   DpoDataConfig data_;
@@ -111,7 +109,7 @@ class DpoTrainer final : public Trainer {
   QuantConfig quant_config_;
   QuantizeReport quant_report_;
   std::unique_ptr<ReferenceModel> ref_;
-  int64_t epoch_ = 0, step_in_epoch_ = 0;
+  RowBatches batches_;
   std::deque<PairBatch> pending_;  // fetched micro-batches not yet through compute_loss
   // Sums over the logging window's micro-batches.
   nlohmann::json window_ = nlohmann::json::object();

@@ -114,7 +114,9 @@ KtoTrainer::KtoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> mod
       max_length_(max_length),
       truncation_mode_(std::move(truncation_mode)),
       loss_(std::move(loss)),
-      logps_(logps) {
+      logps_(logps),
+      batches_(static_cast<int64_t>(train_.examples.size()), args_.per_device_train_batch_size,
+               args_.seed, false, "examples") {
   logps_.gradient_checkpointing = args_.gradient_checkpointing;
   LT_CHECK_INPUT(!kto_uses_kl(loss_) || args_.per_device_train_batch_size > 1,
                  "option per_device_train_batch_size 1: loss_type kto estimates its KL term from "
@@ -127,20 +129,6 @@ void KtoTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, b
   merge_adapter_ = merge_adapter;
 }
 
-int64_t KtoTrainer::global_micro_batches() const {
-  const int64_t n = static_cast<int64_t>(train_.examples.size());
-  const int64_t bs = args_.per_device_train_batch_size;
-  return (n + bs - 1) / bs;
-}
-
-std::vector<int64_t> KtoTrainer::micro_batch_examples(int64_t g) const {
-  const int64_t n = static_cast<int64_t>(train_.examples.size());
-  const int64_t bs = args_.per_device_train_batch_size;
-  std::vector<int64_t> idx;
-  for (int64_t i = g * bs; i < std::min(n, (g + 1) * bs); ++i) idx.push_back(i);
-  return idx;
-}
-
 void KtoTrainer::set_reference(RefModelConfig cfg) {
   ref_ = std::make_unique<ReferenceModel>(std::move(cfg), model_, &peft_);
   if (ref_->mode() != RefMode::kPrecomputed) return;
@@ -148,9 +136,9 @@ void KtoTrainer::set_reference(RefModelConfig cfg) {
   // sequences for even b, KL sequences for odd b.
   const bool kl = kto_uses_kl(loss_);
   ref_->precompute(
-      global_micro_batches() * (kl ? 2 : 1),
+      batches_.global_per_epoch() * (kl ? 2 : 1),
       [&](int64_t b) {
-        UnpairedBatch ub = collate_unpaired(train_.examples, micro_batch_examples(kl ? b / 2 : b),
+        UnpairedBatch ub = collate_unpaired(train_.examples, batches_.rows_of(0, kl ? b / 2 : b),
                                             max_length_, truncation_mode_, kl);
         if (kl && b % 2 == 1) return std::make_pair(std::move(ub.kl), std::move(ub.kl_keys));
         return std::make_pair(std::move(ub.matched), std::move(ub.matched_keys));
@@ -159,21 +147,13 @@ void KtoTrainer::set_reference(RefModelConfig cfg) {
 }
 
 int64_t KtoTrainer::micro_batches_per_epoch() const {
-  const int64_t world = world_communicator(args_.comm).size();
-  return (global_micro_batches() + world - 1) / world;
+  return batches_.per_epoch(world_communicator(args_.comm));
 }
 
 Batch KtoTrainer::next_micro_batch(BatchReport* report) {
-  if (step_in_epoch_ >= micro_batches_per_epoch()) {
-    ++epoch_;
-    step_in_epoch_ = 0;
-  }
-  const Communicator& comm = world_communicator(args_.comm);
-  const int64_t g =
-      (step_in_epoch_ * comm.size() + comm.rank()) % std::max<int64_t>(1, global_micro_batches());
-  ++step_in_epoch_;
-  UnpairedBatch ub = collate_unpaired(train_.examples, micro_batch_examples(g), max_length_,
-                                      truncation_mode_, kto_uses_kl(loss_));
+  UnpairedBatch ub =
+      collate_unpaired(train_.examples, batches_.next(world_communicator(args_.comm)), max_length_,
+                       truncation_mode_, kto_uses_kl(loss_));
   if (report) {
     report->real_tokens = ub.matched.stats.real_tokens;
     report->pad_tokens = 0;
@@ -239,24 +219,12 @@ nlohmann::json KtoTrainer::log_metrics() {
 }
 
 double KtoTrainer::epoch_progress() const {
-  const double per = static_cast<double>(std::max<int64_t>(micro_batches_per_epoch(), 1));
-  return static_cast<double>(epoch_) + static_cast<double>(step_in_epoch_) / per;
+  return batches_.progress(world_communicator(args_.comm));
 }
 
-nlohmann::json KtoTrainer::data_state() const {
-  return {
-      {"epoch", epoch_}, {"step_in_epoch", step_in_epoch_}, {"examples", train_.examples.size()}};
-}
+nlohmann::json KtoTrainer::data_state() const { return batches_.state(); }
 
-void KtoTrainer::set_data_state(const nlohmann::json& s) {
-  LT_CHECK_INPUT(
-      s.is_object() && s.contains("epoch") && s.contains("step_in_epoch") &&
-          s.value("examples", int64_t{-1}) == static_cast<int64_t>(train_.examples.size()),
-      "the checkpoint's data state does not belong to this dataset (",
-      s.value("examples", int64_t{-1}), " examples there, ", train_.examples.size(), " here)");
-  epoch_ = s["epoch"].get<int64_t>();
-  step_in_epoch_ = s["step_in_epoch"].get<int64_t>();
-}
+void KtoTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s); }
 
 void KtoTrainer::write_model_extras(const std::string& dir) const {
   if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);

@@ -26,6 +26,7 @@
 #include "loaders/examples.h"
 #include "trainers/kto_loss.h"
 #include "trainers/ref_model.h"
+#include "trainers/row_batches.h"
 #include "trainers/sft.h"
 #include "trainers/trainer.h"
 
@@ -73,9 +74,6 @@ class KtoTrainer final : public Trainer {
   void load_model(const std::string& dir) override;
 
  private:
-  int64_t global_micro_batches() const;
-  std::vector<int64_t> micro_batch_examples(int64_t g) const;
-
   std::string tokenizer_dir_;
   UnpairedData train_;
   int64_t max_length_;
@@ -86,7 +84,7 @@ class KtoTrainer final : public Trainer {
   std::string base_model_name_or_path_;
   bool merge_adapter_ = false;
   std::unique_ptr<ReferenceModel> ref_;
-  int64_t epoch_ = 0, step_in_epoch_ = 0;
+  RowBatches batches_;  // in file order
   std::deque<UnpairedBatch> pending_;
   nlohmann::json window_ = nlohmann::json::object();
   int64_t window_batches_ = 0;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <random>
 
 #include "engine/autograd.h"
 #include "engine/host_memory.h"
@@ -119,7 +118,9 @@ RewardTrainer::RewardTrainer(TrainingArguments args, std::shared_ptr<DecoderMode
       eval_(std::move(eval)),
       collate_(collate),
       center_(center_rewards_coefficient),
-      disable_dropout_(disable_dropout) {}
+      disable_dropout_(disable_dropout),
+      batches_(static_cast<int64_t>(train_.pairs.size()), args_.per_device_train_batch_size,
+               args_.seed, true, "pairs") {}
 
 void RewardTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path) {
   peft_ = std::move(peft);
@@ -127,44 +128,12 @@ void RewardTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path
   peft_.set_training(!disable_dropout_);
 }
 
-int64_t RewardTrainer::global_micro_batches_per_epoch() const {
-  const int64_t n = static_cast<int64_t>(train_.pairs.size());
-  const int64_t bs = args_.per_device_train_batch_size;
-  return (n + bs - 1) / bs;
-}
-
-// Data parallel as dpo shards it: global micro-batch g of an epoch goes to rank g % world_size.
 int64_t RewardTrainer::micro_batches_per_epoch() const {
-  const int64_t world = world_communicator(args_.comm).size();
-  return (global_micro_batches_per_epoch() + world - 1) / world;
-}
-
-std::vector<int64_t> RewardTrainer::epoch_order(int64_t epoch) const {
-  // Fisher-Yates with a 64-bit Mersenne Twister keyed by (seed, epoch): the same order on every
-  // machine and on resume.
-  std::vector<int64_t> order(train_.pairs.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::mt19937_64 gen(args_.seed * 1000003ULL + static_cast<uint64_t>(epoch));
-  for (size_t i = order.size(); i > 1; --i) {
-    const size_t j = static_cast<size_t>(gen() % i);
-    std::swap(order[i - 1], order[j]);
-  }
-  return order;
+  return batches_.per_epoch(world_communicator(args_.comm));
 }
 
 Batch RewardTrainer::next_micro_batch(BatchReport* report) {
-  if (step_in_epoch_ >= micro_batches_per_epoch()) {
-    ++epoch_;
-    step_in_epoch_ = 0;
-  }
-  const std::vector<int64_t> order = epoch_order(epoch_);
-  const int64_t bs = args_.per_device_train_batch_size;
-  const int64_t n = static_cast<int64_t>(order.size());
-  const Communicator& comm = world_communicator(args_.comm);
-  const int64_t g = (step_in_epoch_ * comm.size() + comm.rank()) %
-                    std::max<int64_t>(1, global_micro_batches_per_epoch());
-  std::vector<int64_t> idx(order.begin() + g * bs, order.begin() + std::min(n, (g + 1) * bs));
-  ++step_in_epoch_;
+  const std::vector<int64_t> idx = batches_.next(world_communicator(args_.comm));
   RewardBatch rb = collate_reward_pairs(train_.pairs, idx, collate_);
   if (collate_.padding_free) {
     const int64_t longest = rb.batch.max_seqlen;
@@ -249,22 +218,12 @@ nlohmann::json RewardTrainer::log_metrics() {
 }
 
 double RewardTrainer::epoch_progress() const {
-  const double per = static_cast<double>(std::max<int64_t>(micro_batches_per_epoch(), 1));
-  return static_cast<double>(epoch_) + static_cast<double>(step_in_epoch_) / per;
+  return batches_.progress(world_communicator(args_.comm));
 }
 
-nlohmann::json RewardTrainer::data_state() const {
-  return {{"epoch", epoch_}, {"step_in_epoch", step_in_epoch_}, {"pairs", train_.pairs.size()}};
-}
+nlohmann::json RewardTrainer::data_state() const { return batches_.state(); }
 
-void RewardTrainer::set_data_state(const nlohmann::json& s) {
-  LT_CHECK_INPUT(s.is_object() && s.contains("epoch") && s.contains("step_in_epoch") &&
-                     s.value("pairs", int64_t{-1}) == static_cast<int64_t>(train_.pairs.size()),
-                 "the checkpoint's data state does not belong to this dataset (",
-                 s.value("pairs", int64_t{-1}), " pairs there, ", train_.pairs.size(), " here)");
-  epoch_ = s["epoch"].get<int64_t>();
-  step_in_epoch_ = s["step_in_epoch"].get<int64_t>();
-}
+void RewardTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s); }
 
 void RewardTrainer::write_model_extras(const std::string& dir) const {
   if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);

@@ -39,6 +39,7 @@
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
 #include "models/score_head.h"
+#include "trainers/row_batches.h"
 #include "trainers/trainer.h"
 
 namespace leantune {
@@ -107,9 +108,6 @@ class RewardTrainer final : public Trainer {
   void load_model(const std::string& dir) override;
 
  private:
-  std::vector<int64_t> epoch_order(int64_t epoch) const;
-  int64_t global_micro_batches_per_epoch() const;
-
   std::string tokenizer_dir_;
   RewardData train_;
   std::optional<RewardData> eval_;
@@ -120,7 +118,7 @@ class RewardTrainer final : public Trainer {
   std::string base_model_name_or_path_;
   QuantConfig quant_config_;
   QuantizeReport quant_report_;
-  int64_t epoch_ = 0, step_in_epoch_ = 0;
+  RowBatches batches_;
   std::deque<RewardBatch> pending_;  // fetched micro-batches not yet through compute_loss
   nlohmann::json window_ = nlohmann::json::object();
   int64_t window_batches_ = 0;

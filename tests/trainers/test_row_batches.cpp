@@ -1,0 +1,61 @@
+// RowBatches (trainers/row_batches.h) on one rank: every row once per epoch in batches of the
+// given size (the last one short), a shuffled order that is the same for the same seed and
+// epoch and differs between epochs, file order without shuffling, progress, and the data state:
+// a round trip resumes at the same micro-batch, a state of another dataset size is refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "engine/check.h"
+#include "engine/comm.h"
+#include "trainers/row_batches.h"
+
+namespace leantune {
+namespace {
+
+TEST(RowBatches, EveryRowOncePerEpochInBatches) {
+  Communicator& comm = world_communicator();
+  for (bool shuffle : {false, true}) {
+    RowBatches b(19, 4, 7, shuffle, "pairs");
+    EXPECT_EQ(b.global_per_epoch(), 5);
+    EXPECT_EQ(b.per_epoch(comm), 5);
+    std::vector<std::vector<int64_t>> epochs(2);
+    for (int e = 0; e < 2; ++e)
+      for (int m = 0; m < 5; ++m) {
+        const std::vector<int64_t> rows = b.next(comm);
+        EXPECT_EQ(rows.size(), m == 4 ? 3u : 4u);
+        epochs[e].insert(epochs[e].end(), rows.begin(), rows.end());
+      }
+    for (auto& e : epochs) {
+      std::vector<int64_t> sorted = e;
+      std::sort(sorted.begin(), sorted.end());
+      for (int64_t i = 0; i < 19; ++i) EXPECT_EQ(sorted[i], i);
+    }
+    if (shuffle) {
+      EXPECT_NE(epochs[0], epochs[1]);
+      EXPECT_EQ(RowBatches(19, 4, 7, true, "pairs").rows_of(1, 2), b.rows_of(1, 2));
+      EXPECT_NE(RowBatches(19, 4, 8, true, "pairs").rows_of(0, 0), b.rows_of(0, 0));
+    } else {
+      EXPECT_EQ(b.rows_of(0, 1), (std::vector<int64_t>{4, 5, 6, 7}));
+      EXPECT_EQ(epochs[0], epochs[1]);
+    }
+    EXPECT_DOUBLE_EQ(b.progress(comm), 2.0);
+  }
+}
+
+TEST(RowBatches, StateResumesAndRefusesAnotherDataset) {
+  Communicator& comm = world_communicator();
+  RowBatches a(10, 3, 1, true, "examples");
+  for (int m = 0; m < 6; ++m) a.next(comm);
+  RowBatches b(10, 3, 1, true, "examples");
+  b.set_state(a.state());
+  EXPECT_EQ(b.next(comm), a.next(comm));
+  EXPECT_DOUBLE_EQ(b.progress(comm), a.progress(comm));
+  RowBatches c(11, 3, 1, true, "examples");
+  EXPECT_THROW(c.set_state(a.state()), Error);
+  EXPECT_THROW(b.set_state(nlohmann::json::array()), Error);
+}
+
+}  // namespace
+}  // namespace leantune

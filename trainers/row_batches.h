@@ -1,0 +1,44 @@
+// The micro-batches of the trainers that batch whole dataset rows (dpo, kto, reward): `batch`
+// rows each, the epoch's rows in a shuffled order (Fisher-Yates with a 64-bit Mersenne Twister
+// keyed by (seed, epoch): the same order on every machine and on resume) or in file order (kto,
+// as TRL's KTOTrainer samples sequentially). Data parallel: global micro-batch g of an epoch goes
+// to rank g % world; every rank takes ceil(global / world) of them, the last ranks wrapping to
+// the epoch's first micro-batches, as the SFT data loader does. The position (epoch, micro-batch
+// within it) is the checkpoint's data state.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/comm.h"
+
+namespace leantune {
+
+class RowBatches {
+ public:
+  // what: the name the data state gives the rows ("pairs", "examples").
+  RowBatches(int64_t rows, int64_t batch, uint64_t seed, bool shuffle, std::string what);
+  int64_t global_per_epoch() const;
+  int64_t per_epoch(const Communicator& comm) const;
+  // The rows of global micro-batch g of an epoch.
+  std::vector<int64_t> rows_of(int64_t epoch, int64_t g) const;
+  // The rows of this rank's next micro-batch; moves to the next epoch when this one is done.
+  std::vector<int64_t> next(const Communicator& comm);
+  // Epochs done, with the current one's fraction.
+  double progress(const Communicator& comm) const;
+  nlohmann::json state() const;
+  // Error(kInput) when the state belongs to a dataset of another size.
+  void set_state(const nlohmann::json& s);
+
+ private:
+  std::vector<int64_t> order(int64_t epoch) const;
+  int64_t rows_, batch_;
+  uint64_t seed_;
+  bool shuffle_;
+  std::string what_;
+  int64_t epoch_ = 0, step_in_epoch_ = 0;
+};
+
+}  // namespace leantune
