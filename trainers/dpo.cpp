@@ -197,9 +197,7 @@ Tensor DpoTrainer::compute_loss(const Batch& b, double normalizer) {
   const double scale = static_cast<double>(pb.keys.size() / 2) / normalizer;
   nlohmann::json metrics;
   Tensor loss = pairs_loss(pb, scale, nullptr, &metrics);
-  for (auto it = metrics.begin(); it != metrics.end(); ++it)
-    window_[it.key()] = window_.value(it.key(), 0.0) + it.value().get<double>();
-  ++window_batches_;
+  window_.add(metrics);
   return loss;
 }
 
@@ -253,16 +251,7 @@ PreferenceLossResult DpoTrainer::evaluate_pairs(const std::vector<int64_t>& idx)
   return r;
 }
 
-nlohmann::json DpoTrainer::log_metrics() {
-  nlohmann::json out = nlohmann::json::object();
-  if (window_batches_ == 0) return out;
-  for (auto it = window_.begin(); it != window_.end(); ++it)
-    out[it.key()] = it.value().get<double>() / static_cast<double>(window_batches_);
-  window_ = nlohmann::json::object();
-  window_batches_ = 0;
-  logged_.push_back(out);
-  return out;
-}
+nlohmann::json DpoTrainer::log_metrics() { return window_.take(); }
 
 double DpoTrainer::epoch_progress() const {
   return batches_.progress(world_communicator(args_.comm));

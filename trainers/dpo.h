@@ -73,7 +73,7 @@ class DpoTrainer final : public Trainer {
   ReferenceModel& reference() { return *ref_; }
   const DataStats& train_stats() const { return train_.stats; }
   // Every logged record's DPO metrics, in order (for tests and the command's summary).
-  const std::vector<nlohmann::json>& logged_metrics() const { return logged_; }
+  const std::vector<nlohmann::json>& logged_metrics() const { return window_.logged(); }
   // Loss and metrics of the given pairs with the current weights (no update, no dropout).
   PreferenceLossResult evaluate_pairs(const std::vector<int64_t>& idx);
   // The loss of one collated micro-batch times `scale`, differentiable with respect to the
@@ -111,10 +111,7 @@ class DpoTrainer final : public Trainer {
   std::unique_ptr<ReferenceModel> ref_;
   RowBatches batches_;
   std::deque<PairBatch> pending_;  // fetched micro-batches not yet through compute_loss
-  // Sums over the logging window's micro-batches.
-  nlohmann::json window_ = nlohmann::json::object();
-  int64_t window_batches_ = 0;
-  std::vector<nlohmann::json> logged_;
+  MetricWindow window_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;
 };

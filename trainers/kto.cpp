@@ -171,9 +171,7 @@ Tensor KtoTrainer::compute_loss(const Batch& b, double normalizer) {
   const double scale = static_cast<double>(ub.idx.size()) / normalizer;
   KtoLossResult r;
   Tensor loss = batch_loss(ub, scale, &r);
-  for (auto it = r.metrics.begin(); it != r.metrics.end(); ++it)
-    window_[it.key()] = window_.value(it.key(), 0.0) + it.value().get<double>();
-  ++window_batches_;
+  window_.add(r.metrics);
   return loss;
 }
 
@@ -207,16 +205,7 @@ Tensor KtoTrainer::batch_loss(const UnpairedBatch& ub, double scale, KtoLossResu
   return loss_from_sequence_gradient(pol.logps, value, std::move(grad));
 }
 
-nlohmann::json KtoTrainer::log_metrics() {
-  nlohmann::json out = nlohmann::json::object();
-  if (window_batches_ == 0) return out;
-  for (auto it = window_.begin(); it != window_.end(); ++it)
-    out[it.key()] = it.value().get<double>() / static_cast<double>(window_batches_);
-  window_ = nlohmann::json::object();
-  window_batches_ = 0;
-  logged_.push_back(out);
-  return out;
-}
+nlohmann::json KtoTrainer::log_metrics() { return window_.take(); }
 
 double KtoTrainer::epoch_progress() const {
   return batches_.progress(world_communicator(args_.comm));

@@ -53,7 +53,7 @@ class KtoTrainer final : public Trainer {
   void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
   void set_reference(RefModelConfig cfg);
   const DataStats& train_stats() const { return train_.stats; }
-  const std::vector<nlohmann::json>& logged_metrics() const { return logged_; }
+  const std::vector<nlohmann::json>& logged_metrics() const { return window_.logged(); }
   // The loss of one micro-batch times `scale`, differentiable with respect to the policy.
   Tensor batch_loss(const UnpairedBatch& ub, double scale, KtoLossResult* result);
 
@@ -86,9 +86,7 @@ class KtoTrainer final : public Trainer {
   std::unique_ptr<ReferenceModel> ref_;
   RowBatches batches_;  // in file order
   std::deque<UnpairedBatch> pending_;
-  nlohmann::json window_ = nlohmann::json::object();
-  int64_t window_batches_ = 0;
-  std::vector<nlohmann::json> logged_;
+  MetricWindow window_;
 };
 
 struct KtoRun {

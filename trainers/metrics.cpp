@@ -52,11 +52,11 @@ nlohmann::json memory_snapshot(Device device) {
 
 MetricsLogger::MetricsLogger(const std::string& path, int64_t total_steps, bool resume,
                              int64_t start_step)
-    : total_steps_(total_steps),
+    : path_(path),
+      total_steps_(total_steps),
       tty_(::isatty(fileno(stderr)) != 0),
       start_(std::chrono::steady_clock::now()),
-      start_step_(start_step),
-      path_(path) {
+      start_step_(start_step) {
   if (path.empty()) return;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   std::string keep;
@@ -182,6 +182,23 @@ void MetricsLogger::finish() {
   if (lost_ > 0)
     message("warning: " + path_ + ": " + std::to_string(lost_) +
             " metrics record(s) could not be written and are missing from it");
+}
+
+void MetricWindow::add(const nlohmann::json& metrics) {
+  for (auto it = metrics.begin(); it != metrics.end(); ++it)
+    sums_[it.key()] = sums_.value(it.key(), 0.0) + it.value().get<double>();
+  ++batches_;
+}
+
+nlohmann::json MetricWindow::take() {
+  nlohmann::json out = nlohmann::json::object();
+  if (batches_ == 0) return out;
+  for (auto it = sums_.begin(); it != sums_.end(); ++it)
+    out[it.key()] = it.value().get<double>() / static_cast<double>(batches_);
+  sums_ = nlohmann::json::object();
+  batches_ = 0;
+  logged_.push_back(out);
+  return out;
 }
 
 }  // namespace leantune

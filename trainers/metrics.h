@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "engine/allocator.h"
 
@@ -23,6 +24,23 @@ nlohmann::json memory_snapshot(Device device);
 // The process's resident set (VmRSS) or its high-water mark (VmHWM) from /proc/self/status, in
 // bytes; 0 where that file does not exist.
 int64_t process_rss_bytes(bool high_water_mark);
+
+// The per-micro-batch metrics of a trainer (dpo, kto, reward) summed over a logging window and
+// averaged over its micro-batches when logged, as TRL averages its metric lists; every logged
+// row is kept (tests read them).
+class MetricWindow {
+ public:
+  // Adds each number of `metrics` (an object) to its sum; counts one micro-batch.
+  void add(const nlohmann::json& metrics);
+  // The window's means (empty before any add), then a fresh window.
+  nlohmann::json take();
+  const std::vector<nlohmann::json>& logged() const { return logged_; }
+
+ private:
+  nlohmann::json sums_ = nlohmann::json::object();
+  int64_t batches_ = 0;
+  std::vector<nlohmann::json> logged_;
+};
 
 class MetricsLogger {
  public:

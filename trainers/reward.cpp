@@ -175,9 +175,7 @@ Tensor RewardTrainer::compute_loss(const Batch& b, double normalizer) {
   const double scale = static_cast<double>(rb.pairs()) / normalizer;
   RewardLossResult r;
   Tensor loss = pairs_loss(rb, scale, &r);
-  for (auto it = r.metrics.begin(); it != r.metrics.end(); ++it)
-    window_[it.key()] = window_.value(it.key(), 0.0) + it.value().get<double>();
-  ++window_batches_;
+  window_.add(r.metrics);
   return loss;
 }
 
@@ -206,16 +204,7 @@ std::optional<double> RewardTrainer::evaluate() {
   return sum / static_cast<double>(std::max<int64_t>(n, 1));
 }
 
-nlohmann::json RewardTrainer::log_metrics() {
-  nlohmann::json out = nlohmann::json::object();
-  if (window_batches_ == 0) return out;
-  for (auto it = window_.begin(); it != window_.end(); ++it)
-    out[it.key()] = it.value().get<double>() / static_cast<double>(window_batches_);
-  window_ = nlohmann::json::object();
-  window_batches_ = 0;
-  logged_.push_back(out);
-  return out;
-}
+nlohmann::json RewardTrainer::log_metrics() { return window_.take(); }
 
 double RewardTrainer::epoch_progress() const {
   return batches_.progress(world_communicator(args_.comm));

@@ -85,7 +85,7 @@ class RewardTrainer final : public Trainer {
     quant_report_ = report;
   }
   const DataStats& train_stats() const { return train_.stats; }
-  const std::vector<nlohmann::json>& logged_metrics() const { return logged_; }
+  const std::vector<nlohmann::json>& logged_metrics() const { return window_.logged(); }
   // The loss of one collated micro-batch times `scale`, differentiable with respect to the
   // model; the loss terms and metrics go to *result when given.
   Tensor pairs_loss(const RewardBatch& rb, double scale, RewardLossResult* result);
@@ -120,9 +120,7 @@ class RewardTrainer final : public Trainer {
   QuantizeReport quant_report_;
   RowBatches batches_;
   std::deque<RewardBatch> pending_;  // fetched micro-batches not yet through compute_loss
-  nlohmann::json window_ = nlohmann::json::object();
-  int64_t window_batches_ = 0;
-  std::vector<nlohmann::json> logged_;
+  MetricWindow window_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;
 };
