@@ -327,21 +327,7 @@ nlohmann::json DpoTrainer::technique_savings() const {
     const std::string mode = ref_mode_name(ref_->mode());
     s["estimate"] = estimate_preference(ec, mode, ref_->held_bytes()).to_json();
   }
-  if (quant_config_.enabled())
-    s["quantized_base"] = {{"kind", quant_config_.kind()},
-                           {"modules", quant_report_.quantized_modules},
-                           {"dense_bytes", quant_report_.dense_bytes},
-                           {"quantized_bytes", quant_report_.quantized_bytes}};
-  if (peft_.active()) {
-    const int64_t total = model_->num_parameters();
-    const int64_t trainable = peft_.num_trainable_parameters(*model_);
-    const int64_t per = static_cast<int64_t>(dtype_size(model_->dtype())) + 8 +
-                        (model_->dtype() == DType::kF32 ? 0 : 4);
-    s["peft"] = {
-        {"trainable_parameters", trainable},
-        {"total_parameters", total},
-        {"grad_and_optimizer_bytes_avoided", std::max<int64_t>(total - trainable, 0) * per}};
-  }
+  add_adapter_savings(s, *model_, peft_, quant_config_, quant_report_);
   return s;
 }
 

@@ -1,5 +1,6 @@
 #include "trainers/peft_options.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -127,6 +128,24 @@ void save_adapter_output(const PeftSetup& setup, DecoderModel& model, const std:
   const DType disk = model.dtype() == DType::kF64 ? DType::kF32 : model.dtype();
   merge_and_save(setup, model, dir + "/merged", disk);
   extras(dir + "/merged");
+}
+
+void add_adapter_savings(nlohmann::json& savings, const DecoderModel& model, const PeftSetup& peft,
+                         const QuantConfig& quant, const QuantizeReport& report) {
+  if (quant.enabled())
+    savings["quantized_base"] = {{"kind", quant.kind()},
+                                 {"modules", report.quantized_modules},
+                                 {"dense_bytes", report.dense_bytes},
+                                 {"quantized_bytes", report.quantized_bytes}};
+  if (!peft.active()) return;
+  const int64_t total = model.num_parameters();
+  const int64_t trainable = peft.num_trainable_parameters(model);
+  const int64_t per =
+      static_cast<int64_t>(dtype_size(model.dtype())) + 8 + (model.dtype() == DType::kF32 ? 0 : 4);
+  savings["peft"] = {
+      {"trainable_parameters", trainable},
+      {"total_parameters", total},
+      {"grad_and_optimizer_bytes_avoided", std::max<int64_t>(total - trainable, 0) * per}};
 }
 
 }  // namespace leantune

@@ -30,6 +30,7 @@
 
 #include "models/decoder.h"
 #include "models/peft_io.h"
+#include "models/quantize_model.h"
 #include "trainers/options.h"
 
 namespace leantune {
@@ -63,7 +64,13 @@ void merge_and_save(const PeftSetup& setup, DecoderModel& model, const std::stri
 // merged model in dir/merged, in the model's dtype (f64 written as f32), and extras there.
 void save_adapter_output(const PeftSetup& setup, DecoderModel& model, const std::string& dir,
                          bool final_output, const std::string& base_model_name_or_path,
-                         bool merge_adapter,
-                         const std::function<void(const std::string&)>& extras);
+                         bool merge_adapter, const std::function<void(const std::string&)>& extras);
+
+// The memory report's savings of a quantized base ("quantized_base": kind, modules, dense and
+// quantized bytes) and of adapters ("peft": trainable and total parameters, and the gradient and
+// AdamW bytes the frozen ones do not need: per parameter its gradient in the compute dtype, two
+// f32 moments, and an f32 master for 16-bit weights), added to `savings` where they apply.
+void add_adapter_savings(nlohmann::json& savings, const DecoderModel& model, const PeftSetup& peft,
+                         const QuantConfig& quant, const QuantizeReport& report);
 
 }  // namespace leantune
