@@ -412,6 +412,17 @@ bool completion_survives(const std::vector<int32_t>& prompt, const std::vector<i
 
 }  // namespace
 
+namespace {
+// The first line decides the format: dpo and reward need chosen/rejected rows.
+void require_preference_format(const DatasetFormat& format, const std::string& path,
+                               int64_t line) {
+  LT_CHECK_INPUT(format.kind == DatasetKind::kPreference, path, ":", line, ": dataset format ",
+                 format.name(),
+                 " is not a preference format ('prompt'+'chosen'+'rejected' or "
+                 "'chosen'+'rejected')");
+}
+}  // namespace
+
 PreferenceData load_preference_data(const std::string& path, const TextEncoder& enc,
                                     const DataConfig& cfg) {
   validate_data_config(cfg);
@@ -426,10 +437,7 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
   while (reader.next(&rec)) {
     if (first) {
       out.format = reader.format();
-      LT_CHECK_INPUT(out.format.kind == DatasetKind::kPreference, path, ":", rec.line,
-                     ": dataset format ", out.format.name(),
-                     " is not a preference format ('prompt'+'chosen'+'rejected' or "
-                     "'chosen'+'rejected')");
+      require_preference_format(out.format, path, rec.line);
       first = false;
     }
     PreferenceExample ex;
@@ -493,10 +501,7 @@ RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
   while (reader.next(&rec)) {
     if (first) {
       out.format = reader.format();
-      LT_CHECK_INPUT(out.format.kind == DatasetKind::kPreference, path, ":", rec.line,
-                     ": dataset format ", out.format.name(),
-                     " is not a preference format ('prompt'+'chosen'+'rejected' or "
-                     "'chosen'+'rejected')");
+      require_preference_format(out.format, path, rec.line);
       first = false;
     }
     RewardPair p;
