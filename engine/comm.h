@@ -59,6 +59,13 @@ class Communicator {
     all_reduce(x, op);
     then();
   }
+  // The same for reduce_scatter (ZeRO-2's units): out holds this rank's block once
+  // wait_deferred() has ordered the caller's stream.
+  virtual void reduce_scatter_then(const Tensor& in, Tensor& out, ReduceOp op,
+                                   const std::function<void()>& then) {
+    reduce_scatter(in, out, op);
+    then();
+  }
   virtual void wait_deferred() {}
   // in:[size()*n] -> out:[n], rank r keeps block r of the reduction.
   virtual void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) = 0;

@@ -117,18 +117,29 @@ class NcclCommunicator final : public Communicator {
       StreamGuard on_comm(stream_);  // then()'s kernels queue behind the sum
       then();
     }
-    auto done = std::make_shared<Event>(dev);
-    done->record(stream_);
-    deferred_.push_back(done);
-    std::lock_guard<std::mutex> lock(mu_);
-    // x (and what then() read) must outlive the queued work: kept until the event completes.
-    pending_.push_back(
-        Pending{done,
-                Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(opt_.timeout_seconds)),
-                "all_reduce",
-                {x}});
-    cv_.notify_all();
+    defer("all_reduce", {x});
+  }
+  void reduce_scatter_then(const Tensor& in, Tensor& out, ReduceOp op,
+                           const std::function<void()>& then) override {
+    if (opt_.deterministic || out.numel() == 0) {
+      reduce_scatter(in, out, op);
+      then();
+      return;
+    }
+    check(in, "reduce_scatter");
+    check(out, "reduce_scatter");
+    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(), "reduce_scatter: in ",
+             in.str(), " must hold ", size(), " blocks of out ", out.str());
+    throw_if_failed();
+    const Device dev = Device::cuda(device_);
+    stream_.wait_stream(current_stream(dev));
+    nccl_reduce_scatter(comm_, in.data_ptr(), out.data_ptr(), out.numel(), dtype_int(in),
+                        op_int(op), stream_.handle);
+    {
+      StreamGuard on_comm(stream_);
+      then();
+    }
+    defer("reduce_scatter", {in, out});
   }
   void wait_deferred() override {
     for (const auto& e : deferred_) e->wait(current_stream(Device::cuda(device_)));
@@ -261,7 +272,22 @@ class NcclCommunicator final : public Communicator {
     cv_.notify_all();
   }
 
-  std::vector<std::shared_ptr<Event>> deferred_;  // all_reduce_then's, not yet waited for
+  std::vector<std::shared_ptr<Event>> deferred_;  // the *_then calls', not yet waited for
+
+  // Records the end of a deferred collective on the communicator's stream without making the
+  // caller's stream wait; `keep` (its buffers) lives until the event has completed.
+  void defer(const char* what, std::vector<Tensor> keep) {
+    auto done = std::make_shared<Event>(Device::cuda(device_));
+    done->record(stream_);
+    deferred_.push_back(done);
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(
+        Pending{done,
+                Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(opt_.timeout_seconds)),
+                what, std::move(keep)});
+    cv_.notify_all();
+  }
 
   void keep_until_done(const Tensor& t) {
     std::lock_guard<std::mutex> lock(mu_);

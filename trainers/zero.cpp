@@ -190,6 +190,18 @@ ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments
 void ZeroOptimizer::reduce_gradients() {
   for (Unit& u : units_)
     if (!u.reduced) reduce_unit(u);
+  {
+    ScopedSeconds t(comm_seconds_);
+    comm_.wait_deferred();
+  }
+  // Stage 2: this rank's part of the squared norm, in the order the units were reduced.
+  for (size_t ui : reduced_order_)
+    for (size_t pi : units_[ui].pieces) {
+      const Piece& piece = pieces_[pi];
+      slice_sum_squares_ +=
+          ops::sum_squares(units_[ui].grad_slice.narrow(0, piece.slice_at, piece.length));
+    }
+  reduced_order_.clear();
 }
 
 void ZeroOptimizer::drop_gradients() {
@@ -199,6 +211,7 @@ void ZeroOptimizer::drop_gradients() {
   }
   for (Piece& p : pieces_) p.tensor.zero_grad();
   slice_sum_squares_ = 0;
+  reduced_order_.clear();
 }
 
 void ZeroOptimizer::reduce_unit(Unit& u) {
@@ -223,7 +236,7 @@ void ZeroOptimizer::reduce_unit(Unit& u) {
       grads.push_back(p.grad());
     }
     ScopedSeconds t(comm_seconds_);
-    all_reduce_tensors(comm_, grads);
+    all_reduce_tensors(comm_, grads, true);
     return;
   }
   // Stage 2: the unit's gradients in one flat buffer padded to N slices (zeros for a parameter
@@ -239,14 +252,12 @@ void ZeroOptimizer::reduce_unit(Unit& u) {
   for (size_t i : u.params) params_[i].tensor.zero_grad();
   u.grad_slice = Tensor::empty({u.slice}, gdt, dev, MemTag::kGrad);
   {
+    // Deferred: on CUDA the sum runs beside the rest of backward; its norm is taken in
+    // reduce_gradients() once every unit is in.
     ScopedSeconds t(comm_seconds_);
-    comm_.reduce_scatter(flat, u.grad_slice, ReduceOp::kSum);
+    comm_.reduce_scatter_then(flat, u.grad_slice, ReduceOp::kSum, [] {});
   }
-  flat = Tensor();
-  for (size_t pi : u.pieces) {
-    const Piece& piece = pieces_[pi];
-    slice_sum_squares_ += ops::sum_squares(u.grad_slice.narrow(0, piece.slice_at, piece.length));
-  }
+  reduced_order_.push_back(static_cast<size_t>(&u - units_.data()));
 }
 
 ZeroOptimizer::BackwardReducer::BackwardReducer(ZeroOptimizer& z) : z_(z) {

@@ -158,7 +158,8 @@ class ZeroOptimizer final : public Optimizer {
   std::vector<Unit> units_;
   std::vector<Piece> pieces_;
   std::unique_ptr<Optimizer> inner_;
-  double slice_sum_squares_ = 0;  // stage 2, this rank's part of the squared norm
+  double slice_sum_squares_ = 0;       // stage 2, this rank's part of the squared norm
+  std::vector<size_t> reduced_order_;  // stage 2: units reduce-scattered, in order
   double comm_seconds_ = 0;
 };
 

@@ -300,6 +300,10 @@ TEST(CommNcclCuda, MatchesTheMpiBackend) {
         if (det) {
           EXPECT_TRUE(bit_equal(rs_got, rs_want)) << "deterministic reduce_scatter";
         }
+        Tensor rsd = Tensor::empty({n}, dt, dev);
+        nccl->reduce_scatter_then(hd, rsd, ReduceOp::kSum, [] {});
+        nccl->wait_deferred();
+        EXPECT_TRUE(bit_equal(rsd.to(Device::cpu()), rs_got)) << "reduce_scatter_then";
         Tensor ag = Tensor::empty({N * n}, dt, dev);
         Tensor mine = contribution(w.rank(), n, dt).to(dev);
         nccl->all_gather(mine, ag);
