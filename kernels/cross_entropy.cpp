@@ -126,6 +126,47 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor
   });
 }
 
+void cross_entropy_row_stats(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                             const Tensor& entropy, const Tensor& top1) {
+  check_inputs("cross_entropy_row_stats", logits, targets);
+  const int64_t rows = logits.size(0), v = logits.size(1);
+  const DType sd = stat_dtype(logits.dtype());
+  for (const Tensor* t : {&lse, &entropy, &top1})
+    LT_CHECK(t->shape() == (Shape{rows}) && t->dtype() == sd && t->is_contiguous(),
+             "cross_entropy_row_stats: ", t->str(), " for logits ", logits.str(), " (want [", rows,
+             "] ", dtype_name(sd), ")");
+  if (logits.device().is_cuda()) {
+    cross_entropy_row_stats_cuda(logits, targets, lse, entropy, top1);
+    return;
+  }
+  const std::vector<int64_t> y = checked_targets(targets, v, "cross_entropy_row_stats");
+  const Tensor zc = ops::contiguous_workspace(logits);
+  LT_DISPATCH_FLOAT(logits.dtype(), T, {
+    using A = acc_t<T>;
+    const T* pz = static_cast<const T*>(zc.data_ptr());
+    const A* pl = static_cast<const A*>(lse.data_ptr());
+    A* pe = static_cast<A*>(entropy.data_ptr());
+    A* pt = static_cast<A*>(top1.data_ptr());
+    parallel_for(rows, cpu::grain_for(v), [&](int64_t r) {
+      const T* z = pz + r * v;
+      const A l = pl[r];
+      A pz_sum = 0;
+      int64_t arg = 0;
+      A best = load(z, 0);
+      for (int64_t j = 0; j < v; ++j) {
+        const A zj = load(z, j);
+        pz_sum += std::exp(zj - l) * zj;
+        if (zj > best) {
+          best = zj;
+          arg = j;
+        }
+      }
+      pe[r] = l - pz_sum;
+      pt[r] = y[r] != kIgnoreIndex && arg == y[r] ? A(1) : A(0);
+    });
+  });
+}
+
 void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
                        const Tensor& dlogits) {
   check_inputs("cross_entropy_bwd", logits, targets);

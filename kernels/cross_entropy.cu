@@ -86,6 +86,72 @@ __global__ void cross_entropy_bwd_kernel(const T* logits, const int64_t* __restr
     d[j] = cu::from_acc<T>(grad(cu::to_acc(z[j]), j));
 }
 
+// entropy and top-1 hit of row blockIdx.x (see cross_entropy.h): each thread keeps a partial
+// sum of p_j z_j and its first maximum; warps merge by shuffles, then warp 0 merges the warps in
+// order (deterministic). Ties keep the smaller index, as torch.argmax does.
+template <typename T>
+__global__ void cross_entropy_row_stats_kernel(const T* __restrict__ logits,
+                                               const int64_t* __restrict__ targets,
+                                               const cu::acc_of<T>* __restrict__ lse, int64_t v,
+                                               cu::acc_of<T>* __restrict__ entropy,
+                                               cu::acc_of<T>* __restrict__ top1) {
+  using A = cu::acc_of<T>;
+  __shared__ A s_sum[32], s_best[32];
+  __shared__ int64_t s_arg[32];
+  const int64_t row = blockIdx.x;
+  const T* z = logits + row * v;
+  const A l = lse[row];
+  A sum = 0, best = A(-INFINITY);
+  int64_t arg = v;  // none yet
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+    const A zj = cu::to_acc(z[j]);
+    sum += exp_acc(zj - l) * zj;
+    if (zj > best || arg == v) {
+      best = zj;
+      arg = j;
+    }
+  }
+  // Whether (b2, a2) beats (b1, a1): a larger value, or an equal one at a smaller index; an
+  // index of INT64_MAX stands for "no element" (a thread past the row's end).
+  auto better = [](A b1, int64_t a1, A b2, int64_t a2) {
+    if (a2 == INT64_MAX) return false;
+    if (a1 == INT64_MAX) return true;
+    return b2 > b1 || (b2 == b1 && a2 < a1);
+  };
+  if (arg == v) arg = INT64_MAX;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const A osum = __shfl_xor_sync(0xffffffffu, sum, o);
+    const A obest = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t oarg = __shfl_xor_sync(0xffffffffu, arg, o);
+    sum += osum;
+    if (better(best, arg, obest, oarg)) {
+      best = obest;
+      arg = oarg;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    s_sum[warp] = sum;
+    s_best[warp] = best;
+    s_arg[warp] = arg;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  A tsum = 0, tbest = A(-INFINITY);
+  int64_t targ = INT64_MAX;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) {
+    tsum += s_sum[w];
+    if (better(tbest, targ, s_best[w], s_arg[w])) {
+      tbest = s_best[w];
+      targ = s_arg[w];
+    }
+  }
+  entropy[row] = l - tsum;
+  const int64_t y = targets[row];
+  top1[row] = y != kIgnoreIndex && targ == y ? A(1) : A(0);
+}
+
 int block_threads(int64_t nvec) {
   if (nvec >= 8192) return 512;
   if (nvec >= 1024) return 256;
@@ -131,6 +197,20 @@ void cross_entropy_bwd_launch(const void* logits, const int64_t* targets, const 
     else
       cross_entropy_bwd_kernel<T, 1><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
           pz, targets, pe, v, static_cast<A>(scale), pd);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void cross_entropy_row_stats_launch(const void* logits, const int64_t* targets, const void* lse,
+                                    void* entropy, void* top1, int64_t rows, int64_t v, DType dt,
+                                    cudaStream_t stream) {
+  if (rows == 0) return;
+  LT_CU_DISPATCH_FLOAT(dt, T, {
+    using A = cu::acc_of<T>;
+    const int threads = block_threads(v);
+    cross_entropy_row_stats_kernel<T><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
+        static_cast<const T*>(logits), targets, static_cast<const A*>(lse), v,
+        static_cast<A*>(entropy), static_cast<A*>(top1));
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -200,6 +280,27 @@ void cross_entropy_bwd_cuda(const Tensor& logits, const Tensor& targets, const T
   const Tensor zc = cu::contiguous_ws(logits), ec = cu::contiguous_ws(lse);
   cross_entropy_bwd_launch(zc.data_ptr(), y.data<int64_t>(), ec.data_ptr(), scale,
                            dlogits.data_ptr(), rows, v, logits.dtype(), cu::stream_of(d));
+}
+
+void cross_entropy_row_stats_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                  const Tensor& entropy, const Tensor& top1) {
+  const char* op = "cross_entropy_row_stats";
+  check_inputs(op, logits, targets);
+  const Device d = logits.device();
+  const int64_t rows = logits.size(0), v = logits.size(1);
+  const DType sd = stat_dtype(logits.dtype());
+  cu::check_on(lse, d, op, "lse");
+  cu::check_operand(entropy, d, op, "entropy");
+  cu::check_operand(top1, d, op, "top1");
+  for (const Tensor* t : {&lse, &entropy, &top1})
+    LT_CHECK(t->shape() == (Shape{rows}) && t->dtype() == sd, op, ": ", t->str(), " for logits ",
+             logits.str());
+  cu::DeviceGuard g(d);
+  const Tensor y = checked_targets(targets, v, d, op);
+  const Tensor zc = cu::contiguous_ws(logits), ec = cu::contiguous_ws(lse);
+  cross_entropy_row_stats_launch(zc.data_ptr(), y.data<int64_t>(), ec.data_ptr(),
+                                 entropy.data_ptr(), top1.data_ptr(), rows, v, logits.dtype(),
+                                 cu::stream_of(d));
 }
 
 }  // namespace leantune::kernels

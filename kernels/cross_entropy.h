@@ -23,6 +23,17 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor
 void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
                        const Tensor& dlogits);
 
+// Per-row statistics of the distribution softmax(logits) for the metrics TRL logs (DPO's
+// `entropy` and `mean_token_accuracy`), given each row's lse from cross_entropy_fwd:
+//   entropy[t] = lse[t] - sum_j softmax(z_t)_j z_tj   (f32; f64 for f64 logits)
+//   top1[t]    = 1 when argmax_j z_tj (the first of equal maxima, as torch.argmax) is the row's
+//                target, else 0 (also for ignored rows); f32 (f64 for f64 logits).
+// Reads each row once; no scratch.
+void cross_entropy_row_stats(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                             const Tensor& entropy, const Tensor& top1);
+void cross_entropy_row_stats_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                  const Tensor& entropy, const Tensor& top1);
+
 void cross_entropy_fwd_cuda(const Tensor& logits, const Tensor& targets, const Tensor& loss_rows,
                             const Tensor& lse);
 void cross_entropy_bwd_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,

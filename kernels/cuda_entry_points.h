@@ -40,6 +40,10 @@
     (const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,                \
      const Tensor& dlogits),                                                                      \
     (logits, targets, lse, scale, dlogits))                                                       \
+  X(void, leantune::kernels, cross_entropy_row_stats_cuda,                                        \
+    (const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& entropy,       \
+     const Tensor& top1),                                                                         \
+    (logits, targets, lse, entropy, top1))                                                        \
   X(void, leantune::kernels, dropout_apply_cuda,                                                  \
     (const Tensor& x, const Tensor& y, double p, const PhiloxParams& params), (x, y, p, params))  \
   X(void, leantune::kernels, embedding_fwd_cuda,                                                  \
@@ -96,7 +100,7 @@
 
 namespace leantune::kernels {
 
-inline constexpr uint32_t kKernelsCudaAbiVersion = 3;
+inline constexpr uint32_t kKernelsCudaAbiVersion = 4;
 inline constexpr const char* kKernelsCudaTableSymbol = LT_CUDA_STR(LT_KERNELS_CUDA_TABLE);
 
 struct KernelsCudaTable {

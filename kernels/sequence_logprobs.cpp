@@ -213,6 +213,10 @@ SequenceLogprobs linear_sequence_logprobs(const Tensor& hidden, const Tensor& we
   r.tokens = layout.tokens;
   std::vector<double> sums(static_cast<size_t>(layout.num_seqs), 0.0);
   if (opt.logit_sums) r.logit_sums.assign(sums.size(), 0.0);
+  if (opt.row_stats) {
+    r.entropy_sums.assign(sums.size(), 0.0);
+    r.top1_counts.assign(sums.size(), 0);
+  }
   if (!layout.chunks.empty()) {
     const Tensor x = hidden.detach();
     Tensor w = weight.detach();
@@ -225,6 +229,11 @@ SequenceLogprobs linear_sequence_logprobs(const Tensor& hidden, const Tensor& we
     Tensor zbuf = Tensor::empty({cap, v}, d, dev, MemTag::kWorkspace);
     Tensor nll = Tensor::empty({cap}, d, dev, MemTag::kWorkspace);
     Tensor lse = Tensor::empty({cap}, d, dev, MemTag::kWorkspace);
+    Tensor ent, top;
+    if (opt.row_stats) {
+      ent = Tensor::empty({cap}, d, dev, MemTag::kWorkspace);
+      top = Tensor::empty({cap}, d, dev, MemTag::kWorkspace);
+    }
     for (size_t c = 0; c < layout.chunks.size(); ++c) {
       const int64_t n = layout.chunk_rows[c];
       const auto& pieces = layout.chunks[c];
@@ -233,12 +242,22 @@ SequenceLogprobs linear_sequence_logprobs(const Tensor& hidden, const Tensor& we
       ops::gemm(xc, false, w, true, zc, 1.0, 0.0);
       cross_entropy_fwd(zc, tgt[c], nc, lse.narrow(0, 0, n));
       const std::vector<double> rows = nc.to_f64();
-      std::vector<double> zsum;
+      std::vector<double> zsum, es, ts;
       if (opt.logit_sums) zsum = ops::sum_dim(zc, 1).to_f64();
+      if (opt.row_stats) {
+        cross_entropy_row_stats(zc, tgt[c], lse.narrow(0, 0, n), ent.narrow(0, 0, n),
+                                top.narrow(0, 0, n));
+        es = ent.narrow(0, 0, n).to_f64();
+        ts = top.narrow(0, 0, n).to_f64();
+      }
       for (const Piece& p : pieces)
         for (int64_t i = 0; i < p.len; ++i) {
           sums[p.seq] -= rows[p.at + i];
           if (opt.logit_sums) r.logit_sums[p.seq] += zsum[p.at + i] / static_cast<double>(v);
+          if (opt.row_stats) {
+            r.entropy_sums[p.seq] += es[p.at + i];
+            r.top1_counts[p.seq] += ts[p.at + i] > 0.5 ? 1 : 0;
+          }
         }
     }
   }
@@ -271,17 +290,32 @@ SequenceLogprobs logits_sequence_logprobs(const Tensor& logits, const Tensor& ta
   Tensor lse = Tensor::empty({t}, d, dev, MemTag::kActivation);
   cross_entropy_fwd(logits.detach(), y, nll, lse);
   const std::vector<double> rows = nll.to_f64();
-  std::vector<double> zsum;
+  std::vector<double> zsum, es, ts;
   if (opt.logit_sums) zsum = ops::sum_dim(logits.detach(), 1).to_f64();
+  if (opt.row_stats) {
+    Tensor ent = Tensor::empty({t}, d, dev, MemTag::kWorkspace);
+    Tensor top = Tensor::empty({t}, d, dev, MemTag::kWorkspace);
+    cross_entropy_row_stats(logits.detach(), y, lse, ent, top);
+    es = ent.to_f64();
+    ts = top.to_f64();
+  }
   SequenceLogprobs r;
   r.tokens = layout.tokens;
   std::vector<double> sums(static_cast<size_t>(layout.num_seqs), 0.0);
   if (opt.logit_sums) r.logit_sums.assign(sums.size(), 0.0);
+  if (opt.row_stats) {
+    r.entropy_sums.assign(sums.size(), 0.0);
+    r.top1_counts.assign(sums.size(), 0);
+  }
   for (const auto& chunk : layout.chunks)
     for (const Piece& p : chunk)
       for (int64_t i = 0; i < p.len; ++i) {
         sums[p.seq] -= rows[p.start + i];
         if (opt.logit_sums) r.logit_sums[p.seq] += zsum[p.start + i] / static_cast<double>(v);
+        if (opt.row_stats) {
+          r.entropy_sums[p.seq] += es[p.start + i];
+          r.top1_counts[p.seq] += ts[p.start + i] > 0.5 ? 1 : 0;
+        }
       }
   r.logps = logps_tensor(sums, d, dev);
   if (node_needed({logits})) {

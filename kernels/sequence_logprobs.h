@@ -18,7 +18,8 @@
 // on CUDA alike. The gradient of a sequence's sum is the same for all its rows, which is what
 // lets backward use cross_entropy_bwd's scalar scale once per run.
 // Optional outputs (no gradient): counted tokens per sequence and, with logit_sums, the sum
-// over counted rows of the row's vocabulary-mean logit (TRL's logits/chosen metric numerator).
+// over counted rows of the row's vocabulary-mean logit (TRL's logits/chosen metric numerator);
+// with row_stats, entropy sums and top-1 counts.
 // Workspace is tagged kWorkspace; dhidden kActivation; dweight kGrad.
 #pragma once
 
@@ -32,12 +33,18 @@ namespace leantune::kernels {
 struct SequenceLogprobsOptions {
   int64_t chunk_tokens = 1024;
   bool logit_sums = false;
+  bool row_stats = false;  // entropy_sums and top1_counts (cross_entropy_row_stats)
 };
 
 struct SequenceLogprobs {
   Tensor logps;                    // [B], differentiable
   std::vector<int64_t> tokens;     // counted rows per sequence
   std::vector<double> logit_sums;  // per sequence, when asked for
+  // Per sequence, when row_stats is asked for: the sum over counted rows of the row's entropy,
+  // and how many of them have their target as the top-1 logit (TRL's entropy and
+  // mean_token_accuracy metrics).
+  std::vector<double> entropy_sums;
+  std::vector<int64_t> top1_counts;
 };
 
 SequenceLogprobs linear_sequence_logprobs(const Tensor& hidden, const Tensor& weight,

@@ -208,6 +208,7 @@ Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossR
   const std::vector<double> ref = ref_->logps(pb.batch, pb.keys, logps_);
   SequenceLogpsOptions po = logps_;
   po.logit_sums = true;
+  po.row_stats = metrics != nullptr;
   kernels::SequenceLogprobs pol = sequence_logps(*model_, pb.batch, po);
   const std::vector<double> lp = pol.logps.to_f64();
   PreferenceLossResult r =
@@ -223,7 +224,14 @@ Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossR
     logits_r += pol.logit_sums[n + i];
     tok_r += pol.tokens[n + i];
   }
-  if (metrics)
+  if (metrics) {
+    // TRL's entropy: over the completion tokens of both sides; mean_token_accuracy: the chosen
+    // completions' tokens whose target is the top-1 logit.
+    double entropy = 0;
+    int64_t hits = 0;
+    for (size_t i = 0; i < 2 * n; ++i) entropy += pol.entropy_sums[i];
+    for (size_t i = 0; i < n; ++i) hits += pol.top1_counts[i];
+    const int64_t all = tok_c + tok_r;
     *metrics = {{"rewards/chosen", r.rewards_chosen},
                 {"rewards/rejected", r.rewards_rejected},
                 {"rewards/accuracies", r.rewards_accuracies},
@@ -231,7 +239,11 @@ Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossR
                 {"logps/chosen", r.logps_chosen},
                 {"logps/rejected", r.logps_rejected},
                 {"logits/chosen", tok_c > 0 ? logits_c / static_cast<double>(tok_c) : 0.0},
-                {"logits/rejected", tok_r > 0 ? logits_r / static_cast<double>(tok_r) : 0.0}};
+                {"logits/rejected", tok_r > 0 ? logits_r / static_cast<double>(tok_r) : 0.0},
+                {"entropy", all > 0 ? entropy / static_cast<double>(all) : 0.0},
+                {"mean_token_accuracy",
+                 tok_c > 0 ? static_cast<double>(hits) / static_cast<double>(tok_c) : 0.0}};
+  }
   const double value = r.loss * scale;
   if (result) *result = std::move(r);
   return loss_from_sequence_gradient(pol.logps, value, std::move(grad));

@@ -16,7 +16,7 @@
 // (kernels/sequence_logprobs.h), the [tokens x vocab] logits never exist.
 // Metrics (metrics.jsonl and the progress line): rewards/chosen, rewards/rejected,
 // rewards/accuracies, rewards/margins, logps/chosen, logps/rejected, logits/chosen,
-// logits/rejected, averaged over the logging window's micro-batches as TRL averages them.
+// logits/rejected, entropy, mean_token_accuracy, averaged over the logging window's micro-batches as TRL averages them.
 #pragma once
 
 #include <cstdint>

@@ -30,6 +30,7 @@ kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch&
   kernels::SequenceLogprobsOptions ko;
   ko.chunk_tokens = opts.chunk_tokens;
   ko.logit_sums = opts.logit_sums;
+  ko.row_stats = opts.row_stats;
   if (opts.fused)
     return kernels::linear_sequence_logprobs(hidden, model.lm_head_weight(), targets, b.cu_seqlens,
                                              ko);

@@ -52,6 +52,7 @@ struct SequenceLogpsOptions {
   int64_t chunk_tokens = 1024;
   bool gradient_checkpointing = false;
   bool logit_sums = false;
+  bool row_stats = false;  // entropy and top-1 per sequence (kernels/sequence_logprobs.h)
 };
 
 kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch& batch,

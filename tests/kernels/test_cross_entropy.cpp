@@ -195,5 +195,57 @@ TEST(ShiftLabels, ShiftsInsideEachSequenceOnly) {
   EXPECT_THROW(kernels::shift_labels(l32, Tensor::from_vector<int32_t>({0, 2, 1}, {3})), Error);
 }
 
+// cross_entropy_row_stats against float64: entropy = lse - sum p z, top-1 hits with ties going to
+// the first maximum, ignored rows never a hit; 1, 19 and 71 rows of 229 classes, f32 and f64.
+TEST(CrossEntropyRowStats, EntropyAndTopOneMatchFloat64) {
+  for (DType dt : {DType::kF32, DType::kF64})
+    for (int64_t rows : {1, 19, 71}) {
+      const int64_t v = 229;
+      Tensor z = testing::randn({rows, v}, dt, 40 + rows, Device::cpu(), 2.0);
+      std::vector<double> zf = z.to_f64();
+      std::vector<int64_t> y(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        // Every third row's target is its argmax; row 1 gets a tie (the target the later one).
+        int64_t arg = 0;
+        for (int64_t j = 1; j < v; ++j)
+          if (zf[r * v + j] > zf[r * v + arg]) arg = j;
+        y[r] = r % 3 == 0 ? arg : r % 3 == 1 ? (arg + 1) % v : kernels::kIgnoreIndex;
+        if (r == 1) {  // a tie at columns 0 and 5, the target at 5: the first maximum wins
+          zf[r * v + 0] = zf[r * v + 5] = zf[r * v + arg] + 1.0;
+          y[r] = 5;
+        }
+      }
+      z = Tensor::from_doubles(zf, {rows, v}, dt);
+      zf = z.to_f64();
+      const Tensor tg = Tensor::from_vector(y, {rows});
+      const DType sd = dt == DType::kF64 ? DType::kF64 : DType::kF32;
+      Tensor loss = Tensor::empty({rows}, sd), lse = Tensor::empty({rows}, sd);
+      Tensor ent = Tensor::empty({rows}, sd), top = Tensor::empty({rows}, sd);
+      kernels::cross_entropy_fwd(z, tg, loss, lse);
+      kernels::cross_entropy_row_stats(z, tg, lse, ent, top);
+      const std::vector<double> e = ent.to_f64(), t = top.to_f64();
+      const testing::Tol tol = testing::tol(dt);
+      for (int64_t r = 0; r < rows; ++r) {
+        double m = -INFINITY, s = 0, pz = 0;
+        int64_t arg = 0;
+        for (int64_t j = 0; j < v; ++j) {
+          m = std::max(m, zf[r * v + j]);
+          if (zf[r * v + j] > zf[r * v + arg]) arg = j;
+        }
+        for (int64_t j = 0; j < v; ++j) s += std::exp(zf[r * v + j] - m);
+        const double l = m + std::log(s);
+        for (int64_t j = 0; j < v; ++j) pz += std::exp(zf[r * v + j] - l) * zf[r * v + j];
+        EXPECT_NEAR(e[r], l - pz, 10 * (tol.atol + tol.rtol * std::abs(l - pz)))
+            << dtype_name(dt) << " row " << r;
+        const double hit = y[r] != kernels::kIgnoreIndex && arg == y[r] ? 1.0 : 0.0;
+        EXPECT_EQ(t[r], hit) << dtype_name(dt) << " row " << r;
+      }
+      EXPECT_EQ(t[0], 1.0);
+      if (rows > 1) {
+        EXPECT_EQ(t[1], 0.0) << "a tie goes to the first maximum";
+      }
+    }
+}
+
 }  // namespace
 }  // namespace leantune

@@ -131,5 +131,25 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{DType::kF32, 19, 1001, 1000.0}, Case{DType::kF64, 19, 229, 3.0}),
     case_name);
 
+TEST(CrossEntropyRowStatsCuda, MatchesTheCpuOnFreshInputs) {
+  LT_SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF64})
+    for (auto [rows, v] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {19, 229}, {71, 4099}}) {
+      const Tensor z = testing::randn({rows, v}, dt, 7 + rows, Device::cpu(), 2.0);
+      std::vector<int64_t> y(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) y[r] = r % 4 == 3 ? kernels::kIgnoreIndex : (r * 31) % v;
+      const Tensor tg = Tensor::from_vector(y, {rows});
+      const DType sd = dt == DType::kF64 ? DType::kF64 : DType::kF32;
+      Tensor loss = Tensor::empty({rows}, sd), lse = Tensor::empty({rows}, sd);
+      Tensor ent = Tensor::empty({rows}, sd), top = Tensor::empty({rows}, sd);
+      kernels::cross_entropy_fwd(z, tg, loss, lse);
+      kernels::cross_entropy_row_stats(z, tg, lse, ent, top);
+      Tensor entd = Tensor::empty({rows}, sd, kGpu), topd = Tensor::empty({rows}, sd, kGpu);
+      kernels::cross_entropy_row_stats(z.to(kGpu), tg.to(kGpu), lse.to(kGpu), entd, topd);
+      EXPECT_TRUE(all_close(entd.to(Device::cpu()), ent, testing::tol(sd)));
+      EXPECT_TRUE(all_close(topd.to(Device::cpu()), top, 0.0, 0.0));
+    }
+}
+
 }  // namespace
 }  // namespace leantune
