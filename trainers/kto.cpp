@@ -191,12 +191,13 @@ Tensor KtoTrainer::batch_loss(const UnpairedBatch& ub, double scale, KtoLossResu
     kl_override = comm.all_reduce_scalar(kto_batch_kl(pol_kl, ref_kl)) / comm.size();
   SequenceLogpsOptions po = logps_;
   po.logit_sums = true;
+  po.row_stats = true;
   kernels::SequenceLogprobs pol = sequence_logps(*model_, ub.matched, po);
   const std::vector<double> lp = pol.logps.to_f64();
   std::vector<KtoExampleTerms> terms;
   for (size_t i = 0; i < lp.size(); ++i)
     terms.push_back({lp[i], ref[i], train_.examples[static_cast<size_t>(ub.idx[i])].label,
-                     pol.tokens[i], pol.logit_sums[i]});
+                     pol.tokens[i], pol.logit_sums[i], pol.entropy_sums[i]});
   KtoLossResult r = kto_loss(loss_, terms, pol_kl, ref_kl, kl_override);
   std::vector<double> grad = r.dlogp;
   for (double& g : grad) g *= scale;

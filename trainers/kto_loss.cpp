@@ -60,7 +60,7 @@ KtoLossResult kto_loss(const KtoLossConfig& cfg, const std::vector<KtoExampleTer
   }
   const double b = cfg.beta;
   double sum = 0;
-  double rew_c = 0, rew_r = 0, lp_c = 0, lp_r = 0, lg_c = 0, lg_r = 0;
+  double rew_c = 0, rew_r = 0, lp_c = 0, lp_r = 0, lg_c = 0, lg_r = 0, entropy = 0;
   int64_t n_c = 0, n_r = 0, tok_c = 0, tok_r = 0;
   for (size_t i = 0; i < n; ++i) {
     const double ratio = ex[i].logp - ex[i].ref_logp;
@@ -94,12 +94,15 @@ KtoLossResult kto_loss(const KtoLossConfig& cfg, const std::vector<KtoExampleTer
       ++n_r;
     }
     sum += loss_i;
+    entropy += ex[i].entropy_sum;
     r.dlogp[i] = d;
   }
   const double inv = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
   r.loss = sum * inv;
   for (double& d : r.dlogp) d *= inv;
-  r.metrics = {{"kl", r.kl}};
+  // TRL's entropy: the mean over every completion token of the batch, both labels.
+  const int64_t tokens = tok_c + tok_r;
+  r.metrics = {{"kl", r.kl}, {"entropy", tokens > 0 ? entropy / static_cast<double>(tokens) : 0.0}};
   if (n_c > 0) {
     r.metrics["rewards/chosen"] = rew_c / n_c;
     r.metrics["logps/chosen"] = lp_c / n_c;

@@ -47,7 +47,8 @@ struct KtoExampleTerms {
   double logp = 0, ref_logp = 0;
   bool desirable = false;
   int64_t completion_tokens = 0;
-  double logit_sum = 0;  // sum over completion tokens of the vocabulary-mean logit
+  double logit_sum = 0;    // sum over completion tokens of the vocabulary-mean logit
+  double entropy_sum = 0;  // sum over completion tokens of the policy's entropy
 };
 
 struct KtoLossResult {

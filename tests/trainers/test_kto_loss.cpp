@@ -1,6 +1,7 @@
 // The KTO loss against TRL's KTOTrainer (fixtures from tests/fixtures/gen_kto_fixtures.py): loss,
 // metrics and the first step's gradient on the tiny Qwen2 models, through the trainer's
-// collation and the chunked per-sequence log-probabilities; and the loss's own gradient against finite differences.
+// collation and the chunked per-sequence log-probabilities; and the loss's own gradient against
+// finite differences.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -70,11 +71,13 @@ TEST_P(KtoParity, LossMetricsAndFirstStepGradientMatchTrl) {
   const std::vector<double> pol_kl = sequence_logps(*policy, kb, lo).logps.to_f64();
   SequenceLogpsOptions po = lo;
   po.logit_sums = true;
+  po.row_stats = true;
   kernels::SequenceLogprobs pol = sequence_logps(*policy, mb, po);
   const std::vector<double> lp = pol.logps.to_f64();
   std::vector<KtoExampleTerms> terms;
   for (size_t i = 0; i < lp.size(); ++i)
-    terms.push_back({lp[i], ref_lp[i], labels[i], pol.tokens[i], pol.logit_sums[i]});
+    terms.push_back(
+        {lp[i], ref_lp[i], labels[i], pol.tokens[i], pol.logit_sums[i], pol.entropy_sums[i]});
   const KtoLossResult r = kto_loss(cfg, terms, pol_kl, ref_kl);
   const double want = c["loss"].get<double>();
   EXPECT_LE(rel(r.loss, want), 1e-5) << r.loss << " vs TRL " << want;
