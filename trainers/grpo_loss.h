@@ -1,0 +1,66 @@
+// The losses of the online trainers (grpo, rloo) computed on the host from per-token
+// log-probabilities, with their gradient with respect to each token's policy log-probability,
+// as TRL 1.16 computes them (trl_semantics.md section 5):
+//
+// Advantages (GRPOTrainer._generate_and_score_completions, sum_then_normalize), rewards of B =
+// prompts x G completions in group-major order:
+//   A = r - mean_group(r), divided by (std + 1e-4) unless scale_rewards is "none"; std is the
+//   group's ("group") or the whole batch's ("batch") with Bessel's correction, both NaN-aware. A
+//   NaN reward (every reward function declined) stays out of the means and gets advantage 0.
+// RLOO (RLOOTrainer): A_i = r_i - (sum_j r_j - r_i) / (G - 1) within each group.
+//
+// Per token t of completion b (TRL _compute_loss, token-level importance sampling):
+//   rho = exp(logp - old_logp)   (old_logp = logp detached when num_iterations is 1)
+//   l   = -min(rho A, clamp(rho, 1 - epsilon_low, 1 + epsilon_high) A)
+//         + beta (exp(ref - logp) - (ref - logp) - 1)          (k3, only when beta != 0)
+// aggregated over the completion mask m:
+//   grpo     mean over sequences of sum_t l m / max(sum_t m, 1), divided by accumulation
+//   bnpo     sum l m / max(sum m, 1), divided by accumulation
+//   dr_grpo  sum l m / (B max_completion_length), divided by accumulation
+//   dapo     sum l m / dapo_normalizer (the generation batch's global loss-token count over the
+//            processes, times accumulation / steps_per_generation: the caller's)
+// Metrics as TRL logs them: clip_ratio/{low_mean, high_mean, region_mean} (masked means of
+// rho < 1 - eps_low with A < 0, rho > 1 + eps_high with A > 0, either), clip_ratio/low_min and
+// clip_ratio/high_max (over sequences of their masked means), and kl (masked mean of k3) when
+// beta != 0. The gradient follows torch: clamp passes no gradient outside its range.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace leantune {
+
+std::vector<double> grpo_advantages(const std::vector<double>& rewards, int64_t num_generations,
+                                    const std::string& scale_rewards);
+std::vector<double> rloo_advantages(const std::vector<double>& rewards, int64_t num_generations);
+
+struct GrpoLossConfig {
+  std::string loss_type = "dapo";  // grpo | bnpo | dr_grpo | dapo
+  double epsilon_low = 0.2;
+  double epsilon_high = 0.2;
+  double beta = 0.0;
+  int64_t max_completion_length = 512;
+};
+
+// One completion: per-token log-probabilities (policy, behaviour policy, reference when beta is
+// not 0), its loss mask, and its advantage.
+struct GrpoSequence {
+  std::vector<double> logp, old_logp, ref_logp;
+  std::vector<uint8_t> mask;
+  double advantage = 0;
+};
+
+struct GrpoLossResult {
+  double loss = 0;
+  std::vector<std::vector<double>> dlogp;  // d loss / d logp[b][t]
+  nlohmann::json metrics;
+};
+
+// accumulation: the gradient accumulation steps grpo/bnpo/dr_grpo divide by; dapo_normalizer:
+// dapo's divisor (see above). Error(kInput) for an unknown loss_type or mismatched lengths.
+GrpoLossResult grpo_loss(const GrpoLossConfig& cfg, const std::vector<GrpoSequence>& seqs,
+                         double accumulation, double dapo_normalizer);
+
+}  // namespace leantune
