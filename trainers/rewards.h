@@ -1,0 +1,75 @@
+// Reward sources of the online trainers (grpo, rloo, online_dpo) that need no model: verifiable
+// rewards computed from the text, and an external command that scores completions.
+//
+// accuracy_reward(completion, solution): 1 when the completion's final answer equals the
+//   solution's, else 0. The final answer of a text is the content of its last \boxed{...}
+//   (nested braces counted), else what follows its last GSM8K "####" marker, else its last
+//   number. Answers compare as numbers when both read as one (commas, '$' and a trailing '.'
+//   dropped; equal within 1e-6 relative), else as text with whitespace collapsed. A solution
+//   with no answer in it scores 0 and is counted by the caller. (TRL's accuracy_reward parses
+//   LaTeX with math_verify; this covers numbers, "####" and \boxed{}.)
+// format_reward(completion, pattern): 1 when the pattern matches from the completion's start,
+//   as Python's re.match(pattern, text, re.DOTALL | re.MULTILINE) does for the patterns TRL's
+//   examples use: ECMAScript syntax (std::regex), '^'/'$' at line ends, and '.' outside a
+//   bracket expression matching newlines too. A bad pattern is Error(kInput) naming it.
+// soft_overlong_punishment(length, max_len, cache): DAPO's length penalty as TRL's
+//   get_soft_overlong_punishment: 0 up to max_len - cache tokens, then falling linearly to -1
+//   at max_len, and -1 beyond.
+//
+// RewardCommand: a persistent process (`sh -c COMMAND`) that reads one JSON object per line on
+//   stdin ({"prompt", "completion", and every dataset column of the row}) and writes one reward
+//   per line on stdout: a number, or null for "no reward" (NaN, left out of the group's
+//   baseline). Lines go in batches: all of a batch's lines are written, then as many rewards
+//   read. Its exit, a line that is not a number or null, or no answer within the timeout is
+//   Error(kInput) naming the command; the process is killed on error and at destruction. Users
+//   keep Python reward functions this way.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace leantune {
+
+// The final answer of a text (see above), or nullopt when it has none.
+std::optional<std::string> final_answer(const std::string& text);
+double accuracy_reward(const std::string& completion, const std::string& solution);
+
+class FormatReward {
+ public:
+  explicit FormatReward(const std::string& pattern);
+  double operator()(const std::string& completion) const;
+
+ private:
+  std::string pattern_;
+  std::regex re_;
+};
+
+double soft_overlong_punishment(int64_t length, int64_t max_len, int64_t cache);
+
+class RewardCommand {
+ public:
+  RewardCommand(std::string command, double timeout_seconds);
+  ~RewardCommand();
+  RewardCommand(const RewardCommand&) = delete;
+  RewardCommand& operator=(const RewardCommand&) = delete;
+  // One reward per row (NaN for null).
+  std::vector<double> score(const std::vector<nlohmann::json>& rows);
+
+ private:
+  [[noreturn]] void fail(const std::string& why);
+  void stop();
+  bool read_line(std::string* line);
+  std::string command_;
+  double timeout_;
+  pid_t pid_ = -1;
+  int to_child_ = -1, from_child_ = -1;
+  std::string buffer_;
+};
+
+}  // namespace leantune
