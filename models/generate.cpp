@@ -15,12 +15,29 @@
 
 namespace leantune {
 
-int32_t sample_token(const std::vector<float>& logits, const GenerationConfig& cfg,
-                     Generator& gen) {
+SamplingDistribution sampling_distribution(std::vector<float> logits, const GenerationConfig& cfg,
+                                           const std::vector<int32_t>& seen) {
   const int64_t v = static_cast<int64_t>(logits.size());
   LT_CHECK(v > 0, "sampling from empty logits");
+  LT_CHECK(cfg.repetition_penalty > 0 && cfg.min_p >= 0 && cfg.min_p <= 1 && cfg.top_p > 0,
+           "generation: repetition_penalty ", cfg.repetition_penalty, ", min_p ", cfg.min_p,
+           ", top_p ", cfg.top_p);
+  if (cfg.repetition_penalty != 1.0) {
+    std::vector<char> done(static_cast<size_t>(v), 0);
+    for (int32_t t : seen) {
+      if (t < 0 || t >= v || done[t]) continue;
+      done[t] = 1;
+      float& z = logits[t];
+      z = z < 0 ? static_cast<float>(z * cfg.repetition_penalty)
+                : static_cast<float>(z / cfg.repetition_penalty);
+    }
+  }
+  SamplingDistribution d;
   if (cfg.temperature <= 0.0) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    d.tokens = {
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
+    d.probs = {1.0};
+    return d;
   }
   std::vector<int32_t> order(v);
   std::iota(order.begin(), order.end(), 0);
@@ -36,6 +53,12 @@ int32_t sample_token(const std::vector<float>& logits, const GenerationConfig& c
     z += p[i];
   }
   for (double& x : p) x /= z;
+  auto renormalise = [&](int64_t n) {
+    keep = std::max<int64_t>(n, 1);
+    p.resize(keep);
+    const double s = std::accumulate(p.begin(), p.end(), 0.0);
+    for (double& x : p) x /= s;
+  };
   if (cfg.top_p < 1.0) {
     double c = 0;
     int64_t n = 0;
@@ -43,19 +66,31 @@ int32_t sample_token(const std::vector<float>& logits, const GenerationConfig& c
       c += p[n++];
       if (c >= cfg.top_p) break;
     }
-    keep = std::max<int64_t>(n, 1);
-    p.resize(keep);
-    const double s = std::accumulate(p.begin(), p.end(), 0.0);
-    for (double& x : p) x /= s;
+    renormalise(n);
   }
+  if (cfg.min_p > 0.0) {
+    const double floor = cfg.min_p * p[0];
+    int64_t n = 0;
+    while (n < keep && p[n] >= floor) ++n;
+    renormalise(n);
+  }
+  d.tokens.assign(order.begin(), order.begin() + keep);
+  d.probs = std::move(p);
+  return d;
+}
+
+int32_t sample_token(const std::vector<float>& logits, const GenerationConfig& cfg, Generator& gen,
+                     const std::vector<int32_t>& seen) {
+  const SamplingDistribution d = sampling_distribution(logits, cfg, seen);
+  if (cfg.temperature <= 0.0) return d.tokens[0];  // greedy draws nothing
   const PhiloxBlock b = gen.next_block();
   const double u = (static_cast<double>(b.w[0]) * 4294967296.0 + b.w[1]) / 18446744073709551616.0;
   double c = 0;
-  for (int64_t i = 0; i < keep; ++i) {
-    c += p[i];
-    if (u < c) return order[i];
+  for (size_t i = 0; i < d.tokens.size(); ++i) {
+    c += d.probs[i];
+    if (u < c) return d.tokens[i];
   }
-  return order[keep - 1];
+  return d.tokens.back();
 }
 
 namespace {
@@ -186,7 +221,12 @@ GenerationResult generate(const DecoderModel& model,
     for (size_t i = 0; i < active.size(); ++i) {
       const int64_t s = active[i];
       std::vector<float> row(lv.begin() + i * vsz, lv.begin() + (i + 1) * vsz);
-      const int32_t tok = sample_token(row, cfg, gen);
+      std::vector<int32_t> seen;
+      if (cfg.repetition_penalty != 1.0) {
+        seen = prompts[s];
+        seen.insert(seen.end(), res.tokens[s].begin(), res.tokens[s].end());
+      }
+      const int32_t tok = sample_token(row, cfg, gen, seen);
       res.tokens[s].push_back(tok);
       if (std::find(eos.begin(), eos.end(), tok) != eos.end()) {
         res.finished_by_eos[s] = true;

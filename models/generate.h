@@ -3,10 +3,14 @@
 // Prefill runs all prompts as one flat varlen batch and stores each layer's rotated K and V in
 // the cache (MemTag::kKVCache; one region of prompt_len + max_new_tokens rows per sequence).
 // Each decode step feeds one token per unfinished sequence; its attention reads that
-// sequence's cache region. Greedy (temperature 0) takes the first maximum, as torch.argmax;
-// sampling applies temperature, then top_k, then top_p (the smallest set of most likely tokens
-// whose probability reaches top_p, at least one), and draws with the Philox stream
-// (seed, kSampling). A sequence stops after an eos token (which is kept) or max_new_tokens.
+// sequence's cache region. First repetition_penalty (transformers'
+// RepetitionPenaltyLogitsProcessor: the logit of every token already in the prompt or the
+// completion is divided by the penalty when positive, multiplied when negative). Greedy
+// (temperature 0) then takes the first maximum, as torch.argmax; sampling applies temperature, then
+// top_k, then top_p (the smallest set of most likely tokens whose probability reaches top_p, at
+// least one), then min_p (tokens below min_p times the most likely one's probability dropped), in
+// transformers' order, and draws with the Philox stream (seed, kSampling). A sequence stops after
+// an eos token (which is kept) or max_new_tokens.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +26,8 @@ struct GenerationConfig {
   double temperature = 0.0;  // 0 = greedy
   int64_t top_k = 0;         // 0 = off
   double top_p = 1.0;
+  double min_p = 0.0;               // 0 = off
+  double repetition_penalty = 1.0;  // 1 = off
   uint64_t seed = 0;
   std::vector<int64_t> eos_token_ids;  // empty: the model config's
 };
@@ -36,7 +42,17 @@ GenerationResult generate(const DecoderModel& model,
                           const std::vector<std::vector<int32_t>>& prompts,
                           const GenerationConfig& cfg);
 
-// Picks the next token from one row of logits (host values) per the config; exposed for tests.
-int32_t sample_token(const std::vector<float>& logits, const GenerationConfig& cfg, Generator& gen);
+// The distribution sampling draws from for one row of logits (host values): the kept tokens,
+// most likely first, and their probabilities (summing to 1). `seen`: the tokens of the prompt
+// and the completion so far, for repetition_penalty. With temperature 0, the greedy token alone.
+struct SamplingDistribution {
+  std::vector<int32_t> tokens;
+  std::vector<double> probs;
+};
+SamplingDistribution sampling_distribution(std::vector<float> logits, const GenerationConfig& cfg,
+                                           const std::vector<int32_t>& seen = {});
+// Picks the next token from that distribution with one Philox draw; exposed for tests.
+int32_t sample_token(const std::vector<float>& logits, const GenerationConfig& cfg, Generator& gen,
+                     const std::vector<int32_t>& seen = {});
 
 }  // namespace leantune

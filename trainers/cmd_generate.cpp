@@ -34,6 +34,13 @@ int run_generate(const std::vector<std::string>& args) {
   o.add_float("temperature", 0.0, "0 = greedy; > 0 samples from softmax(logits / T)", 0.0);
   o.add_int("top_k", 0, "sample among the k most likely tokens (0 = off)", 0);
   o.add_float("top_p", 1.0, "nucleus sampling threshold", 0.0, 1.0);
+  o.add_float("min_p", 0.0,
+              "drop tokens below min_p times the most likely token's probability (0 = off)", 0.0,
+              1.0);
+  o.add_float("repetition_penalty", 1.0,
+              "divide (multiply when negative) the logits of tokens already in the prompt or the "
+              "completion by this (1 = off)",
+              1e-6);
   o.add_int("seed", 0, "sampling seed", 0);
   o.add_string("device", "auto", "cpu, cuda, cuda:N or auto");
   o.add_string("dtype", "float32", "compute dtype", {"float32", "bfloat16"});
@@ -81,6 +88,8 @@ int run_generate(const std::vector<std::string>& args) {
   g.temperature = o.get_float("temperature");
   g.top_k = o.get_int("top_k");
   g.top_p = o.get_float("top_p");
+  g.min_p = o.get_float("min_p");
+  g.repetition_penalty = o.get_float("repetition_penalty");
   g.seed = static_cast<uint64_t>(o.get_int("seed"));
   if (auto eos = tok->eos_token_id()) {
     g.eos_token_ids = model->config().eos_token_ids;
