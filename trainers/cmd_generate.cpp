@@ -1,13 +1,24 @@
-// trainer_bin generate --model DIR [--base_model DIR] --prompt S [--chat] [--max_new_tokens N]
-//                      [--temperature T] [--top_k K] [--top_p P] [--seed N] [--device D]
+// trainer_bin generate --model DIR [--base_model DIR] (--prompt S [--chat] | --batch F.jsonl
+//                      [--output F] [--batch_size N]) [--max_new_tokens N] [--temperature T]
+//                      [--top_k K] [--top_p P] [--min_p P] [--repetition_penalty R] [--seed N]
+//                      [--device D]
 // Loads an HF model folder (with its tokenizer files), or a PEFT adapter folder on its base, and
 // prints the completion of the prompt.
 // With --chat the prompt is one user message rendered with the tokenizer's chat template and
 // an assistant generation prompt.
+// With --batch every row's "prompt" (prompt-only or prompt+completion JSONL; a message list is
+// rendered with the chat template and an assistant generation prompt) is completed, batch_size
+// prompts at a time through one generate() call, and one JSON line per row is written:
+// {"line", "completion", "completion_tokens", "finished_by_eos"}.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "loaders/chat_template.h"
+#include "loaders/dataset.h"
+#include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
 #include "models/decoder.h"
 #include "models/generate.h"
@@ -20,6 +31,56 @@
 namespace leantune {
 namespace {
 
+// --batch: the rows' prompts, batch_size at a time, one JSON line per row.
+void generate_batch(const Options& o, const DecoderModel& model,
+                    const std::shared_ptr<Tokenizer>& tok, const GenerationConfig& g) {
+  const std::string path = o.get_string("batch");
+  const std::unique_ptr<TextEncoder> enc = make_text_encoder(tok, o.get_string("chat_template"));
+  DatasetReader reader(path);
+  std::FILE* out = stdout;
+  const std::string out_path = o.get_string("output");
+  if (!out_path.empty()) {
+    out = std::fopen(out_path.c_str(), "w");
+    LT_CHECK_INPUT(out != nullptr, "generate: cannot write ", out_path, ": ", std::strerror(errno));
+  }
+  const int64_t batch = o.get_int("batch_size");
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> lines;
+  int64_t rows = 0;
+  auto flush = [&] {
+    if (prompts.empty()) return;
+    const GenerationResult r = generate(model, prompts, g);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const nlohmann::json j = {{"line", lines[i]},
+                                {"completion", tok->decode(r.tokens[i], true)},
+                                {"completion_tokens", r.tokens[i].size()},
+                                {"finished_by_eos", static_cast<bool>(r.finished_by_eos[i])}};
+      LT_CHECK_INPUT(std::fprintf(out, "%s\n", j.dump().c_str()) > 0, "generate: writing ",
+                     out_path.empty() ? "standard output" : out_path, " failed");
+    }
+    std::fflush(out);
+    prompts.clear();
+    lines.clear();
+  };
+  Record rec;
+  while (reader.next(&rec)) {
+    const DatasetKind kind = reader.format().kind;
+    LT_CHECK_INPUT(kind == DatasetKind::kPromptOnly || kind == DatasetKind::kPromptCompletion, path,
+                   ":", rec.line, ": dataset format ", reader.format().name(),
+                   " has no prompt to complete");
+    prompts.push_back(reader.format().conversational
+                          ? enc->encode_chat(rec.prompt.messages, true).ids
+                          : enc->encode(rec.prompt.text, true));
+    lines.push_back(rec.line);
+    ++rows;
+    if (static_cast<int64_t>(prompts.size()) == batch) flush();
+  }
+  flush();
+  if (out != stdout) std::fclose(out);
+  std::fprintf(stderr, "generate: %lld rows of %s completed\n", static_cast<long long>(rows),
+               path.c_str());
+}
+
 int run_generate(const std::vector<std::string>& args) {
   Options o("generate");
   o.add_string("model", "",
@@ -28,6 +89,9 @@ int run_generate(const std::vector<std::string>& args) {
   o.add_string("base_model", "",
                "the base model of an adapter folder (default: its base_model_name_or_path)");
   o.add_string("prompt", "", "the prompt text");
+  o.add_string("batch", "", "JSONL of prompts to complete (prompt-only or prompt+completion rows)");
+  o.add_string("output", "", "with --batch: the JSONL written (default: standard output)");
+  o.add_int("batch_size", 8, "with --batch: prompts generated together", 1);
   o.add_bool("chat", false, "render the prompt as a user turn with the chat template");
   add_chat_options(o);
   o.add_int("max_new_tokens", 64, "stop after this many new tokens", 1);
@@ -49,7 +113,10 @@ int run_generate(const std::vector<std::string>& args) {
     return 0;
   }
   LT_CHECK_INPUT(!o.get_string("model").empty(), "generate: --model DIR is required");
-  LT_CHECK_INPUT(!o.get_string("prompt").empty(), "generate: --prompt is required");
+  LT_CHECK_INPUT(o.get_string("prompt").empty() != o.get_string("batch").empty(),
+                 "generate: give exactly one of --prompt and --batch");
+  LT_CHECK_INPUT(o.get_string("batch").empty() || !o.get_bool("chat"),
+                 "generate: --chat is for --prompt; --batch rows carry their own messages");
   const Device dev = Device::parse(o.get_string("device"));
   DType dt;
   dtype_from_string(o.get_string("dtype"), &dt);
@@ -76,13 +143,6 @@ int run_generate(const std::vector<std::string>& args) {
   }
   auto tok = Tokenizer::load(tokenizer_dir);
   apply_chat_options(o, *tok);
-  std::vector<int32_t> ids;
-  if (o.get_bool("chat")) {
-    ids =
-        tok->chat_template().encode(*tok, {ChatMessage{"user", o.get_string("prompt")}}, true).ids;
-  } else {
-    ids = tok->encode(o.get_string("prompt"), true);
-  }
   GenerationConfig g;
   g.max_new_tokens = o.get_int("max_new_tokens");
   g.temperature = o.get_float("temperature");
@@ -95,6 +155,17 @@ int run_generate(const std::vector<std::string>& args) {
     g.eos_token_ids = model->config().eos_token_ids;
     if (std::find(g.eos_token_ids.begin(), g.eos_token_ids.end(), *eos) == g.eos_token_ids.end())
       g.eos_token_ids.push_back(*eos);
+  }
+  if (!o.get_string("batch").empty()) {
+    generate_batch(o, *model, tok, g);
+    return 0;
+  }
+  std::vector<int32_t> ids;
+  if (o.get_bool("chat")) {
+    ids =
+        tok->chat_template().encode(*tok, {ChatMessage{"user", o.get_string("prompt")}}, true).ids;
+  } else {
+    ids = tok->encode(o.get_string("prompt"), true);
   }
   GenerationResult r = generate(*model, {ids}, g);
   std::printf("%s\n", tok->decode(r.tokens[0], true).c_str());
