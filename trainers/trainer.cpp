@@ -197,6 +197,7 @@ TrainingArguments training_arguments(const Options& o) {
   a.comm = dist.comm;
   a.zero_stage = dist.zero_stage;
   a.reduce_bucket_size = dist.reduce_bucket_size;
+  a.cp_size = dist.cp_size;
   a.device = o.get_string("device");
   a.max_memory_gib = o.get_float("max_memory_gib");
   a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
@@ -478,6 +479,10 @@ TrainResult Trainer::train() {
                  "option optimizer_in_backward: not supported with data parallel (", comm.size(),
                  " ranks): parameters would be updated before their gradients "
                  "are summed over the ranks");
+  LT_CHECK_INPUT(args_.cp_size == 1 || supports_context_parallel(), "option cp_size ",
+                 args_.cp_size,
+                 ": this trainer does not split sequences over ranks (only sft has "
+                 "context parallelism)");
   build_optimizer();
   // Before anything else writes: killed saves may have left the disk full of temporary folders.
   const StaleCleanup cleaned =
