@@ -1,0 +1,91 @@
+#!/bin/bash
+# Context-parallel SFT under mpirun against the single-process run with the same global batch
+# (tests/trainers/context_parallel.cmake), on the tiny test model (f32).
+# Usage: context_parallel.sh TRAINER_BIN MPIRUN SOURCE_DIR CASE
+#   cp2, cp4            N ranks, --cp_size N, vs 1 rank: the 10 losses agree within 1e-5 relative
+#   dp2_cp2             4 ranks, --cp_size 2 (2 data shards) vs 1 rank x 2 micro-batches
+#   cp2_checkpointing   cp2 with --gradient_checkpointing (the recompute runs the ring again)
+#   cp2_packing         cp2 with --packing (several documents per sequence, each split)
+#   dp2_cp2_zero2       dp2_cp2 under --zero_stage 2 (shards over the world)
+#   activation_memory   the activation-tag peak per rank at cp 2 is below 0.65x that of cp 1 on
+#                       256-token sequences
+#   refusals            world size not a multiple of cp_size, pad_to_multiple_of not a multiple
+#                       of 2cp, a trainer without context parallelism: exit 2, one line
+set -u
+bin=$1 mpirun=$2 src=$3 case=$4
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1
+fail() { echo "FAIL: $*"; exit 1; }
+mpi() { local np=$1; shift; timeout 250 "$mpirun" --oversubscribe --allow-run-as-root \
+          --bind-to none -x OMP_NUM_THREADS -np "$np" "$bin" "$@"; }
+"$bin" init-model --model_config "$src/tests/fixtures/trainer/tiny_config.json" \
+  --out "$work/model" --tokenizer "$src/data/embedded" >/dev/null || fail "init-model"
+common=(sft --model_name_or_path "$work/model" --dataset "$src/tests/fixtures/trainer/stories_small.jsonl"
+        --max_steps 10 --per_device_train_batch_size 2 --max_length 64 --learning_rate 1e-3
+        --logging_steps 1 --save_steps 0 --device cpu)
+losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+# Relative agreement of two loss columns within $3 (and 10 of them).
+close() {
+  paste <(losses "$1") <(losses "$2") | awk -v tol="$3" '
+    { d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1;
+      if (d > tol * m) { printf "step %d: %s vs %s\n", NR, $1, $2; bad = 1 } ; n++ }
+    END { if (n != 10) { print n " losses"; exit 1 } exit bad }'
+}
+tag_peak() { tail -1 "$1/metrics.jsonl" | grep -o "\"$2\":{[^}]*}" | grep -o '"peak":[0-9]*' | cut -d: -f2; }
+# compare NP CP ACCUM EXTRA...: the single process with ACCUM micro-batches vs NP ranks.
+compare() {
+  local np=$1 cp=$2 accum=$3; shift 3
+  "$bin" "${common[@]}" "$@" --gradient_accumulation_steps "$accum" --output_dir "$work/one" \
+    >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "1 rank"; }
+  mpi "$np" "${common[@]}" "$@" --cp_size "$cp" --output_dir "$work/cp" >"$work/cp.log" 2>&1 ||
+    { cat "$work/cp.log"; fail "$np ranks, cp_size $cp"; }
+  close "$work/one" "$work/cp" 1e-5 || fail "losses beyond 1e-5 relative"
+  # The curve moved: a run that did not train would agree trivially.
+  paste <(losses "$work/one" | head -1) <(losses "$work/one" | tail -1) |
+    awk '{ exit !($1 - $2 > 0.05) }' || fail "the loss did not fall: $(losses "$work/one" | tr '\n' ' ')"
+  echo "ok: $np ranks (cp_size $cp${*:+ $*}) == 1 rank x $accum: $(losses "$work/cp" | tr '\n' ' ')"
+}
+
+case $case in
+  cp2) compare 2 2 1 ;;
+  cp4) compare 4 4 1 ;;
+  dp2_cp2) compare 4 2 2 ;;
+  cp2_checkpointing) compare 2 2 1 --gradient_checkpointing ;;
+  cp2_packing) compare 2 2 1 --packing ;;
+  dp2_cp2_zero2) compare 4 2 2 --zero_stage 2 --reduce_bucket_size 20000 ;;
+  activation_memory)
+    run=(sft --model_name_or_path "$work/model" --dataset "$src/tests/fixtures/trainer/stories_small.jsonl"
+         --max_steps 2 --per_device_train_batch_size 1 --max_length 256 --packing
+         --logging_steps 1 --save_steps 0 --device cpu)
+    "$bin" "${run[@]}" --output_dir "$work/one" >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "cp 1"; }
+    mpi 2 "${run[@]}" --cp_size 2 --output_dir "$work/cp" >"$work/cp.log" 2>&1 ||
+      { cat "$work/cp.log"; fail "cp 2"; }
+    one=$(tag_peak "$work/one" activation) cp=$(tag_peak "$work/cp" activation)
+    [ -n "$one" ] && [ -n "$cp" ] || fail "no activation peak in metrics.jsonl"
+    awk -v a="$one" -v b="$cp" 'BEGIN { exit !(b < 0.65 * a) }' ||
+      fail "activation peak $cp per rank at cp 2 vs $one at cp 1 (expected < 0.65x)"
+    echo "ok: activation peak $one bytes at cp 1, $cp per rank at cp 2 ($(awk -v a="$one" -v b="$cp" 'BEGIN { printf "%.3f", b / a }')x)" ;;
+  refusals)
+    expect2() {  # expect2 PATTERN CMD...: exit 2 with PATTERN in a one-line message
+      local pat=$1; shift
+      "$@" >"$work/out" 2>"$work/err"; rc=$?
+      [ $rc -eq 2 ] || { cat "$work/err"; fail "exit $rc: $*"; }
+      grep -q -- "$pat" "$work/err" || { cat "$work/err"; fail "no line with '$pat'"; }
+      [ "$(wc -l <"$work/err")" -eq 1 ] || { cat "$work/err"; fail "not one line: $*"; }
+    }
+    expect2 "option cp_size 2: the world size 1 must be a multiple" "$bin" "${common[@]}" \
+      --cp_size 2 --output_dir "$work/x"
+    expect2 "option pad_to_multiple_of 6: must be a multiple of 2 x cp_size = 4" "$bin" \
+      "${common[@]}" --cp_size 2 --pad_to_multiple_of 6 --output_dir "$work/x"
+    out=$(mpi 3 "${common[@]}" --cp_size 2 --output_dir "$work/x" 2>&1); rc=$?
+    [ $rc -ne 0 ] || fail "3 ranks accepted with cp_size 2"
+    echo "$out" | grep -q "option cp_size 2: the world size 3 must be a multiple" ||
+      { echo "$out"; fail "no one-line reason on 3 ranks"; }
+    out=$(mpi 2 dpo --max_steps 1 --cp_size 2 --save_steps 0 --output_dir "$work/d" 2>&1); rc=$?
+    [ $rc -ne 0 ] || fail "dpo accepted cp_size 2"
+    echo "$out" | grep -q "option cp_size 2: this trainer does not split sequences" ||
+      { echo "$out"; fail "no one-line reason for dpo"; }
+    echo "ok: refusals" ;;
+  *) fail "unknown case $case" ;;
+esac
