@@ -47,8 +47,8 @@ std::vector<int64_t> sequence_lengths(const std::vector<int64_t>& cu) {
 
 }  // namespace
 
-ContextParallelBatch split_context_parallel(const Batch& global, Communicator& comm,
-                                            int64_t pad_token_id) {
+ContextParallelBatch split_context_parallel(const Batch& global, int cp_size, int cp_rank,
+                                            int64_t pad_token_id, Communicator* comm) {
   LT_CHECK(global.input_ids.defined() && global.labels.defined() && global.cu_seqlens.defined(),
            "split_context_parallel: a batch without ids, labels or cu_seqlens");
   const std::vector<int64_t> cu = global.cu_seqlens.to_i64();
@@ -57,8 +57,11 @@ ContextParallelBatch split_context_parallel(const Batch& global, Communicator& c
   const std::vector<int64_t> targets =
       kernels::shift_labels(global.labels, global.cu_seqlens).to_i64();
   auto ctx = std::make_shared<ContextParallel>();
-  ctx->comm = &comm;
-  ctx->layout = kernels::zigzag_layout(sequence_lengths(cu), comm.size(), comm.rank());
+  LT_CHECK(!comm || (comm->size() == cp_size && comm->rank() == cp_rank),
+           "split_context_parallel: rank ", cp_rank, " of ", cp_size, " over a communicator of ",
+           comm ? comm->size() : 0, " ranks");
+  ctx->comm = comm;
+  ctx->layout = kernels::zigzag_layout(sequence_lengths(cu), cp_size, cp_rank);
   const kernels::ZigzagLayout& z = ctx->layout;
 
   const int64_t n = z.local_rows();

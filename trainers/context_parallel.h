@@ -47,9 +47,11 @@ struct ContextParallelBatch {
   std::shared_ptr<const ContextParallel> context;
 };
 
-// This rank's zigzag rows of `global` (host tensors) over `comm` (cp ranks).
-ContextParallelBatch split_context_parallel(const Batch& global, Communicator& comm,
-                                            int64_t pad_token_id);
+// Rank cp_rank's zigzag rows of `global` (host tensors) among cp_size ranks; the context's ring
+// runs over `comm` (the cp group: size cp_size, rank cp_rank; null only where nothing runs the
+// model, e.g. tests of the split).
+ContextParallelBatch split_context_parallel(const Batch& global, int cp_size, int cp_rank,
+                                            int64_t pad_token_id, Communicator* comm);
 
 // The loss tokens of this rank's rows (split_context_parallel's label_tokens, without building
 // the batch).

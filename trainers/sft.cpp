@@ -139,7 +139,8 @@ Tensor SftTrainer::compute_loss(const Batch& b, double normalizer) {
   fo.fused_loss = fused_loss_;
   fo.row_grad_sink = row_grad_sink();
   if (!context_parallel()) return model_->forward(b, fo).loss;
-  ContextParallelBatch split = split_context_parallel(b, *cp_groups_->cp, cp_pad_token_id_);
+  ContextParallelBatch split = split_context_parallel(b, cp_groups_->cp_size, cp_groups_->cp_rank,
+                                                      cp_pad_token_id_, cp_groups_->cp.get());
   fo.context_parallel = split.context;
   fo.labels_shifted = true;
   return model_->forward(split.local, fo).loss;
