@@ -10,3 +10,7 @@ if(MPI_CXX_FOUND)
                          TIMEOUT 600 RESOURCE_LOCK mpi)
   endforeach()
 endif()
+add_test(NAME trainers_context_parallel_estimate
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/context_parallel.sh $<TARGET_FILE:trainer_bin> none
+                 ${PROJECT_SOURCE_DIR} estimate)
+set_tests_properties(trainers_context_parallel_estimate PROPERTIES LABELS trainers TIMEOUT 300)

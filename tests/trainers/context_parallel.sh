@@ -9,6 +9,9 @@
 #   dp2_cp2_zero2       dp2_cp2 under --zero_stage 2 (shards over the world)
 #   activation_memory   the activation-tag peak per rank at cp 2 is below 0.65x that of cp 1 on
 #                       256-token sequences
+#   estimate            trainer_bin estimate --cp_size: activations per rank halve at cp 2 (as
+#                       measured by activation_memory), --budget_gib names the smallest cp_size
+#                       that fits in one line (no mpirun needed)
 #   refusals            world size not a multiple of cp_size, pad_to_multiple_of not a multiple
 #                       of 2cp, a trainer without context parallelism: exit 2, one line
 set -u
@@ -66,6 +69,24 @@ case $case in
     awk -v a="$one" -v b="$cp" 'BEGIN { exit !(b < 0.65 * a) }' ||
       fail "activation peak $cp per rank at cp 2 vs $one at cp 1 (expected < 0.65x)"
     echo "ok: activation peak $one bytes at cp 1, $cp per rank at cp 2 ($(awk -v a="$one" -v b="$cp" 'BEGIN { printf "%.3f", b / a }')x)" ;;
+  estimate)
+    est=("$bin" estimate --model_name_or_path "$src/tests/fixtures/trainer/tiny_config.json"
+         --max_length 256 --per_device_train_batch_size 1)
+    kib() { "${est[@]}" "$@" | awk '$1 == "activations" { v = $2; if ($3 == "MiB") v *= 1024; print v }'; }
+    a1=$(kib) a2=$(kib --cp_size 2) a4=$(kib --cp_size 4)
+    awk -v a="$a1" -v b="$a2" -v c="$a4" 'BEGIN { exit !(a > 0 && b * 2 == a && c * 4 == a) }' ||
+      fail "activations $a1 / $a2 / $a4 KiB at cp 1 / 2 / 4 (expected 1 : 1/2 : 1/4)"
+    "${est[@]}" --cp_size 2 | grep -q "256 tokens per micro-batch (128 per rank, cp_size 2), per rank of 2" ||
+      fail "no per-rank token line"
+    # The budget between the peaks at cp 2 (1.27 MiB) and cp 1 (2.04 MiB): cp_size 2.
+    out=$("${est[@]}" --budget_gib 0.00125) || fail "estimate --budget_gib"
+    [ "$(echo "$out" | grep -c "^context parallelism")" -eq 1 ] || { echo "$out"; fail "no one-line cp advice"; }
+    echo "$out" | grep -q "context parallelism for 256-token sequences: --cp_size 2 fits" ||
+      { echo "$out"; fail "cp_size 2 not recommended"; }
+    "${est[@]}" --budget_gib 0.0000001 | grep -q "no --cp_size up to 64 fits" || fail "impossible budget"
+    "${est[@]}" --cp_size 2 --world_size 3 >/dev/null 2>"$work/err" && fail "world_size 3 with cp 2"
+    grep -q "option cp_size 2: the world size 3 must be a multiple" "$work/err" || fail "no reason"
+    echo "ok: estimate activations ${a1} / ${a2} / ${a4} KiB at cp 1 / 2 / 4; $(echo "$out" | grep "^context")" ;;
   refusals)
     expect2() {  # expect2 PATTERN CMD...: exit 2 with PATTERN in a one-line message
       local pat=$1; shift
