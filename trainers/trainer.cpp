@@ -361,6 +361,7 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
                          {"offload_optimizer", args_.offload_optimizer},
                          {"world_size", comm.size()},
                          {"zero_stage", zero_ ? args_.zero_stage : 0},
+                         {"cp_size", args_.cp_size},
                          {"total_steps", total_steps_},
                          {"data_state", data_state()},
                          {"options", options_.to_json()}};
@@ -381,6 +382,14 @@ void Trainer::load_checkpoint(const std::string& dir) {
                  " was written by ", st.world_size, " rank(s) with zero_stage ", st.zero_stage,
                  "; this run has ", comm.size(), " with zero_stage ", zero_stage,
                  " (resume with the same world size and stage)");
+  // cp_size decides which micro-batches each rank reads (world / cp data shards).
+  const nlohmann::json raw = nlohmann::json::parse(read_text_file(state_path), nullptr, false);
+  const int64_t st_cp =
+      raw.is_object() && raw.contains("cp_size") && raw["cp_size"].is_number_integer()
+          ? raw["cp_size"].get<int64_t>()
+          : 1;
+  LT_CHECK_INPUT(st_cp == args_.cp_size, dir, " was written with cp_size ", st_cp,
+                 "; this run has cp_size ", args_.cp_size, " (resume with the same cp_size)");
   load_model(dir);
   LT_CHECK_INPUT(st.optim == args_.optim && st.offload_optimizer == args_.offload_optimizer, dir,
                  " holds the state of --optim ", st.optim, " --offload_optimizer ",

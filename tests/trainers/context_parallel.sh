@@ -9,6 +9,8 @@
 #   dp2_cp2_zero2       dp2_cp2 under --zero_stage 2 (shards over the world)
 #   activation_memory   the activation-tag peak per rank at cp 2 is below 0.65x that of cp 1 on
 #                       256-token sequences
+#   resume              2 ranks at cp 2 stopped at a checkpoint and resumed end bit-identical to
+#                       the straight run; resuming with another cp_size is refused in one line
 #   estimate            trainer_bin estimate --cp_size: activations per rank halve at cp 2 (as
 #                       measured by activation_memory), --budget_gib names the smallest cp_size
 #                       that fits in one line (no mpirun needed)
@@ -69,6 +71,22 @@ case $case in
     awk -v a="$one" -v b="$cp" 'BEGIN { exit !(b < 0.65 * a) }' ||
       fail "activation peak $cp per rank at cp 2 vs $one at cp 1 (expected < 0.65x)"
     echo "ok: activation peak $one bytes at cp 1, $cp per rank at cp 2 ($(awk -v a="$one" -v b="$cp" 'BEGIN { printf "%.3f", b / a }')x)" ;;
+  resume)
+    run=("${common[@]}" --max_steps 4 --cp_size 2)
+    mpi 2 "${run[@]}" --output_dir "$work/straight" >"$work/a.log" 2>&1 || { cat "$work/a.log"; fail "straight"; }
+    mpi 2 "${run[@]}" --save_steps 2 --output_dir "$work/ckpt" >"$work/b.log" 2>&1 ||
+      { cat "$work/b.log"; fail "with checkpoints"; }
+    mkdir -p "$work/resumed" && cp -r "$work/ckpt/checkpoint-2" "$work/resumed/"
+    mpi 2 "${run[@]}" --output_dir "$work/resumed" --resume_from_checkpoint latest >"$work/c.log" 2>&1 ||
+      { cat "$work/c.log"; fail "resume"; }
+    cmp "$work/straight/model.safetensors" "$work/resumed/model.safetensors" ||
+      fail "resumed weights differ from the straight run"
+    out=$(mpi 2 "${common[@]}" --max_steps 4 --output_dir "$work/resumed2" \
+            --resume_from_checkpoint "$work/ckpt/checkpoint-2" 2>&1); rc=$?
+    [ $rc -ne 0 ] || fail "resumed with cp_size 1 from a cp_size 2 checkpoint"
+    echo "$out" | grep -q "was written with cp_size 2; this run has cp_size 1" ||
+      { echo "$out"; fail "no one-line reason"; }
+    echo "ok: resume at cp 2 is bit-exact; another cp_size refused" ;;
   estimate)
     est=("$bin" estimate --model_name_or_path "$src/tests/fixtures/trainer/tiny_config.json"
          --max_length 256 --per_device_train_batch_size 1)
