@@ -465,6 +465,8 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"backend", comm.backend_name()},    {"updates", timed_updates_},
         {"step_seconds", step_seconds_ / n}, {"compute_seconds", (step_seconds_ - comm_s) / n},
         {"comm_seconds", comm_s / n},        {"exposed_comm_seconds", comm_s / n}};
+    // The ring attention's exchanges run inside forward and backward: counted as compute.
+    if (args_.cp_size > 1) r["distributed"]["cp_size"] = args_.cp_size;
   }
   return r;
 }
