@@ -252,7 +252,8 @@ Tensor DecoderModel::embed(const Tensor& ids, const RowGradSink& sink) const {
 }
 
 Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
-                                   const Tensor& cu_seqlens, int64_t max_seqlen) const {
+                                   const Tensor& cu_seqlens, int64_t max_seqlen,
+                                   const ContextParallel* cp) const {
   const DecoderLayer& L = layers_[i];
   const int64_t t = h.size(0), d = cfg_.head_dim;
   const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
@@ -264,7 +265,9 @@ Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& pos
   k = kernels::rope(k, positions, cfg_.rope);
   kernels::AttentionOptions ao;
   ao.max_seqlen_q = ao.max_seqlen_k = max_seqlen;
-  Tensor a = kernels::attention(q, k, v, cu_seqlens, cu_seqlens, ao).out.view({t, nh * d});
+  Tensor a = (cp ? kernels::zigzag_ring_attention(*cp->comm, q, k, v, cp->layout)
+                 : kernels::attention(q, k, v, cu_seqlens, cu_seqlens, ao))
+                 .out.view({t, nh * d});
   Tensor h1 = kernels::residual_add(h, L.o_proj.forward(a));
   Tensor x2 = kernels::rms_norm(h1, L.post_attention_layernorm, cfg_.rms_norm_eps);
   Tensor m = kernels::swiglu(L.gate_proj.forward(x2), L.up_proj.forward(x2));
@@ -273,7 +276,8 @@ Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& pos
 
 Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
                                    const Tensor& cu_seqlens, int64_t max_seqlen,
-                                   bool gradient_checkpointing, const RowGradSink& sink) const {
+                                   bool gradient_checkpointing, const RowGradSink& sink,
+                                   std::shared_ptr<const ContextParallel> cp) const {
   Tensor h = embed(ids, sink);
   for (int64_t l = 0; l < num_layers(); ++l) {
     // What layer l saves is reloaded when backward nears it (activation offloading).
@@ -284,12 +288,14 @@ Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
     MemPhaseGuard phase(training ? MemPhase{MemPhaseKind::kForward, static_cast<int32_t>(l)}
                                  : current_mem_phase());
     if (gradient_checkpointing && grad_mode_enabled()) {
-      auto fn = [this, l, positions, cu_seqlens, max_seqlen](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{layer_forward(l, in[0], positions, cu_seqlens, max_seqlen)};
+      // The recompute in backward runs the ring again: `cp` is kept alive by the closure.
+      auto fn = [this, l, positions, cu_seqlens, max_seqlen, cp](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{
+            layer_forward(l, in[0], positions, cu_seqlens, max_seqlen, cp.get())};
       };
       h = checkpoint(fn, {h})[0];
     } else {
-      h = layer_forward(l, h, positions, cu_seqlens, max_seqlen);
+      h = layer_forward(l, h, positions, cu_seqlens, max_seqlen, cp.get());
     }
   }
   // The final norm stays on the device under offloading, like the LM head and the loss.
@@ -313,15 +319,16 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
     std::vector<int64_t> c = batch.cu_seqlens.to_i64();
     for (size_t i = 1; i < c.size(); ++i) max_seqlen = std::max(max_seqlen, c[i] - c[i - 1]);
   }
-  Tensor hidden =
-      hidden_states(ids, pos, cu, max_seqlen, opt.gradient_checkpointing, opt.row_grad_sink);
+  Tensor hidden = hidden_states(ids, pos, cu, max_seqlen, opt.gradient_checkpointing,
+                                opt.row_grad_sink, opt.context_parallel);
   // LM head and loss: much memory traffic for little compute if offloaded (as TRL decides).
   NoOffloadScope head;
   ForwardResult r;
   Tensor targets_host;
   if (opt.need_loss) {
     LT_CHECK(batch.labels.defined(), "forward: loss asked for a batch without labels");
-    targets_host = kernels::shift_labels(batch.labels, batch.cu_seqlens);
+    targets_host =
+        opt.labels_shifted ? batch.labels : kernels::shift_labels(batch.labels, batch.cu_seqlens);
     int64_t n = 0;
     for (int64_t v : targets_host.to_i64()) n += v != kernels::kIgnoreIndex;
     r.label_tokens = n;

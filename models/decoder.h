@@ -22,6 +22,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kernels/ring_attention.h"
 #include "loaders/batch.h"
 #include "loaders/model_config.h"
 #include "models/linear_module.h"
@@ -40,6 +41,15 @@ struct DecoderLayer {
 // OptimizerInBackward::apply_rows; kernels/weight_grad_sink.h).
 using RowGradSink = std::function<void(const Tensor& param, int64_t row0, const Tensor& grad_rows)>;
 
+// Context parallelism (trainers/context_parallel.h): the batch holds this rank's zigzag rows of
+// a longer global batch, and attention is the zigzag ring over `comm` (every rank of the ring
+// runs the same layers in the same order, forward, checkpoint recompute and backward alike).
+// `comm` must outlive the backward.
+struct ContextParallel {
+  Communicator* comm = nullptr;
+  kernels::ZigzagLayout layout;
+};
+
 struct ForwardOptions {
   bool need_loss = true;
   bool need_logits = false;  // full [T, V] logits (tests, generation, small models)
@@ -51,6 +61,11 @@ struct ForwardOptions {
   // backpropagated with d loss = 1) and the token embedding (during backward), where they train,
   // hand their gradients to this sink block by block instead of holding them whole.
   RowGradSink row_grad_sink;
+  // Set: attention is the zigzag ring (the batch is this rank's rows; see ContextParallel).
+  std::shared_ptr<const ContextParallel> context_parallel;
+  // The batch's labels are already the next-token targets (context parallelism shifts them on
+  // the global batch before the split); the loss does not shift them again.
+  bool labels_shifted = false;
 };
 
 struct ForwardResult {
@@ -120,13 +135,15 @@ class DecoderModel {
   // trains (untied, no embedding override) hands its gradient out by rows in backward.
   Tensor embed(const Tensor& ids, const RowGradSink& sink = nullptr) const;
   // One decoder layer over a flat varlen batch. positions:[T] i64, cu_seqlens:[B+1] i32 on the
-  // model's device.
+  // model's device. With `cp`, attention is the zigzag ring over cp->comm (cu_seqlens unused).
   Tensor layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
-                       const Tensor& cu_seqlens, int64_t max_seqlen) const;
+                       const Tensor& cu_seqlens, int64_t max_seqlen,
+                       const ContextParallel* cp = nullptr) const;
   // Embedding -> all layers -> final norm.
   Tensor hidden_states(const Tensor& ids, const Tensor& positions, const Tensor& cu_seqlens,
                        int64_t max_seqlen, bool gradient_checkpointing,
-                       const RowGradSink& sink = nullptr) const;
+                       const RowGradSink& sink = nullptr,
+                       std::shared_ptr<const ContextParallel> cp = nullptr) const;
   // Normed hidden states [T, H] -> logits [T, V].
   Tensor logits(const Tensor& hidden) const;
 

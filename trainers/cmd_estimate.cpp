@@ -2,7 +2,8 @@
 // Predicts the peak device memory of an sft run by category before anything is allocated
 // (trainers/estimate.h). PATH is an HF model folder or a bare config.json (a shape without
 // weights, for planning); no PATH: the built-in demo model. With --budget_gib, also lists the
-// option changes that bring the run under the budget.
+// option changes that bring the run under the budget, and the smallest power-of-two --cp_size
+// (context parallelism) that fits max_length.
 #include <cstdio>
 #include <filesystem>
 
@@ -89,22 +90,47 @@ int run_estimate(const std::vector<std::string>& args) {
   const ModelConfig model = ModelConfig::load(path);
   const Device device = Device::parse(o.get_string("device"));
   EstimateConfig cfg = estimate_config_from_options(o, model, device.is_cpu());
-  cfg.world_size = o.get_int("world_size");
+  // Context parallelism: the world is at least the cp group (one data shard by default).
+  cfg.world_size = o.is_set("world_size") ? o.get_int("world_size") : cfg.cp_size;
+  LT_CHECK_INPUT(cfg.world_size % cfg.cp_size == 0, "option cp_size ", cfg.cp_size,
+                 ": the world size ", cfg.world_size, " must be a multiple of it");
   cfg.resident_before_training =
       resident_before_training(path, setup_dataset(o.get_string("dataset"), path));
   const MemoryEstimate e = estimate_memory(cfg);
   std::printf(
       "estimate for %s (%s, %lld parameters, %lld trainable) on %s, %s, %lld tokens per "
-      "micro-batch, per rank of %lld (zero_stage %lld):\n",
+      "micro-batch (%lld per rank, cp_size %lld), per rank of %lld (zero_stage %lld):\n",
       path.c_str(), model.architecture.c_str(), static_cast<long long>(e.total_parameters),
       static_cast<long long>(e.trainable_parameters), device.str().c_str(), dtype_name(cfg.dtype),
-      static_cast<long long>(cfg.micro_batch_tokens), static_cast<long long>(cfg.world_size),
+      static_cast<long long>(cfg.micro_batch_tokens), static_cast<long long>(rank_tokens(cfg)),
+      static_cast<long long>(cfg.cp_size), static_cast<long long>(cfg.world_size),
       static_cast<long long>(cfg.zero_stage));
   print_estimate(e);
   const double budget = o.get_float("budget_gib");
   if (budget <= 0) return 0;
   const int64_t limit = static_cast<int64_t>(budget * 1024.0 * 1024.0 * 1024.0);
   std::printf("budget %.2f GiB: %s\n", budget, e.peak <= limit ? "fits" : "does not fit");
+  // Context parallelism: the smallest power of two that brings max_length under the budget
+  // (the world grows to the cp group when it is smaller).
+  {
+    int64_t found = 0, found_peak = 0;
+    for (int64_t n = 1; n <= 64 && found == 0; n *= 2) {
+      EstimateConfig c = cfg;
+      c.cp_size = n;
+      c.world_size = cfg.world_size % n == 0 ? cfg.world_size : n;
+      const int64_t peak = estimate_memory(c).peak;
+      if (peak <= limit) found = n, found_peak = peak;
+    }
+    if (found > 0)
+      std::printf(
+          "context parallelism for %lld-token sequences: --cp_size %lld fits (peak %s per "
+          "rank)\n",
+          static_cast<long long>(cfg.max_seqlen), static_cast<long long>(found),
+          format_bytes(found_peak).c_str());
+    else
+      std::printf("context parallelism for %lld-token sequences: no --cp_size up to 64 fits\n",
+                  static_cast<long long>(cfg.max_seqlen));
+  }
   if (e.peak <= limit) return 0;
   struct Variant {
     std::string what;

@@ -24,6 +24,10 @@ void add_dist_options(Options& o) {
             "elements per ZeRO unit (gradients are reduced unit by unit; under stage 2 the full "
             "gradients of at most about one unit exist at once)",
             1);
+  o.add_int("cp_size", 1,
+            "context parallelism: ranks that split each micro-batch's sequence dimension (zigzag "
+            "ring attention; the world size must be a multiple of it; CPU only)",
+            1);
 }
 
 DistArguments dist_arguments(const Options& o) {
@@ -36,6 +40,7 @@ DistArguments dist_arguments(const Options& o) {
                  ": must be a positive number of seconds");
   d.zero_stage = static_cast<int>(o.get_int("zero_stage"));
   d.reduce_bucket_size = o.get_int("reduce_bucket_size");
+  d.cp_size = static_cast<int>(o.get_int("cp_size"));
   LT_CHECK_INPUT(d.zero_stage != 3,
                  "option zero_stage 3: sharding the parameters themselves is not built yet; use "
                  "1 or 2 (optimizer states and gradients sharded)");

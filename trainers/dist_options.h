@@ -12,6 +12,9 @@
 //                       is refused: not built yet
 //   reduce_bucket_size  elements per ZeRO unit: the grain of the reductions, and under stage 2
 //                       the most full gradients that exist at once beyond those in flight
+//   cp_size             context parallelism: the ranks that split each micro-batch's sequence
+//                       dimension (zigzag ring attention, trainers/context_parallel.h); the
+//                       world size must be a multiple of it; CPU only (the ring has no CUDA path)
 #pragma once
 
 #include "engine/comm.h"
@@ -23,6 +26,7 @@ struct DistArguments {
   CommOptions comm;
   int zero_stage = 0;
   int64_t reduce_bucket_size = 25'000'000;  // elements per ZeRO unit (DeepSpeed's name)
+  int cp_size = 1;                          // context-parallel ranks per micro-batch
 };
 
 void add_dist_options(Options& o);

@@ -120,11 +120,19 @@ std::string layer_name(int64_t l) { return "layer " + std::to_string(l); }
 
 }  // namespace
 
+int64_t rank_tokens(const EstimateConfig& c) {
+  const int64_t t = std::max<int64_t>(c.micro_batch_tokens, 1);
+  if (c.cp_size <= 1) return t;
+  const int64_t len = std::max<int64_t>(1, std::min(c.max_seqlen > 0 ? c.max_seqlen : t, t));
+  const int64_t sequences = (t + len - 1) / len, m = 2 * c.cp_size;
+  return sequences * ((len + m - 1) / m * m) / c.cp_size;
+}
+
 MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const ModelConfig& m = c.model;
   MemoryEstimate e;
   const int64_t b = static_cast<int64_t>(dtype_size(c.dtype));
-  const int64_t t = std::max<int64_t>(c.micro_batch_tokens, 1);
+  const int64_t t = rank_tokens(c);
   const int64_t h = m.hidden_size, v = m.vocab_size, l = m.num_hidden_layers;
   const int64_t nq = m.num_attention_heads * m.head_dim, nkv = m.num_key_value_heads * m.head_dim;
   const int64_t inter = m.intermediate_size;
@@ -245,10 +253,18 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   if (c.cpu && b == 2)
     for (const ModuleShape& s : layer_modules(m))
       gemm_ws = std::max(gemm_ws, t * (s.in + s.out) * 4 + s.in * s.out * 4);
-  const int64_t fwd_ws = (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws;
+  // The zigzag ring (cp_size > 1): forward holds two KV buffers of the rank's rows and one
+  // block's output and lse; backward the two KV buffers, the two dK/dV buffers of the second
+  // ring and one block's dQ/dK/dV (kernels/ring_attention.cpp), the MLP's workspace gone by then.
+  const bool ring = c.cp_size > 1;
+  const int64_t ring_fwd =
+      ring ? 2 * 2 * t * nkv * b + t * nq * b + 4 * m.num_attention_heads * t : 0;
+  const int64_t ring_bwd = ring ? 4 * 2 * t * nkv * b + t * (nq + 2 * nkv) * b : 0;
+  const int64_t fwd_ws =
+      (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws + ring_fwd;
   // One layer's backward at its widest, the MLP: the gradients of gate and up beside the
-  // gradient of the layer output and of the norm input.
-  const int64_t bwd_ws = 2 * t * inter * b + 2 * th + gemm_ws;
+  // gradient of the layer output and of the norm input (or the ring's backward buffers).
+  const int64_t bwd_ws = std::max(2 * t * inter * b, ring_bwd) + 2 * th + gemm_ws;
   const bool offload = c.activation_offloading, ckpt = c.gradient_checkpointing;
   // Bytes a layer leaves on the device until its backward: its output (the next layer's input),
   // and what it saves unless checkpointing recomputes it. Offloading moves both to host memory,
@@ -428,6 +444,7 @@ EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments
   c.zero_stage = args.zero_stage;
   c.reduce_bucket_size = args.reduce_bucket_size;
   c.deterministic_comm = args.comm.deterministic;
+  c.cp_size = args.cp_size;
   return c;
 }
 

@@ -32,6 +32,12 @@
 //               the unfused path holds [tokens x vocab] logits and their gradient.
 //   workspace   backward temporaries of one layer, f32 conversion buffers of 16-bit GEMMs on the
 //               CPU, attention score blocks.
+//   context     with cp_size C > 1 (context parallelism, trainers/context_parallel.h) every
+//   parallel    sequence is padded to a multiple of 2C and each rank holds 1/C of its rows: the
+//               activations, the loss and the layer workspaces are those of the rank's tokens;
+//               attention adds the zigzag ring's buffers: two KV buffers (k and v of the rank's
+//               rows, double-buffered) in forward and beside them, in backward, the two dK/dV
+//               buffers of the second ring and one block's dQ/dK/dV.
 //   per rank    with world_size N > 1: ZeRO 1 and 2 keep 1/N of the optimizer states (and of
 //               AdamW's f32 masters); ZeRO 2 keeps 1/N of each unit's gradients once backward
 //               has completed it (the walk's layer gradients count 1/N); the reduction of a unit
@@ -59,7 +65,7 @@ struct EstimateConfig {
   ModelConfig model;
   DType dtype = DType::kF32;
   bool cpu = true;                 // 16-bit GEMMs on the CPU convert operands to f32
-  int64_t micro_batch_tokens = 0;  // tokens of the largest micro-batch
+  int64_t micro_batch_tokens = 0;  // tokens of the largest micro-batch (all cp ranks together)
   int64_t max_seqlen = 0;          // longest sequence in it
   int64_t gradient_accumulation_steps = 1;
   bool gradient_checkpointing = false;
@@ -90,6 +96,7 @@ struct EstimateConfig {
   int64_t zero_stage = 0;
   int64_t reduce_bucket_size = 25'000'000;
   bool deterministic_comm = false;
+  int64_t cp_size = 1;  // context-parallel ranks per micro-batch (world_size is a multiple)
   // Outside the allocator (host resident memory)
   int64_t resident_before_training = 0;  // code, libraries, tokenizer and data (bytes)
   int64_t blas_threads = 1;
@@ -123,6 +130,10 @@ struct MemoryEstimate {
 };
 
 MemoryEstimate estimate_memory(const EstimateConfig& cfg);
+
+// Tokens one rank holds of a micro-batch under cp_size (each sequence of max_seqlen padded to a
+// multiple of 2 cp_size, 1/cp_size of its rows per rank); micro_batch_tokens when cp_size is 1.
+int64_t rank_tokens(const EstimateConfig& cfg);
 
 }  // namespace leantune
 

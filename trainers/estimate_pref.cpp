@@ -69,6 +69,9 @@ PreferenceEstimate estimate_dpo_from_options(const Options& o, const ModelConfig
 PreferenceEstimate estimate_preference_from_options(const Options& o, const ModelConfig& model,
                                                     bool cpu, int64_t sequences_per_example) {
   const TrainingArguments args = training_arguments(o);
+  LT_CHECK_INPUT(args.cp_size == 1, "option cp_size ", args.cp_size,
+                 ": this trainer does not split sequences over ranks (only sft has context "
+                 "parallelism)");
   const PeftConfig peft = peft_config_from_options(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
   const int64_t max_length = o.get_int_or_none("max_length").value_or(0);

@@ -125,13 +125,25 @@ void SftTrainer::load_model(const std::string& dir) {
   load_peft_checkpoint(peft_, *model_, dir);
 }
 
+int64_t SftTrainer::loss_tokens(const Batch& b) const {
+  // Context parallel: this rank's targets; the trainer's sum over the world counts each once.
+  return context_parallel()
+             ? context_parallel_label_tokens(b, cp_groups_->cp_size, cp_groups_->cp_rank)
+             : b.stats.label_tokens;
+}
+
 Tensor SftTrainer::compute_loss(const Batch& b, double normalizer) {
   ForwardOptions fo;
   fo.normalizer = normalizer;
   fo.gradient_checkpointing = args_.gradient_checkpointing;
   fo.fused_loss = fused_loss_;
   fo.row_grad_sink = row_grad_sink();
-  return model_->forward(b, fo).loss;
+  if (!context_parallel()) return model_->forward(b, fo).loss;
+  ContextParallelBatch split = split_context_parallel(b, cp_groups_->cp_size, cp_groups_->cp_rank,
+                                                      cp_pad_token_id_, cp_groups_->cp.get());
+  fo.context_parallel = split.context;
+  fo.labels_shifted = true;
+  return model_->forward(split.local, fo).loss;
 }
 
 std::optional<double> SftTrainer::evaluate() {
@@ -250,11 +262,16 @@ std::string format_memory_report(const nlohmann::json& r) {
     const auto& d = r["distributed"];
     char line[320];
     std::snprintf(line, sizeof line,
-                  "  data parallel: %d ranks (%s, zero_stage %d), per update %.1f ms: compute "
+                  "  data parallel: %d ranks (%s, zero_stage %d%s), per update %.1f ms: compute "
                   "%.1f ms, communication %.1f ms, exposed %.1f ms\n",
                   d["world_size"].get<int>(), d["backend"].get<std::string>().c_str(),
-                  d["zero_stage"].get<int>(), 1e3 * d["step_seconds"].get<double>(),
-                  1e3 * d["compute_seconds"].get<double>(), 1e3 * d["comm_seconds"].get<double>(),
+                  d["zero_stage"].get<int>(),
+                  d.contains("cp_size") ? (", cp_size " + std::to_string(d["cp_size"].get<int>()) +
+                                           " (ring attention counted as compute)")
+                                              .c_str()
+                                        : "",
+                  1e3 * d["step_seconds"].get<double>(), 1e3 * d["compute_seconds"].get<double>(),
+                  1e3 * d["comm_seconds"].get<double>(),
                   1e3 * d["exposed_comm_seconds"].get<double>());
     out += line;
   }
@@ -463,17 +480,27 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
   dc.packing_strategy = o.get_string("packing_strategy");
   dc.packing_window = o.get_int("packing_window");
   dc.padding_free = o.get_bool_or_none("padding_free");
-  dc.pad_to_multiple_of = o.get_int_or_none("pad_to_multiple_of").value_or(0);
+  dc.pad_to_multiple_of = context_parallel_pad_multiple(
+      args.cp_size, o.get_int_or_none("pad_to_multiple_of").value_or(0));
   dc.per_device_train_batch_size = args.per_device_train_batch_size;
   dc.seed = args.seed;
   validate_data_config(dc);
 
   SftData train = load_sft_data(setup.dataset, encoder.get(), dc);
   auto train_examples = std::make_shared<TokenizedDataset>(std::move(train.examples));
-  // Data parallel: every rank takes its own shard of the micro-batches (data_loader.h).
-  Communicator& comm = world_communicator(args.comm);
+  // Data parallel: every rank takes its own shard of the micro-batches (data_loader.h); the
+  // ranks of a context-parallel group share theirs.
+  if (args.cp_size > 1) {
+    LT_CHECK_INPUT(run.model->device().is_cpu(), "option cp_size ", args.cp_size,
+                   ": context parallelism runs on the CPU only (the ring attention has no CUDA "
+                   "path yet); use --device cpu");
+    LT_CHECK_INPUT(run.model->dtype() == DType::kF32, "option cp_size ", args.cp_size,
+                   ": the CPU ring attention takes f32; drop --bf16");
+  }
+  auto cp_groups = std::make_shared<ContextParallelGroups>(
+      make_context_parallel_groups(world_communicator(args.comm), args.cp_size));
   auto loader = std::make_shared<DataLoader>(train_examples, dc, encoder->pad_token_id(),
-                                             comm.rank(), comm.size());
+                                             cp_groups->dp_rank, cp_groups->dp_size);
   std::shared_ptr<DataLoader> eval;
   if (!o.get_string("eval_dataset").empty()) {
     DataConfig ec = dc;
@@ -487,6 +514,7 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
       std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer, setup.tokenizer_dir, loader,
                                    eval, train.stats, o.get_bool("use_liger_kernel"));
   run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  run.trainer->set_context_parallel(cp_groups, encoder->pad_token_id());
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   return run;
 }

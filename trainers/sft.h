@@ -14,6 +14,7 @@
 #include "loaders/tokenizer.h"
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
+#include "trainers/context_parallel.h"
 #include "trainers/trainer.h"
 
 namespace leantune {
@@ -47,11 +48,17 @@ class SftTrainer final : public Trainer {
     quant_report_ = report;
   }
   PeftSetup& peft() { return peft_; }
+  // Context parallelism (--cp_size > 1): every micro-batch is split over groups.cp
+  // (trainers/context_parallel.h); pads added by the split take pad_token_id.
+  void set_context_parallel(std::shared_ptr<ContextParallelGroups> groups, int64_t pad_token_id) {
+    cp_groups_ = std::move(groups);
+    cp_pad_token_id_ = pad_token_id;
+  }
 
  protected:
   int64_t micro_batches_per_epoch() const override { return train_->batches_per_epoch(); }
   Batch next_micro_batch(BatchReport* report) override;
-  int64_t loss_tokens(const Batch& b) const override { return b.stats.label_tokens; }
+  int64_t loss_tokens(const Batch& b) const override;
   Tensor compute_loss(const Batch& b, double normalizer) override;
   std::optional<double> evaluate() override;
   double epoch_progress() const override;
@@ -63,8 +70,10 @@ class SftTrainer final : public Trainer {
   std::vector<std::pair<std::string, Tensor>> trainable_parameters() const override;
   void save_model(const std::string& dir, bool final_output) const override;
   void load_model(const std::string& dir) override;
+  bool supports_context_parallel() const override { return true; }
 
  private:
+  bool context_parallel() const { return cp_groups_ && cp_groups_->cp_size > 1; }
   PeftSetup peft_;
   std::string base_model_name_or_path_;
   bool merge_adapter_ = false;
@@ -78,6 +87,8 @@ class SftTrainer final : public Trainer {
   QuantizeReport quant_report_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;
+  std::shared_ptr<ContextParallelGroups> cp_groups_;
+  int64_t cp_pad_token_id_ = 0;
 };
 
 // Everything `trainer_bin sft` builds before training: model, tokenizer, data, trainer.
@@ -94,9 +105,9 @@ struct SftModel {
   SftSetup setup;  // without the dataset
   std::shared_ptr<Tokenizer> tokenizer;
   std::shared_ptr<DecoderModel> model;
-  PeftSetup peft;          // shares the adapters with the model (inactive without use_peft)
-  std::string base_name;   // base_model_name_or_path for adapter_config.json
-  QuantConfig quant;       // enabled(): the base is quantized
+  PeftSetup peft;         // shares the adapters with the model (inactive without use_peft)
+  std::string base_name;  // base_model_name_or_path for adapter_config.json
+  QuantConfig quant;      // enabled(): the base is quantized
   QuantizeReport quant_report;
 };
 // The sft options that describe the model rather than the training run (the chat group among

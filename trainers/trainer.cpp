@@ -197,6 +197,7 @@ TrainingArguments training_arguments(const Options& o) {
   a.comm = dist.comm;
   a.zero_stage = dist.zero_stage;
   a.reduce_bucket_size = dist.reduce_bucket_size;
+  a.cp_size = dist.cp_size;
   a.device = o.get_string("device");
   a.max_memory_gib = o.get_float("max_memory_gib");
   a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
@@ -338,6 +339,7 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
                          {"offload_optimizer", args_.offload_optimizer},
                          {"world_size", comm.size()},
                          {"zero_stage", zero_ ? args_.zero_stage : 0},
+                         {"cp_size", args_.cp_size},
                          {"total_steps", total_steps_},
                          {"data_state", data_state()},
                          {"options", options_.to_json()}};
@@ -358,6 +360,14 @@ void Trainer::load_checkpoint(const std::string& dir) {
                  " was written by ", st.world_size, " rank(s) with zero_stage ", st.zero_stage,
                  "; this run has ", comm.size(), " with zero_stage ", zero_stage,
                  " (resume with the same world size and stage)");
+  // cp_size decides which micro-batches each rank reads (world / cp data shards).
+  const nlohmann::json raw = nlohmann::json::parse(read_text_file(state_path), nullptr, false);
+  const int64_t st_cp =
+      raw.is_object() && raw.contains("cp_size") && raw["cp_size"].is_number_integer()
+          ? raw["cp_size"].get<int64_t>()
+          : 1;
+  LT_CHECK_INPUT(st_cp == args_.cp_size, dir, " was written with cp_size ", st_cp,
+                 "; this run has cp_size ", args_.cp_size, " (resume with the same cp_size)");
   load_model(dir);
   LT_CHECK_INPUT(st.optim == args_.optim && st.offload_optimizer == args_.offload_optimizer, dir,
                  " holds the state of --optim ", st.optim, " --offload_optimizer ",
@@ -434,6 +444,8 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"backend", comm.backend_name()},    {"updates", timed_updates_},
         {"step_seconds", step_seconds_ / n}, {"compute_seconds", (step_seconds_ - comm_s) / n},
         {"comm_seconds", comm_s / n},        {"exposed_comm_seconds", comm_s / n}};
+    // The ring attention's exchanges run inside forward and backward: counted as compute.
+    if (args_.cp_size > 1) r["distributed"]["cp_size"] = args_.cp_size;
   }
   return r;
 }
@@ -460,6 +472,10 @@ TrainResult Trainer::train() {
   LT_CHECK_INPUT(!distributed || model_->device().is_cpu() || comm.backend_name() == "nccl",
                  "data parallel on ", model_->device().str(), " needs --comm_backend nccl (the ",
                  comm.backend_name(), " backend moves host memory)");
+  LT_CHECK_INPUT(args_.cp_size == 1 || supports_context_parallel(), "option cp_size ",
+                 args_.cp_size,
+                 ": this trainer does not split sequences over ranks (only sft has "
+                 "context parallelism)");
   build_optimizer();
   // Before anything else writes: killed saves may have left the disk full of temporary folders.
   const StaleCleanup cleaned =

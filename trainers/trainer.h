@@ -76,6 +76,7 @@ struct TrainingArguments {
   CommOptions comm;  // --comm_backend, --deterministic_comm, --comm_timeout
   int zero_stage = 0;
   int64_t reduce_bucket_size = 25'000'000;
+  int cp_size = 1;  // --cp_size (trainers/context_parallel.h)
 };
 
 // Declares the options every trainer shares (TRL/transformers names and defaults).
@@ -143,6 +144,9 @@ class Trainer {
   virtual void load_model(const std::string& dir);
   // Called once before the loop, after resuming.
   virtual void on_train_begin(MetricsLogger& log) {}
+  // Whether this trainer splits its micro-batches over --cp_size ranks (SFT does; the others
+  // refuse cp_size > 1).
+  virtual bool supports_context_parallel() const { return false; }
   // Memory-report lines a trainer adds (what its techniques saved).
   virtual nlohmann::json technique_savings() const { return nlohmann::json::object(); }
   // Trainer-specific metrics of the logging window (DPO's rewards/*), merged into each logged

@@ -1,0 +1,132 @@
+#!/bin/bash
+# Context-parallel SFT under mpirun against the single-process run with the same global batch
+# (tests/trainers/context_parallel.cmake), on the tiny test model (f32).
+# Usage: context_parallel.sh TRAINER_BIN MPIRUN SOURCE_DIR CASE
+#   cp2, cp4            N ranks, --cp_size N, vs 1 rank: the 10 losses agree within 1e-5 relative
+#   dp2_cp2             4 ranks, --cp_size 2 (2 data shards) vs 1 rank x 2 micro-batches
+#   cp2_checkpointing   cp2 with --gradient_checkpointing (the recompute runs the ring again)
+#   cp2_packing         cp2 with --packing (several documents per sequence, each split)
+#   dp2_cp2_zero2       dp2_cp2 under --zero_stage 2 (shards over the world)
+#   cp2_lora_offload    cp2 training LoRA adapters (no dropout) with activation offloading
+#   activation_memory   the activation-tag peak per rank at cp 2 is below 0.65x that of cp 1 on
+#                       256-token sequences
+#   resume              2 ranks at cp 2 stopped at a checkpoint and resumed end bit-identical to
+#                       the straight run; resuming with another cp_size is refused in one line
+#   estimate            trainer_bin estimate --cp_size: activations per rank halve at cp 2 (as
+#                       measured by activation_memory), --budget_gib names the smallest cp_size
+#                       that fits in one line (no mpirun needed)
+#   refusals            world size not a multiple of cp_size, pad_to_multiple_of not a multiple
+#                       of 2cp, a trainer without context parallelism: exit 2, one line
+set -u
+bin=$1 mpirun=$2 src=$3 case=$4
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1
+fail() { echo "FAIL: $*"; exit 1; }
+mpi() { local np=$1; shift; timeout 250 "$mpirun" --oversubscribe --allow-run-as-root \
+          --bind-to none -x OMP_NUM_THREADS -np "$np" "$bin" "$@"; }
+"$bin" init-model --model_config "$src/tests/fixtures/trainer/tiny_config.json" \
+  --out "$work/model" --tokenizer "$src/data/embedded" >/dev/null || fail "init-model"
+common=(sft --model_name_or_path "$work/model" --dataset "$src/tests/fixtures/trainer/stories_small.jsonl"
+        --max_steps 10 --per_device_train_batch_size 2 --max_length 64 --learning_rate 1e-3
+        --logging_steps 1 --save_steps 0 --device cpu)
+losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+# Relative agreement of two loss columns within $3 (and 10 of them).
+close() {
+  paste <(losses "$1") <(losses "$2") | awk -v tol="$3" '
+    { d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1;
+      if (d > tol * m) { printf "step %d: %s vs %s\n", NR, $1, $2; bad = 1 } ; n++ }
+    END { if (n != 10) { print n " losses"; exit 1 } exit bad }'
+}
+tag_peak() { tail -1 "$1/metrics.jsonl" | grep -o "\"$2\":{[^}]*}" | grep -o '"peak":[0-9]*' | cut -d: -f2; }
+# compare NP CP ACCUM EXTRA...: the single process with ACCUM micro-batches vs NP ranks.
+compare() {
+  local np=$1 cp=$2 accum=$3; shift 3
+  "$bin" "${common[@]}" "$@" --gradient_accumulation_steps "$accum" --output_dir "$work/one" \
+    >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "1 rank"; }
+  mpi "$np" "${common[@]}" "$@" --cp_size "$cp" --output_dir "$work/cp" >"$work/cp.log" 2>&1 ||
+    { cat "$work/cp.log"; fail "$np ranks, cp_size $cp"; }
+  close "$work/one" "$work/cp" 1e-5 || fail "losses beyond 1e-5 relative"
+  # The curve moved: a run that did not train would agree trivially.
+  paste <(losses "$work/one" | head -1) <(losses "$work/one" | tail -1) |
+    awk '{ exit !($1 - $2 > 0.05) }' || fail "the loss did not fall: $(losses "$work/one" | tr '\n' ' ')"
+  echo "ok: $np ranks (cp_size $cp${*:+ $*}) == 1 rank x $accum: $(losses "$work/cp" | tr '\n' ' ')"
+}
+
+case $case in
+  cp2) compare 2 2 1 ;;
+  cp4) compare 4 4 1 ;;
+  dp2_cp2) compare 4 2 2 ;;
+  cp2_checkpointing) compare 2 2 1 --gradient_checkpointing ;;
+  cp2_packing) compare 2 2 1 --packing ;;
+  dp2_cp2_zero2) compare 4 2 2 --zero_stage 2 --reduce_bucket_size 20000 ;;
+  cp2_lora_offload) compare 2 2 1 --use_peft --lora_dropout 0 --learning_rate 1e-2 --activation_offloading ;;
+  activation_memory)
+    run=(sft --model_name_or_path "$work/model" --dataset "$src/tests/fixtures/trainer/stories_small.jsonl"
+         --max_steps 2 --per_device_train_batch_size 1 --max_length 256 --packing
+         --logging_steps 1 --save_steps 0 --device cpu)
+    "$bin" "${run[@]}" --output_dir "$work/one" >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "cp 1"; }
+    mpi 2 "${run[@]}" --cp_size 2 --output_dir "$work/cp" >"$work/cp.log" 2>&1 ||
+      { cat "$work/cp.log"; fail "cp 2"; }
+    one=$(tag_peak "$work/one" activation) cp=$(tag_peak "$work/cp" activation)
+    [ -n "$one" ] && [ -n "$cp" ] || fail "no activation peak in metrics.jsonl"
+    awk -v a="$one" -v b="$cp" 'BEGIN { exit !(b < 0.65 * a) }' ||
+      fail "activation peak $cp per rank at cp 2 vs $one at cp 1 (expected < 0.65x)"
+    echo "ok: activation peak $one bytes at cp 1, $cp per rank at cp 2 ($(awk -v a="$one" -v b="$cp" 'BEGIN { printf "%.3f", b / a }')x)" ;;
+  resume)
+    run=("${common[@]}" --max_steps 4 --cp_size 2)
+    mpi 2 "${run[@]}" --output_dir "$work/straight" >"$work/a.log" 2>&1 || { cat "$work/a.log"; fail "straight"; }
+    mpi 2 "${run[@]}" --save_steps 2 --output_dir "$work/ckpt" >"$work/b.log" 2>&1 ||
+      { cat "$work/b.log"; fail "with checkpoints"; }
+    mkdir -p "$work/resumed" && cp -r "$work/ckpt/checkpoint-2" "$work/resumed/"
+    mpi 2 "${run[@]}" --output_dir "$work/resumed" --resume_from_checkpoint latest >"$work/c.log" 2>&1 ||
+      { cat "$work/c.log"; fail "resume"; }
+    cmp "$work/straight/model.safetensors" "$work/resumed/model.safetensors" ||
+      fail "resumed weights differ from the straight run"
+    out=$(mpi 2 "${common[@]}" --max_steps 4 --output_dir "$work/resumed2" \
+            --resume_from_checkpoint "$work/ckpt/checkpoint-2" 2>&1); rc=$?
+    [ $rc -ne 0 ] || fail "resumed with cp_size 1 from a cp_size 2 checkpoint"
+    echo "$out" | grep -q "was written with cp_size 2; this run has cp_size 1" ||
+      { echo "$out"; fail "no one-line reason"; }
+    echo "ok: resume at cp 2 is bit-exact; another cp_size refused" ;;
+  estimate)
+    est=("$bin" estimate --model_name_or_path "$src/tests/fixtures/trainer/tiny_config.json"
+         --max_length 256 --per_device_train_batch_size 1)
+    kib() { "${est[@]}" "$@" | awk '$1 == "activations" { v = $2; if ($3 == "MiB") v *= 1024; print v }'; }
+    a1=$(kib) a2=$(kib --cp_size 2) a4=$(kib --cp_size 4)
+    awk -v a="$a1" -v b="$a2" -v c="$a4" 'BEGIN { exit !(a > 0 && b * 2 == a && c * 4 == a) }' ||
+      fail "activations $a1 / $a2 / $a4 KiB at cp 1 / 2 / 4 (expected 1 : 1/2 : 1/4)"
+    "${est[@]}" --cp_size 2 | grep -q "256 tokens per micro-batch (128 per rank, cp_size 2), per rank of 2" ||
+      fail "no per-rank token line"
+    # The budget between the peaks at cp 2 (1.27 MiB) and cp 1 (2.04 MiB): cp_size 2.
+    out=$("${est[@]}" --budget_gib 0.00125) || fail "estimate --budget_gib"
+    [ "$(echo "$out" | grep -c "^context parallelism")" -eq 1 ] || { echo "$out"; fail "no one-line cp advice"; }
+    echo "$out" | grep -q "context parallelism for 256-token sequences: --cp_size 2 fits" ||
+      { echo "$out"; fail "cp_size 2 not recommended"; }
+    "${est[@]}" --budget_gib 0.0000001 | grep -q "no --cp_size up to 64 fits" || fail "impossible budget"
+    "${est[@]}" --cp_size 2 --world_size 3 >/dev/null 2>"$work/err" && fail "world_size 3 with cp 2"
+    grep -q "option cp_size 2: the world size 3 must be a multiple" "$work/err" || fail "no reason"
+    echo "ok: estimate activations ${a1} / ${a2} / ${a4} KiB at cp 1 / 2 / 4; $(echo "$out" | grep "^context")" ;;
+  refusals)
+    expect2() {  # expect2 PATTERN CMD...: exit 2 with PATTERN in a one-line message
+      local pat=$1; shift
+      "$@" >"$work/out" 2>"$work/err"; rc=$?
+      [ $rc -eq 2 ] || { cat "$work/err"; fail "exit $rc: $*"; }
+      grep -q -- "$pat" "$work/err" || { cat "$work/err"; fail "no line with '$pat'"; }
+      [ "$(wc -l <"$work/err")" -eq 1 ] || { cat "$work/err"; fail "not one line: $*"; }
+    }
+    expect2 "option cp_size 2: the world size 1 must be a multiple" "$bin" "${common[@]}" \
+      --cp_size 2 --output_dir "$work/x"
+    expect2 "option pad_to_multiple_of 6: must be a multiple of 2 x cp_size = 4" "$bin" \
+      "${common[@]}" --cp_size 2 --pad_to_multiple_of 6 --output_dir "$work/x"
+    out=$(mpi 3 "${common[@]}" --cp_size 2 --output_dir "$work/x" 2>&1); rc=$?
+    [ $rc -ne 0 ] || fail "3 ranks accepted with cp_size 2"
+    echo "$out" | grep -q "option cp_size 2: the world size 3 must be a multiple" ||
+      { echo "$out"; fail "no one-line reason on 3 ranks"; }
+    out=$(mpi 2 dpo --max_steps 1 --cp_size 2 --save_steps 0 --output_dir "$work/d" 2>&1); rc=$?
+    [ $rc -ne 0 ] || fail "dpo accepted cp_size 2"
+    echo "$out" | grep -q "option cp_size 2: this trainer does not split sequences" ||
+      { echo "$out"; fail "no one-line reason for dpo"; }
+    echo "ok: refusals" ;;
+  *) fail "unknown case $case" ;;
+esac

@@ -1,0 +1,117 @@
+// Context-parallel groups and the zigzag batch split (see context_parallel.h).
+#include "trainers/context_parallel.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "engine/check.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/ring_attention.h"
+
+namespace leantune {
+
+ContextParallelGroups make_context_parallel_groups(Communicator& world, int cp_size) {
+  LT_CHECK_INPUT(cp_size >= 1 && world.size() % cp_size == 0, "option cp_size ", cp_size,
+                 ": the world size ", world.size(), " must be a multiple of it");
+  ContextParallelGroups g;
+  g.cp_size = cp_size;
+  g.cp_rank = world.rank() % cp_size;
+  g.dp_size = world.size() / cp_size;
+  g.dp_rank = world.rank() / cp_size;
+  if (cp_size == 1) return g;
+  g.cp = world.split(g.dp_rank, g.cp_rank);
+  g.dp = world.split(g.cp_rank, g.dp_rank);
+  LT_CHECK(g.cp->size() == cp_size && g.cp->rank() == g.cp_rank && g.dp->size() == g.dp_size &&
+               g.dp->rank() == g.dp_rank,
+           "context-parallel groups: split gave cp ", g.cp->rank(), "/", g.cp->size(), ", dp ",
+           g.dp->rank(), "/", g.dp->size());
+  return g;
+}
+
+int64_t context_parallel_pad_multiple(int cp_size, int64_t user_value) {
+  if (cp_size == 1) return user_value;
+  const int64_t m = 2 * static_cast<int64_t>(cp_size);
+  LT_CHECK_INPUT(user_value == 0 || user_value % m == 0, "option pad_to_multiple_of ", user_value,
+                 ": must be a multiple of 2 x cp_size = ", m,
+                 " (every sequence is split into 2 x cp_size chunks)");
+  return user_value == 0 ? m : user_value;
+}
+
+namespace {
+
+std::vector<int64_t> sequence_lengths(const std::vector<int64_t>& cu) {
+  std::vector<int64_t> lengths;
+  for (size_t i = 1; i < cu.size(); ++i) lengths.push_back(cu[i] - cu[i - 1]);
+  return lengths;
+}
+
+}  // namespace
+
+ContextParallelBatch split_context_parallel(const Batch& global, int cp_size, int cp_rank,
+                                            int64_t pad_token_id, Communicator* comm) {
+  LT_CHECK(global.input_ids.defined() && global.labels.defined() && global.cu_seqlens.defined(),
+           "split_context_parallel: a batch without ids, labels or cu_seqlens");
+  const std::vector<int64_t> cu = global.cu_seqlens.to_i64();
+  const std::vector<int64_t> ids = global.input_ids.to_i64();
+  const std::vector<int64_t> pos = global.position_ids.to_i64();
+  const std::vector<int64_t> targets =
+      kernels::shift_labels(global.labels, global.cu_seqlens).to_i64();
+  auto ctx = std::make_shared<ContextParallel>();
+  LT_CHECK(!comm || (comm->size() == cp_size && comm->rank() == cp_rank),
+           "split_context_parallel: rank ", cp_rank, " of ", cp_size, " over a communicator of ",
+           comm ? comm->size() : 0, " ranks");
+  ctx->comm = comm;
+  ctx->layout = kernels::zigzag_layout(sequence_lengths(cu), cp_size, cp_rank);
+  const kernels::ZigzagLayout& z = ctx->layout;
+
+  const int64_t n = z.local_rows();
+  std::vector<int64_t> l_ids(n), l_pos(n), l_tgt(n);
+  int64_t label_tokens = 0, real = 0, max_local = 0;
+  for (size_t d = 0; d + 1 < z.cu_seqlens_local.size(); ++d) {
+    max_local = std::max<int64_t>(max_local, z.cu_seqlens_local[d + 1] - z.cu_seqlens_local[d]);
+    for (int64_t j = z.cu_seqlens_local[d]; j < z.cu_seqlens_local[d + 1]; ++j) {
+      const int64_t p = z.positions[j];
+      if (p < z.lengths[d]) {
+        const int64_t g = cu[d] + p;
+        l_ids[j] = ids[g];
+        l_pos[j] = pos[g];
+        l_tgt[j] = targets[g];
+        ++real;
+      } else {
+        l_ids[j] = pad_token_id;
+        l_pos[j] = p;
+        l_tgt[j] = kernels::kIgnoreIndex;
+      }
+      label_tokens += l_tgt[j] != kernels::kIgnoreIndex;
+    }
+  }
+  ContextParallelBatch out;
+  Batch& b = out.local;
+  b.input_ids = Tensor::from_vector(l_ids, {n});
+  b.position_ids = Tensor::from_vector(l_pos, {n});
+  b.labels = Tensor::from_vector(l_tgt, {n});
+  b.cu_seqlens =
+      Tensor::from_vector(z.cu_seqlens_local, {static_cast<int64_t>(z.cu_seqlens_local.size())});
+  b.max_seqlen = max_local;
+  b.stats.real_tokens = real;
+  b.stats.pad_tokens = n - real;
+  b.stats.label_tokens = label_tokens;
+  b.stats.sequences = global.stats.sequences;
+  out.context = std::move(ctx);
+  return out;
+}
+
+int64_t context_parallel_label_tokens(const Batch& global, int cp_size, int cp_rank) {
+  const std::vector<int64_t> cu = global.cu_seqlens.to_i64();
+  const std::vector<int64_t> targets =
+      kernels::shift_labels(global.labels, global.cu_seqlens).to_i64();
+  const kernels::ZigzagLayout z = kernels::zigzag_layout(sequence_lengths(cu), cp_size, cp_rank);
+  int64_t n = 0;
+  for (size_t d = 0; d + 1 < z.cu_seqlens_local.size(); ++d)
+    for (int64_t j = z.cu_seqlens_local[d]; j < z.cu_seqlens_local[d + 1]; ++j)
+      if (z.positions[j] < z.lengths[d])
+        n += targets[cu[d] + z.positions[j]] != kernels::kIgnoreIndex;
+  return n;
+}
+
+}  // namespace leantune

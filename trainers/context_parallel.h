@@ -1,0 +1,60 @@
+// Context parallelism (--cp_size): the ranks of a cp group share every micro-batch and split its
+// sequence dimension in the zigzag layout of kernels/ring_attention.h; attention is the ring over
+// the cp group, every other layer is row-local (see distributed.md section 3).
+//
+// Process groups, from the world communicator (world = dp x cp):
+//   cp group: color = rank / cp, key = rank % cp   (consecutive ranks share a micro-batch)
+//   dp group: color = rank % cp, key = rank / cp   (data sharding: dp size and rank)
+// Gradients and the loss token count are still summed over the WORLD (each rank holds partial
+// gradients of its rows), so the trainer's data-parallel reductions need no change.
+//
+// The batch split (split_context_parallel): the global micro-batch (loaders/batch.h) is shifted
+// first (targets[t] = labels[t+1] inside a sequence), then every sequence is padded at its end to
+// a multiple of 2cp (ids = pad id, target -100, positions continuing) and this rank's rows are
+// taken: chunks r and 2cp-1-r of every sequence. The local batch carries the targets as its
+// labels (ForwardOptions::labels_shifted), the global positions (RoPE) and the local cu_seqlens.
+// Each real target token lands on exactly one rank, so the local counts sum to the global one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/comm.h"
+#include "loaders/batch.h"
+#include "models/decoder.h"
+
+namespace leantune {
+
+struct ContextParallelGroups {
+  int cp_size = 1;
+  int cp_rank = 0;
+  int dp_size = 1;  // data shards
+  int dp_rank = 0;
+  std::unique_ptr<Communicator> cp;  // the ranks sharing a micro-batch; null when cp_size is 1
+  std::unique_ptr<Communicator> dp;  // null when cp_size is 1 (the world is the dp group)
+};
+
+// Error(kInput) naming option cp_size when the world size is not a multiple of cp_size.
+// Collective over `world` when cp_size > 1 (split).
+ContextParallelGroups make_context_parallel_groups(Communicator& world, int cp_size);
+
+// The pad_to_multiple_of a context-parallel run uses: 2cp when the user gave none; a user value
+// that is not a multiple of 2cp is an Error(kInput) naming the option. (0 = none when cp is 1.)
+int64_t context_parallel_pad_multiple(int cp_size, int64_t user_value);
+
+struct ContextParallelBatch {
+  Batch local;  // labels = shifted targets; stats.label_tokens = this rank's target tokens
+  std::shared_ptr<const ContextParallel> context;
+};
+
+// Rank cp_rank's zigzag rows of `global` (host tensors) among cp_size ranks; the context's ring
+// runs over `comm` (the cp group: size cp_size, rank cp_rank; null only where nothing runs the
+// model, e.g. tests of the split).
+ContextParallelBatch split_context_parallel(const Batch& global, int cp_size, int cp_rank,
+                                            int64_t pad_token_id, Communicator* comm);
+
+// The loss tokens of this rank's rows (split_context_parallel's label_tokens, without building
+// the batch).
+int64_t context_parallel_label_tokens(const Batch& global, int cp_size, int cp_rank);
+
+}  // namespace leantune
