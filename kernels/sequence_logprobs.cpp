@@ -111,6 +111,7 @@ class LinearSequenceLogprobsBackward final : public Node {
   SavedTensor hidden, weight;
   Layout layout;
   std::vector<Tensor> targets;  // per chunk, on the device (small)
+  double logit_scale = 1.0;
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor()};
@@ -144,12 +145,14 @@ class LinearSequenceLogprobsBackward final : public Node {
       Tensor xc = xbuf.narrow(0, 0, n), zc = zbuf.narrow(0, 0, n), dzc = dzbuf.narrow(0, 0, n);
       Tensor lc = lse.narrow(0, 0, n);
       move_rows(xc, x, pieces, false);
-      ops::gemm(xc, false, w, true, zc, 1.0, 0.0);
+      ops::gemm(xc, false, w, true, zc, logit_scale, 0.0);
       cross_entropy_fwd(zc, targets[c], nll.narrow(0, 0, n), lc);
-      // d logp / dz = onehot - softmax: cross_entropy_bwd's (softmax - onehot) scaled by -g_b.
+      // d logp / dz = onehot - softmax: cross_entropy_bwd's (softmax - onehot) scaled by -g_b,
+      // times logit_scale for z = s x W^T.
       for (const Piece& p : pieces)
         cross_entropy_bwd(zc.narrow(0, p.at, p.len), targets[c].narrow(0, p.at, p.len),
-                          lc.narrow(0, p.at, p.len), -g[p.seq], dzc.narrow(0, p.at, p.len));
+                          lc.narrow(0, p.at, p.len), -g[p.seq] * logit_scale,
+                          dzc.narrow(0, p.at, p.len));
       if (dx.defined()) {
         Tensor dxc = dxbuf.narrow(0, 0, n);
         ops::gemm(dzc, false, w, false, dxc, 1.0, 0.0);
@@ -169,8 +172,9 @@ class LinearSequenceLogprobsBackward final : public Node {
 
 class LogitsSequenceLogprobsBackward final : public Node {
  public:
-  SavedTensor logits, lse, targets;
+  SavedTensor logits, lse, targets;  // logits: already times logit_scale
   Layout layout;
+  double logit_scale = 1.0;
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     if (!grads[0].defined() || !needs_input_grad(0)) return {Tensor()};
@@ -180,7 +184,8 @@ class LogitsSequenceLogprobsBackward final : public Node {
     for (const auto& chunk : layout.chunks)
       for (const Piece& p : chunk)
         cross_entropy_bwd(z.narrow(0, p.start, p.len), y.narrow(0, p.start, p.len),
-                          e.narrow(0, p.start, p.len), -g[p.seq], dz.narrow(0, p.start, p.len));
+                          e.narrow(0, p.start, p.len), -g[p.seq] * logit_scale,
+                          dz.narrow(0, p.start, p.len));
     return {dz};
   }
   std::string name() const override { return "LogitsSequenceLogprobsBackward"; }
@@ -204,6 +209,7 @@ SequenceLogprobs linear_sequence_logprobs(const Tensor& hidden, const Tensor& we
                hidden.device() == weight.device(),
            op, ": hidden ", hidden.str(), " and weight ", weight.str(),
            " need one float dtype and device");
+  LT_CHECK(opt.logit_scale > 0, op, ": logit_scale ", opt.logit_scale, " must be positive");
   Layout layout = make_layout(targets, cu_seqlens, opt.chunk_tokens, op);
   const DType d = work_dtype(hidden.dtype());
   const Device dev = hidden.device();
@@ -239,7 +245,7 @@ SequenceLogprobs linear_sequence_logprobs(const Tensor& hidden, const Tensor& we
       const auto& pieces = layout.chunks[c];
       Tensor xc = xbuf.narrow(0, 0, n), zc = zbuf.narrow(0, 0, n), nc = nll.narrow(0, 0, n);
       move_rows(xc, x, pieces, false);
-      ops::gemm(xc, false, w, true, zc, 1.0, 0.0);
+      ops::gemm(xc, false, w, true, zc, opt.logit_scale, 0.0);
       cross_entropy_fwd(zc, tgt[c], nc, lse.narrow(0, 0, n));
       const std::vector<double> rows = nc.to_f64();
       std::vector<double> zsum, es, ts;
@@ -269,6 +275,7 @@ SequenceLogprobs linear_sequence_logprobs(const Tensor& hidden, const Tensor& we
     node->weight = SavedTensor(weight);
     node->layout = std::move(layout);
     node->targets = std::move(tgt);
+    node->logit_scale = opt.logit_scale;
     set_history(r.logps, node);
   }
   return r;
@@ -285,17 +292,21 @@ SequenceLogprobs logits_sequence_logprobs(const Tensor& logits, const Tensor& ta
   const DType d = work_dtype(logits.dtype());
   const Device dev = logits.device();
   const int64_t t = logits.size(0), v = logits.size(1);
+  LT_CHECK(opt.logit_scale > 0, op, ": logit_scale ", opt.logit_scale, " must be positive");
+  // The scaled logits are what softmax sees (and what backward re-reads).
+  const Tensor z =
+      opt.logit_scale == 1.0 ? logits.detach() : ops::scale(logits.detach(), opt.logit_scale);
   Tensor y = targets.to(dev);
   Tensor nll = Tensor::empty({t}, d, dev, MemTag::kActivation);
   Tensor lse = Tensor::empty({t}, d, dev, MemTag::kActivation);
-  cross_entropy_fwd(logits.detach(), y, nll, lse);
+  cross_entropy_fwd(z, y, nll, lse);
   const std::vector<double> rows = nll.to_f64();
   std::vector<double> zsum, es, ts;
-  if (opt.logit_sums) zsum = ops::sum_dim(logits.detach(), 1).to_f64();
+  if (opt.logit_sums) zsum = ops::sum_dim(z, 1).to_f64();
   if (opt.row_stats) {
     Tensor ent = Tensor::empty({t}, d, dev, MemTag::kWorkspace);
     Tensor top = Tensor::empty({t}, d, dev, MemTag::kWorkspace);
-    cross_entropy_row_stats(logits.detach(), y, lse, ent, top);
+    cross_entropy_row_stats(z, y, lse, ent, top);
     es = ent.to_f64();
     ts = top.to_f64();
   }
@@ -321,8 +332,9 @@ SequenceLogprobs logits_sequence_logprobs(const Tensor& logits, const Tensor& ta
   if (node_needed({logits})) {
     auto node = std::make_shared<LogitsSequenceLogprobsBackward>();
     node->set_next_edges({logits});
-    node->logits = SavedTensor(logits);
+    node->logits = SavedTensor(z);
     node->lse = SavedTensor(lse);
+    node->logit_scale = opt.logit_scale;
     node->targets = SavedTensor(y);
     node->layout = std::move(layout);
     set_history(r.logps, node);

@@ -17,6 +17,8 @@
 // Both are built from ops::gemm and kernels::cross_entropy_{fwd,bwd}, so they run on the CPU and
 // on CUDA alike. The gradient of a sequence's sum is the same for all its rows, which is what
 // lets backward use cross_entropy_bwd's scalar scale once per run.
+// logit_scale s: the log-probabilities of softmax(s z) rather than softmax(z) (GRPO divides the
+// logits by the sampling temperature, s = 1 / temperature); backward carries the factor s.
 // Optional outputs (no gradient): counted tokens per sequence and, with logit_sums, the sum
 // over counted rows of the row's vocabulary-mean logit (TRL's logits/chosen metric numerator);
 // with row_stats, entropy sums and top-1 counts.
@@ -34,6 +36,7 @@ struct SequenceLogprobsOptions {
   int64_t chunk_tokens = 1024;
   bool logit_sums = false;
   bool row_stats = false;  // entropy_sums and top1_counts (cross_entropy_row_stats)
+  double logit_scale = 1.0;
 };
 
 struct SequenceLogprobs {

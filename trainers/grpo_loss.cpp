@@ -63,18 +63,31 @@ std::vector<double> grpo_advantages(const std::vector<double>& rewards, int64_t 
   return a;
 }
 
-std::vector<double> rloo_advantages(const std::vector<double>& rewards, int64_t num_generations) {
+std::vector<double> rloo_advantages(const std::vector<double>& rewards, int64_t num_generations,
+                                    bool normalize) {
   check_groups(rewards.size(), num_generations, "rloo_advantages");
   LT_CHECK_INPUT(num_generations >= 2, "rloo: num_generations ", num_generations,
                  " must be at least 2 (the baseline leaves one out)");
-  const size_t g = static_cast<size_t>(num_generations);
-  std::vector<double> a(rewards.size());
-  for (size_t b = 0; b < rewards.size(); b += g) {
+  const size_t g = static_cast<size_t>(num_generations), n = rewards.size();
+  std::vector<double> a(n);
+  for (size_t b = 0; b < n; b += g) {
+    // The baseline averages the scorable siblings only (nansum over count - 1).
     double sum = 0;
-    for (size_t i = b; i < b + g; ++i) sum += rewards[i];
+    int64_t scorable = 0;
     for (size_t i = b; i < b + g; ++i)
-      a[i] = rewards[i] - (sum - rewards[i]) / static_cast<double>(g - 1);
+      if (!std::isnan(rewards[i])) {
+        sum += rewards[i];
+        ++scorable;
+      }
+    for (size_t i = b; i < b + g; ++i)
+      a[i] = rewards[i] - (sum - rewards[i]) / static_cast<double>(scorable - 1);
   }
+  if (normalize) {
+    const auto [mean, std] = nan_mean_std(a, 0, n);
+    for (double& x : a) x = (x - mean) / (std + 1e-4);
+  }
+  for (double& x : a)
+    if (std::isnan(x) || std::isinf(x)) x = 0.0;
   return a;
 }
 

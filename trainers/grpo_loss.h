@@ -7,7 +7,9 @@
 //   A = r - mean_group(r), divided by (std + 1e-4) unless scale_rewards is "none"; std is the
 //   group's ("group") or the whole batch's ("batch") with Bessel's correction, both NaN-aware. A
 //   NaN reward (every reward function declined) stays out of the means and gets advantage 0.
-// RLOO (RLOOTrainer): A_i = r_i - (sum_j r_j - r_i) / (G - 1) within each group.
+// RLOO (RLOOTrainer): A_i = r_i - (sum_j r_j - r_i) / (n - 1) within each group, n and the sum
+//   over the group's non-NaN rewards; with normalize (normalize_advantages), (A - mean) / (std +
+//   1e-4) over the batch (NaN-aware); NaN (and a lone scorable reward's 0/0) become 0.
 //
 // Per token t of completion b (TRL _compute_loss, token-level importance sampling):
 //   rho = exp(logp - old_logp)   (old_logp = logp detached when num_iterations is 1)
@@ -34,7 +36,8 @@ namespace leantune {
 
 std::vector<double> grpo_advantages(const std::vector<double>& rewards, int64_t num_generations,
                                     const std::string& scale_rewards);
-std::vector<double> rloo_advantages(const std::vector<double>& rewards, int64_t num_generations);
+std::vector<double> rloo_advantages(const std::vector<double>& rewards, int64_t num_generations,
+                                    bool normalize = false);
 
 struct GrpoLossConfig {
   std::string loss_type = "dapo";  // grpo | bnpo | dr_grpo | dapo

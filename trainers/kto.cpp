@@ -280,17 +280,8 @@ KtoRun make_kto_run(const Options& o) {
   UnpairedData data = load_unpaired_data(dataset, *encoder, dc);
   SequenceLogpsOptions lo;
   lo.fused = o.get_bool("use_liger_loss");
-  std::string base_name = m.base_name;
-  if (m.setup.embedded && o.get_bool("use_peft")) {
-    // As for sft's demo: the in-memory base is written beside the adapter so that it loads.
-    const fs::path out = fs::absolute(fs::path(args.output_dir)).lexically_normal();
-    const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
-    DecoderModel base(ModelConfig::load(m.setup.model_config), m.model->device(), m.model->dtype());
-    base.init_random(static_cast<uint64_t>(args.seed));
-    base.save((out_dir / "base_model").string(), DType::kF32);
-    copy_tokenizer_files(m.setup.tokenizer_dir, (out_dir / "base_model").string());
-    base_name = (out_dir.filename() / "base_model").string();
-  }
+  const std::string base_name =
+      adapter_base_name(m, o.get_bool("use_peft"), args.output_dir, args.seed);
   run.trainer =
       std::make_unique<KtoTrainer>(args, m.model, o, m.setup.tokenizer_dir, std::move(data),
                                    dc.max_length, dc.truncation_mode, loss, lo);

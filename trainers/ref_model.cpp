@@ -31,10 +31,20 @@ kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch&
   ko.chunk_tokens = opts.chunk_tokens;
   ko.logit_sums = opts.logit_sums;
   ko.row_stats = opts.row_stats;
+  LT_CHECK(opts.temperature > 0, "sequence_logps: temperature ", opts.temperature,
+           " must be positive");
+  ko.logit_scale = 1.0 / opts.temperature;
+  // per_token: every row is its own "sequence" of the log-probability sums (the model's
+  // attention still sees the batch's sequences).
+  Tensor cu_logps = b.cu_seqlens;
+  if (opts.per_token) {
+    std::vector<int64_t> rows(static_cast<size_t>(b.input_ids.numel()) + 1);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+    cu_logps = Tensor::from_vector(rows, {static_cast<int64_t>(rows.size())});
+  }
   if (opts.fused)
-    return kernels::linear_sequence_logprobs(hidden, model.lm_head_weight(), targets, b.cu_seqlens,
-                                             ko);
-  return kernels::logits_sequence_logprobs(model.logits(hidden), targets, b.cu_seqlens, ko);
+    return kernels::linear_sequence_logprobs(hidden, model.lm_head_weight(), targets, cu_logps, ko);
+  return kernels::logits_sequence_logprobs(model.logits(hidden), targets, cu_logps, ko);
 }
 
 namespace {

@@ -53,6 +53,12 @@ struct SequenceLogpsOptions {
   bool gradient_checkpointing = false;
   bool logit_sums = false;
   bool row_stats = false;  // entropy and top-1 per sequence (kernels/sequence_logprobs.h)
+  // One log-probability per row of the batch instead of per sequence (logps:[T]; row t scores
+  // the token at t + 1, 0 where that is not counted), for GRPO's token-level loss.
+  bool per_token = false;
+  // The logits are divided by this before the log-softmax (GRPO and RLOO score the tokens
+  // under the sampling temperature, as TRL does).
+  double temperature = 1.0;
 };
 
 kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch& batch,

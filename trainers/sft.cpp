@@ -327,6 +327,16 @@ std::string format_memory_report(const nlohmann::json& r) {
                   static_cast<long long>(a.value("tensors_offloaded", int64_t{0})));
     out += line;
   }
+  if (s.contains("generation")) {
+    std::snprintf(
+        line, sizeof line,
+        "    in-process generation from the trained weights (no second model copy, no "
+        "weight sync): KV cache up to %s, kv_cache tag peak %s with the decode "
+        "scratch\n",
+        format_bytes(s["generation"].value("kv_cache_peak_bytes", int64_t{0})).c_str(),
+        format_bytes(s["generation"].value("kv_cache_tag_peak_bytes", int64_t{0})).c_str());
+    out += line;
+  }
   if (s.contains("gradient_checkpointing"))
     out +=
         "    gradient checkpointing: only decoder-layer inputs kept between forward and backward\n";
@@ -455,20 +465,8 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
   }
   run.tokenizer = m.tokenizer;
   run.model = m.model;
-  std::string base_name = m.base_name;
-  if (setup.embedded && o.get_bool("use_peft")) {
-    // The demo's base exists only in memory: it is initialised again from the seed (dense, as
-    // before any quantization), written beside the adapter and recorded as its
-    // base_model_name_or_path, relative to the output folder's parent as PEFT-style loaders
-    // resolve it, so that the adapter loads again.
-    const fs::path out = fs::absolute(fs::path(args.output_dir)).lexically_normal();
-    const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
-    DecoderModel base(ModelConfig::load(setup.model_config), m.model->device(), m.model->dtype());
-    base.init_random(static_cast<uint64_t>(args.seed));
-    base.save((out_dir / "base_model").string(), DType::kF32);
-    copy_tokenizer_files(setup.tokenizer_dir, (out_dir / "base_model").string());
-    base_name = (out_dir.filename() / "base_model").string();
-  }
+  const std::string base_name =
+      adapter_base_name(m, o.get_bool("use_peft"), args.output_dir, args.seed);
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(run.tokenizer);
   run.eos_token_id = encoder->eos_token_id();
 
@@ -541,6 +539,18 @@ void apply_embedded_defaults(Options& o) {
   dflt("save_steps", 0);
   dflt("weight_decay", 0.01);
   dflt("output_dir", "trainer_output/embedded");
+}
+
+std::string adapter_base_name(const SftModel& m, bool use_peft, const std::string& output_dir,
+                              uint64_t seed) {
+  if (!m.setup.embedded || !use_peft) return m.base_name;
+  const fs::path out = fs::absolute(fs::path(output_dir)).lexically_normal();
+  const fs::path out_dir = out.filename().empty() ? out.parent_path() : out;
+  DecoderModel base(ModelConfig::load(m.setup.model_config), m.model->device(), m.model->dtype());
+  base.init_random(seed);
+  base.save((out_dir / "base_model").string(), DType::kF32);
+  copy_tokenizer_files(m.setup.tokenizer_dir, (out_dir / "base_model").string());
+  return (out_dir.filename() / "base_model").string();
 }
 
 }  // namespace leantune

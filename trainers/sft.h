@@ -114,6 +114,13 @@ struct SftModel {
 // them: the tokenizer and its chat template are loaded with the model).
 const std::vector<std::string>& sft_model_option_names();
 SftModel load_sft_model(const Options& o);
+// base_model_name_or_path for the adapter a run writes: m.base_name, except for the demo with
+// use_peft, whose base exists only in memory: it is initialised again from the seed (dense, as
+// before any quantization), written to output_dir/base_model with the tokenizer files, and named
+// relative to the output folder's parent, as PEFT-style loaders resolve it, so that the adapter
+// loads again.
+std::string adapter_base_name(const SftModel& m, bool use_peft, const std::string& output_dir,
+                              uint64_t seed);
 // Builds the run from parsed options (Error(kInput) for any bad option, file or data); the
 // second form trains an already loaded model (its model options must be those in `o`).
 SftRun make_sft_run(const Options& o);

@@ -12,6 +12,7 @@
 
 #include "engine/allocator.h"
 #include "engine/autograd.h"
+#include "engine/ops.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear_cross_entropy.h"
 #include "testing/testing.h"
@@ -94,10 +95,14 @@ TEST_P(LinearCrossEntropyBlocks, EqualsTheFusedLossAndItsGradients) {
   EXPECT_TRUE(testing::all_close(b.dweight, r.dweight, tol));
   if (c.dt != DType::kF64) {
     // No worse than the fused op in the same dtype (flash-attention's rule, with 2x margin).
+    // When the fused error is itself a few ulps, twice it is rounding noise: the floor is 4 ulps
+    // of the largest gradient value.
     const Result f = run_fused(x, w, y, c);
     const double err_b = testing::max_abs_diff(b.dweight, r.dweight);
     const double err_f = testing::max_abs_diff(f.dweight.to(DType::kF64), r.dweight);
-    EXPECT_LE(err_b, 2 * err_f + 1e-12) << "blocked " << err_b << " vs fused " << err_f;
+    const double ulp = c.dt == DType::kF32 ? 0x1p-23 : 0x1p-7;
+    const double floor = 4 * ulp * ops::max_abs(r.dweight);
+    EXPECT_LE(err_b, 2 * err_f + floor) << "blocked " << err_b << " vs fused " << err_f;
   }
 }
 

@@ -1,0 +1,543 @@
+// The online trainer (grpo, rloo): generation batches, rewards, advantages and the loss hook.
+// See grpo.h.
+#include "trainers/grpo.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <numeric>
+
+#include "engine/allocator.h"
+#include "engine/autograd.h"
+#include "engine/host_memory.h"
+#include "kernels/cross_entropy.h"
+#include "trainers/model_io.h"
+#include "trainers/output_path.h"
+#include "trainers/peft_options.h"
+
+namespace leantune {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// NaN-aware mean and Bessel-corrected std (TRL's nanmean / nanstd); NaN when undefined.
+std::pair<double, double> nan_mean_std(const std::vector<double>& v) {
+  double sum = 0;
+  int64_t n = 0;
+  for (double x : v)
+    if (!std::isnan(x)) {
+      sum += x;
+      ++n;
+    }
+  if (n == 0) return {kNaN, kNaN};
+  const double mean = sum / static_cast<double>(n);
+  double sq = 0;
+  for (double x : v)
+    if (!std::isnan(x)) sq += (x - mean) * (x - mean);
+  return {mean, n > 1 ? std::sqrt(sq / static_cast<double>(n - 1)) : kNaN};
+}
+
+// The completion's text as transformers decodes it (skip_special_tokens): ids the tokenizer does
+// not know (a model's vocabulary padded past the tokenizer's) decode to nothing, as the Rust
+// tokenizers' decode drops them.
+std::string decode_completion(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+  std::vector<int32_t> known;
+  for (int32_t id : ids)
+    if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
+  return tok.decode(known, true);
+}
+
+// A metric value for JSON: NaN is logged as null, as TRL's logger leaves None.
+nlohmann::json metric(double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); }
+
+}  // namespace
+
+OnlineTrainer::OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model,
+                             Options options, std::shared_ptr<Tokenizer> tokenizer,
+                             std::string tokenizer_dir, OnlinePrompts data, OnlineConfig cfg,
+                             std::unique_ptr<RewardSources> rewards)
+    : Trainer(std::move(args), std::move(model), std::move(options)),
+      tokenizer_(std::move(tokenizer)),
+      tokenizer_dir_(std::move(tokenizer_dir)),
+      data_(std::move(data)),
+      cfg_(std::move(cfg)),
+      rewards_(std::move(rewards)),
+      prompts_(static_cast<int64_t>(data_.rows.size()),
+               args_.per_device_train_batch_size * cfg_.steps_per_generation / cfg_.num_generations,
+               args_.seed, true, "prompts") {
+  cfg_.logps.gradient_checkpointing = args_.gradient_checkpointing;
+  stats_.path = data_.path;
+  stats_.format = data_.conversational ? "prompt_only (conversational)" : "prompt_only";
+  stats_.records = stats_.examples = static_cast<int64_t>(data_.rows.size());
+}
+
+void OnlineTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path,
+                             bool merge_adapter) {
+  peft_ = std::move(peft);
+  base_model_name_or_path_ = std::move(base_model_name_or_path);
+  merge_adapter_ = merge_adapter;
+}
+
+void OnlineTrainer::set_reference(RefModelConfig cfg) {
+  if (cfg_.loss.beta == 0.0) return;  // no KL term: TRL loads no reference model either
+  ref_ = std::make_unique<ReferenceModel>(std::move(cfg), model_, &peft_);
+}
+
+int64_t OnlineTrainer::micro_batches_per_epoch() const {
+  return prompts_.per_epoch(world_communicator(args_.comm)) * cfg_.steps_per_generation *
+         cfg_.num_iterations;
+}
+
+double OnlineTrainer::epoch_progress() const {
+  return prompts_.progress(world_communicator(args_.comm));
+}
+
+Batch OnlineTrainer::collate(const std::vector<Rollout>& rs) const {
+  std::vector<int64_t> ids, pos, labels;
+  std::vector<int32_t> cu{0};
+  BatchStats st;
+  int64_t longest = 0;
+  for (const Rollout& r : rs) {
+    const std::vector<int32_t>& p = data_.rows[static_cast<size_t>(r.prompt)].ids;
+    const int64_t n = static_cast<int64_t>(p.size() + r.completion.size());
+    for (size_t t = 0; t < p.size(); ++t) {
+      ids.push_back(p[t]);
+      labels.push_back(kernels::kIgnoreIndex);
+    }
+    for (size_t j = 0; j < r.completion.size(); ++j) {
+      ids.push_back(r.completion[j]);
+      labels.push_back(r.mask[j] ? r.completion[j] : kernels::kIgnoreIndex);
+      st.label_tokens += r.mask[j];
+    }
+    for (int64_t t = 0; t < n; ++t) pos.push_back(t);
+    cu.push_back(cu.back() + static_cast<int32_t>(n));
+    st.real_tokens += n;
+    longest = std::max(longest, n);
+  }
+  st.sequences = static_cast<int64_t>(rs.size());
+  Batch b;
+  const int64_t t = static_cast<int64_t>(ids.size());
+  b.input_ids = Tensor::from_vector(ids, {t});
+  b.position_ids = Tensor::from_vector(pos, {t});
+  b.labels = Tensor::from_vector(labels, {t});
+  b.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
+  b.max_seqlen = longest;
+  b.stats = st;
+  return b;
+}
+
+std::vector<std::vector<double>> OnlineTrainer::completion_values(
+    const std::vector<Rollout>& rs, const std::vector<double>& rows) const {
+  // Completion token j of sequence i sits at offset + prompt_len + j and is scored by the row
+  // before it.
+  std::vector<std::vector<double>> out;
+  size_t offset = 0;
+  for (const Rollout& r : rs) {
+    const size_t p = data_.rows[static_cast<size_t>(r.prompt)].ids.size();
+    std::vector<double> v(r.completion.size());
+    for (size_t j = 0; j < v.size(); ++j) {
+      const size_t row = offset + p + j - 1;
+      LT_CHECK(row < rows.size(), "online trainer: row ", row, " outside ", rows.size());
+      v[j] = r.mask[j] ? rows[row] : 0.0;
+    }
+    offset += p + r.completion.size();
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+void OnlineTrainer::generate_batch() {
+  const auto start = std::chrono::steady_clock::now();
+  if (generations_ > 0) optimization_s_ = std::chrono::duration<double>(start - phase_end_).count();
+  const std::vector<int64_t> idx = prompts_.next(world_communicator(args_.comm));
+  const int64_t g = cfg_.num_generations;
+  std::vector<Rollout> all;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t i : idx)
+    for (int64_t k = 0; k < g; ++k) {
+      prompts.push_back(data_.rows[static_cast<size_t>(i)].ids);
+      all.push_back(Rollout{});
+      all.back().prompt = i;
+    }
+  // Generation: no gradient, adapter dropout off, a fresh Philox stream per generation batch.
+  GenerationResult gen;
+  {
+    StepPhaseGuard phase("generation");
+    NoGradGuard ng;
+    GenerationConfig gc = cfg_.generation;
+    gc.seed = args_.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(generations_ + 1);
+    const bool training = peft_.active() && peft_.runtime->training;
+    if (peft_.active()) peft_.set_training(false);
+    try {
+      gen = generate(*model_, prompts, gc);
+    } catch (...) {
+      if (peft_.active()) peft_.set_training(training);
+      throw;
+    }
+    if (peft_.active()) peft_.set_training(training);
+  }
+  kv_cache_peak_ = std::max(kv_cache_peak_, gen.kv_cache_bytes);
+  const double gen_s = seconds_since(start);
+
+  // Rewards.
+  const auto reward_start = std::chrono::steady_clock::now();
+  std::vector<CompletionToScore> to_score;
+  int64_t lengths_sum = 0, lengths_min = INT64_MAX, lengths_max = 0, terminated = 0,
+          terminated_sum = 0;
+  for (size_t k = 0; k < all.size(); ++k) {
+    Rollout& r = all[k];
+    r.completion = gen.tokens[k];
+    const bool eos = gen.finished_by_eos[k];
+    r.mask.assign(r.completion.size(), (cfg_.mask_truncated_completions && !eos) ? 0 : 1);
+    const int64_t n = static_cast<int64_t>(r.completion.size());
+    lengths_sum += n;
+    lengths_min = std::min(lengths_min, n);
+    lengths_max = std::max(lengths_max, n);
+    if (eos) {
+      ++terminated;
+      terminated_sum += n;
+    }
+    to_score.push_back({&data_.rows[static_cast<size_t>(r.prompt)].row,
+                        decode_completion(*tokenizer_, r.completion), n});
+  }
+  const std::vector<std::vector<double>> per_source = rewards_->score(to_score);
+  std::vector<double> rewards(all.size());
+  for (size_t k = 0; k < all.size(); ++k) rewards[k] = rewards_->total(per_source[k]);
+  const double reward_s = seconds_since(reward_start);
+
+  // Old and reference log-probabilities, micro-batch by micro-batch, before shuffling.
+  const auto ref_start = std::chrono::steady_clock::now();
+  const bool rloo = cfg_.algorithm == "rloo";
+  const bool need_old = rloo || cfg_.num_iterations > 1 ||
+                        cfg_.steps_per_generation > args_.gradient_accumulation_steps;
+  const bool need_ref = cfg_.loss.beta != 0.0;
+  double kl_sum = 0;
+  int64_t kl_tokens = 0;
+  if (need_old || need_ref) {
+    StepPhaseGuard phase("reference");
+    NoGradGuard ng;
+    SequenceLogpsOptions lo = cfg_.logps;
+    lo.per_token = !rloo;
+    lo.gradient_checkpointing = false;
+    const size_t mb = static_cast<size_t>(args_.per_device_train_batch_size);
+    for (size_t b0 = 0; b0 < all.size(); b0 += mb) {
+      std::vector<Rollout> part(all.begin() + static_cast<int64_t>(b0),
+                                all.begin() + static_cast<int64_t>(std::min(all.size(), b0 + mb)));
+      const Batch batch = collate(part);
+      std::vector<double> old_rows, ref_rows;
+      if (need_old) {
+        const bool training = peft_.active() && peft_.runtime->training;
+        if (peft_.active()) peft_.set_training(false);
+        old_rows = sequence_logps(*model_, batch, lo).logps.to_f64();
+        if (peft_.active()) peft_.set_training(training);
+      }
+      if (need_ref) ref_rows = ref_->logps(batch, {}, lo);
+      for (size_t i = 0; i < part.size(); ++i) {
+        Rollout& r = all[b0 + i];
+        if (rloo) {
+          r.old_sum = old_rows[i];
+          if (need_ref) r.ref_sum = ref_rows[i];
+        }
+      }
+      if (!rloo) {
+        const auto old_v =
+            need_old ? completion_values(part, old_rows) : std::vector<std::vector<double>>();
+        const auto ref_v =
+            need_ref ? completion_values(part, ref_rows) : std::vector<std::vector<double>>();
+        for (size_t i = 0; i < part.size(); ++i) {
+          if (need_old) all[b0 + i].old_logp = old_v[i];
+          if (need_ref) all[b0 + i].ref_logp = ref_v[i];
+        }
+      }
+    }
+  }
+  const double ref_s = seconds_since(ref_start);
+
+  // Advantages (RLOO: the KL penalty enters the reward first).
+  std::vector<double> adv_rewards = rewards;
+  if (rloo && need_ref)
+    for (size_t k = 0; k < all.size(); ++k) {
+      const double kl = all[k].old_sum - all[k].ref_sum;
+      adv_rewards[k] -= cfg_.loss.beta * kl;
+      kl_sum += kl;
+      for (uint8_t m : all[k].mask) kl_tokens += m;
+    }
+  const std::vector<double> adv = rloo ? rloo_advantages(adv_rewards, g, cfg_.normalize_advantages)
+                                       : grpo_advantages(adv_rewards, g, cfg_.scale_rewards);
+  for (size_t k = 0; k < all.size(); ++k) all[k].advantage = adv[k];
+
+  // The generation batch's metrics (TRL's names; the rewards as the sources gave them, before
+  // RLOO's KL penalty).
+  nlohmann::json m = nlohmann::json::object();
+  const auto [mean, std] = nan_mean_std(rewards);
+  m["reward"] = metric(mean);
+  double group_std_sum = 0;
+  int64_t zero_std = 0, groups = 0;
+  for (size_t b = 0; b < rewards.size(); b += static_cast<size_t>(g)) {
+    const auto [gm, gs] = nan_mean_std(std::vector<double>(
+        rewards.begin() + static_cast<int64_t>(b), rewards.begin() + static_cast<int64_t>(b) + g));
+    (void)gm;
+    const double s = std::isnan(gs) ? 0.0 : gs;
+    group_std_sum += s;
+    zero_std += std::abs(s) < 1e-8 ? 1 : 0;
+    ++groups;
+  }
+  m["reward_std"] = groups > 0 ? group_std_sum / static_cast<double>(groups) : 0.0;
+  m["frac_reward_zero_std"] =
+      groups > 0 ? static_cast<double>(zero_std) / static_cast<double>(groups) : 0.0;
+  (void)std;
+  for (size_t f = 0; f < rewards_->names().size(); ++f) {
+    std::vector<double> col;
+    for (const auto& row : per_source) col.push_back(row[f]);
+    const auto [fm, fs] = nan_mean_std(col);
+    m["rewards/" + rewards_->names()[f] + "/mean"] = metric(fm);
+    m["rewards/" + rewards_->names()[f] + "/std"] = metric(fs);
+  }
+  const double n_all = static_cast<double>(all.size());
+  m["completions/mean_length"] = static_cast<double>(lengths_sum) / n_all;
+  m["completions/min_length"] = static_cast<double>(lengths_min);
+  m["completions/max_length"] = static_cast<double>(lengths_max);
+  m["completions/clipped_ratio"] = static_cast<double>(all.size() - terminated) / n_all;
+  m["completions/mean_terminated_length"] =
+      terminated > 0 ? static_cast<double>(terminated_sum) / static_cast<double>(terminated) : 0.0;
+  if (rloo && need_ref) m["kl"] = kl_tokens > 0 ? kl_sum / static_cast<double>(kl_tokens) : 0.0;
+  m["timing/generation_s"] = gen_s;
+  m["timing/reward_s"] = reward_s;
+  m["timing/reference_s"] = ref_s;
+  if (generations_ > 0) m["timing/optimization_s"] = optimization_s_;
+  gen_metrics_ = std::move(m);
+  batch_rewards_.push_back(mean);
+
+  // Shuffle (TRL shuffles the generation batch) and cut into micro-batches.
+  std::mt19937_64 rng(args_.seed * 1000003ULL + static_cast<uint64_t>(generations_));
+  std::shuffle(all.begin(), all.end(), rng);
+  gen_tokens_ = 0;
+  for (const Rollout& r : all)
+    for (uint8_t x : r.mask) gen_tokens_ += x;
+  buffer_.clear();
+  const size_t mb = static_cast<size_t>(args_.per_device_train_batch_size);
+  for (size_t b0 = 0; b0 < all.size(); b0 += mb)
+    buffer_.emplace_back(all.begin() + static_cast<int64_t>(b0),
+                         all.begin() + static_cast<int64_t>(std::min(all.size(), b0 + mb)));
+  ++generations_;
+  phase_end_ = std::chrono::steady_clock::now();
+}
+
+Batch OnlineTrainer::next_micro_batch(BatchReport* report) {
+  const int64_t every = cfg_.steps_per_generation * cfg_.num_iterations;
+  if (micro_step_ % every == 0 || buffer_.empty()) generate_batch();
+  const std::vector<Rollout>& rs =
+      buffer_[static_cast<size_t>(micro_step_ % cfg_.steps_per_generation)];
+  ++micro_step_;
+  Batch b = collate(rs);
+  if (report) {
+    report->real_tokens = b.stats.real_tokens;
+    report->pad_tokens = 0;
+  }
+  pending_.push_back(rs);
+  return b;
+}
+
+Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
+  (void)normalizer;  // the loss types carry their own normalisers (grpo_loss.h)
+  LT_CHECK(!pending_.empty(), "online trainer: compute_loss without a fetched micro-batch");
+  const std::vector<Rollout> rs = std::move(pending_.front());
+  pending_.pop_front();
+  const bool rloo = cfg_.algorithm == "rloo";
+  SequenceLogpsOptions lo = cfg_.logps;
+  lo.per_token = !rloo;
+  lo.row_stats = true;
+  kernels::SequenceLogprobs pol = sequence_logps(*model_, b, lo);
+  const std::vector<double> rows = pol.logps.to_f64();
+  const double gas = static_cast<double>(args_.gradient_accumulation_steps);
+  std::vector<GrpoSequence> seqs(rs.size());
+  GrpoLossConfig lc = cfg_.loss;
+  double entropy = 0;
+  int64_t counted = 0;
+  for (size_t i = 0; i < pol.entropy_sums.size(); ++i) {
+    entropy += pol.entropy_sums[i];
+    counted += pol.tokens[i];
+  }
+  if (rloo) {
+    lc.loss_type = "grpo";  // one "token" per sequence: the mean over sequences
+    lc.beta = 0.0;          // RLOO's KL is in the reward
+    for (size_t i = 0; i < rs.size(); ++i) {
+      seqs[i].logp = {rows[i]};
+      seqs[i].old_logp = {rs[i].old_sum};
+      seqs[i].mask = {1};
+      seqs[i].advantage = rs[i].advantage;
+    }
+  } else {
+    const auto v = completion_values(rs, rows);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      seqs[i].logp = v[i];
+      seqs[i].old_logp = rs[i].old_logp.empty() ? v[i] : rs[i].old_logp;
+      seqs[i].ref_logp = rs[i].ref_logp;
+      seqs[i].mask = rs[i].mask;
+      seqs[i].advantage = rs[i].advantage;
+    }
+  }
+  // dapo: the generation batch's loss tokens, rescaled to one accumulation window.
+  const double dapo = std::max<double>(1.0, static_cast<double>(gen_tokens_)) * gas /
+                      static_cast<double>(cfg_.steps_per_generation);
+  GrpoLossResult res = grpo_loss(lc, seqs, gas, dapo);
+  std::vector<double> grad(rows.size(), 0.0);
+  if (rloo) {
+    for (size_t i = 0; i < rs.size(); ++i) grad[i] = res.dlogp[i][0];
+  } else {
+    size_t offset = 0;
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const size_t p = data_.rows[static_cast<size_t>(rs[i].prompt)].ids.size();
+      for (size_t j = 0; j < rs[i].completion.size(); ++j)
+        grad[offset + p + j - 1] = res.dlogp[i][j];
+      offset += p + rs[i].completion.size();
+    }
+  }
+  nlohmann::json metrics = gen_metrics_;
+  for (auto it = res.metrics.begin(); it != res.metrics.end(); ++it) metrics[it.key()] = it.value();
+  metrics["entropy"] = counted > 0 ? entropy / static_cast<double>(counted) : 0.0;
+  window_.add(metrics);
+  return loss_from_sequence_gradient(pol.logps, res.loss, std::move(grad));
+}
+
+nlohmann::json OnlineTrainer::log_metrics() { return window_.take(); }
+
+nlohmann::json OnlineTrainer::data_state() const {
+  nlohmann::json s = prompts_.state();
+  s["micro_step"] = micro_step_;
+  s["generations"] = generations_;
+  return s;
+}
+
+void OnlineTrainer::set_data_state(const nlohmann::json& s) {
+  prompts_.set_state(s);
+  // The buffered generation batch is not checkpointed: the next micro-batch generates afresh.
+  micro_step_ = s.value("micro_step", int64_t{0});
+  generations_ = s.value("generations", int64_t{0});
+  buffer_.clear();
+}
+
+void OnlineTrainer::write_model_extras(const std::string& dir) const {
+  if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);
+}
+
+void OnlineTrainer::on_train_begin(MetricsLogger& log) {
+  log.message(data_.summary());
+  std::string sources;
+  for (size_t f = 0; f < rewards_->names().size(); ++f)
+    sources +=
+        (f ? ", " : "") + rewards_->names()[f] + " x" + std::to_string(rewards_->weights()[f]);
+  log.message(cfg_.algorithm + ": " + std::to_string(cfg_.num_generations) +
+              " completions per prompt, up to " + std::to_string(cfg_.generation.max_new_tokens) +
+              " tokens; rewards " + sources +
+              (ref_ ? std::string("; reference ") + ref_mode_name(ref_->mode()) : ""));
+}
+
+std::vector<std::pair<std::string, Tensor>> OnlineTrainer::trainable_parameters() const {
+  return peft_.active() ? peft_.trainable_parameters(*model_) : Trainer::trainable_parameters();
+}
+
+void OnlineTrainer::save_model(const std::string& dir, bool final_output) const {
+  if (!peft_.active()) return Trainer::save_model(dir, final_output);
+  save_adapter_output(peft_, *model_, dir, final_output, base_model_name_or_path_, merge_adapter_,
+                      [this](const std::string& d) { write_model_extras(d); });
+}
+
+void OnlineTrainer::load_model(const std::string& dir) {
+  if (!peft_.active()) return Trainer::load_model(dir);
+  load_peft_checkpoint(peft_, *model_, dir);
+}
+
+nlohmann::json OnlineTrainer::technique_savings() const {
+  nlohmann::json s = nlohmann::json::object();
+  if (ref_) s["reference_model"] = ref_->memory_json();
+  s["generation"] = {
+      {"kv_cache_peak_bytes", kv_cache_peak_},
+      {"kv_cache_tag_peak_bytes",
+       allocator(model_->device()).stats().by_tag[static_cast<int>(MemTag::kKVCache)].peak}};
+  if (args_.gradient_checkpointing)
+    s["gradient_checkpointing"] = {
+        {"note", "only each layer's input is kept between forward and backward"}};
+  add_adapter_savings(s, *model_, peft_, quant_config_, quant_report_);
+  return s;
+}
+
+OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
+  LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
+                 algorithm, ": --model_name_or_path is required when --dataset is given");
+  TrainingArguments args = training_arguments(o);
+  LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for sft");
+  LT_CHECK_INPUT(world_communicator(args.comm).size() == 1, algorithm,
+                 ": distributed runs are not built for the online trainers yet; run one process");
+  const RefModelConfig ref_cfg = ref_model_config(o);
+  LT_CHECK_INPUT(!ref_cfg.precompute,
+                 "option --precompute_ref_log_probs: the online trainers "
+                 "score fresh completions; nothing can be precomputed");
+  OnlineConfig cfg;
+  cfg.algorithm = algorithm;
+  cfg.num_generations = o.get_int("num_generations");
+  cfg.steps_per_generation =
+      o.get_int_or_none("steps_per_generation").value_or(args.gradient_accumulation_steps);
+  cfg.num_iterations = o.get_int("num_iterations");
+  const int64_t gen_batch = args.per_device_train_batch_size * cfg.steps_per_generation;
+  LT_CHECK_INPUT(gen_batch % cfg.num_generations == 0, algorithm,
+                 ": the generation batch (per_device_train_batch_size x steps_per_generation = ",
+                 gen_batch, ") must be a multiple of num_generations ", cfg.num_generations);
+  cfg.generation.max_new_tokens = o.get_int("max_completion_length");
+  cfg.generation.temperature = o.get_float("temperature");
+  cfg.generation.top_p = o.get_float("top_p");
+  cfg.generation.top_k = o.get_int("top_k");
+  cfg.generation.min_p = o.get_float("min_p");
+  cfg.generation.repetition_penalty = o.get_float("repetition_penalty");
+  cfg.loss.beta = o.get_float("beta");
+  cfg.loss.epsilon_low = o.get_float("epsilon");
+  cfg.loss.epsilon_high =
+      o.get_float("epsilon_high") < 0 ? cfg.loss.epsilon_low : o.get_float("epsilon_high");
+  cfg.loss.max_completion_length = cfg.generation.max_new_tokens;
+  if (algorithm == "grpo") {
+    cfg.loss.loss_type = o.get_string("loss_type");
+    cfg.scale_rewards = o.get_string("scale_rewards");
+  } else {
+    cfg.normalize_advantages = o.get_bool("normalize_advantages");
+  }
+  cfg.mask_truncated_completions = o.get_bool("mask_truncated_completions");
+  cfg.logps.fused = o.get_bool("use_liger_loss");
+  cfg.logps.temperature = cfg.generation.temperature;
+  prepare_output_dir(args.output_dir, "output_dir");
+  {
+    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
+    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
+  }
+  OnlineRun run;
+  run.model = load_sft_model(o);
+  const SftModel& m = run.model;
+  auto rewards = std::make_unique<RewardSources>(o, cfg.generation.max_new_tokens,
+                                                 m.model->device(), m.model->dtype());
+  std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
+  const std::string dataset = o.get_string("dataset");
+  OnlinePrompts data = dataset.empty()
+                           ? builtin_online_prompts(*encoder)
+                           : load_online_prompts(dataset, *encoder, rewards->needs_solution());
+  const std::string base_name =
+      adapter_base_name(m, o.get_bool("use_peft"), args.output_dir, args.seed);
+  run.trainer =
+      std::make_unique<OnlineTrainer>(args, m.model, o, m.tokenizer, m.setup.tokenizer_dir,
+                                      std::move(data), cfg, std::move(rewards));
+  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
+  RefModelConfig rc = ref_cfg;
+  rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
+  run.trainer->set_reference(rc);
+  return run;
+}
+
+}  // namespace leantune

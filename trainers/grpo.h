@@ -1,0 +1,181 @@
+// The online trainers trainer_bin grpo and rloo (TRL GRPOTrainer / RLOOTrainer option names and
+// defaults): generate from the policy being trained, score, and update on the scored
+// completions. The generation engine is models/generate.h, run on the very weights being
+// trained (LoRA applied on the fly, no merged copy, no weight sync).
+//
+// Data: JSONL rows with a "prompt" column (a string, or a message list rendered with the chat
+// template and an assistant generation prompt); every other column goes to the reward sources
+// (trainers/reward_sources.h). No dataset and no model: the built-in task (below).
+//
+// Batches, as TRL's RepeatSampler lays them out: per_device_train_batch_size completions per
+// micro-batch; one generation batch = per_device_train_batch_size x steps_per_generation
+// (default: gradient_accumulation_steps) completions = that / num_generations prompts, each
+// completed num_generations times. The generation batch is scored, its advantages formed
+// (trainers/grpo_loss.h), shuffled and cut into steps_per_generation micro-batches, which are
+// used num_iterations times before the next generation.
+// A micro-batch is a flat varlen Batch of prompt + completion sequences, labels = the completion
+// tokens under the completion mask (up to and including the first eos; with
+// mask_truncated_completions, nothing of a completion that hit max_completion_length).
+//
+// grpo: per-token log-probabilities (logits / temperature), old log-probabilities kept from
+//   generation when num_iterations > 1 or steps_per_generation > gradient_accumulation_steps
+//   (else the detached current ones), the reference's (beta != 0; adapters off, a policy copy or
+//   --ref_model: trainers/ref_model.h) taken at generation, loss_type grpo|bnpo|dr_grpo|dapo.
+// rloo: per-sequence sums; the reward less beta x (old - ref) summed over the completion, the
+//   leave-one-out baseline (normalize_advantages optional), and the sequence-level clipped
+//   ratio, mean over sequences, over gradient accumulation.
+// Metrics (metrics.jsonl): reward, reward_std, rewards/<source>/{mean,std}, frac_reward_zero_std,
+// completions/{mean,min,max}_length, completions/clipped_ratio, completions/
+// mean_terminated_length, clip_ratio/*, kl (beta != 0), entropy, and the time of each phase
+// (timing/{generation,reward,reference,optimization}_s).
+//
+// Built-in task (no --dataset): "Add a and b." prompts with a, b in [0, 4] and their sum in
+// "answer"; rewards format_reward (^ *[0-9]) and accuracy_reward on the built-in demo model.
+//
+// Not built yet: distributed runs (world size 1 only), prefix sharing and paged KV blocks in the
+// generation engine, sleep mode between phases, online_dpo.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "loaders/text_encoder.h"
+#include "loaders/tokenizer.h"
+#include "models/generate.h"
+#include "trainers/grpo_loss.h"
+#include "trainers/ref_model.h"
+#include "trainers/reward_sources.h"
+#include "trainers/row_batches.h"
+#include "trainers/sft.h"
+#include "trainers/trainer.h"
+
+namespace leantune {
+
+// "grpo" or "rloo": the options of that command (TRL's defaults differ: num_generations 8 / 2,
+// beta 0 / 0.05).
+Options online_options(const std::string& algorithm);
+
+struct PromptRow {
+  int64_t line = 0;
+  nlohmann::json row;        // every column
+  std::vector<int32_t> ids;  // the prompt's tokens
+};
+struct OnlinePrompts {
+  std::string path;
+  std::vector<PromptRow> rows;
+  bool conversational = false;
+  std::string summary() const;
+};
+// Error(kInput) (exit 2) naming the file and line for a row without a prompt, or without the
+// solution column when `need_solution`.
+OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& enc,
+                                  bool need_solution);
+// The built-in task's rows: every "Add a and b." with a, b in [0, 4], and its answer.
+std::vector<nlohmann::json> builtin_task_rows();
+OnlinePrompts builtin_online_prompts(const TextEncoder& enc);
+
+struct OnlineConfig {
+  std::string algorithm = "grpo";  // grpo | rloo
+  int64_t num_generations = 8;
+  int64_t steps_per_generation = 1;
+  int64_t num_iterations = 1;
+  GenerationConfig generation;  // max_new_tokens = max_completion_length
+  GrpoLossConfig loss;          // loss_type, epsilons, beta, max_completion_length
+  std::string scale_rewards = "group";
+  bool normalize_advantages = false;  // rloo
+  bool mask_truncated_completions = false;
+  SequenceLogpsOptions logps;  // fused (use_liger_loss), temperature
+};
+
+// One scored completion of the current generation batch.
+struct Rollout {
+  int64_t prompt = 0;  // index into OnlinePrompts::rows
+  std::vector<int32_t> completion;
+  std::vector<uint8_t> mask;        // per completion token
+  std::vector<double> old_logp;     // per completion token (grpo; empty: current, detached)
+  std::vector<double> ref_logp;     // per completion token (grpo with beta)
+  double old_sum = 0, ref_sum = 0;  // rloo
+  double advantage = 0;
+};
+
+class OnlineTrainer final : public Trainer {
+ public:
+  OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
+                std::shared_ptr<Tokenizer> tokenizer, std::string tokenizer_dir, OnlinePrompts data,
+                OnlineConfig cfg, std::unique_ptr<RewardSources> rewards);
+  void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
+  void set_quantized_base(QuantConfig cfg, QuantizeReport report) {
+    quant_config_ = std::move(cfg);
+    quant_report_ = report;
+  }
+  void set_reference(RefModelConfig cfg);
+  const DataStats& train_stats() const { return stats_; }
+  const std::vector<nlohmann::json>& logged_metrics() const { return window_.logged(); }
+  // The mean total reward of every generation batch so far, in order (for tests).
+  const std::vector<double>& batch_rewards() const { return batch_rewards_; }
+
+ protected:
+  int64_t micro_batches_per_epoch() const override;
+  Batch next_micro_batch(BatchReport* report) override;
+  int64_t loss_tokens(const Batch& b) const override { return b.stats.label_tokens; }
+  Tensor compute_loss(const Batch& b, double normalizer) override;
+  double epoch_progress() const override;
+  nlohmann::json data_state() const override;
+  void set_data_state(const nlohmann::json& s) override;
+  void write_model_extras(const std::string& dir) const override;
+  void on_train_begin(MetricsLogger& log) override;
+  nlohmann::json technique_savings() const override;
+  nlohmann::json log_metrics() override;
+  std::vector<std::pair<std::string, Tensor>> trainable_parameters() const override;
+  void save_model(const std::string& dir, bool final_output) const override;
+  void load_model(const std::string& dir) override;
+
+ private:
+  void generate_batch();
+  Batch collate(const std::vector<Rollout>& rs) const;
+  // Per completion token log-probabilities of the rollouts' tokens in `b` from per-row values.
+  std::vector<std::vector<double>> completion_values(const std::vector<Rollout>& rs,
+                                                     const std::vector<double>& rows) const;
+
+  std::shared_ptr<Tokenizer> tokenizer_;
+  std::string tokenizer_dir_;
+  OnlinePrompts data_;
+  OnlineConfig cfg_;
+  std::unique_ptr<RewardSources> rewards_;
+  PeftSetup peft_;
+  std::string base_model_name_or_path_;
+  bool merge_adapter_ = false;
+  QuantConfig quant_config_;
+  QuantizeReport quant_report_;
+  std::unique_ptr<ReferenceModel> ref_;
+  RowBatches prompts_;
+  int64_t micro_step_ = 0;                    // micro-batches taken so far
+  int64_t generations_ = 0;                   // generation batches made so far
+  int64_t gen_tokens_ = 0;                    // loss tokens of the current generation batch
+  std::vector<std::vector<Rollout>> buffer_;  // the generation batch's micro-batches
+  std::deque<std::vector<Rollout>> pending_;  // fetched, not yet through compute_loss
+  MetricWindow window_;
+  nlohmann::json gen_metrics_;  // the current generation batch's metrics
+  std::vector<double> batch_rewards_;
+  // Wall seconds from the end of one generation phase to the start of the next: the updates.
+  double optimization_s_ = 0;
+  std::chrono::steady_clock::time_point phase_end_;
+  int64_t kv_cache_peak_ = 0;
+  DataStats stats_;
+};
+
+struct OnlineRun {
+  SftModel model;
+  std::unique_ptr<OnlineTrainer> trainer;
+};
+OnlineRun make_online_run(const std::string& algorithm, const Options& o);
+// The built-in task's settings for options the user did not set (no model and no dataset).
+void apply_online_embedded_defaults(Options& o);
+
+}  // namespace leantune

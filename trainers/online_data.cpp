@@ -1,0 +1,175 @@
+// The online trainers' options, prompt data and built-in task (see grpo.h).
+#include <cmath>
+#include <fstream>
+
+#include "engine/check.h"
+#include "trainers/data_options.h"
+#include "trainers/grpo.h"
+#include "trainers/optim_options.h"
+#include "trainers/peft_options.h"
+#include "trainers/quant_options.h"
+
+namespace leantune {
+
+namespace {
+
+std::vector<Message> prompt_messages(const nlohmann::json& v, const std::string& where) {
+  std::vector<Message> m;
+  for (const auto& e : v) {
+    LT_CHECK_INPUT(e.is_object() && e.contains("role") && e.contains("content") &&
+                       e["role"].is_string() && e["content"].is_string(),
+                   where, ": a prompt message needs string \"role\" and \"content\"");
+    m.push_back({e["role"].get<std::string>(), e["content"].get<std::string>()});
+  }
+  LT_CHECK_INPUT(!m.empty(), where, ": the prompt message list is empty");
+  return m;
+}
+
+// One row -> its prompt tokens; `where` names the file and line in errors.
+PromptRow prompt_row(nlohmann::json row, int64_t line, const TextEncoder& enc, bool need_solution,
+                     const std::string& where, bool* conversational) {
+  LT_CHECK_INPUT(row.is_object(), where, ": a row must be a JSON object");
+  LT_CHECK_INPUT(row.contains("prompt"), where,
+                 ": no \"prompt\" column (the online trainers complete prompts)");
+  const nlohmann::json& p = row["prompt"];
+  PromptRow r;
+  r.line = line;
+  if (p.is_string()) {
+    r.ids = enc.encode(p.get<std::string>(), true);
+    *conversational = false;
+  } else {
+    LT_CHECK_INPUT(p.is_array(), where, ": \"prompt\" is neither a string nor a message list");
+    r.ids = enc.encode_chat(prompt_messages(p, where), true).ids;
+    *conversational = true;
+  }
+  LT_CHECK_INPUT(!r.ids.empty(), where, ": the prompt tokenizes to nothing");
+  LT_CHECK_INPUT(!need_solution || !row_solution(row).empty(), where,
+                 ": accuracy_reward needs a \"solution\" or \"answer\" column");
+  r.row = std::move(row);
+  return r;
+}
+
+}  // namespace
+
+Options online_options(const std::string& algorithm) {
+  const bool grpo = algorithm == "grpo";
+  Options o(algorithm);
+  o.add_string(
+      "model_name_or_path", "",
+      "HF model folder to train (empty with no dataset: the built-in demo model and task)");
+  o.add_string("dataset", "",
+               "prompts: JSONL rows with \"prompt\" (a string or a message list); the other "
+               "columns reach the reward sources");
+  o.add_int("num_generations", grpo ? 8 : 2, "completions per prompt", 2);
+  o.add_int("max_completion_length", 512, "most tokens generated per completion", 1);
+  o.add_int_or_none("steps_per_generation", std::nullopt,
+                    "micro-batches per generation batch (none: gradient_accumulation_steps)", 1);
+  o.add_float("temperature", 1.0, "sampling temperature (the loss scores under it too)", 1e-6);
+  o.add_float("top_p", 1.0, "nucleus sampling mass", 1e-9, 1.0);
+  o.add_int("top_k", 0, "sample among the k most likely tokens (0 = off)", 0);
+  o.add_float("min_p", 0.0, "drop tokens below min_p times the most likely one's probability", 0.0,
+              1.0);
+  o.add_float("repetition_penalty", 1.0, "transformers' repetition penalty (1 = off)", 1e-6);
+  o.add_float("beta", grpo ? 0.0 : 0.05,
+              grpo ? "KL coefficient (0: no reference model)"
+                   : "KL coefficient of the reward penalty (0: no reference model)",
+              0.0);
+  o.add_int("num_iterations", 1, "updates per generation batch (old log-probs kept)", 1);
+  o.add_float("epsilon", 0.2, "lower clipping bound of the ratio", 0.0);
+  o.add_float("epsilon_high", -1.0, "upper clipping bound (negative: epsilon)");
+  if (grpo) {
+    o.add_string("loss_type", "dapo", "loss aggregation", {"grpo", "bnpo", "dr_grpo", "dapo"});
+    o.add_string("scale_rewards", "group", "divide advantages by the std of the",
+                 {"group", "batch", "none"});
+  } else {
+    o.add_bool("normalize_advantages", false, "normalise the advantages over the batch");
+  }
+  o.add_bool("mask_truncated_completions", false,
+             "completions that hit max_completion_length take no part in the loss");
+  o.add_bool("use_liger_loss", true,
+             "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist");
+  add_reward_source_options(o);
+  add_ref_model_options(o);
+  add_chat_options(o);
+  add_peft_options(o);
+  add_quant_options(o);
+  add_training_options(o);
+  o.set_default("learning_rate", 1e-6);  // GRPOConfig's and RLOOConfig's default
+  return o;
+}
+
+std::string OnlinePrompts::summary() const {
+  return path + ": " + std::to_string(rows.size()) + " prompts" +
+         (conversational ? " (conversational)" : "");
+}
+
+OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& enc,
+                                  bool need_solution) {
+  std::ifstream in(path);
+  LT_CHECK_INPUT(in.good(), path, ": cannot open the dataset");
+  OnlinePrompts d;
+  d.path = path;
+  std::string text;
+  int64_t line = 0;
+  bool first = true;
+  while (std::getline(in, text)) {
+    ++line;
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(line);
+    nlohmann::json row;
+    try {
+      row = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      LT_THROW(ErrorKind::kInput, where, ": not JSON (", e.what(), ")");
+    }
+    bool conv = false;
+    d.rows.push_back(prompt_row(std::move(row), line, enc, need_solution, where, &conv));
+    LT_CHECK_INPUT(first || conv == d.conversational, where,
+                   ": rows mix string prompts and message-list prompts");
+    d.conversational = conv;
+    first = false;
+  }
+  LT_CHECK_INPUT(!d.rows.empty(), path, ": no prompt rows");
+  return d;
+}
+
+std::vector<nlohmann::json> builtin_task_rows() {
+  std::vector<nlohmann::json> rows;
+  for (int a = 0; a <= 4; ++a)
+    for (int b = 0; b <= 4; ++b)
+      rows.push_back({{"prompt", "Add " + std::to_string(a) + " and " + std::to_string(b) + "."},
+                      {"answer", std::to_string(a + b)}});
+  return rows;
+}
+
+OnlinePrompts builtin_online_prompts(const TextEncoder& enc) {
+  OnlinePrompts d;
+  d.path = "built-in task";
+  int64_t i = 0;
+  bool conv = false;
+  for (nlohmann::json& row : builtin_task_rows()) {
+    ++i;
+    d.rows.push_back(prompt_row(std::move(row), i, enc, true, d.path, &conv));
+  }
+  return d;
+}
+
+void apply_online_embedded_defaults(Options& o) {
+  if (!o.get_string("model_name_or_path").empty() || !o.get_string("dataset").empty()) return;
+  auto dflt = [&](const char* k, const nlohmann::json& v) {
+    if (!o.is_set(k)) o.set(k, v);
+  };
+  dflt("num_generations", 8);
+  dflt("per_device_train_batch_size", 32);
+  dflt("max_completion_length", 4);
+  dflt("learning_rate", 3e-3);
+  dflt("lr_scheduler_type", "constant");
+  dflt("max_steps", 40);
+  dflt("logging_steps", 5);
+  dflt("save_steps", 0);
+  dflt("reward_funcs", nlohmann::json::array({"format_reward", "accuracy_reward"}));
+  dflt("format_pattern", "^ *[0-9]");
+  dflt("output_dir", "trainer_output/embedded_" + o.command());
+}
+
+}  // namespace leantune
