@@ -1,6 +1,6 @@
-// trainer_bin grpo and trainer_bin rloo: the online trainers (TRL GRPOTrainer / RLOOTrainer
-// options). With no model and no dataset: the built-in demo model on the built-in arithmetic
-// task (trainers/grpo.h).
+// trainer_bin grpo, rloo and online_dpo: the online trainers (TRL GRPOTrainer / RLOOTrainer
+// / OnlineDPOTrainer options). With no model and no dataset: the built-in demo model on the
+// built-in arithmetic task (trainers/grpo.h).
 #include <cstdio>
 
 #include "trainers/commands.h"
@@ -12,6 +12,7 @@ namespace {
 
 OnlineRun make_grpo_run(const Options& o) { return make_online_run("grpo", o); }
 OnlineRun make_rloo_run(const Options& o) { return make_online_run("rloo", o); }
+OnlineRun make_online_dpo_run(const Options& o) { return make_online_run("online_dpo", o); }
 
 std::string reward_summary(const nlohmann::json& last) {
   char s[96];
@@ -32,6 +33,17 @@ int rloo_command(const std::vector<std::string>& argv) {
                                            reward_summary);
 }
 
+int online_dpo_command(const std::vector<std::string>& argv) {
+  return run_preference_command<OnlineRun>("online_dpo", argv, online_options("online_dpo"),
+                                           apply_online_embedded_defaults, make_online_dpo_run,
+                                           "prompts", [](const nlohmann::json& last) {
+                                             char s[96];
+                                             std::snprintf(s, sizeof s, ", rewards/accuracies %.3f",
+                                                           last.value("rewards/accuracies", 0.0));
+                                             return std::string(s);
+                                           });
+}
+
 const CommandRegistration kGrpo(
     "grpo",
     "group relative policy optimisation on in-process generations (TRL GRPOTrainer options); "
@@ -40,6 +52,11 @@ const CommandRegistration kGrpo(
 const CommandRegistration kRloo(
     "rloo", "REINFORCE leave-one-out on in-process generations (TRL RLOOTrainer options)",
     rloo_command);
+const CommandRegistration kOnlineDpo(
+    "online_dpo",
+    "online DPO: two completions per prompt judged by the reward sources (TRL OnlineDPOTrainer "
+    "options)",
+    online_dpo_command);
 
 }  // namespace
 }  // namespace leantune

@@ -72,7 +72,7 @@ OnlineTrainer::OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderMode
       cfg_(std::move(cfg)),
       rewards_(std::move(rewards)),
       prompts_(static_cast<int64_t>(data_.rows.size()),
-               args_.per_device_train_batch_size * cfg_.steps_per_generation / cfg_.num_generations,
+               cfg_.completions_per_micro_batch * cfg_.steps_per_generation / cfg_.num_generations,
                args_.seed, true, "prompts") {
   cfg_.logps.gradient_checkpointing = args_.gradient_checkpointing;
   stats_.path = data_.path;
@@ -216,19 +216,21 @@ void OnlineTrainer::generate_batch() {
 
   // Old and reference log-probabilities, micro-batch by micro-batch, before shuffling.
   const auto ref_start = std::chrono::steady_clock::now();
-  const bool rloo = cfg_.algorithm == "rloo";
-  const bool need_old = rloo || cfg_.num_iterations > 1 ||
-                        cfg_.steps_per_generation > args_.gradient_accumulation_steps;
-  const bool need_ref = cfg_.loss.beta != 0.0;
+  const bool rloo = cfg_.algorithm == "rloo", dpo = cfg_.algorithm == "online_dpo";
+  const bool per_token = !rloo && !dpo;  // grpo scores tokens; rloo and online_dpo sequences
+  const bool need_old =
+      rloo || (per_token && (cfg_.num_iterations > 1 ||
+                             cfg_.steps_per_generation > args_.gradient_accumulation_steps));
+  const bool need_ref = cfg_.loss.beta != 0.0 || dpo;
   double kl_sum = 0;
   int64_t kl_tokens = 0;
   if (need_old || need_ref) {
     StepPhaseGuard phase("reference");
     NoGradGuard ng;
     SequenceLogpsOptions lo = cfg_.logps;
-    lo.per_token = !rloo;
+    lo.per_token = per_token;
     lo.gradient_checkpointing = false;
-    const size_t mb = static_cast<size_t>(args_.per_device_train_batch_size);
+    const size_t mb = static_cast<size_t>(cfg_.completions_per_micro_batch);
     for (size_t b0 = 0; b0 < all.size(); b0 += mb) {
       std::vector<Rollout> part(all.begin() + static_cast<int64_t>(b0),
                                 all.begin() + static_cast<int64_t>(std::min(all.size(), b0 + mb)));
@@ -243,12 +245,12 @@ void OnlineTrainer::generate_batch() {
       if (need_ref) ref_rows = ref_->logps(batch, {}, lo);
       for (size_t i = 0; i < part.size(); ++i) {
         Rollout& r = all[b0 + i];
-        if (rloo) {
-          r.old_sum = old_rows[i];
+        if (!per_token) {
+          if (need_old) r.old_sum = old_rows[i];
           if (need_ref) r.ref_sum = ref_rows[i];
         }
       }
-      if (!rloo) {
+      if (per_token) {
         const auto old_v =
             need_old ? completion_values(part, old_rows) : std::vector<std::vector<double>>();
         const auto ref_v =
@@ -271,9 +273,25 @@ void OnlineTrainer::generate_batch() {
       kl_sum += kl;
       for (uint8_t m : all[k].mask) kl_tokens += m;
     }
-  const std::vector<double> adv = rloo ? rloo_advantages(adv_rewards, g, cfg_.normalize_advantages)
-                                       : grpo_advantages(adv_rewards, g, cfg_.scale_rewards);
-  for (size_t k = 0; k < all.size(); ++k) all[k].advantage = adv[k];
+  if (dpo) {
+    // The judged pairs: missing_eos_penalty first, then the better of each two is chosen.
+    for (size_t k = 0; k < all.size(); ++k) {
+      all[k].reward = rewards[k];
+      if (cfg_.missing_eos_penalty > 0 && !gen.finished_by_eos[k])
+        all[k].reward -= cfg_.missing_eos_penalty;
+    }
+    for (size_t k = 0; k < all.size(); k += 2) {
+      const double a = all[k].reward, b = all[k + 1].reward;
+      // TRL compares with >=: a NaN on either side makes the second one chosen.
+      all[k].chosen = a >= b;
+      all[k + 1].chosen = !all[k].chosen;
+    }
+  } else {
+    const std::vector<double> adv = rloo
+                                        ? rloo_advantages(adv_rewards, g, cfg_.normalize_advantages)
+                                        : grpo_advantages(adv_rewards, g, cfg_.scale_rewards);
+    for (size_t k = 0; k < all.size(); ++k) all[k].advantage = adv[k];
+  }
 
   // The generation batch's metrics (TRL's names; the rewards as the sources gave them, before
   // RLOO's KL penalty).
@@ -310,6 +328,18 @@ void OnlineTrainer::generate_batch() {
   m["completions/mean_terminated_length"] =
       terminated > 0 ? static_cast<double>(terminated_sum) / static_cast<double>(terminated) : 0.0;
   if (rloo && need_ref) m["kl"] = kl_tokens > 0 ? kl_sum / static_cast<double>(kl_tokens) : 0.0;
+  if (dpo) {
+    double scores = 0, margin = 0;
+    for (size_t k = 0; k < all.size(); ++k) {
+      scores += all[k].reward;
+      if (k % 2 == 0)
+        margin +=
+            all[k].chosen ? all[k].reward - all[k + 1].reward : all[k + 1].reward - all[k].reward;
+    }
+    m["objective/scores"] = metric(scores / n_all);
+    m["objective/scores_margin"] = metric(margin / (n_all / 2));
+    m["val/contain_eos_token"] = static_cast<double>(terminated) / n_all;
+  }
   m["timing/generation_s"] = gen_s;
   m["timing/reward_s"] = reward_s;
   m["timing/reference_s"] = ref_s;
@@ -319,12 +349,12 @@ void OnlineTrainer::generate_batch() {
 
   // Shuffle (TRL shuffles the generation batch) and cut into micro-batches.
   std::mt19937_64 rng(args_.seed * 1000003ULL + static_cast<uint64_t>(generations_));
-  std::shuffle(all.begin(), all.end(), rng);
+  if (!dpo) std::shuffle(all.begin(), all.end(), rng);  // online_dpo keeps its pairs adjacent
   gen_tokens_ = 0;
   for (const Rollout& r : all)
     for (uint8_t x : r.mask) gen_tokens_ += x;
   buffer_.clear();
-  const size_t mb = static_cast<size_t>(args_.per_device_train_batch_size);
+  const size_t mb = static_cast<size_t>(cfg_.completions_per_micro_batch);
   for (size_t b0 = 0; b0 < all.size(); b0 += mb)
     buffer_.emplace_back(all.begin() + static_cast<int64_t>(b0),
                          all.begin() + static_cast<int64_t>(std::min(all.size(), b0 + mb)));
@@ -352,6 +382,7 @@ Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
   LT_CHECK(!pending_.empty(), "online trainer: compute_loss without a fetched micro-batch");
   const std::vector<Rollout> rs = std::move(pending_.front());
   pending_.pop_front();
+  if (cfg_.algorithm == "online_dpo") return online_dpo_loss(b, rs);
   const bool rloo = cfg_.algorithm == "rloo";
   SequenceLogpsOptions lo = cfg_.logps;
   lo.per_token = !rloo;
@@ -407,6 +438,63 @@ Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
   metrics["entropy"] = counted > 0 ? entropy / static_cast<double>(counted) : 0.0;
   window_.add(metrics);
   return loss_from_sequence_gradient(pol.logps, res.loss, std::move(grad));
+}
+
+Tensor OnlineTrainer::online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs) {
+  SequenceLogpsOptions lo = cfg_.logps;
+  lo.per_token = false;
+  kernels::SequenceLogprobs pol = sequence_logps(*model_, b, lo);
+  const std::vector<double> lp = pol.logps.to_f64();
+  const double beta = cfg_.loss.beta, gas = static_cast<double>(args_.gradient_accumulation_steps);
+  const size_t pairs = rs.size() / 2;
+  std::vector<double> grad(lp.size(), 0.0);
+  double loss = 0, lc = 0, lr = 0, rc = 0, rr = 0, acc = 0, kl = 0, rlhf = 0;
+  for (size_t k = 0; k + 1 < rs.size(); k += 2) {
+    const size_t c = rs[k].chosen ? k : k + 1, r = rs[k].chosen ? k + 1 : k;
+    // x = (pi_c - pi_r) - (ref_c - ref_r); sigmoid: -log sigmoid(beta x); ipo: (x - 1/(2 beta))^2.
+    const double x = (lp[c] - lp[r]) - (rs[c].ref_sum - rs[r].ref_sum);
+    double l, dx;
+    if (cfg_.dpo_loss_type == "ipo") {
+      const double d = x - 1.0 / (2.0 * beta);
+      l = d * d;
+      dx = 2.0 * d;
+    } else {
+      const double z = beta * x;
+      l = z > 0 ? std::log1p(std::exp(-z)) : -z + std::log1p(std::exp(z));
+      dx = -beta / (1.0 + std::exp(z));
+    }
+    const double scale = 1.0 / (static_cast<double>(pairs) * gas);
+    loss += l * scale;
+    grad[c] += dx * scale;
+    grad[r] -= dx * scale;
+    lc += lp[c];
+    lr += lp[r];
+    rc += beta * (lp[c] - rs[c].ref_sum);
+    rr += beta * (lp[r] - rs[r].ref_sum);
+    acc += (lp[c] - rs[c].ref_sum) - (lp[r] - rs[r].ref_sum) > 0 ? 1.0 : 0.0;
+  }
+  double entropy = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    kl += lp[i] - rs[i].ref_sum;
+    rlhf += rs[i].reward - beta * (lp[i] - rs[i].ref_sum);
+    entropy -= lp[i];
+  }
+  const double np = static_cast<double>(pairs), ns = static_cast<double>(rs.size());
+  // TRL's names (OnlineDPOTrainer.training_step); sums over the completion mask.
+  nlohmann::json m = gen_metrics_;
+  m["logps/chosen"] = lc / np;
+  m["logps/rejected"] = lr / np;
+  m["objective/kl"] = kl / ns;
+  m["objective/non_score_reward"] = -beta * kl / ns;
+  m["objective/rlhf_reward"] = metric(rlhf / ns);
+  m["objective/entropy"] = entropy / ns;
+  m["rewards/chosen"] = rc / np;
+  m["rewards/rejected"] = rr / np;
+  m["rewards/margins"] = (rc - rr) / np;
+  m["rewards/accuracies"] = acc / np;
+  m["beta"] = beta;
+  window_.add(m);
+  return loss_from_sequence_gradient(pol.logps, loss, std::move(grad));
 }
 
 nlohmann::json OnlineTrainer::log_metrics() { return window_.take(); }
@@ -484,34 +572,52 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
                  "score fresh completions; nothing can be precomputed");
   OnlineConfig cfg;
   cfg.algorithm = algorithm;
-  cfg.num_generations = o.get_int("num_generations");
-  cfg.steps_per_generation =
-      o.get_int_or_none("steps_per_generation").value_or(args.gradient_accumulation_steps);
-  cfg.num_iterations = o.get_int("num_iterations");
-  const int64_t gen_batch = args.per_device_train_batch_size * cfg.steps_per_generation;
-  LT_CHECK_INPUT(gen_batch % cfg.num_generations == 0, algorithm,
-                 ": the generation batch (per_device_train_batch_size x steps_per_generation = ",
-                 gen_batch, ") must be a multiple of num_generations ", cfg.num_generations);
-  cfg.generation.max_new_tokens = o.get_int("max_completion_length");
+  const bool dpo = algorithm == "online_dpo";
+  cfg.loss.beta = o.get_float("beta");
+  LT_CHECK_INPUT(cfg.loss.beta != 0.0 || dpo || ref_cfg.ref_model.empty(),
+                 "option --ref_model: beta is 0, so no reference model is used");
+  if (dpo) {
+    // Two completions per prompt, generated for every micro-batch of prompts.
+    cfg.num_generations = 2;
+    cfg.completions_per_micro_batch = 2 * args.per_device_train_batch_size;
+    cfg.steps_per_generation = 1;
+    cfg.num_iterations = 1;
+    cfg.generation.max_new_tokens = o.get_int("max_new_tokens");
+    cfg.dpo_loss_type = o.get_string("loss_type");
+    cfg.missing_eos_penalty = o.get_float("missing_eos_penalty");
+    LT_CHECK_INPUT(cfg.dpo_loss_type != "ipo" || cfg.loss.beta > 0,
+                   "option --beta: the ipo loss needs beta > 0");
+  } else {
+    cfg.num_generations = o.get_int("num_generations");
+    cfg.completions_per_micro_batch = args.per_device_train_batch_size;
+    cfg.steps_per_generation =
+        o.get_int_or_none("steps_per_generation").value_or(args.gradient_accumulation_steps);
+    cfg.num_iterations = o.get_int("num_iterations");
+    const int64_t gen_batch = args.per_device_train_batch_size * cfg.steps_per_generation;
+    LT_CHECK_INPUT(gen_batch % cfg.num_generations == 0, algorithm,
+                   ": the generation batch (per_device_train_batch_size x steps_per_generation = ",
+                   gen_batch, ") must be a multiple of num_generations ", cfg.num_generations);
+    cfg.generation.max_new_tokens = o.get_int("max_completion_length");
+    cfg.loss.epsilon_low = o.get_float("epsilon");
+    cfg.loss.epsilon_high =
+        o.get_float("epsilon_high") < 0 ? cfg.loss.epsilon_low : o.get_float("epsilon_high");
+    cfg.loss.max_completion_length = cfg.generation.max_new_tokens;
+    if (algorithm == "grpo") {
+      cfg.loss.loss_type = o.get_string("loss_type");
+      cfg.scale_rewards = o.get_string("scale_rewards");
+    } else {
+      cfg.normalize_advantages = o.get_bool("normalize_advantages");
+    }
+    cfg.mask_truncated_completions = o.get_bool("mask_truncated_completions");
+  }
   cfg.generation.temperature = o.get_float("temperature");
   cfg.generation.top_p = o.get_float("top_p");
   cfg.generation.top_k = o.get_int("top_k");
   cfg.generation.min_p = o.get_float("min_p");
   cfg.generation.repetition_penalty = o.get_float("repetition_penalty");
-  cfg.loss.beta = o.get_float("beta");
-  cfg.loss.epsilon_low = o.get_float("epsilon");
-  cfg.loss.epsilon_high =
-      o.get_float("epsilon_high") < 0 ? cfg.loss.epsilon_low : o.get_float("epsilon_high");
-  cfg.loss.max_completion_length = cfg.generation.max_new_tokens;
-  if (algorithm == "grpo") {
-    cfg.loss.loss_type = o.get_string("loss_type");
-    cfg.scale_rewards = o.get_string("scale_rewards");
-  } else {
-    cfg.normalize_advantages = o.get_bool("normalize_advantages");
-  }
-  cfg.mask_truncated_completions = o.get_bool("mask_truncated_completions");
   cfg.logps.fused = o.get_bool("use_liger_loss");
-  cfg.logps.temperature = cfg.generation.temperature;
+  // GRPO and RLOO score under the sampling temperature; OnlineDPOTrainer's forward does not.
+  cfg.logps.temperature = dpo ? 1.0 : cfg.generation.temperature;
   prepare_output_dir(args.output_dir, "output_dir");
   {
     const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);

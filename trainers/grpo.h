@@ -24,6 +24,10 @@
 // rloo: per-sequence sums; the reward less beta x (old - ref) summed over the completion, the
 //   leave-one-out baseline (normalize_advantages optional), and the sequence-level clipped
 //   ratio, mean over sequences, over gradient accumulation.
+// online_dpo (TRL's experimental OnlineDPOTrainer): per_device_train_batch_size prompts per
+//   micro-batch, two completions each, generated for every micro-batch; the one with the higher
+//   reward (ties: the first) is chosen; the DPO loss (sigmoid or ipo) on the summed
+//   log-probabilities against the reference, mean over pairs.
 // Metrics (metrics.jsonl): reward, reward_std, rewards/<source>/{mean,std}, frac_reward_zero_std,
 // completions/{mean,min,max}_length, completions/clipped_ratio, completions/
 // mean_terminated_length, clip_ratio/*, kl (beta != 0), entropy, and the time of each phase
@@ -33,7 +37,7 @@
 // "answer"; rewards format_reward (^ *[0-9]) and accuracy_reward on the built-in demo model.
 //
 // Not built yet: distributed runs (world size 1 only), prefix sharing and paged KV blocks in the
-// generation engine, sleep mode between phases, online_dpo.
+// generation engine, sleep mode between phases, online_dpo's judges and max_length.
 #pragma once
 
 #include <chrono>
@@ -81,7 +85,8 @@ std::vector<nlohmann::json> builtin_task_rows();
 OnlinePrompts builtin_online_prompts(const TextEncoder& enc);
 
 struct OnlineConfig {
-  std::string algorithm = "grpo";  // grpo | rloo
+  std::string algorithm = "grpo";  // grpo | rloo | online_dpo
+  int64_t completions_per_micro_batch = 8;
   int64_t num_generations = 8;
   int64_t steps_per_generation = 1;
   int64_t num_iterations = 1;
@@ -91,6 +96,9 @@ struct OnlineConfig {
   bool normalize_advantages = false;  // rloo
   bool mask_truncated_completions = false;
   SequenceLogpsOptions logps;  // fused (use_liger_loss), temperature
+  // online_dpo: the DPO loss on each prompt's two completions (loss.beta is its beta).
+  std::string dpo_loss_type = "sigmoid";  // sigmoid | ipo
+  double missing_eos_penalty = 0;
 };
 
 // One scored completion of the current generation batch.
@@ -100,8 +108,10 @@ struct Rollout {
   std::vector<uint8_t> mask;        // per completion token
   std::vector<double> old_logp;     // per completion token (grpo; empty: current, detached)
   std::vector<double> ref_logp;     // per completion token (grpo with beta)
-  double old_sum = 0, ref_sum = 0;  // rloo
+  double old_sum = 0, ref_sum = 0;  // rloo, online_dpo (ref)
   double advantage = 0;
+  double reward = 0;    // online_dpo: the total reward (after missing_eos_penalty)
+  bool chosen = false;  // online_dpo: the better of its prompt's two completions
 };
 
 class OnlineTrainer final : public Trainer {
@@ -142,6 +152,8 @@ class OnlineTrainer final : public Trainer {
   // Per completion token log-probabilities of the rollouts' tokens in `b` from per-row values.
   std::vector<std::vector<double>> completion_values(const std::vector<Rollout>& rs,
                                                      const std::vector<double>& rows) const;
+  // online_dpo's loss of one micro-batch (pairs adjacent, one chosen and one rejected each).
+  Tensor online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs);
 
   std::shared_ptr<Tokenizer> tokenizer_;
   std::string tokenizer_dir_;

@@ -52,7 +52,7 @@ PromptRow prompt_row(nlohmann::json row, int64_t line, const TextEncoder& enc, b
 }  // namespace
 
 Options online_options(const std::string& algorithm) {
-  const bool grpo = algorithm == "grpo";
+  const bool grpo = algorithm == "grpo", dpo = algorithm == "online_dpo";
   Options o(algorithm);
   o.add_string(
       "model_name_or_path", "",
@@ -60,32 +60,45 @@ Options online_options(const std::string& algorithm) {
   o.add_string("dataset", "",
                "prompts: JSONL rows with \"prompt\" (a string or a message list); the other "
                "columns reach the reward sources");
-  o.add_int("num_generations", grpo ? 8 : 2, "completions per prompt", 2);
-  o.add_int("max_completion_length", 512, "most tokens generated per completion", 1);
-  o.add_int_or_none("steps_per_generation", std::nullopt,
-                    "micro-batches per generation batch (none: gradient_accumulation_steps)", 1);
-  o.add_float("temperature", 1.0, "sampling temperature (the loss scores under it too)", 1e-6);
+  if (dpo) {
+    // OnlineDPOConfig: two completions per prompt, one micro-batch per generation.
+    o.add_int("max_new_tokens", 64, "most tokens generated per completion", 1);
+    o.add_float("temperature", 0.9, "sampling temperature", 1e-6);
+  } else {
+    o.add_int("num_generations", grpo ? 8 : 2, "completions per prompt", 2);
+    o.add_int("max_completion_length", 512, "most tokens generated per completion", 1);
+    o.add_int_or_none("steps_per_generation", std::nullopt,
+                      "micro-batches per generation batch (none: gradient_accumulation_steps)", 1);
+    o.add_float("temperature", 1.0, "sampling temperature (the loss scores under it too)", 1e-6);
+  }
   o.add_float("top_p", 1.0, "nucleus sampling mass", 1e-9, 1.0);
   o.add_int("top_k", 0, "sample among the k most likely tokens (0 = off)", 0);
   o.add_float("min_p", 0.0, "drop tokens below min_p times the most likely one's probability", 0.0,
               1.0);
   o.add_float("repetition_penalty", 1.0, "transformers' repetition penalty (1 = off)", 1e-6);
-  o.add_float("beta", grpo ? 0.0 : 0.05,
-              grpo ? "KL coefficient (0: no reference model)"
-                   : "KL coefficient of the reward penalty (0: no reference model)",
-              0.0);
-  o.add_int("num_iterations", 1, "updates per generation batch (old log-probs kept)", 1);
-  o.add_float("epsilon", 0.2, "lower clipping bound of the ratio", 0.0);
-  o.add_float("epsilon_high", -1.0, "upper clipping bound (negative: epsilon)");
-  if (grpo) {
-    o.add_string("loss_type", "dapo", "loss aggregation", {"grpo", "bnpo", "dr_grpo", "dapo"});
-    o.add_string("scale_rewards", "group", "divide advantages by the std of the",
-                 {"group", "batch", "none"});
+  if (dpo) {
+    o.add_float("beta", 0.1, "DPO's beta (IPO's tau)", 0.0);
+    o.add_string("loss_type", "sigmoid", "DPO loss on the judged pairs", {"sigmoid", "ipo"});
+    o.add_float("missing_eos_penalty", 0.0,
+                "subtracted from the reward of a completion with no eos token (0 = none)", 0.0);
   } else {
-    o.add_bool("normalize_advantages", false, "normalise the advantages over the batch");
+    o.add_float("beta", grpo ? 0.0 : 0.05,
+                grpo ? "KL coefficient (0: no reference model)"
+                     : "KL coefficient of the reward penalty (0: no reference model)",
+                0.0);
+    o.add_int("num_iterations", 1, "updates per generation batch (old log-probs kept)", 1);
+    o.add_float("epsilon", 0.2, "lower clipping bound of the ratio", 0.0);
+    o.add_float("epsilon_high", -1.0, "upper clipping bound (negative: epsilon)");
+    if (grpo) {
+      o.add_string("loss_type", "dapo", "loss aggregation", {"grpo", "bnpo", "dr_grpo", "dapo"});
+      o.add_string("scale_rewards", "group", "divide advantages by the std of the",
+                   {"group", "batch", "none"});
+    } else {
+      o.add_bool("normalize_advantages", false, "normalise the advantages over the batch");
+    }
+    o.add_bool("mask_truncated_completions", false,
+               "completions that hit max_completion_length take no part in the loss");
   }
-  o.add_bool("mask_truncated_completions", false,
-             "completions that hit max_completion_length take no part in the loss");
   o.add_bool("use_liger_loss", true,
              "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist");
   add_reward_source_options(o);
@@ -94,7 +107,8 @@ Options online_options(const std::string& algorithm) {
   add_peft_options(o);
   add_quant_options(o);
   add_training_options(o);
-  o.set_default("learning_rate", 1e-6);  // GRPOConfig's and RLOOConfig's default
+  // GRPOConfig's and RLOOConfig's default; OnlineDPOConfig's.
+  o.set_default("learning_rate", dpo ? 5e-7 : 1e-6);
   return o;
 }
 
@@ -159,12 +173,20 @@ void apply_online_embedded_defaults(Options& o) {
   auto dflt = [&](const char* k, const nlohmann::json& v) {
     if (!o.is_set(k)) o.set(k, v);
   };
-  dflt("num_generations", 8);
+  const bool dpo = o.command() == "online_dpo";
+  if (dpo) {
+    dflt("max_new_tokens", 4);
+    dflt("temperature", 1.0);
+  } else {
+    dflt("num_generations", 8);
+    dflt("max_completion_length", 4);
+  }
+  // online_dpo: prompts, 64 completions; ties (most pairs early on) still pull one way or the
+  // other, so it takes a larger step for longer than grpo's demo.
   dflt("per_device_train_batch_size", 32);
-  dflt("max_completion_length", 4);
-  dflt("learning_rate", 3e-3);
+  dflt("learning_rate", dpo ? 1e-2 : 3e-3);
+  dflt("max_steps", dpo ? 60 : 40);
   dflt("lr_scheduler_type", "constant");
-  dflt("max_steps", 40);
   dflt("logging_steps", 5);
   dflt("save_steps", 0);
   dflt("reward_funcs", nlohmann::json::array({"format_reward", "accuracy_reward"}));

@@ -1,6 +1,6 @@
-// The online trainers (trainer_bin grpo, rloo): per-token log-probabilities under a temperature
-// against a float64 reference, the reward rising on the built-in task with built-in and with
-// external-command rewards, the KL against the adapters-off reference, and bad input (exit 2,
+// The online trainers (trainer_bin grpo, rloo, online_dpo): per-token log-probabilities under a
+// temperature against a float64 reference, the reward rising on the built-in task with built-in and
+// with external-command rewards, the KL against the adapters-off reference, and bad input (exit 2,
 // one line naming the file, line or command).
 #include <gtest/gtest.h>
 
@@ -171,6 +171,22 @@ TEST(Rloo, KlPenaltyAgainstAFrozenCopy) {
   EXPECT_EQ(value_or_nan(recs[0], "kl"), 0.0) << log;
   EXPECT_GT(std::abs(value_or_nan(recs.back(), "kl")), 0.0) << log;
   EXPECT_NE(log.find("reference policy_copy"), std::string::npos) << log;
+}
+
+// online_dpo on the built-in task: the pairs' chosen completions (the better reward) are
+// pushed up against the frozen copy, and the mean score rises.
+TEST(OnlineDpo, DemoScoreRises) {
+  const std::string out = testing::temp_dir("online_dpo_demo");
+  std::string log;
+  ASSERT_EQ(
+      run_command("cd " + out + " && " + trainer_bin() + " online_dpo --device cpu 2>&1", &log), 0)
+      << log;
+  const auto recs = metrics_of(out + "/trainer_output/embedded_online_dpo/metrics.jsonl");
+  const auto [first, last] = first_last(recs, "objective/scores", 2);
+  EXPECT_GT(last, first + 0.5) << log;
+  EXPECT_FALSE(std::isnan(value_or_nan(recs.back(), "rewards/margins"))) << log;
+  EXPECT_FALSE(std::isnan(value_or_nan(recs.back(), "objective/kl"))) << log;
+  EXPECT_EQ(value_or_nan(recs.back(), "beta"), 0.1) << log;
 }
 
 // The same task scored only by an external process (a bash script in tests/fixtures/online).
