@@ -114,20 +114,14 @@ DpoTrainer::DpoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> mod
                        std::string tokenizer_dir, PreferenceData train, DpoDataConfig data,
                        PreferenceLossConfig loss, SequenceLogpsOptions logps)
     : Trainer(std::move(args), std::move(model), std::move(options)),
-      tokenizer_dir_(std::move(tokenizer_dir)),
       train_(std::move(train)),
       data_(std::move(data)),
       loss_(std::move(loss)),
       logps_(logps),
       batches_(static_cast<int64_t>(train_.examples.size()), args_.per_device_train_batch_size,
                args_.seed, true, "pairs") {
+  tokenizer_dir_ = std::move(tokenizer_dir);
   logps_.gradient_checkpointing = args_.gradient_checkpointing;
-}
-
-void DpoTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter) {
-  peft_ = std::move(peft);
-  base_model_name_or_path_ = std::move(base_model_name_or_path);
-  merge_adapter_ = merge_adapter;
 }
 
 void DpoTrainer::set_reference(RefModelConfig cfg) {
@@ -273,10 +267,6 @@ nlohmann::json DpoTrainer::data_state() const { return batches_.state(); }
 
 void DpoTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s); }
 
-void DpoTrainer::write_model_extras(const std::string& dir) const {
-  if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);
-}
-
 void DpoTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());
   log.message(std::string("dpo: reference ") + ref_mode_name(ref_->mode()) +
@@ -290,21 +280,6 @@ void DpoTrainer::on_train_begin(MetricsLogger& log) {
                 return s;
               }() +
               ", beta " + std::to_string(loss_.beta));
-}
-
-std::vector<std::pair<std::string, Tensor>> DpoTrainer::trainable_parameters() const {
-  return peft_.active() ? peft_.trainable_parameters(*model_) : Trainer::trainable_parameters();
-}
-
-void DpoTrainer::save_model(const std::string& dir, bool final_output) const {
-  if (!peft_.active()) return Trainer::save_model(dir, final_output);
-  save_adapter_output(peft_, *model_, dir, final_output, base_model_name_or_path_, merge_adapter_,
-                      [this](const std::string& d) { write_model_extras(d); });
-}
-
-void DpoTrainer::load_model(const std::string& dir) {
-  if (!peft_.active()) return Trainer::load_model(dir);
-  load_peft_checkpoint(peft_, *model_, dir);
 }
 
 nlohmann::json DpoTrainer::technique_savings() const {

@@ -16,7 +16,8 @@
 // (kernels/sequence_logprobs.h), the [tokens x vocab] logits never exist.
 // Metrics (metrics.jsonl and the progress line): rewards/chosen, rewards/rejected,
 // rewards/accuracies, rewards/margins, logps/chosen, logps/rejected, logits/chosen,
-// logits/rejected, entropy, mean_token_accuracy, averaged over the logging window's micro-batches as TRL averages them.
+// logits/rejected, entropy, mean_token_accuracy, averaged over the logging window's micro-batches
+// as TRL averages them.
 #pragma once
 
 #include <cstdint>
@@ -63,12 +64,7 @@ class DpoTrainer final : public Trainer {
              std::string tokenizer_dir, PreferenceData train, DpoDataConfig data,
              PreferenceLossConfig loss, SequenceLogpsOptions logps);
 
-  // LoRA / quantized base (as for SFT), then the reference model (after set_peft).
-  void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
-  void set_quantized_base(QuantConfig cfg, QuantizeReport report) {
-    quant_config_ = std::move(cfg);
-    quant_report_ = report;
-  }
+  // The reference model, after set_peft.
   void set_reference(RefModelConfig cfg);
   ReferenceModel& reference() { return *ref_; }
   const DataStats& train_stats() const { return train_.stats; }
@@ -89,25 +85,15 @@ class DpoTrainer final : public Trainer {
   double epoch_progress() const override;
   nlohmann::json data_state() const override;
   void set_data_state(const nlohmann::json& s) override;
-  void write_model_extras(const std::string& dir) const override;
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
   nlohmann::json log_metrics() override;
-  std::vector<std::pair<std::string, Tensor>> trainable_parameters() const override;
-  void save_model(const std::string& dir, bool final_output) const override;
-  void load_model(const std::string& dir) override;
 
  private:
-  std::string tokenizer_dir_;
   PreferenceData train_;
   DpoDataConfig data_;
   PreferenceLossConfig loss_;
   SequenceLogpsOptions logps_;
-  PeftSetup peft_;
-  std::string base_model_name_or_path_;
-  bool merge_adapter_ = false;
-  QuantConfig quant_config_;
-  QuantizeReport quant_report_;
   std::unique_ptr<ReferenceModel> ref_;
   RowBatches batches_;
   std::deque<PairBatch> pending_;  // fetched micro-batches not yet through compute_loss

@@ -67,24 +67,17 @@ OnlineTrainer::OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderMode
                              std::unique_ptr<RewardSources> rewards)
     : Trainer(std::move(args), std::move(model), std::move(options)),
       tokenizer_(std::move(tokenizer)),
-      tokenizer_dir_(std::move(tokenizer_dir)),
       data_(std::move(data)),
       cfg_(std::move(cfg)),
       rewards_(std::move(rewards)),
       prompts_(static_cast<int64_t>(data_.rows.size()),
                cfg_.completions_per_micro_batch * cfg_.steps_per_generation / cfg_.num_generations,
                args_.seed, true, "prompts") {
+  tokenizer_dir_ = std::move(tokenizer_dir);
   cfg_.logps.gradient_checkpointing = args_.gradient_checkpointing;
   stats_.path = data_.path;
   stats_.format = data_.conversational ? "prompt_only (conversational)" : "prompt_only";
   stats_.records = stats_.examples = static_cast<int64_t>(data_.rows.size());
-}
-
-void OnlineTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path,
-                             bool merge_adapter) {
-  peft_ = std::move(peft);
-  base_model_name_or_path_ = std::move(base_model_name_or_path);
-  merge_adapter_ = merge_adapter;
 }
 
 void OnlineTrainer::set_reference(RefModelConfig cfg) {
@@ -514,10 +507,6 @@ void OnlineTrainer::set_data_state(const nlohmann::json& s) {
   buffer_.clear();
 }
 
-void OnlineTrainer::write_model_extras(const std::string& dir) const {
-  if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);
-}
-
 void OnlineTrainer::on_train_begin(MetricsLogger& log) {
   log.message(data_.summary());
   std::string sources;
@@ -528,21 +517,6 @@ void OnlineTrainer::on_train_begin(MetricsLogger& log) {
               " completions per prompt, up to " + std::to_string(cfg_.generation.max_new_tokens) +
               " tokens; rewards " + sources +
               (ref_ ? std::string("; reference ") + ref_mode_name(ref_->mode()) : ""));
-}
-
-std::vector<std::pair<std::string, Tensor>> OnlineTrainer::trainable_parameters() const {
-  return peft_.active() ? peft_.trainable_parameters(*model_) : Trainer::trainable_parameters();
-}
-
-void OnlineTrainer::save_model(const std::string& dir, bool final_output) const {
-  if (!peft_.active()) return Trainer::save_model(dir, final_output);
-  save_adapter_output(peft_, *model_, dir, final_output, base_model_name_or_path_, merge_adapter_,
-                      [this](const std::string& d) { write_model_extras(d); });
-}
-
-void OnlineTrainer::load_model(const std::string& dir) {
-  if (!peft_.active()) return Trainer::load_model(dir);
-  load_peft_checkpoint(peft_, *model_, dir);
 }
 
 nlohmann::json OnlineTrainer::technique_savings() const {

@@ -119,11 +119,6 @@ class OnlineTrainer final : public Trainer {
   OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
                 std::shared_ptr<Tokenizer> tokenizer, std::string tokenizer_dir, OnlinePrompts data,
                 OnlineConfig cfg, std::unique_ptr<RewardSources> rewards);
-  void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
-  void set_quantized_base(QuantConfig cfg, QuantizeReport report) {
-    quant_config_ = std::move(cfg);
-    quant_report_ = report;
-  }
   void set_reference(RefModelConfig cfg);
   const DataStats& train_stats() const { return stats_; }
   const std::vector<nlohmann::json>& logged_metrics() const { return window_.logged(); }
@@ -138,13 +133,9 @@ class OnlineTrainer final : public Trainer {
   double epoch_progress() const override;
   nlohmann::json data_state() const override;
   void set_data_state(const nlohmann::json& s) override;
-  void write_model_extras(const std::string& dir) const override;
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
   nlohmann::json log_metrics() override;
-  std::vector<std::pair<std::string, Tensor>> trainable_parameters() const override;
-  void save_model(const std::string& dir, bool final_output) const override;
-  void load_model(const std::string& dir) override;
 
  private:
   void generate_batch();
@@ -156,15 +147,9 @@ class OnlineTrainer final : public Trainer {
   Tensor online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs);
 
   std::shared_ptr<Tokenizer> tokenizer_;
-  std::string tokenizer_dir_;
   OnlinePrompts data_;
   OnlineConfig cfg_;
   std::unique_ptr<RewardSources> rewards_;
-  PeftSetup peft_;
-  std::string base_model_name_or_path_;
-  bool merge_adapter_ = false;
-  QuantConfig quant_config_;
-  QuantizeReport quant_report_;
   std::unique_ptr<ReferenceModel> ref_;
   RowBatches prompts_;
   int64_t micro_step_ = 0;                    // micro-batches taken so far

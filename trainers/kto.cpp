@@ -109,7 +109,6 @@ KtoTrainer::KtoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> mod
                        std::string tokenizer_dir, UnpairedData train, int64_t max_length,
                        std::string truncation_mode, KtoLossConfig loss, SequenceLogpsOptions logps)
     : Trainer(std::move(args), std::move(model), std::move(options)),
-      tokenizer_dir_(std::move(tokenizer_dir)),
       train_(std::move(train)),
       max_length_(max_length),
       truncation_mode_(std::move(truncation_mode)),
@@ -117,16 +116,11 @@ KtoTrainer::KtoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> mod
       logps_(logps),
       batches_(static_cast<int64_t>(train_.examples.size()), args_.per_device_train_batch_size,
                args_.seed, false, "examples") {
+  tokenizer_dir_ = std::move(tokenizer_dir);
   logps_.gradient_checkpointing = args_.gradient_checkpointing;
   LT_CHECK_INPUT(!kto_uses_kl(loss_) || args_.per_device_train_batch_size > 1,
                  "option per_device_train_batch_size 1: loss_type kto estimates its KL term from "
                  "the other completions of a micro-batch and needs at least 2 (as TRL)");
-}
-
-void KtoTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter) {
-  peft_ = std::move(peft);
-  base_model_name_or_path_ = std::move(base_model_name_or_path);
-  merge_adapter_ = merge_adapter;
 }
 
 void KtoTrainer::set_reference(RefModelConfig cfg) {
@@ -216,29 +210,10 @@ nlohmann::json KtoTrainer::data_state() const { return batches_.state(); }
 
 void KtoTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s); }
 
-void KtoTrainer::write_model_extras(const std::string& dir) const {
-  if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);
-}
-
 void KtoTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());
   log.message(std::string("kto: reference ") + ref_mode_name(ref_->mode()) + ", loss " +
               loss_.loss_type + ", beta " + std::to_string(loss_.beta));
-}
-
-std::vector<std::pair<std::string, Tensor>> KtoTrainer::trainable_parameters() const {
-  return peft_.active() ? peft_.trainable_parameters(*model_) : Trainer::trainable_parameters();
-}
-
-void KtoTrainer::save_model(const std::string& dir, bool final_output) const {
-  if (!peft_.active()) return Trainer::save_model(dir, final_output);
-  save_adapter_output(peft_, *model_, dir, final_output, base_model_name_or_path_, merge_adapter_,
-                      [this](const std::string& d) { write_model_extras(d); });
-}
-
-void KtoTrainer::load_model(const std::string& dir) {
-  if (!peft_.active()) return Trainer::load_model(dir);
-  load_peft_checkpoint(peft_, *model_, dir);
 }
 
 nlohmann::json KtoTrainer::technique_savings() const {

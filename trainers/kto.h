@@ -50,7 +50,6 @@ class KtoTrainer final : public Trainer {
              std::string tokenizer_dir, UnpairedData train, int64_t max_length,
              std::string truncation_mode, KtoLossConfig loss, SequenceLogpsOptions logps);
 
-  void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
   void set_reference(RefModelConfig cfg);
   const DataStats& train_stats() const { return train_.stats; }
   const std::vector<nlohmann::json>& logged_metrics() const { return window_.logged(); }
@@ -65,24 +64,16 @@ class KtoTrainer final : public Trainer {
   double epoch_progress() const override;
   nlohmann::json data_state() const override;
   void set_data_state(const nlohmann::json& s) override;
-  void write_model_extras(const std::string& dir) const override;
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
   nlohmann::json log_metrics() override;
-  std::vector<std::pair<std::string, Tensor>> trainable_parameters() const override;
-  void save_model(const std::string& dir, bool final_output) const override;
-  void load_model(const std::string& dir) override;
 
  private:
-  std::string tokenizer_dir_;
   UnpairedData train_;
   int64_t max_length_;
   std::string truncation_mode_;
   KtoLossConfig loss_;
   SequenceLogpsOptions logps_;
-  PeftSetup peft_;
-  std::string base_model_name_or_path_;
-  bool merge_adapter_ = false;
   std::unique_ptr<ReferenceModel> ref_;
   RowBatches batches_;  // in file order
   std::deque<UnpairedBatch> pending_;

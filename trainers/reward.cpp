@@ -113,19 +113,14 @@ RewardTrainer::RewardTrainer(TrainingArguments args, std::shared_ptr<DecoderMode
                              std::optional<RewardData> eval, RewardCollateConfig collate,
                              double center_rewards_coefficient, bool disable_dropout)
     : Trainer(std::move(args), std::move(model), std::move(options)),
-      tokenizer_dir_(std::move(tokenizer_dir)),
       train_(std::move(train)),
       eval_(std::move(eval)),
       collate_(collate),
       center_(center_rewards_coefficient),
       disable_dropout_(disable_dropout),
       batches_(static_cast<int64_t>(train_.pairs.size()), args_.per_device_train_batch_size,
-               args_.seed, true, "pairs") {}
-
-void RewardTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path) {
-  peft_ = std::move(peft);
-  base_model_name_or_path_ = std::move(base_model_name_or_path);
-  peft_.set_training(!disable_dropout_);
+               args_.seed, true, "pairs") {
+  tokenizer_dir_ = std::move(tokenizer_dir);
 }
 
 int64_t RewardTrainer::micro_batches_per_epoch() const {
@@ -214,10 +209,6 @@ nlohmann::json RewardTrainer::data_state() const { return batches_.state(); }
 
 void RewardTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s); }
 
-void RewardTrainer::write_model_extras(const std::string& dir) const {
-  if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);
-}
-
 void RewardTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());
   if (eval_) log.message(eval_->stats.summary());
@@ -225,26 +216,6 @@ void RewardTrainer::on_train_begin(MetricsLogger& log) {
               std::to_string(model_->config().pad_token_id.value_or(-1)) +
               (train_.format.has_margin ? ", margins from the data" : "") +
               (center_ > 0 ? ", center_rewards_coefficient " + std::to_string(center_) : ""));
-}
-
-std::vector<std::pair<std::string, Tensor>> RewardTrainer::trainable_parameters() const {
-  return peft_.active() ? peft_.trainable_parameters(*model_) : Trainer::trainable_parameters();
-}
-
-void RewardTrainer::save_model(const std::string& dir, bool final_output) const {
-  if (!peft_.active()) return Trainer::save_model(dir, final_output);
-  save_peft(peft_, *model_, dir, base_model_name_or_path_);
-  write_model_extras(dir);
-  if (final_output && options_.get_bool("merge_adapter")) {
-    const DType disk = model_->dtype() == DType::kF64 ? DType::kF32 : model_->dtype();
-    merge_and_save(peft_, *model_, dir + "/merged", disk);
-    write_model_extras(dir + "/merged");
-  }
-}
-
-void RewardTrainer::load_model(const std::string& dir) {
-  if (!peft_.active()) return Trainer::load_model(dir);
-  load_peft_checkpoint(peft_, *model_, dir);
 }
 
 nlohmann::json RewardTrainer::technique_savings() const {
@@ -372,7 +343,7 @@ RewardRun make_reward_run(const Options& o) {
   run.trainer = std::make_unique<RewardTrainer>(
       args, m.model, o, m.tokenizer_dir, std::move(train), std::move(eval), cc,
       o.get_float("center_rewards_coefficient"), o.get_bool("disable_dropout"));
-  run.trainer->set_peft(m.peft, base_name);
+  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   return run;
 }

@@ -79,11 +79,6 @@ class RewardTrainer final : public Trainer {
                 RewardCollateConfig collate, double center_rewards_coefficient,
                 bool disable_dropout);
 
-  void set_peft(PeftSetup peft, std::string base_model_name_or_path);
-  void set_quantized_base(QuantConfig cfg, QuantizeReport report) {
-    quant_config_ = std::move(cfg);
-    quant_report_ = report;
-  }
   const DataStats& train_stats() const { return train_.stats; }
   const std::vector<nlohmann::json>& logged_metrics() const { return window_.logged(); }
   // The loss of one collated micro-batch times `scale`, differentiable with respect to the
@@ -99,25 +94,16 @@ class RewardTrainer final : public Trainer {
   double epoch_progress() const override;
   nlohmann::json data_state() const override;
   void set_data_state(const nlohmann::json& s) override;
-  void write_model_extras(const std::string& dir) const override;
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
   nlohmann::json log_metrics() override;
-  std::vector<std::pair<std::string, Tensor>> trainable_parameters() const override;
-  void save_model(const std::string& dir, bool final_output) const override;
-  void load_model(const std::string& dir) override;
 
  private:
-  std::string tokenizer_dir_;
   RewardData train_;
   std::optional<RewardData> eval_;
   RewardCollateConfig collate_;
   double center_;
   bool disable_dropout_;
-  PeftSetup peft_;
-  std::string base_model_name_or_path_;
-  QuantConfig quant_config_;
-  QuantizeReport quant_report_;
   RowBatches batches_;
   std::deque<RewardBatch> pending_;  // fetched micro-batches not yet through compute_loss
   MetricWindow window_;

@@ -78,11 +78,12 @@ SftTrainer::SftTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> mod
                        DataStats train_stats, bool fused_loss)
     : Trainer(std::move(args), std::move(model), std::move(options)),
       tokenizer_(std::move(tokenizer)),
-      tokenizer_dir_(std::move(tokenizer_dir)),
       train_(std::move(train)),
       eval_(std::move(eval)),
       train_stats_(std::move(train_stats)),
-      fused_loss_(fused_loss) {}
+      fused_loss_(fused_loss) {
+  tokenizer_dir_ = std::move(tokenizer_dir);
+}
 
 Batch SftTrainer::next_micro_batch(BatchReport* report) {
   // What padding every row to the batch's longest row would have cost (padding-free's saving).
@@ -102,27 +103,6 @@ Batch SftTrainer::next_micro_batch(BatchReport* report) {
     padded_tokens_avoided_ += longest * static_cast<int64_t>(units.size()) - real;
   max_micro_tokens_ = std::max(max_micro_tokens_, b.num_tokens());
   return b;
-}
-
-void SftTrainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter) {
-  peft_ = std::move(peft);
-  base_model_name_or_path_ = std::move(base_model_name_or_path);
-  merge_adapter_ = merge_adapter;
-}
-
-std::vector<std::pair<std::string, Tensor>> SftTrainer::trainable_parameters() const {
-  return peft_.active() ? peft_.trainable_parameters(*model_) : Trainer::trainable_parameters();
-}
-
-void SftTrainer::save_model(const std::string& dir, bool final_output) const {
-  if (!peft_.active()) return Trainer::save_model(dir, final_output);
-  save_adapter_output(peft_, *model_, dir, final_output, base_model_name_or_path_, merge_adapter_,
-                      [this](const std::string& d) { write_model_extras(d); });
-}
-
-void SftTrainer::load_model(const std::string& dir) {
-  if (!peft_.active()) return Trainer::load_model(dir);
-  load_peft_checkpoint(peft_, *model_, dir);
 }
 
 int64_t SftTrainer::loss_tokens(const Batch& b) const {
@@ -182,10 +162,6 @@ nlohmann::json SftTrainer::data_state() const {
 
 void SftTrainer::set_data_state(const nlohmann::json& s) {
   train_->set_state(LoaderState::from_json(s.dump()));
-}
-
-void SftTrainer::write_model_extras(const std::string& dir) const {
-  if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);
 }
 
 void SftTrainer::on_train_begin(MetricsLogger& log) {

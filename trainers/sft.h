@@ -39,15 +39,6 @@ class SftTrainer final : public Trainer {
              DataStats train_stats, bool fused_loss);
 
   const DataStats& train_stats() const { return train_stats_; }
-  // LoRA / trainable tokens (inactive for full fine-tuning). base_model_name_or_path goes into
-  // adapter_config.json; merge_adapter also writes output_dir/merged.
-  void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
-  // What quantizing the frozen base saved (QLoRA), for the memory report.
-  void set_quantized_base(QuantConfig cfg, QuantizeReport report) {
-    quant_config_ = std::move(cfg);
-    quant_report_ = report;
-  }
-  PeftSetup& peft() { return peft_; }
   // Context parallelism (--cp_size > 1): every micro-batch is split over groups.cp
   // (trainers/context_parallel.h); pads added by the split take pad_token_id.
   void set_context_parallel(std::shared_ptr<ContextParallelGroups> groups, int64_t pad_token_id) {
@@ -64,27 +55,17 @@ class SftTrainer final : public Trainer {
   double epoch_progress() const override;
   nlohmann::json data_state() const override;
   void set_data_state(const nlohmann::json& s) override;
-  void write_model_extras(const std::string& dir) const override;
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
-  std::vector<std::pair<std::string, Tensor>> trainable_parameters() const override;
-  void save_model(const std::string& dir, bool final_output) const override;
-  void load_model(const std::string& dir) override;
   bool supports_context_parallel() const override { return true; }
 
  private:
   bool context_parallel() const { return cp_groups_ && cp_groups_->cp_size > 1; }
-  PeftSetup peft_;
-  std::string base_model_name_or_path_;
-  bool merge_adapter_ = false;
   std::shared_ptr<Tokenizer> tokenizer_;
-  std::string tokenizer_dir_;
   std::shared_ptr<DataLoader> train_;
   std::shared_ptr<DataLoader> eval_;
   DataStats train_stats_;
   bool fused_loss_;
-  QuantConfig quant_config_;  // load_in_4bit / load_in_8bit off: a dense base
-  QuantizeReport quant_report_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;
   std::shared_ptr<ContextParallelGroups> cp_groups_;

@@ -14,8 +14,10 @@
 #include "loaders/safetensors.h"
 #include "trainers/checkpoint.h"
 #include "trainers/dist_options.h"
+#include "trainers/model_io.h"
 #include "trainers/offload_options.h"
 #include "trainers/optim_options.h"
+#include "trainers/peft_options.h"
 #include "trainers/zero.h"
 
 namespace leantune {
@@ -219,7 +221,23 @@ Trainer::~Trainer() = default;
 Trainer::Trainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options)
     : model_(std::move(model)), args_(std::move(args)), options_(std::move(options)) {}
 
+void Trainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter) {
+  peft_ = std::move(peft);
+  base_model_name_or_path_ = std::move(base_model_name_or_path);
+  merge_adapter_ = merge_adapter;
+}
+
+void Trainer::set_quantized_base(QuantConfig cfg, QuantizeReport report) {
+  quant_config_ = std::move(cfg);
+  quant_report_ = report;
+}
+
+void Trainer::write_model_extras(const std::string& dir) const {
+  if (!tokenizer_dir_.empty()) copy_tokenizer_files(tokenizer_dir_, dir);
+}
+
 std::vector<std::pair<std::string, Tensor>> Trainer::trainable_parameters() const {
+  if (peft_.active()) return peft_.trainable_parameters(*model_);
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& [name, t] : model_->named_parameters())
     if (t.requires_grad()) out.emplace_back(name, t);
@@ -227,6 +245,11 @@ std::vector<std::pair<std::string, Tensor>> Trainer::trainable_parameters() cons
 }
 
 void Trainer::save_model(const std::string& dir, bool final_output) const {
+  if (peft_.active()) {
+    save_adapter_output(peft_, *model_, dir, final_output, base_model_name_or_path_, merge_adapter_,
+                        [this](const std::string& d) { write_model_extras(d); });
+    return;
+  }
   // Checkpoints keep the compute dtype (bit-exact resume); the final model is written in it too
   // (f64 models, used by tests, are written as f32).
   const DType disk = model_->dtype() == DType::kF64 ? DType::kF32 : model_->dtype();
@@ -234,7 +257,10 @@ void Trainer::save_model(const std::string& dir, bool final_output) const {
   write_model_extras(dir);
 }
 
-void Trainer::load_model(const std::string& dir) { model_->load_weights(TensorStore::open(dir)); }
+void Trainer::load_model(const std::string& dir) {
+  if (peft_.active()) return load_peft_checkpoint(peft_, *model_, dir);
+  model_->load_weights(TensorStore::open(dir));
+}
 
 void Trainer::build_optimizer() {
   trainable_.clear();

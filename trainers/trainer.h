@@ -30,6 +30,8 @@
 #include "loaders/batch.h"
 #include "loaders/collate.h"
 #include "models/decoder.h"
+#include "models/peft_io.h"
+#include "models/quantize_model.h"
 #include "trainers/metrics.h"
 #include "trainers/options.h"
 #include "trainers/schedule.h"
@@ -113,6 +115,13 @@ class Trainer {
   void set_step_callback(StepCallback cb) { step_callback_ = std::move(cb); }
   DecoderModel& model() { return *model_; }
   const TrainingArguments& args() const { return args_; }
+  // LoRA / trainable tokens (inactive for full fine-tuning): what the optimizer trains and what
+  // saving writes (PEFT files). base_model_name_or_path goes into adapter_config.json;
+  // merge_adapter also writes output_dir/merged at the end.
+  void set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter);
+  PeftSetup& peft() { return peft_; }
+  // What quantizing the frozen base saved (QLoRA), for the memory report.
+  void set_quantized_base(QuantConfig cfg, QuantizeReport report);
 
  protected:
   // Micro-batches per epoch of this rank (for num_train_epochs -> total steps).
@@ -132,13 +141,14 @@ class Trainer {
   virtual double epoch_progress() const = 0;  // fractional epoch, for logs
   virtual nlohmann::json data_state() const = 0;
   virtual void set_data_state(const nlohmann::json& s) = 0;
-  // Extra files for the model folder (tokenizer files).
-  virtual void write_model_extras(const std::string& dir) const {}
-  // What the optimizer updates (default: every model parameter that requires grad; LoRA
-  // returns its adapters).
+  // Extra files for the model folder (default: the tokenizer files of tokenizer_dir_).
+  virtual void write_model_extras(const std::string& dir) const;
+  // What the optimizer updates (default: the adapters under LoRA, else every model parameter
+  // that requires grad).
   virtual std::vector<std::pair<std::string, Tensor>> trainable_parameters() const;
-  // Writes the trained weights to dir (default: the model as an HF folder; LoRA writes the
-  // adapter). `final_output` is true for the end-of-training save into output_dir.
+  // Writes the trained weights to dir (default: the adapter under LoRA, merged too at the end
+  // with merge_adapter; else the model as an HF folder). `final_output` is true for the
+  // end-of-training save into output_dir.
   virtual void save_model(const std::string& dir, bool final_output) const;
   // Restores what save_model wrote into a checkpoint.
   virtual void load_model(const std::string& dir);
@@ -158,6 +168,12 @@ class Trainer {
   Options options_;
   // Host resident memory outside the allocators when the loop began (bytes).
   int64_t resident_before_training_ = 0;
+  PeftSetup peft_;
+  std::string base_model_name_or_path_;
+  bool merge_adapter_ = false;
+  QuantConfig quant_config_;  // load_in_4bit / load_in_8bit off: a dense base
+  QuantizeReport quant_report_;
+  std::string tokenizer_dir_;  // copied into every saved model folder ("" = none)
 
  private:
   void build_optimizer();

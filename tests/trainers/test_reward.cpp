@@ -145,7 +145,7 @@ TEST_P(RewardParity, LossMetricsAndFirstStepGradientMatchTrl) {
                             : c["center_rewards_coefficient"].get<double>();
   RewardTrainer t(training_arguments(o), model, o, "", fixture_pairs(margins), std::nullopt, cc,
                   center, true);
-  t.set_peft(PeftSetup{}, "");
+  t.set_peft(PeftSetup{}, "", false);
   const RewardData data = fixture_pairs(margins);
   const RewardBatch rb = collate_reward_pairs(data.pairs, {0, 1, 2}, cc);
   RewardLossResult r;
