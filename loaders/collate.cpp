@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "engine/check.h"
+#include "loaders/host_batch.h"
 
 namespace leantune {
 
@@ -30,17 +31,7 @@ struct FlatBuilder {
     cu.push_back(static_cast<int32_t>(ids.size()));
     max_seqlen = std::max(max_seqlen, len);
   }
-  Batch finish() {
-    Batch b;
-    const int64_t t = static_cast<int64_t>(ids.size());
-    b.input_ids = Tensor::from_vector(ids, {t});
-    b.position_ids = Tensor::from_vector(pos, {t});
-    b.labels = Tensor::from_vector(labels, {t});
-    b.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
-    b.max_seqlen = max_seqlen;
-    b.stats = stats;
-    return b;
-  }
+  Batch finish() { return host_batch(ids, pos, labels, cu, max_seqlen, stats); }
 };
 
 void check_row(const Row& r) {

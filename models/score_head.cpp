@@ -12,6 +12,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
+#include "loaders/host_batch.h"
 #include "loaders/model_config.h"
 #include "loaders/safetensors.h"
 #include "models/peft_io.h"
@@ -139,15 +140,7 @@ Batch sequences_batch(const std::vector<std::vector<int32_t>>& seqs, int64_t pad
     cu.push_back(cu.back() + static_cast<int32_t>(len));
   }
   st.sequences = static_cast<int64_t>(seqs.size());
-  Batch b;
-  const int64_t t = static_cast<int64_t>(ids.size());
-  b.input_ids = Tensor::from_vector(ids, {t});
-  b.position_ids = Tensor::from_vector(pos, {t});
-  b.labels = Tensor::from_vector(labels, {t});
-  b.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
-  b.max_seqlen = padding_free ? longest : padded;
-  b.stats = st;
-  return b;
+  return host_batch(ids, pos, labels, cu, padding_free ? longest : padded, st);
 }
 
 }  // namespace leantune

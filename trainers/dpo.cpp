@@ -7,6 +7,7 @@
 #include "engine/autograd.h"
 #include "engine/host_memory.h"
 #include "kernels/cross_entropy.h"
+#include "loaders/host_batch.h"
 #include "loaders/text_encoder.h"
 #include "trainers/data_options.h"
 #include "trainers/estimate.h"
@@ -100,13 +101,7 @@ PairBatch collate_pairs(const std::vector<PreferenceExample>& data, const std::v
     cu.push_back(cu.back() + static_cast<int32_t>(len));
   }
   st.sequences = static_cast<int64_t>(seqs.size());
-  const int64_t t = static_cast<int64_t>(ids.size());
-  pb.batch.input_ids = Tensor::from_vector(ids, {t});
-  pb.batch.position_ids = Tensor::from_vector(pos, {t});
-  pb.batch.labels = Tensor::from_vector(labels, {t});
-  pb.batch.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
-  pb.batch.max_seqlen = cfg.padding_free ? longest : padded;
-  pb.batch.stats = st;
+  pb.batch = host_batch(ids, pos, labels, cu, cfg.padding_free ? longest : padded, st);
   return pb;
 }
 

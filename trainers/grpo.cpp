@@ -13,6 +13,7 @@
 #include "engine/autograd.h"
 #include "engine/host_memory.h"
 #include "kernels/cross_entropy.h"
+#include "loaders/host_batch.h"
 #include "trainers/model_io.h"
 #include "trainers/output_path.h"
 #include "trainers/peft_options.h"
@@ -117,15 +118,7 @@ Batch OnlineTrainer::collate(const std::vector<Rollout>& rs) const {
     longest = std::max(longest, n);
   }
   st.sequences = static_cast<int64_t>(rs.size());
-  Batch b;
-  const int64_t t = static_cast<int64_t>(ids.size());
-  b.input_ids = Tensor::from_vector(ids, {t});
-  b.position_ids = Tensor::from_vector(pos, {t});
-  b.labels = Tensor::from_vector(labels, {t});
-  b.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
-  b.max_seqlen = longest;
-  b.stats = st;
-  return b;
+  return host_batch(ids, pos, labels, cu, longest, st);
 }
 
 std::vector<std::vector<double>> OnlineTrainer::completion_values(

@@ -8,6 +8,7 @@
 #include "engine/autograd.h"
 #include "engine/host_memory.h"
 #include "kernels/cross_entropy.h"
+#include "loaders/host_batch.h"
 #include "loaders/text_encoder.h"
 #include "trainers/data_options.h"
 #include "trainers/model_io.h"
@@ -66,15 +67,7 @@ Batch flat_batch(const std::vector<std::vector<int32_t>>& seqs,
     cu.push_back(cu.back() + static_cast<int32_t>(n));
   }
   st.sequences = static_cast<int64_t>(seqs.size());
-  Batch b;
-  const int64_t t = static_cast<int64_t>(ids.size());
-  b.input_ids = Tensor::from_vector(ids, {t});
-  b.position_ids = Tensor::from_vector(pos, {t});
-  b.labels = Tensor::from_vector(labels, {t});
-  b.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
-  b.max_seqlen = longest;
-  b.stats = st;
-  return b;
+  return host_batch(ids, pos, labels, cu, longest, st);
 }
 
 }  // namespace
