@@ -177,7 +177,15 @@ GenerationResult generate(const DecoderModel& model,
   }
   cache.lengths.assign(b, 0);
 
-  Generator gen(cfg.seed, RngPurpose::kSampling);
+  // One stream per sequence (the generator's rank field carries the sequence number): what a
+  // sequence draws does not depend on the others in the batch.
+  LT_CHECK_INPUT(cfg.first_sequence >= 0 && cfg.first_sequence + b <= int64_t{UINT32_MAX},
+                 "generate: sequence numbers ", cfg.first_sequence, " .. ", cfg.first_sequence + b,
+                 " outside the 32-bit stream range");
+  std::vector<Generator> gens;
+  for (int64_t s = 0; s < b; ++s)
+    gens.emplace_back(cfg.seed, RngPurpose::kSampling,
+                      static_cast<uint32_t>(cfg.first_sequence + s));
   std::vector<int64_t> active(b);
   std::iota(active.begin(), active.end(), 0);
   // Step 0 is the prefill of every prompt; later steps feed one new token per active sequence.
@@ -226,7 +234,7 @@ GenerationResult generate(const DecoderModel& model,
         seen = prompts[s];
         seen.insert(seen.end(), res.tokens[s].begin(), res.tokens[s].end());
       }
-      const int32_t tok = sample_token(row, cfg, gen, seen);
+      const int32_t tok = sample_token(row, cfg, gens[static_cast<size_t>(s)], seen);
       res.tokens[s].push_back(tok);
       if (std::find(eos.begin(), eos.end(), tok) != eos.end()) {
         res.finished_by_eos[s] = true;

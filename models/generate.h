@@ -9,7 +9,9 @@
 // (temperature 0) then takes the first maximum, as torch.argmax; sampling applies temperature, then
 // top_k, then top_p (the smallest set of most likely tokens whose probability reaches top_p, at
 // least one), then min_p (tokens below min_p times the most likely one's probability dropped), in
-// transformers' order, and draws with the Philox stream (seed, kSampling). A sequence stops after
+// transformers' order, and draws with the Philox stream (seed, kSampling) of its own sequence
+// number (first_sequence + its index in the call), so a prompt samples the same tokens in a batch
+// as alone when given the same number. A sequence stops after
 // an eos token (which is kept) or max_new_tokens.
 #pragma once
 
@@ -29,6 +31,8 @@ struct GenerationConfig {
   double min_p = 0.0;               // 0 = off
   double repetition_penalty = 1.0;  // 1 = off
   uint64_t seed = 0;
+  // Sequence i of a call draws from Philox stream (seed, kSampling, first_sequence + i).
+  int64_t first_sequence = 0;
   std::vector<int64_t> eos_token_ids;  // empty: the model config's
 };
 

@@ -47,9 +47,13 @@ void generate_batch(const Options& o, const DecoderModel& model,
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int64_t> lines;
   int64_t rows = 0;
+  int64_t done = 0;  // rows generated so far: each row samples from its own stream
   auto flush = [&] {
     if (prompts.empty()) return;
-    const GenerationResult r = generate(model, prompts, g);
+    GenerationConfig gb = g;
+    gb.first_sequence = done;
+    const GenerationResult r = generate(model, prompts, gb);
+    done += static_cast<int64_t>(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
       const nlohmann::json j = {{"line", lines[i]},
                                 {"completion", tok->decode(r.tokens[i], true)},

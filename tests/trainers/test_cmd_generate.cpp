@@ -1,7 +1,8 @@
 // trainer_bin generate --batch: every prompt row completed, one JSON line each in file order;
 // a greedy batch of several prompts (of different lengths) gives each row the tokens it gets
-// alone (batch_size 1) and the tokens of --prompt; conversational prompts go through the chat
-// template; bad input is exit 2 in one line naming the file and line or the options.
+// alone (batch_size 1) and the tokens of --prompt, and so does a sampled one (a stream per row);
+// conversational prompts go through the chat template; bad input is exit 2 in one line naming the
+// file and line or the options.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -51,6 +52,17 @@ TEST(GenerateBatch, BatchedRowsEqualOneAtATime) {
     EXPECT_EQ(b3[i]["completion"], b1[i]["completion"]) << "row " << i + 1;
     EXPECT_EQ(b3[i]["completion_tokens"], 6);
   }
+  // Sampling: each row draws from the Philox stream of its own row number, so a batch of three
+  // samples what each row samples alone, and the rows' streams differ.
+  const std::string sampled = base + " --temperature 1.0 --seed 7";
+  ASSERT_EQ(run_command(sampled + " --batch_size 3 --output " + dir + "/s3.jsonl", &log), 0) << log;
+  ASSERT_EQ(run_command(sampled + " --batch_size 1 --output " + dir + "/s1.jsonl", &log), 0) << log;
+  const auto s3 = read_lines(dir + "/s3.jsonl"), s1 = read_lines(dir + "/s1.jsonl");
+  ASSERT_EQ(s3.size(), 3u);
+  ASSERT_EQ(s1.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(s3[i]["completion"], s1[i]["completion"]) << "sampled row " << i + 1;
+  EXPECT_NE(s3[0]["completion"], b3[0]["completion"]) << "temperature 1 sampled the greedy tokens";
   std::string single;
   ASSERT_EQ(run_command(trainer_bin() + " generate --model " + model +
                             " --device cpu --max_new_tokens 6 --prompt 'A' 2>/dev/null",
