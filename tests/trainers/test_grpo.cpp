@@ -141,6 +141,14 @@ TEST(Grpo, DemoRewardRises) {
   EXPECT_FALSE(std::isnan(value_or_nan(recs.back(), "rewards/format_reward/mean"))) << log;
   EXPECT_FALSE(std::isnan(value_or_nan(recs.back(), "clip_ratio/region_mean"))) << log;
   EXPECT_NE(log.find("grpo: "), std::string::npos) << log;
+  // The KV cache lives only inside each generation call: the memory report's kv_cache row holds
+  // nothing at the run's peak (during backward) and a nonzero peak of its own.
+  const size_t row = log.find("  kv cache ");
+  ASSERT_NE(row, std::string::npos) << log;
+  const std::string line = log.substr(row, log.find('\n', row) - row);
+  EXPECT_NE(line.find(" 0 B "), std::string::npos) << line;
+  EXPECT_EQ(line.find(" 0 B ", line.find(" 0 B ") + 1), std::string::npos) << line;
+  EXPECT_NE(log.find("peak allocated"), std::string::npos) << log;
 }
 
 TEST(Rloo, DemoRewardRises) {
