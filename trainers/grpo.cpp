@@ -57,6 +57,25 @@ std::string decode_completion(const Tokenizer& tok, const std::vector<int32_t>& 
   return tok.decode(known, true);
 }
 
+// Adapter dropout off for its lifetime (generation and the no-grad scoring passes), restored
+// after, also when an error leaves the scope.
+class AdapterEvalScope {
+ public:
+  explicit AdapterEvalScope(PeftSetup& peft)
+      : peft_(peft), was_training_(peft.active() && peft.runtime->training) {
+    if (peft_.active()) peft_.set_training(false);
+  }
+  ~AdapterEvalScope() {
+    if (peft_.active()) peft_.set_training(was_training_);
+  }
+  AdapterEvalScope(const AdapterEvalScope&) = delete;
+  AdapterEvalScope& operator=(const AdapterEvalScope&) = delete;
+
+ private:
+  PeftSetup& peft_;
+  bool was_training_;
+};
+
 // A metric value for JSON: NaN is logged as null, as TRL's logger leaves None.
 nlohmann::json metric(double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); }
 
@@ -154,22 +173,16 @@ void OnlineTrainer::generate_batch() {
       all.push_back(Rollout{});
       all.back().prompt = i;
     }
-  // Generation: no gradient, adapter dropout off, a fresh Philox stream per generation batch.
+  // Generation: no gradient, adapter dropout off, a seed of its own per generation batch (each
+  // completion then draws from its own Philox stream, models/generate.h).
   GenerationResult gen;
   {
     StepPhaseGuard phase("generation");
     NoGradGuard ng;
+    AdapterEvalScope eval(peft_);
     GenerationConfig gc = cfg_.generation;
     gc.seed = args_.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(generations_ + 1);
-    const bool training = peft_.active() && peft_.runtime->training;
-    if (peft_.active()) peft_.set_training(false);
-    try {
-      gen = generate(*model_, prompts, gc);
-    } catch (...) {
-      if (peft_.active()) peft_.set_training(training);
-      throw;
-    }
-    if (peft_.active()) peft_.set_training(training);
+    gen = generate(*model_, prompts, gc);
   }
   kv_cache_peak_ = std::max(kv_cache_peak_, gen.kv_cache_bytes);
   const double gen_s = seconds_since(start);
@@ -223,10 +236,8 @@ void OnlineTrainer::generate_batch() {
       const Batch batch = collate(part);
       std::vector<double> old_rows, ref_rows;
       if (need_old) {
-        const bool training = peft_.active() && peft_.runtime->training;
-        if (peft_.active()) peft_.set_training(false);
+        AdapterEvalScope eval(peft_);
         old_rows = sequence_logps(*model_, batch, lo).logps.to_f64();
-        if (peft_.active()) peft_.set_training(training);
       }
       if (need_ref) ref_rows = ref_->logps(batch, {}, lo);
       for (size_t i = 0; i < part.size(); ++i) {
@@ -282,23 +293,30 @@ void OnlineTrainer::generate_batch() {
   // The generation batch's metrics (TRL's names; the rewards as the sources gave them, before
   // RLOO's KL penalty).
   nlohmann::json m = nlohmann::json::object();
-  const auto [mean, std] = nan_mean_std(rewards);
+  const double mean = nan_mean_std(rewards).first;
   m["reward"] = metric(mean);
-  double group_std_sum = 0;
-  int64_t zero_std = 0, groups = 0;
-  for (size_t b = 0; b < rewards.size(); b += static_cast<size_t>(g)) {
-    const auto [gm, gs] = nan_mean_std(std::vector<double>(
-        rewards.begin() + static_cast<int64_t>(b), rewards.begin() + static_cast<int64_t>(b) + g));
-    (void)gm;
-    const double s = std::isnan(gs) ? 0.0 : gs;
-    group_std_sum += s;
-    zero_std += std::abs(s) < 1e-8 ? 1 : 0;
-    ++groups;
+  // reward_std and frac_reward_zero_std over the stds the advantages used: each group's, or the
+  // whole batch's under scale_rewards batch (a NaN std, from one scorable reward, counts as 0).
+  std::vector<double> stds;
+  if (cfg_.scale_rewards == "batch" && !rloo && !dpo) {
+    stds.push_back(nan_mean_std(rewards).second);
+  } else {
+    for (size_t b = 0; b < rewards.size(); b += static_cast<size_t>(g))
+      stds.push_back(
+          nan_mean_std(std::vector<double>(rewards.begin() + static_cast<int64_t>(b),
+                                           rewards.begin() + static_cast<int64_t>(b) + g))
+              .second);
   }
-  m["reward_std"] = groups > 0 ? group_std_sum / static_cast<double>(groups) : 0.0;
-  m["frac_reward_zero_std"] =
-      groups > 0 ? static_cast<double>(zero_std) / static_cast<double>(groups) : 0.0;
-  (void)std;
+  double std_sum = 0;
+  int64_t zero_std = 0;
+  for (double v : stds) {
+    const double x = std::isnan(v) ? 0.0 : v;
+    std_sum += x;
+    zero_std += std::abs(x) < 1e-8 ? 1 : 0;
+  }
+  const double n_std = static_cast<double>(stds.size());
+  m["reward_std"] = std_sum / n_std;
+  m["frac_reward_zero_std"] = static_cast<double>(zero_std) / n_std;
   for (size_t f = 0; f < rewards_->names().size(); ++f) {
     std::vector<double> col;
     for (const auto& row : per_source) col.push_back(row[f]);
