@@ -57,6 +57,18 @@ std::string decode_completion(const Tokenizer& tok, const std::vector<int32_t>& 
   return tok.decode(known, true);
 }
 
+// Every rank's `local` values (all ranks hold as many) in rank order; `local` on one process.
+std::vector<double> gather_ranks(Communicator& comm, const std::vector<double>& local) {
+  if (comm.size() == 1) return local;
+  const size_t n = local.size();
+  std::vector<double> all(n * static_cast<size_t>(comm.size()), 0.0);
+  std::copy(local.begin(), local.end(), all.begin() + static_cast<int64_t>(n) * comm.rank());
+  // A sum where every other rank adds zeros: exact, NaN included.
+  Tensor t = Tensor::from_doubles(all, {static_cast<int64_t>(all.size())}, DType::kF64);
+  comm.all_reduce(t);
+  return t.to_f64();
+}
+
 // Adapter dropout off for its lifetime (generation and the no-grad scoring passes), restored
 // after, also when an error leaves the scope.
 class AdapterEvalScope {
@@ -92,8 +104,14 @@ OnlineTrainer::OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderMode
       rewards_(std::move(rewards)),
       prompts_(static_cast<int64_t>(data_.rows.size()),
                cfg_.completions_per_micro_batch * cfg_.steps_per_generation / cfg_.num_generations,
-               args_.seed, true, "prompts") {
+               args_.seed, true, "prompts", /*drop_last=*/true) {
   tokenizer_dir_ = std::move(tokenizer_dir);
+  Communicator& comm = world_communicator(args_.comm);
+  const int64_t per_generation =
+      cfg_.completions_per_micro_batch * cfg_.steps_per_generation / cfg_.num_generations;
+  LT_CHECK_INPUT(prompts_.per_epoch(comm) > 0, data_.path, ": ", data_.rows.size(),
+                 " prompts, fewer than one generation batch of ", per_generation * comm.size(),
+                 " (", per_generation, " per rank x ", comm.size(), " ranks)");
   cfg_.logps.gradient_checkpointing = args_.gradient_checkpointing;
   stats_.path = data_.path;
   stats_.format = data_.conversational ? "prompt_only (conversational)" : "prompt_only";
@@ -182,6 +200,9 @@ void OnlineTrainer::generate_batch() {
     AdapterEvalScope eval(peft_);
     GenerationConfig gc = cfg_.generation;
     gc.seed = args_.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(generations_ + 1);
+    // Data parallel: completions are numbered across the ranks, as one process numbers them.
+    gc.first_sequence =
+        static_cast<int64_t>(prompts.size()) * world_communicator(args_.comm).rank();
     gen = generate(*model_, prompts, gc);
   }
   kv_cache_peak_ = std::max(kv_cache_peak_, gen.kv_cache_bytes);
@@ -190,21 +211,12 @@ void OnlineTrainer::generate_batch() {
   // Rewards.
   const auto reward_start = std::chrono::steady_clock::now();
   std::vector<CompletionToScore> to_score;
-  int64_t lengths_sum = 0, lengths_min = INT64_MAX, lengths_max = 0, terminated = 0,
-          terminated_sum = 0;
   for (size_t k = 0; k < all.size(); ++k) {
     Rollout& r = all[k];
     r.completion = gen.tokens[k];
     const bool eos = gen.finished_by_eos[k];
     r.mask.assign(r.completion.size(), (cfg_.mask_truncated_completions && !eos) ? 0 : 1);
     const int64_t n = static_cast<int64_t>(r.completion.size());
-    lengths_sum += n;
-    lengths_min = std::min(lengths_min, n);
-    lengths_max = std::max(lengths_max, n);
-    if (eos) {
-      ++terminated;
-      terminated_sum += n;
-    }
     to_score.push_back({&data_.rows[static_cast<size_t>(r.prompt)].row,
                         decode_completion(*tokenizer_, r.completion), n});
   }
@@ -221,8 +233,6 @@ void OnlineTrainer::generate_batch() {
       rloo || (per_token && (cfg_.num_iterations > 1 ||
                              cfg_.steps_per_generation > args_.gradient_accumulation_steps));
   const bool need_ref = cfg_.loss.beta != 0.0 || dpo;
-  double kl_sum = 0;
-  int64_t kl_tokens = 0;
   if (need_old || need_ref) {
     StepPhaseGuard phase("reference");
     NoGradGuard ng;
@@ -261,50 +271,61 @@ void OnlineTrainer::generate_batch() {
   }
   const double ref_s = seconds_since(ref_start);
 
-  // Advantages (RLOO: the KL penalty enters the reward first).
-  std::vector<double> adv_rewards = rewards;
+  // Advantages and metrics over the whole generation batch: data parallel, every rank holds
+  // whole groups, and the ranks' values are gathered in rank order (TRL gathers them too), so
+  // the batch std and every metric are the single-process ones; each rank keeps its slice.
+  Communicator& comm = world_communicator(args_.comm);
+  const size_t n_local = all.size(), first = n_local * static_cast<size_t>(comm.rank());
+  std::vector<double> lengths, eos, kl(n_local, 0.0), kl_tok(n_local, 0.0);
+  for (size_t k = 0; k < n_local; ++k) {
+    lengths.push_back(static_cast<double>(all[k].completion.size()));
+    eos.push_back(gen.finished_by_eos[k] ? 1.0 : 0.0);
+    if (rloo && need_ref) {
+      kl[k] = all[k].old_sum - all[k].ref_sum;
+      for (uint8_t x : all[k].mask) kl_tok[k] += x;
+    }
+  }
+  const std::vector<double> rewards_g = gather_ranks(comm, rewards),
+                            lengths_g = gather_ranks(comm, lengths),
+                            eos_g = gather_ranks(comm, eos), kl_g = gather_ranks(comm, kl),
+                            kl_tok_g = gather_ranks(comm, kl_tok);
+  // RLOO: the KL penalty enters the reward first.
+  std::vector<double> adv_rewards = rewards_g;
   if (rloo && need_ref)
-    for (size_t k = 0; k < all.size(); ++k) {
-      const double kl = all[k].old_sum - all[k].ref_sum;
-      adv_rewards[k] -= cfg_.loss.beta * kl;
-      kl_sum += kl;
-      for (uint8_t m : all[k].mask) kl_tokens += m;
-    }
+    for (size_t k = 0; k < adv_rewards.size(); ++k) adv_rewards[k] -= cfg_.loss.beta * kl_g[k];
+  // online_dpo: missing_eos_penalty first, then the better of each two is chosen.
+  std::vector<double> judged = rewards_g;
   if (dpo) {
-    // The judged pairs: missing_eos_penalty first, then the better of each two is chosen.
-    for (size_t k = 0; k < all.size(); ++k) {
-      all[k].reward = rewards[k];
-      if (cfg_.missing_eos_penalty > 0 && !gen.finished_by_eos[k])
-        all[k].reward -= cfg_.missing_eos_penalty;
-    }
-    for (size_t k = 0; k < all.size(); k += 2) {
-      const double a = all[k].reward, b = all[k + 1].reward;
+    for (size_t k = 0; k < judged.size(); ++k)
+      if (cfg_.missing_eos_penalty > 0 && eos_g[k] == 0.0) judged[k] -= cfg_.missing_eos_penalty;
+    for (size_t k = 0; k < n_local; ++k) {
+      const size_t a = first + (k & ~size_t{1}), b = a + 1;
+      all[k].reward = judged[first + k];
       // TRL compares with >=: a NaN on either side makes the second one chosen.
-      all[k].chosen = a >= b;
-      all[k + 1].chosen = !all[k].chosen;
+      all[k].chosen = (k % 2 == 0) == (judged[a] >= judged[b]);
     }
   } else {
     const std::vector<double> adv = rloo
                                         ? rloo_advantages(adv_rewards, g, cfg_.normalize_advantages)
                                         : grpo_advantages(adv_rewards, g, cfg_.scale_rewards);
-    for (size_t k = 0; k < all.size(); ++k) all[k].advantage = adv[k];
+    for (size_t k = 0; k < n_local; ++k) all[k].advantage = adv[first + k];
   }
 
   // The generation batch's metrics (TRL's names; the rewards as the sources gave them, before
   // RLOO's KL penalty).
   nlohmann::json m = nlohmann::json::object();
-  const double mean = nan_mean_std(rewards).first;
+  const double mean = nan_mean_std(rewards_g).first;
   m["reward"] = metric(mean);
   // reward_std and frac_reward_zero_std over the stds the advantages used: each group's, or the
   // whole batch's under scale_rewards batch (a NaN std, from one scorable reward, counts as 0).
   std::vector<double> stds;
   if (cfg_.scale_rewards == "batch" && !rloo && !dpo) {
-    stds.push_back(nan_mean_std(rewards).second);
+    stds.push_back(nan_mean_std(rewards_g).second);
   } else {
-    for (size_t b = 0; b < rewards.size(); b += static_cast<size_t>(g))
+    for (size_t b = 0; b < rewards_g.size(); b += static_cast<size_t>(g))
       stds.push_back(
-          nan_mean_std(std::vector<double>(rewards.begin() + static_cast<int64_t>(b),
-                                           rewards.begin() + static_cast<int64_t>(b) + g))
+          nan_mean_std(std::vector<double>(rewards_g.begin() + static_cast<int64_t>(b),
+                                           rewards_g.begin() + static_cast<int64_t>(b) + g))
               .second);
   }
   double std_sum = 0;
@@ -320,29 +341,41 @@ void OnlineTrainer::generate_batch() {
   for (size_t f = 0; f < rewards_->names().size(); ++f) {
     std::vector<double> col;
     for (const auto& row : per_source) col.push_back(row[f]);
-    const auto [fm, fs] = nan_mean_std(col);
+    const auto [fm, fs] = nan_mean_std(gather_ranks(comm, col));
     m["rewards/" + rewards_->names()[f] + "/mean"] = metric(fm);
     m["rewards/" + rewards_->names()[f] + "/std"] = metric(fs);
   }
-  const double n_all = static_cast<double>(all.size());
-  m["completions/mean_length"] = static_cast<double>(lengths_sum) / n_all;
-  m["completions/min_length"] = static_cast<double>(lengths_min);
-  m["completions/max_length"] = static_cast<double>(lengths_max);
-  m["completions/clipped_ratio"] = static_cast<double>(all.size() - terminated) / n_all;
-  m["completions/mean_terminated_length"] =
-      terminated > 0 ? static_cast<double>(terminated_sum) / static_cast<double>(terminated) : 0.0;
-  if (rloo && need_ref) m["kl"] = kl_tokens > 0 ? kl_sum / static_cast<double>(kl_tokens) : 0.0;
+  const double n_all = static_cast<double>(lengths_g.size());
+  double len_sum = 0, len_min = 1e300, len_max = 0, terminated = 0, terminated_sum = 0;
+  for (size_t k = 0; k < lengths_g.size(); ++k) {
+    len_sum += lengths_g[k];
+    len_min = std::min(len_min, lengths_g[k]);
+    len_max = std::max(len_max, lengths_g[k]);
+    terminated += eos_g[k];
+    terminated_sum += eos_g[k] * lengths_g[k];
+  }
+  m["completions/mean_length"] = len_sum / n_all;
+  m["completions/min_length"] = len_min;
+  m["completions/max_length"] = len_max;
+  m["completions/clipped_ratio"] = (n_all - terminated) / n_all;
+  m["completions/mean_terminated_length"] = terminated > 0 ? terminated_sum / terminated : 0.0;
+  if (rloo && need_ref) {
+    double kl_sum = 0, kl_tokens = 0;
+    for (size_t k = 0; k < kl_g.size(); ++k) {
+      kl_sum += kl_g[k];
+      kl_tokens += kl_tok_g[k];
+    }
+    m["kl"] = kl_tokens > 0 ? kl_sum / kl_tokens : 0.0;
+  }
   if (dpo) {
     double scores = 0, margin = 0;
-    for (size_t k = 0; k < all.size(); ++k) {
-      scores += all[k].reward;
-      if (k % 2 == 0)
-        margin +=
-            all[k].chosen ? all[k].reward - all[k + 1].reward : all[k + 1].reward - all[k].reward;
+    for (size_t k = 0; k < judged.size(); k += 2) {
+      scores += judged[k] + judged[k + 1];
+      margin += std::abs(judged[k] - judged[k + 1]);  // chosen minus rejected
     }
     m["objective/scores"] = metric(scores / n_all);
     m["objective/scores_margin"] = metric(margin / (n_all / 2));
-    m["val/contain_eos_token"] = static_cast<double>(terminated) / n_all;
+    m["val/contain_eos_token"] = terminated / n_all;
   }
   m["timing/generation_s"] = gen_s;
   m["timing/reward_s"] = reward_s;
@@ -357,6 +390,7 @@ void OnlineTrainer::generate_batch() {
   gen_tokens_ = 0;
   for (const Rollout& r : all)
     for (uint8_t x : r.mask) gen_tokens_ += x;
+  gen_tokens_ = comm.all_reduce_int(gen_tokens_);  // the dapo normaliser counts every rank's
   buffer_.clear();
   const size_t mb = static_cast<size_t>(cfg_.completions_per_micro_batch);
   for (size_t b0 = 0; b0 < all.size(); b0 += mb)
@@ -393,6 +427,9 @@ Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
   lo.row_stats = true;
   kernels::SequenceLogprobs pol = sequence_logps(*model_, b, lo);
   const std::vector<double> rows = pol.logps.to_f64();
+  // TRL's per-process loss; the ranks' gradients are summed here where DDP averages them, so
+  // each rank's loss is divided by the world size (dapo's normaliser is already global).
+  const double world = static_cast<double>(world_communicator(args_.comm).size());
   const double gas = static_cast<double>(args_.gradient_accumulation_steps);
   std::vector<GrpoSequence> seqs(rs.size());
   GrpoLossConfig lc = cfg_.loss;
@@ -424,7 +461,7 @@ Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
   // dapo: the generation batch's loss tokens, rescaled to one accumulation window.
   const double dapo = std::max<double>(1.0, static_cast<double>(gen_tokens_)) * gas /
                       static_cast<double>(cfg_.steps_per_generation);
-  GrpoLossResult res = grpo_loss(lc, seqs, gas, dapo);
+  GrpoLossResult res = grpo_loss(lc, seqs, gas * world, dapo);
   std::vector<double> grad(rows.size(), 0.0);
   if (rloo) {
     for (size_t i = 0; i < rs.size(); ++i) grad[i] = res.dlogp[i][0];
@@ -449,7 +486,10 @@ Tensor OnlineTrainer::online_dpo_loss(const Batch& b, const std::vector<Rollout>
   lo.per_token = false;
   kernels::SequenceLogprobs pol = sequence_logps(*model_, b, lo);
   const std::vector<double> lp = pol.logps.to_f64();
-  const double beta = cfg_.loss.beta, gas = static_cast<double>(args_.gradient_accumulation_steps);
+  // Mean over pairs, over accumulation, over ranks (the ranks' gradients are summed).
+  const double beta = cfg_.loss.beta,
+               gas = static_cast<double>(args_.gradient_accumulation_steps) *
+                     static_cast<double>(world_communicator(args_.comm).size());
   const size_t pairs = rs.size() / 2;
   std::vector<double> grad(lp.size(), 0.0);
   double loss = 0, lc = 0, lr = 0, rc = 0, rr = 0, acc = 0, kl = 0, rlhf = 0;
@@ -549,8 +589,6 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
                  algorithm, ": --model_name_or_path is required when --dataset is given");
   TrainingArguments args = training_arguments(o);
   LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for sft");
-  LT_CHECK_INPUT(world_communicator(args.comm).size() == 1, algorithm,
-                 ": distributed runs are not built for the online trainers yet; run one process");
   const RefModelConfig ref_cfg = ref_model_config(o);
   LT_CHECK_INPUT(!ref_cfg.precompute,
                  "option --precompute_ref_log_probs: the online trainers "

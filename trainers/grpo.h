@@ -33,10 +33,15 @@
 // mean_terminated_length, clip_ratio/*, kl (beta != 0), entropy, and the time of each phase
 // (timing/{generation,reward,reference,optimization}_s).
 //
-// Built-in task (no --dataset): "Add a and b." prompts with a, b in [0, 4] and their sum in
+// Built-in task (no --dataset): "Add a and b." prompts with a, b in [0, 9] (100 prompts) and their sum in
 // "answer"; rewards format_reward (^ *[0-9]) and accuracy_reward on the built-in demo model.
 //
-// Not built yet: distributed runs (world size 1 only), prefix sharing and paged KV blocks in the
+// Data parallel (mpirun): each rank completes its share of the generation batch's prompts (whole
+// groups; completions numbered across the ranks), rewards and lengths are gathered in rank
+// order for the advantages and metrics, dapo's normaliser counts every rank's tokens, and each
+// rank's loss is divided by the world size (the trainer sums gradients where DDP averages).
+// Only whole generation batches are used in an epoch (TRL's RepeatSampler drops the rest).
+// Not built yet: ds3_gather_for_generation (no ZeRO-3), prefix sharing and paged KV blocks in the
 // generation engine, sleep mode between phases, online_dpo's judges and max_length.
 #pragma once
 
@@ -80,7 +85,7 @@ struct OnlinePrompts {
 // solution column when `need_solution`.
 OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& enc,
                                   bool need_solution);
-// The built-in task's rows: every "Add a and b." with a, b in [0, 4], and its answer.
+// The built-in task's rows: every "Add a and b." with a, b in [0, 9], and its answer.
 std::vector<nlohmann::json> builtin_task_rows();
 OnlinePrompts builtin_online_prompts(const TextEncoder& enc);
 

@@ -149,8 +149,8 @@ OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& en
 
 std::vector<nlohmann::json> builtin_task_rows() {
   std::vector<nlohmann::json> rows;
-  for (int a = 0; a <= 4; ++a)
-    for (int b = 0; b <= 4; ++b)
+  for (int a = 0; a <= 9; ++a)
+    for (int b = 0; b <= 9; ++b)
       rows.push_back({{"prompt", "Add " + std::to_string(a) + " and " + std::to_string(b) + "."},
                       {"answer", std::to_string(a + b)}});
   return rows;

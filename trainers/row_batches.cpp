@@ -8,15 +8,24 @@
 
 namespace leantune {
 
-RowBatches::RowBatches(int64_t rows, int64_t batch, uint64_t seed, bool shuffle, std::string what)
-    : rows_(rows), batch_(batch), seed_(seed), shuffle_(shuffle), what_(std::move(what)) {
+RowBatches::RowBatches(int64_t rows, int64_t batch, uint64_t seed, bool shuffle, std::string what,
+                       bool drop_last)
+    : rows_(rows),
+      batch_(batch),
+      seed_(seed),
+      shuffle_(shuffle),
+      what_(std::move(what)),
+      drop_last_(drop_last) {
   LT_CHECK(rows >= 0 && batch > 0, "RowBatches: ", rows, " rows in batches of ", batch);
 }
 
-int64_t RowBatches::global_per_epoch() const { return (rows_ + batch_ - 1) / batch_; }
+int64_t RowBatches::global_per_epoch() const {
+  return drop_last_ ? rows_ / batch_ : (rows_ + batch_ - 1) / batch_;
+}
 
 int64_t RowBatches::per_epoch(const Communicator& comm) const {
   const int64_t world = comm.size();
+  if (drop_last_) return rows_ / (batch_ * world);
   return (global_per_epoch() + world - 1) / world;
 }
 
@@ -39,6 +48,8 @@ std::vector<int64_t> RowBatches::rows_of(int64_t epoch, int64_t g) const {
 }
 
 std::vector<int64_t> RowBatches::next(const Communicator& comm) {
+  LT_CHECK_INPUT(per_epoch(comm) > 0, rows_, " ", what_, ": fewer than one batch of ",
+                 batch_ * comm.size(), " (", batch_, " per rank x ", comm.size(), " ranks)");
   if (step_in_epoch_ >= per_epoch(comm)) {
     ++epoch_;
     step_in_epoch_ = 0;

@@ -19,7 +19,11 @@ namespace leantune {
 class RowBatches {
  public:
   // what: the name the data state gives the rows ("pairs", "examples").
-  RowBatches(int64_t rows, int64_t batch, uint64_t seed, bool shuffle, std::string what);
+  // drop_last: only whole global batches (batch x world rows) are used in an epoch, the rest
+  // of the rows wait for a later epoch's order, as TRL's RepeatSampler drops incomplete chunks
+  // (the online trainers); without it the last batch may be short and the last ranks wrap.
+  RowBatches(int64_t rows, int64_t batch, uint64_t seed, bool shuffle, std::string what,
+             bool drop_last = false);
   int64_t global_per_epoch() const;
   int64_t per_epoch(const Communicator& comm) const;
   // The rows of global micro-batch g of an epoch.
@@ -38,6 +42,7 @@ class RowBatches {
   uint64_t seed_;
   bool shuffle_;
   std::string what_;
+  bool drop_last_;
   int64_t epoch_ = 0, step_in_epoch_ = 0;
 };
 

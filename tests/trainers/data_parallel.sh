@@ -7,6 +7,8 @@
 #          rank 0 (allocator tag, metrics.jsonl) are 1/N of the single process's, within 2%;
 #          stage 2 (small units): the gradient peak is below the single process's.
 #   CASE = accum_z<stage>   2 ranks x 2 micro-batches vs 1 rank x 4: losses within 1e-5.
+#   CASE = online_<grpo|rloo|online_dpo>  2 ranks x half the completions vs 1 rank: rewards and
+#          gradient norms agree.
 #   CASE = refusals  options data parallel does not support are refused in one line, exit 2.
 set -u
 bin=$1 mpirun=$2 case=$3
@@ -153,6 +155,31 @@ case $case in
     [ $elapsed -le 60 ] || fail "the job took $elapsed s to end"
     grep -Eq "rank 1 lost|process rank 1" "$work/lost.log" || { cat "$work/lost.log"; fail "no line naming rank 1"; }
     echo "ok: SIG$sig to rank 1 ended the job (exit $rc) in $elapsed s: $(grep -Eo "rank 1 lost[^;]*|process rank 1[^.]*" "$work/lost.log" | head -1)" ;;
+  online_*)
+    # trainer_bin grpo / rloo / online_dpo on 2 ranks with half the completions each against one
+    # process with the whole generation batch: the same prompts and completion numbers (Philox
+    # stream per completion), rewards gathered in rank order, each rank's loss over the world
+    # size. Rewards agree within 1e-9 and the gradient norm within 1e-4 relative (the batches
+    # are scored in other compositions, so the sums round differently, and Adam's updates of
+    # near-zero gradients carry that into later steps).
+    cmd=${case#online_}
+    extra=(--beta 0.04); [ "$cmd" = online_dpo ] && extra=()
+    per=16
+    run=("$cmd" --device cpu "${extra[@]}" --max_steps 4 --logging_steps 1 --save_steps 0)
+    "$bin" "${run[@]}" --per_device_train_batch_size $((2 * per)) --output_dir "$work/one" \
+      >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "1 rank"; }
+    mpi 2 "${run[@]}" --per_device_train_batch_size "$per" --output_dir "$work/dp" \
+      >"$work/dp.log" 2>&1 || { cat "$work/dp.log"; fail "2 ranks"; }
+    key=reward; [ "$cmd" = online_dpo ] && key=objective/scores
+    col() { grep -o "\"$2\":[^,}]*" "$1/metrics.jsonl" | cut -d: -f2; }
+    paste <(col "$work/one" "$key") <(col "$work/dp" "$key") | awk '
+      { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-9) { print "step " NR ": " $1 " vs " $2; bad = 1 }; n++ }
+      END { exit (n == 4 ? bad : 1) }' || fail "$cmd: $key differs between 1 and 2 ranks"
+    paste <(col "$work/one" grad_norm) <(col "$work/dp" grad_norm) | awk '
+      { d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1;
+        if (d > 1e-4 * m + 1e-12) { print "step " NR ": " $1 " vs " $2; bad = 1 }; n++ }
+      END { exit (n == 4 ? bad : 1) }' || fail "$cmd: grad_norm differs between 1 and 2 ranks"
+    echo "ok: $cmd on 2 ranks == 1 rank ($key $(col "$work/dp" "$key" | tr '\n' ' '))" ;;
   refusals)
     out=$(mpi 2 "${common[@]}" --optimizer_in_backward --max_grad_norm 0 \
             --output_dir "$work/x" 2>&1); rc=$?
