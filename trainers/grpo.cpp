@@ -138,7 +138,11 @@ Batch OnlineTrainer::collate(const std::vector<Rollout>& rs) const {
   BatchStats st;
   int64_t longest = 0;
   for (const Rollout& r : rs) {
-    const std::vector<int32_t>& p = data_.rows[static_cast<size_t>(r.prompt)].ids;
+    const std::vector<int32_t>& whole = data_.rows[static_cast<size_t>(r.prompt)].ids;
+    // online_dpo's max_length: the prompt loses its first tokens (TRL truncates left), keeping
+    // at least the one that scores the completion's first token.
+    const size_t cut = prompt_cut(whole.size(), r.completion.size());
+    const std::vector<int32_t> p(whole.begin() + static_cast<int64_t>(cut), whole.end());
     const int64_t n = static_cast<int64_t>(p.size() + r.completion.size());
     for (size_t t = 0; t < p.size(); ++t) {
       ids.push_back(p[t]);
@@ -158,6 +162,13 @@ Batch OnlineTrainer::collate(const std::vector<Rollout>& rs) const {
   return host_batch(ids, pos, labels, cu, longest, st);
 }
 
+size_t OnlineTrainer::prompt_cut(size_t prompt, size_t completion) const {
+  if (cfg_.max_length <= 0 || static_cast<int64_t>(prompt + completion) <= cfg_.max_length)
+    return 0;
+  const int64_t keep = std::max<int64_t>(1, cfg_.max_length - static_cast<int64_t>(completion));
+  return prompt - static_cast<size_t>(std::min<int64_t>(keep, static_cast<int64_t>(prompt)));
+}
+
 std::vector<std::vector<double>> OnlineTrainer::completion_values(
     const std::vector<Rollout>& rs, const std::vector<double>& rows) const {
   // Completion token j of sequence i sits at offset + prompt_len + j and is scored by the row
@@ -165,7 +176,8 @@ std::vector<std::vector<double>> OnlineTrainer::completion_values(
   std::vector<std::vector<double>> out;
   size_t offset = 0;
   for (const Rollout& r : rs) {
-    const size_t p = data_.rows[static_cast<size_t>(r.prompt)].ids.size();
+    const size_t whole = data_.rows[static_cast<size_t>(r.prompt)].ids.size();
+    const size_t p = whole - prompt_cut(whole, r.completion.size());
     std::vector<double> v(r.completion.size());
     for (size_t j = 0; j < v.size(); ++j) {
       const size_t row = offset + p + j - 1;
@@ -376,6 +388,14 @@ void OnlineTrainer::generate_batch() {
     m["objective/scores"] = metric(scores / n_all);
     m["objective/scores_margin"] = metric(margin / (n_all / 2));
     m["val/contain_eos_token"] = terminated / n_all;
+    // Not a TRL metric: the share of sequences whose prompt max_length cut (counted, not silent).
+    double cut = 0;
+    for (const Rollout& r : all)
+      cut +=
+          prompt_cut(data_.rows[static_cast<size_t>(r.prompt)].ids.size(), r.completion.size()) > 0
+              ? 1.0
+              : 0.0;
+    m["val/prompt_truncated_ratio"] = comm.all_reduce_scalar(cut) / n_all;
   }
   m["timing/generation_s"] = gen_s;
   m["timing/reward_s"] = reward_s;
@@ -468,7 +488,8 @@ Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
   } else {
     size_t offset = 0;
     for (size_t i = 0; i < rs.size(); ++i) {
-      const size_t p = data_.rows[static_cast<size_t>(rs[i].prompt)].ids.size();
+      const size_t whole = data_.rows[static_cast<size_t>(rs[i].prompt)].ids.size();
+      const size_t p = whole - prompt_cut(whole, rs[i].completion.size());
       for (size_t j = 0; j < rs[i].completion.size(); ++j)
         grad[offset + p + j - 1] = res.dlogp[i][j];
       offset += p + rs[i].completion.size();
@@ -608,6 +629,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
     cfg.generation.max_new_tokens = o.get_int("max_new_tokens");
     cfg.dpo_loss_type = o.get_string("loss_type");
     cfg.missing_eos_penalty = o.get_float("missing_eos_penalty");
+    cfg.max_length = o.get_int("max_length");
     LT_CHECK_INPUT(cfg.dpo_loss_type != "ipo" || cfg.loss.beta > 0,
                    "option --beta: the ipo loss needs beta > 0");
   } else {

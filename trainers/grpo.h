@@ -33,8 +33,8 @@
 // mean_terminated_length, clip_ratio/*, kl (beta != 0), entropy, and the time of each phase
 // (timing/{generation,reward,reference,optimization}_s).
 //
-// Built-in task (no --dataset): "Add a and b." prompts with a, b in [0, 9] (100 prompts) and their sum in
-// "answer"; rewards format_reward (^ *[0-9]) and accuracy_reward on the built-in demo model.
+// Built-in task (no --dataset): "Add a and b." prompts with a, b in [0, 9] (100 prompts) and their
+// sum in "answer"; rewards format_reward (^ *[0-9]) and accuracy_reward on the built-in demo model.
 //
 // Data parallel (mpirun): each rank completes its share of the generation batch's prompts (whole
 // groups; completions numbered across the ranks), rewards and lengths are gathered in rank
@@ -42,7 +42,7 @@
 // rank's loss is divided by the world size (the trainer sums gradients where DDP averages).
 // Only whole generation batches are used in an epoch (TRL's RepeatSampler drops the rest).
 // Not built yet: ds3_gather_for_generation (no ZeRO-3), prefix sharing and paged KV blocks in the
-// generation engine, sleep mode between phases, online_dpo's judges and max_length.
+// generation engine, sleep mode between phases, online_dpo's pairwise judges.
 #pragma once
 
 #include <chrono>
@@ -104,6 +104,7 @@ struct OnlineConfig {
   // online_dpo: the DPO loss on each prompt's two completions (loss.beta is its beta).
   std::string dpo_loss_type = "sigmoid";  // sigmoid | ipo
   double missing_eos_penalty = 0;
+  int64_t max_length = 0;  // online_dpo: prompt + completion scored (0 = all)
 };
 
 // One scored completion of the current generation batch.
@@ -145,6 +146,8 @@ class OnlineTrainer final : public Trainer {
  private:
   void generate_batch();
   Batch collate(const std::vector<Rollout>& rs) const;
+  // Prompt tokens dropped from the front so that prompt + completion fit cfg_.max_length.
+  size_t prompt_cut(size_t prompt, size_t completion) const;
   // Per completion token log-probabilities of the rollouts' tokens in `b` from per-row values.
   std::vector<std::vector<double>> completion_values(const std::vector<Rollout>& rs,
                                                      const std::vector<double>& rows) const;

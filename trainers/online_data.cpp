@@ -79,6 +79,10 @@ Options online_options(const std::string& algorithm) {
   if (dpo) {
     o.add_float("beta", 0.1, "DPO's beta (IPO's tau)", 0.0);
     o.add_string("loss_type", "sigmoid", "DPO loss on the judged pairs", {"sigmoid", "ipo"});
+    o.add_int("max_length", 512,
+              "prompt + completion tokens scored: longer prompts lose their first tokens (the "
+              "completion is kept; at least one prompt token stays)",
+              2);
     o.add_float("missing_eos_penalty", 0.0,
                 "subtracted from the reward of a completion with no eos token (0 = none)", 0.0);
   } else {

@@ -197,6 +197,26 @@ TEST(OnlineDpo, DemoScoreRises) {
   EXPECT_EQ(value_or_nan(recs.back(), "beta"), 0.1) << log;
 }
 
+// online_dpo's max_length cuts the prompts' first tokens for scoring only: generation (and so
+// the scores of the first batch) is unchanged, every sequence is counted as truncated, and the
+// log-probabilities change with the lost context.
+TEST(OnlineDpo, MaxLengthCutsThePromptsFront) {
+  const std::string out = testing::temp_dir("online_dpo_max_length");
+  std::string log;
+  const std::string base = "cd " + out + " && " + trainer_bin() +
+                           " online_dpo --device cpu --max_steps 1 --logging_steps 1";
+  ASSERT_EQ(run_command(base + " --output_dir whole 2>&1", &log), 0) << log;
+  ASSERT_EQ(run_command(base + " --max_length 5 --output_dir cut 2>&1", &log), 0) << log;
+  const auto whole = metrics_of(out + "/whole/metrics.jsonl");
+  const auto cut = metrics_of(out + "/cut/metrics.jsonl");
+  ASSERT_EQ(whole.size(), 1u);
+  ASSERT_EQ(cut.size(), 1u);
+  EXPECT_EQ(value_or_nan(whole[0], "val/prompt_truncated_ratio"), 0.0);
+  EXPECT_EQ(value_or_nan(cut[0], "val/prompt_truncated_ratio"), 1.0);
+  EXPECT_EQ(value_or_nan(whole[0], "objective/scores"), value_or_nan(cut[0], "objective/scores"));
+  EXPECT_NE(value_or_nan(whole[0], "logps/chosen"), value_or_nan(cut[0], "logps/chosen"));
+}
+
 // The same task scored only by an external process (a bash script in tests/fixtures/online).
 TEST(Grpo, ExternalCommandRewardRises) {
   const std::string out = testing::temp_dir("grpo_command");
