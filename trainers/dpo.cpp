@@ -5,7 +5,6 @@
 #include <filesystem>
 
 #include "engine/autograd.h"
-#include "engine/host_memory.h"
 #include "kernels/cross_entropy.h"
 #include "loaders/host_batch.h"
 #include "loaders/text_encoder.h"
@@ -13,7 +12,6 @@
 #include "trainers/estimate.h"
 #include "trainers/estimate_pref.h"
 #include "trainers/model_io.h"
-#include "trainers/output_path.h"
 #include "trainers/peft_options.h"
 #include "trainers/quant_options.h"
 
@@ -334,11 +332,7 @@ DpoRun make_dpo_run(const Options& o, SftModel model) {
   TrainingArguments args = training_arguments(o);
   const RefModelConfig ref_cfg = ref_model_config(o);
   const PreferenceLossConfig loss = preference_loss_config(o);
-  prepare_output_dir(args.output_dir, "output_dir");
-  {
-    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
-    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
-  }
+  prepare_run(args);
   DpoRun run;
   run.model = std::move(model);
   const SftModel& m = run.model;

@@ -11,11 +11,9 @@
 
 #include "engine/allocator.h"
 #include "engine/autograd.h"
-#include "engine/host_memory.h"
 #include "kernels/cross_entropy.h"
 #include "loaders/host_batch.h"
 #include "trainers/model_io.h"
-#include "trainers/output_path.h"
 #include "trainers/peft_options.h"
 
 namespace leantune {
@@ -24,27 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-// NaN-aware mean and Bessel-corrected std (TRL's nanmean / nanstd); NaN when undefined.
-std::pair<double, double> nan_mean_std(const std::vector<double>& v) {
-  double sum = 0;
-  int64_t n = 0;
-  for (double x : v)
-    if (!std::isnan(x)) {
-      sum += x;
-      ++n;
-    }
-  if (n == 0) return {kNaN, kNaN};
-  const double mean = sum / static_cast<double>(n);
-  double sq = 0;
-  for (double x : v)
-    if (!std::isnan(x)) sq += (x - mean) * (x - mean);
-  return {mean, n > 1 ? std::sqrt(sq / static_cast<double>(n - 1)) : kNaN};
 }
 
 // The completion's text as transformers decodes it (skip_special_tokens): ids the tokenizer does
@@ -326,19 +305,16 @@ void OnlineTrainer::generate_batch() {
   // The generation batch's metrics (TRL's names; the rewards as the sources gave them, before
   // RLOO's KL penalty).
   nlohmann::json m = nlohmann::json::object();
-  const double mean = nan_mean_std(rewards_g).first;
+  const double mean = nan_mean_std(rewards_g, 0, rewards_g.size()).first;
   m["reward"] = metric(mean);
   // reward_std and frac_reward_zero_std over the stds the advantages used: each group's, or the
   // whole batch's under scale_rewards batch (a NaN std, from one scorable reward, counts as 0).
   std::vector<double> stds;
   if (cfg_.scale_rewards == "batch" && !rloo && !dpo) {
-    stds.push_back(nan_mean_std(rewards_g).second);
+    stds.push_back(nan_mean_std(rewards_g, 0, rewards_g.size()).second);
   } else {
     for (size_t b = 0; b < rewards_g.size(); b += static_cast<size_t>(g))
-      stds.push_back(
-          nan_mean_std(std::vector<double>(rewards_g.begin() + static_cast<int64_t>(b),
-                                           rewards_g.begin() + static_cast<int64_t>(b) + g))
-              .second);
+      stds.push_back(nan_mean_std(rewards_g, b, b + static_cast<size_t>(g)).second);
   }
   double std_sum = 0;
   int64_t zero_std = 0;
@@ -353,7 +329,8 @@ void OnlineTrainer::generate_batch() {
   for (size_t f = 0; f < rewards_->names().size(); ++f) {
     std::vector<double> col;
     for (const auto& row : per_source) col.push_back(row[f]);
-    const auto [fm, fs] = nan_mean_std(gather_ranks(comm, col));
+    const std::vector<double> all_col = gather_ranks(comm, col);
+    const auto [fm, fs] = nan_mean_std(all_col, 0, all_col.size());
     m["rewards/" + rewards_->names()[f] + "/mean"] = metric(fm);
     m["rewards/" + rewards_->names()[f] + "/std"] = metric(fs);
   }
@@ -402,7 +379,6 @@ void OnlineTrainer::generate_batch() {
   m["timing/reference_s"] = ref_s;
   if (generations_ > 0) m["timing/optimization_s"] = optimization_s_;
   gen_metrics_ = std::move(m);
-  batch_rewards_.push_back(mean);
 
   // Shuffle (TRL shuffles the generation batch) and cut into micro-batches.
   std::mt19937_64 rng(args_.seed * 1000003ULL + static_cast<uint64_t>(generations_));
@@ -663,11 +639,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
   cfg.logps.fused = o.get_bool("use_liger_loss");
   // GRPO and RLOO score under the sampling temperature; OnlineDPOTrainer's forward does not.
   cfg.logps.temperature = dpo ? 1.0 : cfg.generation.temperature;
-  prepare_output_dir(args.output_dir, "output_dir");
-  {
-    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
-    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
-  }
+  prepare_run(args);
   OnlineRun run;
   run.model = load_sft_model(o);
   const SftModel& m = run.model;

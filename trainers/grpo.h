@@ -128,8 +128,6 @@ class OnlineTrainer final : public Trainer {
   void set_reference(RefModelConfig cfg);
   const DataStats& train_stats() const { return stats_; }
   const std::vector<nlohmann::json>& logged_metrics() const { return window_.logged(); }
-  // The mean total reward of every generation batch so far, in order (for tests).
-  const std::vector<double>& batch_rewards() const { return batch_rewards_; }
 
  protected:
   int64_t micro_batches_per_epoch() const override;
@@ -167,7 +165,6 @@ class OnlineTrainer final : public Trainer {
   std::deque<std::vector<Rollout>> pending_;  // fetched, not yet through compute_loss
   MetricWindow window_;
   nlohmann::json gen_metrics_;  // the current generation batch's metrics
-  std::vector<double> batch_rewards_;
   // Wall seconds from the end of one generation phase to the start of the next: the updates.
   double optimization_s_ = 0;
   std::chrono::steady_clock::time_point phase_end_;

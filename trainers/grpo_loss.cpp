@@ -13,7 +13,14 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// NaN-aware mean and Bessel-corrected std of v[b, e) (TRL's nanmean / nanstd).
+void check_groups(size_t n, int64_t g, const char* what) {
+  LT_CHECK_INPUT(g >= 1, what, ": num_generations ", g, " must be at least 1");
+  LT_CHECK_INPUT(n % static_cast<size_t>(g) == 0, what, ": ", n,
+                 " rewards are not whole groups of num_generations ", g);
+}
+
+}  // namespace
+
 std::pair<double, double> nan_mean_std(const std::vector<double>& v, size_t b, size_t e) {
   double sum = 0;
   int64_t n = 0;
@@ -32,14 +39,6 @@ std::pair<double, double> nan_mean_std(const std::vector<double>& v, size_t b, s
   const double corrected = n > 1 ? var * static_cast<double>(n) / static_cast<double>(n - 1) : kNaN;
   return {mean, std::sqrt(corrected)};
 }
-
-void check_groups(size_t n, int64_t g, const char* what) {
-  LT_CHECK_INPUT(g >= 1, what, ": num_generations ", g, " must be at least 1");
-  LT_CHECK_INPUT(n % static_cast<size_t>(g) == 0, what, ": ", n,
-                 " rewards are not whole groups of num_generations ", g);
-}
-
-}  // namespace
 
 std::vector<double> grpo_advantages(const std::vector<double>& rewards, int64_t num_generations,
                                     const std::string& scale_rewards) {

@@ -30,9 +30,14 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace leantune {
+
+// NaN-aware mean and Bessel-corrected std of v[b, e) (TRL's nanmean / nanstd): NaN for no
+// values, and the std NaN for one value, as torch gives.
+std::pair<double, double> nan_mean_std(const std::vector<double>& v, size_t b, size_t e);
 
 std::vector<double> grpo_advantages(const std::vector<double>& rewards, int64_t num_generations,
                                     const std::string& scale_rewards);

@@ -6,13 +6,11 @@
 #include <filesystem>
 
 #include "engine/autograd.h"
-#include "engine/host_memory.h"
 #include "kernels/cross_entropy.h"
 #include "loaders/host_batch.h"
 #include "loaders/text_encoder.h"
 #include "trainers/data_options.h"
 #include "trainers/model_io.h"
-#include "trainers/output_path.h"
 #include "trainers/peft_options.h"
 #include "trainers/quant_options.h"
 
@@ -229,11 +227,7 @@ KtoRun make_kto_run(const Options& o) {
   const KtoLossConfig loss = kto_loss_config(o);
   KtoRun run;
   run.model = load_sft_model(o);
-  prepare_output_dir(args.output_dir, "output_dir");
-  {
-    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
-    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
-  }
+  prepare_run(args);
   const SftModel& m = run.model;
   std::string dataset = o.get_string("dataset");
   if (dataset.empty()) dataset = m.setup.tokenizer_dir + "/unpaired.jsonl";

@@ -13,18 +13,6 @@ namespace leantune {
 
 namespace {
 
-std::vector<Message> prompt_messages(const nlohmann::json& v, const std::string& where) {
-  std::vector<Message> m;
-  for (const auto& e : v) {
-    LT_CHECK_INPUT(e.is_object() && e.contains("role") && e.contains("content") &&
-                       e["role"].is_string() && e["content"].is_string(),
-                   where, ": a prompt message needs string \"role\" and \"content\"");
-    m.push_back({e["role"].get<std::string>(), e["content"].get<std::string>()});
-  }
-  LT_CHECK_INPUT(!m.empty(), where, ": the prompt message list is empty");
-  return m;
-}
-
 // One row -> its prompt tokens; `where` names the file and line in errors.
 PromptRow prompt_row(nlohmann::json row, int64_t line, const TextEncoder& enc, bool need_solution,
                      const std::string& where, bool* conversational) {
@@ -38,7 +26,6 @@ PromptRow prompt_row(nlohmann::json row, int64_t line, const TextEncoder& enc, b
     r.ids = enc.encode(p.get<std::string>(), true);
     *conversational = false;
   } else {
-    LT_CHECK_INPUT(p.is_array(), where, ": \"prompt\" is neither a string nor a message list");
     r.ids = enc.encode_chat(prompt_messages(p, where), true).ids;
     *conversational = true;
   }

@@ -7,14 +7,12 @@
 #include <filesystem>
 
 #include "engine/autograd.h"
-#include "engine/host_memory.h"
 #include "engine/mem_phase.h"
 #include "loaders/text_encoder.h"
 #include "models/score_head.h"
 #include "trainers/data_options.h"
 #include "trainers/estimate.h"
 #include "trainers/model_io.h"
-#include "trainers/output_path.h"
 #include "trainers/peft_options.h"
 #include "trainers/quant_options.h"
 #include "trainers/ref_model.h"
@@ -302,11 +300,7 @@ RewardRun make_reward_run(const Options& o) {
                  "options --completion_only_loss / --assistant_only_loss are SFT options; a "
                  "reward model scores whole sequences");
   TrainingArguments args = training_arguments(o);
-  prepare_output_dir(args.output_dir, "output_dir");
-  {
-    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
-    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
-  }
+  prepare_run(args);
   RewardRun run;
   run.model = load_reward_model(o);
   const RewardModelSetup& m = run.model;

@@ -20,18 +20,6 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-std::vector<Message> messages_of(const nlohmann::json& v, const std::string& what) {
-  LT_CHECK_INPUT(v.is_array(), what, " is neither a string nor a message list");
-  std::vector<Message> m;
-  for (const auto& e : v) {
-    LT_CHECK_INPUT(e.is_object() && e.contains("role") && e.contains("content") &&
-                       e["role"].is_string() && e["content"].is_string(),
-                   what, ": a message needs string role and content");
-    m.push_back({e["role"].get<std::string>(), e["content"].get<std::string>()});
-  }
-  return m;
-}
-
 }  // namespace
 
 void add_reward_source_options(Options& o) {
@@ -51,6 +39,19 @@ void add_reward_source_options(Options& o) {
             "soft_overlong_punishment: tokens before max_completion_length where the penalty "
             "begins",
             0);
+}
+
+std::vector<Message> prompt_messages(const nlohmann::json& v, const std::string& where) {
+  LT_CHECK_INPUT(v.is_array(), where, ": \"prompt\" is neither a string nor a message list");
+  std::vector<Message> m;
+  for (const auto& e : v) {
+    LT_CHECK_INPUT(e.is_object() && e.contains("role") && e.contains("content") &&
+                       e["role"].is_string() && e["content"].is_string(),
+                   where, ": a prompt message needs string \"role\" and \"content\"");
+    m.push_back({e["role"].get<std::string>(), e["content"].get<std::string>()});
+  }
+  LT_CHECK_INPUT(!m.empty(), where, ": the prompt message list is empty");
+  return m;
 }
 
 std::string row_solution(const nlohmann::json& row) {
@@ -158,7 +159,7 @@ std::vector<std::vector<double>> RewardSources::score(const std::vector<Completi
           if (p.is_string()) {
             seqs.push_back(m.encoder->encode(p.get<std::string>() + x.completion, false));
           } else {
-            std::vector<Message> msgs = messages_of(p, "prompt");
+            std::vector<Message> msgs = prompt_messages(p, "prompt");
             msgs.push_back({"assistant", x.completion});
             seqs.push_back(m.encoder->encode(m.encoder->render_chat(msgs, false), false));
           }

@@ -30,6 +30,7 @@
 
 #include "engine/device.h"
 #include "engine/dtype.h"
+#include "loaders/dataset.h"
 #include "trainers/options.h"
 #include "trainers/rewards.h"
 
@@ -75,6 +76,10 @@ class RewardSources {
   std::vector<std::unique_ptr<ModelSource>> models_;  // one per kModel, in order
   std::unique_ptr<RewardCommand> command_;
 };
+
+// A conversational prompt's messages; Error(kInput) naming `where` for anything but a non-empty
+// list of {"role", "content"} strings.
+std::vector<Message> prompt_messages(const nlohmann::json& v, const std::string& where);
 
 // The row's solution text ("solution", else "answer"; numbers are printed), or "" when absent.
 std::string row_solution(const nlohmann::json& row);

@@ -8,7 +8,6 @@
 
 #include "engine/autograd.h"
 #include "engine/comm.h"
-#include "engine/host_memory.h"
 #include "engine/mem_phase.h"
 #include "loaders/text_encoder.h"
 #include "models/quantize_model.h"
@@ -17,7 +16,6 @@
 #include "trainers/estimate.h"
 #include "trainers/model_io.h"
 #include "trainers/optim_options.h"
-#include "trainers/output_path.h"
 #include "trainers/peft_options.h"
 #include "trainers/quant_options.h"
 #include "trainers/ref_model.h"
@@ -424,13 +422,7 @@ SftModel load_sft_model(const Options& o) {
 
 SftRun make_sft_run(const Options& o, const SftModel& m) {
   TrainingArguments args = training_arguments(o);
-  prepare_output_dir(args.output_dir, "output_dir");
-  // Under ulimit -v, OpenBLAS's buffers are reserved and the CPU allocator capped
-  // (engine/host_memory.h) before anything trains.
-  {
-    const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
-    if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
-  }
+  prepare_run(args);
   SftRun run;
   run.setup = m.setup;
   SftSetup& setup = run.setup;

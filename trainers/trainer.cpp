@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "engine/autograd.h"
+#include "engine/host_memory.h"
 #include "engine/mem_phase.h"
 #include "engine/ops.h"
 #include "loaders/fs_util.h"
@@ -17,6 +18,7 @@
 #include "trainers/model_io.h"
 #include "trainers/offload_options.h"
 #include "trainers/optim_options.h"
+#include "trainers/output_path.h"
 #include "trainers/peft_options.h"
 #include "trainers/zero.h"
 
@@ -220,6 +222,12 @@ Trainer::~Trainer() = default;
 
 Trainer::Trainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options)
     : model_(std::move(model)), args_(std::move(args)), options_(std::move(options)) {}
+
+void prepare_run(const TrainingArguments& args) {
+  prepare_output_dir(args.output_dir, "output_dir");
+  const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
+  if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
+}
 
 void Trainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter) {
   peft_ = std::move(peft);

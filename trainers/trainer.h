@@ -81,6 +81,11 @@ struct TrainingArguments {
   int cp_size = 1;  // --cp_size (trainers/context_parallel.h)
 };
 
+// Before a run loads anything: output_dir checked and created (trainers/output_path.h), and under
+// ulimit -v OpenBLAS's buffers reserved and the CPU allocator capped (engine/host_memory.h), the
+// plan printed on stderr.
+void prepare_run(const TrainingArguments& args);
+
 // Declares the options every trainer shares (TRL/transformers names and defaults).
 void add_training_options(Options& o);
 TrainingArguments training_arguments(const Options& o);

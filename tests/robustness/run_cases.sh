@@ -123,6 +123,13 @@ pref_prompt_differs() {
     '{"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "rejected": [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Go"}]}' \
     >"$W/p.jsonl"
 }
+# Online trainers: prompt rows, the second without a prompt or without an answer column.
+prompts_no_prompt() {
+  printf '%s\n' '{"prompt": "Add 1 and 2.", "answer": "3"}' '{"question": "Add 2 and 2."}' >"$W/q.jsonl"
+}
+prompts_no_answer() {
+  printf '%s\n' '{"prompt": "Add 1 and 2.", "answer": "3"}' '{"prompt": "Add 2 and 2."}' >"$W/q.jsonl"
+}
 # Reward: a margin column whose second row has a text or no margin; a trained reward model.
 pref_margin_text() {
   printf '%s\n' '{"prompt": "One day,", "chosen": " a cat.", "rejected": " a dog.", "margin": 0.5}' \

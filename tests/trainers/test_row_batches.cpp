@@ -1,7 +1,8 @@
 // RowBatches (trainers/row_batches.h) on one rank: every row once per epoch in batches of the
 // given size (the last one short), a shuffled order that is the same for the same seed and
 // epoch and differs between epochs, file order without shuffling, progress, and the data state:
-// a round trip resumes at the same micro-batch, a state of another dataset size is refused.
+// a round trip resumes at the same micro-batch, a state of another dataset size is refused;
+// with drop_last only whole batches, and fewer rows than one batch is an input error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -55,6 +56,25 @@ TEST(RowBatches, StateResumesAndRefusesAnotherDataset) {
   RowBatches c(11, 3, 1, true, "examples");
   EXPECT_THROW(c.set_state(a.state()), Error);
   EXPECT_THROW(b.set_state(nlohmann::json::array()), Error);
+}
+
+TEST(RowBatches, DropLastUsesOnlyWholeBatches) {
+  Communicator& comm = world_communicator();
+  RowBatches b(19, 4, 7, true, "prompts", true);
+  EXPECT_EQ(b.global_per_epoch(), 4);
+  EXPECT_EQ(b.per_epoch(comm), 4);
+  std::vector<int64_t> seen;
+  for (int m = 0; m < 4; ++m) {
+    const std::vector<int64_t> rows = b.next(comm);
+    ASSERT_EQ(rows.size(), 4u);
+    seen.insert(seen.end(), rows.begin(), rows.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::unique(seen.begin(), seen.end()), seen.end()) << "a row twice in one epoch";
+  EXPECT_EQ(b.next(comm), RowBatches(19, 4, 7, true, "prompts").rows_of(1, 0));
+  RowBatches few(3, 4, 7, true, "prompts", true);
+  EXPECT_EQ(few.per_epoch(comm), 0);
+  EXPECT_THROW(few.next(comm), Error);
 }
 
 }  // namespace
