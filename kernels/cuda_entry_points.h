@@ -9,6 +9,7 @@
 #include "kernels/dropout.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
+#include "kernels/kv_cache_write.h"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/optim_8bit.h"
 #include "kernels/quant.h"
@@ -50,6 +51,8 @@
     (const Tensor& weight, const Tensor& ids, const Tensor& y), (weight, ids, y))                 \
   X(void, leantune::kernels, embedding_bwd_cuda,                                                  \
     (const Tensor& dy, const Tensor& ids, const Tensor& dweight), (dy, ids, dweight))             \
+  X(void, leantune::kernels, kv_cache_write_cuda,                                                 \
+    (const Tensor& pool, const Tensor& slots, const Tensor& rows), (pool, slots, rows))           \
   X(void, leantune::kernels, linear_fwd_cuda,                                                     \
     (const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y), (x, w, b, y))           \
   X(void, leantune::kernels, linear_bwd_cuda,                                                     \
@@ -100,7 +103,7 @@
 
 namespace leantune::kernels {
 
-inline constexpr uint32_t kKernelsCudaAbiVersion = 4;
+inline constexpr uint32_t kKernelsCudaAbiVersion = 5;
 inline constexpr const char* kKernelsCudaTableSymbol = LT_CUDA_STR(LT_KERNELS_CUDA_TABLE);
 
 struct KernelsCudaTable {

@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <numeric>
 
 #include "engine/autograd.h"
 #include "engine/mem_phase.h"
 #include "engine/rng.h"
+#include "engine/ops.h"
 #include "kernels/attention.h"
+#include "kernels/kv_cache_write.h"
 #include "kernels/residual.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
@@ -95,88 +99,126 @@ int32_t sample_token(const std::vector<float>& logits, const GenerationConfig& c
 
 namespace {
 
-struct KVCache {
-  int64_t capacity = 0;          // rows per sequence
-  std::vector<Tensor> k, v;      // per layer [B * capacity, Hkv, D]
-  std::vector<int64_t> lengths;  // filled rows per sequence
+// A run of identical prompts: prefilled once, its blocks shared by its generations.
+struct PromptGroup {
+  const std::vector<int32_t>* prompt = nullptr;
+  std::vector<int64_t> members;  // indices of the call's prompts, in order
+  size_t admitted = 0;           // members admitted so far
+  int64_t live = 0;              // admitted members not yet finished
+  std::vector<int32_t> table;    // the prompt's blocks (held until the group is done)
+  bool prefilled = false;
+  std::vector<float> logits;  // the prompt's last-row logits, kept for members admitted later
+  int64_t reserved = 0;       // the group's own reservation: its prompt blocks
 };
 
-// One layer over `rows` new tokens; rows[i] belongs to sequence seq[i] at position pos[i].
-// Prefill (all tokens of every sequence at once) uses the flat varlen attention; decode uses
-// each sequence's cache region.
-Tensor layer_cached(const DecoderModel& m, int64_t l, const Tensor& h, const Tensor& positions,
-                    const std::vector<int64_t>& seq, const std::vector<int64_t>& pos,
-                    KVCache& cache, bool prefill, const Tensor& cu_prefill, int64_t max_len) {
+// One generation being decoded.
+struct Running {
+  int64_t index = 0;  // into the call's prompts
+  int64_t group = 0;
+  std::vector<int32_t> table;
+  int64_t length = 0;  // positions with K/V in the cache
+  int32_t next = -1;   // the token to feed at position `length`
+  int64_t reserved = 0;
+};
+
+// What attends in one step: `rows` new tokens from position `start`, reading `start + rows` keys
+// through `table`.
+struct StepEntry {
+  const std::vector<int32_t>* table;
+  int64_t start, rows;
+};
+
+int64_t slot_of(const std::vector<int32_t>& table, int64_t pos, int64_t bs) {
+  return int64_t{table[static_cast<size_t>(pos / bs)]} * bs + pos % bs;
+}
+
+// The decoder over one step's flat rows. New K/V go to the pool first; every entry then attends
+// over its whole cached sequence, gathered from the pool, in one varlen attention call.
+Tensor forward_step(const DecoderModel& m, PagedKVCache& pool, const std::vector<int64_t>& ids,
+                    const std::vector<int64_t>& positions, const std::vector<StepEntry>& entries) {
   const ModelConfig& c = m.config();
-  const DecoderLayer& L = m.layer(l);
-  const int64_t t = h.size(0), d = c.head_dim, nh = c.num_attention_heads,
-                nkv = c.num_key_value_heads;
-  Tensor x = kernels::rms_norm(h, L.input_layernorm, c.rms_norm_eps);
-  Tensor q = kernels::rope(L.q_proj.forward(x).view({t, nh, d}), positions, c.rope);
-  Tensor k = kernels::rope(L.k_proj.forward(x).view({t, nkv, d}), positions, c.rope);
-  Tensor v = L.v_proj.forward(x).view({t, nkv, d});
-  for (int64_t i = 0; i < t; ++i) {
-    const int64_t row = seq[i] * cache.capacity + pos[i];
-    cache.k[l].narrow(0, row, 1).copy_(k.narrow(0, i, 1));
-    cache.v[l].narrow(0, row, 1).copy_(v.narrow(0, i, 1));
+  const Device dev = m.device();
+  const int64_t t = static_cast<int64_t>(ids.size()), d = c.head_dim,
+                nh = c.num_attention_heads, nkv = c.num_key_value_heads, bs = pool.block_size();
+  std::vector<int64_t> write, read;
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  int64_t max_q = 0, max_k = 0;
+  for (const StepEntry& e : entries) {
+    for (int64_t p = e.start; p < e.start + e.rows; ++p) write.push_back(slot_of(*e.table, p, bs));
+    for (int64_t p = 0; p < e.start + e.rows; ++p) read.push_back(slot_of(*e.table, p, bs));
+    cu_q.push_back(cu_q.back() + static_cast<int32_t>(e.rows));
+    cu_k.push_back(cu_k.back() + static_cast<int32_t>(e.start + e.rows));
+    max_q = std::max(max_q, e.rows);
+    max_k = std::max(max_k, e.start + e.rows);
   }
-  Tensor a;
+  const int64_t tk = static_cast<int64_t>(read.size());
+  const Tensor wslots = Tensor::from_vector(write, {t});
+  const Tensor rslots = Tensor::from_vector(read, {tk}, dev);
+  const Tensor tcu_q = Tensor::from_vector(cu_q, {static_cast<int64_t>(cu_q.size())}, dev);
+  const Tensor tcu_k = Tensor::from_vector(cu_k, {static_cast<int64_t>(cu_k.size())}, dev);
+  const Tensor tpos = Tensor::from_vector(positions, {t}, dev);
   kernels::AttentionOptions ao;
-  if (prefill) {
-    ao.max_seqlen_q = ao.max_seqlen_k = max_len;
-    a = kernels::attention(q, k, v, cu_prefill, cu_prefill, ao).out;
-  } else {
-    a = Tensor::empty({t, nh, d}, q.dtype(), q.device());
-    for (int64_t i = 0; i < t; ++i) {
-      const int64_t len = pos[i] + 1;
-      Tensor cq = Tensor::from_vector<int32_t>({0, 1}, {2}, q.device());
-      Tensor ck = Tensor::from_vector<int32_t>({0, static_cast<int32_t>(len)}, {2}, q.device());
-      Tensor kk = cache.k[l].narrow(0, seq[i] * cache.capacity, len);
-      Tensor vv = cache.v[l].narrow(0, seq[i] * cache.capacity, len);
-      a.narrow(0, i, 1).copy_(kernels::attention(q.narrow(0, i, 1), kk, vv, cq, ck, ao).out);
-    }
+  ao.max_seqlen_q = max_q;
+  ao.max_seqlen_k = max_k;
+  Tensor h = m.embed(Tensor::from_vector(ids, {t}, dev));
+  for (int64_t l = 0; l < m.num_layers(); ++l) {
+    const DecoderLayer& L = m.layer(l);
+    Tensor x = kernels::rms_norm(h, L.input_layernorm, c.rms_norm_eps);
+    Tensor q = kernels::rope(L.q_proj.forward(x).view({t, nh, d}), tpos, c.rope);
+    Tensor k = kernels::rope(L.k_proj.forward(x).view({t, nkv, d}), tpos, c.rope);
+    Tensor v = L.v_proj.forward(x);
+    kernels::kv_cache_write(pool.k(l), wslots, k.view({t, nkv * d}));
+    kernels::kv_cache_write(pool.v(l), wslots, v);
+    const Tensor kk = ops::index_rows(pool.k(l), rslots).view({tk, nkv, d});
+    const Tensor vv = ops::index_rows(pool.v(l), rslots).view({tk, nkv, d});
+    Tensor a = kernels::attention(q, kk, vv, tcu_q, tcu_k, ao).out;
+    Tensor h1 = kernels::residual_add(h, L.o_proj.forward(a.view({t, nh * d})));
+    Tensor x2 = kernels::rms_norm(h1, L.post_attention_layernorm, c.rms_norm_eps);
+    Tensor mlp = kernels::swiglu(L.gate_proj.forward(x2), L.up_proj.forward(x2));
+    h = kernels::residual_add(h1, L.down_proj.forward(mlp));
   }
-  Tensor h1 = kernels::residual_add(h, L.o_proj.forward(a.view({t, nh * d})));
-  Tensor x2 = kernels::rms_norm(h1, L.post_attention_layernorm, c.rms_norm_eps);
-  Tensor mlp = kernels::swiglu(L.gate_proj.forward(x2), L.up_proj.forward(x2));
-  return kernels::residual_add(h1, L.down_proj.forward(mlp));
+  // Only each entry's last row needs logits.
+  std::vector<int64_t> last;
+  for (size_t i = 1; i < cu_q.size(); ++i) last.push_back(cu_q[i] - 1);
+  const Tensor rows = ops::index_rows(
+      h, Tensor::from_vector(last, {static_cast<int64_t>(last.size())}, dev));
+  return m.logits(kernels::rms_norm(rows, m.final_norm(), c.rms_norm_eps));
 }
 
 }  // namespace
 
+int64_t kv_blocks_for_call(const std::vector<std::vector<int32_t>>& prompts,
+                           int64_t max_new_tokens, int64_t block_size) {
+  std::map<std::vector<int32_t>, int64_t> count;
+  for (const auto& p : prompts)
+    if (!p.empty()) ++count[p];
+  int64_t blocks = 0;
+  for (const auto& [p, n] : count)
+    blocks += kv_blocks_for_prompt(static_cast<int64_t>(p.size()), n, max_new_tokens, block_size);
+  return std::max<int64_t>(blocks, 1);
+}
+
 GenerationResult generate(const DecoderModel& model,
                           const std::vector<std::vector<int32_t>>& prompts,
-                          const GenerationConfig& cfg) {
+                          const GenerationConfig& cfg, PagedKVCache* pool_in) {
   NoGradGuard ng;
   MemPhaseGuard phase(MemPhaseKind::kGeneration);
   MemTagGuard tag(MemTag::kKVCache);
   const ModelConfig& c = model.config();
-  const Device dev = model.device();
   const int64_t b = static_cast<int64_t>(prompts.size());
   GenerationResult res;
   res.tokens.resize(b);
   res.finished_by_eos.assign(b, false);
   if (b == 0) return res;
-  std::vector<int64_t> eos = cfg.eos_token_ids.empty() ? c.eos_token_ids : cfg.eos_token_ids;
-  int64_t max_prompt = 0;
+  const std::vector<int64_t> eos = cfg.eos_token_ids.empty() ? c.eos_token_ids : cfg.eos_token_ids;
   for (const auto& p : prompts) {
     LT_CHECK_INPUT(!p.empty(), "generate: an empty prompt");
     for (int32_t id : p)
       LT_CHECK_INPUT(id >= 0 && id < c.vocab_size, "generate: token id ", id,
                      " outside the vocabulary (", c.vocab_size, ")");
-    max_prompt = std::max<int64_t>(max_prompt, static_cast<int64_t>(p.size()));
   }
-  KVCache cache;
-  cache.capacity = max_prompt + std::max<int64_t>(cfg.max_new_tokens, 0);
-  for (int64_t l = 0; l < model.num_layers(); ++l) {
-    cache.k.push_back(Tensor::empty({b * cache.capacity, c.num_key_value_heads, c.head_dim},
-                                    model.dtype(), dev, MemTag::kKVCache));
-    cache.v.push_back(Tensor::empty({b * cache.capacity, c.num_key_value_heads, c.head_dim},
-                                    model.dtype(), dev, MemTag::kKVCache));
-    res.kv_cache_bytes += 2 * static_cast<int64_t>(cache.k.back().nbytes());
-  }
-  cache.lengths.assign(b, 0);
-
+  const int64_t max_new = std::max<int64_t>(cfg.max_new_tokens, 0);
+  if (max_new == 0) return res;
   // One stream per sequence (the generator's rank field carries the sequence number): what a
   // sequence draws does not depend on the others in the batch.
   LT_CHECK_INPUT(cfg.first_sequence >= 0 && cfg.first_sequence + b <= int64_t{UINT32_MAX},
@@ -186,70 +228,190 @@ GenerationResult generate(const DecoderModel& model,
   for (int64_t s = 0; s < b; ++s)
     gens.emplace_back(cfg.seed, RngPurpose::kSampling,
                       static_cast<uint32_t>(cfg.first_sequence + s));
-  std::vector<int64_t> active(b);
-  std::iota(active.begin(), active.end(), 0);
-  // Step 0 is the prefill of every prompt; later steps feed one new token per active sequence.
-  std::vector<int64_t> ids, seq, pos, last_row;
-  std::vector<int32_t> cu{0};
-  int64_t max_len = 0;
-  for (int64_t s = 0; s < b; ++s) {
-    for (size_t j = 0; j < prompts[s].size(); ++j) {
-      ids.push_back(prompts[s][j]);
-      seq.push_back(s);
-      pos.push_back(static_cast<int64_t>(j));
-    }
-    cu.push_back(static_cast<int32_t>(ids.size()));
-    last_row.push_back(static_cast<int64_t>(ids.size()) - 1);
-    max_len = std::max<int64_t>(max_len, static_cast<int64_t>(prompts[s].size()));
+
+  std::unique_ptr<PagedKVCache> own_pool;
+  if (pool_in == nullptr) {
+    const int64_t bs = 16;
+    own_pool = std::make_unique<PagedKVCache>(c, model.num_layers(), model.dtype(), model.device(),
+                                              bs, kv_blocks_for_call(prompts, max_new, bs));
   }
-  bool prefill = true;
-  for (int64_t step = 0; step < cfg.max_new_tokens && !active.empty(); ++step) {
-    const int64_t t = static_cast<int64_t>(ids.size());
-    Tensor tid = Tensor::from_vector(ids, {t}, dev);
-    Tensor tpos = Tensor::from_vector(pos, {t}, dev);
-    Tensor tcu = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}, dev);
-    Tensor h = model.embed(tid);
-    for (int64_t l = 0; l < model.num_layers(); ++l)
-      h = layer_cached(model, l, h, tpos, seq, pos, cache, prefill, tcu, max_len);
-    // Only the last row of each sequence needs logits.
-    Tensor rows = Tensor::empty({static_cast<int64_t>(last_row.size()), h.size(1)}, h.dtype(), dev);
-    for (size_t i = 0; i < last_row.size(); ++i)
-      rows.narrow(0, i, 1).copy_(h.narrow(0, last_row[i], 1));
-    Tensor logits = model.logits(kernels::rms_norm(rows, model.final_norm(), c.rms_norm_eps));
-    std::vector<float> lv = logits.to_f32();
+  PagedKVCache& pool = pool_in ? *pool_in : *own_pool;
+  pool.wake();
+  LT_CHECK(pool.free_blocks() == pool.num_blocks(), "generate: the kv cache has ",
+           pool.num_blocks() - pool.free_blocks(), " blocks still in use");
+  const int64_t bs = pool.block_size();
+  res.kv_cache_bytes = pool.bytes();
+
+  // Prefix sharing: identical prompts form one group, in order of first appearance.
+  std::vector<PromptGroup> groups;
+  {
+    std::map<std::vector<int32_t>, size_t> by_prompt;
+    for (int64_t s = 0; s < b; ++s) {
+      auto [it, fresh] = by_prompt.emplace(prompts[s], groups.size());
+      if (fresh) {
+        groups.emplace_back();
+        groups.back().prompt = &prompts[s];
+      }
+      groups[it->second].members.push_back(s);
+    }
+  }
+  auto own_blocks = [&](const PromptGroup& g) {
+    return kv_blocks_for_prompt(static_cast<int64_t>(g.prompt->size()), 1, max_new, bs) -
+           kv_blocks_for_prompt(static_cast<int64_t>(g.prompt->size()), 0, max_new, bs);
+  };
+  int64_t reserved = 0;  // blocks promised to admitted groups and generations
+  std::vector<Running> running;
+  size_t next_group = 0;  // groups before it have admitted every member
+
+  // Appends the sampled token; returns whether the generation goes on.
+  auto take = [&](Running& r, const float* logits, int64_t vsz) {
+    std::vector<int32_t> seen;
+    if (cfg.repetition_penalty != 1.0) {
+      seen = prompts[r.index];
+      seen.insert(seen.end(), res.tokens[r.index].begin(), res.tokens[r.index].end());
+    }
+    const int32_t tok = sample_token(std::vector<float>(logits, logits + vsz), cfg,
+                                     gens[static_cast<size_t>(r.index)], seen);
+    res.tokens[r.index].push_back(tok);
+    if (std::find(eos.begin(), eos.end(), tok) != eos.end()) {
+      res.finished_by_eos[r.index] = true;
+      return false;
+    }
+    r.next = tok;
+    return static_cast<int64_t>(res.tokens[r.index].size()) < max_new;
+  };
+  auto finish = [&](Running& r) {
+    for (int32_t blk : r.table) pool.release(blk);
+    reserved -= r.reserved;
+    PromptGroup& g = groups[static_cast<size_t>(r.group)];
+    if (--g.live == 0 && g.admitted == g.members.size()) {
+      for (int32_t blk : g.table) pool.release(blk);
+      g.table.clear();
+      g.logits.clear();
+      reserved -= g.reserved;
+    }
+  };
+  // A new generation of a prefilled group: shares the prompt's blocks, samples its first token.
+  std::vector<Running> started;
+  auto start = [&](int64_t gi, int64_t member) {
+    PromptGroup& g = groups[static_cast<size_t>(gi)];
+    Running r;
+    r.index = member;
+    r.group = gi;
+    r.table = g.table;
+    for (int32_t blk : r.table) pool.retain(blk);
+    r.length = static_cast<int64_t>(g.prompt->size());
+    r.reserved = own_blocks(g);
+    if (take(r, g.logits.data(), static_cast<int64_t>(g.logits.size())))
+      started.push_back(std::move(r));
+    else
+      finish(r);
+  };
+
+  while (true) {
+    // Admission, first come first served: a group's prompt blocks when its first member comes
+    // in, then each member's own blocks, while the pool can promise them.
+    std::vector<std::pair<int64_t, int64_t>> admitted;  // (group, member)
+    while (next_group < groups.size()) {
+      PromptGroup& g = groups[next_group];
+      const int64_t need = own_blocks(g) + (g.admitted == 0
+                                                ? kv_blocks_for_prompt(
+                                                      static_cast<int64_t>(g.prompt->size()), 0,
+                                                      max_new, bs)
+                                                : 0);
+      if (reserved + need > pool.num_blocks()) {
+        LT_CHECK_INPUT(reserved > 0, "generate: a kv cache of ", pool.num_blocks(),
+                       " blocks of ", bs, " tokens cannot hold one completion of a ",
+                       g.prompt->size(), "-token prompt with ", max_new,
+                       " new tokens (it needs ", need, " blocks)");
+        break;
+      }
+      if (g.admitted == 0) {
+        g.reserved = need - own_blocks(g);
+        const int64_t nb = (static_cast<int64_t>(g.prompt->size()) + bs - 1) / bs;
+        for (int64_t i = 0; i < nb; ++i) g.table.push_back(pool.allocate());
+      }
+      reserved += need;
+      ++g.live;
+      admitted.emplace_back(static_cast<int64_t>(next_group), g.members[g.admitted++]);
+      if (g.admitted == g.members.size()) ++next_group;
+    }
+    // Members of groups prefilled earlier start at once.
+    started.clear();
+    std::vector<int64_t> prefill;  // groups to prefill this step
+    std::vector<std::pair<int64_t, int64_t>> after_prefill;
+    for (const auto& [gi, member] : admitted) {
+      PromptGroup& g = groups[static_cast<size_t>(gi)];
+      if (g.prefilled) {
+        start(gi, member);
+      } else {
+        if (prefill.empty() || prefill.back() != gi) prefill.push_back(gi);
+        after_prefill.emplace_back(gi, member);
+      }
+    }
+    // The step: prefills, then one token for every running generation.
+    std::vector<int64_t> ids, positions;
+    std::vector<StepEntry> entries;
+    for (int64_t gi : prefill) {
+      const PromptGroup& g = groups[static_cast<size_t>(gi)];
+      for (size_t j = 0; j < g.prompt->size(); ++j) {
+        ids.push_back((*g.prompt)[j]);
+        positions.push_back(static_cast<int64_t>(j));
+      }
+      entries.push_back({&g.table, 0, static_cast<int64_t>(g.prompt->size())});
+    }
+    for (Running& r : running) {
+      // The block the new token goes to: a fresh one at a block boundary, a private copy of a
+      // shared one (copy on write).
+      const size_t bi = static_cast<size_t>(r.length / bs);
+      if (bi == r.table.size()) {
+        r.table.push_back(pool.allocate());
+      } else if (pool.refcount(r.table[bi]) > 1) {
+        const int32_t fresh = pool.allocate();
+        pool.copy_block(fresh, r.table[bi], r.length % bs);
+        pool.release(r.table[bi]);
+        r.table[bi] = fresh;
+      }
+      ids.push_back(r.next);
+      positions.push_back(r.length);
+      entries.push_back({&r.table, r.length, 1});
+    }
+    if (entries.empty()) {
+      for (Running& r : started) running.push_back(std::move(r));
+      if (running.empty() && next_group == groups.size()) break;
+      if (running.empty() && started.empty() && admitted.empty())
+        LT_THROW(ErrorKind::kInternal, "generate: no progress with ", groups.size() - next_group,
+                 " prompt groups waiting");
+      continue;
+    }
+    const Tensor logits = forward_step(model, pool, ids, positions, entries);
+    const std::vector<float> lv = logits.to_f32();
     const int64_t vsz = logits.size(1);
-    for (size_t i = 0; i < active.size(); ++i)
-      cache.lengths[active[i]] += prefill ? prompts[active[i]].size() : 1;
-    std::vector<int64_t> next_active;
-    ids.clear();
-    seq.clear();
-    pos.clear();
-    last_row.clear();
-    cu.assign(1, 0);
-    for (size_t i = 0; i < active.size(); ++i) {
-      const int64_t s = active[i];
-      std::vector<float> row(lv.begin() + i * vsz, lv.begin() + (i + 1) * vsz);
-      std::vector<int32_t> seen;
-      if (cfg.repetition_penalty != 1.0) {
-        seen = prompts[s];
-        seen.insert(seen.end(), res.tokens[s].begin(), res.tokens[s].end());
-      }
-      const int32_t tok = sample_token(row, cfg, gens[static_cast<size_t>(s)], seen);
-      res.tokens[s].push_back(tok);
-      if (std::find(eos.begin(), eos.end(), tok) != eos.end()) {
-        res.finished_by_eos[s] = true;
-        continue;
-      }
-      next_active.push_back(s);
-      ids.push_back(tok);
-      seq.push_back(s);
-      pos.push_back(cache.lengths[s]);
-      last_row.push_back(static_cast<int64_t>(ids.size()) - 1);
-      cu.push_back(static_cast<int32_t>(ids.size()));
+    size_t e = 0;
+    for (int64_t gi : prefill) {
+      PromptGroup& g = groups[static_cast<size_t>(gi)];
+      g.logits.assign(lv.begin() + static_cast<int64_t>(e) * vsz,
+                      lv.begin() + static_cast<int64_t>(e + 1) * vsz);
+      g.prefilled = true;
+      ++e;
     }
-    active = std::move(next_active);
-    prefill = false;
+    for (const auto& [gi, member] : after_prefill) start(gi, member);
+    std::vector<Running> still;
+    for (Running& r : running) {
+      r.length += 1;
+      if (take(r, lv.data() + static_cast<int64_t>(e) * vsz, vsz))
+        still.push_back(std::move(r));
+      else
+        finish(r);
+      ++e;
+    }
+    for (Running& r : started) still.push_back(std::move(r));
+    running = std::move(still);
+    if (running.empty() && next_group == groups.size()) break;
   }
+  LT_CHECK(pool.free_blocks() == pool.num_blocks() && reserved == 0,
+           "generate: ", pool.num_blocks() - pool.free_blocks(), " kv blocks and ", reserved,
+           " reserved left at the end");
   return res;
 }
 
