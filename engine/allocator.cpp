@@ -199,6 +199,7 @@ Block* Allocator::alloc_segment(Pool& pool, size_t segment_size, uint64_t stream
   b->segment_id = next_segment_id_++;
   segments_.insert(b);
   stats_.reserved.add(static_cast<int64_t>(segment_size));
+  stats_.window_reserved.add(static_cast<int64_t>(segment_size));
   stats_.segments++;
   stats_.num_segment_allocs++;
   record(TraceEvent::kSegmentAlloc, b->segment_id, static_cast<int64_t>(segment_size),
@@ -259,6 +260,7 @@ Block* Allocator::allocate(size_t bytes, MemTag tag, const Stream& stream) {
   b->id = next_id_++;
   const auto sz = static_cast<int64_t>(b->size);
   stats_.allocated.add(sz);
+  stats_.window_allocated.add(sz);
   stats_.requested.add(static_cast<int64_t>(bytes));
   stats_.by_tag[static_cast<int>(tag)].add(sz);
   if (stats_.allocated.current == stats_.allocated.peak) {
@@ -279,6 +281,7 @@ void Allocator::free(Block* b) {
   LT_CHECK(b->allocated, "double free of block ", b->id);
   const auto sz = static_cast<int64_t>(b->size);
   stats_.allocated.add(-sz);
+  stats_.window_allocated.add(-sz);
   stats_.requested.add(-static_cast<int64_t>(b->requested));
   stats_.by_tag[static_cast<int>(b->tag)].add(-sz);
   stats_.active_blocks--;
@@ -359,6 +362,7 @@ void Allocator::release_segment(Block* head) {
   pool.blocks.erase(head);
   segments_.erase(head);
   stats_.reserved.add(-static_cast<int64_t>(head->size));
+  stats_.window_reserved.add(-static_cast<int64_t>(head->size));
   stats_.segments--;
   record(TraceEvent::kSegmentFree, head->segment_id, static_cast<int64_t>(head->size),
          MemTag::kOther, head->stream);
@@ -404,6 +408,12 @@ void Allocator::reset_peak_stats() {
   for (int i = 0; i < kNumMemTags; ++i) stats_.by_tag_at_peak[i] = stats_.by_tag[i].current;
   stats_.reserved_at_peak_allocated = stats_.reserved.current;
   stats_.phase_at_peak = step_phase();
+}
+
+void Allocator::begin_window() {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  stats_.window_allocated.peak = stats_.window_allocated.current;
+  stats_.window_reserved.peak = stats_.window_reserved.current;
 }
 
 size_t Allocator::largest_free_block() const {

@@ -112,6 +112,10 @@ struct AllocatorStats {
   MemStat requested;            // bytes asked for
   MemStat reserved;             // bytes in segments obtained from the backing
   MemStat by_tag[kNumMemTags];  // allocated bytes per tag
+  // allocated and reserved again, with peaks since the last begin_window(): the peak of one phase
+  // of a run (the online trainers' generation and optimizer phases).
+  MemStat window_allocated;
+  MemStat window_reserved;
   int64_t segments = 0;         // current number of segments
   int64_t active_blocks = 0;    // current number of allocated blocks
   int64_t num_allocs = 0;
@@ -183,6 +187,8 @@ class Allocator {
 
   AllocatorStats stats() const;
   void reset_peak_stats();
+  // Starts a new window: the window peaks restart from the current values.
+  void begin_window();
   // Largest free cached block, in bytes.
   size_t largest_free_block() const;
 

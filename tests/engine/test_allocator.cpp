@@ -67,6 +67,29 @@ TEST(Allocator, RoundsTo512AndReusesFreedBlock) {
   f.alloc.free(b);
 }
 
+// A window's peaks start at the current values and follow allocations after begin_window(); the
+// whole-run peaks are untouched.
+TEST(Allocator, WindowPeaksRestartAtBeginWindow) {
+  Fixture f;
+  Block* a = f.alloc.allocate(30 << 20, MemTag::kKVCache, f.s0);  // a 30 MiB segment of its own
+  Block* b = f.alloc.allocate(1000, MemTag::kActivation, f.s0);
+  f.alloc.free(a);
+  f.alloc.empty_cache();
+  f.alloc.begin_window();
+  AllocatorStats st = f.alloc.stats();
+  EXPECT_EQ(st.window_allocated.peak, 1024);
+  EXPECT_EQ(st.window_reserved.peak, 2 << 20);
+  EXPECT_EQ(st.allocated.peak, (30 << 20) + 1024);
+  Block* c = f.alloc.allocate(3000, MemTag::kActivation, f.s0);
+  f.alloc.free(c);
+  st = f.alloc.stats();
+  EXPECT_EQ(st.window_allocated.peak, 1024 + 3072);
+  EXPECT_EQ(st.window_allocated.current, 1024);
+  EXPECT_EQ(st.window_reserved.peak, 2 << 20);
+  EXPECT_EQ(st.allocated.peak, (30 << 20) + 1024);
+  f.alloc.free(b);
+}
+
 TEST(Allocator, SmallAndLargePoolsUseSeparateSegments) {
   Fixture f;
   Block* s = f.alloc.allocate(1 << 20, MemTag::kOther, f.s0);        // 1 MiB: small pool
