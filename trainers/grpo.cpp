@@ -189,14 +189,40 @@ void OnlineTrainer::generate_batch() {
     StepPhaseGuard phase("generation");
     NoGradGuard ng;
     AdapterEvalScope eval(peft_);
+    Allocator& al = allocator(model_->device());
+    if (generations_ > 0) close_optimizer_window(optimizer_peak_);
+    al.begin_window();
+    if (!kv_pool_) {
+      int64_t blocks = cfg_.kv_cache_blocks;
+      if (blocks == 0) {
+        // A whole generation batch at once, at the longest prompt's reservation.
+        int64_t per_prompt = 1;
+        for (const PromptRow& r : data_.rows)
+          per_prompt = std::max(per_prompt, kv_blocks_for_prompt(
+                                                static_cast<int64_t>(r.ids.size()), g,
+                                                cfg_.generation.max_new_tokens, cfg_.kv_block_size));
+        blocks = per_prompt * static_cast<int64_t>(idx.size());
+      }
+      kv_pool_ = std::make_unique<PagedKVCache>(model_->config(), model_->num_layers(),
+                                                model_->dtype(), model_->device(),
+                                                cfg_.kv_block_size, blocks);
+    }
     GenerationConfig gc = cfg_.generation;
     gc.seed = args_.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(generations_ + 1);
     // Data parallel: completions are numbered across the ranks, as one process numbers them.
     gc.first_sequence =
         static_cast<int64_t>(prompts.size()) * world_communicator(args_.comm).rank();
-    gen = generate(*model_, prompts, gc);
+    gen = generate(*model_, prompts, gc, kv_pool_.get());
+    if (cfg_.sleep_mode) {
+      const int64_t before = al.stats().reserved.current;
+      kv_pool_->sleep();
+      sleep_released_ = std::max(sleep_released_, before - al.stats().reserved.current);
+    }
+    const AllocatorStats st = al.stats();
+    generation_peak_.allocated = std::max(generation_peak_.allocated, st.window_allocated.peak);
+    generation_peak_.reserved = std::max(generation_peak_.reserved, st.window_reserved.peak);
+    al.begin_window();
   }
-  kv_cache_peak_ = std::max(kv_cache_peak_, gen.kv_cache_bytes);
   const double gen_s = seconds_since(start);
 
   // Rewards.
@@ -567,13 +593,31 @@ void OnlineTrainer::on_train_begin(MetricsLogger& log) {
               (ref_ ? std::string("; reference ") + ref_mode_name(ref_->mode()) : ""));
 }
 
+void OnlineTrainer::close_optimizer_window(PhasePeaks& into) const {
+  const AllocatorStats st = allocator(model_->device()).stats();
+  into.allocated = std::max(into.allocated, st.window_allocated.peak);
+  into.reserved = std::max(into.reserved, st.window_reserved.peak);
+}
+
 nlohmann::json OnlineTrainer::technique_savings() const {
   nlohmann::json s = nlohmann::json::object();
   if (ref_) s["reference_model"] = ref_->memory_json();
+  // The last optimizer phase runs up to now (the report is made at the end of training).
+  PhasePeaks optimizer = optimizer_peak_;
+  if (generations_ > 0) close_optimizer_window(optimizer);
   s["generation"] = {
-      {"kv_cache_peak_bytes", kv_cache_peak_},
+      {"kv_cache_pool_bytes", kv_pool_ ? kv_pool_->bytes() : 0},
       {"kv_cache_tag_peak_bytes",
-       allocator(model_->device()).stats().by_tag[static_cast<int>(MemTag::kKVCache)].peak}};
+       allocator(model_->device()).stats().by_tag[static_cast<int>(MemTag::kKVCache)].peak},
+      {"kv_cache_blocks", kv_pool_ ? kv_pool_->num_blocks() : 0},
+      {"kv_block_size", cfg_.kv_block_size},
+      {"kv_blocks_peak_used", kv_pool_ ? kv_pool_->peak_blocks_used() : 0},
+      {"sleep_mode", cfg_.sleep_mode},
+      {"sleep_released_bytes", sleep_released_},
+      {"generation_phase_peak_allocated", generation_peak_.allocated},
+      {"generation_phase_peak_reserved", generation_peak_.reserved},
+      {"optimizer_phase_peak_allocated", optimizer.allocated},
+      {"optimizer_phase_peak_reserved", optimizer.reserved}};
   if (args_.gradient_checkpointing)
     s["gradient_checkpointing"] = {
         {"note", "only each layer's input is kept between forward and backward"}};
@@ -631,6 +675,9 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
     }
     cfg.mask_truncated_completions = o.get_bool("mask_truncated_completions");
   }
+  cfg.kv_cache_blocks = o.get_int("kv_cache_blocks");
+  cfg.kv_block_size = o.get_int("kv_block_size");
+  cfg.sleep_mode = o.get_bool("vllm_enable_sleep_mode");
   cfg.generation.temperature = o.get_float("temperature");
   cfg.generation.top_p = o.get_float("top_p");
   cfg.generation.top_k = o.get_int("top_k");

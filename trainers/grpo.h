@@ -41,8 +41,11 @@
 // order for the advantages and metrics, dapo's normaliser counts every rank's tokens, and each
 // rank's loss is divided by the world size (the trainer sums gradients where DDP averages).
 // Only whole generation batches are used in an epoch (TRL's RepeatSampler drops the rest).
-// Not built yet: ds3_gather_for_generation (no ZeRO-3), prefix sharing and paged KV blocks in the
-// generation engine, sleep mode between phases, online_dpo's pairwise judges.
+// Memory between phases: the generation engine's paged KV-cache pool (kv_cache_blocks of
+// kv_block_size tokens) is made once and kept; with vllm_enable_sleep_mode (alias
+// generation_sleep) it is freed after every generation phase together with the allocator's cached
+// blocks, and made again at the next. The memory report gives each phase's peak.
+// Not built yet: ds3_gather_for_generation (no ZeRO-3), online_dpo's pairwise judges.
 #pragma once
 
 #include <chrono>
@@ -105,6 +108,10 @@ struct OnlineConfig {
   std::string dpo_loss_type = "sigmoid";  // sigmoid | ipo
   double missing_eos_penalty = 0;
   int64_t max_length = 0;  // online_dpo: prompt + completion scored (0 = all)
+  // The generation engine's KV-cache pool (models/kv_cache.h), kept between generation phases.
+  int64_t kv_cache_blocks = 0;  // 0: a whole generation batch at the longest prompt
+  int64_t kv_block_size = 16;
+  bool sleep_mode = false;  // vllm_enable_sleep_mode: the pool sleeps outside generation
 };
 
 // One scored completion of the current generation batch.
@@ -168,7 +175,16 @@ class OnlineTrainer final : public Trainer {
   // Wall seconds from the end of one generation phase to the start of the next: the updates.
   double optimization_s_ = 0;
   std::chrono::steady_clock::time_point phase_end_;
-  int64_t kv_cache_peak_ = 0;
+  // The KV-cache pool, made at the first generation, and each phase's peaks (allocator windows):
+  // the generation phase is the generate() call, the optimizer phase everything from its end to
+  // the next one (rewards, reference scoring, updates).
+  std::unique_ptr<PagedKVCache> kv_pool_;
+  struct PhasePeaks {
+    int64_t allocated = 0, reserved = 0;
+  };
+  PhasePeaks generation_peak_, optimizer_peak_;
+  int64_t sleep_released_ = 0;  // reserved bytes one sleep gave back, at most
+  void close_optimizer_window(PhasePeaks& into) const;
   DataStats stats_;
 };
 

@@ -90,6 +90,16 @@ Options online_options(const std::string& algorithm) {
     o.add_bool("mask_truncated_completions", false,
                "completions that hit max_completion_length take no part in the loss");
   }
+  o.add_bool("vllm_enable_sleep_mode", false,
+             "after each generation phase give the KV-cache pool and the allocator's cached "
+             "blocks back, so the optimizer phase does not hold them; they return at the next "
+             "generation");
+  o.add_alias("generation_sleep", "vllm_enable_sleep_mode");
+  o.add_int("kv_cache_blocks", 0,
+            "KV-cache pool, in blocks (0: enough for a whole generation batch at the longest "
+            "prompt; fewer: continuous batching runs what fits)",
+            0);
+  o.add_int("kv_block_size", 16, "tokens per KV-cache block", 1, 4096);
   o.add_bool("use_liger_loss", true,
              "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist");
   add_reward_source_options(o);

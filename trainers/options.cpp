@@ -165,7 +165,19 @@ nlohmann::json parse_config_json(std::string_view text, const std::string& sourc
 }
 
 std::string Options::canonical(const std::string& name) const {
-  return dashes_to_underscores(name);
+  const std::string n = dashes_to_underscores(name);
+  const auto it = aliases_.find(n);
+  return it == aliases_.end() ? n : it->second;
+}
+
+Options& Options::add_alias(const std::string& alias, const std::string& name) {
+  Spec& s = spec(name);
+  const std::string a = dashes_to_underscores(alias);
+  for (const Spec& other : specs_)
+    LT_CHECK(other.name != a, command_, ": alias --", a, " is already an option");
+  LT_CHECK(aliases_.emplace(a, s.name).second, command_, ": alias --", a, " declared twice");
+  s.help += " (also --" + a + ")";
+  return *this;
 }
 
 Options::Spec& Options::spec(const std::string& name) {

@@ -3,7 +3,8 @@
 // A command declares each option with its type, default and one line of meaning. Values come
 // from defaults, then a JSON config file (--config F, an object of option -> value), then
 // --flags, each overriding the previous. Flags are `--name value` or `--name=value`; a bool
-// flag alone (`--packing`) means true. Option names are accepted with '-' or '_'.
+// flag alone (`--packing`) means true. Option names are accepted with '-' or '_', and an option
+// may have an alias (add_alias).
 // Every problem is an Error of kind kInput naming the option: unknown option (with the closest
 // known name), wrong type, value out of its allowed set, a flag without a value, a JSON key of
 // the wrong type. help() lists every option with its default and meaning.
@@ -49,6 +50,9 @@ class Options {
   // one string).
   Options& add_string_list(const std::string& name, std::vector<std::string> def,
                            const std::string& help);
+  // Another name for a declared option (TRL's name and ours): either sets the same value, and
+  // help lists the alias beside the option.
+  Options& add_alias(const std::string& alias, const std::string& name);
   // Positional arguments (e.g. the PATH of inspect) are collected, in order.
   Options& allow_positional(const std::string& name, const std::string& help);
 
@@ -104,6 +108,7 @@ class Options {
   std::vector<Spec> specs_;
   std::map<std::string, nlohmann::json> values_;
   std::map<std::string, bool> user_set_;
+  std::map<std::string, std::string> aliases_;  // alias -> option name
   std::string positional_name_;
   std::string positional_help_;
   std::vector<std::string> positional_;

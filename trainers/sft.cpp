@@ -302,13 +302,35 @@ std::string format_memory_report(const nlohmann::json& r) {
     out += line;
   }
   if (s.contains("generation")) {
-    std::snprintf(
-        line, sizeof line,
-        "    in-process generation from the trained weights (no second model copy, no "
-        "weight sync): KV cache up to %s, kv_cache tag peak %s with the decode "
-        "scratch\n",
-        format_bytes(s["generation"].value("kv_cache_peak_bytes", int64_t{0})).c_str(),
-        format_bytes(s["generation"].value("kv_cache_tag_peak_bytes", int64_t{0})).c_str());
+    const auto& g = s["generation"];
+    auto b = [&](const char* key) { return format_bytes(g.value(key, int64_t{0})); };
+    std::snprintf(line, sizeof line,
+                  "    in-process generation from the trained weights (no second model copy, no "
+                  "weight sync): KV-cache pool %s (%lld blocks of %lld tokens, %lld used at "
+                  "most)\n",
+                  b("kv_cache_pool_bytes").c_str(),
+                  static_cast<long long>(g.value("kv_cache_blocks", int64_t{0})),
+                  static_cast<long long>(g.value("kv_block_size", int64_t{0})),
+                  static_cast<long long>(g.value("kv_blocks_peak_used", int64_t{0})));
+    out += line;
+    std::snprintf(line, sizeof line,
+                  "    generation phase peak %s allocated, %s reserved; optimizer phase peak %s "
+                  "allocated, %s reserved\n",
+                  b("generation_phase_peak_allocated").c_str(),
+                  b("generation_phase_peak_reserved").c_str(),
+                  b("optimizer_phase_peak_allocated").c_str(),
+                  b("optimizer_phase_peak_reserved").c_str());
+    out += line;
+    if (g.value("sleep_mode", false))
+      std::snprintf(line, sizeof line,
+                    "    sleep mode: %s given back after each generation phase (the pool and "
+                    "cached blocks), made again for the next\n",
+                    b("sleep_released_bytes").c_str());
+    else
+      std::snprintf(line, sizeof line,
+                    "    sleep mode off: the pool (%s) is held through the optimizer phase "
+                    "(--vllm_enable_sleep_mode frees it)\n",
+                    b("kv_cache_pool_bytes").c_str());
     out += line;
   }
   if (s.contains("gradient_checkpointing"))

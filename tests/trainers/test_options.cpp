@@ -57,6 +57,21 @@ TEST(Options, ConfigFileThenFlagsOverride) {
   EXPECT_EQ(o.get_string("packing_strategy"), "wrapped");
 }
 
+TEST(Options, AnAliasSetsTheSameOption) {
+  Options o = make();
+  o.add_alias("pack", "packing");
+  ASSERT_TRUE(o.parse({"--pack"}));
+  EXPECT_TRUE(o.get_bool("packing"));
+  EXPECT_TRUE(o.is_set("packing"));
+  EXPECT_NE(o.help().find("(also --pack)"), std::string::npos);
+  Options c = make();
+  c.add_alias("pack", "packing");
+  c.apply_config_text(R"({"pack": true})", "c.json");
+  EXPECT_TRUE(c.get_bool("packing"));
+  EXPECT_THROW(c.add_alias("max_length", "packing"), Error);  // an alias may not shadow an option
+  EXPECT_THROW(c.add_alias("pack", "max_length"), Error);     // nor be declared twice
+}
+
 TEST(Options, EveryProblemIsOneLineNamingTheOption) {
   std::string dir = testing::temp_dir("bad");
   std::ofstream(dir + "/bad.json") << R"({"max_length": "long"})";
