@@ -1,4 +1,5 @@
 // trainer_bin estimate --model_name_or_path PATH [the sft options] [--budget_gib G]
+// (trainer_bin estimate dpo|kto|reward|grpo|rloo|online_dpo ...: those trainers' estimates.)
 // Predicts the peak device memory of an sft run by category before anything is allocated
 // (trainers/estimate.h). PATH is an HF model folder or a bare config.json (a shape without
 // weights, for planning); no PATH: the built-in demo model. With --budget_gib, also lists the
@@ -10,6 +11,7 @@
 #include "loaders/tokenizer.h"
 #include "trainers/commands.h"
 #include "trainers/estimate.h"
+#include "trainers/estimate_online.h"
 #include "trainers/estimate_pref.h"
 #include "trainers/estimate_reward.h"
 #include "trainers/metrics.h"
@@ -75,6 +77,8 @@ int run_estimate(const std::vector<std::string>& args) {
     return run_estimate_preference({args.begin() + 1, args.end()}, args[0]);
   if (!args.empty() && args[0] == "reward")
     return run_estimate_reward({args.begin() + 1, args.end()});
+  if (!args.empty() && (args[0] == "grpo" || args[0] == "rloo" || args[0] == "online_dpo"))
+    return run_estimate_online({args.begin() + 1, args.end()}, args[0]);
   Options o = sft_options("estimate");
   o.add_float("budget_gib", 0.0, "device memory available (GiB); 0 = no budget check", 0.0);
   o.add_int("world_size", 1,

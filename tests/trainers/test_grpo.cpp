@@ -1,7 +1,8 @@
 // The online trainers (trainer_bin grpo, rloo, online_dpo): per-token log-probabilities under a
 // temperature against a float64 reference, the reward rising on the built-in task with built-in and
 // with external-command rewards, the KL against the adapters-off reference, and bad input (exit 2,
-// one line naming the file, line or command).
+// one line naming the file, line or command), and sleep mode between phases with the estimate of
+// each phase's peak.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "engine/ops.h"
 #include "kernels/cross_entropy.h"
 #include "testing/testing.h"
+#include "trainers/estimate_online.h"
 #include "trainers/grpo.h"
 #include "trainers/trainer_test_util.h"
 
@@ -149,17 +151,20 @@ TEST(Grpo, DemoRewardRises) {
 struct OnlineOutcome {
   std::vector<double> losses, rewards;
   nlohmann::json generation;  // the memory report's generation entry
+  OnlineEstimate estimate;    // trainer_bin estimate grpo with the same options
 };
 OnlineOutcome run_online(const std::string& out, std::vector<std::string> extra) {
   Options o = online_options("grpo");
+  add_online_estimate_options(o);
   std::vector<std::string> args = {"--device",     "cpu", "--max_steps", "8", "--logging_steps",
                                    "1",            "--output_dir", out};
   args.insert(args.end(), extra.begin(), extra.end());
   EXPECT_TRUE(o.parse(args));
   apply_online_embedded_defaults(o);
+  OnlineOutcome res;
+  res.estimate = estimate_online_from_options(o, "grpo", embedded_data_dir() + "/config.json", true);
   OnlineRun run = make_online_run("grpo", o);
   const TrainResult r = run.trainer->train();
-  OnlineOutcome res;
   res.losses = r.losses;
   for (const auto& m : run.trainer->logged_metrics())
     if (m.contains("reward")) res.rewards.push_back(m["reward"].get<double>());
@@ -195,6 +200,15 @@ TEST(Grpo, SleepModeFreesThePoolForTheOptimizerPhase) {
   EXPECT_GE(asleep.generation["generation_phase_peak_allocated"].get<int64_t>(), pool);
   EXPECT_LT(asleep.generation["optimizer_phase_peak_reserved"].get<int64_t>(),
             awake.generation["optimizer_phase_peak_reserved"].get<int64_t>());
+  // trainer_bin estimate grpo: the pool exactly, each phase's peak within 6% of the measured one.
+  for (const OnlineOutcome* o : {&awake, &asleep}) {
+    EXPECT_EQ(o->estimate.kv_pool, pool);
+    const double gen = o->generation["generation_phase_peak_allocated"].get<double>();
+    const double opt = o->generation["optimizer_phase_peak_allocated"].get<double>();
+    EXPECT_NEAR(static_cast<double>(o->estimate.generation_peak) / gen, 1.0, 0.06);
+    EXPECT_NEAR(static_cast<double>(o->estimate.optimizer_peak) / opt, 1.0, 0.06);
+  }
+  EXPECT_EQ(awake.estimate.optimizer_peak - asleep.estimate.optimizer_peak, pool);
   EXPECT_EQ(small.generation["kv_cache_blocks"].get<int64_t>(), 6);
   EXPECT_LE(small.generation["kv_blocks_peak_used"].get<int64_t>(), 6);
 }
