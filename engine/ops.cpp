@@ -73,6 +73,8 @@ void cpu_copy(const Tensor& dst, const Tensor& src) {
     return;
   }
   // General path: gather src into a contiguous buffer of dst's dtype, then scatter.
+  (void)src.data_ptr();  // Errors for released memory
+  (void)dst.data_ptr();
   const char* sbase = static_cast<const char*>(src.storage()->data());
   char* dbase = static_cast<char*>(dst.storage()->data());
   const Shape dstrides = dst.strides();

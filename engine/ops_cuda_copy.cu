@@ -203,6 +203,7 @@ __global__ void fill_kernel(void* __restrict__ dst, Layout L, int64_t n, uint64_
 
 // Strided element base pointer: the storage start plus the tensor's offset.
 void* base_ptr(const Tensor& t) {
+  (void)t.data_ptr();  // Errors for released memory
   return static_cast<char*>(t.storage()->data()) +
          t.offset() * static_cast<int64_t>(t.element_size());
 }

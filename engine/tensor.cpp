@@ -62,6 +62,26 @@ void Storage::set_tag(MemTag tag) {
   if (block_) alloc_->retag(block_, tag);
 }
 
+void Storage::release_memory() {
+  LT_CHECK(!is_external(), "release_memory on external memory");
+  if (released_) return;
+  if (block_) {
+    tag_ = Allocator::block_tag(block_);
+    alloc_->free(block_);
+  }
+  block_ = nullptr;
+  ptr_ = nullptr;
+  released_ = true;
+}
+
+void Storage::restore_memory() {
+  if (!released_) return;
+  released_ = false;
+  if (nbytes_ == 0) return;
+  block_ = alloc_->allocate(nbytes_, tag_, current_stream(alloc_->device()));
+  ptr_ = Allocator::block_ptr(block_);
+}
+
 void Storage::record_stream(const Stream& s) {
   if (block_) alloc_->record_stream(block_, s);
 }
@@ -183,7 +203,11 @@ Tensor& Tensor::set_name(std::string name) {
 }
 void* Tensor::data_ptr() const {
   check_defined();
-  if (!impl_->storage->data()) return nullptr;
+  if (!impl_->storage->data()) {
+    LT_CHECK(!impl_->storage->memory_released(), "tensor ", str(),
+             ": its memory is released (a ZeRO-3 parameter used outside its gathered unit)");
+    return nullptr;
+  }
   return static_cast<char*>(impl_->storage->data()) +
          impl_->offset * static_cast<int64_t>(dtype_size(impl_->dtype));
 }

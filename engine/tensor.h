@@ -47,6 +47,13 @@ class Storage {
   Allocator* allocator() const { return alloc_; }
   // The block may be in use on `s` too: its reuse after free waits for `s`.
   void record_stream(const Stream& s);
+  // Gives the memory back to its allocator and keeps the Storage, so that every Tensor and saved
+  // tensor over it stays valid (ZeRO-3 parameters between uses); data() is nullptr and reading
+  // or writing through a Tensor is an Error until restore_memory(). Allocator-backed only.
+  void release_memory();
+  // A fresh block of the same size and tag, on the current stream (contents undefined).
+  void restore_memory();
+  bool memory_released() const { return released_; }
 
  private:
   Allocator* alloc_ = nullptr;
@@ -56,6 +63,7 @@ class Storage {
   Device device_;
   MemTag tag_ = MemTag::kOther;
   std::shared_ptr<void> keepalive_;
+  bool released_ = false;
 };
 
 class Node;

@@ -242,6 +242,7 @@ void DecoderModel::save(const std::string& dir, DType disk_dtype, uint64_t max_s
 }
 
 Tensor DecoderModel::embed(const Tensor& ids, const RowGradSink& sink) const {
+  ParamUse use(residency_, ParamResidency::kOuterUnit);
   if (embedding_override.embed) return embedding_override.embed(embed_tokens_, ids);
   if (sink && !cfg_.tie_word_embeddings && embed_tokens_.requires_grad() && grad_mode_enabled()) {
     const Tensor w = embed_tokens_;
@@ -254,6 +255,7 @@ Tensor DecoderModel::embed(const Tensor& ids, const RowGradSink& sink) const {
 Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
                                    const Tensor& cu_seqlens, int64_t max_seqlen,
                                    const ContextParallel* cp) const {
+  ParamUse use(residency_, i);
   const DecoderLayer& L = layers_[i];
   const int64_t t = h.size(0), d = cfg_.head_dim;
   const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
@@ -304,6 +306,7 @@ Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
 }
 
 Tensor DecoderModel::logits(const Tensor& hidden) const {
+  ParamUse use(residency_, ParamResidency::kOuterUnit);
   return kernels::linear(hidden, lm_head_weight());
 }
 
@@ -333,6 +336,7 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
     for (int64_t v : targets_host.to_i64()) n += v != kernels::kIgnoreIndex;
     r.label_tokens = n;
   }
+  ParamUse use(residency_, ParamResidency::kOuterUnit);
   const bool need_full_logits = opt.need_logits || (opt.need_loss && !opt.fused_loss);
   if (need_full_logits) r.logits = logits(hidden);
   if (opt.need_loss) {

@@ -68,6 +68,34 @@ struct ForwardOptions {
   bool labels_shifted = false;
 };
 
+// Where the weights live between uses: under ZeRO-3 (trainers/zero3.h) each rank keeps 1/N of
+// them and a unit is gathered for each use. The model brackets every use of a unit's weights
+// with acquire/release (ParamUse): unit i is decoder layer i, kOuterUnit the token embedding and
+// the LM head. Uses nest (the residency counts them); in backward the residency holds a unit
+// itself while the unit's nodes run.
+class ParamResidency {
+ public:
+  static constexpr int64_t kOuterUnit = -1;
+  virtual ~ParamResidency() = default;
+  virtual void acquire(int64_t unit) = 0;
+  virtual void release(int64_t unit) = 0;
+};
+class ParamUse {
+ public:
+  ParamUse(ParamResidency* r, int64_t unit) : r_(r), unit_(unit) {
+    if (r_) r_->acquire(unit_);
+  }
+  ~ParamUse() {
+    if (r_) r_->release(unit_);
+  }
+  ParamUse(const ParamUse&) = delete;
+  ParamUse& operator=(const ParamUse&) = delete;
+
+ private:
+  ParamResidency* r_;
+  int64_t unit_;
+};
+
 struct ForwardResult {
   Tensor loss;    // [] f32
   Tensor logits;  // [T, V] when asked
@@ -131,6 +159,10 @@ class DecoderModel {
 
   ForwardResult forward(const Batch& batch, const ForwardOptions& opt = {});
 
+  // ZeRO-3's residency (not owned; nullptr: every weight is always resident).
+  void set_param_residency(ParamResidency* r) { residency_ = r; }
+  ParamResidency* param_residency() const { return residency_; }
+
   // Pieces used by forward, the trainers and generation. With a sink, a token embedding that
   // trains (untied, no embedding override) hands its gradient out by rows in backward.
   Tensor embed(const Tensor& ids, const RowGradSink& sink = nullptr) const;
@@ -156,6 +188,7 @@ class DecoderModel {
   Tensor norm_;
   LinearModule lm_head_;
   Tensor score_;  // sequence classification only
+  ParamResidency* residency_ = nullptr;
   std::vector<std::string> unused_;
 
  public:

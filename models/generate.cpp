@@ -162,6 +162,7 @@ Tensor forward_step(const DecoderModel& m, PagedKVCache& pool, const std::vector
   ao.max_seqlen_k = max_k;
   Tensor h = m.embed(Tensor::from_vector(ids, {t}, dev));
   for (int64_t l = 0; l < m.num_layers(); ++l) {
+    ParamUse use(m.param_residency(), l);
     const DecoderLayer& L = m.layer(l);
     Tensor x = kernels::rms_norm(h, L.input_layernorm, c.rms_norm_eps);
     Tensor q = kernels::rope(L.q_proj.forward(x).view({t, nh, d}), tpos, c.rope);

@@ -42,6 +42,7 @@ kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch&
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
     cu_logps = Tensor::from_vector(rows, {static_cast<int64_t>(rows.size())});
   }
+  ParamUse use(model.param_residency(), ParamResidency::kOuterUnit);
   if (opts.fused)
     return kernels::linear_sequence_logprobs(hidden, model.lm_head_weight(), targets, cu_logps, ko);
   return kernels::logits_sequence_logprobs(model.logits(hidden), targets, cu_logps, ko);

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/allocator.h"
+#include "engine/ops.h"
 #include "engine/tensor.h"
 #include "testing/testing.h"
 
@@ -332,6 +333,31 @@ TEST_F(AllocatorCuda, OutOfMemoryOnDeviceLimit) {
   EXPECT_THROW({ Tensor t = Tensor::empty({int64_t{128} << 20}, DType::kF32, Device::cuda(0)); },
                Error);
   a.set_memory_limit(old);
+}
+
+}  // namespace
+}  // namespace leantune
+
+namespace leantune {
+namespace {
+
+// A released Storage gives its bytes back and stays the same object: views and saved tensors
+// over it see the restored memory; touching it while released is an Error, not a crash.
+TEST(StorageRelease, ReleaseAndRestoreKeepTheTensorsValid) {
+  Allocator& a = allocator(Device::cpu());
+  const int64_t before = a.stats().tag(MemTag::kParam).current;
+  Tensor w = Tensor::zeros({64, 32}, DType::kF32, Device::cpu(), MemTag::kParam);
+  const Tensor view = w.narrow(0, 3, 2);
+  EXPECT_EQ(a.stats().tag(MemTag::kParam).current - before, 64 * 32 * 4);
+  w.storage()->release_memory();
+  EXPECT_TRUE(w.storage()->memory_released());
+  EXPECT_EQ(a.stats().tag(MemTag::kParam).current, before);
+  EXPECT_THROW(w.data_ptr(), Error);
+  EXPECT_THROW(view.to_f64(), Error);
+  w.storage()->restore_memory();
+  EXPECT_EQ(a.stats().tag(MemTag::kParam).current - before, 64 * 32 * 4);
+  ops::fill(w, 2.5);
+  for (double x : view.to_f64()) EXPECT_EQ(x, 2.5);
 }
 
 }  // namespace
