@@ -18,8 +18,11 @@ void add_dist_options(Options& o) {
               "seconds a collective waits for a peer before the run stops naming the lost rank");
   o.add_int("zero_stage", 0,
             "ZeRO (DeepSpeed's stages): 0 data parallel, 1 optimizer states sharded, 2 gradients "
-            "sharded too (3, parameters sharded, is not built yet)",
+            "sharded too, 3 parameters sharded too (a decoder layer gathered for each use)",
             0, 3);
+  o.add_int("stage3_param_persistence_threshold",
+            DistArguments{}.stage3_param_persistence_threshold,
+            "zero_stage 3: parameters of at most this many elements stay whole on every rank", 0);
   o.add_int("reduce_bucket_size", DistArguments{}.reduce_bucket_size,
             "elements per ZeRO unit (gradients are reduced unit by unit; under stage 2 the full "
             "gradients of at most about one unit exist at once)",
@@ -41,9 +44,7 @@ DistArguments dist_arguments(const Options& o) {
   d.zero_stage = static_cast<int>(o.get_int("zero_stage"));
   d.reduce_bucket_size = o.get_int("reduce_bucket_size");
   d.cp_size = static_cast<int>(o.get_int("cp_size"));
-  LT_CHECK_INPUT(d.zero_stage != 3,
-                 "option zero_stage 3: sharding the parameters themselves is not built yet; use "
-                 "1 or 2 (optimizer states and gradients sharded)");
+  d.stage3_param_persistence_threshold = o.get_int("stage3_param_persistence_threshold");
   return d;
 }
 

@@ -8,8 +8,11 @@
 //                       message naming the lost rank (exit 5) and the job is ended
 //   zero_stage          0: data parallel (gradients all-reduced, every rank keeps everything);
 //                       1: optimizer states and f32 masters sharded; 2: gradients
-//                       reduce-scattered as well (trainers/zero.h); 3 (parameters sharded)
-//                       is refused: not built yet
+//                       reduce-scattered as well (trainers/zero.h); 3: the parameters
+//                       sharded too, a decoder layer gathered for each use (trainers/zero3.h)
+//   stage3_param_persistence_threshold
+//                       stage 3: parameters of at most this many elements stay whole on every
+//                       rank (DeepSpeed's name and default)
 //   reduce_bucket_size  elements per ZeRO unit: the grain of the reductions, and under stage 2
 //                       the most full gradients that exist at once beyond those in flight
 //   cp_size             context parallelism: the ranks that split each micro-batch's sequence
@@ -27,6 +30,7 @@ struct DistArguments {
   int zero_stage = 0;
   int64_t reduce_bucket_size = 25'000'000;  // elements per ZeRO unit (DeepSpeed's name)
   int cp_size = 1;                          // context-parallel ranks per micro-batch
+  int64_t stage3_param_persistence_threshold = 100'000;
 };
 
 void add_dist_options(Options& o);

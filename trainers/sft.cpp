@@ -248,6 +248,16 @@ std::string format_memory_report(const nlohmann::json& r) {
                   1e3 * d["comm_seconds"].get<double>(),
                   1e3 * d["exposed_comm_seconds"].get<double>());
     out += line;
+    if (d.contains("zero3")) {
+      const auto& z = d["zero3"];
+      std::snprintf(line, sizeof line,
+                    "  zero_stage 3: this rank's parameter slices %s, whole small parameters %s, "
+                    "gathered units at most %s\n",
+                    format_bytes(z["shard_bytes"].get<int64_t>()).c_str(),
+                    format_bytes(z["persistent_bytes"].get<int64_t>()).c_str(),
+                    format_bytes(z["peak_gathered_bytes"].get<int64_t>()).c_str());
+      out += line;
+    }
   }
   const auto& s = r["savings"];
   if (s.contains("estimate")) {

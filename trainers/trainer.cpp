@@ -201,6 +201,7 @@ TrainingArguments training_arguments(const Options& o) {
   a.comm = dist.comm;
   a.zero_stage = dist.zero_stage;
   a.reduce_bucket_size = dist.reduce_bucket_size;
+  a.stage3_param_persistence_threshold = dist.stage3_param_persistence_threshold;
   a.cp_size = dist.cp_size;
   a.device = o.get_string("device");
   a.max_memory_gib = o.get_float("max_memory_gib");
@@ -286,9 +287,20 @@ void Trainer::build_optimizer() {
     for (const auto& p : trainable_) params.push_back(p.tensor);
     buckets_ = std::make_unique<GradientBuckets>(comm, std::move(params), args_.reduce_bucket_size);
   }
+  if (args_.zero_stage == 3 && comm.size() > 1 && !zero3_) {
+    auto refuse = [](bool bad, const char* what) {
+      LT_CHECK_INPUT(!bad, "option zero_stage 3: ", what, " is not built yet under stage 3");
+    };
+    refuse(args_.activation_offloading, "--activation_offloading");
+    refuse(args_.optimizer_in_backward, "--optimizer_in_backward");
+    refuse(args_.cp_size > 1, "--cp_size > 1");
+    refuse(quant_config_.enabled(), "a quantized base (--load_in_4bit / --load_in_8bit)");
+    refuse(static_cast<bool>(model_->embedding_override.embed), "--trainable_token_indices");
+    zero3_ = std::make_unique<Zero3Params>(comm, *model_, args_.stage3_param_persistence_threshold);
+  }
   if (args_.zero_stage > 0 && comm.size() > 1) {
     auto z = std::make_unique<ZeroOptimizer>(args_.zero_stage, comm, oa, trainable_, cfg,
-                                             args_.reduce_bucket_size);
+                                             args_.reduce_bucket_size, zero3_.get());
     zero_ = z.get();
     optimizer_ = std::move(z);
   } else {
@@ -341,6 +353,16 @@ void Trainer::write_rank_files(const std::string& dir, int rank) const {
 void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
   Communicator& comm = world_communicator(args_.comm);
   const bool distributed = comm.size() > 1;
+  // ZeRO-3: every rank takes part in gathering the whole model that rank 0 writes.
+  struct Gathered {
+    Zero3Params* z;
+    explicit Gathered(Zero3Params* z3) : z(z3) {
+      if (z) z->acquire_all();
+    }
+    ~Gathered() {
+      if (z) z->release_all();
+    }
+  } gathered(zero3_.get());
   if (distributed && comm.rank() != 0) {
     write_rank_files(rank_staging_dir(args_.output_dir, step, comm.rank()), comm.rank());
     comm.barrier();  // staged
@@ -402,7 +424,15 @@ void Trainer::load_checkpoint(const std::string& dir) {
           : 1;
   LT_CHECK_INPUT(st_cp == args_.cp_size, dir, " was written with cp_size ", st_cp,
                  "; this run has cp_size ", args_.cp_size, " (resume with the same cp_size)");
-  load_model(dir);
+  if (zero3_) {
+    // The checkpoint holds the whole model: every rank loads it and keeps its slices.
+    zero3_->acquire_all();
+    load_model(dir);
+    zero3_->reshard_from_full();
+    zero3_->release_all();
+  } else {
+    load_model(dir);
+  }
   LT_CHECK_INPUT(st.optim == args_.optim && st.offload_optimizer == args_.offload_optimizer, dir,
                  " holds the state of --optim ", st.optim, " --offload_optimizer ",
                  st.offload_optimizer, "; this run uses --optim ", args_.optim,
@@ -471,7 +501,8 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
     // This rank's time per update. The CPU collectives block the rank, so all of it is exposed;
     // stage 2's reductions inside backward are counted as communication, not compute.
     const double comm_s = comm_seconds_ + (zero_ ? zero_->comm_seconds() : 0.0) +
-                          (buckets_ ? buckets_->comm_seconds() : 0.0);
+                          (buckets_ ? buckets_->comm_seconds() : 0.0) +
+                          (zero3_ ? zero3_->comm_seconds() : 0.0);
     const double n = static_cast<double>(timed_updates_);
     r["distributed"] = {
         {"world_size", comm.size()},         {"zero_stage", zero_ ? args_.zero_stage : 0},
@@ -480,6 +511,10 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"comm_seconds", comm_s / n},        {"exposed_comm_seconds", comm_s / n}};
     // The ring attention's exchanges run inside forward and backward: counted as compute.
     if (args_.cp_size > 1) r["distributed"]["cp_size"] = args_.cp_size;
+    if (zero3_)
+      r["distributed"]["zero3"] = {{"shard_bytes", zero3_->shard_bytes()},
+                                   {"persistent_bytes", zero3_->persistent_bytes()},
+                                   {"peak_gathered_bytes", zero3_->peak_gathered_bytes()}};
   }
   return r;
 }
@@ -588,6 +623,10 @@ TrainResult Trainer::train() {
     bool finite = true;
     double backward_norm = 0;  // optimizer_in_backward: the norm of the gradients it applied
     for (size_t i = 0; i < micro.size(); ++i) {
+      // ZeRO-3: the embedding and head are used at both ends of forward and in backward; they
+      // stay gathered for the micro-batch (the layers are gathered for each use).
+      std::optional<ParamUse> outer;
+      if (zero3_) outer.emplace(zero3_.get(), ParamResidency::kOuterUnit);
       // One offloader per micro-batch, around its forward and backward.
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
           OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
@@ -625,12 +664,14 @@ TrainResult Trainer::train() {
         // each unit (ZeRO-2) as soon as its gradients are complete.
         std::unique_ptr<ZeroOptimizer::BackwardReducer> reducer;
         std::unique_ptr<GradientBuckets::BackwardReducer> bucket_reducer;
-        if (zero_ && zero_->stage() == 2 && i + 1 == micro.size())
+        if (zero_ && zero_->stage() >= 2 && i + 1 == micro.size())
           reducer = std::make_unique<ZeroOptimizer::BackwardReducer>(*zero_);
         if (buckets_ && i + 1 == micro.size())
           bucket_reducer = std::make_unique<GradientBuckets::BackwardReducer>(*buckets_);
         loss.backward();
       }
+      if (zero3_) zero3_->end_backward();
+      outer.reset();
       if (offloader) {
         const OffloadStats st = offloader->stats();
         offload_totals_.tensors_offloaded += st.tensors_offloaded;
@@ -748,10 +789,14 @@ TrainResult Trainer::train() {
       result.final_eval_loss = *ev;
       log.log({{"step", step_}, {"eval_loss", *ev}});
     }
+    // ZeRO-3: the report is the training's; the model is then gathered whole on every rank for
+    // the final save and stays whole for the caller.
+    if (zero3_) result.memory = memory_report(technique_savings());
+    if (zero3_) zero3_->acquire_all();
     if (writes_files()) save_model(args_.output_dir, true);
   }
   if (distributed) comm.barrier();  // the output is complete when any rank returns
-  result.memory = memory_report(technique_savings());
+  if (!zero3_ || result.interrupted) result.memory = memory_report(technique_savings());
   return result;
 }
 

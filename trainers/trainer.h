@@ -35,6 +35,7 @@
 #include "trainers/metrics.h"
 #include "trainers/options.h"
 #include "trainers/schedule.h"
+#include "trainers/zero3.h"
 
 namespace leantune {
 
@@ -78,6 +79,7 @@ struct TrainingArguments {
   CommOptions comm;  // --comm_backend, --deterministic_comm, --comm_timeout
   int zero_stage = 0;
   int64_t reduce_bucket_size = 25'000'000;
+  int64_t stage3_param_persistence_threshold = 100'000;
   int cp_size = 1;  // --cp_size (trainers/context_parallel.h)
 };
 
@@ -179,6 +181,8 @@ class Trainer {
   QuantConfig quant_config_;  // load_in_4bit / load_in_8bit off: a dense base
   QuantizeReport quant_report_;
   std::string tokenizer_dir_;  // copied into every saved model folder ("" = none)
+  // ZeRO-3's parameter residency (null below stage 3 or on one rank); made by train().
+  Zero3Params* zero3() const { return zero3_.get(); }
 
  private:
   void build_optimizer();
@@ -194,7 +198,8 @@ class Trainer {
 
   std::vector<Optimizer::Param> trainable_;
   std::unique_ptr<Optimizer> optimizer_;
-  ZeroOptimizer* zero_ = nullptr;             // optimizer_ when ZeRO 1/2 shards it
+  ZeroOptimizer* zero_ = nullptr;             // optimizer_ when ZeRO shards it
+  std::unique_ptr<Zero3Params> zero3_;        // stage 3: where the sharded parameters live
   std::unique_ptr<GradientBuckets> buckets_;  // data parallel without ZeRO
   LrScheduler scheduler_;
   int64_t total_steps_ = 0;

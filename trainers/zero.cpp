@@ -7,6 +7,7 @@
 #include "engine/allocator.h"
 #include "engine/check.h"
 #include "engine/ops.h"
+#include "trainers/zero3.h"
 
 namespace leantune {
 namespace {
@@ -130,12 +131,12 @@ void GradientBuckets::BackwardReducer::after_node(Node& node) {
 
 ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments& args,
                              std::vector<Param> params, const AdamWConfig& cfg,
-                             int64_t unit_elements)
+                             int64_t unit_elements, const Zero3Params* z3)
     : stage_(stage), comm_(comm), params_(std::move(params)) {
   LT_CHECK_INPUT(unit_elements > 0, "option reduce_bucket_size ", unit_elements,
                  ": must be a positive number of elements");
-  LT_CHECK_INPUT(stage == 1 || stage == 2, "option zero_stage ", stage,
-                 ": this sharded optimizer serves stages 1 and 2");
+  LT_CHECK_INPUT(stage == 1 || stage == 2 || (stage == 3 && z3 != nullptr), "option zero_stage ",
+                 stage, ": this sharded optimizer serves stages 1, 2 and 3");
   LT_CHECK_INPUT(args.optim == "adamw_torch" || args.optim == "sgd", "options zero_stage ", stage,
                  " and optim ", args.optim,
                  ": ZeRO shards elementwise optimizers (adamw_torch, sgd); adafactor factors "
@@ -143,7 +144,33 @@ ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments
   LT_CHECK_INPUT(args.offload_optimizer == "none", "options zero_stage ", stage,
                  " and offload_optimizer ", args.offload_optimizer, " cannot be combined yet");
   const int n_ranks = comm_.size(), r = comm_.rank();
+  // Stage 3: z3's trained groups first, one unit each, with z3's layout.
+  std::unordered_map<const TensorImpl*, size_t> index_of;
+  for (size_t i = 0; i < params_.size(); ++i) index_of[params_[i].tensor.impl()] = i;
+  std::vector<bool> in_group(params_.size(), false);
+  std::vector<const Tensor*> group_shards;  // per unit: z3's slice (nullptr: not sharded)
+  if (z3) {
+    for (const Zero3Params::Group& g : z3->groups()) {
+      if (!g.trainable) continue;
+      Unit u;
+      u.dtype = g.dtype;
+      u.sharded = true;
+      u.elements = g.elements;
+      for (size_t k = 0; k < g.params.size(); ++k) {
+        const auto it = index_of.find(g.params[k].impl());
+        LT_CHECK(it != index_of.end(), "zero_stage 3: ", g.names[k],
+                 " trains but is not among the optimizer's parameters");
+        u.params.push_back(it->second);
+        u.offsets.push_back(g.offsets[k]);
+        in_group[it->second] = true;
+      }
+      units_.push_back(std::move(u));
+      group_shards.push_back(&g.shard);
+    }
+  }
+  const size_t first_plain = units_.size();
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (in_group[i]) continue;
     const Tensor& p = params_[i].tensor;
     LT_CHECK_INPUT(p.device() == params_[0].tensor.device(), "option zero_stage: parameter ",
                    params_[i].name, " is on ", p.device().str(), ", the first on ",
@@ -153,7 +180,7 @@ ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments
                    " need --comm_backend nccl (the ", comm_.backend_name(),
                    " backend moves host memory)");
     LT_CHECK(p.is_contiguous(), "zero: parameter ", params_[i].name, " is not contiguous");
-    const bool fits = !units_.empty() && units_.back().dtype == p.dtype() &&
+    const bool fits = units_.size() > first_plain && units_.back().dtype == p.dtype() &&
                       units_.back().elements + p.numel() <= unit_elements;
     if (!fits) {
       units_.emplace_back();
@@ -166,7 +193,8 @@ ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments
   }
   std::vector<Param> piece_params;
   MemTagGuard tag(MemTag::kOptimizer);
-  for (Unit& u : units_) {
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    Unit& u = units_[ui];
     u.slice = (u.elements + n_ranks - 1) / n_ranks;
     const int64_t lo = r * u.slice, hi = lo + u.slice;
     for (size_t k = 0; k < u.params.size(); ++k) {
@@ -175,9 +203,10 @@ ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments
       const int64_t b = std::max(off, lo), e = std::min(off + n, hi);
       if (b >= e) continue;
       Piece piece{u.params[k], b - off, e - b, b - lo, Tensor()};
-      // A view of the parameter itself: the inner optimizer updates these elements in place,
-      // and no copy of the weights exists.
-      piece.tensor = p.tensor.detach().view({n}).narrow(0, piece.begin, piece.length);
+      // A view of the parameter itself (stage 3: of its slice, the parameter's only home): the
+      // inner optimizer updates these elements in place, and no copy of the weights exists.
+      piece.tensor = u.sharded ? group_shards[ui]->narrow(0, piece.slice_at, piece.length)
+                               : p.tensor.detach().view({n}).narrow(0, piece.begin, piece.length);
       piece.tensor.set_requires_grad(true);
       piece_params.push_back({p.name + "@" + std::to_string(piece.begin), piece.tensor, p.decay});
       u.pieces.push_back(pieces_.size());
@@ -316,6 +345,7 @@ void ZeroOptimizer::update(const std::vector<size_t>&, double lr, double grad_sc
   MemTagGuard tag(MemTag::kComm);
   const int n_ranks = comm_.size();
   for (Unit& u : units_) {
+    if (u.sharded) continue;  // stage 3: the slices are the parameters; the next use gathers
     const Device dev = params_[u.params[0]].tensor.device();
     Tensor mine = Tensor::zeros({u.slice}, u.dtype, dev, MemTag::kComm);
     for (size_t pi : u.pieces) {

@@ -85,12 +85,17 @@ class GradientBuckets {
   double comm_seconds_ = 0;
 };
 
+class Zero3Params;
+
 class ZeroOptimizer final : public Optimizer {
  public:
   // Refuses (Error kInput, one line) optimizers that are not elementwise. unit_elements:
-  // --reduce_bucket_size.
+  // --reduce_bucket_size. Stage 3 (z3 given, trainers/zero3.h): the trained groups of z3 are
+  // units of their own, whose pieces are views of z3's slices (updated in place, never gathered
+  // here: the next use gathers them); the parameters z3 keeps whole form stage-2 units.
   ZeroOptimizer(int stage, Communicator& comm, const OptimArguments& args,
-                std::vector<Param> params, const AdamWConfig& cfg, int64_t unit_elements);
+                std::vector<Param> params, const AdamWConfig& cfg, int64_t unit_elements,
+                const Zero3Params* z3 = nullptr);
 
   // Sums the gradients over the ranks (stage 1: all of them; stage 2: this rank's slices, and
   // the full gradients are dropped). Call once per update, after the last backward; units
@@ -99,7 +104,7 @@ class ZeroOptimizer final : public Optimizer {
   // Drops every gradient and slice (a skipped update).
   void drop_gradients();
 
-  // Stage 2, around the last micro-batch's backward: a unit is reduce-scattered as soon as the
+  // Stages 2 and 3, around the last micro-batch's backward: a unit is reduce-scattered as soon as the
   // gradient of each of its parameters is complete, and its full gradients are dropped at once,
   // so the full-model gradient never exists. Every rank runs the same graph, so every rank
   // issues the same collectives in the same order.
@@ -146,6 +151,7 @@ class ZeroOptimizer final : public Optimizer {
     std::vector<size_t> pieces;  // into pieces_
     Tensor grad_slice;           // stage 2: this rank's summed gradient slice
     bool reduced = false;        // in this update
+    bool sharded = false;        // stage 3: the pieces are the parameters' only home
   };
 
   void reduce_unit(Unit& u);

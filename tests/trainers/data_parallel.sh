@@ -1,11 +1,12 @@
 #!/bin/bash
 # Data-parallel SFT under mpirun against the single-process run with the same global batch
 # (tests/trainers/data_parallel.cmake). Usage: data_parallel.sh TRAINER_BIN MPIRUN CASE
-#   CASE = z<stage>_<full|lora>_np<N>   --zero_stage 0|1|2 on N ranks x 1 micro-batch vs 1 rank
+#   CASE = z<stage>_<full|lora>_np<N>   --zero_stage 0..3 on N ranks x 1 micro-batch vs 1 rank
 #          x N micro-batches. --deterministic_comm: losses and final weights bit-identical;
 #          without it: losses within 1e-5 relative. Stages 1 and 2: the optimizer-state bytes of
 #          rank 0 (allocator tag, metrics.jsonl) are 1/N of the single process's, within 2%;
-#          stage 2 (small units): the gradient peak is below the single process's.
+#          stage 2 (small units): the gradient peak is below the single process's; stage 3 (every
+#          parameter sharded): the parameter peak is below the single process's.
 #   CASE = accum_z<stage>   2 ranks x 2 micro-batches vs 1 rank x 4: losses within 1e-5.
 #   CASE = online_<grpo|rloo|online_dpo>  2 ranks x half the completions vs 1 rank: rewards and
 #          gradient norms agree.
@@ -38,6 +39,7 @@ case $case in
     stage=${case:1:1}
     kind=${case#*_}; kind=${kind%%_*}
     zero=(--zero_stage "$stage" --reduce_bucket_size 100000)
+    [ "$stage" = 3 ] && zero+=(--stage3_param_persistence_threshold 0)
     extra=()
     # LoRA dropout draws from each rank's own stream, so its masks differ between world sizes
     # (as in torch DDP); the comparison runs without it.
@@ -65,12 +67,20 @@ case $case in
       [ "$dp" -lt "$one" ] || fail "stage 2 gradient peak $dp not below $one"
       echo "gradient peak: $one on 1 rank, $dp per rank"
     fi
+    if [ "$stage" = 3 ]; then
+      one=$(tag_peak "$work/one" param) dp=$(tag_peak "$work/dp" param)
+      [ "$dp" -lt "$one" ] || fail "stage 3 parameter peak $dp not below $one"
+      grep -q "zero_stage 3: this rank's parameter slices" "$work/dp.log" ||
+        { cat "$work/dp.log"; fail "no zero_stage 3 line in the memory report"; }
+      echo "parameter peak: $one on 1 rank, $dp per rank"
+    fi
     echo "ok: $np ranks (zero $stage, $kind) == 1 rank x $np micro-batches ($(losses "$work/dp" | tr '\n' ' '))" ;;
   accum_z*)
     stage=${case#accum_z}
     "$bin" "${common[@]}" --gradient_accumulation_steps 4 --output_dir "$work/one" \
       >"$work/one.log" 2>&1 || fail "1 rank"
-    mpi 2 "${common[@]}" --zero_stage "$stage" --gradient_accumulation_steps 2 --output_dir "$work/dp" \
+    z3=(); [ "$stage" = 3 ] && z3=(--stage3_param_persistence_threshold 0)
+    mpi 2 "${common[@]}" --zero_stage "$stage" "${z3[@]}" --gradient_accumulation_steps 2 --output_dir "$work/dp" \
       >"$work/dp.log" 2>&1 || { cat "$work/dp.log"; fail "2 ranks"; }
     close "$work/one" "$work/dp" 1e-5 || fail "losses beyond 1e-5 relative"
     echo "ok: 2 ranks x 2 (zero $stage) == 1 rank x 4 within 1e-5" ;;
@@ -79,6 +89,7 @@ case $case in
     # that never stopped; another world size is refused in one line.
     stage=${case#resume_z}
     run=(sft --max_steps 4 --per_device_train_batch_size 2 --logging_steps 1 --zero_stage "$stage")
+    [ "$stage" = 3 ] && run+=(--stage3_param_persistence_threshold 0)
     mpi 2 "${run[@]}" --save_steps 0 --output_dir "$work/straight" >"$work/a.log" 2>&1 ||
       { cat "$work/a.log"; fail "straight run"; }
     mpi 2 "${run[@]}" --save_steps 2 --output_dir "$work/ckpt" >"$work/b.log" 2>&1 ||
@@ -193,7 +204,8 @@ case $case in
       echo "$out" | grep -q -- "$pat" || { echo "$out"; fail "no line with '$pat'"; }
     }
     expect2 "option comm_timeout" "$bin" "${common[@]}" --comm_timeout 0 --output_dir "$work/y"
-    expect2 "option zero_stage 3" "$bin" "${common[@]}" --zero_stage 3 --output_dir "$work/y"
+    expect2 "option zero_stage 3: --activation_offloading is not built yet" mpi 2 "${common[@]}" \
+      --zero_stage 3 --activation_offloading --output_dir "$work/y"
     expect2 "optim adafactor" mpi 2 "${common[@]}" --zero_stage 1 --optim adafactor \
       --output_dir "$work/y"
     echo "ok: refusals" ;;

@@ -1,0 +1,163 @@
+// ZeRO stage 3's parameter residency (see zero3.h).
+#include "trainers/zero3.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "engine/allocator.h"
+#include "engine/check.h"
+
+namespace leantune {
+namespace {
+
+// The unit of a parameter from its Hugging Face name: decoder layer i, or the outer unit.
+int64_t unit_of(const std::string& name) {
+  const std::string p = "model.layers.";
+  if (name.rfind(p, 0) == 0) return std::stoll(name.substr(p.size()));
+  return ParamResidency::kOuterUnit;
+}
+
+Tensor flat_part(const Tensor& flat, int64_t off, const Tensor& t) {
+  return flat.narrow(0, off, t.numel()).view(t.shape());
+}
+
+}  // namespace
+
+Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persistence_threshold)
+    : comm_(comm), model_(model) {
+  LT_CHECK_INPUT(persistence_threshold >= 0, "option stage3_param_persistence_threshold ",
+                 persistence_threshold, ": must be at least 0");
+  const int n = comm_.size(), r = comm_.rank();
+  for (const auto& [name, t] : model.named_parameters()) {
+    if (t.numel() <= persistence_threshold) {
+      persistent_bytes_ += static_cast<int64_t>(t.nbytes());
+      continue;
+    }
+    LT_CHECK(t.is_contiguous() && t.offset() == 0 && t.storage()->nbytes() == t.nbytes(),
+             "zero_stage 3: parameter ", name, " shares its storage");
+    const int64_t unit = unit_of(name);
+    const bool trainable = t.requires_grad();
+    std::vector<size_t>& in_unit = unit_groups_[unit];
+    size_t gi = groups_.size();
+    for (size_t g : in_unit)
+      if (groups_[g].trainable == trainable && groups_[g].dtype == t.dtype()) gi = g;
+    if (gi == groups_.size()) {
+      groups_.emplace_back();
+      groups_.back().unit = unit;
+      groups_.back().trainable = trainable;
+      groups_.back().dtype = t.dtype();
+      in_unit.push_back(gi);
+    }
+    Group& g = groups_[gi];
+    g.names.push_back(name);
+    g.params.push_back(t);
+    g.offsets.push_back(g.elements);
+    g.elements += t.numel();
+  }
+  MemTagGuard tag(MemTag::kParam);
+  for (Group& g : groups_) {
+    g.slice = (g.elements + n - 1) / n;
+    g.shard = Tensor::zeros({g.slice}, g.dtype, model.device(), MemTag::kParam);
+    const int64_t lo = r * g.slice, hi = lo + g.slice;
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      const Tensor& p = g.params[k];
+      const int64_t off = g.offsets[k], len = p.numel();
+      const int64_t b = std::max(off, lo), e = std::min(off + len, hi);
+      if (b < e)
+        g.shard.narrow(0, b - lo, e - b).copy_(p.detach().view({len}).narrow(0, b - off, e - b));
+    }
+  }
+  for (const auto& [unit, gs] : unit_groups_) evict(unit);
+  model_.set_param_residency(this);
+  add_backward_observer(this);
+}
+
+Zero3Params::~Zero3Params() {
+  remove_backward_observer(this);
+  model_.set_param_residency(nullptr);
+}
+
+int64_t Zero3Params::shard_bytes() const {
+  int64_t b = 0;
+  for (const Group& g : groups_) b += static_cast<int64_t>(g.shard.nbytes());
+  return b;
+}
+
+void Zero3Params::gather(int64_t unit) {
+  const auto it = unit_groups_.find(unit);
+  if (it == unit_groups_.end()) return;
+  const auto start = std::chrono::steady_clock::now();
+  const int n = comm_.size();
+  for (size_t gi : it->second) {
+    Group& g = groups_[gi];
+    Tensor all = Tensor::empty({g.slice * n}, g.dtype, g.shard.device(), MemTag::kComm);
+    comm_.all_gather(g.shard, all);
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      Tensor p = g.params[k].detach();
+      p.storage()->restore_memory();
+      p.copy_(flat_part(all, g.offsets[k], p));
+      gathered_bytes_ += static_cast<int64_t>(p.nbytes());
+    }
+  }
+  peak_gathered_ = std::max(peak_gathered_, gathered_bytes_);
+  comm_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void Zero3Params::evict(int64_t unit) {
+  const auto it = unit_groups_.find(unit);
+  if (it == unit_groups_.end()) return;
+  for (size_t gi : it->second)
+    for (const Tensor& p : groups_[gi].params) {
+      if (!p.storage()->memory_released()) gathered_bytes_ -= static_cast<int64_t>(p.nbytes());
+      p.storage()->release_memory();
+    }
+}
+
+void Zero3Params::acquire(int64_t unit) {
+  if (uses_[unit]++ == 0) gather(unit);
+}
+
+void Zero3Params::release(int64_t unit) {
+  int& u = uses_[unit];
+  LT_CHECK(u > 0, "zero_stage 3: unit ", unit, " released more often than acquired");
+  if (--u == 0) evict(unit);
+}
+
+void Zero3Params::acquire_all() {
+  for (const auto& [unit, gs] : unit_groups_) acquire(unit);
+}
+
+void Zero3Params::release_all() {
+  for (const auto& [unit, gs] : unit_groups_) release(unit);
+}
+
+void Zero3Params::reshard_from_full() {
+  const int r = comm_.rank();
+  for (Group& g : groups_) {
+    LT_CHECK(uses_[g.unit] > 0, "zero_stage 3: resharding unit ", g.unit, ", which is not gathered");
+    const int64_t lo = r * g.slice, hi = lo + g.slice;
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      const Tensor& p = g.params[k];
+      const int64_t off = g.offsets[k], len = p.numel();
+      const int64_t b = std::max(off, lo), e = std::min(off + len, hi);
+      if (b < e)
+        g.shard.narrow(0, b - lo, e - b).copy_(p.detach().view({len}).narrow(0, b - off, e - b));
+    }
+  }
+}
+
+void Zero3Params::before_node(Node& node) {
+  const int64_t layer = node.mem_phase().layer;
+  if (layer < 0 || layer == held_ || !unit_groups_.count(layer)) return;
+  if (held_ != kNone) release(held_);
+  acquire(layer);
+  held_ = layer;
+}
+
+void Zero3Params::end_backward() {
+  if (held_ != kNone) release(held_);
+  held_ = kNone;
+}
+
+}  // namespace leantune

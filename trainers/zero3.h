@@ -1,0 +1,96 @@
+// ZeRO stage 3: the parameters themselves sharded over the ranks (DeepSpeed's meaning), on top
+// of the sharded optimizer of stages 1 and 2 (trainers/zero.h).
+//
+// Units: each decoder layer, and the outer unit (token embedding and untied LM head; a tied head
+// is the embedding, stored once). Within a unit, the parameters of one dtype and one
+// trainability form a group: a flat vector padded to a multiple of N, of which rank r keeps slice
+// r (MemTag::kParam). A trained group has the layout of a ZeroOptimizer unit, so the optimizer's
+// pieces are views of this rank's slice and it updates them in place; a frozen group (a LoRA
+// base) is only ever gathered. Parameters of at most `persistence_threshold` elements (norms,
+// biases, LoRA adapters, which are not model parameters) are not sharded: every rank keeps them
+// whole (DeepSpeed's stage3_param_persistence_threshold), and their optimizer states are
+// sharded as in stage 2.
+//
+// A sharded parameter's Storage is released between uses (engine/tensor.h release_memory): the
+// Tensor, and every tensor saved for backward over it, stays valid, and touching it while
+// released is an Error. acquire(unit) all-gathers each of the unit's groups into one flat buffer
+// (MemTag::kComm) and copies each parameter back into its restored storage; the last release
+// gives the storage back.
+// Forward: the model brackets each use (models/decoder.h ParamUse): a layer is gathered for its
+// forward and released after it. The outer unit is used at the start and the end of forward and
+// again in backward (the head's nodes), so the trainer holds it for a whole micro-batch.
+// Backward (a BackwardObserver): before a node created under decoder layer l (its MemPhase)
+// runs, unit l is gathered and held; it is released when backward moves on to another layer and
+// at end_backward(). Gradient checkpointing's recompute runs inside a held unit.
+// Not built: prefetching the next unit (gathers are synchronous), activation offloading, a
+// quantized base, trainable tokens and context parallelism under stage 3.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/comm.h"
+#include "models/decoder.h"
+
+namespace leantune {
+
+class Zero3Params final : public ParamResidency, public BackwardObserver {
+ public:
+  struct Group {
+    int64_t unit = 0;
+    bool trainable = false;
+    DType dtype = DType::kF32;
+    std::vector<std::string> names;
+    std::vector<Tensor> params;
+    std::vector<int64_t> offsets;  // of each parameter in the group's flat vector
+    int64_t elements = 0;
+    int64_t slice = 0;  // elements per rank (padded)
+    Tensor shard;       // this rank's slice [slice]
+  };
+
+  // Shards `model`'s parameters, which must be whole and equal on every rank (loaded from one
+  // folder, or initialised from one seed), and releases the sharded ones' storage.
+  Zero3Params(Communicator& comm, DecoderModel& model, int64_t persistence_threshold);
+  ~Zero3Params() override;
+  Zero3Params(const Zero3Params&) = delete;
+  Zero3Params& operator=(const Zero3Params&) = delete;
+
+  const std::vector<Group>& groups() const { return groups_; }
+  void acquire(int64_t unit) override;
+  void release(int64_t unit) override;
+  // Every unit at once (saving, loading, ds3_gather_for_generation).
+  void acquire_all();
+  void release_all();
+  // After whole values were written into the gathered parameters (loading a checkpoint): every
+  // rank takes its slices from them. All units must be acquired.
+  void reshard_from_full();
+  // Backward is over: the unit it held goes back.
+  void end_backward();
+  void before_node(Node& node) override;
+
+  // Bytes of this rank's slices, and of the parameters kept whole on every rank.
+  int64_t shard_bytes() const;
+  int64_t persistent_bytes() const { return persistent_bytes_; }
+  // Parameter bytes gathered right now, and at most so far.
+  int64_t gathered_bytes() const { return gathered_bytes_; }
+  int64_t peak_gathered_bytes() const { return peak_gathered_; }
+  double comm_seconds() const { return comm_seconds_; }
+
+ private:
+  void gather(int64_t unit);
+  void evict(int64_t unit);
+  Communicator& comm_;
+  DecoderModel& model_;
+  std::vector<Group> groups_;
+  std::map<int64_t, std::vector<size_t>> unit_groups_;
+  std::map<int64_t, int> uses_;
+  static constexpr int64_t kNone = INT64_MIN;
+  int64_t held_ = kNone;  // the layer backward holds
+  int64_t persistent_bytes_ = 0, gathered_bytes_ = 0, peak_gathered_ = 0;
+  double comm_seconds_ = 0;
+};
+
+}  // namespace leantune
