@@ -284,9 +284,12 @@ Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
   for (int64_t l = 0; l < num_layers(); ++l) {
     // What layer l saves is reloaded when backward nears it (activation offloading).
     OffloadLayerScope offload_layer(l);
-    // Training forward is attributed per layer (its backward inherits it); evaluation and
-    // generation keep their own label.
-    const bool training = current_mem_phase().kind == MemPhaseKind::kForward;
+    // Training forward (a forward phase, or any forward under grad mode outside a phase) is
+    // attributed per layer: its backward inherits it, and ZeRO-3 gathers a layer for its backward
+    // nodes by it. Evaluation and generation keep their own label.
+    const MemPhaseKind kind = current_mem_phase().kind;
+    const bool training = kind == MemPhaseKind::kForward ||
+                          (kind == MemPhaseKind::kNone && grad_mode_enabled());
     MemPhaseGuard phase(training ? MemPhase{MemPhaseKind::kForward, static_cast<int32_t>(l)}
                                  : current_mem_phase());
     if (gradient_checkpointing && grad_mode_enabled()) {
@@ -302,6 +305,7 @@ Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
   }
   // The final norm stays on the device under offloading, like the LM head and the loss.
   NoOffloadScope head;
+  ParamUse use(residency_, ParamResidency::kOuterUnit);
   return kernels::rms_norm(h, norm_, cfg_.rms_norm_eps);
 }
 

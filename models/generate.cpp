@@ -183,6 +183,7 @@ Tensor forward_step(const DecoderModel& m, PagedKVCache& pool, const std::vector
   for (size_t i = 1; i < cu_q.size(); ++i) last.push_back(cu_q[i] - 1);
   const Tensor rows = ops::index_rows(
       h, Tensor::from_vector(last, {static_cast<int64_t>(last.size())}, dev));
+  ParamUse use(m.param_residency(), ParamResidency::kOuterUnit);
   return m.logits(kernels::rms_norm(rows, m.final_norm(), c.rms_norm_eps));
 }
 

@@ -212,7 +212,13 @@ void OnlineTrainer::generate_batch() {
     // Data parallel: completions are numbered across the ranks, as one process numbers them.
     gc.first_sequence =
         static_cast<int64_t>(prompts.size()) * world_communicator(args_.comm).rank();
+    // ZeRO-3: the whole model for the phase, or each layer for each step (models/decoder.h
+    // ParamUse inside the engine); the same tokens either way.
+    Zero3Params* z3 = zero3();
+    const bool gather_all = z3 && cfg_.ds3_gather_for_generation;
+    if (gather_all) z3->acquire_all();
     gen = generate(*model_, prompts, gc, kv_pool_.get());
+    if (gather_all) z3->release_all();
     if (cfg_.sleep_mode) {
       const int64_t before = al.stats().reserved.current;
       kv_pool_->sleep();
@@ -678,6 +684,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
   cfg.kv_cache_blocks = o.get_int("kv_cache_blocks");
   cfg.kv_block_size = o.get_int("kv_block_size");
   cfg.sleep_mode = o.get_bool("vllm_enable_sleep_mode");
+  cfg.ds3_gather_for_generation = o.get_bool("ds3_gather_for_generation");
   cfg.generation.temperature = o.get_float("temperature");
   cfg.generation.top_p = o.get_float("top_p");
   cfg.generation.top_k = o.get_int("top_k");

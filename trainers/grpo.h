@@ -45,7 +45,9 @@
 // kv_block_size tokens) is made once and kept; with vllm_enable_sleep_mode (alias
 // generation_sleep) it is freed after every generation phase together with the allocator's cached
 // blocks, and made again at the next. The memory report gives each phase's peak.
-// Not built yet: ds3_gather_for_generation (no ZeRO-3), online_dpo's pairwise judges.
+// ZeRO-3 (zero_stage 3): with ds3_gather_for_generation (default) the whole model is gathered
+// once for each generation phase; without, the engine gathers each layer for each step.
+// Not built yet: online_dpo's pairwise judges.
 #pragma once
 
 #include <chrono>
@@ -112,6 +114,7 @@ struct OnlineConfig {
   int64_t kv_cache_blocks = 0;  // 0: a whole generation batch at the longest prompt
   int64_t kv_block_size = 16;
   bool sleep_mode = false;  // vllm_enable_sleep_mode: the pool sleeps outside generation
+  bool ds3_gather_for_generation = true;  // zero_stage 3: the whole model for each generation
 };
 
 // One scored completion of the current generation batch.

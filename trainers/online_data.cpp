@@ -100,6 +100,9 @@ Options online_options(const std::string& algorithm) {
             "prompt; fewer: continuous batching runs what fits)",
             0);
   o.add_int("kv_block_size", 16, "tokens per KV-cache block", 1, 4096);
+  o.add_bool("ds3_gather_for_generation", true,
+             "zero_stage 3: gather the whole model once for each generation phase (false: layer "
+             "by layer at every step, slower, for models larger than one device; the same tokens)");
   o.add_bool("use_liger_loss", true,
              "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist");
   add_reward_source_options(o);

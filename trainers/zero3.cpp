@@ -68,6 +68,7 @@ Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persis
     }
   }
   for (const auto& [unit, gs] : unit_groups_) evict(unit);
+  gathered_bytes_ = 0;  // the whole weights just given back were not a gather
   model_.set_param_residency(this);
   add_backward_observer(this);
 }

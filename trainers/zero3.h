@@ -1,8 +1,8 @@
 // ZeRO stage 3: the parameters themselves sharded over the ranks (DeepSpeed's meaning), on top
 // of the sharded optimizer of stages 1 and 2 (trainers/zero.h).
 //
-// Units: each decoder layer, and the outer unit (token embedding and untied LM head; a tied head
-// is the embedding, stored once). Within a unit, the parameters of one dtype and one
+// Units: each decoder layer, and the outer unit (token embedding, final norm and untied LM head;
+// a tied head is the embedding, stored once). Within a unit, the parameters of one dtype and one
 // trainability form a group: a flat vector padded to a multiple of N, of which rank r keeps slice
 // r (MemTag::kParam). A trained group has the layout of a ZeroOptimizer unit, so the optimizer's
 // pieces are views of this rank's slice and it updates them in place; a frozen group (a LoRA

@@ -10,6 +10,9 @@
 #   CASE = accum_z<stage>   2 ranks x 2 micro-batches vs 1 rank x 4: losses within 1e-5.
 #   CASE = online_<grpo|rloo|online_dpo>  2 ranks x half the completions vs 1 rank: rewards and
 #          gradient norms agree.
+#   CASE = ds3_generation  trainer_bin grpo under zero_stage 3 on 2 ranks, with and without
+#          ds3_gather_for_generation: the same completions (rewards, lengths, losses, KL and
+#          gradient norms equal at every step), and fewer parameter bytes gathered at once without.
 #   CASE = refusals  options data parallel does not support are refused in one line, exit 2.
 set -u
 bin=$1 mpirun=$2 case=$3
@@ -191,6 +194,28 @@ case $case in
         if (d > 1e-4 * m + 1e-12) { print "step " NR ": " $1 " vs " $2; bad = 1 }; n++ }
       END { exit (n == 4 ? bad : 1) }' || fail "$cmd: grad_norm differs between 1 and 2 ranks"
     echo "ok: $cmd on 2 ranks == 1 rank ($key $(col "$work/dp" "$key" | tr '\n' ' '))" ;;
+  ds3_generation)
+    run=(grpo --device cpu --beta 0.04 --max_steps 4 --logging_steps 1 --save_steps 0
+         --per_device_train_batch_size 16 --zero_stage 3 --stage3_param_persistence_threshold 0)
+    for g in true false; do
+      mpi 2 "${run[@]}" --ds3_gather_for_generation "$g" --output_dir "$work/$g" \
+        >"$work/$g.log" 2>&1 || { cat "$work/$g.log"; fail "ds3_gather_for_generation $g"; }
+    done
+    for key in reward completions/mean_length loss kl grad_norm; do
+      col() { grep -o "\"$key\":[^,}]*" "$1/metrics.jsonl" | cut -d: -f2; }
+      [ "$(col "$work/true" | wc -l)" = 4 ] || fail "no $key in the metrics"
+      cmp <(col "$work/true") <(col "$work/false") || fail "$key differs between the gather modes"
+    done
+    gathered() {  # "gathered units at most 1.03 MiB" -> bytes
+      grep -o "gathered units at most [0-9.]* [KMG]*i*B" "$1" | head -1 | awk '
+        { v = $5; u = $6; if (u == "KiB") v *= 1024; if (u == "MiB") v *= 1048576;
+          if (u == "GiB") v *= 1073741824; printf "%d\n", v }'
+    }
+    whole=$(gathered "$work/true.log") layers=$(gathered "$work/false.log")
+    [ -n "$whole" ] && [ -n "$layers" ] && [ "$layers" -lt "$whole" ] ||
+      fail "gathered at most $layers B layer by layer, $whole B whole"
+    echo "ok: the same completions with and without ds3_gather_for_generation; gathered at most" \
+      "$whole B (whole model) vs $layers B (layer by layer)" ;;
   refusals)
     out=$(mpi 2 "${common[@]}" --optimizer_in_backward --max_grad_norm 0 \
             --output_dir "$work/x" 2>&1); rc=$?
