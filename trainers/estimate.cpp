@@ -193,6 +193,28 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     e.optimizer = c.cpu ? host : 0;
   }
   const int64_t ranks = std::max<int64_t>(1, c.world_size);
+  // ZeRO 3: parameters above the persistence threshold sharded; the outer unit gathered for the
+  // whole step, one layer's at each moment of forward and backward (gathered_layer).
+  int64_t gathered_layer = 0;
+  if (ranks > 1 && c.zero_stage >= 3) {
+    const int64_t thr = c.stage3_param_persistence_threshold;
+    auto split = [&](int64_t n, int64_t& big, int64_t& small) { (n > thr ? big : small) += n * b; };
+    int64_t layer_big = 0, layer_small = 0, outer_big = 0, outer_small = 0;
+    split(h, layer_big, layer_small);
+    split(h, layer_big, layer_small);
+    for (const ModuleShape& s : layer_modules(m)) {
+      split(s.in * s.out, layer_big, layer_small);
+      if (s.bias) split(s.out, layer_big, layer_small);
+    }
+    split(embed, outer_big, outer_small);
+    if (head > 0) split(head, outer_big, outer_small);
+    split(h, outer_big, outer_small);
+    // LoRA adapters and trainable-token rows are not model parameters: kept whole.
+    const int64_t adapters = e.params - (l * (layer_big + layer_small) + outer_big + outer_small);
+    e.params = (l * layer_big + outer_big + ranks - 1) / ranks + l * layer_small + outer_small +
+               adapters + outer_big;
+    gathered_layer = layer_big;
+  }
   const bool sharded = ranks > 1 && c.zero_stage >= 1;
   const bool grads_sharded = ranks > 1 && c.zero_stage >= 2;
   if (sharded) e.optimizer = (e.optimizer + ranks - 1) / ranks;
@@ -283,7 +305,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   w.live = e.params + e.optimizer + accumulated;
   w.live += embed_out;
   for (int64_t i = 0; i < l; ++i) {
-    w.at("forward", layer_name(i), (ckpt ? saved : 0) + fwd_ws + stash);
+    w.at("forward", layer_name(i), (ckpt ? saved : 0) + fwd_ws + stash + gathered_layer);
     w.live += kept;
   }
   w.live += last_out + th + 4 * t;  // the last layer's output kept; final norm: output, rstd
@@ -334,7 +356,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   if (!seq_cls && (c.fused_loss || head_blocks)) w.live -= th;
   // Backward, last layer first: a layer's gradients appear, what it kept goes.
   for (int64_t i = l - 1; i >= 0; --i) {
-    int64_t in_flight = bwd_ws;
+    int64_t in_flight = bwd_ws + gathered_layer;
     if (ckpt)
       in_flight += saved;  // recomputed
     else if (offload)
@@ -442,6 +464,7 @@ EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments
   c.offload_optimizer = args.offload_optimizer == "cpu";
   c.blas_threads = omp_get_max_threads();
   c.zero_stage = args.zero_stage;
+  c.stage3_param_persistence_threshold = args.stage3_param_persistence_threshold;
   c.reduce_bucket_size = args.reduce_bucket_size;
   c.deterministic_comm = args.comm.deterministic;
   c.cp_size = args.cp_size;

@@ -43,6 +43,10 @@
 //               has completed it (the walk's layer gradients count 1/N); the reduction of a unit
 //               of reduce_bucket_size elements needs its flat copy as comm workspace (three
 //               copies under the rank-order fold: padded input, received blocks, gathered).
+//               ZeRO 3 keeps 1/N of every parameter above stage3_param_persistence_threshold
+//               elements (the smaller ones whole), plus the outer unit (embedding, final norm,
+//               head) gathered for the whole step and one decoder layer gathered at each
+//               moment of forward and backward.
 // The peak is found by walking one optimizer step as the trainer runs it: forward layer by layer
 // (each layer leaving what it keeps), the fused loss (which computes the head's gradient in
 // forward), backward last layer first (each layer's gradients appearing as what it kept goes,
@@ -91,9 +95,10 @@ struct EstimateConfig {
   // the fused loss) and token embedding that train are updated block by block, so neither's
   // whole gradient exists.
   bool row_block_updates = false;
-  // Distribution (trainers/dist_options.h): ranks, ZeRO stage (0..2), elements per unit
+  // Distribution (trainers/dist_options.h): ranks, ZeRO stage (0..3), elements per unit
   int64_t world_size = 1;
   int64_t zero_stage = 0;
+  int64_t stage3_param_persistence_threshold = 100'000;
   int64_t reduce_bucket_size = 25'000'000;
   bool deterministic_comm = false;
   int64_t cp_size = 1;  // context-parallel ranks per micro-batch (world_size is a multiple)

@@ -251,11 +251,14 @@ std::string format_memory_report(const nlohmann::json& r) {
     if (d.contains("zero3")) {
       const auto& z = d["zero3"];
       std::snprintf(line, sizeof line,
-                    "  zero_stage 3: this rank's parameter slices %s, whole small parameters %s, "
-                    "gathered units at most %s\n",
+                    "  zero_stage 3: this rank's parameter slices %s (%lld B), whole small "
+                    "parameters %s (%lld B), gathered units at most %s (%lld B)\n",
                     format_bytes(z["shard_bytes"].get<int64_t>()).c_str(),
+                    static_cast<long long>(z["shard_bytes"].get<int64_t>()),
                     format_bytes(z["persistent_bytes"].get<int64_t>()).c_str(),
-                    format_bytes(z["peak_gathered_bytes"].get<int64_t>()).c_str());
+                    static_cast<long long>(z["persistent_bytes"].get<int64_t>()),
+                    format_bytes(z["peak_gathered_bytes"].get<int64_t>()).c_str(),
+                    static_cast<long long>(z["peak_gathered_bytes"].get<int64_t>()));
       out += line;
     }
   }

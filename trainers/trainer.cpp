@@ -623,10 +623,9 @@ TrainResult Trainer::train() {
     bool finite = true;
     double backward_norm = 0;  // optimizer_in_backward: the norm of the gradients it applied
     for (size_t i = 0; i < micro.size(); ++i) {
-      // ZeRO-3: the embedding and head are used at both ends of forward and in backward; they
-      // stay gathered for the micro-batch (the layers are gathered for each use).
-      std::optional<ParamUse> outer;
-      if (zero3_) outer.emplace(zero3_.get(), ParamResidency::kOuterUnit);
+      // ZeRO-3: a weight saved in forward is gathered again when backward unpacks it.
+      std::optional<SavedTensorHooksGuard> z3_hooks;
+      if (zero3_) z3_hooks.emplace(zero3_->saved_tensor_hooks());
       // One offloader per micro-batch, around its forward and backward.
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
           OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
@@ -671,7 +670,7 @@ TrainResult Trainer::train() {
         loss.backward();
       }
       if (zero3_) zero3_->end_backward();
-      outer.reset();
+      z3_hooks.reset();
       if (offloader) {
         const OffloadStats st = offloader->stats();
         offload_totals_.tensors_offloaded += st.tensors_offloaded;

@@ -21,6 +21,22 @@ Tensor flat_part(const Tensor& flat, int64_t off, const Tensor& t) {
   return flat.narrow(0, off, t.numel()).view(t.shape());
 }
 
+// Saved tensors pass through unchanged; unpacking one over a sharded weight's storage has its
+// unit gathered first.
+class GatherOnUnpack final : public SavedTensorHooks {
+ public:
+  explicit GatherOnUnpack(Zero3Params& z) : z_(z) {}
+  std::shared_ptr<void> pack(const Tensor& t) override { return std::make_shared<Tensor>(t); }
+  Tensor unpack(const std::shared_ptr<void>& packed) override {
+    const Tensor& t = *static_cast<const Tensor*>(packed.get());
+    if (t.defined()) z_.on_unpack(t.storage().get());
+    return t;
+  }
+
+ private:
+  Zero3Params& z_;
+};
+
 }  // namespace
 
 Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persistence_threshold)
@@ -49,6 +65,7 @@ Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persis
       in_unit.push_back(gi);
     }
     Group& g = groups_[gi];
+    unit_of_storage_[t.storage().get()] = unit;
     g.names.push_back(name);
     g.params.push_back(t);
     g.offsets.push_back(g.elements);
@@ -159,6 +176,21 @@ void Zero3Params::before_node(Node& node) {
 void Zero3Params::end_backward() {
   if (held_ != kNone) release(held_);
   held_ = kNone;
+  for (int64_t u : unpack_held_) release(u);
+  unpack_held_.clear();
+}
+
+std::shared_ptr<SavedTensorHooks> Zero3Params::saved_tensor_hooks() {
+  if (!hooks_) hooks_ = std::make_shared<GatherOnUnpack>(*this);
+  return hooks_;
+}
+
+void Zero3Params::on_unpack(const Storage* storage) {
+  const auto it = unit_of_storage_.find(storage);
+  // Nothing to do for a unit in use (the layer backward holds, or one already gathered here).
+  if (it == unit_of_storage_.end() || uses_[it->second] > 0) return;
+  acquire(it->second);
+  unpack_held_.insert(it->second);
 }
 
 }  // namespace leantune

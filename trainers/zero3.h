@@ -16,19 +16,25 @@
 // released is an Error. acquire(unit) all-gathers each of the unit's groups into one flat buffer
 // (MemTag::kComm) and copies each parameter back into its restored storage; the last release
 // gives the storage back.
-// Forward: the model brackets each use (models/decoder.h ParamUse): a layer is gathered for its
-// forward and released after it. The outer unit is used at the start and the end of forward and
-// again in backward (the head's nodes), so the trainer holds it for a whole micro-batch.
-// Backward (a BackwardObserver): before a node created under decoder layer l (its MemPhase)
-// runs, unit l is gathered and held; it is released when backward moves on to another layer and
-// at end_backward(). Gradient checkpointing's recompute runs inside a held unit.
+// Forward: the model brackets each use (models/decoder.h ParamUse): a unit is gathered for its
+// forward use and released after it.
+// Backward: before a node created under decoder layer l (its MemPhase) runs, unit l is gathered
+// and held (a BackwardObserver); it is released when backward moves on to another layer and at
+// end_backward(). Gradient checkpointing's recompute runs inside the held unit. Any other node
+// that saved a sharded weight in forward gets it gathered when it unpacks it: the trainer runs
+// each micro-batch under saved_tensor_hooks(), which note which unit a saved tensor's storage
+// belongs to. So the outer unit is gathered in backward only when a node reads it (the unfused
+// head, or a sharded final norm), and held until end_backward().
 // Not built: prefetching the next unit (gathers are synchronous), activation offloading, a
 // quantized base, trainable tokens and context parallelism under stage 3.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/autograd.h"
@@ -67,9 +73,13 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   // After whole values were written into the gathered parameters (loading a checkpoint): every
   // rank takes its slices from them. All units must be acquired.
   void reshard_from_full();
-  // Backward is over: the unit it held goes back.
+  // Backward is over: the units it held go back.
   void end_backward();
   void before_node(Node& node) override;
+  // Hooks for the forward of a micro-batch: a saved sharded weight is gathered when unpacked.
+  std::shared_ptr<SavedTensorHooks> saved_tensor_hooks();
+  // From those hooks: the unit `storage` belongs to is gathered for the rest of backward.
+  void on_unpack(const Storage* storage);
 
   // Bytes of this rank's slices, and of the parameters kept whole on every rank.
   int64_t shard_bytes() const;
@@ -87,8 +97,11 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   std::vector<Group> groups_;
   std::map<int64_t, std::vector<size_t>> unit_groups_;
   std::map<int64_t, int> uses_;
+  std::unordered_map<const Storage*, int64_t> unit_of_storage_;
   static constexpr int64_t kNone = INT64_MIN;
-  int64_t held_ = kNone;  // the layer backward holds
+  int64_t held_ = kNone;            // the layer backward holds
+  std::set<int64_t> unpack_held_;  // units gathered by an unpack, until end_backward()
+  std::shared_ptr<SavedTensorHooks> hooks_;
   int64_t persistent_bytes_ = 0, gathered_bytes_ = 0, peak_gathered_ = 0;
   double comm_seconds_ = 0;
 };

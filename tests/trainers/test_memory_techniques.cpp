@@ -177,5 +177,39 @@ TEST(Estimate, TechniquesShrinkTheirCategories) {
   EXPECT_LT(qlora.peak, ckpt.peak / 3);
 }
 
+// ZeRO stage 3 in the estimate: on 8 ranks each rank keeps 1/8 of the sharded parameters, the
+// small ones whole, and the outer unit (embedding, final norm, head) gathered for the step; a
+// threshold above every parameter is stage 2's residency; one rank shards nothing.
+TEST(Estimate, ZeroStage3ShardsTheParameters) {
+  EstimateConfig c;
+  c.model = ModelConfig::load(std::string(LT_SOURCE_DIR) + "/bench/configs/qwen2.5-7b.json");
+  c.dtype = DType::kBF16;
+  c.cpu = false;
+  c.micro_batch_tokens = c.max_seqlen = 2048;
+  c.gradient_checkpointing = true;
+  c.world_size = 8;
+  c.zero_stage = 2;
+  const MemoryEstimate z2 = estimate_memory(c);
+  c.zero_stage = 3;
+  const MemoryEstimate z3 = estimate_memory(c);
+  const ModelConfig& m = c.model;
+  const int64_t h = m.hidden_size, l = m.num_hidden_layers;
+  const int64_t outer = 2 * m.vocab_size * h + h;  // untied embedding and head, final norm
+  // Sharded: every weight matrix and the embedding/head (all above 100,000 elements); the final
+  // norm (h elements) stays whole.
+  const int64_t biases = l * (h + 2 * m.num_key_value_heads * m.head_dim);
+  const int64_t small = 2 * l * h + biases;  // the layers' norms and q/k/v biases
+  const int64_t big = z2.total_parameters - small - h;
+  EXPECT_EQ(z3.params, ((big * 2 + 7) / 8) + small * 2 + h * 2 + (outer - h) * 2);
+  EXPECT_EQ(z3.grads, z2.grads);
+  EXPECT_EQ(z3.optimizer, z2.optimizer);
+  EXPECT_LT(z3.peak, z2.peak - z2.params / 2);
+  c.stage3_param_persistence_threshold = int64_t{1} << 40;
+  EXPECT_EQ(estimate_memory(c).params, z2.params);
+  c.stage3_param_persistence_threshold = 100'000;
+  c.world_size = 1;
+  EXPECT_EQ(estimate_memory(c).params, z2.params);
+}
+
 }  // namespace
 }  // namespace leantune

@@ -1,0 +1,120 @@
+// ZeRO-3's parameter residency (trainers/zero3.h) in one process (one rank owns every slice):
+// the sharded weights' memory is given back between uses (allocator stats) and touching one then
+// is an Error naming it; uses nest; a forward and backward under the residency give the plain
+// model's loss and gradients exactly, with the layers gathered one at a time (plus the outer
+// unit); acquire_all/reshard_from_full round-trip new values. Multi-rank runs are in
+// tests/trainers/data_parallel.sh (z3_*, ga2_z3_*, resume_z3, ds3_generation).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/allocator.h"
+#include "engine/autograd.h"
+#include "engine/comm.h"
+#include "engine/ops.h"
+#include "loaders/model_config.h"
+#include "models/decoder.h"
+#include "testing/testing.h"
+#include "trainers/zero3.h"
+
+namespace leantune {
+namespace {
+
+std::shared_ptr<DecoderModel> tiny(uint64_t seed = 3) {
+  ModelConfig cfg = ModelConfig::load(testing::fixture_path("models/llama_gqa/model"));
+  auto m = std::make_shared<DecoderModel>(cfg, Device::cpu(), DType::kF32);
+  m->init_random(seed);
+  m->set_requires_grad(true);
+  return m;
+}
+
+Batch batch_of(int64_t vocab) {
+  const std::vector<int64_t> lengths = {7, 12};
+  std::vector<int64_t> ids, pos;
+  std::vector<int32_t> cu{0};
+  for (int64_t len : lengths) {
+    for (int64_t j = 0; j < len; ++j) {
+      ids.push_back((5 * j + 3 * len) % vocab);
+      pos.push_back(j);
+    }
+    cu.push_back(static_cast<int32_t>(ids.size()));
+  }
+  Batch b;
+  const int64_t t = static_cast<int64_t>(ids.size());
+  b.input_ids = Tensor::from_vector(ids, {t});
+  b.position_ids = Tensor::from_vector(pos, {t});
+  b.labels = Tensor::from_vector(ids, {t});
+  b.cu_seqlens = Tensor::from_vector(cu, {3});
+  b.max_seqlen = 12;
+  return b;
+}
+
+int64_t param_bytes() { return allocator(Device::cpu()).stats().tag(MemTag::kParam).current; }
+
+TEST(Zero3Params, WeightsLiveOnlyWhileUsedAndGiveTheSameGradients) {
+  auto comm = make_single_communicator();
+  const auto plain = tiny(), sharded = tiny();
+  const Batch b = batch_of(plain->config().vocab_size);
+  ForwardOptions fo;
+  ForwardResult want = plain->forward(b, fo);
+  want.loss.backward();
+
+  const int64_t before = param_bytes();
+  int64_t layer_bytes = 0, total = 0;
+  for (const auto& [name, t] : sharded->named_parameters()) {
+    total += static_cast<int64_t>(t.nbytes());
+    if (name.rfind("model.layers.0.", 0) == 0) layer_bytes += static_cast<int64_t>(t.nbytes());
+  }
+  {
+    // Threshold 100: the norms (64 elements) stay whole, every matrix is sharded.
+    Zero3Params z(*comm, *sharded, 100);
+    const int64_t whole = z.persistent_bytes();
+    EXPECT_GT(whole, 0);
+    // One rank's slices are the whole sharded weights; the weights' own storage is gone.
+    EXPECT_EQ(z.shard_bytes() + whole, total);
+    EXPECT_EQ(param_bytes() - before, 0);
+    const Tensor q = sharded->layer(0).q_proj.weight;
+    try {
+      q.to_f64();
+      FAIL() << "a released weight was read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ZeRO-3 parameter used outside its gathered unit"),
+                std::string::npos)
+          << e.what();
+    }
+    {
+      ParamUse outer(&z, 0);
+      ParamUse inner(&z, 0);  // uses nest
+      EXPECT_EQ(z.gathered_bytes(), layer_bytes - 2 * 64 * 4);
+      EXPECT_EQ(q.to_f64(), plain->layer(0).q_proj.weight.to_f64());
+    }
+    EXPECT_EQ(z.gathered_bytes(), 0);
+    // Forward and backward under the residency, as the trainer runs a micro-batch.
+    ForwardResult got;
+    {
+      SavedTensorHooksGuard hooks(z.saved_tensor_hooks());
+      got = sharded->forward(b, fo);
+      got.loss.backward();
+      z.end_backward();
+    }
+    EXPECT_EQ(got.loss.item(), want.loss.item());
+    EXPECT_EQ(z.gathered_bytes(), 0);
+    // At most the outer unit and one layer at once (2 layers here: less than the whole model).
+    EXPECT_LT(z.peak_gathered_bytes(), total - whole);
+    const auto pn = plain->named_parameters(), sn = sharded->named_parameters();
+    for (size_t i = 0; i < pn.size(); ++i)
+      EXPECT_EQ(sn[i].second.grad().to_f64(), pn[i].second.grad().to_f64()) << pn[i].first;
+    // New whole values (a loaded checkpoint) become the slices.
+    z.acquire_all();
+    ops::fill(sharded->layer(1).down_proj.weight.detach(), 0.25);
+    z.reshard_from_full();
+    z.release_all();
+    ParamUse use(&z, 1);
+    for (double x : sharded->layer(1).down_proj.weight.to_f64()) ASSERT_EQ(x, 0.25);
+  }
+}
+
+}  // namespace
+}  // namespace leantune
