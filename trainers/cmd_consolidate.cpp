@@ -1,9 +1,12 @@
 // `trainer_bin consolidate CHECKPOINT --out DIR`: the model of a data-parallel or ZeRO checkpoint
-// as a plain folder, ready for transformers/PEFT or for a new run on any number of ranks.
+// as a plain folder, ready for transformers/PEFT or for a new run (with a fresh optimizer) on any
+// number of ranks.
 //
-// Under ZeRO stages 1 and 2 the weights are never sharded: rank 0 writes the complete HF folder
-// (or PEFT adapter) into every checkpoint, and the shards are only the optimizer's states
-// (optimizer_rank_R.safetensors) and data positions (rank_R.json). Consolidating therefore
+// Every checkpoint holds the complete HF folder (or PEFT adapter), written by rank 0: under ZeRO
+// stages 1 and 2 the weights are never sharded, and under stage 3 every rank takes part in
+// gathering them for the save. The shards are only the optimizer's states
+// (optimizer_rank_R.safetensors) and data positions (rank_R.json); they are not re-cut for
+// another world size. Consolidating therefore
 // copies the model's files (config, weights, adapter, tokenizer) and leaves the training state
 // behind. The checkpoint is validated first (complete marker, trainer_state.json, every rank's
 // files present for its world size).

@@ -291,7 +291,6 @@ void Trainer::build_optimizer() {
     auto refuse = [](bool bad, const char* what) {
       LT_CHECK_INPUT(!bad, "option zero_stage 3: ", what, " is not built yet under stage 3");
     };
-    refuse(args_.activation_offloading, "--activation_offloading");
     refuse(args_.optimizer_in_backward, "--optimizer_in_backward");
     refuse(args_.cp_size > 1, "--cp_size > 1");
     refuse(quant_config_.enabled(), "a quantized base (--load_in_4bit / --load_in_8bit)");
@@ -623,12 +622,13 @@ TrainResult Trainer::train() {
     bool finite = true;
     double backward_norm = 0;  // optimizer_in_backward: the norm of the gradients it applied
     for (size_t i = 0; i < micro.size(); ++i) {
-      // ZeRO-3: a weight saved in forward is gathered again when backward unpacks it.
-      std::optional<SavedTensorHooksGuard> z3_hooks;
-      if (zero3_) z3_hooks.emplace(zero3_->saved_tensor_hooks());
       // One offloader per micro-batch, around its forward and backward.
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
           OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
+      // ZeRO-3: a weight saved in forward is gathered again when backward unpacks it; every
+      // other saved tensor goes to the offloader's hooks, if any.
+      std::optional<SavedTensorHooksGuard> z3_hooks;
+      if (zero3_) z3_hooks.emplace(zero3_->saved_tensor_hooks(current_saved_tensor_hooks()));
       // optimizer_in_backward: alive from forward on, since a fused loss may update the LM head
       // block by block in its forward (row_grad_sink()).
       std::unique_ptr<OptimizerInBackward> in_bwd;

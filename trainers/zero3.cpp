@@ -21,20 +21,35 @@ Tensor flat_part(const Tensor& flat, int64_t off, const Tensor& t) {
   return flat.narrow(0, off, t.numel()).view(t.shape());
 }
 
-// Saved tensors pass through unchanged; unpacking one over a sharded weight's storage has its
-// unit gathered first.
+// A sharded weight's saved tensor is kept as it is (its storage is released after its use and
+// restored by a gather); unpacking it has its unit gathered first. Every other saved tensor goes
+// through the inner hooks (activation offloading), or is kept as it is.
 class GatherOnUnpack final : public SavedTensorHooks {
  public:
-  explicit GatherOnUnpack(Zero3Params& z) : z_(z) {}
-  std::shared_ptr<void> pack(const Tensor& t) override { return std::make_shared<Tensor>(t); }
+  GatherOnUnpack(Zero3Params& z, std::shared_ptr<SavedTensorHooks> inner)
+      : z_(z), inner_(std::move(inner)) {}
+  std::shared_ptr<void> pack(const Tensor& t) override {
+    auto p = std::make_shared<Packed>();
+    if (inner_ && !(t.defined() && z_.is_sharded(t.storage().get())))
+      p->inner = inner_->pack(t);
+    else
+      p->tensor = t;
+    return p;
+  }
   Tensor unpack(const std::shared_ptr<void>& packed) override {
-    const Tensor& t = *static_cast<const Tensor*>(packed.get());
-    if (t.defined()) z_.on_unpack(t.storage().get());
-    return t;
+    const auto& p = *static_cast<const Packed*>(packed.get());
+    if (p.inner) return inner_->unpack(p.inner);
+    if (p.tensor.defined()) z_.on_unpack(p.tensor.storage().get());
+    return p.tensor;
   }
 
  private:
+  struct Packed {
+    Tensor tensor;
+    std::shared_ptr<void> inner;
+  };
   Zero3Params& z_;
+  std::shared_ptr<SavedTensorHooks> inner_;
 };
 
 }  // namespace
@@ -180,9 +195,9 @@ void Zero3Params::end_backward() {
   unpack_held_.clear();
 }
 
-std::shared_ptr<SavedTensorHooks> Zero3Params::saved_tensor_hooks() {
-  if (!hooks_) hooks_ = std::make_shared<GatherOnUnpack>(*this);
-  return hooks_;
+std::shared_ptr<SavedTensorHooks> Zero3Params::saved_tensor_hooks(
+    std::shared_ptr<SavedTensorHooks> inner) {
+  return std::make_shared<GatherOnUnpack>(*this, std::move(inner));
 }
 
 void Zero3Params::on_unpack(const Storage* storage) {

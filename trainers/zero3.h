@@ -25,8 +25,10 @@
 // each micro-batch under saved_tensor_hooks(), which note which unit a saved tensor's storage
 // belongs to. So the outer unit is gathered in backward only when a node reads it (the unfused
 // head, or a sharded final norm), and held until end_backward().
-// Not built: prefetching the next unit (gathers are synchronous), activation offloading, a
-// quantized base, trainable tokens and context parallelism under stage 3.
+// With activation offloading, the offloader's hooks see every saved tensor but the sharded
+// weights (which are gathered again rather than copied to the host).
+// Not built: prefetching the next unit (gathers are synchronous), a quantized base, trainable
+// tokens and context parallelism under stage 3.
 #pragma once
 
 #include <cstdint>
@@ -76,8 +78,12 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   // Backward is over: the units it held go back.
   void end_backward();
   void before_node(Node& node) override;
-  // Hooks for the forward of a micro-batch: a saved sharded weight is gathered when unpacked.
-  std::shared_ptr<SavedTensorHooks> saved_tensor_hooks();
+  // Hooks for the forward of a micro-batch: a saved sharded weight is kept as it is and gathered
+  // when unpacked; every other saved tensor goes through `inner` (activation offloading's
+  // hooks; null: kept as it is).
+  std::shared_ptr<SavedTensorHooks> saved_tensor_hooks(
+      std::shared_ptr<SavedTensorHooks> inner = nullptr);
+  bool is_sharded(const Storage* storage) const { return unit_of_storage_.count(storage) > 0; }
   // From those hooks: the unit `storage` belongs to is gathered for the rest of backward.
   void on_unpack(const Storage* storage);
 
@@ -101,7 +107,6 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   static constexpr int64_t kNone = INT64_MIN;
   int64_t held_ = kNone;            // the layer backward holds
   std::set<int64_t> unpack_held_;  // units gathered by an unpack, until end_backward()
-  std::shared_ptr<SavedTensorHooks> hooks_;
   int64_t persistent_bytes_ = 0, gathered_bytes_ = 0, peak_gathered_ = 0;
   double comm_seconds_ = 0;
 };
