@@ -429,6 +429,13 @@ bool all_finite(const Tensor& x0) {
 // ---------------------------------------------------------------- gemm
 
 namespace {
+thread_local bool batch_invariant = false;
+// Inside the batch-invariant gemm, its tiles run as plain products.
+struct BatchInvariantOff {
+  bool prev = batch_invariant;
+  BatchInvariantOff() { batch_invariant = false; }
+  ~BatchInvariantOff() { batch_invariant = prev; }
+};
 Tensor as_f32(const Tensor& t) {
   if (t.dtype() == DType::kF32 && t.is_contiguous()) return t;
   Tensor out = Tensor::empty(t.shape(), DType::kF32, t.device(), MemTag::kWorkspace);
@@ -468,6 +475,23 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
     return;
   }
   Tensor af = as_f32(a), bf = as_f32(b);
+  if (batch_invariant && !ta && m > 0) {
+    // Tiles of exactly kBatchInvariantRows rows of a, the last one padded with zeros; each
+    // tile's product lands in a scratch and its real rows are copied out.
+    const int64_t r = kBatchInvariantRows;
+    Tensor at = Tensor::zeros({r, k}, DType::kF32, a.device(), MemTag::kWorkspace);
+    Tensor ct = Tensor::zeros({r, n}, DType::kF32, c.device(), MemTag::kWorkspace);
+    const BatchInvariantOff off;  // the tiles themselves are whole products
+    for (int64_t i0 = 0; i0 < m; i0 += r) {
+      const int64_t rows = std::min(r, m - i0);
+      at.narrow(0, 0, rows).copy_(af.narrow(0, i0, rows));
+      if (rows < r) fill(at.narrow(0, rows, r - rows), 0.0);
+      if (beta != 0.0) ct.narrow(0, 0, rows).copy_(c.narrow(0, i0, rows));
+      gemm(at, false, bf, tb, ct, alpha, beta);
+      cpu_copy(c.narrow(0, i0, rows), ct.narrow(0, 0, rows));
+    }
+    return;
+  }
   Tensor cf = c.dtype() == DType::kF32
                   ? c
                   : Tensor::empty(c.shape(), DType::kF32, c.device(), MemTag::kWorkspace);
@@ -477,6 +501,11 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
               bf.size(1), static_cast<float>(beta), cf.data<float>(), n);
   if (c.dtype() != DType::kF32) cpu_copy(c, cf);
 }
+
+BatchInvariantGemmGuard::BatchInvariantGemmGuard() : prev_(batch_invariant) {
+  batch_invariant = true;
+}
+BatchInvariantGemmGuard::~BatchInvariantGemmGuard() { batch_invariant = prev_; }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb, MemTag tag) {
   const int64_t m = ta ? a.size(1) : a.size(0);

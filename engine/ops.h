@@ -57,6 +57,24 @@ bool all_finite(const Tensor& x);
 // 2-D and contiguous. 16-bit inputs are upcast; accumulation is f32 (f64 for f64).
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           double alpha = 1.0, double beta = 0.0);
+// Batch invariance (CPU): OpenBLAS picks its kernel by the product's size (a single row, and
+// products under about a million multiply-adds, take other paths that round differently), so a
+// row of op(a) @ op(b) may change in its last bits with the number of rows beside it. Under this
+// guard (per thread) the CPU gemm computes op(a) in tiles of exactly kBatchInvariantRows rows
+// (the last one padded), so that every row's bits depend only on the row itself: generation
+// samples the same tokens for a prompt in any batch. Training does not need it and runs whole
+// products.
+inline constexpr int64_t kBatchInvariantRows = 16;
+class BatchInvariantGemmGuard {
+ public:
+  BatchInvariantGemmGuard();
+  ~BatchInvariantGemmGuard();
+  BatchInvariantGemmGuard(const BatchInvariantGemmGuard&) = delete;
+  BatchInvariantGemmGuard& operator=(const BatchInvariantGemmGuard&) = delete;
+
+ private:
+  bool prev_;
+};
 // op(a) @ op(b) with a fresh output of a's dtype.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
               MemTag tag = current_mem_tag());

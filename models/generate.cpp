@@ -206,6 +206,8 @@ GenerationResult generate(const DecoderModel& model,
   NoGradGuard ng;
   MemPhaseGuard phase(MemPhaseKind::kGeneration);
   MemTagGuard tag(MemTag::kKVCache);
+  // A row's bits must not depend on the rows beside it (engine/ops.h).
+  ops::BatchInvariantGemmGuard invariant;
   const ModelConfig& c = model.config();
   const int64_t b = static_cast<int64_t>(prompts.size());
   GenerationResult res;

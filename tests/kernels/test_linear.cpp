@@ -160,3 +160,33 @@ TEST(Linear, ShapeMismatchIsAnError) {
 
 }  // namespace
 }  // namespace leantune
+
+namespace leantune {
+namespace {
+
+// Batch invariance on the CPU under ops::BatchInvariantGemmGuard: a row of x @ W^T is the same
+// bits whether it is computed alone or among other rows, at any position (the generation engine
+// relies on it: a prompt samples the same tokens in any batch). Without the guard OpenBLAS 0.3.21
+// takes a lone row, and products under about a million multiply-adds, through other kernels.
+TEST(Linear, RowsDoNotDependOnTheBatchUnderTheGuard) {
+  ops::BatchInvariantGemmGuard invariant;
+  // Qwen2.5-0.5B's k_proj (128 x 896), o_proj (896 x 896) and a tiny projection.
+  for (const auto& [n, k] :
+       {std::pair<int64_t, int64_t>{128, 896}, {896, 896}, {128, 4864}, {19, 71}})
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      const Tensor x = testing::randn({40, k}, dt, 71), w = testing::randn({n, k}, dt, 72);
+      const Tensor b = testing::randn({n}, dt, 73);
+      const std::vector<double> all = kernels::linear(x, w, b).to_f64();
+      for (int64_t m : {1, 2, 3, 9, 17, 33}) {
+        const int64_t at = 40 - m;  // the rows sit elsewhere in their tiles than in `all`
+        const std::vector<double> part = kernels::linear(x.narrow(0, at, m), w, b).to_f64();
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j)
+            ASSERT_EQ(part[i * n + j], all[(at + i) * n + j])
+                << dtype_name(dt) << " " << n << "x" << k << " m " << m << " row " << i;
+      }
+    }
+}
+
+}  // namespace
+}  // namespace leantune
