@@ -106,8 +106,8 @@ int main(int argc, char** argv) {
     int64_t unshared_blocks = 0;
     for (const auto& p : ps)
       unshared_blocks += kv_blocks_for_prompt(static_cast<int64_t>(p.size()), 1, new_tokens, 16);
-    const int64_t unshared = batched.kv_cache_bytes / kv_blocks_for_call(ps, new_tokens, 16) *
-                             unshared_blocks;
+    const int64_t unshared =
+        batched.kv_cache_bytes / kv_blocks_for_call(ps, new_tokens, 16) * unshared_blocks;
     const nlohmann::json out = {{"config", config},
                                 {"layers", layers},
                                 {"hidden_size", cfg.hidden_size},

@@ -116,8 +116,8 @@ struct AllocatorStats {
   // of a run (the online trainers' generation and optimizer phases).
   MemStat window_allocated;
   MemStat window_reserved;
-  int64_t segments = 0;         // current number of segments
-  int64_t active_blocks = 0;    // current number of allocated blocks
+  int64_t segments = 0;       // current number of segments
+  int64_t active_blocks = 0;  // current number of allocated blocks
   int64_t num_allocs = 0;
   int64_t num_frees = 0;
   int64_t num_segment_allocs = 0;

@@ -288,8 +288,8 @@ Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
     // attributed per layer: its backward inherits it, and ZeRO-3 gathers a layer for its backward
     // nodes by it. Evaluation and generation keep their own label.
     const MemPhaseKind kind = current_mem_phase().kind;
-    const bool training = kind == MemPhaseKind::kForward ||
-                          (kind == MemPhaseKind::kNone && grad_mode_enabled());
+    const bool training =
+        kind == MemPhaseKind::kForward || (kind == MemPhaseKind::kNone && grad_mode_enabled());
     MemPhaseGuard phase(training ? MemPhase{MemPhaseKind::kForward, static_cast<int32_t>(l)}
                                  : current_mem_phase());
     if (gradient_checkpointing && grad_mode_enabled()) {

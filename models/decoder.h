@@ -71,8 +71,8 @@ struct ForwardOptions {
 // Where the weights live between uses: under ZeRO-3 (trainers/zero3.h) each rank keeps 1/N of
 // them and a unit is gathered for each use. The model brackets every use of a unit's weights
 // with acquire/release (ParamUse): unit i is decoder layer i, kOuterUnit the token embedding, the
-// final norm and the LM head. Uses nest (the residency counts them); in backward the residency holds a unit
-// itself while the unit's nodes run.
+// final norm and the LM head. Uses nest (the residency counts them); in backward the residency
+// holds a unit itself while the unit's nodes run.
 class ParamResidency {
  public:
   static constexpr int64_t kOuterUnit = -1;

@@ -8,8 +8,8 @@
 
 #include "engine/autograd.h"
 #include "engine/mem_phase.h"
-#include "engine/rng.h"
 #include "engine/ops.h"
+#include "engine/rng.h"
 #include "kernels/attention.h"
 #include "kernels/kv_cache_write.h"
 #include "kernels/residual.h"
@@ -138,8 +138,8 @@ Tensor forward_step(const DecoderModel& m, PagedKVCache& pool, const std::vector
                     const std::vector<int64_t>& positions, const std::vector<StepEntry>& entries) {
   const ModelConfig& c = m.config();
   const Device dev = m.device();
-  const int64_t t = static_cast<int64_t>(ids.size()), d = c.head_dim,
-                nh = c.num_attention_heads, nkv = c.num_key_value_heads, bs = pool.block_size();
+  const int64_t t = static_cast<int64_t>(ids.size()), d = c.head_dim, nh = c.num_attention_heads,
+                nkv = c.num_key_value_heads, bs = pool.block_size();
   std::vector<int64_t> write, read;
   std::vector<int32_t> cu_q{0}, cu_k{0};
   int64_t max_q = 0, max_k = 0;
@@ -181,16 +181,16 @@ Tensor forward_step(const DecoderModel& m, PagedKVCache& pool, const std::vector
   // Only each entry's last row needs logits.
   std::vector<int64_t> last;
   for (size_t i = 1; i < cu_q.size(); ++i) last.push_back(cu_q[i] - 1);
-  const Tensor rows = ops::index_rows(
-      h, Tensor::from_vector(last, {static_cast<int64_t>(last.size())}, dev));
+  const Tensor rows =
+      ops::index_rows(h, Tensor::from_vector(last, {static_cast<int64_t>(last.size())}, dev));
   ParamUse use(m.param_residency(), ParamResidency::kOuterUnit);
   return m.logits(kernels::rms_norm(rows, m.final_norm(), c.rms_norm_eps));
 }
 
 }  // namespace
 
-int64_t kv_blocks_for_call(const std::vector<std::vector<int32_t>>& prompts,
-                           int64_t max_new_tokens, int64_t block_size) {
+int64_t kv_blocks_for_call(const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens,
+                           int64_t block_size) {
   std::map<std::vector<int32_t>, int64_t> count;
   for (const auto& p : prompts)
     if (!p.empty()) ++count[p];
@@ -318,16 +318,15 @@ GenerationResult generate(const DecoderModel& model,
     std::vector<std::pair<int64_t, int64_t>> admitted;  // (group, member)
     while (next_group < groups.size()) {
       PromptGroup& g = groups[next_group];
-      const int64_t need = own_blocks(g) + (g.admitted == 0
-                                                ? kv_blocks_for_prompt(
-                                                      static_cast<int64_t>(g.prompt->size()), 0,
-                                                      max_new, bs)
-                                                : 0);
+      const int64_t need =
+          own_blocks(g) +
+          (g.admitted == 0
+               ? kv_blocks_for_prompt(static_cast<int64_t>(g.prompt->size()), 0, max_new, bs)
+               : 0);
       if (reserved + need > pool.num_blocks()) {
-        LT_CHECK_INPUT(reserved > 0, "generate: a kv cache of ", pool.num_blocks(),
-                       " blocks of ", bs, " tokens cannot hold one completion of a ",
-                       g.prompt->size(), "-token prompt with ", max_new,
-                       " new tokens (it needs ", need, " blocks)");
+        LT_CHECK_INPUT(reserved > 0, "generate: a kv cache of ", pool.num_blocks(), " blocks of ",
+                       bs, " tokens cannot hold one completion of a ", g.prompt->size(),
+                       "-token prompt with ", max_new, " new tokens (it needs ", need, " blocks)");
         break;
       }
       if (g.admitted == 0) {

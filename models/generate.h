@@ -62,8 +62,8 @@ GenerationResult generate(const DecoderModel& model,
 
 // The blocks that let a call run every generation at once: kv_blocks_for_prompt summed over the
 // groups of identical prompts (at least 1).
-int64_t kv_blocks_for_call(const std::vector<std::vector<int32_t>>& prompts,
-                           int64_t max_new_tokens, int64_t block_size);
+int64_t kv_blocks_for_call(const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens,
+                           int64_t block_size);
 
 // The distribution sampling draws from for one row of logits (host values): the kept tokens,
 // most likely first, and their probabilities (summing to 1). `seen`: the tokens of the prompt

@@ -16,9 +16,8 @@ PagedKVCache::PagedKVCache(const ModelConfig& cfg, int64_t num_layers, DType dty
       num_blocks_(num_blocks),
       dtype_(dtype),
       device_(device) {
-  LT_CHECK_INPUT(block_size >= 1 && num_blocks >= 1,
-                 "kv cache: block size ", block_size, " and ", num_blocks,
-                 " blocks (both must be at least 1)");
+  LT_CHECK_INPUT(block_size >= 1 && num_blocks >= 1, "kv cache: block size ", block_size, " and ",
+                 num_blocks, " blocks (both must be at least 1)");
   LT_CHECK_INPUT(num_blocks < (int64_t{1} << 31) && slots() < (int64_t{1} << 40),
                  "kv cache: ", num_blocks, " blocks of ", block_size, " slots is too many");
   refs_.assign(static_cast<size_t>(num_blocks), 0);

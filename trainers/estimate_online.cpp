@@ -20,14 +20,10 @@ nlohmann::json OnlineEstimate::to_json() const {
   nlohmann::json j = policy.to_json();
   j["reference_mode"] = reference_mode;
   j["reference_params"] = reference_params;
-  j["generation"] = {{"prompts", prompts_per_generation},
-                     {"num_generations", num_generations},
-                     {"prompt_length", prompt_length},
-                     {"max_new_tokens", max_new_tokens},
-                     {"kv_cache_blocks", kv_blocks},
-                     {"kv_block_size", kv_block_size},
-                     {"kv_cache_pool", kv_pool},
-                     {"workspace", generation_workspace},
+  j["generation"] = {{"prompts", prompts_per_generation}, {"num_generations", num_generations},
+                     {"prompt_length", prompt_length},    {"max_new_tokens", max_new_tokens},
+                     {"kv_cache_blocks", kv_blocks},      {"kv_block_size", kv_block_size},
+                     {"kv_cache_pool", kv_pool},          {"workspace", generation_workspace},
                      {"sleep_mode", sleep_mode}};
   j["generation_phase_peak"] = generation_peak;
   j["optimizer_phase_peak"] = optimizer_peak;
@@ -70,19 +66,17 @@ OnlineEstimate estimate_online(const EstimateConfig& policy, const OnlineShape& 
   e.prompt_length = s.prompt_length;
   e.max_new_tokens = s.max_new_tokens;
   e.kv_block_size = s.kv_block_size;
-  e.kv_blocks = s.kv_cache_blocks > 0
-                    ? s.kv_cache_blocks
-                    : s.prompts_per_generation * kv_blocks_for_prompt(s.prompt_length,
-                                                                      s.num_generations,
-                                                                      s.max_new_tokens,
-                                                                      s.kv_block_size);
+  e.kv_blocks = s.kv_cache_blocks > 0 ? s.kv_cache_blocks
+                                      : s.prompts_per_generation *
+                                            kv_blocks_for_prompt(s.prompt_length, s.num_generations,
+                                                                 s.max_new_tokens, s.kv_block_size);
   const ModelConfig& m = policy.model;
   e.kv_pool = 2 * m.num_hidden_layers * e.kv_blocks * s.kv_block_size * m.num_key_value_heads *
               m.head_dim * static_cast<int64_t>(dtype_size(policy.dtype));
   e.generation_workspace = generation_workspace_bytes(m, policy.dtype, s);
   e.sleep_mode = s.sleep_mode;
-  e.generation_peak = e.policy.params + reference_params + e.policy.optimizer + e.kv_pool +
-                      e.generation_workspace;
+  e.generation_peak =
+      e.policy.params + reference_params + e.policy.optimizer + e.kv_pool + e.generation_workspace;
   e.optimizer_peak = e.policy.peak + reference_params + (s.sleep_mode ? 0 : e.kv_pool);
   e.peak = std::max(e.generation_peak, e.optimizer_peak);
   e.peak_phase = e.generation_peak > e.optimizer_peak ? "generation" : e.policy.peak_phase;
@@ -131,8 +125,8 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
                  s.num_generations);
   s.prompts_per_generation = completions / s.num_generations;
   s.max_new_tokens = o.get_int(dpo ? "max_new_tokens" : "max_completion_length");
-  s.prompt_length = o.get_int("prompt_length") > 0 ? o.get_int("prompt_length")
-                                                   : longest_prompt(o, dir);
+  s.prompt_length =
+      o.get_int("prompt_length") > 0 ? o.get_int("prompt_length") : longest_prompt(o, dir);
   s.kv_cache_blocks = o.get_int("kv_cache_blocks");
   s.kv_block_size = o.get_int("kv_block_size");
   s.sleep_mode = o.get_bool("vllm_enable_sleep_mode");
@@ -140,8 +134,8 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
   // cut to max_length).
   int64_t length = s.prompt_length + s.max_new_tokens;
   if (dpo) length = std::min(length, o.get_int("max_length"));
-  const int64_t per_micro = dpo ? 2 * args.per_device_train_batch_size
-                                : args.per_device_train_batch_size;
+  const int64_t per_micro =
+      dpo ? 2 * args.per_device_train_batch_size : args.per_device_train_batch_size;
   const PeftConfig peft = peft_config_from_options(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
   EstimateConfig c =
@@ -151,8 +145,8 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
   std::string mode = "none";
   if (dpo || o.get_float("beta") != 0.0)
     mode = !o.get_string("ref_model").empty() ? "ref_model"
-           : o.get_bool("use_peft")            ? "adapters_off"
-                                               : "policy_copy";
+           : o.get_bool("use_peft")           ? "adapters_off"
+                                              : "policy_copy";
   int64_t ref_bytes = 0;
   if (mode != "none") {
     const std::string rdir = o.get_string("ref_model");
@@ -220,7 +214,8 @@ int run_estimate_online(const std::vector<std::string>& argv, const std::string&
     OnlineShape asleep = s;
     asleep.sleep_mode = true;
     std::printf("with --vllm_enable_sleep_mode: peak %s\n",
-                format_bytes(estimate_online(c, asleep, e.reference_mode, e.reference_params).peak).c_str());
+                format_bytes(estimate_online(c, asleep, e.reference_mode, e.reference_params).peak)
+                    .c_str());
   }
   return 0;
 }

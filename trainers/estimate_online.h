@@ -36,7 +36,7 @@ struct OnlineShape {
 };
 
 struct OnlineEstimate {
-  EstimateConfig config;       // the policy step's inputs
+  EstimateConfig config;  // the policy step's inputs
   OnlineShape shape;
   MemoryEstimate policy;       // the optimizer phase's step
   std::string reference_mode;  // none, adapters_off, policy_copy, ref_model

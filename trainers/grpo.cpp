@@ -198,14 +198,14 @@ void OnlineTrainer::generate_batch() {
         // A whole generation batch at once, at the longest prompt's reservation.
         int64_t per_prompt = 1;
         for (const PromptRow& r : data_.rows)
-          per_prompt = std::max(per_prompt, kv_blocks_for_prompt(
-                                                static_cast<int64_t>(r.ids.size()), g,
-                                                cfg_.generation.max_new_tokens, cfg_.kv_block_size));
+          per_prompt = std::max(
+              per_prompt, kv_blocks_for_prompt(static_cast<int64_t>(r.ids.size()), g,
+                                               cfg_.generation.max_new_tokens, cfg_.kv_block_size));
         blocks = per_prompt * static_cast<int64_t>(idx.size());
       }
-      kv_pool_ = std::make_unique<PagedKVCache>(model_->config(), model_->num_layers(),
-                                                model_->dtype(), model_->device(),
-                                                cfg_.kv_block_size, blocks);
+      kv_pool_ =
+          std::make_unique<PagedKVCache>(model_->config(), model_->num_layers(), model_->dtype(),
+                                         model_->device(), cfg_.kv_block_size, blocks);
     }
     GenerationConfig gc = cfg_.generation;
     gc.seed = args_.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(generations_ + 1);

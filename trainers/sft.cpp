@@ -326,13 +326,12 @@ std::string format_memory_report(const nlohmann::json& r) {
                   static_cast<long long>(g.value("kv_block_size", int64_t{0})),
                   static_cast<long long>(g.value("kv_blocks_peak_used", int64_t{0})));
     out += line;
-    std::snprintf(line, sizeof line,
-                  "    generation phase peak %s allocated, %s reserved; optimizer phase peak %s "
-                  "allocated, %s reserved\n",
-                  b("generation_phase_peak_allocated").c_str(),
-                  b("generation_phase_peak_reserved").c_str(),
-                  b("optimizer_phase_peak_allocated").c_str(),
-                  b("optimizer_phase_peak_reserved").c_str());
+    std::snprintf(
+        line, sizeof line,
+        "    generation phase peak %s allocated, %s reserved; optimizer phase peak %s "
+        "allocated, %s reserved\n",
+        b("generation_phase_peak_allocated").c_str(), b("generation_phase_peak_reserved").c_str(),
+        b("optimizer_phase_peak_allocated").c_str(), b("optimizer_phase_peak_reserved").c_str());
     out += line;
     if (g.value("sleep_mode", false))
       std::snprintf(line, sizeof line,

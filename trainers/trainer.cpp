@@ -353,15 +353,7 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
   Communicator& comm = world_communicator(args_.comm);
   const bool distributed = comm.size() > 1;
   // ZeRO-3: every rank takes part in gathering the whole model that rank 0 writes.
-  struct Gathered {
-    Zero3Params* z;
-    explicit Gathered(Zero3Params* z3) : z(z3) {
-      if (z) z->acquire_all();
-    }
-    ~Gathered() {
-      if (z) z->release_all();
-    }
-  } gathered(zero3_.get());
+  const AllUnitsGathered gathered(zero3_.get());
   if (distributed && comm.rank() != 0) {
     write_rank_files(rank_staging_dir(args_.output_dir, step, comm.rank()), comm.rank());
     comm.barrier();  // staged

@@ -104,8 +104,8 @@ class ZeroOptimizer final : public Optimizer {
   // Drops every gradient and slice (a skipped update).
   void drop_gradients();
 
-  // Stages 2 and 3, around the last micro-batch's backward: a unit is reduce-scattered as soon as the
-  // gradient of each of its parameters is complete, and its full gradients are dropped at once,
+  // Stages 2 and 3, around the last micro-batch's backward: a unit is reduce-scattered as soon as
+  // the gradient of each of its parameters is complete, and its full gradients are dropped at once,
   // so the full-model gradient never exists. Every rank runs the same graph, so every rank
   // issues the same collectives in the same order.
   class BackwardReducer final : public BackwardObserver {

@@ -133,8 +133,7 @@ void Zero3Params::gather(int64_t unit) {
     }
   }
   peak_gathered_ = std::max(peak_gathered_, gathered_bytes_);
-  comm_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void Zero3Params::evict(int64_t unit) {
@@ -168,7 +167,8 @@ void Zero3Params::release_all() {
 void Zero3Params::reshard_from_full() {
   const int r = comm_.rank();
   for (Group& g : groups_) {
-    LT_CHECK(uses_[g.unit] > 0, "zero_stage 3: resharding unit ", g.unit, ", which is not gathered");
+    LT_CHECK(uses_[g.unit] > 0, "zero_stage 3: resharding unit ", g.unit,
+             ", which is not gathered");
     const int64_t lo = r * g.slice, hi = lo + g.slice;
     for (size_t k = 0; k < g.params.size(); ++k) {
       const Tensor& p = g.params[k];

@@ -105,10 +105,26 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   std::map<int64_t, int> uses_;
   std::unordered_map<const Storage*, int64_t> unit_of_storage_;
   static constexpr int64_t kNone = INT64_MIN;
-  int64_t held_ = kNone;            // the layer backward holds
+  int64_t held_ = kNone;           // the layer backward holds
   std::set<int64_t> unpack_held_;  // units gathered by an unpack, until end_backward()
   int64_t persistent_bytes_ = 0, gathered_bytes_ = 0, peak_gathered_ = 0;
   double comm_seconds_ = 0;
+};
+
+// Every unit of `z` gathered for a scope (a save); nothing when z is null.
+class AllUnitsGathered {
+ public:
+  explicit AllUnitsGathered(Zero3Params* z) : z_(z) {
+    if (z_) z_->acquire_all();
+  }
+  ~AllUnitsGathered() {
+    if (z_) z_->release_all();
+  }
+  AllUnitsGathered(const AllUnitsGathered&) = delete;
+  AllUnitsGathered& operator=(const AllUnitsGathered&) = delete;
+
+ private:
+  Zero3Params* z_;
 };
 
 }  // namespace leantune

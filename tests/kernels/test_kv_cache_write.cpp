@@ -81,8 +81,7 @@ TEST(KvCacheWriteErrors, SlotOutsideThePoolOrNamedTwice) {
     kernels::kv_cache_write(pool, Tensor::from_vector<int64_t>({5, 2, 5}, {3}), rows);
     FAIL() << "a slot named twice accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("slot 5 is named at positions 0 and 2"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("slot 5 is named at positions 0 and 2"), std::string::npos)
         << e.what();
   }
   // Nothing was written by the refused calls.

@@ -49,13 +49,12 @@ TEST_P(KvCacheWriteCuda, MatchesCpuBitForBit) {
   EXPECT_EQ(again.to_f64(), cpu.to_f64());
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, KvCacheWriteCuda,
-                         ::testing::Values(Case{DType::kF32, 1, 1, 1}, Case{DType::kBF16, 19, 8, 19},
-                                           Case{DType::kBF16, 229, 71, 71},
-                                           Case{DType::kF16, 64, 128, 13},
-                                           Case{DType::kF32, 4096, 256, 97},
-                                           Case{DType::kF64, 33, 5, 32}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, KvCacheWriteCuda,
+    ::testing::Values(Case{DType::kF32, 1, 1, 1}, Case{DType::kBF16, 19, 8, 19},
+                      Case{DType::kBF16, 229, 71, 71}, Case{DType::kF16, 64, 128, 13},
+                      Case{DType::kF32, 4096, 256, 97}, Case{DType::kF64, 33, 5, 32}),
+    case_name);
 
 }  // namespace
 }  // namespace leantune

@@ -156,13 +156,14 @@ struct OnlineOutcome {
 OnlineOutcome run_online(const std::string& out, std::vector<std::string> extra) {
   Options o = online_options("grpo");
   add_online_estimate_options(o);
-  std::vector<std::string> args = {"--device",     "cpu", "--max_steps", "8", "--logging_steps",
-                                   "1",            "--output_dir", out};
+  std::vector<std::string> args = {"--device",        "cpu", "--max_steps",  "8",
+                                   "--logging_steps", "1",   "--output_dir", out};
   args.insert(args.end(), extra.begin(), extra.end());
   EXPECT_TRUE(o.parse(args));
   apply_online_embedded_defaults(o);
   OnlineOutcome res;
-  res.estimate = estimate_online_from_options(o, "grpo", embedded_data_dir() + "/config.json", true);
+  res.estimate =
+      estimate_online_from_options(o, "grpo", embedded_data_dir() + "/config.json", true);
   OnlineRun run = make_online_run("grpo", o);
   const TrainResult r = run.trainer->train();
   res.losses = r.losses;
@@ -181,8 +182,8 @@ TEST(Grpo, SleepModeFreesThePoolForTheOptimizerPhase) {
   const OnlineOutcome awake = run_online(out + "/awake", {});
   const OnlineOutcome asleep = run_online(out + "/asleep", {"--generation_sleep"});
   const OnlineOutcome small =
-      run_online(out + "/small", {"--vllm_enable_sleep_mode", "--kv_cache_blocks", "6",
-                                  "--kv_block_size", "4"});
+      run_online(out + "/small",
+                 {"--vllm_enable_sleep_mode", "--kv_cache_blocks", "6", "--kv_block_size", "4"});
   ASSERT_EQ(awake.losses.size(), 8u);
   EXPECT_EQ(asleep.losses, awake.losses);
   EXPECT_EQ(asleep.rewards, awake.rewards);
