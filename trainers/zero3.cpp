@@ -52,6 +52,18 @@ class GatherOnUnpack final : public SavedTensorHooks {
   std::shared_ptr<SavedTensorHooks> inner_;
 };
 
+// Rank r's slice of a group, from its parameters' whole values.
+void take_slice(Zero3Params::Group& g, int r) {
+  const int64_t lo = r * g.slice, hi = lo + g.slice;
+  for (size_t k = 0; k < g.params.size(); ++k) {
+    const Tensor& p = g.params[k];
+    const int64_t off = g.offsets[k], len = p.numel();
+    const int64_t b = std::max(off, lo), e = std::min(off + len, hi);
+    if (b < e)
+      g.shard.narrow(0, b - lo, e - b).copy_(p.detach().view({len}).narrow(0, b - off, e - b));
+  }
+}
+
 }  // namespace
 
 Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persistence_threshold)
@@ -90,14 +102,7 @@ Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persis
   for (Group& g : groups_) {
     g.slice = (g.elements + n - 1) / n;
     g.shard = Tensor::zeros({g.slice}, g.dtype, model.device(), MemTag::kParam);
-    const int64_t lo = r * g.slice, hi = lo + g.slice;
-    for (size_t k = 0; k < g.params.size(); ++k) {
-      const Tensor& p = g.params[k];
-      const int64_t off = g.offsets[k], len = p.numel();
-      const int64_t b = std::max(off, lo), e = std::min(off + len, hi);
-      if (b < e)
-        g.shard.narrow(0, b - lo, e - b).copy_(p.detach().view({len}).narrow(0, b - off, e - b));
-    }
+    take_slice(g, r);
   }
   for (const auto& [unit, gs] : unit_groups_) evict(unit);
   gathered_bytes_ = 0;  // the whole weights just given back were not a gather
@@ -169,14 +174,7 @@ void Zero3Params::reshard_from_full() {
   for (Group& g : groups_) {
     LT_CHECK(uses_[g.unit] > 0, "zero_stage 3: resharding unit ", g.unit,
              ", which is not gathered");
-    const int64_t lo = r * g.slice, hi = lo + g.slice;
-    for (size_t k = 0; k < g.params.size(); ++k) {
-      const Tensor& p = g.params[k];
-      const int64_t off = g.offsets[k], len = p.numel();
-      const int64_t b = std::max(off, lo), e = std::min(off + len, hi);
-      if (b < e)
-        g.shard.narrow(0, b - lo, e - b).copy_(p.detach().view({len}).narrow(0, b - off, e - b));
-    }
+    take_slice(g, r);
   }
 }
 
