@@ -81,10 +81,7 @@ int run_estimate(const std::vector<std::string>& args) {
     return run_estimate_online({args.begin() + 1, args.end()}, args[0]);
   Options o = sft_options("estimate");
   o.add_float("budget_gib", 0.0, "device memory available (GiB); 0 = no budget check", 0.0);
-  o.add_int("world_size", 1,
-            "ranks of the run (data parallel; with --zero_stage, the per-rank "
-            "peak of the sharded states)",
-            1);
+  add_world_size_option(o);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;

@@ -482,4 +482,11 @@ EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig&
   return c;
 }
 
+void add_world_size_option(Options& o) {
+  o.add_int("world_size", 1,
+            "ranks of the run (data parallel; with --zero_stage, the per-rank peak of the "
+            "sharded states)",
+            1);
+}
+
 }  // namespace leantune

@@ -160,5 +160,8 @@ EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments
                                int64_t max_seqlen = 0);
 // The same from a parsed set of sft options, read through those arguments' own readers.
 EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu);
+// `estimate`'s --world_size (the ranks whose per-rank peak is predicted), for every trainer's
+// estimate.
+void add_world_size_option(Options& o);
 
 }  // namespace leantune

@@ -163,7 +163,7 @@ void add_online_estimate_options(Options& o) {
             "prompt tokens to plan for (0: the longest prompt of --dataset, or of the built-in "
             "task, as the trainer tokenizes it)",
             0);
-  o.add_int("world_size", 1, "ranks of the run (with --zero_stage: the sharded states)", 1);
+  add_world_size_option(o);
 }
 
 int run_estimate_online(const std::vector<std::string>& argv, const std::string& algorithm) {

@@ -193,16 +193,21 @@ void OnlineTrainer::generate_batch() {
     if (generations_ > 0) close_optimizer_window(optimizer_peak_);
     al.begin_window();
     if (!kv_pool_) {
-      int64_t blocks = cfg_.kv_cache_blocks;
-      if (blocks == 0) {
-        // A whole generation batch at once, at the longest prompt's reservation.
-        int64_t per_prompt = 1;
-        for (const PromptRow& r : data_.rows)
-          per_prompt = std::max(
-              per_prompt, kv_blocks_for_prompt(static_cast<int64_t>(r.ids.size()), g,
-                                               cfg_.generation.max_new_tokens, cfg_.kv_block_size));
-        blocks = per_prompt * static_cast<int64_t>(idx.size());
+      // The reservations of one prompt's generations, and of one generation, at the longest.
+      int64_t per_prompt = 1, one = 1, longest = 0;
+      for (const PromptRow& r : data_.rows) {
+        const int64_t p = static_cast<int64_t>(r.ids.size()), m = cfg_.generation.max_new_tokens;
+        per_prompt = std::max(per_prompt, kv_blocks_for_prompt(p, g, m, cfg_.kv_block_size));
+        if (kv_blocks_for_prompt(p, 1, m, cfg_.kv_block_size) > one)
+          one = kv_blocks_for_prompt(p, 1, m, cfg_.kv_block_size), longest = p;
       }
+      // Default: a whole generation batch at once.
+      const int64_t blocks = cfg_.kv_cache_blocks > 0
+                                 ? cfg_.kv_cache_blocks
+                                 : per_prompt * static_cast<int64_t>(idx.size());
+      LT_CHECK_INPUT(blocks >= one, "option --kv_cache_blocks ", blocks, ": one completion of the ",
+                     longest, "-token prompt needs ", one, " blocks of ", cfg_.kv_block_size,
+                     " tokens");
       kv_pool_ =
           std::make_unique<PagedKVCache>(model_->config(), model_->num_layers(), model_->dtype(),
                                          model_->device(), cfg_.kv_block_size, blocks);
@@ -611,19 +616,16 @@ nlohmann::json OnlineTrainer::technique_savings() const {
   // The last optimizer phase runs up to now (the report is made at the end of training).
   PhasePeaks optimizer = optimizer_peak_;
   if (generations_ > 0) close_optimizer_window(optimizer);
-  s["generation"] = {
-      {"kv_cache_pool_bytes", kv_pool_ ? kv_pool_->bytes() : 0},
-      {"kv_cache_tag_peak_bytes",
-       allocator(model_->device()).stats().by_tag[static_cast<int>(MemTag::kKVCache)].peak},
-      {"kv_cache_blocks", kv_pool_ ? kv_pool_->num_blocks() : 0},
-      {"kv_block_size", cfg_.kv_block_size},
-      {"kv_blocks_peak_used", kv_pool_ ? kv_pool_->peak_blocks_used() : 0},
-      {"sleep_mode", cfg_.sleep_mode},
-      {"sleep_released_bytes", sleep_released_},
-      {"generation_phase_peak_allocated", generation_peak_.allocated},
-      {"generation_phase_peak_reserved", generation_peak_.reserved},
-      {"optimizer_phase_peak_allocated", optimizer.allocated},
-      {"optimizer_phase_peak_reserved", optimizer.reserved}};
+  s["generation"] = {{"kv_cache_pool_bytes", kv_pool_ ? kv_pool_->bytes() : 0},
+                     {"kv_cache_blocks", kv_pool_ ? kv_pool_->num_blocks() : 0},
+                     {"kv_block_size", cfg_.kv_block_size},
+                     {"kv_blocks_peak_used", kv_pool_ ? kv_pool_->peak_blocks_used() : 0},
+                     {"sleep_mode", cfg_.sleep_mode},
+                     {"sleep_released_bytes", sleep_released_},
+                     {"generation_phase_peak_allocated", generation_peak_.allocated},
+                     {"generation_phase_peak_reserved", generation_peak_.reserved},
+                     {"optimizer_phase_peak_allocated", optimizer.allocated},
+                     {"optimizer_phase_peak_reserved", optimizer.reserved}};
   if (args_.gradient_checkpointing)
     s["gradient_checkpointing"] = {
         {"note", "only each layer's input is kept between forward and backward"}};

@@ -780,14 +780,16 @@ TrainResult Trainer::train() {
       result.final_eval_loss = *ev;
       log.log({{"step", step_}, {"eval_loss", *ev}});
     }
-    // ZeRO-3: the report is the training's; the model is then gathered whole on every rank for
-    // the final save and stays whole for the caller.
-    if (zero3_) result.memory = memory_report(technique_savings());
-    if (zero3_) zero3_->acquire_all();
+    // ZeRO-3: the report is the training's, taken before the final save gathers the whole model
+    // on every rank (which then stays whole for the caller).
+    if (zero3_) {
+      result.memory = memory_report(technique_savings());
+      zero3_->acquire_all();
+    }
     if (writes_files()) save_model(args_.output_dir, true);
   }
   if (distributed) comm.barrier();  // the output is complete when any rank returns
-  if (!zero3_ || result.interrupted) result.memory = memory_report(technique_savings());
+  if (result.memory.is_null()) result.memory = memory_report(technique_savings());
   return result;
 }
 

@@ -23,6 +23,7 @@
 #   CASE = z3_offload  stage 3 with activation offloading and gradient checkpointing, bit-identical
 #          to one process.
 #   CASE = refusals  options data parallel does not support are refused in one line, exit 2.
+# KEEP=1 in the environment keeps the case's work folder (its logs and outputs) for a look.
 set -u
 bin=$1 mpirun=$2 case=$3
 work=$(mktemp -d)
