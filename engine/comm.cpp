@@ -16,14 +16,15 @@
 #include "engine/comm_mpi.h"
 #include "engine/comm_nccl.h"
 #include "engine/cuda_backend.h"
+#include "engine/ops.h"
 
 namespace leantune {
 namespace {
 
-void check_tensor(const Tensor& t, const char* what) {
+void check_tensor(const Tensor& t, const char* what,
+                  comm_detail::CommUse use = comm_detail::CommUse::kMove) {
   LT_CHECK(t.defined() && t.is_contiguous(), "comm ", what, ": tensor must be contiguous");
-  LT_CHECK(comm_detail::comm_dtype_supported(t.dtype()), "comm ", what, ": unsupported dtype ",
-           dtype_name(t.dtype()));
+  comm_detail::check_comm_dtype(t.dtype(), what, use);
 }
 
 class SingleCommunicator final : public Communicator {
@@ -36,10 +37,12 @@ class SingleCommunicator final : public Communicator {
   bool deterministic() const override { return opt_.deterministic; }
   double timeout_seconds() const override { return opt_.timeout_seconds; }
 
-  void all_reduce(Tensor& x, ReduceOp) override { check_tensor(x, "all_reduce"); }
+  void all_reduce(Tensor& x, ReduceOp) override {
+    check_tensor(x, "all_reduce", comm_detail::CommUse::kReduce);
+  }
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp) override {
-    check_tensor(in, "reduce_scatter");
-    check_tensor(out, "reduce_scatter");
+    check_tensor(in, "reduce_scatter", comm_detail::CommUse::kReduce);
+    check_tensor(out, "reduce_scatter", comm_detail::CommUse::kReduce);
     LT_CHECK(in.numel() == out.numel(), "reduce_scatter: in ", in.str(), " out ", out.str());
     if (out.data_ptr() != in.data_ptr()) out.copy_(in.view(out.shape()));
   }
@@ -120,6 +123,19 @@ bool launched_distributed() {
   for (const char* n : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"})
     if (env_int(n) > 1) return true;
   return false;
+}
+
+// Any order: the backend's own reduce_scatter into scratch, then one add. A backend whose
+// deterministic() is true folds out's value in first and overrides this (a world of one has
+// nothing to order: out + in_0 is the fold).
+void Communicator::reduce_scatter_accumulate(const Tensor& in, Tensor& out) {
+  LT_CHECK(!deterministic() || size() == 1, "reduce_scatter_accumulate: the ", backend_name(),
+           " backend has no rank-order accumulation");
+  LT_CHECK(out.defined() && out.is_contiguous(),
+           "reduce_scatter_accumulate: out must be contiguous");
+  Tensor sum = Tensor::empty(out.shape(), out.dtype(), out.device(), MemTag::kComm);
+  reduce_scatter(in, sum, ReduceOp::kSum);
+  ops::add_(out, sum);
 }
 
 std::unique_ptr<Communicator> make_single_communicator(const CommOptions& options) {

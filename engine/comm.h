@@ -69,6 +69,12 @@ class Communicator {
   virtual void wait_deferred() {}
   // in:[size()*n] -> out:[n], rank r keeps block r of the reduction.
   virtual void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) = 0;
+  // in:[size()*n] -> out:[n], kSum only: out += the sum over the ranks of block rank(). Under
+  // deterministic(), out's old value is the first term of the rank-order fold,
+  //   out = ((out + in_0) + in_1) + ... + in_{N-1}   (f32 accumulation, as every fold),
+  // so that gradients summed over the ranks one micro-batch at a time associate exactly as one
+  // process's accumulation over the same micro-batches in global order. Otherwise any order.
+  virtual void reduce_scatter_accumulate(const Tensor& in, Tensor& out);
   // in:[n] -> out:[size()*n], block r is rank r's input.
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   virtual void broadcast(Tensor& x, int root) = 0;

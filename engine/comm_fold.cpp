@@ -45,7 +45,7 @@ void fold(const void* in, int64_t num_ranks, int64_t n, ReduceOp op, void* out, 
 
 }  // namespace
 
-bool comm_dtype_supported(DType dtype) {
+bool comm_dtype_reducible(DType dtype) {
   switch (dtype) {
     case DType::kF32:
     case DType::kF64:
@@ -57,6 +57,29 @@ bool comm_dtype_supported(DType dtype) {
     default:
       return false;
   }
+}
+
+bool comm_dtype_movable(DType dtype) {
+  if (comm_dtype_reducible(dtype)) return true;
+  switch (dtype) {
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kBool:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kU32:
+    case DType::kU64:
+      return true;
+    default:
+      return false;  // 16-bit integers: NCCL has no integer type of that width
+  }
+}
+
+void check_comm_dtype(DType dtype, const char* what, CommUse use) {
+  const bool reduces = use == CommUse::kReduce;
+  LT_CHECK(reduces ? comm_dtype_reducible(dtype) : comm_dtype_movable(dtype), "comm ", what,
+           ": unsupported dtype ", dtype_name(dtype),
+           reduces && comm_dtype_movable(dtype) ? " (it can be moved, not reduced)" : "");
 }
 
 const char* reduce_op_name(ReduceOp op) {

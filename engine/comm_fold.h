@@ -19,8 +19,18 @@ namespace leantune::comm_detail {
 void fold_rank_order(const void* in, int64_t num_ranks, int64_t n, DType dtype, ReduceOp op,
                      void* out);
 
-// Whether a dtype can travel through the communicators (float and integer types).
-bool comm_dtype_supported(DType dtype);
+// Whether the communicators can move a dtype (all_gather, broadcast, send, recv: the bytes travel
+// unchanged): the types they can reduce, and the byte-sized and unsigned integer types that
+// quantized weights and their state use (NCCL has a type of each width).
+bool comm_dtype_movable(DType dtype);
+// Whether they can reduce it (all_reduce, reduce_scatter): the types fold_rank_order sums, as
+// the NCCL fold kernel does (f32, f64, bf16, f16, i32, i64).
+bool comm_dtype_reducible(DType dtype);
+// What a collective does with the bytes: moves them (all_gather, broadcast, send, recv) or sums
+// them (all_reduce, reduce_scatter and their variants).
+enum class CommUse : uint8_t { kMove, kReduce };
+// Error(kInternal) "comm <what>: unsupported dtype ..." unless `use` can take dtype.
+void check_comm_dtype(DType dtype, const char* what, CommUse use);
 
 const char* reduce_op_name(ReduceOp op);
 

@@ -86,12 +86,11 @@ MPI_Op mpi_op(ReduceOp op) {
   }
 }
 
-void check_cpu_tensor(const Tensor& t, const char* what) {
+void check_cpu_tensor(const Tensor& t, const char* what, CommUse use = CommUse::kMove) {
   LT_CHECK(t.defined() && t.is_contiguous(), "comm ", what, ": tensor must be contiguous");
   LT_CHECK(t.device().is_cpu(), "comm ", what, ": the MPI backend moves CPU tensors; ", t.str(),
            " needs the NCCL backend");
-  LT_CHECK(comm_dtype_supported(t.dtype()), "comm ", what, ": unsupported dtype ",
-           dtype_name(t.dtype()));
+  check_comm_dtype(t.dtype(), what, use);
 }
 
 class MpiCommunicator final : public Communicator {
@@ -122,7 +121,7 @@ class MpiCommunicator final : public Communicator {
   double timeout_seconds() const override { return opt_.timeout_seconds; }
 
   void all_reduce(Tensor& x, ReduceOp op) override {
-    check_cpu_tensor(x, "all_reduce");
+    check_cpu_tensor(x, "all_reduce", CommUse::kReduce);
     const int64_t n = x.numel();
     if (n == 0) return;
     const MPI_Datatype t = mpi_type(x.dtype());
@@ -150,8 +149,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
-    check_cpu_tensor(in, "reduce_scatter");
-    check_cpu_tensor(out, "reduce_scatter");
+    check_cpu_tensor(in, "reduce_scatter", CommUse::kReduce);
+    check_cpu_tensor(out, "reduce_scatter", CommUse::kReduce);
     LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size_, "reduce_scatter: in ",
              in.str(), " must hold ", size_, " blocks of out ", out.str());
     LT_CHECK(in.data_ptr() != out.data_ptr() || size_ == 1, "reduce_scatter: out aliases in");
@@ -168,6 +167,22 @@ class MpiCommunicator final : public Communicator {
       return;
     }
     fold_scatter(in.data_ptr(), out.data_ptr(), n, in.dtype(), op, "reduce_scatter");
+  }
+
+  void reduce_scatter_accumulate(const Tensor& in, Tensor& out) override {
+    check_cpu_tensor(in, "reduce_scatter_accumulate", CommUse::kReduce);
+    check_cpu_tensor(out, "reduce_scatter_accumulate", CommUse::kReduce);
+    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size_,
+             "reduce_scatter_accumulate: in ", in.str(), " must hold ", size_, " blocks of out ",
+             out.str());
+    const int64_t n = out.numel();
+    if (n == 0) return;
+    if (!opt_.deterministic && mpi_type(in.dtype()) != MPI_DATATYPE_NULL) {
+      Communicator::reduce_scatter_accumulate(in, out);
+      return;
+    }
+    fold_scatter(in.data_ptr(), out.data_ptr(), n, in.dtype(), ReduceOp::kSum,
+                 "reduce_scatter_accumulate", out.data_ptr());
   }
 
   void all_gather(const Tensor& in, Tensor& out) override {
@@ -259,16 +274,20 @@ class MpiCommunicator final : public Communicator {
 
  private:
   // Block j of every rank's `in` (n elements each) goes to rank j, which folds them in rank
-  // order into `out`.
+  // order into `out`. With `init` (n elements, may be `out`), the fold starts from it: it is row
+  // 0 of the folded rows, ahead of rank 0's block.
   void fold_scatter(const void* in, void* out, int64_t n, DType dtype, ReduceOp op,
-                    const char* what) {
+                    const char* what, const void* init = nullptr) {
     const size_t esz = dtype_size(dtype);
-    Tensor recv = Tensor::empty({n * size_}, dtype, Device::cpu(), MemTag::kComm);
+    const int64_t rows = size_ + (init ? 1 : 0);
+    Tensor recv = Tensor::empty({n * rows}, dtype, Device::cpu(), MemTag::kComm);
+    char* blocks = static_cast<char*>(recv.data_ptr()) + (init ? n * esz : 0);
+    if (init) std::memcpy(recv.data_ptr(), init, n * esz);
     const int bytes = checked_count(n * static_cast<int64_t>(esz), what);
     std::vector<MPI_Request> req(1);
-    MPI_CHECK(MPI_Ialltoall(in, bytes, MPI_BYTE, recv.data_ptr(), bytes, MPI_BYTE, comm_, &req[0]));
+    MPI_CHECK(MPI_Ialltoall(in, bytes, MPI_BYTE, blocks, bytes, MPI_BYTE, comm_, &req[0]));
     wait(req, what, -1);
-    fold_rank_order(recv.data_ptr(), size_, n, dtype, op, out);
+    fold_rank_order(recv.data_ptr(), rows, n, dtype, op, out);
   }
 
   void scale_in_place(Tensor& x, double s) {

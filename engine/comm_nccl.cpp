@@ -84,7 +84,7 @@ class NcclCommunicator final : public Communicator {
   double timeout_seconds() const override { return opt_.timeout_seconds; }
 
   void all_reduce(Tensor& x, ReduceOp op) override {
-    check(x, "all_reduce");
+    check(x, "all_reduce", CommUse::kReduce);
     if (x.numel() == 0) return;
     if (!opt_.deterministic) {
       issue("all_reduce", [&](void* s) {
@@ -107,7 +107,7 @@ class NcclCommunicator final : public Communicator {
       then();
       return;
     }
-    check(x, "all_reduce");
+    check(x, "all_reduce", CommUse::kReduce);
     throw_if_failed();
     const Device dev = Device::cuda(device_);
     stream_.wait_stream(current_stream(dev));
@@ -126,8 +126,8 @@ class NcclCommunicator final : public Communicator {
       then();
       return;
     }
-    check(in, "reduce_scatter");
-    check(out, "reduce_scatter");
+    check(in, "reduce_scatter", CommUse::kReduce);
+    check(out, "reduce_scatter", CommUse::kReduce);
     LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(), "reduce_scatter: in ",
              in.str(), " must hold ", size(), " blocks of out ", out.str());
     throw_if_failed();
@@ -147,8 +147,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
-    check(in, "reduce_scatter");
-    check(out, "reduce_scatter");
+    check(in, "reduce_scatter", CommUse::kReduce);
+    check(out, "reduce_scatter", CommUse::kReduce);
     LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(), "reduce_scatter: in ",
              in.str(), " must hold ", size(), " blocks of out ", out.str());
     const int64_t n = out.numel();
@@ -171,6 +171,37 @@ class NcclCommunicator final : public Communicator {
       nccl_group_end();
       nccl_fold_rank_order(recv.data_ptr(), out.data_ptr(), size(), n, dtype_int(in), op_int(op),
                            s);
+    });
+    keep_until_done(recv);
+  }
+
+  void reduce_scatter_accumulate(const Tensor& in, Tensor& out) override {
+    if (!opt_.deterministic) {
+      Communicator::reduce_scatter_accumulate(in, out);
+      return;
+    }
+    check(in, "reduce_scatter_accumulate", CommUse::kReduce);
+    check(out, "reduce_scatter_accumulate", CommUse::kReduce);
+    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(),
+             "reduce_scatter_accumulate: in ", in.str(), " must hold ", size(), " blocks of out ",
+             out.str());
+    const int64_t n = out.numel();
+    if (n == 0) return;
+    // Row 0 of the folded rows is out's old value (copied on the caller's stream, which the
+    // communicator's stream waits for), rows 1..N the ranks' blocks.
+    Tensor recv = Tensor::empty({n * (size() + 1)}, in.dtype(), in.device(), MemTag::kComm);
+    recv.narrow(0, 0, n).copy_(out.view({n}));
+    const size_t bytes = static_cast<size_t>(n) * in.element_size();
+    char* blocks = static_cast<char*>(recv.data_ptr()) + bytes;
+    issue("reduce_scatter_accumulate", [&](void* s) {
+      nccl_group_start();
+      for (int p = 0; p < size(); ++p) {
+        nccl_send(comm_, static_cast<const char*>(in.data_ptr()) + p * bytes, bytes, p, s);
+        nccl_recv(comm_, blocks + p * bytes, bytes, p, s);
+      }
+      nccl_group_end();
+      nccl_fold_rank_order(recv.data_ptr(), out.data_ptr(), size() + 1, n, dtype_int(in),
+                           op_int(ReduceOp::kSum), s);
     });
     keep_until_done(recv);
   }
@@ -240,14 +271,13 @@ class NcclCommunicator final : public Communicator {
   static int dtype_int(const Tensor& t) { return static_cast<int>(t.dtype()); }
   static int op_int(ReduceOp op) { return static_cast<int>(op); }
 
-  void check(const Tensor& t, const char* what) const {
+  void check(const Tensor& t, const char* what, CommUse use = CommUse::kMove) const {
     LT_CHECK(t.defined() && t.is_contiguous(), "comm ", what, ": tensor must be contiguous");
     LT_CHECK(t.device() == Device::cuda(device_), "comm ", what,
              ": the NCCL backend moves tensors "
              "on cuda:",
              device_, "; got ", t.str());
-    LT_CHECK(comm_dtype_supported(t.dtype()), "comm ", what, ": unsupported dtype ",
-             dtype_name(t.dtype()));
+    check_comm_dtype(t.dtype(), what, use);
   }
 
   template <typename F>

@@ -110,6 +110,18 @@ ncclDataType_t nccl_type(int dtype) {
       return ncclInt32;
     case DType::kI64:
       return ncclInt64;
+    // Moved, never reduced (comm_dtype_movable): a type of the same width carries the bytes.
+    case DType::kI8:
+      return ncclInt8;
+    case DType::kU8:
+    case DType::kBool:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      return ncclUint8;
+    case DType::kU32:
+      return ncclUint32;
+    case DType::kU64:
+      return ncclUint64;
     default:
       LT_THROW(ErrorKind::kInternal, "nccl: unsupported dtype ",
                dtype_name(static_cast<DType>(dtype)));

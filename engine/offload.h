@@ -51,6 +51,7 @@
 //   without offloading: the engine keeps no version counters).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -86,6 +87,13 @@ struct OffloadStats {
   int64_t stash_waits = 0;         // times compute waited for the oldest in-flight copy
   int64_t skipped() const {
     return skipped_small + skipped_param + skipped_grad + skipped_no_offload + skipped_host;
+  }
+  // A run's totals over its micro-batches' offloaders: counts add, the host peak is the largest.
+  void add_run_totals(const OffloadStats& s) {
+    tensors_offloaded += s.tensors_offloaded;
+    bytes_offloaded += s.bytes_offloaded;
+    prefetches += s.prefetches;
+    host_bytes_peak = std::max(host_bytes_peak, s.host_bytes_peak);
   }
 };
 

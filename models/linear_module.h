@@ -9,6 +9,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/tensor.h"
 
@@ -25,6 +27,10 @@ class LinearBase {
   // Bytes the stored form occupies (memory reports and estimates).
   virtual int64_t storage_bytes() const = 0;
   virtual std::string kind() const = 0;  // "nf4", "int8", ...
+  // The tensors that hold the stored form, named after the module's weight as bitsandbytes names
+  // them ("weight", "weight.absmax", ...), each the sole user of its storage: ZeRO-3 shards them
+  // (trainers/zero3.h). A base that lists none stays whole on every rank.
+  virtual std::vector<std::pair<std::string, Tensor>> stored_tensors() const { return {}; }
 };
 
 // A trainable addition to the base output.

@@ -116,6 +116,12 @@ Tensor Nf4Linear::forward(const Tensor& x, const Tensor& bias) const {
 
 Tensor Nf4Linear::dequantize(DType dtype) const { return kernels::nf4_dequantize(w_, dtype); }
 
+std::vector<std::pair<std::string, Tensor>> Nf4Linear::stored_tensors() const {
+  if (!w_.nested()) return {{"weight", w_.packed}, {"weight.absmax", w_.absmax}};
+  return {
+      {"weight", w_.packed}, {"weight.absmax", w_.qabsmax}, {"weight.nested_absmax", w_.absmax2}};
+}
+
 Int8Linear::Int8Linear(kernels::Int8Weight w) : w_(std::move(w)) {
   kernels::check_int8(w_, "Int8Linear");
 }
@@ -134,5 +140,9 @@ Tensor Int8Linear::forward(const Tensor& x, const Tensor& bias) const {
 }
 
 Tensor Int8Linear::dequantize(DType dtype) const { return kernels::int8_dequantize(w_, dtype); }
+
+std::vector<std::pair<std::string, Tensor>> Int8Linear::stored_tensors() const {
+  return {{"weight", w_.q}, {"SCB", w_.absmax}};
+}
 
 }  // namespace leantune

@@ -30,6 +30,9 @@ class Nf4Linear final : public LinearBase {
   Tensor dequantize(DType dtype) const override;
   int64_t storage_bytes() const override { return w_.storage_bytes(); }
   std::string kind() const override { return "nf4"; }
+  // packed as "weight"; absmax, or when nested qabsmax as "weight.absmax" and absmax2 as
+  // "weight.nested_absmax" (the offset is a host scalar, kept on every rank).
+  std::vector<std::pair<std::string, Tensor>> stored_tensors() const override;
 
   const kernels::Nf4Weight& weight() const { return w_; }
   int64_t out_features() const { return w_.shape[0]; }
@@ -48,6 +51,8 @@ class Int8Linear final : public LinearBase {
   Tensor dequantize(DType dtype) const override;
   int64_t storage_bytes() const override { return w_.storage_bytes(); }
   std::string kind() const override { return "int8"; }
+  // q as "weight", absmax as "SCB".
+  std::vector<std::pair<std::string, Tensor>> stored_tensors() const override;
 
   const kernels::Int8Weight& weight() const { return w_; }
   int64_t out_features() const { return w_.rows(); }

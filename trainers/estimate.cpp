@@ -198,12 +198,16 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   int64_t gathered_layer = 0;
   if (ranks > 1 && c.zero_stage >= 3) {
     const int64_t thr = c.stage3_param_persistence_threshold;
-    auto split = [&](int64_t n, int64_t& big, int64_t& small) { (n > thr ? big : small) += n * b; };
+    // n elements of `bytes` (n * b when dense), sharded or whole by their element count.
+    auto split = [&](int64_t n, int64_t& big, int64_t& small, int64_t bytes = -1) {
+      (n > thr ? big : small) += bytes < 0 ? n * b : bytes;
+    };
     int64_t layer_big = 0, layer_small = 0, outer_big = 0, outer_small = 0;
     split(h, layer_big, layer_small);
     split(h, layer_big, layer_small);
     for (const ModuleShape& s : layer_modules(m)) {
-      split(s.in * s.out, layer_big, layer_small);
+      const int64_t n = s.in * s.out;  // a quantized base is sharded as one parameter
+      split(n, layer_big, layer_small, quantized_bytes(n, s.out, c, n * b));
       if (s.bias) split(s.out, layer_big, layer_small);
     }
     split(embed, outer_big, outer_small);

@@ -293,7 +293,6 @@ void Trainer::build_optimizer() {
     };
     refuse(args_.optimizer_in_backward, "--optimizer_in_backward");
     refuse(args_.cp_size > 1, "--cp_size > 1");
-    refuse(quant_config_.enabled(), "a quantized base (--load_in_4bit / --load_in_8bit)");
     refuse(static_cast<bool>(model_->embedding_override.embed), "--trainable_token_indices");
     zero3_ = std::make_unique<Zero3Params>(comm, *model_, args_.stage3_param_persistence_threshold);
   }
@@ -610,6 +609,10 @@ TrainResult Trainer::train() {
                   ": no label token in the batch, update skipped");
       continue;
     }
+    // --deterministic_comm: the gradients are summed after every micro-batch, in one process's
+    // order (zero.h), so that N ranks x G micro-batches equal one process x N*G bit for bit.
+    const bool fold_each =
+        distributed && comm.deterministic() && micro.size() > 1 && !args_.optimizer_in_backward;
     double step_loss = 0;
     bool finite = true;
     double backward_norm = 0;  // optimizer_in_backward: the norm of the gradients it applied
@@ -651,26 +654,25 @@ TrainResult Trainer::train() {
         if (!in_bwd->finite()) finite = false;
       } else if (loss.requires_grad()) {
         StepPhaseGuard phase("backward");
-        // The last micro-batch's backward sums each bucket (data parallel) or reduce-scatters
-        // each unit (ZeRO-2) as soon as its gradients are complete.
+        // The last micro-batch's backward (every one's, when folding in rank order) sums each
+        // bucket (data parallel) or reduce-scatters each unit (ZeRO-2/3) as soon as its
+        // gradients are complete.
+        const bool reduce_now = i + 1 == micro.size() || fold_each;
         std::unique_ptr<ZeroOptimizer::BackwardReducer> reducer;
         std::unique_ptr<GradientBuckets::BackwardReducer> bucket_reducer;
-        if (zero_ && zero_->stage() >= 2 && i + 1 == micro.size())
+        if (zero_ && zero_->stage() >= 2 && reduce_now)
           reducer = std::make_unique<ZeroOptimizer::BackwardReducer>(*zero_);
-        if (buckets_ && i + 1 == micro.size())
+        if (buckets_ && reduce_now)
           bucket_reducer = std::make_unique<GradientBuckets::BackwardReducer>(*buckets_);
         loss.backward();
       }
+      if (fold_each && i + 1 < micro.size()) {
+        StepPhaseGuard phase("gradient reduction");
+        zero_ ? zero_->fold_micro_batch() : buckets_->fold_micro_batch();
+      }
       if (zero3_) zero3_->end_backward();
       z3_hooks.reset();
-      if (offloader) {
-        const OffloadStats st = offloader->stats();
-        offload_totals_.tensors_offloaded += st.tensors_offloaded;
-        offload_totals_.bytes_offloaded += st.bytes_offloaded;
-        offload_totals_.prefetches += st.prefetches;
-        offload_totals_.host_bytes_peak =
-            std::max(offload_totals_.host_bytes_peak, st.host_bytes_peak);
-      }
+      if (offloader) offload_totals_.add_run_totals(offloader->stats());
       num_tokens_ += reports[i].real_tokens;
       window_tokens += reports[i].real_tokens;
       window_real += reports[i].real_tokens;

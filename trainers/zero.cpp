@@ -107,6 +107,12 @@ void GradientBuckets::reduce_all() {
   comm_.wait_deferred();
 }
 
+void GradientBuckets::fold_micro_batch() {
+  reduce_all();
+  if (comm_.rank() == 0) return;
+  for (Tensor& p : params_) p.zero_grad();
+}
+
 GradientBuckets::BackwardReducer::BackwardReducer(GradientBuckets& g) : g_(g) {
   pending_.assign(g_.buckets_.size(), 0);
   for (size_t bi = 0; bi < g_.buckets_.size(); ++bi)
@@ -233,6 +239,18 @@ void ZeroOptimizer::reduce_gradients() {
   reduced_order_.clear();
 }
 
+void ZeroOptimizer::fold_micro_batch() {
+  for (Unit& u : units_)
+    if (!u.reduced) reduce_unit(u);
+  {
+    ScopedSeconds t(comm_seconds_);
+    comm_.wait_deferred();
+  }
+  for (Unit& u : units_) u.reduced = false;
+  if (stage_ == 1 && comm_.rank() != 0)
+    for (Param& p : params_) p.tensor.zero_grad();
+}
+
 void ZeroOptimizer::drop_gradients() {
   for (Unit& u : units_) {
     u.grad_slice = Tensor();
@@ -279,6 +297,12 @@ void ZeroOptimizer::reduce_unit(Unit& u) {
   }
   // Only the slice stays: the full gradients go before the slice is allocated.
   for (size_t i : u.params) params_[i].tensor.zero_grad();
+  if (u.grad_slice.defined()) {
+    // A later micro-batch of fold_micro_batch(): onto the running slice, in rank order.
+    ScopedSeconds t(comm_seconds_);
+    comm_.reduce_scatter_accumulate(flat, u.grad_slice);
+    return;
+  }
   u.grad_slice = Tensor::empty({u.slice}, gdt, dev, MemTag::kGrad);
   {
     // Deferred: on CUDA the sum runs beside the rest of backward; its norm is taken in

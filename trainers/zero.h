@@ -19,6 +19,9 @@
 // Under --deterministic_comm every sum folds in rank order, so a run on N ranks with one
 // micro-batch equals the single-process run with N micro-batches bit for bit (stage 2's norm,
 // summed from slices, may differ in the last bits, which shows only when clipping applies).
+// With G micro-batches per rank the sums are taken after every micro-batch (fold_micro_batch),
+// folded onto the running sum, so N ranks x G equal one process x N*G bit for bit as well, at
+// G collectives per update instead of one.
 // Scratch: one unit's flat buffer at a time (MemTag::kComm).
 #pragma once
 
@@ -52,6 +55,12 @@ class GradientBuckets {
   // Sums every bucket not summed yet during backward and waits for the sums issued during
   // backward (wait_deferred); then all buckets are pending for the next update.
   void reduce_all();
+  // --deterministic_comm with several micro-batches per rank, after each micro-batch but the
+  // last: sums every bucket now, then every rank but 0 drops its gradients. Rank 0's next
+  // micro-batch adds to the running sum and the others' start from nothing, so the next sum
+  // folds (sum + rank 0's) + rank 1's + ...: one process's order over the global micro-batches
+  // (rank r reads micro-batches r, N + r, ...), bit for bit.
+  void fold_micro_batch();
   // Around the last micro-batch's backward: a bucket is summed as soon as the gradient of each of
   // its parameters is complete, while backward goes on (with NCCL the sum runs on the
   // communicator's stream beside the backward kernels). Every rank runs the same graph, so
@@ -103,6 +112,11 @@ class ZeroOptimizer final : public Optimizer {
   void reduce_gradients();
   // Drops every gradient and slice (a skipped update).
   void drop_gradients();
+  // --deterministic_comm with several micro-batches per rank, after each micro-batch but the
+  // last (GradientBuckets::fold_micro_batch): every unit is summed now. Stage 1: every rank but
+  // 0 drops its full gradients. Stages 2 and 3: the slices accumulate through
+  // reduce_scatter_accumulate, whose fold starts from the running slice.
+  void fold_micro_batch();
 
   // Stages 2 and 3, around the last micro-batch's backward: a unit is reduce-scattered as soon as
   // the gradient of each of its parameters is complete, and its full gradients are dropped at once,

@@ -71,11 +71,7 @@ Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persis
   LT_CHECK_INPUT(persistence_threshold >= 0, "option stage3_param_persistence_threshold ",
                  persistence_threshold, ": must be at least 0");
   const int n = comm_.size(), r = comm_.rank();
-  for (const auto& [name, t] : model.named_parameters()) {
-    if (t.numel() <= persistence_threshold) {
-      persistent_bytes_ += static_cast<int64_t>(t.nbytes());
-      continue;
-    }
+  auto add = [&](const std::string& name, const Tensor& t) {
     LT_CHECK(t.is_contiguous() && t.offset() == 0 && t.storage()->nbytes() == t.nbytes(),
              "zero_stage 3: parameter ", name, " shares its storage");
     const int64_t unit = unit_of(name);
@@ -97,6 +93,25 @@ Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persis
     g.params.push_back(t);
     g.offsets.push_back(g.elements);
     g.elements += t.numel();
+  };
+  for (const auto& [name, t] : model.named_parameters()) {
+    if (t.numel() <= persistence_threshold) {
+      persistent_bytes_ += static_cast<int64_t>(t.nbytes());
+      continue;
+    }
+    add(name, t);
+  }
+  // A quantized base is sharded or kept whole as one parameter, by its dense element count; its
+  // parts (packed codes, quant state) join the unit's frozen groups of their dtypes.
+  for (const LinearModule* m : model.linear_modules()) {
+    if (!m->base) continue;
+    const auto parts = m->base->stored_tensors();
+    if (parts.empty() || m->out_features * m->in_features <= persistence_threshold) {
+      persistent_bytes_ += m->base->storage_bytes();
+      continue;
+    }
+    for (const auto& [part, t] : parts)
+      if (t.defined()) add(m->name + "." + part, t);
   }
   MemTagGuard tag(MemTag::kParam);
   for (Group& g : groups_) {

@@ -10,6 +10,9 @@
 // biases, LoRA adapters, which are not model parameters) are not sharded: every rank keeps them
 // whole (DeepSpeed's stage3_param_persistence_threshold), and their optimizer states are
 // sharded as in stage 2.
+// A quantized base (QLoRA: NF4 or int8, models/quantized_linear.h) is one frozen parameter of
+// its dense element count: its stored tensors (packed codes u8 / i8, quant state u8 and f32) join
+// the unit's frozen groups of their dtypes, and are only ever gathered, like a LoRA base.
 //
 // A sharded parameter's Storage is released between uses (engine/tensor.h release_memory): the
 // Tensor, and every tensor saved for backward over it, stays valid, and touching it while
@@ -27,8 +30,8 @@
 // head, or a sharded final norm), and held until end_backward().
 // With activation offloading, the offloader's hooks see every saved tensor but the sharded
 // weights (which are gathered again rather than copied to the host).
-// Not built: prefetching the next unit (gathers are synchronous), a quantized base, trainable
-// tokens and context parallelism under stage 3.
+// Not built: prefetching the next unit (gathers are synchronous), trainable tokens and context
+// parallelism under stage 3.
 #pragma once
 
 #include <cstdint>

@@ -173,6 +173,40 @@ TEST_P(Collectives, ReduceScatterKeepsThisRanksBlock) {
   }
 }
 
+// out += this rank's block of the sum; deterministic (and 16-bit): the fold starts from out's
+// old value, ahead of rank 0's block, which is what makes micro-batch-wise gradient sums over N
+// ranks equal one process's running sum.
+TEST_P(Collectives, ReduceScatterAccumulateFoldsTheOldValueFirst) {
+  const Case c = GetParam();
+  if (c.dtype == DType::kI64 || c.dtype == DType::kI32) return;  // gradients are floating
+  const int N = comm_->size(), me = comm_->rank();
+  Tensor in = contribution(me, N * c.n, c.dtype);
+  Tensor old = contribution(me + 11, c.n, c.dtype);
+  Tensor out = old.clone();
+  comm_->reduce_scatter_accumulate(in, out);
+  const auto ref = reference_sum(N * c.n, c.dtype, N);
+  const auto start = old.to_f64(), got = out.to_f64();
+  for (int64_t i = 0; i < c.n; ++i) {
+    const double want = start[i] + ref[me * c.n + i];
+    ASSERT_NEAR(got[i], want, tolerance(c.dtype, N + 1) * (1 + std::fabs(want))) << "at " << i;
+  }
+  if (c.deterministic || c.dtype == DType::kBF16 || c.dtype == DType::kF16) {
+    // Rows: the old value, then every rank's block `me`, folded locally.
+    const size_t esz = dtype_size(c.dtype);
+    Tensor rows = Tensor::empty({(N + 1) * c.n}, c.dtype);
+    char* dst = static_cast<char*>(rows.data_ptr());
+    std::memcpy(dst, old.data_ptr(), c.n * esz);
+    for (int r = 0; r < N; ++r) {
+      Tensor block = contribution(r, N * c.n, c.dtype).narrow(0, me * c.n, c.n).contiguous();
+      std::memcpy(dst + (r + 1) * c.n * esz, block.data_ptr(), c.n * esz);
+    }
+    Tensor want = Tensor::empty({c.n}, c.dtype);
+    comm_detail::fold_rank_order(rows.data_ptr(), N + 1, c.n, c.dtype, ReduceOp::kSum,
+                                 want.data_ptr());
+    EXPECT_TRUE(bit_equal(out, want));
+  }
+}
+
 TEST_P(Collectives, AllGatherAndBroadcast) {
   const Case c = GetParam();
   const int N = comm_->size();
@@ -257,6 +291,39 @@ TEST(CommMpi, CpuOnlyAndContiguousAreChecked) {
   EXPECT_THROW(w.reduce_scatter(in, out), Error);
 }
 
+// Quantized weights (ZeRO-3 of a QLoRA base: u8 packed NF4, i8 rows) move bit for bit through
+// all_gather, broadcast and send/recv; the reductions refuse them.
+TEST(CommMpi, BytesMoveButDoNotReduce) {
+  Communicator& w = world();
+  const int N = w.size(), r = w.rank();
+  auto bytes = [](int rank, int64_t n, DType dt) {
+    Tensor t = Tensor::empty({n}, dt);
+    auto* p = static_cast<uint8_t*>(t.data_ptr());
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>((i * 37 + rank * 101) & 0xff);
+    return t;
+  };
+  for (DType dt : {DType::kU8, DType::kI8}) {
+    for (int64_t n : {int64_t{1}, int64_t{19}, int64_t{71 * 229}}) {
+      Tensor out = Tensor::empty({N * n}, dt);
+      w.all_gather(bytes(r, n, dt), out);
+      for (int q = 0; q < N; ++q)
+        EXPECT_TRUE(bit_equal(out.narrow(0, q * n, n).contiguous(), bytes(q, n, dt))) << q;
+      Tensor b = bytes(r, n, dt);
+      w.broadcast(b, N - 1);
+      EXPECT_TRUE(bit_equal(b, bytes(N - 1, n, dt)));
+      Tensor got = Tensor::empty({n}, dt);
+      w.group_start();
+      w.send(bytes(r, n, dt), (r + 1) % N);
+      w.recv(got, (r + N - 1) % N);
+      w.group_end();
+      EXPECT_TRUE(bit_equal(got, bytes((r + N - 1) % N, n, dt)));
+    }
+    Tensor x = bytes(r, 4 * N, dt), part = Tensor::empty({4}, dt);
+    EXPECT_THROW(w.all_reduce(x), Error);
+    EXPECT_THROW(w.reduce_scatter(x, part), Error);
+  }
+}
+
 // The NCCL backend (gpu tier, one GPU per rank) against the MPI one on the same inputs: the
 // library reductions within the dtype's tolerance; the deterministic ones bit for bit (both fold
 // in rank order in f32/f64).
@@ -304,6 +371,19 @@ TEST(CommNcclCuda, MatchesTheMpiBackend) {
         nccl->reduce_scatter_then(hd, rsd, ReduceOp::kSum, [] {});
         nccl->wait_deferred();
         EXPECT_TRUE(bit_equal(rsd.to(Device::cpu()), rs_got)) << "reduce_scatter_then";
+        Tensor acc_want = contribution(w.rank() + 11, n, dt);
+        mpi->reduce_scatter_accumulate(host, acc_want);
+        Tensor acc = contribution(w.rank() + 11, n, dt).to(dev);
+        nccl->reduce_scatter_accumulate(hd, acc);
+        const auto acc_got = acc.to(Device::cpu());
+        if (det) {
+          EXPECT_TRUE(bit_equal(acc_got, acc_want)) << "deterministic reduce_scatter_accumulate";
+        } else {
+          const auto g = acc_got.to_f64(), h = acc_want.to_f64();
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_NEAR(g[i], h[i], tolerance(dt, N + 1) * (1 + std::fabs(h[i])))
+                << "reduce_scatter_accumulate " << i;
+        }
         Tensor ag = Tensor::empty({N * n}, dt, dev);
         Tensor mine = contribution(w.rank(), n, dt).to(dev);
         nccl->all_gather(mine, ag);

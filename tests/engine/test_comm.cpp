@@ -54,6 +54,37 @@ TEST(CommSingle, SendToSelfInAGroup) {
   EXPECT_THROW(c->send(a, 1), Error);
 }
 
+// Quantized weights (u8 packed NF4, i8 rows) move through the data-movement collectives; a
+// reduction refuses them, as fold_rank_order cannot sum them.
+TEST(CommSingle, BytesMoveButDoNotReduce) {
+  auto c = make_single_communicator();
+  Tensor u = Tensor::from_vector<uint8_t>({0, 7, 255, 128, 3}, {5});
+  Tensor i = Tensor::from_vector<int8_t>({-127, 0, 127}, {3});
+  Tensor g = Tensor::empty({5}, DType::kU8);
+  c->all_gather(u, g);
+  EXPECT_EQ(std::memcmp(g.data_ptr(), u.data_ptr(), 5), 0);
+  c->broadcast(i, 0);
+  Tensor got = Tensor::zeros({3}, DType::kI8);
+  c->group_start();
+  c->send(i, 0);
+  c->recv(got, 0);
+  c->group_end();
+  EXPECT_EQ(std::memcmp(got.data_ptr(), i.data_ptr(), 3), 0);
+  EXPECT_THROW(c->all_reduce(u), Error);
+  EXPECT_THROW(c->reduce_scatter(u, g), Error);
+  EXPECT_TRUE(comm_detail::comm_dtype_movable(DType::kU8));
+  EXPECT_FALSE(comm_detail::comm_dtype_reducible(DType::kU8));
+  EXPECT_TRUE(comm_detail::comm_dtype_reducible(DType::kBF16));
+  EXPECT_FALSE(comm_detail::comm_dtype_movable(DType::kI16));
+  // Every dtype that reduces also moves.
+  for (int d = 0; d < kNumDTypes; ++d) {
+    const DType t = static_cast<DType>(d);
+    if (comm_detail::comm_dtype_reducible(t)) {
+      EXPECT_TRUE(comm_detail::comm_dtype_movable(t)) << dtype_name(t);
+    }
+  }
+}
+
 TEST(CommFold, RankOrderIsTheFoldOfALoop) {
   // f32: ((a + b) + c) exactly, not a + (b + c).
   const float in[3] = {1e8f, -1e8f, 1.0f};

@@ -11,10 +11,10 @@
 #          parameter sharded): the parameter peak is below the single process's.
 #   CASE = accum_z<stage>   2 ranks x 2 micro-batches vs 1 rank x 4: losses within 1e-5.
 #   CASE = ga2_z<stage>_<full|lora>_np<N>   N ranks x 2 micro-batches vs 1 rank x 2N on the same
-#          tiny model: losses within 1e-5 relative (each rank sums its own micro-batches before
-#          the ranks are summed, so the sums associate differently from one process's: equal
-#          up to rounding, not bit for bit); stage 3: this rank's slices are 1/N of the sharded
-#          parameters, padding aside.
+#          tiny model under --deterministic_comm: losses and final weights bit-identical (the
+#          gradients are summed after every micro-batch, folded onto the running sum in one
+#          process's order); stage 3: this rank's slices are 1/N of the sharded parameters,
+#          padding aside.
 #   CASE = online_<grpo|rloo|online_dpo>  2 ranks x half the completions vs 1 rank: rewards and
 #          gradient norms agree.
 #   CASE = ds3_generation  trainer_bin grpo under zero_stage 3 on 2 ranks, with and without
@@ -22,6 +22,11 @@
 #          gradient norms equal at every step), and fewer parameter bytes gathered at once without.
 #   CASE = z3_offload  stage 3 with activation offloading and gradient checkpointing, bit-identical
 #          to one process.
+#   CASE = z3_qlora  stage 3 with a 4-bit (NF4), then an 8-bit base and LoRA on 2 ranks, on the
+#          odd tiny model (its weights are no multiple of NF4's 64-element blocks) made deeper and
+#          wider, with a tied embedding: the packed codes and quant state are sharded and gathered
+#          like any frozen group; losses and the adapter bit-identical to 1 rank x 2, and the
+#          parameter peak below the single process's; a resumed checkpoint continues bit for bit.
 #   CASE = refusals  options data parallel does not support are refused in one line, exit 2.
 # KEEP=1 in the environment keeps the case's work folder (its logs and outputs) for a look.
 set -u
@@ -45,7 +50,8 @@ close() {
 tag_peak() { tail -1 "$1/metrics.jsonl" | grep -o "\"$2\":{[^}]*}" | grep -o '"peak":[0-9]*' | cut -d: -f2; }
 weights() { [ -f "$1/adapter_model.safetensors" ] && echo "$1/adapter_model.safetensors" \
               || echo "$1/model.safetensors"; }
-# The tiny model with awkward sizes, and the demo's stories as its data.
+# The tiny model with awkward sizes (each argument, a sed expression, edits its config), and the
+# demo's stories as its data.
 src=$(cd "$(dirname "$0")/../.." && pwd)
 odd_model() {
   cat >"$work/odd.json" <<'JSON'
@@ -55,6 +61,8 @@ odd_model() {
  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false,
  "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", "initializer_range": 0.1}
 JSON
+  local e
+  for e in "$@"; do sed -i "$e" "$work/odd.json"; done
   "$bin" init-model --model_config "$work/odd.json" --out "$work/odd" --seed 5 \
     --tokenizer "$src/data/embedded" >/dev/null || fail "init-model"
   odd=(--model_name_or_path "$work/odd" --dataset "$src/data/embedded/stories.jsonl" --max_length 128)
@@ -120,6 +128,46 @@ case $case in
     cmp "$work/one/model.safetensors" "$work/dp/model.safetensors" || fail "final weights differ"
     grep -q "activation offloading: up to" "$work/dp.log" || fail "nothing offloaded"
     echo "ok: zero 3 + offloading + checkpointing on 2 ranks == 1 rank x 2" ;;
+  z3_qlora)
+    # A rank's parameter peak is its slices plus the largest gathered unit, here the outer one
+    # (the embedding, dense f32). For it to fall below one process's, the quantized layers must
+    # outweigh that unit, which the odd model's 4 narrow layers and untied head do not.
+    odd_model 's/"num_hidden_layers": 4/"num_hidden_layers": 8/' \
+      's/"intermediate_size": 197/"intermediate_size": 389/' \
+      's/"tie_word_embeddings": false/"tie_word_embeddings": true/'
+    for quant in 4bit 8bit; do  # NF4 (u8 codes, u8 + f32 state) and int8 (i8 rows, f32 scales)
+      qlora=("${odd[@]}" --use_peft --lora_dropout 0 --load_in_$quant)
+      "$bin" "${common[@]}" "${qlora[@]}" --gradient_accumulation_steps 2 --deterministic_comm \
+        --output_dir "$work/one$quant" >"$work/one$quant.log" 2>&1 ||
+        { cat "$work/one$quant.log"; fail "$quant: 1 rank"; }
+      mpi 2 "${common[@]}" "${qlora[@]}" --zero_stage 3 --stage3_param_persistence_threshold 100 \
+        --deterministic_comm --output_dir "$work/dp$quant" >"$work/dp$quant.log" 2>&1 ||
+        { cat "$work/dp$quant.log"; fail "$quant: 2 ranks"; }
+      cmp <(losses "$work/one$quant") <(losses "$work/dp$quant") || fail "$quant: losses differ"
+      # Under stage 3 a QLoRA run still writes the adapter only.
+      out="$work/dp$quant"
+      [ -f "$out/adapter_model.safetensors" ] && [ ! -e "$out/model.safetensors" ] ||
+        fail "$quant: no adapter alone in the output"
+      cmp "$work/one$quant/adapter_model.safetensors" "$work/dp$quant/adapter_model.safetensors" ||
+        fail "$quant: adapters differ"
+      one=$(tag_peak "$work/one$quant" param) dp=$(tag_peak "$work/dp$quant" param)
+      [ "$dp" -lt "$one" ] || fail "$quant: stage 3 parameter peak $dp not below $one"
+      echo "$quant parameter peak: $one on 1 rank, $dp per rank"
+      echo "ok: zero 3 + $quant base + LoRA on 2 ranks == 1 rank x 2" \
+        "($(losses "$work/dp$quant" | tr '\n' ' '))"
+    done
+    # Its checkpoint (the adapter and the optimizer shards) resumes bit for bit.
+    run=(sft --max_steps 4 --per_device_train_batch_size 2 --logging_steps 1 "${odd[@]}" --use_peft
+         --lora_dropout 0 --load_in_4bit --zero_stage 3 --stage3_param_persistence_threshold 100)
+    mpi 2 "${run[@]}" --save_steps 2 --output_dir "$work/ckpt" >"$work/ckpt.log" 2>&1 ||
+      { cat "$work/ckpt.log"; fail "run with checkpoints"; }
+    [ ! -e "$work/ckpt/checkpoint-2/model.safetensors" ] || fail "the whole model in a checkpoint"
+    mkdir -p "$work/resumed" && cp -r "$work/ckpt/checkpoint-2" "$work/resumed/"
+    mpi 2 "${run[@]}" --save_steps 0 --output_dir "$work/resumed" --resume_from_checkpoint latest \
+      >"$work/resumed.log" 2>&1 || { cat "$work/resumed.log"; fail "resume"; }
+    cmp "$work/ckpt/adapter_model.safetensors" "$work/resumed/adapter_model.safetensors" ||
+      fail "the resumed adapter differs from the straight run's"
+    echo "ok: zero 3 + QLoRA resumed from checkpoint-2 is bit-exact" ;;
   ga2_z*)
     spec=${case#ga2_z}; stage=${spec%%_*}; kind=${spec#*_}; kind=${kind%%_*}; np=${case##*_np}
     odd_model
@@ -132,7 +180,8 @@ case $case in
     mpi "$np" "${common[@]}" "${extra[@]}" "${zero[@]}" --gradient_accumulation_steps 2 \
       --deterministic_comm --output_dir "$work/dp" >"$work/dp.log" 2>&1 ||
       { cat "$work/dp.log"; fail "$np ranks"; }
-    close "$work/one" "$work/dp" 1e-5 || fail "losses beyond 1e-5 relative"
+    cmp <(losses "$work/one") <(losses "$work/dp") || fail "losses differ under --deterministic_comm"
+    cmp "$(weights "$work/one")" "$(weights "$work/dp")" || fail "final weights differ"
     if [ "$stage" = 3 ] && [ "$kind" = full ]; then
       # The model's weight bytes (model.safetensors less its header) less what stays whole (the
       # norms), over N: this rank's slices, plus at most N - 1 padding elements per group (5
@@ -148,7 +197,7 @@ case $case in
         fail "parameter slices $slices B on each of $np ranks for $one B ($whole B whole)"
       echo "parameter bytes: $one on 1 rank; $slices B of slices + $whole B whole per rank"
     fi
-    echo "ok: $np ranks x 2 micro-batches (zero $stage, $kind) == 1 rank x $((2 * np)) within 1e-5" ;;
+    echo "ok: $np ranks x 2 micro-batches (zero $stage, $kind) == 1 rank x $((2 * np)) bit for bit" ;;
   accum_z*)
     stage=${case#accum_z}
     "$bin" "${common[@]}" --gradient_accumulation_steps 4 --output_dir "$work/one" \
@@ -300,8 +349,8 @@ case $case in
       echo "$out" | grep -q -- "$pat" || { echo "$out"; fail "no line with '$pat'"; }
     }
     expect2 "option comm_timeout" "$bin" "${common[@]}" --comm_timeout 0 --output_dir "$work/y"
-    expect2 "option zero_stage 3: a quantized base" mpi 2 "${common[@]}" --zero_stage 3 \
-      --use_peft --load_in_4bit --output_dir "$work/y"
+    expect2 "option zero_stage 3: --trainable_token_indices" mpi 2 "${common[@]}" --zero_stage 3 \
+      --use_peft --trainable_token_indices 5 --output_dir "$work/y"
     expect2 "optim adafactor" mpi 2 "${common[@]}" --zero_stage 1 --optim adafactor \
       --output_dir "$work/y"
     echo "ok: refusals" ;;

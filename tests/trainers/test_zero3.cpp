@@ -2,7 +2,8 @@
 // the sharded weights' memory is given back between uses (allocator stats) and touching one then
 // is an Error naming it; uses nest; a forward and backward under the residency give the plain
 // model's loss and gradients exactly, with the layers gathered one at a time (plus the outer
-// unit); acquire_all/reshard_from_full round-trip new values. Multi-rank runs are in
+// unit); acquire_all/reshard_from_full round-trip new values; a quantized (NF4) base is sharded
+// and gathered like a frozen weight. Multi-rank runs are in
 // tests/trainers/data_parallel.sh (z3_*, ga2_z3_*, resume_z3, ds3_generation).
 #include <gtest/gtest.h>
 
@@ -16,6 +17,8 @@
 #include "engine/ops.h"
 #include "loaders/model_config.h"
 #include "models/decoder.h"
+#include "models/quantize_model.h"
+#include "models/quantized_linear.h"
 #include "testing/testing.h"
 #include "trainers/zero3.h"
 
@@ -114,6 +117,51 @@ TEST(Zero3Params, WeightsLiveOnlyWhileUsedAndGiveTheSameGradients) {
     ParamUse use(&z, 1);
     for (double x : sharded->layer(1).down_proj.weight.to_f64()) ASSERT_EQ(x, 0.25);
   }
+}
+
+// QLoRA under stage 3: a quantized base's parts (packed NF4 codes and quant state) are frozen
+// groups like any other; released between uses, gathered for the layer's forward and backward,
+// and the loss and gradients are the plain quantized model's exactly.
+TEST(Zero3Params, QuantizedBaseIsShardedLikeAFrozenWeight) {
+  auto comm = make_single_communicator();
+  QuantConfig qc;
+  qc.load_in_4bit = true;
+  qc.compute_dtype = DType::kF32;
+  const auto plain = tiny(), sharded = tiny();
+  quantize_model(*plain, qc);
+  quantize_model(*sharded, qc);
+  const Batch b = batch_of(plain->config().vocab_size);
+  ForwardResult want = plain->forward(b, {});
+  want.loss.backward();
+  const auto* q = dynamic_cast<const Nf4Linear*>(sharded->layer(0).q_proj.base.get());
+  ASSERT_NE(q, nullptr);
+  const Tensor packed = q->weight().packed;
+  Zero3Params z(*comm, *sharded, 100);
+  int u8_groups = 0;
+  for (const Zero3Params::Group& g : z.groups())
+    if (g.dtype == DType::kU8) {
+      EXPECT_FALSE(g.trainable);
+      ++u8_groups;
+    }
+  EXPECT_EQ(u8_groups, 2);  // one u8 group per decoder layer (codes and quantized absmax)
+  EXPECT_THROW(packed.to_f64(), Error);
+  {
+    ParamUse use(&z, 0);
+    const auto* p = dynamic_cast<const Nf4Linear*>(plain->layer(0).q_proj.base.get());
+    EXPECT_EQ(packed.to_f64(), p->weight().packed.to_f64());
+  }
+  ForwardResult got;
+  {
+    SavedTensorHooksGuard hooks(z.saved_tensor_hooks());
+    got = sharded->forward(b, {});
+    got.loss.backward();
+    z.end_backward();
+  }
+  EXPECT_EQ(got.loss.item(), want.loss.item());
+  EXPECT_EQ(z.gathered_bytes(), 0);
+  const auto pn = plain->named_parameters(), sn = sharded->named_parameters();
+  for (size_t i = 0; i < pn.size(); ++i)
+    EXPECT_EQ(sn[i].second.grad().to_f64(), pn[i].second.grad().to_f64()) << pn[i].first;
 }
 
 }  // namespace
