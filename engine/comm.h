@@ -30,6 +30,15 @@ namespace leantune {
 
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
 
+// A collective started and not waited for yet (Communicator::start_all_gather).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  // Completes it: on the host, blocks until the data are in; NCCL orders the caller's current
+  // stream after it. A lost peer or the timeout (counted from this call) throws here.
+  virtual void wait() = 0;
+};
+
 struct CommOptions {
   std::string backend = "auto";  // auto | single | mpi | nccl (auto: mpi under a launcher)
   bool deterministic = false;    // --deterministic_comm
@@ -77,6 +86,11 @@ class Communicator {
   virtual void reduce_scatter_accumulate(const Tensor& in, Tensor& out);
   // in:[n] -> out:[size()*n], block r is rank r's input.
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // all_gather that runs while the caller goes on, completed by the handle's wait() (ZeRO-3's
+  // prefetch of the next unit). in and out stay alive and unchanged until then; other
+  // collectives may be issued meanwhile (every rank in the same order, as always). The handle
+  // is waited for at the latest by its destructor. Default: done before it returns.
+  virtual std::unique_ptr<PendingCollective> start_all_gather(const Tensor& in, Tensor& out);
   virtual void broadcast(Tensor& x, int root) = 0;
   // Point-to-point in a group: every send and recv between group_start() and group_end() may
   // progress concurrently (NCCL group semantics; MPI uses nonblocking calls completed at

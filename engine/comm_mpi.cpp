@@ -201,6 +201,21 @@ class MpiCommunicator final : public Communicator {
     wait(req, "all_gather", -1);
   }
 
+  std::unique_ptr<PendingCollective> start_all_gather(const Tensor& in, Tensor& out) override {
+    check_cpu_tensor(in, "all_gather");
+    check_cpu_tensor(out, "all_gather");
+    LT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size_, "all_gather: out ",
+             out.str(), " must hold ", size_, " blocks of in ", in.str());
+    LT_CHECK(in.data_ptr() != out.data_ptr() || size_ == 1, "start_all_gather: out aliases in");
+    auto pending = std::make_unique<Pending>(*this);
+    if (in.numel() == 0) return pending;
+    const int bytes = checked_count(static_cast<int64_t>(in.nbytes()), "all_gather");
+    pending->req.resize(1);
+    MPI_CHECK(MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes, MPI_BYTE, comm_,
+                             &pending->req[0]));
+    return pending;
+  }
+
   void broadcast(Tensor& x, int root) override {
     check_cpu_tensor(x, "broadcast");
     LT_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " outside 0..", size_ - 1);
@@ -273,6 +288,28 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // A started all_gather: MPI progresses it inside any later MPI call (Open MPI has no progress
+  // thread by default), and wait() completes it under the timeout like every call.
+  struct Pending final : PendingCollective {
+    explicit Pending(MpiCommunicator& c) : comm(c) {}
+    ~Pending() override {
+      if (req.empty() || !mpi_running()) return;
+      try {
+        wait();
+      } catch (const Error&) {
+        // The peer is lost: the next collective on this communicator reports it.
+      }
+    }
+    void wait() override {
+      if (req.empty()) return;
+      std::vector<MPI_Request> r = std::move(req);
+      req.clear();
+      comm.wait(r, "all_gather (prefetch)", -1);
+    }
+    MpiCommunicator& comm;
+    std::vector<MPI_Request> req;
+  };
+
   // Block j of every rank's `in` (n elements each) goes to rank j, which folds them in rank
   // order into `out`. With `init` (n elements, may be `out`), the fold starts from it: it is row
   // 0 of the folded rows, ahead of rank 0's block.

@@ -217,6 +217,34 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  std::unique_ptr<PendingCollective> start_all_gather(const Tensor& in, Tensor& out) override {
+    check(in, "all_gather");
+    check(out, "all_gather");
+    LT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size(), "all_gather: out ",
+             out.str(), " must hold ", size(), " blocks of in ", in.str());
+    const Device dev = Device::cuda(device_);
+    if (in.numel() == 0) return std::make_unique<StreamPending>(nullptr, dev);
+    throw_if_failed();
+    // The gather queues behind the caller's work so far; the caller's stream does not wait for
+    // it until wait(), so the kernels it queues meanwhile overlap the transfer.
+    stream_.wait_stream(current_stream(dev));
+    nccl_all_gather(comm_, in.data_ptr(), out.data_ptr(), in.numel(), dtype_int(in),
+                    stream_.handle);
+    auto done = std::make_shared<Event>(dev);
+    done->record(stream_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back(
+          Pending{done,
+                  Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(opt_.timeout_seconds)),
+                  "all_gather (prefetch)",
+                  {in, out}});
+      cv_.notify_all();
+    }
+    return std::make_unique<StreamPending>(done, dev);
+  }
+
   void broadcast(Tensor& x, int root) override {
     check(x, "broadcast");
     LT_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " outside 0..", size() - 1);
@@ -266,6 +294,28 @@ class NcclCommunicator final : public Communicator {
     Clock::time_point deadline;
     std::string what;
     std::vector<Tensor> keep;  // scratch that must outlive the queued work
+  };
+
+  // A started collective: wait() makes the caller's current stream wait for its event (the
+  // watchdog reports a peer that never answers).
+  class StreamPending final : public PendingCollective {
+   public:
+    StreamPending(std::shared_ptr<Event> done, Device dev) : done_(std::move(done)), dev_(dev) {}
+    ~StreamPending() override {
+      try {
+        wait();
+      } catch (const Error&) {
+        // A failed device: the next call on the communicator reports it.
+      }
+    }
+    void wait() override {
+      if (done_) done_->wait(current_stream(dev_));
+      done_.reset();
+    }
+
+   private:
+    std::shared_ptr<Event> done_;
+    Device dev_;
   };
 
   static int dtype_int(const Tensor& t) { return static_cast<int>(t.dtype()); }

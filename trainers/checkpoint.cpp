@@ -51,6 +51,11 @@ bool parse_stale_name(const std::string& n, std::string* kind, std::string* fina
 }
 }  // namespace
 
+std::string rank_state_name(int rank) { return "rank_" + std::to_string(rank) + ".json"; }
+std::string rank_optimizer_name(int rank) {
+  return "optimizer_rank_" + std::to_string(rank) + ".safetensors";
+}
+
 std::string write_checkpoint(const std::string& output_dir, int64_t step,
                              const std::function<void(const std::string& dir)>& fill) {
   fs::create_directories(output_dir);
@@ -173,6 +178,9 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& sourc
   if (j.contains("world_size")) st.world_size = count("world_size", false);
   LT_CHECK_INPUT(st.world_size >= 1, source, ": key 'world_size' must be at least 1");
   st.zero_stage = count("zero_stage", false);
+  if (j.contains("cp_size")) st.cp_size = count("cp_size", false);
+  LT_CHECK_INPUT(st.cp_size >= 1, source, ": key 'cp_size' must be at least 1");
+  st.consolidated_from = count("consolidated_from", false);
   auto text_value = [&](const char* key, std::string& out) {
     auto it = j.find(key);
     if (it == j.end()) return;

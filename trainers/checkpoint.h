@@ -22,6 +22,11 @@ namespace leantune {
 
 constexpr const char* kCheckpointMarker = "checkpoint_complete";
 
+// A data-parallel checkpoint's per-rank files: the data position (rank_R.json) and, under ZeRO,
+// the optimizer shard (optimizer_rank_R.safetensors).
+std::string rank_state_name(int rank);
+std::string rank_optimizer_name(int rank);
+
 // Writes output_dir/checkpoint-<step>: `fill(tmp_dir)` writes the files into the temporary
 // folder; then the marker, fsyncs and the rename. An existing folder of the same name is
 // replaced only after the new one is complete.
@@ -57,8 +62,13 @@ struct TrainerState {
   std::string optim = "adamw_torch";       // the --optim whose state the checkpoint holds
   std::string offload_optimizer = "none";  // and its --offload_optimizer
   nlohmann::json data_state;               // an object, read by the trainer's data side
-  int64_t world_size = 1;  // ranks of the run that wrote it (data parallel / ZeRO)
+  int64_t world_size = 1;                  // ranks of the run that wrote it (data parallel / ZeRO)
   int64_t zero_stage = 0;
+  int64_t cp_size = 1;
+  // world_size 1: the one-process form (optimizer.safetensors with whole tensors, one data
+  // state), which resumes on any number of ranks and any zero_stage; consolidated_from: the ranks
+  // of the run that `trainer_bin consolidate` merged it from (0: written by one process).
+  int64_t consolidated_from = 0;
 };
 // Parses the text of trainer_state.json. Error(kInput) naming `source` and the key for invalid
 // JSON, a missing key, or a value that is not a non-negative integer (data_state: an object;

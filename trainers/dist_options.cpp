@@ -23,6 +23,10 @@ void add_dist_options(Options& o) {
   o.add_int("stage3_param_persistence_threshold",
             DistArguments{}.stage3_param_persistence_threshold,
             "zero_stage 3: parameters of at most this many elements stay whole on every rank", 0);
+  o.add_int("stage3_prefetch_bucket_size", DistArguments{}.stage3_prefetch_bucket_size,
+            "zero_stage 3: elements of the next units (in the order the last pass used them) "
+            "whose gathers start while the current unit computes; 0 gathers each unit on use",
+            0);
   o.add_int("reduce_bucket_size", DistArguments{}.reduce_bucket_size,
             "elements per ZeRO unit (gradients are reduced unit by unit; under stage 2 the full "
             "gradients of at most about one unit exist at once)",
@@ -45,6 +49,7 @@ DistArguments dist_arguments(const Options& o) {
   d.reduce_bucket_size = o.get_int("reduce_bucket_size");
   d.cp_size = static_cast<int>(o.get_int("cp_size"));
   d.stage3_param_persistence_threshold = o.get_int("stage3_param_persistence_threshold");
+  d.stage3_prefetch_bucket_size = o.get_int("stage3_prefetch_bucket_size");
   return d;
 }
 

@@ -13,6 +13,9 @@
 //   stage3_param_persistence_threshold
 //                       stage 3: parameters of at most this many elements stay whole on every
 //                       rank (DeepSpeed's name and default)
+//   stage3_prefetch_bucket_size
+//                       stage 3: elements of the units that follow in the last pass's order
+//                       whose gathers start ahead (DeepSpeed's name and default; 0: none)
 //   reduce_bucket_size  elements per ZeRO unit: the grain of the reductions, and under stage 2
 //                       the most full gradients that exist at once beyond those in flight
 //   cp_size             context parallelism: the ranks that split each micro-batch's sequence
@@ -31,6 +34,7 @@ struct DistArguments {
   int64_t reduce_bucket_size = 25'000'000;  // elements per ZeRO unit (DeepSpeed's name)
   int cp_size = 1;                          // context-parallel ranks per micro-batch
   int64_t stage3_param_persistence_threshold = 100'000;
+  int64_t stage3_prefetch_bucket_size = 50'000'000;  // elements gathered ahead (DeepSpeed's)
 };
 
 void add_dist_options(Options& o);

@@ -66,7 +66,13 @@ double RowBatches::progress(const Communicator& comm) const {
 }
 
 nlohmann::json RowBatches::state() const {
-  return {{"epoch", epoch_}, {"step_in_epoch", step_in_epoch_}, {what_, rows_}};
+  // global_per_epoch and drop_last let a checkpoint's position move to another world size
+  // (trainers/consolidate.h).
+  return {{"epoch", epoch_},
+          {"step_in_epoch", step_in_epoch_},
+          {what_, rows_},
+          {"global_per_epoch", global_per_epoch()},
+          {"drop_last", drop_last_}};
 }
 
 void RowBatches::set_state(const nlohmann::json& s) {

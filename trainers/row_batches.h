@@ -4,7 +4,7 @@
 // as TRL's KTOTrainer samples sequentially). Data parallel: global micro-batch g of an epoch goes
 // to rank g % world; every rank takes ceil(global / world) of them, the last ranks wrapping to
 // the epoch's first micro-batches, as the SFT data loader does. The position (epoch, micro-batch
-// within it) is the checkpoint's data state.
+// within it), with the global micro-batches per epoch, is the checkpoint's data state.
 #pragma once
 
 #include <cstdint>

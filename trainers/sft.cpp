@@ -252,13 +252,16 @@ std::string format_memory_report(const nlohmann::json& r) {
       const auto& z = d["zero3"];
       std::snprintf(line, sizeof line,
                     "  zero_stage 3: this rank's parameter slices %s (%lld B), whole small "
-                    "parameters %s (%lld B), gathered units at most %s (%lld B)\n",
+                    "parameters %s (%lld B), gathered units at most %s (%lld B), %lld units "
+                    "prefetched (%lld unused)\n",
                     format_bytes(z["shard_bytes"].get<int64_t>()).c_str(),
                     static_cast<long long>(z["shard_bytes"].get<int64_t>()),
                     format_bytes(z["persistent_bytes"].get<int64_t>()).c_str(),
                     static_cast<long long>(z["persistent_bytes"].get<int64_t>()),
                     format_bytes(z["peak_gathered_bytes"].get<int64_t>()).c_str(),
-                    static_cast<long long>(z["peak_gathered_bytes"].get<int64_t>()));
+                    static_cast<long long>(z["peak_gathered_bytes"].get<int64_t>()),
+                    static_cast<long long>(z["prefetched_units"].get<int64_t>()),
+                    static_cast<long long>(z["prefetched_unused"].get<int64_t>()));
       out += line;
     }
   }

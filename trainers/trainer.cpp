@@ -14,6 +14,7 @@
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
 #include "trainers/checkpoint.h"
+#include "trainers/consolidate.h"
 #include "trainers/dist_options.h"
 #include "trainers/model_io.h"
 #include "trainers/offload_options.h"
@@ -202,6 +203,7 @@ TrainingArguments training_arguments(const Options& o) {
   a.zero_stage = dist.zero_stage;
   a.reduce_bucket_size = dist.reduce_bucket_size;
   a.stage3_param_persistence_threshold = dist.stage3_param_persistence_threshold;
+  a.stage3_prefetch_bucket_size = dist.stage3_prefetch_bucket_size;
   a.cp_size = dist.cp_size;
   a.device = o.get_string("device");
   a.max_memory_gib = o.get_float("max_memory_gib");
@@ -294,7 +296,8 @@ void Trainer::build_optimizer() {
     refuse(args_.optimizer_in_backward, "--optimizer_in_backward");
     refuse(args_.cp_size > 1, "--cp_size > 1");
     refuse(static_cast<bool>(model_->embedding_override.embed), "--trainable_token_indices");
-    zero3_ = std::make_unique<Zero3Params>(comm, *model_, args_.stage3_param_persistence_threshold);
+    zero3_ = std::make_unique<Zero3Params>(comm, *model_, args_.stage3_param_persistence_threshold,
+                                           args_.stage3_prefetch_bucket_size);
   }
   if (args_.zero_stage > 0 && comm.size() > 1) {
     auto z = std::make_unique<ZeroOptimizer>(args_.zero_stage, comm, oa, trainable_, cfg,
@@ -329,10 +332,6 @@ void Trainer::zero_grads() {
 // completes it. A killed save leaves only temporary folders, removed at the next start.
 namespace {
 
-std::string rank_state_name(int rank) { return "rank_" + std::to_string(rank) + ".json"; }
-std::string rank_optimizer_name(int rank) {
-  return "optimizer_rank_" + std::to_string(rank) + ".safetensors";
-}
 std::string rank_staging_dir(const std::string& output_dir, int64_t step, int rank) {
   return output_dir + "/.checkpoint-" + std::to_string(step) + ".tmp-rank-" + std::to_string(rank);
 }
@@ -343,9 +342,13 @@ void Trainer::write_rank_files(const std::string& dir, int rank) const {
   std::filesystem::create_directories(dir);
   write_text_atomic(dir + "/" + rank_state_name(rank),
                     nlohmann::json{{"rank", rank}, {"data_state", data_state()}}.dump(1));
-  if (zero_)
-    save_safetensors(dir + "/" + rank_optimizer_name(rank), optimizer_->state_tensors(),
-                     {{"step", std::to_string(optimizer_->step_count())}});
+  if (!zero_) return;
+  // The parameters' shapes let `trainer_bin consolidate` put the pieces back together.
+  nlohmann::json shapes = nlohmann::json::array();
+  for (const auto& p : trainable_) shapes.push_back({p.name, p.tensor.shape()});
+  save_safetensors(
+      dir + "/" + rank_optimizer_name(rank), optimizer_->state_tensors(),
+      {{"step", std::to_string(optimizer_->step_count())}, {kParamShapesKey, shapes.dump()}});
 }
 
 void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
@@ -396,64 +399,6 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
   if (distributed) comm.barrier();
 }
 
-void Trainer::load_checkpoint(const std::string& dir) {
-  // The small state file first: a corrupt one fails before the weights are read.
-  const std::string state_path = dir + "/trainer_state.json";
-  const TrainerState st = parse_trainer_state(read_text_file(state_path), state_path);
-  Communicator& comm = world_communicator(args_.comm);
-  const int64_t zero_stage = zero_ ? args_.zero_stage : 0;
-  LT_CHECK_INPUT(st.world_size == comm.size() && st.zero_stage == zero_stage, dir,
-                 " was written by ", st.world_size, " rank(s) with zero_stage ", st.zero_stage,
-                 "; this run has ", comm.size(), " with zero_stage ", zero_stage,
-                 " (resume with the same world size and stage)");
-  // cp_size decides which micro-batches each rank reads (world / cp data shards).
-  const nlohmann::json raw = nlohmann::json::parse(read_text_file(state_path), nullptr, false);
-  const int64_t st_cp =
-      raw.is_object() && raw.contains("cp_size") && raw["cp_size"].is_number_integer()
-          ? raw["cp_size"].get<int64_t>()
-          : 1;
-  LT_CHECK_INPUT(st_cp == args_.cp_size, dir, " was written with cp_size ", st_cp,
-                 "; this run has cp_size ", args_.cp_size, " (resume with the same cp_size)");
-  if (zero3_) {
-    // The checkpoint holds the whole model: every rank loads it and keeps its slices.
-    zero3_->acquire_all();
-    load_model(dir);
-    zero3_->reshard_from_full();
-    zero3_->release_all();
-  } else {
-    load_model(dir);
-  }
-  LT_CHECK_INPUT(st.optim == args_.optim && st.offload_optimizer == args_.offload_optimizer, dir,
-                 " holds the state of --optim ", st.optim, " --offload_optimizer ",
-                 st.offload_optimizer, "; this run uses --optim ", args_.optim,
-                 " --offload_optimizer ", args_.offload_optimizer);
-  const std::string opt_path =
-      zero_ ? dir + "/" + rank_optimizer_name(comm.rank()) : dir + "/optimizer.safetensors";
-  auto opt_file = SafetensorsFile::open(opt_path);
-  std::vector<std::pair<std::string, Tensor>> state;
-  for (const auto& e : opt_file->entries()) state.emplace_back(e.name, opt_file->tensor(e.name));
-  optimizer_->set_step_count(st.optimizer_step);
-  optimizer_->load_state_tensors(state);
-  step_ = st.global_step;
-  num_tokens_ = st.num_tokens;
-  consecutive_nonfinite_ = st.consecutive_nonfinite;
-  skipped_steps_ = st.skipped_steps;
-  nlohmann::json data = st.data_state;
-  std::string data_source = state_path;
-  if (comm.size() > 1) {
-    data_source = dir + "/" + rank_state_name(comm.rank());
-    const nlohmann::json rs = parse_json_strict(read_text_file(data_source), data_source, 64);
-    LT_CHECK_INPUT(rs.is_object() && rs.contains("data_state") && rs["data_state"].is_object(),
-                   data_source, ": expected an object with a 'data_state' object");
-    data = rs["data_state"];
-  }
-  try {
-    set_data_state(data);
-  } catch (const Error& e) {
-    LT_THROW(e.kind(), data_source, ": data_state: ", e.what());
-  }
-}
-
 nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
   nlohmann::json snap = memory_snapshot(model_->device());
   nlohmann::json all_savings = savings;
@@ -501,10 +446,7 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"comm_seconds", comm_s / n},        {"exposed_comm_seconds", comm_s / n}};
     // The ring attention's exchanges run inside forward and backward: counted as compute.
     if (args_.cp_size > 1) r["distributed"]["cp_size"] = args_.cp_size;
-    if (zero3_)
-      r["distributed"]["zero3"] = {{"shard_bytes", zero3_->shard_bytes()},
-                                   {"persistent_bytes", zero3_->persistent_bytes()},
-                                   {"peak_gathered_bytes", zero3_->peak_gathered_bytes()}};
+    if (zero3_) r["distributed"]["zero3"] = zero3_->report();
   }
   return r;
 }
@@ -546,9 +488,10 @@ TrainResult Trainer::train() {
                  args_.output_dir.c_str(), static_cast<long long>(cleaned.removed),
                  format_bytes(cleaned.bytes).c_str(), static_cast<long long>(cleaned.restored));
   bool resumed = false;
+  std::string resume_note;
   if (!args_.resume_from_checkpoint.empty()) {
     const std::string dir = resolve_checkpoint(args_.resume_from_checkpoint, args_.output_dir);
-    load_checkpoint(dir);
+    resume_note = load_checkpoint(dir);
     resumed = true;
     if (step_ >= total_steps_) {
       result.steps = step_;
@@ -562,6 +505,7 @@ TrainResult Trainer::train() {
   MetricsLogger log(writes_files() ? args_.output_dir + "/metrics.jsonl" : std::string(),
                     total_steps_, resumed, step_);
   if (resumed) log.message("resumed from step " + std::to_string(step_));
+  if (!resume_note.empty()) log.message(resume_note);
   on_train_begin(log);
   StepPhaseGuard setup_phase("between steps");
   rss_at_start_ = process_rss_bytes(false);

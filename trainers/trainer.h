@@ -80,6 +80,7 @@ struct TrainingArguments {
   int zero_stage = 0;
   int64_t reduce_bucket_size = 25'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
   int cp_size = 1;  // --cp_size (trainers/context_parallel.h)
 };
 
@@ -187,7 +188,9 @@ class Trainer {
  private:
   void build_optimizer();
   void save_checkpoint(int64_t step, MetricsLogger& log);
-  void load_checkpoint(const std::string& dir);
+  // Restores the model, optimizer, counters and data position (trainers/resume.cpp); returns a
+  // line for the log ("" when there is nothing to say).
+  std::string load_checkpoint(const std::string& dir);
   // This rank's files of a data-parallel checkpoint (data position; ZeRO: optimizer shard).
   void write_rank_files(const std::string& dir, int rank) const;
   double grad_norm() const;

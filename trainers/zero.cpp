@@ -394,7 +394,31 @@ std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::state_tensors() const
 }
 
 void ZeroOptimizer::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) {
-  inner_->load_state_tensors(state);
+  // This rank's own pieces ("<param>@<offset>.<part>", a checkpoint of the same world size), or
+  // the whole "<param>.<part>" tensors of one process (any world size), narrowed to the pieces.
+  std::unordered_map<std::string, size_t> param_of;
+  for (size_t i = 0; i < params_.size(); ++i) param_of[params_[i].name] = i;
+  std::unordered_map<size_t, std::vector<size_t>> pieces_of;
+  for (size_t k = 0; k < pieces_.size(); ++k) pieces_of[pieces_[k].param].push_back(k);
+  std::vector<std::pair<std::string, Tensor>> mine;
+  for (const auto& [name, t] : state) {
+    const size_t dot = name.rfind('.');
+    auto it = dot == std::string::npos ? param_of.end() : param_of.find(name.substr(0, dot));
+    if (name.find('@') != std::string::npos || it == param_of.end()) {
+      mine.emplace_back(name, t);
+      continue;
+    }
+    const Param& p = params_[it->second];
+    LT_CHECK_INPUT(t.numel() == p.tensor.numel() && t.is_contiguous(), "optimizer state '", name,
+                   "' is ", t.str(), ", parameter ", p.name, " has ", p.tensor.numel(),
+                   " elements");
+    for (size_t k : pieces_of[it->second]) {
+      const Piece& piece = pieces_[k];
+      mine.emplace_back(p.name + "@" + std::to_string(piece.begin) + name.substr(dot),
+                        t.view({t.numel()}).narrow(0, piece.begin, piece.length));
+    }
+  }
+  inner_->load_state_tensors(mine);
   inner_->set_step_count(step_count());
 }
 

@@ -142,6 +142,9 @@ class ZeroOptimizer final : public Optimizer {
   const Param& param(size_t i) const override { return params_[i]; }
   // The inner optimizer's state of this rank's pieces ("<name>@<offset>.<part>").
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  // Takes this rank's pieces as state_tensors() names them (a checkpoint of the same world size),
+  // or the whole "<name>.<part>" tensors of one process (a consolidated checkpoint, any world
+  // size), of which it keeps the elements of its pieces.
   void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& state) override;
   int64_t state_bytes() const override;
   int stage() const { return stage_; }

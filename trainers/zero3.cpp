@@ -66,8 +66,11 @@ void take_slice(Zero3Params::Group& g, int r) {
 
 }  // namespace
 
-Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persistence_threshold)
-    : comm_(comm), model_(model) {
+Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persistence_threshold,
+                         int64_t prefetch_elements)
+    : comm_(comm), model_(model), prefetch_elements_(prefetch_elements) {
+  LT_CHECK_INPUT(prefetch_elements >= 0, "option stage3_prefetch_bucket_size ", prefetch_elements,
+                 ": must be at least 0");
   LT_CHECK_INPUT(persistence_threshold >= 0, "option stage3_param_persistence_threshold ",
                  persistence_threshold, ": must be at least 0");
   const int n = comm_.size(), r = comm_.rank();
@@ -126,6 +129,7 @@ Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persis
 }
 
 Zero3Params::~Zero3Params() {
+  in_flight_.clear();  // each handle completes its gather before the buffers go
   remove_backward_observer(this);
   model_.set_param_residency(nullptr);
 }
@@ -136,19 +140,89 @@ int64_t Zero3Params::shard_bytes() const {
   return b;
 }
 
+Zero3Params::InFlight Zero3Params::start_gather(int64_t unit) {
+  InFlight f;
+  const int n = comm_.size();
+  MemTagGuard tag(MemTag::kComm);
+  for (size_t gi : unit_groups_.at(unit)) {
+    const Group& g = groups_[gi];
+    f.all.push_back(Tensor::empty({g.slice * n}, g.dtype, g.shard.device(), MemTag::kComm));
+    f.pending.push_back(comm_.start_all_gather(g.shard, f.all.back()));
+  }
+  return f;
+}
+
+int64_t Zero3Params::unit_elements(int64_t unit) const {
+  int64_t e = 0;
+  for (size_t gi : unit_groups_.at(unit)) e += groups_[gi].elements;
+  return e;
+}
+
+void Zero3Params::follow_trace(int64_t unit) {
+  // A pass that never ends (generation without backward) stops recording at a bound.
+  constexpr size_t kMaxTrace = size_t{1} << 20;
+  if (recording_.size() < kMaxTrace) recording_.push_back(unit);
+  on_trace_ = on_trace_ && trace_pos_ < trace_.size() && trace_[trace_pos_] == unit;
+  if (!on_trace_ || prefetch_elements_ == 0) return;
+  ++trace_pos_;
+  // The units after this one in the trace, up to the bucket's elements (the next one always).
+  int64_t budget = prefetch_elements_;
+  for (size_t p = trace_pos_; p < trace_.size() && budget > 0; ++p) {
+    const int64_t next = trace_[p];
+    if (next == unit) break;  // this unit again: it is in use, nothing beyond is needed yet
+    budget -= unit_elements(next);
+    if (uses_[next] > 0 || in_flight_.count(next)) continue;
+    in_flight_[next] = start_gather(next);
+  }
+}
+
+void Zero3Params::drain() {
+  for (auto& [unit, f] : in_flight_) {
+    for (auto& p : f.pending) p->wait();
+    ++prefetch_unused_;
+  }
+  in_flight_.clear();
+}
+
+void Zero3Params::end_pass() {
+  // Nothing may stay in flight past a pass: the optimizer step after it changes the slices.
+  drain();
+  trace_ = std::move(recording_);
+  recording_.clear();
+  trace_pos_ = 0;
+  on_trace_ = true;
+}
+
+nlohmann::json Zero3Params::report() const {
+  return {{"shard_bytes", shard_bytes()},
+          {"persistent_bytes", persistent_bytes_},
+          {"peak_gathered_bytes", peak_gathered_},
+          {"prefetched_units", prefetch_hits_},
+          {"prefetched_unused", prefetch_unused_}};
+}
+
 void Zero3Params::gather(int64_t unit) {
   const auto it = unit_groups_.find(unit);
   if (it == unit_groups_.end()) return;
   const auto start = std::chrono::steady_clock::now();
-  const int n = comm_.size();
-  for (size_t gi : it->second) {
-    Group& g = groups_[gi];
-    Tensor all = Tensor::empty({g.slice * n}, g.dtype, g.shard.device(), MemTag::kComm);
-    comm_.all_gather(g.shard, all);
-    for (size_t k = 0; k < g.params.size(); ++k) {
-      Tensor p = g.params[k].detach();
+  // This unit's gather goes first, then the prefetches (on NCCL one stream orders them).
+  InFlight f;
+  const auto ahead = in_flight_.find(unit);
+  if (ahead != in_flight_.end()) {
+    f = std::move(ahead->second);
+    in_flight_.erase(ahead);
+    ++prefetch_hits_;
+  } else {
+    f = start_gather(unit);
+  }
+  if (!bulk_) follow_trace(unit);
+  for (size_t k = 0; k < it->second.size(); ++k) {
+    f.pending[k]->wait();
+    Group& g = groups_[it->second[k]];
+    for (size_t j = 0; j < g.params.size(); ++j) {
+      Tensor p = g.params[j].detach();
       p.storage()->restore_memory();
-      p.copy_(flat_part(all, g.offsets[k], p));
+      p.copy_(flat_part(f.all[k], g.offsets[j], p));
       gathered_bytes_ += static_cast<int64_t>(p.nbytes());
     }
   }
@@ -177,7 +251,10 @@ void Zero3Params::release(int64_t unit) {
 }
 
 void Zero3Params::acquire_all() {
+  // Not a pass: a save or load between passes, or a whole-model generation, is not traced.
+  bulk_ = true;
   for (const auto& [unit, gs] : unit_groups_) acquire(unit);
+  bulk_ = false;
 }
 
 void Zero3Params::release_all() {
@@ -185,6 +262,7 @@ void Zero3Params::release_all() {
 }
 
 void Zero3Params::reshard_from_full() {
+  drain();  // a prefetch would hold the slices being replaced
   const int r = comm_.rank();
   for (Group& g : groups_) {
     LT_CHECK(uses_[g.unit] > 0, "zero_stage 3: resharding unit ", g.unit,
@@ -206,6 +284,7 @@ void Zero3Params::end_backward() {
   held_ = kNone;
   for (int64_t u : unpack_held_) release(u);
   unpack_held_.clear();
+  end_pass();
 }
 
 std::shared_ptr<SavedTensorHooks> Zero3Params::saved_tensor_hooks(

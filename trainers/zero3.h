@@ -30,13 +30,21 @@
 // head, or a sharded final norm), and held until end_backward().
 // With activation offloading, the offloader's hooks see every saved tensor but the sharded
 // weights (which are gathered again rather than copied to the host).
-// Not built: prefetching the next unit (gathers are synchronous), trainable tokens and context
-// parallelism under stage 3.
+//
+// Prefetch (DeepSpeed's trace-based prefetch, --stage3_prefetch_bucket_size): the units gathered
+// in one pass (a micro-batch's forward and backward, since the last end_backward()) are its
+// trace. When the next pass gathers the units in the same order, each gather also starts the
+// gathers (Communicator::start_all_gather) of the units that follow in the trace, up to the
+// bucket's elements, so they travel while this one computes. A pass that leaves the trace stops
+// prefetching until the next. Every prefetch is completed by end_backward(), before an optimizer
+// step can change a slice. The values are those of a synchronous gather, bit for bit.
+// Not built: trainable tokens and context parallelism under stage 3.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -64,7 +72,9 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
 
   // Shards `model`'s parameters, which must be whole and equal on every rank (loaded from one
   // folder, or initialised from one seed), and releases the sharded ones' storage.
-  Zero3Params(Communicator& comm, DecoderModel& model, int64_t persistence_threshold);
+  // prefetch_elements: --stage3_prefetch_bucket_size (0: every gather synchronous).
+  Zero3Params(Communicator& comm, DecoderModel& model, int64_t persistence_threshold,
+              int64_t prefetch_elements = 0);
   ~Zero3Params() override;
   Zero3Params(const Zero3Params&) = delete;
   Zero3Params& operator=(const Zero3Params&) = delete;
@@ -97,10 +107,27 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   int64_t gathered_bytes() const { return gathered_bytes_; }
   int64_t peak_gathered_bytes() const { return peak_gathered_; }
   double comm_seconds() const { return comm_seconds_; }
+  // Units whose gather was started ahead and used, and started ahead but not used (the pass left
+  // the trace).
+  int64_t prefetch_hits() const { return prefetch_hits_; }
+  int64_t prefetch_unused() const { return prefetch_unused_; }
+  // The figures above as the run report's "zero3" record (shard_bytes, persistent_bytes,
+  // peak_gathered_bytes, prefetched_units, prefetched_unused).
+  nlohmann::json report() const;
 
  private:
+  struct InFlight {
+    std::vector<Tensor> all;  // per group of the unit: the gathered flat vector
+    std::vector<std::unique_ptr<PendingCollective>> pending;
+  };
+  InFlight start_gather(int64_t unit);
   void gather(int64_t unit);
   void evict(int64_t unit);
+  // Records `unit` in this pass's trace and starts the prefetches that follow it in the last.
+  void follow_trace(int64_t unit);
+  void end_pass();
+  void drain();  // completes and drops every prefetch
+  int64_t unit_elements(int64_t unit) const;
   Communicator& comm_;
   DecoderModel& model_;
   std::vector<Group> groups_;
@@ -112,6 +139,13 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   std::set<int64_t> unpack_held_;  // units gathered by an unpack, until end_backward()
   int64_t persistent_bytes_ = 0, gathered_bytes_ = 0, peak_gathered_ = 0;
   double comm_seconds_ = 0;
+  int64_t prefetch_elements_ = 0;
+  std::map<int64_t, InFlight> in_flight_;  // prefetches not consumed yet
+  std::vector<int64_t> trace_, recording_;
+  size_t trace_pos_ = 0;
+  bool on_trace_ = true;
+  bool bulk_ = false;  // inside acquire_all()
+  int64_t prefetch_hits_ = 0, prefetch_unused_ = 0;
 };
 
 // Every unit of `z` gathered for a scope (a save); nothing when z is null.

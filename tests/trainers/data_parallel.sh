@@ -20,13 +20,17 @@
 #   CASE = ds3_generation  trainer_bin grpo under zero_stage 3 on 2 ranks, with and without
 #          ds3_gather_for_generation: the same completions (rewards, lengths, losses, KL and
 #          gradient norms equal at every step), and fewer parameter bytes gathered at once without.
-#   CASE = z3_offload  stage 3 with activation offloading and gradient checkpointing, bit-identical
-#          to one process.
+#   CASE = z3_offload  stage 3 with activation offloading and gradient checkpointing, and without
+#          prefetch (--stage3_prefetch_bucket_size 0), bit-identical to one process. (The z3 cases
+#          prefetch, and check that units were.)
 #   CASE = z3_qlora  stage 3 with a 4-bit (NF4), then an 8-bit base and LoRA on 2 ranks, on the
 #          odd tiny model (its weights are no multiple of NF4's 64-element blocks) made deeper and
 #          wider, with a tied embedding: the packed codes and quant state are sharded and gathered
 #          like any frozen group; losses and the adapter bit-identical to 1 rank x 2, and the
 #          parameter peak below the single process's; a resumed checkpoint continues bit for bit.
+#   CASE = resume_any  a 2-rank ZeRO checkpoint, consolidated (trainer_bin consolidate), resumes
+#          on 1 rank, on 4 ranks under zero_stage 0, 2 and 3, and on 3 ranks: with the same
+#          global batch, bit-identical to the straight run under --deterministic_comm.
 #   CASE = refusals  options data parallel does not support are refused in one line, exit 2.
 # KEEP=1 in the environment keeps the case's work folder (its logs and outputs) for a look.
 set -u
@@ -112,6 +116,9 @@ case $case in
       [ "$dp" -lt "$one" ] || fail "stage 3 parameter peak $dp not below $one"
       grep -q "zero_stage 3: this rank's parameter slices" "$work/dp.log" ||
         { cat "$work/dp.log"; fail "no zero_stage 3 line in the memory report"; }
+      # From the second pass on, every gather but the first of a pass was started ahead.
+      grep -Eq "[1-9][0-9]* units prefetched \(0 unused\)" "$work/dp.log" ||
+        { cat "$work/dp.log"; fail "no unit prefetched"; }
       echo "parameter peak: $one on 1 rank, $dp per rank"
     fi
     echo "ok: $np ranks (zero $stage, $kind) == 1 rank x $np micro-batches ($(losses "$work/dp" | tr '\n' ' '))" ;;
@@ -122,11 +129,12 @@ case $case in
     "$bin" "${common[@]}" "${techniques[@]}" --gradient_accumulation_steps 2 --deterministic_comm \
       --output_dir "$work/one" >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "1 rank"; }
     mpi 2 "${common[@]}" "${techniques[@]}" --zero_stage 3 --stage3_param_persistence_threshold 0 \
-      --deterministic_comm --output_dir "$work/dp" >"$work/dp.log" 2>&1 ||
+      --stage3_prefetch_bucket_size 0 --deterministic_comm --output_dir "$work/dp" >"$work/dp.log" 2>&1 ||
       { cat "$work/dp.log"; fail "2 ranks"; }
     cmp <(losses "$work/one") <(losses "$work/dp") || fail "losses differ"
     cmp "$work/one/model.safetensors" "$work/dp/model.safetensors" || fail "final weights differ"
     grep -q "activation offloading: up to" "$work/dp.log" || fail "nothing offloaded"
+    grep -q " 0 units prefetched" "$work/dp.log" || fail "prefetched with --stage3_prefetch_bucket_size 0"
     echo "ok: zero 3 + offloading + checkpointing on 2 ranks == 1 rank x 2" ;;
   z3_qlora)
     # A rank's parameter peak is its slices plus the largest gathered unit, here the outer one
@@ -243,6 +251,66 @@ case $case in
     [ $rc -ne 0 ] || fail "resumed on 4 ranks from a 2-rank checkpoint"
     echo "$out" | grep -q "written by 2 rank(s)" || { echo "$out"; fail "no one-line reason"; }
     echo "ok: resume on 2 ranks (zero $stage) is bit-exact" ;;
+  resume_any)
+    # A checkpoint of 2 ranks x 2 micro-batches (zero_stage 2), consolidated, resumes on 1 rank x 4
+    # and on 4 ranks x 1 under zero_stage 2, 3 and 0: the same global batch, so under
+    # --deterministic_comm each continuation ends with the straight run's losses and weights bit
+    # for bit. A zero_stage 3 checkpoint, consolidated, resumes on 1 rank bit for bit. On 3 ranks
+    # the position (8 micro-batches) falls mid-round: the log says how the ranks start. The raw
+    # sharded checkpoint on 4 ranks is refused in one line that names consolidate.
+    run=(sft --max_steps 4 --per_device_train_batch_size 2 --logging_steps 1 --deterministic_comm)
+    tail2() { losses "$1" | tail -2; }
+    for stage in 2 3; do
+      z=(--zero_stage "$stage"); [ "$stage" = 3 ] && z+=(--stage3_param_persistence_threshold 0)
+      mpi 2 "${run[@]}" "${z[@]}" --gradient_accumulation_steps 2 --save_steps 2 \
+        --output_dir "$work/two_z$stage" >"$work/two_z$stage.log" 2>&1 ||
+        { cat "$work/two_z$stage.log"; fail "2 ranks, zero $stage"; }
+      "$bin" consolidate "$work/two_z$stage/checkpoint-2" --out "$work/c_z$stage" \
+        >"$work/cons_z$stage.log" 2>&1 || { cat "$work/cons_z$stage.log"; fail "consolidate"; }
+      grep -q "optimizer merged from 2 shards" "$work/cons_z$stage.log" ||
+        { cat "$work/cons_z$stage.log"; fail "zero $stage: optimizer shards not merged"; }
+      for f in optimizer.safetensors trainer_state.json checkpoint_complete; do
+        [ -f "$work/c_z$stage/$f" ] || fail "zero $stage: no $f in the consolidated checkpoint"
+      done
+      [ ! -e "$work/c_z$stage/rank_1.json" ] && [ ! -e "$work/c_z$stage/optimizer_rank_0.safetensors" ] ||
+        fail "zero $stage: per-rank files in the consolidated checkpoint"
+      grep -q '"consolidated_from": 2' "$work/c_z$stage/trainer_state.json" ||
+        fail "zero $stage: trainer_state.json does not say consolidated_from"
+      "$bin" "${run[@]}" --gradient_accumulation_steps 4 --save_steps 0 --output_dir "$work/one_z$stage" \
+        --resume_from_checkpoint "$work/c_z$stage" >"$work/one_z$stage.log" 2>&1 ||
+        { cat "$work/one_z$stage.log"; fail "zero $stage checkpoint resumed on 1 rank"; }
+      grep -q "consolidated from 2 rank(s)) resumed on 1 rank(s)" "$work/one_z$stage.log" ||
+        { cat "$work/one_z$stage.log"; fail "no resume line in the log"; }
+      [ "$(tail2 "$work/two_z$stage")" = "$(tail2 "$work/one_z$stage")" ] ||
+        fail "zero $stage checkpoint on 1 rank: losses $(tail2 "$work/one_z$stage" | tr '\n' ' ')" \
+          "vs $(tail2 "$work/two_z$stage" | tr '\n' ' ')"
+      cmp "$work/two_z$stage/model.safetensors" "$work/one_z$stage/model.safetensors" ||
+        fail "zero $stage checkpoint on 1 rank: final weights differ from the straight run"
+      echo "ok: zero $stage checkpoint of 2 ranks, consolidated, on 1 rank x 4 == 2 ranks x 2"
+    done
+    for to in 2 3 0; do
+      z=(--zero_stage "$to"); [ "$to" = 3 ] && z+=(--stage3_param_persistence_threshold 0)
+      mpi 4 "${run[@]}" "${z[@]}" --save_steps 0 --output_dir "$work/four_z$to" \
+        --resume_from_checkpoint "$work/c_z2" >"$work/four_z$to.log" 2>&1 ||
+        { cat "$work/four_z$to.log"; fail "resume on 4 ranks, zero $to"; }
+      [ "$(tail2 "$work/two_z2")" = "$(tail2 "$work/four_z$to")" ] ||
+        fail "4 ranks, zero $to: losses $(tail2 "$work/four_z$to" | tr '\n' ' ')" \
+          "vs $(tail2 "$work/two_z2" | tr '\n' ' ')"
+      cmp "$work/two_z2/model.safetensors" "$work/four_z$to/model.safetensors" ||
+        fail "4 ranks, zero $to: final weights differ from the straight run"
+      echo "ok: zero 2 checkpoint of 2 ranks, consolidated, on 4 ranks x 1 (zero $to) == 2 ranks x 2"
+    done
+    mpi 3 "${run[@]}" --zero_stage 1 --save_steps 0 --output_dir "$work/three" \
+      --resume_from_checkpoint "$work/c_z2" >"$work/three.log" 2>&1 ||
+      { cat "$work/three.log"; fail "resume on 3 ranks"; }
+    grep -q "global micro-batch 8 of epoch 0 is not a multiple of 3 ranks; ranks 0..1 start one step further" \
+      "$work/three.log" || { cat "$work/three.log"; fail "3 ranks: no data position line"; }
+    out=$(mpi 4 "${run[@]}" --zero_stage 2 --save_steps 0 --output_dir "$work/refused" \
+            --resume_from_checkpoint "$work/two_z2/checkpoint-2" 2>&1); rc=$?
+    [ $rc -ne 0 ] || fail "a 2-rank sharded checkpoint resumed on 4 ranks"
+    echo "$out" | grep -q "written by 2 rank(s).*trainer_bin consolidate" ||
+      { echo "$out"; fail "no one-line reason naming consolidate"; }
+    echo "ok: consolidated checkpoints resume on 1, 3 and 4 ranks, any zero_stage" ;;
   dpo_z*|kto_z*)
     # trainer_bin dpo and kto shard their micro-batches over the ranks like sft: 2 ranks x 1
     # micro-batch equal 1 rank x 2 under --deterministic_comm.
