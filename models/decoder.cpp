@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <unordered_set>
 
 #include "engine/autograd.h"
@@ -223,19 +225,46 @@ std::unique_ptr<DecoderModel> DecoderModel::load(const std::string& dir, Device 
   return model;
 }
 
-void DecoderModel::save(const std::string& dir, DType disk_dtype, uint64_t max_shard_bytes) const {
-  std::filesystem::create_directories(dir);
+int64_t ParamResidency::unit_of(const std::string& name) {
+  const std::string p = "model.layers.";
+  if (name.rfind(p, 0) != 0) return kOuterUnit;
+  return std::stoll(name.substr(p.size()));
+}
+
+std::vector<std::pair<std::string, Tensor>> DecoderModel::host_tensors(DType disk_dtype,
+                                                                       bool keep) const {
   std::vector<std::pair<std::string, Tensor>> tensors;
-  auto add = [&](const std::string& name, const Tensor& t) {
-    tensors.emplace_back(name, t.dtype() == disk_dtype && t.device().is_cpu()
-                                   ? t.detach()
-                                   : t.detach().to(Device::cpu(), disk_dtype, MemTag::kOther));
-  };
-  for (const auto& [name, t] : named_parameters()) add(name, t);
+  std::vector<std::pair<std::string, std::function<Tensor()>>> sources;
+  for (const auto& [name, t] : named_parameters()) sources.emplace_back(name, [t] { return t; });
   // Quantized weights are written dequantized: the folder is a plain HF model.
   for (LinearModule* m : const_cast<DecoderModel*>(this)->linear_modules())
-    if (!m->weight.defined() && m->base) add(m->name + ".weight", m->dense_weight(disk_dtype));
-  save_model_tensors(dir, tensors, max_shard_bytes);
+    if (!m->weight.defined() && m->base)
+      sources.emplace_back(m->name + ".weight",
+                           [m, disk_dtype] { return m->dense_weight(disk_dtype); });
+  // One acquisition per run of tensors of one unit (the outer unit twice: embedding, then norm
+  // and head). Without a residency a host tensor in disk_dtype is written as it is.
+  std::optional<ParamUse> use;
+  int64_t unit = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const int64_t u = ParamResidency::unit_of(sources[i].first);
+    if (residency_ && (!use || u != unit)) {
+      use.reset();
+      use.emplace(residency_, u);
+      unit = u;
+    }
+    if (!keep) continue;
+    const Tensor t = sources[i].second().detach();
+    Tensor h = t.to(Device::cpu(), disk_dtype, MemTag::kOther);
+    // A unit's memory is released after its use: the host copy must own its bytes.
+    if (residency_ && h.storage() == t.storage()) h = h.clone();
+    tensors.emplace_back(sources[i].first, h);
+  }
+  return tensors;
+}
+
+void DecoderModel::save(const std::string& dir, DType disk_dtype, uint64_t max_shard_bytes) const {
+  std::filesystem::create_directories(dir);
+  save_model_tensors(dir, host_tensors(disk_dtype, true), max_shard_bytes);
   ModelConfig cfg = cfg_;
   cfg.torch_dtype = disk_dtype;
   cfg.save(dir);

@@ -76,6 +76,8 @@ struct ForwardOptions {
 class ParamResidency {
  public:
   static constexpr int64_t kOuterUnit = -1;
+  // The unit of a parameter from its Hugging Face name ("model.layers.<i>." is unit i).
+  static int64_t unit_of(const std::string& name);
   virtual ~ParamResidency() = default;
   virtual void acquire(int64_t unit) = 0;
   virtual void release(int64_t unit) = 0;
@@ -123,7 +125,12 @@ class DecoderModel {
   std::vector<std::string> load_weights(const TensorStore& store,
                                         const std::unordered_set<std::string>& optional = {});
   // Writes config.json + model.safetensors (sharded when max_shard_bytes > 0) in disk_dtype.
+  // Under a residency (ZeRO-3) the weights are gathered one unit at a time and copied to the
+  // host, so no rank holds the whole model on its device; it is then collective: every other
+  // rank calls take_part_in_save() meanwhile.
   void save(const std::string& dir, DType disk_dtype, uint64_t max_shard_bytes = 0) const;
+  // The gathers of a save() on another rank, with nothing kept.
+  void take_part_in_save() const { (void)host_tensors(dtype_, false); }
 
   const ModelConfig& config() const { return cfg_; }
   Device device() const { return device_; }
@@ -152,6 +159,9 @@ class DecoderModel {
   // Every dense parameter with its HF name, in a fixed order (the tied head is not listed
   // twice; the weight of a module whose `base` is quantized is not a parameter).
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  // Every weight in disk_dtype on the host (quantized ones dequantized), each unit acquired
+  // while its tensors are copied; keep false: the acquisitions only.
+  std::vector<std::pair<std::string, Tensor>> host_tensors(DType disk_dtype, bool keep) const;
   std::vector<LinearModule*> linear_modules();
   void set_requires_grad(bool on);
   // Parameters of the model as defined by its config, quantized weights included.

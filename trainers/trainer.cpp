@@ -294,7 +294,6 @@ void Trainer::build_optimizer() {
       LT_CHECK_INPUT(!bad, "option zero_stage 3: ", what, " is not built yet under stage 3");
     };
     refuse(args_.optimizer_in_backward, "--optimizer_in_backward");
-    refuse(args_.cp_size > 1, "--cp_size > 1");
     refuse(static_cast<bool>(model_->embedding_override.embed), "--trainable_token_indices");
     zero3_ = std::make_unique<Zero3Params>(comm, *model_, args_.stage3_param_persistence_threshold,
                                            args_.stage3_prefetch_bucket_size);
@@ -354,11 +353,13 @@ void Trainer::write_rank_files(const std::string& dir, int rank) const {
 void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
   Communicator& comm = world_communicator(args_.comm);
   const bool distributed = comm.size() > 1;
-  // ZeRO-3: every rank takes part in gathering the whole model that rank 0 writes.
-  const AllUnitsGathered gathered(zero3_.get());
+  // ZeRO-3: a model is gathered one unit at a time for rank 0 to copy (every rank takes part); a
+  // PEFT save reads the adapters and whatever else trains with every unit gathered.
+  const AllUnitsGathered gathered(peft_.active() ? zero3_.get() : nullptr);
   if (distributed && comm.rank() != 0) {
     write_rank_files(rank_staging_dir(args_.output_dir, step, comm.rank()), comm.rank());
     comm.barrier();  // staged
+    if (zero3_ && !peft_.active()) model_->take_part_in_save();
     comm.barrier();  // rank 0 has completed the checkpoint
     return;
   }
@@ -726,13 +727,14 @@ TrainResult Trainer::train() {
       result.final_eval_loss = *ev;
       log.log({{"step", step_}, {"eval_loss", *ev}});
     }
-    // ZeRO-3: the report is the training's, taken before the final save gathers the whole model
-    // on every rank (which then stays whole for the caller).
-    if (zero3_) {
-      result.memory = memory_report(technique_savings());
-      zero3_->acquire_all();
-    }
-    if (writes_files()) save_model(args_.output_dir, true);
+    // ZeRO-3: the report is the training's, taken before the final save (as a checkpoint's).
+    // The model stays sharded: its units are gathered for each use while this trainer lives.
+    if (zero3_) result.memory = memory_report(technique_savings());
+    const AllUnitsGathered gathered(peft_.active() ? zero3_.get() : nullptr);
+    if (writes_files())
+      save_model(args_.output_dir, true);
+    else if (zero3_ && !peft_.active())
+      model_->take_part_in_save();
   }
   if (distributed) comm.barrier();  // the output is complete when any rank returns
   if (result.memory.is_null()) result.memory = memory_report(technique_savings());

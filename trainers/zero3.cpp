@@ -10,13 +10,6 @@
 namespace leantune {
 namespace {
 
-// The unit of a parameter from its Hugging Face name: decoder layer i, or the outer unit.
-int64_t unit_of(const std::string& name) {
-  const std::string p = "model.layers.";
-  if (name.rfind(p, 0) == 0) return std::stoll(name.substr(p.size()));
-  return ParamResidency::kOuterUnit;
-}
-
 Tensor flat_part(const Tensor& flat, int64_t off, const Tensor& t) {
   return flat.narrow(0, off, t.numel()).view(t.shape());
 }
@@ -77,7 +70,7 @@ Zero3Params::Zero3Params(Communicator& comm, DecoderModel& model, int64_t persis
   auto add = [&](const std::string& name, const Tensor& t) {
     LT_CHECK(t.is_contiguous() && t.offset() == 0 && t.storage()->nbytes() == t.nbytes(),
              "zero_stage 3: parameter ", name, " shares its storage");
-    const int64_t unit = unit_of(name);
+    const int64_t unit = ParamResidency::unit_of(name);
     const bool trainable = t.requires_grad();
     std::vector<size_t>& in_unit = unit_groups_[unit];
     size_t gi = groups_.size();

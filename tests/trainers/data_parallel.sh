@@ -20,6 +20,8 @@
 #   CASE = ds3_generation  trainer_bin grpo under zero_stage 3 on 2 ranks, with and without
 #          ds3_gather_for_generation: the same completions (rewards, lengths, losses, KL and
 #          gradient norms equal at every step), and fewer parameter bytes gathered at once without.
+#   CASE = resume_z<stage>  a run stopped at a checkpoint and resumed on the same ranks is
+#          bit-identical to the straight run; stage 3: saving gathers no more at once than not.
 #   CASE = z3_offload  stage 3 with activation offloading and gradient checkpointing, and without
 #          prefetch (--stage3_prefetch_bucket_size 0), bit-identical to one process. (The z3 cases
 #          prefetch, and check that units were.)
@@ -226,6 +228,13 @@ case $case in
     mpi 2 "${run[@]}" --save_steps 2 --output_dir "$work/ckpt" >"$work/b.log" 2>&1 ||
       { cat "$work/b.log"; fail "run with checkpoints"; }
     [ -f "$work/ckpt/checkpoint-2/rank_1.json" ] || fail "no rank_1.json in the checkpoint"
+    if [ "$stage" = 3 ]; then
+      # A save gathers one unit at a time for rank 0: no more parameter bytes at once than a
+      # run that never saves.
+      a=$(report_bytes "$work/a.log" "gathered units at most")
+      b=$(report_bytes "$work/b.log" "gathered units at most")
+      [ -n "$a" ] && [ "$a" = "$b" ] || fail "gathered at most $b B with saves, $a B without"
+    fi
     if [ "$stage" != 0 ]; then
       [ -f "$work/ckpt/checkpoint-2/optimizer_rank_1.safetensors" ] || fail "no optimizer shard"
     fi
