@@ -9,6 +9,7 @@
 #          rank 0 (allocator tag, metrics.jsonl) are 1/N of the single process's, within 2%;
 #          stage 2 (small units): the gradient peak is below the single process's; stage 3 (every
 #          parameter sharded): the parameter peak is below the single process's.
+#          np 1: one rank under mpirun with the option equals the plain run, bit for bit.
 #   CASE = accum_z<stage>   2 ranks x 2 micro-batches vs 1 rank x 4: losses within 1e-5.
 #   CASE = ga2_z<stage>_<full|lora>_np<N>   N ranks x 2 micro-batches vs 1 rank x 2N on the same
 #          tiny model under --deterministic_comm: losses and final weights bit-identical (the
@@ -97,6 +98,10 @@ case $case in
     mpi "$np" "${common[@]}" "${extra[@]}" "${zero[@]}" --output_dir "$work/lib" >"$work/lib.log" 2>&1 ||
       { cat "$work/lib.log"; fail "$np ranks without --deterministic_comm"; }
     close "$work/one" "$work/lib" 1e-5 || fail "losses beyond 1e-5 relative"
+    if [ "$np" = 1 ]; then  # one rank under mpirun: every stage is the plain optimizer
+      echo "ok: 1 rank under mpirun (zero $stage, $kind) == 1 rank"
+      exit 0
+    fi
     if [ "$stage" != 0 ]; then
       one=$(tag_peak "$work/one" optimizer) dp=$(tag_peak "$work/dp" optimizer)
       # Within 2%, or within the allocator's 512-byte rounding of each piece's two moments.
@@ -192,7 +197,7 @@ case $case in
       { cat "$work/dp.log"; fail "$np ranks"; }
     cmp <(losses "$work/one") <(losses "$work/dp") || fail "losses differ under --deterministic_comm"
     cmp "$(weights "$work/one")" "$(weights "$work/dp")" || fail "final weights differ"
-    if [ "$stage" = 3 ] && [ "$kind" = full ]; then
+    if [ "$stage" = 3 ] && [ "$kind" = full ] && [ "$np" != 1 ]; then
       # The model's weight bytes (model.safetensors less its header) less what stays whole (the
       # norms), over N: this rank's slices, plus at most N - 1 padding elements per group (5
       # groups). (Under LoRA the adapters stay whole too, and are not model parameters.)
