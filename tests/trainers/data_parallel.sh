@@ -14,8 +14,8 @@
 #   CASE = ga2_z<stage>_<full|lora>_np<N>   N ranks x 2 micro-batches vs 1 rank x 2N on the same
 #          tiny model under --deterministic_comm: losses and final weights bit-identical (the
 #          gradients are summed after every micro-batch, folded onto the running sum in one
-#          process's order); stage 3: this rank's slices are 1/N of the sharded parameters,
-#          padding aside.
+#          process's order), and within 1e-5 relative without it; stage 3: this rank's slices
+#          are 1/N of the sharded parameters, padding aside.
 #   CASE = online_<grpo|rloo|online_dpo>  2 ranks x half the completions vs 1 rank: rewards and
 #          gradient norms agree.
 #   CASE = ds3_generation  trainer_bin grpo under zero_stage 3 on 2 ranks, with and without
@@ -197,6 +197,9 @@ case $case in
       { cat "$work/dp.log"; fail "$np ranks"; }
     cmp <(losses "$work/one") <(losses "$work/dp") || fail "losses differ under --deterministic_comm"
     cmp "$(weights "$work/one")" "$(weights "$work/dp")" || fail "final weights differ"
+    mpi "$np" "${common[@]}" "${extra[@]}" "${zero[@]}" --gradient_accumulation_steps 2 \
+      --output_dir "$work/lib" >"$work/lib.log" 2>&1 || { cat "$work/lib.log"; fail "$np ranks"; }
+    close "$work/one" "$work/lib" 1e-5 || fail "losses beyond 1e-5 relative without --deterministic_comm"
     if [ "$stage" = 3 ] && [ "$kind" = full ] && [ "$np" != 1 ]; then
       # The model's weight bytes (model.safetensors less its header) less what stays whole (the
       # norms), over N: this rank's slices, plus at most N - 1 padding elements per group (5
