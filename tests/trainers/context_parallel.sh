@@ -7,6 +7,7 @@
 #   cp2_checkpointing   cp2 with --gradient_checkpointing (the recompute runs the ring again)
 #   cp2_packing         cp2 with --packing (several documents per sequence, each split)
 #   dp2_cp2_zero2       dp2_cp2 under --zero_stage 2 (shards over the world)
+#   cp2_qlora           cp2 training LoRA adapters over a 4-bit (NF4) base
 #   dp2_cp2_zero3       dp2_cp2 under --zero_stage 3 (parameters sharded over the world too;
 #                       each layer gathered around the ring attention's collectives)
 #   cp2_lora_offload    cp2 training LoRA adapters (no dropout) with activation offloading
@@ -62,6 +63,7 @@ case $case in
   cp2_checkpointing) compare 2 2 1 --gradient_checkpointing ;;
   cp2_packing) compare 2 2 1 --packing ;;
   dp2_cp2_zero2) compare 4 2 2 --zero_stage 2 --reduce_bucket_size 20000 ;;
+  cp2_qlora) compare 2 2 1 --use_peft --load_in_4bit --lora_dropout 0 ;;
   dp2_cp2_zero3) compare 4 2 2 --zero_stage 3 --stage3_param_persistence_threshold 100 ;;
   cp2_lora_offload) compare 2 2 1 --use_peft --lora_dropout 0 --learning_rate 1e-2 --activation_offloading ;;
   activation_memory)
