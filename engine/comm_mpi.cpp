@@ -300,6 +300,13 @@ class MpiCommunicator final : public Communicator {
         // The peer is lost: the next collective on this communicator reports it.
       }
     }
+    bool poll() override {
+      if (req.empty()) return true;
+      int done = 0;
+      MPI_CHECK(MPI_Testall(static_cast<int>(req.size()), req.data(), &done, MPI_STATUSES_IGNORE));
+      if (done) req.clear();
+      return done != 0;
+    }
     void wait() override {
       if (req.empty()) return;
       std::vector<MPI_Request> r = std::move(req);

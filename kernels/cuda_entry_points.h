@@ -14,6 +14,7 @@
 #include "kernels/optim_8bit.h"
 #include "kernels/quant.h"
 #include "kernels/residual.h"
+#include "kernels/ring_attention.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -75,6 +76,14 @@
     (const std::vector<Adam8Tensor>& tensors, const AdamWStepArgs& args), (tensors, args))        \
   X(void, leantune::kernels, residual_add_fwd_cuda,                                               \
     (const Tensor& a, const Tensor& b, const Tensor& y), (a, b, y))                               \
+  X(void, leantune::kernels, ring_gather_cuda,                                                    \
+    (const Tensor& src, const Tensor& rows, const Tensor& dst), (src, rows, dst))                 \
+  X(void, leantune::kernels, ring_add_rows_cuda,                                                  \
+    (const Tensor& dst, const Tensor& rows, const Tensor& src), (dst, rows, src))                 \
+  X(void, leantune::kernels, ring_lse_merge_cuda,                                                 \
+    (const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b,              \
+     const Tensor& rows),                                                                         \
+    (out, lse, out_b, lse_b, rows))                                                               \
   X(void, leantune::kernels, rms_norm_fwd_cuda,                                                   \
     (const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd),          \
     (x, w, eps, y, rstd))                                                                         \
@@ -103,7 +112,7 @@
 
 namespace leantune::kernels {
 
-inline constexpr uint32_t kKernelsCudaAbiVersion = 5;
+inline constexpr uint32_t kKernelsCudaAbiVersion = 6;
 inline constexpr const char* kKernelsCudaTableSymbol = LT_CUDA_STR(LT_KERNELS_CUDA_TABLE);
 
 struct KernelsCudaTable {

@@ -493,12 +493,23 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
   auto train_examples = std::make_shared<TokenizedDataset>(std::move(train.examples));
   // Data parallel: every rank takes its own shard of the micro-batches (data_loader.h); the
   // ranks of a context-parallel group share theirs.
+  // The ring attention (kernels/ring_attention.h) runs on CPU ranks over MPI in f32, and on CUDA
+  // ranks over NCCL in f32, bf16 or f16 (the CUDA path has not run on a GPU yet).
   if (args.cp_size > 1) {
-    LT_CHECK_INPUT(run.model->device().is_cpu(), "option cp_size ", args.cp_size,
-                   ": context parallelism runs on the CPU only (the ring attention has no CUDA "
-                   "path yet); use --device cpu");
-    LT_CHECK_INPUT(run.model->dtype() == DType::kF32, "option cp_size ", args.cp_size,
-                   ": the CPU ring attention takes f32; drop --bf16");
+    const Device dev = run.model->device();
+    const DType dt = run.model->dtype();
+    if (dev.is_cpu()) {
+      LT_CHECK_INPUT(dt == DType::kF32, "option cp_size ", args.cp_size,
+                     ": the CPU ring attention takes f32; drop --bf16 (or run on CUDA with "
+                     "--comm_backend nccl)");
+    } else {
+      LT_CHECK_INPUT(args.comm.backend == "nccl", "option cp_size ", args.cp_size, " on ",
+                     dev.str(), ": the ring attention on CUDA needs --comm_backend nccl (got ",
+                     args.comm.backend, ")");
+      LT_CHECK_INPUT(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16,
+                     "option cp_size ", args.cp_size,
+                     ": the CUDA ring attention takes f32, bf16 or f16, not ", dtype_name(dt));
+    }
   }
   auto cp_groups = std::make_shared<ContextParallelGroups>(
       make_context_parallel_groups(world_communicator(args.comm), args.cp_size));

@@ -234,6 +234,7 @@ void Zero3Params::evict(int64_t unit) {
 }
 
 void Zero3Params::acquire(int64_t unit) {
+  poll_prefetches();
   if (uses_[unit]++ == 0) gather(unit);
 }
 
@@ -264,7 +265,13 @@ void Zero3Params::reshard_from_full() {
   }
 }
 
+void Zero3Params::poll_prefetches() {
+  for (auto& [unit, f] : in_flight_)
+    for (auto& p : f.pending) p->poll();
+}
+
 void Zero3Params::before_node(Node& node) {
+  poll_prefetches();
   const int64_t layer = node.mem_phase().layer;
   if (layer < 0 || layer == held_ || !unit_groups_.count(layer)) return;
   if (held_ != kNone) release(held_);

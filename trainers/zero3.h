@@ -127,6 +127,8 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   void follow_trace(int64_t unit);
   void end_pass();
   void drain();  // completes and drops every prefetch
+  // Lets the prefetches in flight advance (at each backward node and each acquisition).
+  void poll_prefetches();
   int64_t unit_elements(int64_t unit) const;
   Communicator& comm_;
   DecoderModel& model_;
