@@ -141,9 +141,21 @@ std::optional<double> SftTrainer::evaluate() {
     ForwardOptions fo;
     fo.normalizer = 1.0;  // sum of token NLLs
     fo.fused_loss = fused_loss_;
+    if (context_parallel()) {
+      // Each rank of the group scores its zigzag rows through the ring, as in training.
+      ContextParallelBatch split = split_context_parallel(
+          b, cp_groups_->cp_size, cp_groups_->cp_rank, cp_pad_token_id_, cp_groups_->cp.get());
+      fo.context_parallel = split.context;
+      fo.labels_shifted = true;
+      b = std::move(split.local);
+    }
     ForwardResult r = model_->forward(b, fo);
     nll += r.loss.item();
     tokens += r.label_tokens;
+  }
+  if (context_parallel()) {
+    nll = cp_groups_->cp->all_reduce_scalar(nll);
+    tokens = cp_groups_->cp->all_reduce_int(tokens);
   }
   peft_.set_training(true);
   return tokens > 0 ? nll / static_cast<double>(tokens) : 0.0;

@@ -8,6 +8,8 @@
 #   cp2_packing         cp2 with --packing (several documents per sequence, each split)
 #   dp2_cp2_zero2       dp2_cp2 under --zero_stage 2 (shards over the world)
 #   cp2_qlora           cp2 training LoRA adapters over a 4-bit (NF4) base
+#   cp2_eval            cp2 with an eval dataset: the eval losses through the ring equal one
+#                       process's within 1e-5
 #   dp2_cp2_zero3       dp2_cp2 under --zero_stage 3 (parameters sharded over the world too;
 #                       each layer gathered around the ring attention's collectives)
 #   cp2_lora_offload    cp2 training LoRA adapters (no dropout) with activation offloading
@@ -63,6 +65,17 @@ case $case in
   cp2_checkpointing) compare 2 2 1 --gradient_checkpointing ;;
   cp2_packing) compare 2 2 1 --packing ;;
   dp2_cp2_zero2) compare 4 2 2 --zero_stage 2 --reduce_bucket_size 20000 ;;
+  cp2_eval)
+    # Evaluation runs the ring too: the eval loss of each evaluation equals one process's.
+    ev=(--eval_dataset "$src/tests/fixtures/trainer/stories_small.jsonl" --eval_steps 5
+        --per_device_eval_batch_size 2)
+    compare 2 2 1 "${ev[@]}"
+    evals() { grep -o '"eval_loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
+    [ "$(evals "$work/one" | wc -l)" -ge 2 ] || fail "no evaluations"
+    paste <(evals "$work/one") <(evals "$work/cp") | awk '
+      { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "eval " NR ": " $1 " vs " $2; bad = 1 } }
+      END { exit bad }' || fail "eval losses beyond 1e-5 relative"
+    echo "ok: eval losses $(evals "$work/cp" | tr '\n' ' ')" ;;
   cp2_qlora) compare 2 2 1 --use_peft --load_in_4bit --lora_dropout 0 ;;
   dp2_cp2_zero3) compare 4 2 2 --zero_stage 3 --stage3_param_persistence_threshold 100 ;;
   cp2_lora_offload) compare 2 2 1 --use_peft --lora_dropout 0 --learning_rate 1e-2 --activation_offloading ;;
