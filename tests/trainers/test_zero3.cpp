@@ -3,7 +3,7 @@
 // is an Error naming it; uses nest; a forward and backward under the residency give the plain
 // model's loss and gradients exactly, with the layers gathered one at a time (plus the outer
 // unit); acquire_all/reshard_from_full round-trip new values; a quantized (NF4) base is sharded
-// and gathered like a frozen weight. Multi-rank runs are in
+// and gathered like a frozen weight; prefetch follows the last pass's order. Multi-rank runs are in
 // tests/trainers/data_parallel.sh (z3_*, ga2_z3_*, resume_z3, ds3_generation).
 #include <gtest/gtest.h>
 
@@ -117,6 +117,52 @@ TEST(Zero3Params, WeightsLiveOnlyWhileUsedAndGiveTheSameGradients) {
     ParamUse use(&z, 1);
     for (double x : sharded->layer(1).down_proj.weight.to_f64()) ASSERT_EQ(x, 0.25);
   }
+}
+
+// Prefetch: the first pass records the order of the gathers; the second, following it, has every
+// gather but its first started ahead (and used), with the same loss and gradients; a pass that
+// leaves the trace stops prefetching and drops nothing in flight past end_backward(). A bucket of
+// 0 prefetches nothing.
+TEST(Zero3Params, PrefetchFollowsTheLastPassAndChangesNothing) {
+  auto comm = make_single_communicator();
+  const auto sharded = tiny(), unprefetched = tiny();
+  const Batch b = batch_of(sharded->config().vocab_size);
+  ForwardOptions fo;
+  auto pass = [&](DecoderModel& m, Zero3Params& z) {
+    for (auto [name, t] : m.named_parameters()) t.zero_grad();
+    SavedTensorHooksGuard hooks(z.saved_tensor_hooks());
+    ForwardResult r = m.forward(b, fo);
+    r.loss.backward();
+    z.end_backward();
+    return r.loss.item();
+  };
+  // One residency at a time: each observes every backward.
+  double want = 0;
+  {
+    Zero3Params none(*comm, *unprefetched, 100, 0);
+    want = pass(*unprefetched, none);
+    EXPECT_EQ(pass(*unprefetched, none), want);
+    EXPECT_EQ(none.prefetch_hits(), 0);
+  }
+  Zero3Params z(*comm, *sharded, 100, 1'000'000);
+  EXPECT_EQ(pass(*sharded, z), want);
+  EXPECT_EQ(z.prefetch_hits(), 0);  // no trace yet
+  EXPECT_EQ(pass(*sharded, z), want);
+  EXPECT_GT(z.prefetch_hits(), 0);
+  EXPECT_EQ(z.prefetch_unused(), 0);
+  const auto sn = sharded->named_parameters(), un = unprefetched->named_parameters();
+  for (size_t i = 0; i < sn.size(); ++i)
+    EXPECT_EQ(sn[i].second.grad().to_f64(), un[i].second.grad().to_f64()) << sn[i].first;
+  // A pass that uses layer 1 first leaves the trace at once: nothing more is prefetched, and
+  // nothing is left in flight or gathered after the pass.
+  const int64_t hits = z.prefetch_hits();
+  { ParamUse use(&z, 1); }
+  z.end_backward();
+  EXPECT_EQ(z.prefetch_hits(), hits);
+  EXPECT_EQ(z.gathered_bytes(), 0);
+  // The next pass is measured against that lone use: it leaves the trace too, and is right.
+  EXPECT_EQ(pass(*sharded, z), want);
+  EXPECT_EQ(z.prefetch_hits(), hits);
 }
 
 // QLoRA under stage 3: a quantized base's parts (packed NF4 codes and quant state) are frozen
