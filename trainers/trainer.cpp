@@ -294,7 +294,6 @@ void Trainer::build_optimizer() {
       LT_CHECK_INPUT(!bad, "option zero_stage 3: ", what, " is not built yet under stage 3");
     };
     refuse(args_.optimizer_in_backward, "--optimizer_in_backward");
-    refuse(static_cast<bool>(model_->embedding_override.embed), "--trainable_token_indices");
     zero3_ = std::make_unique<Zero3Params>(comm, *model_, args_.stage3_param_persistence_threshold,
                                            args_.stage3_prefetch_bucket_size);
   }

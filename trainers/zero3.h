@@ -38,7 +38,7 @@
 // bucket's elements, so they travel while this one computes. A pass that leaves the trace stops
 // prefetching until the next. Every prefetch is completed by end_backward(), before an optimizer
 // step can change a slice. The values are those of a synchronous gather, bit for bit.
-// Not built: trainable tokens and context parallelism under stage 3.
+// PEFT's trainable tokens keep their delta whole (an adapter) and read the gathered embedding.
 #pragma once
 
 #include <cstdint>
