@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "engine/autograd.h"
 #include "engine/check.h"
+#include "engine/offload.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/ring_attention.h"
 
@@ -112,6 +114,54 @@ int64_t context_parallel_label_tokens(const Batch& global, int cp_size, int cp_r
       if (z.positions[j] < z.lengths[d])
         n += targets[cu[d] + z.positions[j]] != kernels::kIgnoreIndex;
   return n;
+}
+
+void check_context_parallel_model(int cp_size, const DecoderModel& model,
+                                  const std::string& comm_backend) {
+  if (cp_size <= 1) return;
+  const Device dev = model.device();
+  const DType dt = model.dtype();
+  if (dev.is_cpu()) {
+    LT_CHECK_INPUT(dt == DType::kF32, "option cp_size ", cp_size,
+                   ": the CPU ring attention takes f32; drop --bf16 (or run on CUDA with "
+                   "--comm_backend nccl)");
+    return;
+  }
+  LT_CHECK_INPUT(comm_backend == "nccl", "option cp_size ", cp_size, " on ", dev.str(),
+                 ": the ring attention on CUDA needs --comm_backend nccl (got ", comm_backend, ")");
+  LT_CHECK_INPUT(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16, "option cp_size ",
+                 cp_size, ": the CUDA ring attention takes f32, bf16 or f16, not ", dtype_name(dt));
+}
+
+namespace {
+
+// Every rank of the group computes the same loss from the summed values, so the gradient of a
+// rank's partial is the gradient of the sum itself.
+class CpSumBackward final : public Node {
+ public:
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override { return {std::move(grads[0])}; }
+  std::string name() const override { return "CpSumBackward"; }
+};
+
+}  // namespace
+
+Tensor cp_sum(const Tensor& x, Communicator& comm) {
+  Tensor out = x.detach().clone(MemTag::kActivation);
+  comm.all_reduce(out, ReduceOp::kSum);
+  if (node_needed({x})) {
+    auto node = std::make_shared<CpSumBackward>();
+    node->set_next_edges({x});
+    set_history(out, node);
+  }
+  return out;
+}
+
+void cp_sum_sequence_stats(kernels::SequenceLogprobs& s, Communicator& comm) {
+  // A few numbers per sequence: host scalars, summed in rank order on every backend.
+  for (int64_t& v : s.tokens) v = comm.all_reduce_int(v);
+  for (double& v : s.logit_sums) v = comm.all_reduce_scalar(v);
+  for (double& v : s.entropy_sums) v = comm.all_reduce_scalar(v);
+  for (int64_t& v : s.top1_counts) v = comm.all_reduce_int(v);
 }
 
 }  // namespace leantune

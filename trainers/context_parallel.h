@@ -18,10 +18,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "engine/comm.h"
 #include "loaders/batch.h"
 #include "models/decoder.h"
+#include "trainers/ref_model.h"
 
 namespace leantune {
 
@@ -56,5 +58,21 @@ ContextParallelBatch split_context_parallel(const Batch& global, int cp_size, in
 // The loss tokens of this rank's rows (split_context_parallel's label_tokens, without building
 // the batch).
 int64_t context_parallel_label_tokens(const Batch& global, int cp_size, int cp_rank);
+
+// Error(kInput) naming option cp_size when the model cannot run the ring: the CPU ring takes
+// f32; on CUDA it takes f32, bf16 or f16 over the nccl backend (`comm_backend`). No-op at cp 1.
+void check_context_parallel_model(int cp_size, const DecoderModel& model,
+                                  const std::string& comm_backend);
+
+// The sum of `x` over the cp group, differentiable. Each rank's x is a partial sum over its own
+// rows (e.g. per-sequence log-probabilities), and every rank then computes the same loss from
+// the full sums; the gradient passes through unchanged, since d(full)/d(partial) is 1 and each
+// partial depends only on its rank's rows (the world-wide gradient sum adds the ranks' parts).
+Tensor cp_sum(const Tensor& x, Communicator& comm);
+
+// The host-side per-sequence partial sums of `s` (tokens, logit_sums, entropy_sums,
+// top1_counts; s.logps is left alone, see cp_sum) summed over the cp group: every rank ends
+// with the full sequences' values.
+void cp_sum_sequence_stats(kernels::SequenceLogprobs& s, Communicator& comm);
 
 }  // namespace leantune

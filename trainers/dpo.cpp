@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "engine/autograd.h"
 #include "kernels/cross_entropy.h"
@@ -133,12 +134,21 @@ void DpoTrainer::set_reference(RefModelConfig cfg) {
                    logps_);
 }
 
-int64_t DpoTrainer::micro_batches_per_epoch() const {
-  return batches_.per_epoch(world_communicator(args_.comm));
+const Communicator& DpoTrainer::data_comm() const {
+  return context_parallel() ? *cp_groups_->dp : world_communicator(args_.comm);
 }
 
+int64_t DpoTrainer::loss_tokens(const Batch& b) const {
+  // The pairs: the trainer sums this over the world, and the ranks of a cp group share their
+  // micro-batch and its replicated loss, so only cp rank 0 counts them.
+  if (context_parallel() && cp_groups_->cp_rank != 0) return 0;
+  return b.stats.sequences / 2;
+}
+
+int64_t DpoTrainer::micro_batches_per_epoch() const { return batches_.per_epoch(data_comm()); }
+
 Batch DpoTrainer::next_micro_batch(BatchReport* report) {
-  const std::vector<int64_t> idx = batches_.next(world_communicator(args_.comm));
+  const std::vector<int64_t> idx = batches_.next(data_comm());
   PairBatch pb = collate_pairs(train_.examples, idx, data_);
   if (data_.padding_free) {
     int64_t longest = 0;
@@ -191,13 +201,41 @@ Tensor DpoTrainer::compute_loss(const Batch& b, double normalizer) {
 Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossResult* result,
                               nlohmann::json* metrics) {
   const size_t n = pb.keys.size() / 2;
-  // The reference first: its activations are gone before the policy's graph is built.
-  const std::vector<double> ref = ref_->logps(pb.batch, pb.keys, logps_);
+  // Context parallelism: this rank's zigzag rows of the micro-batch; the reference and the policy
+  // score them through the ring, and the per-sequence partial sums are summed over the cp group.
+  std::optional<ContextParallelBatch> split;
+  Communicator* cp = context_parallel() ? cp_groups_->cp.get() : nullptr;
+  if (cp)
+    split = split_context_parallel(pb.batch, cp_groups_->cp_size, cp_groups_->cp_rank,
+                                   cp_pad_token_id_, cp);
+  const Batch& rows = split ? split->local : pb.batch;
+  // The reference first: its activations are gone before the policy's graph is built. Cached
+  // (precomputed) values are the whole sequences' already.
+  std::vector<double> ref;
+  if (split && ref_->mode() != RefMode::kPrecomputed) {
+    SequenceLogpsOptions ro = logps_;
+    ro.context_parallel = split->context;
+    ref = ref_->logps(rows, pb.keys, ro);
+    // Summed as the policy's partial sums are (cp_sum, in sequence_logps' dtype: f64 for f64
+    // models, else f32), so that equal models give equal values, as in one process.
+    const DType sum_dtype = model_->dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+    Tensor sums = Tensor::from_doubles(ref, {static_cast<int64_t>(ref.size())}, sum_dtype);
+    cp->all_reduce(sums);
+    ref = sums.to_f64();
+  } else {
+    ref = ref_->logps(pb.batch, pb.keys, logps_);
+  }
   SequenceLogpsOptions po = logps_;
   po.logit_sums = true;
   po.row_stats = metrics != nullptr;
-  kernels::SequenceLogprobs pol = sequence_logps(*model_, pb.batch, po);
-  const std::vector<double> lp = pol.logps.to_f64();
+  if (split) po.context_parallel = split->context;
+  kernels::SequenceLogprobs pol = sequence_logps(*model_, rows, po);
+  Tensor logps = pol.logps;  // the full sequences' log-probabilities, differentiable
+  if (cp) {
+    logps = cp_sum(pol.logps, *cp);
+    cp_sum_sequence_stats(pol, *cp);
+  }
+  const std::vector<double> lp = logps.to_f64();
   PreferenceLossResult r =
       preference_loss(loss_, make_pairs(lp, ref, pb.completion_tokens, pol.tokens));
   std::vector<double> grad(r.dchosen);
@@ -231,9 +269,11 @@ Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossR
                 {"mean_token_accuracy",
                  tok_c > 0 ? static_cast<double>(hits) / static_cast<double>(tok_c) : 0.0}};
   }
-  const double value = r.loss * scale;
+  // Every rank of a cp group holds the same loss; the trainer sums it over the world, so it
+  // counts on cp rank 0 only (the gradient flows on every rank: each backpropagates its rows).
+  const double value = context_parallel() && cp_groups_->cp_rank != 0 ? 0.0 : r.loss * scale;
   if (result) *result = std::move(r);
-  return loss_from_sequence_gradient(pol.logps, value, std::move(grad));
+  return loss_from_sequence_gradient(logps, value, std::move(grad));
 }
 
 PreferenceLossResult DpoTrainer::evaluate_pairs(const std::vector<int64_t>& idx) {
@@ -252,9 +292,7 @@ PreferenceLossResult DpoTrainer::evaluate_pairs(const std::vector<int64_t>& idx)
 
 nlohmann::json DpoTrainer::log_metrics() { return window_.take(); }
 
-double DpoTrainer::epoch_progress() const {
-  return batches_.progress(world_communicator(args_.comm));
-}
+double DpoTrainer::epoch_progress() const { return batches_.progress(data_comm()); }
 
 nlohmann::json DpoTrainer::data_state() const { return batches_.state(); }
 
@@ -357,6 +395,9 @@ DpoRun make_dpo_run(const Options& o, SftModel model) {
   dd.padding_free = o.get_bool("padding_free");
   dd.pad_to_multiple_of = o.get_int_or_none("pad_to_multiple_of").value_or(0);
   dd.pad_token_id = encoder->pad_token_id();
+  check_context_parallel_model(args.cp_size, *m.model, args.comm.backend);
+  auto cp_groups = std::make_shared<ContextParallelGroups>(
+      make_context_parallel_groups(world_communicator(args.comm), args.cp_size));
   SequenceLogpsOptions lo;
   lo.fused = o.get_bool("use_liger_loss");
   const std::string base_name =
@@ -365,6 +406,7 @@ DpoRun make_dpo_run(const Options& o, SftModel model) {
                                              std::move(data), dd, loss, lo);
   run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
+  run.trainer->set_context_parallel(cp_groups, dd.pad_token_id);
   RefModelConfig rc = ref_cfg;
   rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
   run.trainer->set_reference(rc);

@@ -18,6 +18,11 @@
 // rewards/accuracies, rewards/margins, logps/chosen, logps/rejected, logits/chosen,
 // logits/rejected, entropy, mean_token_accuracy, averaged over the logging window's micro-batches
 // as TRL averages them.
+// Context parallelism (--cp_size, trainers/context_parallel.h): the ranks of a cp group share
+// each micro-batch and score their zigzag rows of it through the ring; the per-sequence partial
+// sums are summed over the group (cp_sum), so every rank computes the single-process loss and
+// metrics, and only cp rank 0 counts the pairs in the world-wide normaliser and loss sum. The
+// reference scores the same rows through the ring (unless precomputed), without grad.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +34,7 @@
 
 #include "loaders/examples.h"
 #include "loaders/tokenizer.h"
+#include "trainers/context_parallel.h"
 #include "trainers/preference_loss.h"
 #include "trainers/ref_model.h"
 #include "trainers/row_batches.h"
@@ -66,6 +72,11 @@ class DpoTrainer final : public Trainer {
 
   // The reference model, after set_peft.
   void set_reference(RefModelConfig cfg);
+  // Context parallelism (cp_size > 1 in `groups`); pads added by the split take pad_token_id.
+  void set_context_parallel(std::shared_ptr<ContextParallelGroups> groups, int64_t pad_token_id) {
+    cp_groups_ = std::move(groups);
+    cp_pad_token_id_ = pad_token_id;
+  }
   ReferenceModel& reference() { return *ref_; }
   const DataStats& train_stats() const { return train_.stats; }
   // Every logged record's DPO metrics, in order (for tests and the command's summary).
@@ -80,7 +91,8 @@ class DpoTrainer final : public Trainer {
  protected:
   int64_t micro_batches_per_epoch() const override;
   Batch next_micro_batch(BatchReport* report) override;
-  int64_t loss_tokens(const Batch& b) const override { return b.stats.sequences / 2; }
+  int64_t loss_tokens(const Batch& b) const override;
+  bool supports_context_parallel() const override { return true; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
   double epoch_progress() const override;
   nlohmann::json data_state() const override;
@@ -100,6 +112,13 @@ class DpoTrainer final : public Trainer {
   MetricWindow window_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;
+  std::shared_ptr<ContextParallelGroups> cp_groups_;
+  int64_t cp_pad_token_id_ = 0;
+
+  bool context_parallel() const { return cp_groups_ && cp_groups_->cp_size > 1; }
+  // What the micro-batches are sharded over: the dp group under context parallelism (the ranks
+  // of a cp group share theirs), else the world.
+  const Communicator& data_comm() const;
 };
 
 struct DpoRun {

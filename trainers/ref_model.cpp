@@ -24,9 +24,13 @@ kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch&
     const std::vector<int64_t> c = b.cu_seqlens.to_i64();
     for (size_t i = 1; i < c.size(); ++i) max_seqlen = std::max(max_seqlen, c[i] - c[i - 1]);
   }
-  Tensor hidden = model.hidden_states(ids, pos, cu, max_seqlen, opts.gradient_checkpointing);
+  LT_CHECK(!opts.context_parallel || !opts.per_token,
+           "sequence_logps: per-token log-probabilities under context parallelism");
+  Tensor hidden = model.hidden_states(ids, pos, cu, max_seqlen, opts.gradient_checkpointing,
+                                      nullptr, opts.context_parallel);
   NoOffloadScope head;
-  const Tensor targets = kernels::shift_labels(b.labels, b.cu_seqlens);
+  const Tensor targets =
+      opts.context_parallel ? b.labels : kernels::shift_labels(b.labels, b.cu_seqlens);
   kernels::SequenceLogprobsOptions ko;
   ko.chunk_tokens = opts.chunk_tokens;
   ko.logit_sums = opts.logit_sums;

@@ -59,6 +59,11 @@ struct SequenceLogpsOptions {
   // The logits are divided by this before the log-softmax (GRPO and RLOO score the tokens
   // under the sampling temperature, as TRL does).
   double temperature = 1.0;
+  // Set: the batch is this rank's zigzag rows of a context-parallel group (split_context_parallel:
+  // its labels are the targets already, its cu_seqlens delimit each sequence's local rows),
+  // attention runs the ring, and each sequence's sums are this rank's part (trainers sum them
+  // over the group). Not with per_token.
+  std::shared_ptr<const ContextParallel> context_parallel;
 };
 
 kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch& batch,

@@ -507,22 +507,7 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
   // ranks of a context-parallel group share theirs.
   // The ring attention (kernels/ring_attention.h) runs on CPU ranks over MPI in f32, and on CUDA
   // ranks over NCCL in f32, bf16 or f16 (the CUDA path has not run on a GPU yet).
-  if (args.cp_size > 1) {
-    const Device dev = run.model->device();
-    const DType dt = run.model->dtype();
-    if (dev.is_cpu()) {
-      LT_CHECK_INPUT(dt == DType::kF32, "option cp_size ", args.cp_size,
-                     ": the CPU ring attention takes f32; drop --bf16 (or run on CUDA with "
-                     "--comm_backend nccl)");
-    } else {
-      LT_CHECK_INPUT(args.comm.backend == "nccl", "option cp_size ", args.cp_size, " on ",
-                     dev.str(), ": the ring attention on CUDA needs --comm_backend nccl (got ",
-                     args.comm.backend, ")");
-      LT_CHECK_INPUT(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16,
-                     "option cp_size ", args.cp_size,
-                     ": the CUDA ring attention takes f32, bf16 or f16, not ", dtype_name(dt));
-    }
-  }
+  check_context_parallel_model(args.cp_size, *run.model, args.comm.backend);
   auto cp_groups = std::make_shared<ContextParallelGroups>(
       make_context_parallel_groups(world_communicator(args.comm), args.cp_size));
   auto loader = std::make_shared<DataLoader>(train_examples, dc, encoder->pad_token_id(),

@@ -20,6 +20,11 @@
 #   estimate            trainer_bin estimate --cp_size: activations per rank halve at cp 2 (as
 #                       measured by activation_memory), --budget_gib names the smallest cp_size
 #                       that fits in one line (no mpirun needed)
+#   dpo_cp2             trainer_bin dpo (sigmoid loss) on 2 ranks at --cp_size 2 vs 1 rank: the
+#                       10 losses agree within 1e-5 relative, and so do the DPO metrics
+#   dpo_dp2_cp2         dpo on 4 ranks, --cp_size 2 (2 data shards) vs 1 rank x 2 micro-batches,
+#                       with the ipo loss (token-averaged log-probabilities) and padding_free;
+#                       the metrics (rank 0's shard) equal those of 2 ranks without cp
 #   refusals            world size not a multiple of cp_size, pad_to_multiple_of not a multiple
 #                       of 2cp, a trainer without context parallelism: exit 2, one line
 set -u
@@ -44,6 +49,10 @@ close() {
     END { if (n != 10) { print n " losses"; exit 1 } exit bad }'
 }
 tag_peak() { tail -1 "$1/metrics.jsonl" | grep -o "\"$2\":{[^}]*}" | grep -o '"peak":[0-9]*' | cut -d: -f2; }
+# DPO on the tiny model with the built-in preference pairs (sequences of ~30 tokens).
+dpo_common=(dpo --model_name_or_path "$work/model" --dataset "$src/data/embedded/preferences.jsonl"
+            --max_steps 10 --per_device_train_batch_size 2 --max_length 64 --learning_rate 1e-3
+            --logging_steps 1 --save_steps 0 --device cpu)
 # compare NP CP ACCUM EXTRA...: the single process with ACCUM micro-batches vs NP ranks.
 compare() {
   local np=$1 cp=$2 accum=$3; shift 3
@@ -65,6 +74,30 @@ case $case in
   cp2_checkpointing) compare 2 2 1 --gradient_checkpointing ;;
   cp2_packing) compare 2 2 1 --packing ;;
   dp2_cp2_zero2) compare 4 2 2 --zero_stage 2 --reduce_bucket_size 20000 ;;
+  dpo_cp2|dpo_dp2_cp2)
+    common=("${dpo_common[@]}")
+    ref=one
+    if [ "$case" = dpo_cp2 ]; then compare 2 2 1; else
+      extra=(--loss_type ipo --padding_free)
+      compare 4 2 2 "${extra[@]}"
+      # Data parallel logs rank 0's micro-batches' metrics: those of 2 ranks without cp.
+      mpi 2 "${common[@]}" "${extra[@]}" --output_dir "$work/dp" >"$work/dp.log" 2>&1 ||
+        { cat "$work/dp.log"; fail "2 ranks, cp_size 1"; }
+      ref=dp
+    fi
+    # The metrics come from the summed log-probabilities: the single-process values. (At step 1
+    # the policy is the reference; the reference runs the ring too, so every margin is exactly 0
+    # as in one process, and rewards/accuracies, a count of margins > 0, agrees from step 1.)
+    metric() { grep -o "\"$2\":[^,}]*" "$1/metrics.jsonl" | cut -d: -f2; }
+    for m in rewards/chosen rewards/margins rewards/accuracies logps/chosen logps/rejected \
+             logits/chosen entropy mean_token_accuracy; do
+      [ "$(metric "$work/$ref" "$m" | wc -l)" -ge 9 ] || fail "no $m"
+      paste <(metric "$work/$ref" "$m") <(metric "$work/cp" "$m") | awk -v m="$m" '
+        { d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1;
+          if (d > 1e-5 * a + 1e-6) { print m " step " NR ": " $1 " vs " $2; bad = 1 } }
+        END { exit bad }' || fail "$m beyond 1e-5 relative"
+    done
+    echo "ok: dpo metrics agree" ;;
   cp2_eval)
     # Evaluation runs the ring too: the eval loss of each evaluation equals one process's.
     ev=(--eval_dataset "$src/tests/fixtures/trainer/stories_small.jsonl" --eval_steps 5
@@ -141,10 +174,10 @@ case $case in
     [ $rc -ne 0 ] || fail "3 ranks accepted with cp_size 2"
     echo "$out" | grep -q "option cp_size 2: the world size 3 must be a multiple" ||
       { echo "$out"; fail "no one-line reason on 3 ranks"; }
-    out=$(mpi 2 dpo --max_steps 1 --cp_size 2 --save_steps 0 --output_dir "$work/d" 2>&1); rc=$?
-    [ $rc -ne 0 ] || fail "dpo accepted cp_size 2"
+    out=$(mpi 2 kto --max_steps 1 --cp_size 2 --save_steps 0 --output_dir "$work/d" 2>&1); rc=$?
+    [ $rc -ne 0 ] || fail "kto accepted cp_size 2"
     echo "$out" | grep -q "option cp_size 2: this trainer does not split sequences" ||
-      { echo "$out"; fail "no one-line reason for dpo"; }
+      { echo "$out"; fail "no one-line reason for kto"; }
     echo "ok: refusals" ;;
   *) fail "unknown case $case" ;;
 esac
