@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -74,11 +75,39 @@ inline double max_abs(const Vec& v) {
   return m;
 }
 
-// max |a - r| over the elements.
-inline double max_err(const Vec& a, const Vec& r) {
+// max |x| over the finite elements (-inf log-sum-exps of rows that see no key aside).
+inline double max_abs_finite(const Vec& v) {
   double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - r[i]));
+  for (double x : v)
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
   return m;
+}
+
+// max |a - r| over the elements; a NaN in either, or infinities that differ, count as infinite
+// (equal infinities agree), so a NaN mismatch always fails a bound.
+inline double max_err(const Vec& a, const Vec& r) {
+  EXPECT_EQ(a.size(), r.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < r.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(r[i])) return std::numeric_limits<double>::infinity();
+    if (std::isinf(a[i]) || std::isinf(r[i])) {
+      if (a[i] != r[i]) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    m = std::max(m, std::abs(a[i] - r[i]));
+  }
+  return m;
+}
+
+// flash-attention's rule: our error against the reference at most twice a naive version's in
+// the same dtype, plus a floor of 1e-4 of the reference's magnitude (both exact).
+inline ::testing::AssertionResult flash_rule(const char* what, const Vec& ours, const Vec& naive,
+                                             const Vec& ref) {
+  const double e = max_err(ours, ref), en = max_err(naive, ref);
+  const double floor = 1e-4 * std::max(max_abs_finite(ref), 1e-3);
+  if (e <= 2 * en + floor) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": max error " << e << " > 2 x naive " << en << " + " << floor;
 }
 
 // Tolerance for a result of dtype dt whose elements are sums of terms of size `scale`: an

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/dtype.h"
+#include "kernel_test_util.h"
 #include "kernels/attention.h"
 #include "testing/testing.h"
 
@@ -34,6 +35,9 @@ namespace {
 
 using testing::Guarded;
 using Vec = std::vector<double>;
+using kernel_test::flash_rule;
+using kernel_test::max_abs_finite;
+using kernel_test::max_err;
 
 const Device kGpu = Device::cuda(0);
 
@@ -207,37 +211,6 @@ Naive naive_same_dtype(const Problem& p) {
   return n;
 }
 
-// max |a - ref| with NaN/inf handling: a NaN, or an infinity that differs, counts as infinite.
-double max_err(const Vec& a, const Vec& ref) {
-  EXPECT_EQ(a.size(), ref.size());
-  double m = 0;
-  for (size_t i = 0; i < a.size() && i < ref.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(ref[i])) return std::numeric_limits<double>::infinity();
-    if (std::isinf(a[i]) || std::isinf(ref[i])) {
-      if (a[i] != ref[i]) return std::numeric_limits<double>::infinity();
-      continue;
-    }
-    m = std::max(m, std::abs(a[i] - ref[i]));
-  }
-  return m;
-}
-
-double max_abs(const Vec& v) {
-  double m = 0;
-  for (double x : v)
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  return m;
-}
-
-::testing::AssertionResult flash_rule(const char* what, const Vec& ours, const Vec& naive,
-                                      const Vec& ref) {
-  const double e = max_err(ours, ref), en = max_err(naive, ref);
-  const double floor = 1e-4 * std::max(max_abs(ref), 1e-3);
-  if (e <= 2 * en + floor) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": max error " << e << " > 2 x naive " << en << " + " << floor;
-}
-
 struct Options {
   bool device_cu = true;
   DType cu_dt = DType::kI32;
@@ -304,7 +277,7 @@ void expect_matches(const Problem& p, const Result& ours, const Result& ref, con
     for (auto [name, a, b] : {std::tuple{"out", &out, &rout}, std::tuple{"dq", &dq, &rdq},
                               std::tuple{"dk", &dk, &rdk}, std::tuple{"dv", &dv, &rdv}}) {
       const double e = max_err(*a, *b);
-      EXPECT_LE(e, tol * std::max(1.0, max_abs(*b))) << name;
+      EXPECT_LE(e, tol * std::max(1.0, max_abs_finite(*b))) << name;
     }
   }
   // Rows that see no key (ref lse = -inf): out and dq exactly 0.

@@ -36,6 +36,7 @@
 #include "engine/comm.h"
 #include "engine/dtype.h"
 #include "engine/stream.h"
+#include "kernel_test_util.h"
 #include "kernels/ring_attention.h"
 #include "testing/testing.h"
 
@@ -43,6 +44,9 @@ namespace leantune {
 namespace {
 
 using Vec = std::vector<double>;
+using kernel_test::flash_rule;
+using kernel_test::max_abs_finite;
+using kernel_test::max_err;
 using kernels::ZigzagLayout;
 const Device kGpu = Device::cuda(0);
 
@@ -330,41 +334,10 @@ Vec local_rows(const Vec& global, int64_t row, const ZigzagLayout& z) {
   return out;
 }
 
-// max |a - ref|; a NaN, or an infinity that differs, counts as infinite.
-double max_err(const Vec& a, const Vec& ref) {
-  EXPECT_EQ(a.size(), ref.size());
-  double m = 0;
-  for (size_t i = 0; i < a.size() && i < ref.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(ref[i])) return std::numeric_limits<double>::infinity();
-    if (std::isinf(a[i]) || std::isinf(ref[i])) {
-      if (a[i] != ref[i]) return std::numeric_limits<double>::infinity();
-      continue;
-    }
-    m = std::max(m, std::abs(a[i] - ref[i]));
-  }
-  return m;
-}
-
-double max_abs(const Vec& v) {
-  double m = 0;
-  for (double x : v)
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  return m;
-}
-
 ::testing::AssertionResult within(const char* what, const Vec& ours, const Vec& ref, double tol) {
-  const double e = max_err(ours, ref), bound = tol * std::max(1.0, max_abs(ref));
+  const double e = max_err(ours, ref), bound = tol * std::max(1.0, max_abs_finite(ref));
   if (e <= bound) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << what << ": max error " << e << " > " << bound;
-}
-
-::testing::AssertionResult flash_rule(const char* what, const Vec& ours, const Vec& naive,
-                                      const Vec& ref) {
-  const double e = max_err(ours, ref), en = max_err(naive, ref);
-  const double floor = 1e-4 * std::max(max_abs(ref), 1e-3);
-  if (e <= 2 * en + floor) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": max error " << e << " > 2 x naive " << en << " + " << floor;
 }
 
 // Pad rows of a local [T, H, D] gradient are exactly zero.
