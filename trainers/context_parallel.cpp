@@ -156,6 +156,40 @@ Tensor cp_sum(const Tensor& x, Communicator& comm) {
   return out;
 }
 
+CpScoring::CpScoring(const Batch& global, const ContextParallelGroups* groups, int64_t pad_token_id)
+    : global_(global) {
+  if (!groups || groups->cp_size <= 1) return;
+  cp_ = groups->cp.get();
+  split_ = split_context_parallel(global, groups->cp_size, groups->cp_rank, pad_token_id, cp_);
+}
+
+kernels::SequenceLogprobs CpScoring::policy(const DecoderModel& model,
+                                            SequenceLogpsOptions opts) const {
+  if (!split_) return sequence_logps(model, global_, opts);
+  opts.context_parallel = split_->context;
+  kernels::SequenceLogprobs s = sequence_logps(model, split_->local, opts);
+  s.logps = cp_sum(s.logps, *cp_);
+  cp_sum_sequence_stats(s, *cp_);
+  return s;
+}
+
+std::vector<double> CpScoring::reference(ReferenceModel& ref, const std::vector<int64_t>& keys,
+                                         const SequenceLogpsOptions& opts,
+                                         DType model_dtype) const {
+  if (!split_ || ref.mode() == RefMode::kPrecomputed) return ref.logps(global_, keys, opts);
+  SequenceLogpsOptions o = opts;
+  o.context_parallel = split_->context;
+  return cp_sum_values(ref.logps(split_->local, keys, o), model_dtype, *cp_);
+}
+
+std::vector<double> cp_sum_values(const std::vector<double>& partial, DType model_dtype,
+                                  Communicator& comm) {
+  const DType dt = model_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor sums = Tensor::from_doubles(partial, {static_cast<int64_t>(partial.size())}, dt);
+  comm.all_reduce(sums);
+  return sums.to_f64();
+}
+
 void cp_sum_sequence_stats(kernels::SequenceLogprobs& s, Communicator& comm) {
   // A few numbers per sequence: host scalars, summed in rank order on every backend.
   for (int64_t& v : s.tokens) v = comm.all_reduce_int(v);

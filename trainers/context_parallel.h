@@ -18,7 +18,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/comm.h"
 #include "loaders/batch.h"
@@ -69,6 +71,32 @@ void check_context_parallel_model(int cp_size, const DecoderModel& model,
 // the full sums; the gradient passes through unchanged, since d(full)/d(partial) is 1 and each
 // partial depends only on its rank's rows (the world-wide gradient sum adds the ranks' parts).
 Tensor cp_sum(const Tensor& x, Communicator& comm);
+
+// One micro-batch as this rank scores it: without context parallelism (groups null or cp_size 1)
+// the whole batch; with it, this rank's zigzag rows through the ring, the per-sequence values
+// summed over the cp group, so every rank holds the whole sequences' values (the trainers that
+// score sequences: dpo, kto).
+class CpScoring {
+ public:
+  CpScoring(const Batch& global, const ContextParallelGroups* groups, int64_t pad_token_id);
+  // sequence_logps with the full per-sequence values (logps differentiable through cp_sum).
+  kernels::SequenceLogprobs policy(const DecoderModel& model, SequenceLogpsOptions opts) const;
+  // The reference's full per-sequence log-probabilities (keys: the sequences' cache keys); a
+  // precomputed reference's cached values are whole already.
+  std::vector<double> reference(ReferenceModel& ref, const std::vector<int64_t>& keys,
+                                const SequenceLogpsOptions& opts, DType model_dtype) const;
+
+ private:
+  const Batch& global_;
+  std::optional<ContextParallelBatch> split_;
+  Communicator* cp_ = nullptr;
+};
+
+// Host per-sequence partial sums (a reference's log-probabilities) summed over the cp group as
+// cp_sum sums the policy's: through a tensor of sequence_logps' dtype for `model_dtype` (f64 for
+// f64 models, else f32), so that equal models give equal full values, as in one process.
+std::vector<double> cp_sum_values(const std::vector<double>& partial, DType model_dtype,
+                                  Communicator& comm);
 
 // The host-side per-sequence partial sums of `s` (tokens, logit_sums, entropy_sums,
 // top1_counts; s.logps is left alone, see cp_sum) summed over the cp group: every rank ends

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <optional>
 
 #include "engine/autograd.h"
 #include "kernels/cross_entropy.h"
@@ -134,14 +133,10 @@ void DpoTrainer::set_reference(RefModelConfig cfg) {
                    logps_);
 }
 
-const Communicator& DpoTrainer::data_comm() const {
-  return context_parallel() ? *cp_groups_->dp : world_communicator(args_.comm);
-}
-
 int64_t DpoTrainer::loss_tokens(const Batch& b) const {
   // The pairs: the trainer sums this over the world, and the ranks of a cp group share their
   // micro-batch and its replicated loss, so only cp rank 0 counts them.
-  if (context_parallel() && cp_groups_->cp_rank != 0) return 0;
+  if (!counts_replicated_loss()) return 0;
   return b.stats.sequences / 2;
 }
 
@@ -201,40 +196,15 @@ Tensor DpoTrainer::compute_loss(const Batch& b, double normalizer) {
 Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossResult* result,
                               nlohmann::json* metrics) {
   const size_t n = pb.keys.size() / 2;
-  // Context parallelism: this rank's zigzag rows of the micro-batch; the reference and the policy
-  // score them through the ring, and the per-sequence partial sums are summed over the cp group.
-  std::optional<ContextParallelBatch> split;
-  Communicator* cp = context_parallel() ? cp_groups_->cp.get() : nullptr;
-  if (cp)
-    split = split_context_parallel(pb.batch, cp_groups_->cp_size, cp_groups_->cp_rank,
-                                   cp_pad_token_id_, cp);
-  const Batch& rows = split ? split->local : pb.batch;
-  // The reference first: its activations are gone before the policy's graph is built. Cached
-  // (precomputed) values are the whole sequences' already.
-  std::vector<double> ref;
-  if (split && ref_->mode() != RefMode::kPrecomputed) {
-    SequenceLogpsOptions ro = logps_;
-    ro.context_parallel = split->context;
-    ref = ref_->logps(rows, pb.keys, ro);
-    // Summed as the policy's partial sums are (cp_sum, in sequence_logps' dtype: f64 for f64
-    // models, else f32), so that equal models give equal values, as in one process.
-    const DType sum_dtype = model_->dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
-    Tensor sums = Tensor::from_doubles(ref, {static_cast<int64_t>(ref.size())}, sum_dtype);
-    cp->all_reduce(sums);
-    ref = sums.to_f64();
-  } else {
-    ref = ref_->logps(pb.batch, pb.keys, logps_);
-  }
+  // Under context parallelism this rank scores its zigzag rows through the ring, the reference
+  // first (its activations are gone before the policy's graph is built).
+  const CpScoring scoring(pb.batch, cp_groups_.get(), cp_pad_token_id_);
+  const std::vector<double> ref = scoring.reference(*ref_, pb.keys, logps_, model_->dtype());
   SequenceLogpsOptions po = logps_;
   po.logit_sums = true;
   po.row_stats = metrics != nullptr;
-  if (split) po.context_parallel = split->context;
-  kernels::SequenceLogprobs pol = sequence_logps(*model_, rows, po);
-  Tensor logps = pol.logps;  // the full sequences' log-probabilities, differentiable
-  if (cp) {
-    logps = cp_sum(pol.logps, *cp);
-    cp_sum_sequence_stats(pol, *cp);
-  }
+  kernels::SequenceLogprobs pol = scoring.policy(*model_, po);
+  const Tensor& logps = pol.logps;  // the full sequences' log-probabilities, differentiable
   const std::vector<double> lp = logps.to_f64();
   PreferenceLossResult r =
       preference_loss(loss_, make_pairs(lp, ref, pb.completion_tokens, pol.tokens));
@@ -271,7 +241,7 @@ Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossR
   }
   // Every rank of a cp group holds the same loss; the trainer sums it over the world, so it
   // counts on cp rank 0 only (the gradient flows on every rank: each backpropagates its rows).
-  const double value = context_parallel() && cp_groups_->cp_rank != 0 ? 0.0 : r.loss * scale;
+  const double value = counts_replicated_loss() ? r.loss * scale : 0.0;
   if (result) *result = std::move(r);
   return loss_from_sequence_gradient(logps, value, std::move(grad));
 }

@@ -72,11 +72,6 @@ class DpoTrainer final : public Trainer {
 
   // The reference model, after set_peft.
   void set_reference(RefModelConfig cfg);
-  // Context parallelism (cp_size > 1 in `groups`); pads added by the split take pad_token_id.
-  void set_context_parallel(std::shared_ptr<ContextParallelGroups> groups, int64_t pad_token_id) {
-    cp_groups_ = std::move(groups);
-    cp_pad_token_id_ = pad_token_id;
-  }
   ReferenceModel& reference() { return *ref_; }
   const DataStats& train_stats() const { return train_.stats; }
   // Every logged record's DPO metrics, in order (for tests and the command's summary).
@@ -112,13 +107,6 @@ class DpoTrainer final : public Trainer {
   MetricWindow window_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;
-  std::shared_ptr<ContextParallelGroups> cp_groups_;
-  int64_t cp_pad_token_id_ = 0;
-
-  bool context_parallel() const { return cp_groups_ && cp_groups_->cp_size > 1; }
-  // What the micro-batches are sharded over: the dp group under context parallelism (the ranks
-  // of a cp group share theirs), else the world.
-  const Communicator& data_comm() const;
 };
 
 struct DpoRun {

@@ -39,12 +39,6 @@ class SftTrainer final : public Trainer {
              DataStats train_stats, bool fused_loss);
 
   const DataStats& train_stats() const { return train_stats_; }
-  // Context parallelism (--cp_size > 1): every micro-batch is split over groups.cp
-  // (trainers/context_parallel.h); pads added by the split take pad_token_id.
-  void set_context_parallel(std::shared_ptr<ContextParallelGroups> groups, int64_t pad_token_id) {
-    cp_groups_ = std::move(groups);
-    cp_pad_token_id_ = pad_token_id;
-  }
 
  protected:
   int64_t micro_batches_per_epoch() const override { return train_->batches_per_epoch(); }
@@ -60,7 +54,6 @@ class SftTrainer final : public Trainer {
   bool supports_context_parallel() const override { return true; }
 
  private:
-  bool context_parallel() const { return cp_groups_ && cp_groups_->cp_size > 1; }
   std::shared_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<DataLoader> train_;
   std::shared_ptr<DataLoader> eval_;
@@ -68,8 +61,6 @@ class SftTrainer final : public Trainer {
   bool fused_loss_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;
-  std::shared_ptr<ContextParallelGroups> cp_groups_;
-  int64_t cp_pad_token_id_ = 0;
 };
 
 // Everything `trainer_bin sft` builds before training: model, tokenizer, data, trainer.

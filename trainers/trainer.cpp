@@ -273,6 +273,22 @@ void Trainer::load_model(const std::string& dir) {
   model_->load_weights(TensorStore::open(dir));
 }
 
+void Trainer::set_context_parallel(std::shared_ptr<ContextParallelGroups> groups,
+                                   int64_t pad_token_id) {
+  cp_groups_ = std::move(groups);
+  cp_pad_token_id_ = pad_token_id;
+}
+
+bool Trainer::context_parallel() const { return cp_groups_ && cp_groups_->cp_size > 1; }
+
+Communicator& Trainer::data_comm() const {
+  return context_parallel() ? *cp_groups_->dp : world_communicator(args_.comm);
+}
+
+bool Trainer::counts_replicated_loss() const {
+  return !context_parallel() || cp_groups_->cp_rank == 0;
+}
+
 void Trainer::build_optimizer() {
   trainable_.clear();
   for (const auto& [name, t] : trainable_parameters())

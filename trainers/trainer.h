@@ -32,6 +32,7 @@
 #include "models/decoder.h"
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
+#include "trainers/context_parallel.h"
 #include "trainers/metrics.h"
 #include "trainers/options.h"
 #include "trainers/schedule.h"
@@ -130,8 +131,21 @@ class Trainer {
   PeftSetup& peft() { return peft_; }
   // What quantizing the frozen base saved (QLoRA), for the memory report.
   void set_quantized_base(QuantConfig cfg, QuantizeReport report);
+  // Context parallelism (--cp_size > 1 in `groups`, trainers/context_parallel.h), for a trainer
+  // whose supports_context_parallel() is true: its micro-batches are split over groups.cp; pads
+  // added by the split take pad_token_id.
+  void set_context_parallel(std::shared_ptr<ContextParallelGroups> groups, int64_t pad_token_id);
 
  protected:
+  bool context_parallel() const;
+  // What the micro-batches are sharded over: the dp group under context parallelism (the ranks
+  // of a cp group share theirs), else the world.
+  Communicator& data_comm() const;
+  // The ranks of a cp group hold one replicated loss per micro-batch: its counts (loss_tokens)
+  // and value go into the world-wide sums on cp rank 0 only (true without context parallelism).
+  bool counts_replicated_loss() const;
+  std::shared_ptr<ContextParallelGroups> cp_groups_;
+  int64_t cp_pad_token_id_ = 0;
   // Micro-batches per epoch of this rank (for num_train_epochs -> total steps).
   virtual int64_t micro_batches_per_epoch() const = 0;
   // The next micro-batch (the data side moves across epochs by itself).
@@ -162,8 +176,8 @@ class Trainer {
   virtual void load_model(const std::string& dir);
   // Called once before the loop, after resuming.
   virtual void on_train_begin(MetricsLogger& log) {}
-  // Whether this trainer splits its micro-batches over --cp_size ranks (SFT does; the others
-  // refuse cp_size > 1).
+  // Whether this trainer splits its micro-batches over --cp_size ranks (sft, dpo and kto do;
+  // the others refuse cp_size > 1).
   virtual bool supports_context_parallel() const { return false; }
   // Memory-report lines a trainer adds (what its techniques saved).
   virtual nlohmann::json technique_savings() const { return nlohmann::json::object(); }
