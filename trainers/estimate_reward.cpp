@@ -15,7 +15,7 @@ namespace leantune {
 EstimateConfig reward_estimate_config(const Options& o, const ModelConfig& model, bool cpu) {
   const TrainingArguments args = training_arguments(o);
   LT_CHECK_INPUT(args.cp_size == 1, "option cp_size ", args.cp_size,
-                 ": this trainer does not split sequences over ranks (sft and dpo have "
+                 ": this trainer does not split sequences over ranks (sft, dpo and kto have "
                  "context parallelism)");
   PeftConfig peft = peft_config_from_options(o);
   peft.modules_to_save.push_back("score");

@@ -637,7 +637,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
   LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
                  algorithm, ": --model_name_or_path is required when --dataset is given");
   TrainingArguments args = training_arguments(o);
-  LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for sft and dpo");
+  LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for sft, dpo and kto");
   const RefModelConfig ref_cfg = ref_model_config(o);
   LT_CHECK_INPUT(!ref_cfg.precompute,
                  "option --precompute_ref_log_probs: the online trainers "

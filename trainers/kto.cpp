@@ -131,14 +131,16 @@ void KtoTrainer::set_reference(RefModelConfig cfg) {
       logps_);
 }
 
-int64_t KtoTrainer::micro_batches_per_epoch() const {
-  return batches_.per_epoch(world_communicator(args_.comm));
+int64_t KtoTrainer::micro_batches_per_epoch() const { return batches_.per_epoch(data_comm()); }
+
+int64_t KtoTrainer::loss_tokens(const Batch& b) const {
+  // The examples; under context parallelism the cp group's replicated loss counts once.
+  return counts_replicated_loss() ? b.stats.sequences : 0;
 }
 
 Batch KtoTrainer::next_micro_batch(BatchReport* report) {
-  UnpairedBatch ub =
-      collate_unpaired(train_.examples, batches_.next(world_communicator(args_.comm)), max_length_,
-                       truncation_mode_, kto_uses_kl(loss_));
+  UnpairedBatch ub = collate_unpaired(train_.examples, batches_.next(data_comm()), max_length_,
+                                      truncation_mode_, kto_uses_kl(loss_));
   if (report) {
     report->real_tokens = ub.matched.stats.real_tokens;
     report->pad_tokens = 0;
@@ -162,22 +164,28 @@ Tensor KtoTrainer::compute_loss(const Batch& b, double normalizer) {
 
 Tensor KtoTrainer::batch_loss(const UnpairedBatch& ub, double scale, KtoLossResult* result) {
   const bool kl = kto_uses_kl(loss_);
-  // The reference first: its activations are gone before the policy's graph is built.
-  const std::vector<double> ref = ref_->logps(ub.matched, ub.matched_keys, logps_);
+  // Under context parallelism this rank scores its zigzag rows through the ring; the reference
+  // first (its activations are gone before the policy's graph is built).
+  const CpScoring matched(ub.matched, cp_groups_.get(), cp_pad_token_id_);
+  const std::vector<double> ref =
+      matched.reference(*ref_, ub.matched_keys, logps_, model_->dtype());
   std::vector<double> ref_kl, pol_kl;
   if (kl) {
-    ref_kl = ref_->logps(ub.kl, ub.kl_keys, logps_);
+    const CpScoring mismatched(ub.kl, cp_groups_.get(), cp_pad_token_id_);
+    ref_kl = mismatched.reference(*ref_, ub.kl_keys, logps_, model_->dtype());
     NoGradGuard ng;  // TRL scores the KL sequences without gradient
-    pol_kl = sequence_logps(*model_, ub.kl, logps_).logps.to_f64();
+    pol_kl = mismatched.policy(*model_, logps_).logps.to_f64();
   }
   std::optional<double> kl_override;
-  Communicator& comm = world_communicator(args_.comm);
-  if (kl && comm.size() > 1)  // TRL gathers the ranks' estimates and takes their mean
-    kl_override = comm.all_reduce_scalar(kto_batch_kl(pol_kl, ref_kl)) / comm.size();
+  // TRL gathers the data-parallel ranks' estimates and takes their mean (the ranks of a cp
+  // group share one micro-batch, hence one estimate).
+  Communicator& dp = data_comm();
+  if (kl && dp.size() > 1)
+    kl_override = dp.all_reduce_scalar(kto_batch_kl(pol_kl, ref_kl)) / dp.size();
   SequenceLogpsOptions po = logps_;
   po.logit_sums = true;
   po.row_stats = true;
-  kernels::SequenceLogprobs pol = sequence_logps(*model_, ub.matched, po);
+  kernels::SequenceLogprobs pol = matched.policy(*model_, po);
   const std::vector<double> lp = pol.logps.to_f64();
   std::vector<KtoExampleTerms> terms;
   for (size_t i = 0; i < lp.size(); ++i)
@@ -186,16 +194,14 @@ Tensor KtoTrainer::batch_loss(const UnpairedBatch& ub, double scale, KtoLossResu
   KtoLossResult r = kto_loss(loss_, terms, pol_kl, ref_kl, kl_override);
   std::vector<double> grad = r.dlogp;
   for (double& g : grad) g *= scale;
-  const double value = r.loss * scale;
+  const double value = counts_replicated_loss() ? r.loss * scale : 0.0;
   if (result) *result = std::move(r);
   return loss_from_sequence_gradient(pol.logps, value, std::move(grad));
 }
 
 nlohmann::json KtoTrainer::log_metrics() { return window_.take(); }
 
-double KtoTrainer::epoch_progress() const {
-  return batches_.progress(world_communicator(args_.comm));
-}
+double KtoTrainer::epoch_progress() const { return batches_.progress(data_comm()); }
 
 nlohmann::json KtoTrainer::data_state() const { return batches_.state(); }
 
@@ -240,6 +246,7 @@ KtoRun make_kto_run(const Options& o) {
   dc.seed = args.seed;
   validate_data_config(dc);
   UnpairedData data = load_unpaired_data(dataset, *encoder, dc);
+  check_context_parallel_model(args.cp_size, *m.model, args.comm.backend);
   SequenceLogpsOptions lo;
   lo.fused = o.get_bool("use_liger_loss");
   const std::string base_name =
@@ -248,6 +255,10 @@ KtoRun make_kto_run(const Options& o) {
       std::make_unique<KtoTrainer>(args, m.model, o, m.setup.tokenizer_dir, std::move(data),
                                    dc.max_length, dc.truncation_mode, loss, lo);
   run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  run.trainer->set_context_parallel(
+      std::make_shared<ContextParallelGroups>(
+          make_context_parallel_groups(world_communicator(args.comm), args.cp_size)),
+      encoder->pad_token_id());
   RefModelConfig rc = ref_cfg;
   rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
   run.trainer->set_reference(rc);

@@ -59,7 +59,8 @@ class KtoTrainer final : public Trainer {
  protected:
   int64_t micro_batches_per_epoch() const override;
   Batch next_micro_batch(BatchReport* report) override;
-  int64_t loss_tokens(const Batch& b) const override { return b.stats.sequences; }
+  int64_t loss_tokens(const Batch& b) const override;
+  bool supports_context_parallel() const override { return true; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
   double epoch_progress() const override;
   nlohmann::json data_state() const override;

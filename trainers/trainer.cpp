@@ -491,7 +491,7 @@ TrainResult Trainer::train() {
                  comm.backend_name(), " backend moves host memory)");
   LT_CHECK_INPUT(args_.cp_size == 1 || supports_context_parallel(), "option cp_size ",
                  args_.cp_size,
-                 ": this trainer does not split sequences over ranks (sft and dpo have "
+                 ": this trainer does not split sequences over ranks (sft, dpo and kto have "
                  "context parallelism)");
   build_optimizer();
   // Before anything else writes: killed saves may have left the disk full of temporary folders.

@@ -25,8 +25,12 @@
 #   dpo_dp2_cp2         dpo on 4 ranks, --cp_size 2 (2 data shards) vs 1 rank x 2 micro-batches,
 #                       with the ipo loss (token-averaged log-probabilities) and padding_free;
 #                       the metrics (rank 0's shard) equal those of 2 ranks without cp
+#   kto_cp2             trainer_bin kto (with its KL term) on 2 ranks at --cp_size 2 vs 1 rank:
+#                       losses within 1e-5 relative, KL within 1e-5 relative + 1e-4
+#   kto_dp2_cp2         kto on 4 ranks, --cp_size 2, vs 2 ranks without cp (the KL estimate is
+#                       the data shards' mean): the same bounds
 #   refusals            world size not a multiple of cp_size, pad_to_multiple_of not a multiple
-#                       of 2cp, a trainer without context parallelism: exit 2, one line
+#                       of 2cp, a trainer without context parallelism (reward): exit 2, one line
 set -u
 bin=$1 mpirun=$2 src=$3 case=$4
 work=$(mktemp -d)
@@ -98,6 +102,32 @@ case $case in
         END { exit bad }' || fail "$m beyond 1e-5 relative"
     done
     echo "ok: dpo metrics agree" ;;
+  kto_cp2|kto_dp2_cp2)
+    # trainer_bin kto (the kto loss: its KL term from the micro-batch's mismatched completions,
+    # scored through the ring too) on the built-in unpaired demo: cp ranks vs one process.
+    common=(kto --max_steps 10 --per_device_train_batch_size 4 --max_length 64 --logging_steps 1
+            --save_steps 0 --device cpu)
+    if [ "$case" = kto_cp2 ]; then
+      compare 2 2 1
+    else
+      # 2 data shards: the KL estimate is the shards' mean (TRL gathers it over the ranks), as on
+      # 2 ranks without cp; the losses equal those within 1e-5.
+      mpi 2 "${common[@]}" --output_dir "$work/one" >"$work/one.log" 2>&1 ||
+        { cat "$work/one.log"; fail "2 ranks, cp_size 1"; }
+      mpi 4 "${common[@]}" --cp_size 2 --output_dir "$work/cp" >"$work/cp.log" 2>&1 ||
+        { cat "$work/cp.log"; fail "4 ranks, cp_size 2"; }
+      close "$work/one" "$work/cp" 1e-5 || fail "losses beyond 1e-5 relative"
+    fi
+    # The KL estimate is a difference of sums of log-probabilities a hundred times its size, so
+    # their last-bit differences (the ring sums in another order) show 100x larger in it: within
+    # 1e-5 relative plus 1e-4 absolute.
+    kl() { grep -o '"kl":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
+    [ "$(kl "$work/one" | wc -l)" -ge 9 ] || fail "no kl"
+    paste <(kl "$work/one") <(kl "$work/cp") | awk '
+      { d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1;
+        if (d > 1e-5 * a + 1e-4) { print "kl step " NR ": " $1 " vs " $2; bad = 1 } }
+      END { exit bad }' || fail "kl beyond 1e-5 relative + 1e-4"
+    echo "ok: kto at cp_size 2 ($case): losses and KL agree" ;;
   cp2_eval)
     # Evaluation runs the ring too: the eval loss of each evaluation equals one process's.
     ev=(--eval_dataset "$src/tests/fixtures/trainer/stories_small.jsonl" --eval_steps 5
@@ -174,10 +204,10 @@ case $case in
     [ $rc -ne 0 ] || fail "3 ranks accepted with cp_size 2"
     echo "$out" | grep -q "option cp_size 2: the world size 3 must be a multiple" ||
       { echo "$out"; fail "no one-line reason on 3 ranks"; }
-    out=$(mpi 2 kto --max_steps 1 --cp_size 2 --save_steps 0 --output_dir "$work/d" 2>&1); rc=$?
-    [ $rc -ne 0 ] || fail "kto accepted cp_size 2"
+    out=$(mpi 2 reward --max_steps 1 --cp_size 2 --save_steps 0 --output_dir "$work/d" 2>&1); rc=$?
+    [ $rc -ne 0 ] || fail "reward accepted cp_size 2"
     echo "$out" | grep -q "option cp_size 2: this trainer does not split sequences" ||
-      { echo "$out"; fail "no one-line reason for kto"; }
+      { echo "$out"; fail "no one-line reason for reward"; }
     echo "ok: refusals" ;;
   *) fail "unknown case $case" ;;
 esac
