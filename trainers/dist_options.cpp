@@ -33,7 +33,8 @@ void add_dist_options(Options& o) {
             1);
   o.add_int("cp_size", 1,
             "context parallelism: ranks that split each micro-batch's sequence dimension (zigzag "
-            "ring attention; the world size must be a multiple of it; CPU only)",
+            "ring attention; the world size must be a multiple of it; sft, dpo and kto; CPU ranks "
+            "in f32, or CUDA ranks with --comm_backend nccl)",
             1);
 }
 

@@ -20,7 +20,8 @@
 //                       the most full gradients that exist at once beyond those in flight
 //   cp_size             context parallelism: the ranks that split each micro-batch's sequence
 //                       dimension (zigzag ring attention, trainers/context_parallel.h); the
-//                       world size must be a multiple of it; CPU only (the ring has no CUDA path)
+//                       world size must be a multiple of it; CPU ranks in f32, or CUDA ranks over
+//                       --comm_backend nccl (kernels/ring_attention.h)
 #pragma once
 
 #include "engine/comm.h"
