@@ -285,6 +285,15 @@ Communicator& Trainer::data_comm() const {
   return context_parallel() ? *cp_groups_->dp : world_communicator(args_.comm);
 }
 
+Zero3Params* Trainer::units_whole_for_save(bool final_output) const {
+  if (!zero3_ || !peft_.active()) return nullptr;
+  return zero3_->trains_sharded() || (final_output && merge_adapter_) ? zero3_.get() : nullptr;
+}
+
+void Trainer::take_part_in_save() const {
+  if (zero3_ && !peft_.active()) model_->take_part_in_save();
+}
+
 bool Trainer::counts_replicated_loss() const {
   return !context_parallel() || cp_groups_->cp_rank == 0;
 }
@@ -368,13 +377,11 @@ void Trainer::write_rank_files(const std::string& dir, int rank) const {
 void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
   Communicator& comm = world_communicator(args_.comm);
   const bool distributed = comm.size() > 1;
-  // ZeRO-3: a model is gathered one unit at a time for rank 0 to copy (every rank takes part); a
-  // PEFT save reads the adapters and whatever else trains with every unit gathered.
-  const AllUnitsGathered gathered(peft_.active() ? zero3_.get() : nullptr);
+  const AllUnitsGathered gathered(units_whole_for_save(false));
   if (distributed && comm.rank() != 0) {
     write_rank_files(rank_staging_dir(args_.output_dir, step, comm.rank()), comm.rank());
     comm.barrier();  // staged
-    if (zero3_ && !peft_.active()) model_->take_part_in_save();
+    take_part_in_save();
     comm.barrier();  // rank 0 has completed the checkpoint
     return;
   }
@@ -745,11 +752,11 @@ TrainResult Trainer::train() {
     // ZeRO-3: the report is the training's, taken before the final save (as a checkpoint's).
     // The model stays sharded: its units are gathered for each use while this trainer lives.
     if (zero3_) result.memory = memory_report(technique_savings());
-    const AllUnitsGathered gathered(peft_.active() ? zero3_.get() : nullptr);
+    const AllUnitsGathered gathered(units_whole_for_save(true));
     if (writes_files())
       save_model(args_.output_dir, true);
-    else if (zero3_ && !peft_.active())
-      model_->take_part_in_save();
+    else
+      take_part_in_save();
   }
   if (distributed) comm.barrier();  // the output is complete when any rank returns
   if (result.memory.is_null()) result.memory = memory_report(technique_savings());

@@ -198,6 +198,13 @@ class Trainer {
   std::string tokenizer_dir_;  // copied into every saved model folder ("" = none)
   // ZeRO-3's parameter residency (null below stage 3 or on one rank); made by train().
   Zero3Params* zero3() const { return zero3_.get(); }
+  // ZeRO-3 and a save of save_model(): the residency when every rank must gather every unit for
+  // it (a PEFT save that reads a sharded weight: a trained one, or the base merged at the end),
+  // else null: a model save gathers one unit at a time for rank 0 (take_part_in_save on the
+  // others), and a LoRA adapter is whole on every rank.
+  Zero3Params* units_whole_for_save(bool final_output) const;
+  // On a rank that does not write: the gathers a model save on rank 0 runs (nothing otherwise).
+  void take_part_in_save() const;
 
  private:
   void build_optimizer();

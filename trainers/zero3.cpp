@@ -127,6 +127,10 @@ Zero3Params::~Zero3Params() {
   model_.set_param_residency(nullptr);
 }
 
+bool Zero3Params::trains_sharded() const {
+  return std::any_of(groups_.begin(), groups_.end(), [](const Group& g) { return g.trainable; });
+}
+
 int64_t Zero3Params::shard_bytes() const {
   int64_t b = 0;
   for (const Group& g : groups_) b += static_cast<int64_t>(g.shard.nbytes());

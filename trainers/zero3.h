@@ -80,6 +80,8 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   Zero3Params& operator=(const Zero3Params&) = delete;
 
   const std::vector<Group>& groups() const { return groups_; }
+  // Whether a sharded parameter trains (a full fine-tune, or PEFT's modules_to_save).
+  bool trains_sharded() const;
   void acquire(int64_t unit) override;
   void release(int64_t unit) override;
   // Every unit at once (saving, loading, ds3_gather_for_generation).
@@ -150,7 +152,8 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   int64_t prefetch_hits_ = 0, prefetch_unused_ = 0;
 };
 
-// Every unit of `z` gathered for a scope (a save); nothing when z is null.
+// Every unit of `z` gathered for a scope (a save that reads sharded weights); nothing when z is
+// null.
 class AllUnitsGathered {
  public:
   explicit AllUnitsGathered(Zero3Params* z) : z_(z) {

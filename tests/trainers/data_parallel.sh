@@ -179,6 +179,11 @@ case $case in
     mpi 2 "${run[@]}" --save_steps 2 --output_dir "$work/ckpt" >"$work/ckpt.log" 2>&1 ||
       { cat "$work/ckpt.log"; fail "run with checkpoints"; }
     [ ! -e "$work/ckpt/checkpoint-2/model.safetensors" ] || fail "the whole model in a checkpoint"
+    # The adapter is whole on every rank: saving it gathers nothing, so the run with a checkpoint
+    # gathers no more at once than the run without.
+    a=$(report_bytes "$work/dp4bit.log" "gathered units at most")
+    b=$(report_bytes "$work/ckpt.log" "gathered units at most")
+    [ -n "$a" ] && [ "$a" = "$b" ] || fail "gathered at most $b B with a save, $a B without"
     mkdir -p "$work/resumed" && cp -r "$work/ckpt/checkpoint-2" "$work/resumed/"
     mpi 2 "${run[@]}" --save_steps 0 --output_dir "$work/resumed" --resume_from_checkpoint latest \
       >"$work/resumed.log" 2>&1 || { cat "$work/resumed.log"; fail "resume"; }
