@@ -37,9 +37,8 @@ class PendingCollective {
   // Completes it: on the host, blocks until the data are in; NCCL orders the caller's current
   // stream after it. A lost peer or the timeout (counted from this call) throws here.
   virtual void wait() = 0;
-  // Lets it advance without blocking (MPI moves a started collective only inside MPI calls);
-  // true once it is complete.
-  virtual bool poll() { return false; }
+  // Lets it advance without blocking (MPI moves a started collective only inside MPI calls).
+  virtual void poll() {}
 };
 
 struct CommOptions {

@@ -82,6 +82,16 @@ void check_comm_dtype(DType dtype, const char* what, CommUse use) {
            reduces && comm_dtype_movable(dtype) ? " (it can be moved, not reduced)" : "");
 }
 
+void check_scatter_blocks(const Tensor& in, const Tensor& out, int size, const char* what) {
+  LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size, what, ": in ", in.str(),
+           " must hold ", size, " blocks of out ", out.str());
+}
+
+void check_gather_blocks(const Tensor& in, const Tensor& out, int size, const char* what) {
+  LT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size, what, ": out ", out.str(),
+           " must hold ", size, " blocks of in ", in.str());
+}
+
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:

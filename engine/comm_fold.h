@@ -32,6 +32,11 @@ enum class CommUse : uint8_t { kMove, kReduce };
 // Error(kInternal) "comm <what>: unsupported dtype ..." unless `use` can take dtype.
 void check_comm_dtype(DType dtype, const char* what, CommUse use);
 
+// The block rules every backend checks: a reduce_scatter's `in` holds `size` blocks of `out`,
+// an all_gather's `out` holds `size` blocks of `in`, in one dtype (Error naming `what`).
+void check_scatter_blocks(const Tensor& in, const Tensor& out, int size, const char* what);
+void check_gather_blocks(const Tensor& in, const Tensor& out, int size, const char* what);
+
 const char* reduce_op_name(ReduceOp op);
 
 }  // namespace leantune::comm_detail

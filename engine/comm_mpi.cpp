@@ -151,8 +151,7 @@ class MpiCommunicator final : public Communicator {
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     check_cpu_tensor(in, "reduce_scatter", CommUse::kReduce);
     check_cpu_tensor(out, "reduce_scatter", CommUse::kReduce);
-    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size_, "reduce_scatter: in ",
-             in.str(), " must hold ", size_, " blocks of out ", out.str());
+    check_scatter_blocks(in, out, size_, "reduce_scatter");
     LT_CHECK(in.data_ptr() != out.data_ptr() || size_ == 1, "reduce_scatter: out aliases in");
     const int64_t n = out.numel();
     if (n == 0) return;
@@ -172,9 +171,7 @@ class MpiCommunicator final : public Communicator {
   void reduce_scatter_accumulate(const Tensor& in, Tensor& out) override {
     check_cpu_tensor(in, "reduce_scatter_accumulate", CommUse::kReduce);
     check_cpu_tensor(out, "reduce_scatter_accumulate", CommUse::kReduce);
-    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size_,
-             "reduce_scatter_accumulate: in ", in.str(), " must hold ", size_, " blocks of out ",
-             out.str());
+    check_scatter_blocks(in, out, size_, "reduce_scatter_accumulate");
     const int64_t n = out.numel();
     if (n == 0) return;
     if (!opt_.deterministic && mpi_type(in.dtype()) != MPI_DATATYPE_NULL) {
@@ -188,8 +185,7 @@ class MpiCommunicator final : public Communicator {
   void all_gather(const Tensor& in, Tensor& out) override {
     check_cpu_tensor(in, "all_gather");
     check_cpu_tensor(out, "all_gather");
-    LT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size_, "all_gather: out ",
-             out.str(), " must hold ", size_, " blocks of in ", in.str());
+    check_gather_blocks(in, out, size_, "all_gather");
     if (in.numel() == 0) return;
     const int bytes = checked_count(static_cast<int64_t>(in.nbytes()), "all_gather");
     std::vector<MPI_Request> req(1);
@@ -204,8 +200,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> start_all_gather(const Tensor& in, Tensor& out) override {
     check_cpu_tensor(in, "all_gather");
     check_cpu_tensor(out, "all_gather");
-    LT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size_, "all_gather: out ",
-             out.str(), " must hold ", size_, " blocks of in ", in.str());
+    check_gather_blocks(in, out, size_, "all_gather");
     LT_CHECK(in.data_ptr() != out.data_ptr() || size_ == 1, "start_all_gather: out aliases in");
     auto pending = std::make_unique<Pending>(*this);
     if (in.numel() == 0) return pending;
@@ -300,12 +295,11 @@ class MpiCommunicator final : public Communicator {
         // The peer is lost: the next collective on this communicator reports it.
       }
     }
-    bool poll() override {
-      if (req.empty()) return true;
+    void poll() override {
+      if (req.empty()) return;
       int done = 0;
       MPI_CHECK(MPI_Testall(static_cast<int>(req.size()), req.data(), &done, MPI_STATUSES_IGNORE));
       if (done) req.clear();
-      return done != 0;
     }
     void wait() override {
       if (req.empty()) return;

@@ -128,8 +128,7 @@ class NcclCommunicator final : public Communicator {
     }
     check(in, "reduce_scatter", CommUse::kReduce);
     check(out, "reduce_scatter", CommUse::kReduce);
-    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(), "reduce_scatter: in ",
-             in.str(), " must hold ", size(), " blocks of out ", out.str());
+    check_scatter_blocks(in, out, size(), "reduce_scatter");
     throw_if_failed();
     const Device dev = Device::cuda(device_);
     stream_.wait_stream(current_stream(dev));
@@ -149,8 +148,7 @@ class NcclCommunicator final : public Communicator {
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     check(in, "reduce_scatter", CommUse::kReduce);
     check(out, "reduce_scatter", CommUse::kReduce);
-    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(), "reduce_scatter: in ",
-             in.str(), " must hold ", size(), " blocks of out ", out.str());
+    check_scatter_blocks(in, out, size(), "reduce_scatter");
     const int64_t n = out.numel();
     if (n == 0) return;
     if (!opt_.deterministic) {
@@ -182,9 +180,7 @@ class NcclCommunicator final : public Communicator {
     }
     check(in, "reduce_scatter_accumulate", CommUse::kReduce);
     check(out, "reduce_scatter_accumulate", CommUse::kReduce);
-    LT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(),
-             "reduce_scatter_accumulate: in ", in.str(), " must hold ", size(), " blocks of out ",
-             out.str());
+    check_scatter_blocks(in, out, size(), "reduce_scatter_accumulate");
     const int64_t n = out.numel();
     if (n == 0) return;
     // Row 0 of the folded rows is out's old value (copied on the caller's stream, which the
@@ -209,8 +205,7 @@ class NcclCommunicator final : public Communicator {
   void all_gather(const Tensor& in, Tensor& out) override {
     check(in, "all_gather");
     check(out, "all_gather");
-    LT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size(), "all_gather: out ",
-             out.str(), " must hold ", size(), " blocks of in ", in.str());
+    check_gather_blocks(in, out, size(), "all_gather");
     if (in.numel() == 0) return;
     issue("all_gather", [&](void* s) {
       nccl_all_gather(comm_, in.data_ptr(), out.data_ptr(), in.numel(), dtype_int(in), s);
@@ -220,8 +215,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> start_all_gather(const Tensor& in, Tensor& out) override {
     check(in, "all_gather");
     check(out, "all_gather");
-    LT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size(), "all_gather: out ",
-             out.str(), " must hold ", size(), " blocks of in ", in.str());
+    check_gather_blocks(in, out, size(), "all_gather");
     const Device dev = Device::cuda(device_);
     if (in.numel() == 0) return std::make_unique<StreamPending>(nullptr, dev);
     throw_if_failed();
