@@ -36,8 +36,9 @@ std::string Trainer::load_checkpoint(const std::string& dir) {
   // cp_size decides which micro-batches each rank reads (world / cp data shards).
   LT_CHECK_INPUT(st.cp_size == args_.cp_size, dir, " was written with cp_size ", st.cp_size,
                  "; this run has cp_size ", args_.cp_size, " (resume with the same cp_size)");
-  if (zero3_) {
-    // The checkpoint holds the whole model: every rank loads it and keeps its slices.
+  if (zero3_ && (!peft_.active() || zero3_->trains_sharded())) {
+    // The checkpoint holds the whole model: every rank loads it and keeps its slices. (A LoRA
+    // checkpoint holds the adapters, whole on every rank: nothing to gather.)
     zero3_->acquire_all();
     load_model(dir);
     zero3_->reshard_from_full();

@@ -189,6 +189,8 @@ case $case in
       >"$work/resumed.log" 2>&1 || { cat "$work/resumed.log"; fail "resume"; }
     cmp "$work/ckpt/adapter_model.safetensors" "$work/resumed/adapter_model.safetensors" ||
       fail "the resumed adapter differs from the straight run's"
+    c=$(report_bytes "$work/resumed.log" "gathered units at most")
+    [ "$a" = "$c" ] || fail "gathered at most $c B with a resume, $a B without"
     echo "ok: zero 3 + QLoRA resumed from checkpoint-2 is bit-exact" ;;
   ga2_z*)
     spec=${case#ga2_z}; stage=${spec%%_*}; kind=${spec#*_}; kind=${kind%%_*}; np=${case##*_np}
