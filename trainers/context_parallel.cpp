@@ -175,17 +175,18 @@ kernels::SequenceLogprobs CpScoring::policy(const DecoderModel& model,
 
 std::vector<double> CpScoring::reference(ReferenceModel& ref, const std::vector<int64_t>& keys,
                                          const SequenceLogpsOptions& opts,
-                                         DType model_dtype) const {
+                                         const DecoderModel& model) const {
   if (!split_ || ref.mode() == RefMode::kPrecomputed) return ref.logps(global_, keys, opts);
   SequenceLogpsOptions o = opts;
   o.context_parallel = split_->context;
-  return cp_sum_values(ref.logps(split_->local, keys, o), model_dtype, *cp_);
+  return cp_sum_values(ref.logps(split_->local, keys, o), model, *cp_);
 }
 
-std::vector<double> cp_sum_values(const std::vector<double>& partial, DType model_dtype,
+std::vector<double> cp_sum_values(const std::vector<double>& partial, const DecoderModel& model,
                                   Communicator& comm) {
-  const DType dt = model_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-  Tensor sums = Tensor::from_doubles(partial, {static_cast<int64_t>(partial.size())}, dt);
+  const DType dt = model.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor sums = Tensor::from_doubles(partial, {static_cast<int64_t>(partial.size())}, dt)
+                    .to(model.device(), dt, MemTag::kComm);
   comm.all_reduce(sums);
   return sums.to_f64();
 }

@@ -81,10 +81,11 @@ class CpScoring {
   CpScoring(const Batch& global, const ContextParallelGroups* groups, int64_t pad_token_id);
   // sequence_logps with the full per-sequence values (logps differentiable through cp_sum).
   kernels::SequenceLogprobs policy(const DecoderModel& model, SequenceLogpsOptions opts) const;
-  // The reference's full per-sequence log-probabilities (keys: the sequences' cache keys); a
-  // precomputed reference's cached values are whole already.
+  // The reference's full per-sequence log-probabilities (keys: the sequences' cache keys) for
+  // the policy `model` (whose dtype and device the sums take); a precomputed reference's cached
+  // values are whole already.
   std::vector<double> reference(ReferenceModel& ref, const std::vector<int64_t>& keys,
-                                const SequenceLogpsOptions& opts, DType model_dtype) const;
+                                const SequenceLogpsOptions& opts, const DecoderModel& model) const;
 
  private:
   const Batch& global_;
@@ -93,9 +94,10 @@ class CpScoring {
 };
 
 // Host per-sequence partial sums (a reference's log-probabilities) summed over the cp group as
-// cp_sum sums the policy's: through a tensor of sequence_logps' dtype for `model_dtype` (f64 for
-// f64 models, else f32), so that equal models give equal full values, as in one process.
-std::vector<double> cp_sum_values(const std::vector<double>& partial, DType model_dtype,
+// cp_sum sums the policy's: through a tensor of sequence_logps' dtype for `model` (f64 for f64
+// models, else f32) on its device (NCCL moves device tensors), so that equal models give equal
+// full values, as in one process.
+std::vector<double> cp_sum_values(const std::vector<double>& partial, const DecoderModel& model,
                                   Communicator& comm);
 
 // The host-side per-sequence partial sums of `s` (tokens, logit_sums, entropy_sums,

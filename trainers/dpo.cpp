@@ -199,7 +199,7 @@ Tensor DpoTrainer::pairs_loss(const PairBatch& pb, double scale, PreferenceLossR
   // Under context parallelism this rank scores its zigzag rows through the ring, the reference
   // first (its activations are gone before the policy's graph is built).
   const CpScoring scoring(pb.batch, cp_groups_.get(), cp_pad_token_id_);
-  const std::vector<double> ref = scoring.reference(*ref_, pb.keys, logps_, model_->dtype());
+  const std::vector<double> ref = scoring.reference(*ref_, pb.keys, logps_, *model_);
   SequenceLogpsOptions po = logps_;
   po.logit_sums = true;
   po.row_stats = metrics != nullptr;

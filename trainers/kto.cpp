@@ -167,12 +167,11 @@ Tensor KtoTrainer::batch_loss(const UnpairedBatch& ub, double scale, KtoLossResu
   // Under context parallelism this rank scores its zigzag rows through the ring; the reference
   // first (its activations are gone before the policy's graph is built).
   const CpScoring matched(ub.matched, cp_groups_.get(), cp_pad_token_id_);
-  const std::vector<double> ref =
-      matched.reference(*ref_, ub.matched_keys, logps_, model_->dtype());
+  const std::vector<double> ref = matched.reference(*ref_, ub.matched_keys, logps_, *model_);
   std::vector<double> ref_kl, pol_kl;
   if (kl) {
     const CpScoring mismatched(ub.kl, cp_groups_.get(), cp_pad_token_id_);
-    ref_kl = mismatched.reference(*ref_, ub.kl_keys, logps_, model_->dtype());
+    ref_kl = mismatched.reference(*ref_, ub.kl_keys, logps_, *model_);
     NoGradGuard ng;  // TRL scores the KL sequences without gradient
     pol_kl = mismatched.policy(*model_, logps_).logps.to_f64();
   }
