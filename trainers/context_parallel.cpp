@@ -116,21 +116,26 @@ int64_t context_parallel_label_tokens(const Batch& global, int cp_size, int cp_r
   return n;
 }
 
-void check_context_parallel_model(int cp_size, const DecoderModel& model,
-                                  const std::string& comm_backend) {
-  if (cp_size <= 1) return;
+std::shared_ptr<ContextParallelGroups> context_parallel_for(const DecoderModel& model, int cp_size,
+                                                            const CommOptions& comm) {
   const Device dev = model.device();
   const DType dt = model.dtype();
-  if (dev.is_cpu()) {
+  if (cp_size > 1 && dev.is_cpu()) {
     LT_CHECK_INPUT(dt == DType::kF32, "option cp_size ", cp_size,
                    ": the CPU ring attention takes f32; drop --bf16 (or run on CUDA with "
                    "--comm_backend nccl)");
-    return;
+  } else if (cp_size > 1) {
+    LT_CHECK_INPUT(comm.backend == "nccl", "option cp_size ", cp_size, " on ", dev.str(),
+                   ": the ring attention on CUDA needs --comm_backend nccl (got ", comm.backend,
+                   ")");
+    LT_CHECK_INPUT(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16, "option cp_size ",
+                   cp_size,
+                   ": the CUDA ring attention takes f32, bf16 or f16, "
+                   "not ",
+                   dtype_name(dt));
   }
-  LT_CHECK_INPUT(comm_backend == "nccl", "option cp_size ", cp_size, " on ", dev.str(),
-                 ": the ring attention on CUDA needs --comm_backend nccl (got ", comm_backend, ")");
-  LT_CHECK_INPUT(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16, "option cp_size ",
-                 cp_size, ": the CUDA ring attention takes f32, bf16 or f16, not ", dtype_name(dt));
+  return std::make_shared<ContextParallelGroups>(
+      make_context_parallel_groups(world_communicator(comm), cp_size));
 }
 
 namespace {

@@ -365,9 +365,7 @@ DpoRun make_dpo_run(const Options& o, SftModel model) {
   dd.padding_free = o.get_bool("padding_free");
   dd.pad_to_multiple_of = o.get_int_or_none("pad_to_multiple_of").value_or(0);
   dd.pad_token_id = encoder->pad_token_id();
-  check_context_parallel_model(args.cp_size, *m.model, args.comm.backend);
-  auto cp_groups = std::make_shared<ContextParallelGroups>(
-      make_context_parallel_groups(world_communicator(args.comm), args.cp_size));
+  auto cp_groups = context_parallel_for(*m.model, args.cp_size, args.comm);
   SequenceLogpsOptions lo;
   lo.fused = o.get_bool("use_liger_loss");
   const std::string base_name =

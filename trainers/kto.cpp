@@ -245,7 +245,6 @@ KtoRun make_kto_run(const Options& o) {
   dc.seed = args.seed;
   validate_data_config(dc);
   UnpairedData data = load_unpaired_data(dataset, *encoder, dc);
-  check_context_parallel_model(args.cp_size, *m.model, args.comm.backend);
   SequenceLogpsOptions lo;
   lo.fused = o.get_bool("use_liger_loss");
   const std::string base_name =
@@ -254,10 +253,8 @@ KtoRun make_kto_run(const Options& o) {
       std::make_unique<KtoTrainer>(args, m.model, o, m.setup.tokenizer_dir, std::move(data),
                                    dc.max_length, dc.truncation_mode, loss, lo);
   run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
-  run.trainer->set_context_parallel(
-      std::make_shared<ContextParallelGroups>(
-          make_context_parallel_groups(world_communicator(args.comm), args.cp_size)),
-      encoder->pad_token_id());
+  run.trainer->set_context_parallel(context_parallel_for(*m.model, args.cp_size, args.comm),
+                                    encoder->pad_token_id());
   RefModelConfig rc = ref_cfg;
   rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
   run.trainer->set_reference(rc);

@@ -507,9 +507,7 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
   // ranks of a context-parallel group share theirs.
   // The ring attention (kernels/ring_attention.h) runs on CPU ranks over MPI in f32, and on CUDA
   // ranks over NCCL in f32, bf16 or f16 (the CUDA path has not run on a GPU yet).
-  check_context_parallel_model(args.cp_size, *run.model, args.comm.backend);
-  auto cp_groups = std::make_shared<ContextParallelGroups>(
-      make_context_parallel_groups(world_communicator(args.comm), args.cp_size));
+  auto cp_groups = context_parallel_for(*run.model, args.cp_size, args.comm);
   auto loader = std::make_shared<DataLoader>(train_examples, dc, encoder->pad_token_id(),
                                              cp_groups->dp_rank, cp_groups->dp_size);
   std::shared_ptr<DataLoader> eval;
