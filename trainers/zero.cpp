@@ -30,6 +30,12 @@ Tensor flat_part(const Tensor& flat, int64_t off, const Tensor& t) {
   return flat.narrow(0, off, t.numel()).view(t.shape());
 }
 
+// A piece's name in the inner optimizer ("<param>@<offset>"; its state "<param>@<offset>.<part>",
+// as trainers/consolidate.h parses it).
+std::string piece_name(const std::string& param, int64_t offset) {
+  return param + "@" + std::to_string(offset);
+}
+
 }  // namespace
 
 void all_reduce_tensors(Communicator& comm, const std::vector<Tensor>& tensors, bool deferred) {
@@ -214,7 +220,7 @@ ZeroOptimizer::ZeroOptimizer(int stage, Communicator& comm, const OptimArguments
       piece.tensor = u.sharded ? group_shards[ui]->narrow(0, piece.slice_at, piece.length)
                                : p.tensor.detach().view({n}).narrow(0, piece.begin, piece.length);
       piece.tensor.set_requires_grad(true);
-      piece_params.push_back({p.name + "@" + std::to_string(piece.begin), piece.tensor, p.decay});
+      piece_params.push_back({piece_name(p.name, piece.begin), piece.tensor, p.decay});
       u.pieces.push_back(pieces_.size());
       pieces_.push_back(std::move(piece));
     }
@@ -414,7 +420,7 @@ void ZeroOptimizer::load_state_tensors(const std::vector<std::pair<std::string, 
                    " elements");
     for (size_t k : pieces_of[it->second]) {
       const Piece& piece = pieces_[k];
-      mine.emplace_back(p.name + "@" + std::to_string(piece.begin) + name.substr(dot),
+      mine.emplace_back(piece_name(p.name, piece.begin) + name.substr(dot),
                         t.view({t.numel()}).narrow(0, piece.begin, piece.length));
     }
   }
