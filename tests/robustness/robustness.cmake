@@ -1,6 +1,7 @@
 # The robustness tier (ctest label `robustness`), included by tests/CMakeLists.txt:
 #   - robustness_cases: trainer_bin over the table of bad inputs, faults and signals in
-#     cases.tsv (run_cases.sh);
+#     cases.tsv (run_cases.sh); robustness_<area>: the same over cases_<area>.tsv (and its
+#     setups in cases_<area>.sh), one table per area so that each stays within its timeout;
 #   - robustness_ulimit: the demo under ulimit -v from 700 MB to 1.3 GB exits 0 or 3, never hangs;
 #   - robustness_kill_resume: SIGKILLs at random moments of a small run (several during saves),
 #     resumed each time, must end bit-identical to the straight run; its disk-full variant
@@ -8,6 +9,11 @@
 add_test(NAME robustness_cases COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/run_cases.sh
          $<TARGET_FILE:trainer_bin> ${PROJECT_SOURCE_DIR})
 set_tests_properties(robustness_cases PROPERTIES LABELS "cpu;robustness" TIMEOUT 300)
+foreach(area io data signals children bounds)
+  add_test(NAME robustness_${area} COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/run_cases.sh
+           $<TARGET_FILE:trainer_bin> ${PROJECT_SOURCE_DIR} cases_${area}.tsv)
+  set_tests_properties(robustness_${area} PROPERTIES LABELS "cpu;robustness" TIMEOUT 300)
+endforeach()
 add_test(NAME robustness_kill_resume COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/kill_resume.sh
          $<TARGET_FILE:trainer_bin> ${PROJECT_SOURCE_DIR})
 set_tests_properties(robustness_kill_resume PROPERTIES LABELS "cpu;robustness" TIMEOUT 300)

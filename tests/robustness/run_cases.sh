@@ -12,11 +12,18 @@
 # A failing run must print exactly one error line ("trainer_bin: ..."). After the run, a
 # function named check_<name> (when defined) checks files. Add a row for each future bug.
 # Exit 0 rows look for the fragment anywhere in stdout and stderr.
-# usage: run_cases.sh TRAINER_BIN SOURCE_DIR [NAME_FILTER]
+# No process started by a row may outlive trainer_bin: every run carries a marker in its
+# environment, and a process that still carries it after the run fails the row.
+# TABLE (default cases.tsv) is a table in this folder; a file of the same name ending in .sh
+# beside it, when present, is sourced for that table's own setups and checks.
+# usage: run_cases.sh TRAINER_BIN SOURCE_DIR [TABLE] [NAME_FILTER]
 set -u
 BIN=$(realpath "$1")
 SRC=$(realpath "$2")
-FILTER=${3:-}
+TABLE=${3:-cases.tsv}
+FILTER=${4:-}
+HERE=$(cd "$(dirname "$0")" && pwd)
+[ -f "$HERE/$TABLE" ] || { echo "FAIL: no table $HERE/$TABLE"; exit 1; }
 T=$(mktemp -d)
 MOUNTS=()
 cleanup() {
@@ -176,6 +183,21 @@ check_max_memory_gib_tiny() {
 check_pack_out_dir() {
   [ ! -e "$W/packed.tmp" ] || { echo "pack left packed.tmp"; return 1; }
 }
+# The table's own setups and checks.
+# shellcheck disable=SC1090
+[ -f "$HERE/${TABLE%.tsv}.sh" ] && . "$HERE/${TABLE%.tsv}.sh"
+
+# Processes that still carry the run's marker: $1 the marker. Waits up to 2 s for them to end.
+leftovers() {
+  local tries pids
+  for tries in 1 2 3 4 5 6 7 8 9 10; do
+    pids=$(grep -lsa "LT_ROBUSTNESS_RUN=$1" /proc/[0-9]*/environ 2>/dev/null |
+           cut -d/ -f3 | grep -vx "$$" | tr '\n' ' ')
+    [ -z "$pids" ] && return 0
+    sleep 0.2
+  done
+  echo "$pids"
+}
 
 fail=0
 ran=0
@@ -204,9 +226,11 @@ while IFS=$'\t' read -r name setup want frag args; do
     esac
   done
   eval "set -- $args"
+  marker="$$-$name-run"
   start=$(date +%s.%N)
   (
     [ -n "$ulimit_f" ] && ulimit -f "$ulimit_f"
+    export LT_ROBUSTNESS_RUN="$marker"
     cd "$W" && exec timeout -s KILL 120 "$BIN" "$@"
   ) >"$W/out.txt" 2>"$W/err" &
   pid=$!
@@ -232,6 +256,12 @@ while IFS=$'\t' read -r name setup want frag args; do
   [ -z "$problem" ] && [[ "$last" != *"$frag"* ]] && problem="message lacks '$frag'"
   [ -z "$problem" ] && [ "$want" -ne 0 ] && [ "$errors" -ne 1 ] &&
     problem="$errors error lines, expected one"
+  left=$(leftovers "$marker")
+  if [ -n "$left" ]; then
+    [ -z "$problem" ] && problem="processes outlived trainer_bin: $left"
+    # shellcheck disable=SC2086
+    kill -KILL $left 2>/dev/null
+  fi
   if [ -z "$problem" ] && declare -F "check_$name" >/dev/null; then
     problem=$("check_$name") || true
   fi
@@ -243,7 +273,7 @@ while IFS=$'\t' read -r name setup want frag args; do
   else
     echo "ok ($name, exit $rc, $(printf '%.1f' "$secs") s): $last"
   fi
-done <"$(dirname "$0")/cases.tsv"
+done <"$HERE/$TABLE"
 echo "$ran cases run, $skipped skipped"
-[ "$ran" -gt 0 ] || fail=1
+[ "$ran" -gt 0 ] || [ "$skipped" -gt 0 ] || [ "$TABLE" != cases.tsv ] || fail=1
 exit $fail
