@@ -531,10 +531,13 @@ Tensor softmax_impl(const Tensor& x0) {
       const int64_t base = r * n;
       A m = -std::numeric_limits<A>::infinity();
       for (int64_t k = 0; k < n; ++k) m = std::max(m, load(p, base + k));
-      A s = 0;
-      for (int64_t k = 0; k < n; ++k) s += std::exp(load(p, base + k) - m);
+      // The sum in double: a float running sum over a vocabulary row (150k terms) drops the
+      // terms below half its ulp, a bias of 1e-4 relative; double keeps f32 within a few ulps.
+      double sd = 0;
+      for (int64_t k = 0; k < n; ++k) sd += std::exp(load(p, base + k) - m);
+      const A s = static_cast<A>(sd);
       if constexpr (kLog) {
-        const A lse = m + std::log(s);
+        const A lse = m + static_cast<A>(std::log(sd));
         for (int64_t k = 0; k < n; ++k) store(po, base + k, load(p, base + k) - lse);
       } else {
         for (int64_t k = 0; k < n; ++k) store(po, base + k, std::exp(load(p, base + k) - m) / s);

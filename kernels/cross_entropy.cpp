@@ -36,9 +36,11 @@ A row_sum_exp(const T* z, int64_t v, A m) {
   if constexpr (std::is_same_v<T, A>) {
     return softmax_cpu::sum_exp_shift(z, v, m);
   } else {
-    A s = 0;
+    // 16-bit rows: the sum in double, as the vectorised path flushes its lanes to one (a float
+    // running sum over a 150k vocabulary drops the terms below half its ulp).
+    double s = 0;
     for (int64_t j = 0; j < v; ++j) s += std::exp(load(z, j) - m);
-    return s;
+    return static_cast<A>(s);
   }
 }
 
@@ -150,7 +152,7 @@ void cross_entropy_row_stats(const Tensor& logits, const Tensor& targets, const 
     parallel_for(rows, cpu::grain_for(v), [&](int64_t r) {
       const T* z = pz + r * v;
       const A l = pl[r];
-      A pz_sum = 0;
+      double pz_sum = 0;  // over the whole vocabulary: double, as the log-sum-exp's sum
       int64_t arg = 0;
       A best = load(z, 0);
       for (int64_t j = 0; j < v; ++j) {
@@ -161,7 +163,7 @@ void cross_entropy_row_stats(const Tensor& logits, const Tensor& targets, const 
           arg = j;
         }
       }
-      pe[r] = l - pz_sum;
+      pe[r] = l - static_cast<A>(pz_sum);
       pt[r] = y[r] != kIgnoreIndex && arg == y[r] ? A(1) : A(0);
     });
   });

@@ -41,9 +41,9 @@ void lse_update_rows(const Tensor& z, const int64_t* y, int64_t v0, const Tensor
     const A* row = pz + r * nb;
     A m = kNegInf;
     for (int64_t j = 0; j < nb; ++j) m = std::max(m, row[j]);
-    A s = 0;
+    double s = 0;  // double: a float running sum over a wide block drops its small terms
     for (int64_t j = 0; j < nb; ++j) s += std::exp(row[j] - m);
-    const A b = m + std::log(s);
+    const A b = m + static_cast<A>(std::log(s));
     // logaddexp(lse, b), exact when lse is still -inf (the first block).
     const A hi = std::max(pl[r], b), lo = std::min(pl[r], b);
     pl[r] = lo == kNegInf ? hi : hi + std::log1p(std::exp(lo - hi));

@@ -100,7 +100,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyTest,
                          ::testing::Values(CeCase{DType::kF32, 1, 1}, CeCase{DType::kF32, 19, 19},
                                            CeCase{DType::kF32, 71, 229},
                                            CeCase{DType::kBF16, 71, 229},
-                                           CeCase{DType::kF16, 19, 50}, CeCase{DType::kF64, 9, 13}),
+                                           CeCase{DType::kF16, 19, 50}, CeCase{DType::kF64, 9, 13},
+                                           CeCase{DType::kF32, 3, 151936},
+                                           CeCase{DType::kBF16, 3, 151936}),
                          ce_name);
 
 TEST(CrossEntropy, GradcheckFloat64) {

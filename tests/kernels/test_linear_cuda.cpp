@@ -89,11 +89,12 @@ TEST_P(LinearCuda, BackwardMatchesCpu) {
   EXPECT_TRUE(all_close(dx.payload(), dx_ref, gpu_tol(c.dt, c.out)));
   EXPECT_TRUE(all_close(dw.payload(), dw_ref, gpu_tol(c.dt, c.t)));
   EXPECT_TRUE(all_close(db.payload(), db_ref, gpu_tol(c.dt, c.t)));
-  // Frozen W (no dW) and no x gradient; and f32 gradients for 16-bit operands.
+  // Frozen W (no dW) and no x gradient; and f32 gradients for 16-bit operands (f64 operands
+  // take f64 gradients only: the kernel refuses an f32 dW for them).
   Tensor dx_only = Tensor::empty({c.t, c.in}, c.dt, kGpu);
   kernels::linear_bwd_cuda(gd, Tensor(), wd, dx_only, Tensor(), Tensor());
   EXPECT_TRUE(all_close(dx_only, dx_ref, gpu_tol(c.dt, c.out)));
-  if (c.dt != DType::kF32) {
+  if (c.dt == DType::kBF16 || c.dt == DType::kF16) {
     Tensor dw32 = Tensor::empty({c.out, c.in}, DType::kF32, kGpu);
     Tensor db32 = Tensor::empty({c.out}, DType::kF32, kGpu);
     kernels::linear_bwd_cuda(gd, xd, Tensor(), Tensor(), dw32, db32);
@@ -102,6 +103,9 @@ TEST_P(LinearCuda, BackwardMatchesCpu) {
     kernels::linear_bwd(dy, x, w, Tensor(), dw32_ref, db32_ref);
     EXPECT_TRUE(all_close(dw32, dw32_ref, gpu_tol(DType::kF32, c.t)));
     EXPECT_TRUE(all_close(db32, db32_ref, gpu_tol(DType::kF32, c.t)));
+  } else if (c.dt == DType::kF64) {
+    Tensor dw32 = Tensor::empty({c.out, c.in}, DType::kF32, kGpu);
+    EXPECT_THROW(kernels::linear_bwd_cuda(gd, xd, Tensor(), Tensor(), dw32, Tensor()), Error);
   }
 }
 
