@@ -74,6 +74,17 @@ class MemoryTraceScope {
     write();
     log.message("memory trace written to " + written_);
   }
+  // Training ended before until_step (or stopped early): recording stops with the last step, and
+  // finish() writes the trace of the steps taken once the model is saved (a full disk then
+  // costs the trace, not the model), a failed write an error like any other output's.
+  void stop() {
+    if (!path_.empty()) alloc_.set_trace_enabled(false);
+  }
+  void finish(MetricsLogger& log) {
+    if (path_.empty()) return;
+    write();
+    log.message("memory trace written to " + written_);
+  }
 
  private:
   void write() {
@@ -741,6 +752,7 @@ TrainResult Trainer::train() {
       break;
     }
   }
+  trace.stop();
   log.finish();
   result.steps = step_;
   result.skipped_steps = skipped_steps_;
@@ -758,6 +770,7 @@ TrainResult Trainer::train() {
     else
       take_part_in_save();
   }
+  trace.finish(log);
   if (distributed) comm.barrier();  // the output is complete when any rank returns
   if (result.memory.is_null()) result.memory = memory_report(technique_savings());
   return result;
