@@ -331,8 +331,8 @@ bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
     if (!format_) {
       format_ = detect(obj, options_.dataset_text_field);
       format_line_ = reader_.line_number();
-    } else if (auto p = check_row_format(*format_, format_line_, obj,
-                                         options_.dataset_text_field)) {
+    } else if (auto p =
+                   check_row_format(*format_, format_line_, obj, options_.dataset_text_field)) {
       fail(p->kind, std::move(p->message));
     }
     const DatasetFormat& f = *format_;
@@ -453,8 +453,8 @@ bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
 void DatasetReader::bad_line(const LineProblem& problem) {
   std::string msg = reader_.where() + problem.message;
   if (format_ && problem.kind != BadLineKind::kFormatMismatch)
-    msg += " (dataset format, from line " + std::to_string(format_line_) + ": " +
-           format_->name() + ")";
+    msg += " (dataset format, from line " + std::to_string(format_line_) + ": " + format_->name() +
+           ")";
   LT_CHECK_INPUT(options_.skip_bad_lines, msg, " [skip_bad_lines=true skips such lines]");
   bad_lines_.add(problem.kind, msg);
 }

@@ -5,9 +5,9 @@
 // a missing_key line; a line whose keys make another format (a "margin" or an explicit "prompt"
 // only from row 2 on, a "label" beside prompt+completion, ...) is a format_mismatch line naming
 // the key and the first line's format, never read as the first line's format with the key
-// dropped. Other bad lines: wrong_type / empty_text / out_of_range, see jsonl.h for the others. A bad line throws Error(kInput) "file:line: what"
-// unless skip_bad_lines is set, in which case it is skipped and counted per category. Reading is
-// streamed: one Record at a time.
+// dropped. Other bad lines: wrong_type / empty_text / out_of_range, see jsonl.h for the others. A
+// bad line throws Error(kInput) "file:line: what" unless skip_bad_lines is set, in which case it is
+// skipped and counted per category. Reading is streamed: one Record at a time.
 //
 // Formats (TRL names; "conversational" = values are lists of {"role","content"} messages):
 //   language_modeling     {"text"} (key renamed by dataset_text_field) or {"messages":[...]}

@@ -327,8 +327,7 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
     check_sft_format(f, encoder, cfg, path + ":" + std::to_string(line));
     out.completion_only_loss = resolve_completion_only_loss(cfg, f);
   };
-  read_records(path, reader_options(cfg, encoder), &st, check, [&](const Record& rec,
-                                                                   RecordGuard& guard) {
+  auto take = [&](const Record& rec, RecordGuard& guard) {
     if (!guard.run(rec.line,
                    [&] { tokenize_sft_record(rec, out.format, encoder, cfg, &ids, &mask, &st); })) {
       return;
@@ -368,7 +367,8 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
     ++st.examples;
     st.tokens += static_cast<int64_t>(kept_ids.size());
     st.label_tokens += count_label_tokens(kept_mask);
-  });
+  };
+  read_records(path, reader_options(cfg, encoder), &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
   return out;
 }
@@ -430,8 +430,7 @@ bool completion_survives(const std::vector<int32_t>& prompt, const std::vector<i
 
 namespace {
 // The first line decides the format: dpo and reward need chosen/rejected rows.
-void require_preference_format(const DatasetFormat& format, const std::string& path,
-                               int64_t line) {
+void require_preference_format(const DatasetFormat& format, const std::string& path, int64_t line) {
   LT_CHECK_INPUT(format.kind == DatasetKind::kPreference, path, ":", line, ": dataset format ",
                  format.name(),
                  " is not a preference format ('prompt'+'chosen'+'rejected' or "
@@ -449,8 +448,7 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
     out.format = f;
     require_preference_format(f, path, line);
   };
-  read_records(path, reader_options(cfg, &enc), &st, check, [&](const Record& rec,
-                                                               RecordGuard& guard) {
+  auto take = [&](const Record& rec, RecordGuard& guard) {
     PreferenceExample ex;
     ex.line = rec.line;
     int64_t cut = 0;
@@ -479,7 +477,8 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
     ++st.examples;
     st.tokens += n;
     out.examples.push_back(std::move(ex));
-  });
+  };
+  read_records(path, reader_options(cfg, &enc), &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
   return out;
 }
@@ -507,7 +506,7 @@ RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
     out.format = f;
     require_preference_format(f, path, line);
   };
-  read_records(path, ro, &st, check, [&](const Record& rec, RecordGuard& guard) {
+  auto take = [&](const Record& rec, RecordGuard& guard) {
     RewardPair p;
     p.line = rec.line;
     p.margin = out.format.has_margin ? rec.margin : 0.0;
@@ -532,7 +531,8 @@ RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
     ++st.examples;
     st.tokens += nc + nr;
     out.pairs.push_back(std::move(p));
-  });
+  };
+  read_records(path, ro, &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no pair left to train on: ", st.summary());
   return out;
 }
@@ -550,8 +550,7 @@ UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
                    " is not an unpaired preference format ('prompt'+'completion'+'label', or a "
                    "preference dataset to unpair)");
   };
-  read_records(path, reader_options(cfg, &enc), &st, check, [&](const Record& rec,
-                                                               RecordGuard& guard) {
+  auto take = [&](const Record& rec, RecordGuard& guard) {
     // A preference record unpairs into (chosen, true) then (rejected, false).
     std::vector<const TextField*> fields;
     std::vector<bool> labels;
@@ -587,7 +586,8 @@ UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
       st.tokens += n;
       out.examples.push_back({prompt_ids, std::move(comps[k]), labels[k], rec.line});
     }
-  });
+  };
+  read_records(path, reader_options(cfg, &enc), &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
   return out;
 }
@@ -602,8 +602,7 @@ PromptData load_prompt_data(const std::string& path, const TextEncoder& enc,
     LT_CHECK_INPUT(f.kind != DatasetKind::kLanguageModeling && f.kind != DatasetKind::kTokenized,
                    path, ":", line, ": dataset format ", f.name(), " has no 'prompt'");
   };
-  read_records(path, reader_options(cfg, &enc), &st, check, [&](const Record& rec,
-                                                               RecordGuard& guard) {
+  auto take = [&](const Record& rec, RecordGuard& guard) {
     PromptExample ex;
     ex.line = rec.line;
     ex.prompt = rec.prompt;
@@ -619,7 +618,8 @@ PromptData load_prompt_data(const std::string& path, const TextEncoder& enc,
     ++st.examples;
     st.tokens += static_cast<int64_t>(ex.prompt_ids.size());
     out.examples.push_back(std::move(ex));
-  });
+  };
+  read_records(path, reader_options(cfg, &enc), &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no example left: ", st.summary());
   return out;
 }

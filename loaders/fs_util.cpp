@@ -100,8 +100,8 @@ void write_bytes(std::FILE* f, const void* data, size_t size, const std::string&
   if (size == 0) return;
   errno = 0;
   if (std::fwrite(data, 1, size, f) != size) {
-    LT_THROW(ErrorKind::kInput, path, ": write failed: ",
-             errno != 0 ? errno_text(errno) : std::string("short write"));
+    LT_THROW(ErrorKind::kInput, path,
+             ": write failed: ", errno != 0 ? errno_text(errno) : std::string("short write"));
   }
 }
 

@@ -42,7 +42,7 @@ enum class BadLineKind : int {
   kEmptyText,
   kOutOfRange,
   kFormatMismatch,  // a key the file's format (detected on its first row) does not use
-  kTokenizer,  // the tokenizer or chat template refused the example (e.g. an unknown role)
+  kTokenizer,       // the tokenizer or chat template refused the example (e.g. an unknown role)
   kCount,
 };
 constexpr int kNumBadLineKinds = static_cast<int>(BadLineKind::kCount);

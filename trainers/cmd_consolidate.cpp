@@ -87,7 +87,8 @@ int64_t copy_tree(const fs::path& src, const fs::path& dst) {
   fs::create_directory(dst, ec);
   LT_CHECK_INPUT(!ec, dst.string(), ": cannot create folder: ", ec.message());
   int64_t bytes = 0;
-  for (const auto& e : fs::directory_iterator(src)) bytes += copy_tree(e.path(), dst / e.path().filename());
+  for (const auto& e : fs::directory_iterator(src))
+    bytes += copy_tree(e.path(), dst / e.path().filename());
   return bytes;
 }
 

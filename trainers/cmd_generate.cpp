@@ -37,8 +37,8 @@ namespace {
 // --batch: the rows' prompts, batch_size at a time, one JSON line per row, to `out` (`name` in
 // errors).
 void generate_rows(const Options& o, const DecoderModel& model,
-                   const std::shared_ptr<Tokenizer>& tok, const GenerationConfig& g,
-                   std::FILE* out, const std::string& name) {
+                   const std::shared_ptr<Tokenizer>& tok, const GenerationConfig& g, std::FILE* out,
+                   const std::string& name) {
   const std::string path = o.get_string("batch");
   const std::unique_ptr<TextEncoder> enc = make_text_encoder(tok, o.get_string("chat_template"));
   DatasetReader reader(path);
@@ -92,8 +92,7 @@ void generate_batch(const Options& o, const DecoderModel& model,
     generate_rows(o, model, tok, g, stdout, "standard output");
     return;
   }
-  write_file_atomic(out_path,
-                    [&](std::FILE* f) { generate_rows(o, model, tok, g, f, out_path); });
+  write_file_atomic(out_path, [&](std::FILE* f) { generate_rows(o, model, tok, g, f, out_path); });
 }
 
 int run_generate(const std::vector<std::string>& args) {

@@ -59,10 +59,9 @@ int run_pack(const std::vector<std::string>& args) {
   LT_CHECK_INPUT(!dataset.empty(), "pack: --dataset F.jsonl is required");
   LT_CHECK_INPUT(!out_path.empty(), "pack: --out OUT.jsonl is required");
   LT_CHECK_INPUT(o.is_set("max_length"), "pack: --max_length L is required");
-  check_output_file(out_path, "out",
-                    {{dataset, "--dataset"},
-                     {o.get_string("tokenizer"), "--tokenizer"},
-                     chat_template_input(o)});
+  check_output_file(
+      out_path, "out",
+      {{dataset, "--dataset"}, {o.get_string("tokenizer"), "--tokenizer"}, chat_template_input(o)});
 
   DataConfig cfg;
   read_dataset_options(o, &cfg);

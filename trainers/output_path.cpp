@@ -140,8 +140,8 @@ OutputFolder::OutputFolder(std::string path, std::string option, bool overwrite,
   const fs::path p = resolved(path_);
   std::error_code ec;
   fs::create_directories(p.parent_path(), ec);
-  LT_CHECK_INPUT(!ec, "option --", option_, ": cannot create folder '",
-                 p.parent_path().string(), "': ", ec.message());
+  LT_CHECK_INPUT(!ec, "option --", option_, ": cannot create folder '", p.parent_path().string(),
+                 "': ", ec.message());
   tmp_ = sibling(p, "tmp").string();
   fs::remove_all(tmp_, ec);
   LT_CHECK_INPUT(fs::create_directory(tmp_, ec) && !ec, "option --", option_,
@@ -165,8 +165,8 @@ void OutputFolder::commit() {
     old = sibling(p, "old");
     fs::remove_all(old, ec);
     fs::rename(p, old, ec);
-    LT_CHECK_INPUT(!ec, "option --", option_, ": cannot move '", path_, "' aside to replace it: ",
-                   ec.message());
+    LT_CHECK_INPUT(!ec, "option --", option_, ": cannot move '", path_,
+                   "' aside to replace it: ", ec.message());
   }
   fs::rename(tmp_, p, ec);
   if (ec) {

@@ -2,8 +2,6 @@
 // folder, or a folder holding an input (symlinks and hard links resolved); a tool command's
 // output folder is written whole or not at all, and a non-empty one is replaced only with
 // overwrite, once the new one is complete.
-#include "trainers/output_path.h"
-
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +10,7 @@
 
 #include "engine/check.h"
 #include "testing/testing.h"
+#include "trainers/output_path.h"
 
 namespace leantune {
 namespace {
@@ -41,7 +40,8 @@ TEST(OutputPath, AnOutputIsNeverAnInputOrInsideOneOrHoldingOne) {
   fs::create_symlink(d + "/data.jsonl", d + "/link.jsonl");
   fs::create_hard_link(d + "/data.jsonl", d + "/hard.jsonl");
   fs::create_directory_symlink(d + "/ck", d + "/cklink");
-  const std::vector<CommandInput> in = {{d + "/data.jsonl", "--dataset"}, {d + "/ck", "CHECKPOINT"}};
+  const std::vector<CommandInput> in = {{d + "/data.jsonl", "--dataset"},
+                                        {d + "/ck", "CHECKPOINT"}};
   EXPECT_NE(refusal(d + "/data.jsonl", in).find("' is the input --dataset"), std::string::npos);
   EXPECT_NE(refusal(d + "/./data.jsonl", in).find("is the input --dataset"), std::string::npos);
   EXPECT_NE(refusal(d + "/link.jsonl", in).find("is the input --dataset"), std::string::npos);
