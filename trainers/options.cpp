@@ -496,6 +496,12 @@ const std::string& Options::get_string(const std::string& name) const {
 std::vector<std::string> Options::get_string_list(const std::string& name) const {
   return values_.at(spec(name).name).get<std::vector<std::string>>();
 }
+bool Options::declared(const std::string& name) const {
+  const std::string c = canonical(name);
+  for (const Spec& s : specs_)
+    if (s.name == c) return true;
+  return false;
+}
 bool Options::is_set(const std::string& name) const {
   auto it = user_set_.find(spec(name).name);
   return it != user_set_.end() && it->second;

@@ -222,9 +222,10 @@ TrainingArguments training_arguments(const Options& o) {
   a.memory_trace = o.get_string("memory_trace");
   a.memory_trace_steps = o.get_int("memory_trace_steps");
   if (!a.memory_trace.empty()) {
-    const std::filesystem::path parent = std::filesystem::path(a.memory_trace).parent_path();
-    LT_CHECK_INPUT(parent.empty() || std::filesystem::is_directory(parent),
-                   "option memory_trace: ", parent.string(), " is not a folder");
+    std::vector<CommandInput> inputs;
+    for (const char* k : {"model_name_or_path", "dataset", "eval_dataset"})
+      if (o.declared(k)) inputs.push_back({o.get_string(k), std::string("--") + k});
+    check_output_file(a.memory_trace, "memory_trace", inputs);
   }
   LT_CHECK_INPUT(!a.output_dir.empty(), "option output_dir must not be empty");
   LT_CHECK_INPUT(a.max_steps > 0 || a.num_train_epochs > 0,

@@ -68,6 +68,7 @@ check_pack_out_links_to_dataset() {
   cmp -s "$W/d.jsonl" "$DATA" && [ -L "$W/l.jsonl" ] || { echo "the dataset or its link changed"; return 1; }
 }
 check_lengths_plot_is_dataset() { check_pack_out_is_dataset; }
+check_sft_memory_trace_is_dataset() { check_pack_out_is_dataset; }
 check_memviz_out_is_trace() {
   cmp -s "$W/t.json" "$W/t.orig" || { echo "the trace was overwritten"; return 1; }
 }
