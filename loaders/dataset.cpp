@@ -300,6 +300,10 @@ std::vector<std::string> format_keys(const DatasetFormat& f) {
 }
 }  // namespace
 
+std::string format_note(const DatasetFormat& format, int64_t format_line) {
+  return " (dataset format, from line " + std::to_string(format_line) + ": " + format.name() + ")";
+}
+
 std::optional<LineProblem> check_row_format(const DatasetFormat& format, int64_t format_line,
                                             const json& row, const std::string& text_field) {
   const std::vector<std::string> keys = format_keys(format);
@@ -453,8 +457,7 @@ bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
 void DatasetReader::bad_line(const LineProblem& problem) {
   std::string msg = reader_.where() + problem.message;
   if (format_ && problem.kind != BadLineKind::kFormatMismatch)
-    msg += " (dataset format, from line " + std::to_string(format_line_) + ": " + format_->name() +
-           ")";
+    msg += format_note(*format_, format_line_);
   LT_CHECK_INPUT(options_.skip_bad_lines, msg, " [skip_bad_lines=true skips such lines]");
   bad_lines_.add(problem.kind, msg);
 }

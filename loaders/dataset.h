@@ -116,6 +116,10 @@ struct DatasetReaderOptions {
 // Detects the format of one parsed line; throws Error(kInput) naming the keys when none fits.
 DatasetFormat detect_format(const nlohmann::json& obj, const std::string& text_field);
 
+// " (dataset format, from line N: <name>)": what a bad line's message ends with, so that it names
+// the format the file's first row set.
+std::string format_note(const DatasetFormat& format, int64_t format_line);
+
 // The one-schema check of every JSONL loader: a row against the file's format, detected on line
 // `format_line` (text_field: the dataset_text_field option). A key of the format missing from the
 // row is missing_key ("missing key 'completion'"); a key the row has that makes it another format

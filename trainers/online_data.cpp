@@ -150,7 +150,8 @@ OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& en
       format = detect_format(r, "text");
       format_line = line;
     } else if (auto p = check_row_format(format, format_line, r, "text")) {
-      LT_THROW(ErrorKind::kInput, where, ": ", p->message);
+      LT_THROW(ErrorKind::kInput, where, ": ", p->message,
+               p->kind == BadLineKind::kMissingKey ? format_note(format, format_line) : "");
     }
     LT_CHECK_INPUT(first || conv == d.conversational, where,
                    ": rows mix string prompts and message-list prompts");

@@ -35,6 +35,9 @@ completion_from_row_2() {
   printf '%s\n' '{"prompt": "Add 1 and 2.", "answer": "3"}' \
     '{"prompt": "Add 2 and 2.", "answer": "4", "completion": "4"}' >"$W/q.jsonl"
 }
+completion_only_in_row_1() {
+  printf '%s\n' '{"prompt": "Add 1 and 2.", "completion": "3"}' '{"prompt": "Add 2 and 2."}' >"$W/q.jsonl"
+}
 chat_pairs() {
   pairs '{"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "assistant", "content": "Hello"}], "rejected": [{"role": "assistant", "content": "Go"}]}' \
     '{"prompt": [{"role": "user", "content": "Yo"}], "chosen": [{"role": "assistant", "content": "Hey"}], "rejected": [{"role": "assistant", "content": "No"}]}'
