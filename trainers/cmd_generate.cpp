@@ -182,8 +182,6 @@ int run_generate(const std::vector<std::string>& args) {
     generate_batch(o, *model, tok, g);
     return 0;
   }
-  const size_t bad = utf8_find_invalid(o.get_string("prompt"));
-  LT_CHECK_INPUT(bad == std::string::npos, "option --prompt: not valid UTF-8 (byte ", bad, ")");
   std::vector<int32_t> ids;
   if (o.get_bool("chat")) {
     ids =

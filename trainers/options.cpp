@@ -9,6 +9,7 @@
 
 #include "engine/check.h"
 #include "loaders/fs_util.h"
+#include "loaders/unicode.h"
 
 namespace leantune {
 
@@ -349,6 +350,11 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
 }
 
 void Options::set_from_text(Spec& s, const std::string& text, const std::string& where) {
+  // Every value is kept as JSON text: bytes that are not UTF-8 are refused here, naming the
+  // option, not later as an internal JSON error.
+  const size_t invalid = unicode::find_invalid(text);
+  LT_CHECK_INPUT(invalid == std::string::npos, where, ": option --", s.name,
+                 " is not valid UTF-8 (byte ", invalid, ")");
   auto bad = [&]() {
     LT_THROW(ErrorKind::kInput, where, ": option --", s.name, " expects ", type_name(s.type),
              ", got '", text, "'");
