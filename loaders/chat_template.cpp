@@ -2,6 +2,7 @@
 // rules (see chat_template.h).
 #include "loaders/chat_template.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -75,6 +76,24 @@ ojson parse_chat_template_kwargs(const std::string& text) {
   return j;
 }
 
+const std::vector<std::string>& chat_template_variables() {
+  static const std::vector<std::string> names = {
+      "messages",  "tools",     "documents", "add_generation_prompt",
+      "bos_token", "eos_token", "unk_token", "pad_token"};
+  return names;
+}
+
+void check_chat_template_kwargs(const ojson& kwargs, const std::string& what) {
+  const std::vector<std::string>& own = chat_template_variables();
+  for (auto it = kwargs.begin(); it != kwargs.end(); ++it) {
+    if (std::find(own.begin(), own.end(), it.key()) == own.end()) continue;
+    std::string list;
+    for (const std::string& n : own) list += (list.empty() ? "" : ", ") + n;
+    LT_THROW(ErrorKind::kInput, what, ": key '", it.key(),
+             "' is the chat template's own variable (kwargs may not replace ", list, ")");
+  }
+}
+
 std::vector<std::string> ChatTemplate::bundled_names() {
   std::vector<std::string> out;
   for (const auto& t : jinja::bundled_templates()) {
@@ -97,6 +116,9 @@ ChatTemplate ChatTemplate::from_name(const std::string& name) {
     LT_CHECK_INPUT(f.good(), "--chat_template: cannot read ", name);
     std::stringstream ss;
     ss << f.rdbuf();
+    const size_t bad = unicode::find_invalid(ss.str());
+    LT_CHECK_INPUT(bad == std::string::npos, "option --chat_template: '", name,
+                   "' is not valid UTF-8 (byte ", bad, ")");
     return from_source(ss.str(), name);
   }
   std::string known;
@@ -106,6 +128,9 @@ ChatTemplate ChatTemplate::from_name(const std::string& name) {
 }
 
 ChatTemplate ChatTemplate::from_source(const std::string& text, const std::string& source) {
+  const size_t bad = unicode::find_invalid(text);
+  LT_CHECK_INPUT(bad == std::string::npos, source, ": the chat template is not valid UTF-8 (byte ",
+                 bad, ")");
   ChatTemplate t;
   t.name_ = source;
   t.template_ = std::make_shared<const jinja::Template>(text, source);
@@ -128,6 +153,7 @@ void ChatTemplate::set_special_token(const std::string& key, const std::string& 
 void ChatTemplate::set_kwargs(const ojson& kwargs) {
   LT_CHECK_INPUT(kwargs.is_object(), "chat_template_kwargs must be a JSON object, got ",
                  kwargs.dump());
+  check_chat_template_kwargs(kwargs, "option --chat_template_kwargs");
   for (auto it = kwargs.begin(); it != kwargs.end(); ++it) kwargs_[it.key()] = it.value();
   find_training_variant();
 }

@@ -68,6 +68,13 @@ struct ChatRequest {
 // --chat_template_kwargs text -> a JSON object; Error(kInput) naming the option otherwise.
 nlohmann::ordered_json parse_chat_template_kwargs(const std::string& text);
 
+// The variables the renderer binds itself: messages, tools, documents, add_generation_prompt and
+// the special tokens (bos_token, eos_token, unk_token, pad_token).
+const std::vector<std::string>& chat_template_variables();
+// Error(kInput) "<what>: key 'K' is the chat template's own variable ..." when kwargs would
+// replace one of chat_template_variables() (e.g. "messages" would replace every conversation).
+void check_chat_template_kwargs(const nlohmann::ordered_json& kwargs, const std::string& what);
+
 class ChatTemplate {
  public:
   // A bundled name ("chatml" | "qwen2.5" | "llama3" | "llama3.1" | "llama3.2") or the path of
@@ -99,7 +106,7 @@ class ChatTemplate {
   void set_special_token(const std::string& key, const std::string& value);
   void set_bos_token(std::string bos) { set_special_token("bos_token", bos); }
   // Extra template variables (TRL's chat_template_kwargs, e.g. {"enable_thinking": false});
-  // Error(kInput) unless an object.
+  // Error(kInput) unless an object, or when a key is one of chat_template_variables().
   void set_kwargs(const nlohmann::ordered_json& kwargs);
   const nlohmann::ordered_json& kwargs() const { return kwargs_; }
   // Llama-3.1/3.2 "Today Date": the date_string template variable.

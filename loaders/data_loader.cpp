@@ -78,7 +78,8 @@ LoaderState LoaderState::from_json(const std::string& text) {
   } catch (const nlohmann::json::exception& e) {
     LT_THROW(ErrorKind::kInput, "data loader state: ", e.what());
   }
-  LT_CHECK_INPUT(s.epoch >= 0 && s.step >= 0, "data loader state: negative epoch or step");
+  LT_CHECK_INPUT(s.epoch >= 0, "key 'epoch' must be a non-negative integer, got ", s.epoch);
+  LT_CHECK_INPUT(s.step >= 0, "key 'step' must be a non-negative integer, got ", s.step);
   return s;
 }
 
@@ -184,8 +185,9 @@ void DataLoader::set_state(const LoaderState& s) {
                  ", rank ", s.rank, "/", s.world_size, "; now units ", sampler_.units(),
                  ", batch size ", sampler_.batch_size(), ", seed ", sampler_.seed(), ", shuffle ",
                  sampler_.shuffle(), ", rank ", sampler_.rank(), "/", sampler_.world_size());
-  LT_CHECK_INPUT(s.step <= sampler_.batches_per_epoch(), "data loader state: step ", s.step,
-                 " beyond the ", sampler_.batches_per_epoch(), " batches of an epoch");
+  // A position past the epoch's end would be read as the start of the next epoch.
+  LT_CHECK_INPUT(s.step <= sampler_.batches_per_epoch(), "key 'step' is ", s.step, ", past the ",
+                 sampler_.batches_per_epoch(), " micro-batch(es) of an epoch of this dataset");
   epoch_ = s.epoch;
   step_ = s.step;
 }

@@ -211,7 +211,9 @@ void extract_prompt(TextField* chosen, TextField* rejected, TextField* prompt,
   }
 }
 
-DatasetFormat detect_format(const json& obj, const std::string& text_field) {
+namespace {
+// detect_format, failing with Fail (a bad line) rather than Error.
+DatasetFormat detect(const json& obj, const std::string& text_field) {
   DatasetFormat f;
   f.text_field = text_field;
   if (obj.contains("input_ids")) {
@@ -258,13 +260,85 @@ DatasetFormat detect_format(const json& obj, const std::string& text_field) {
            "', 'messages', 'prompt'+'completion', 'prompt'+'chosen'+'rejected', "
            "'chosen'+'rejected', 'prompt'+'completion'+'label', 'prompt', 'input_ids'");
 }
+}  // namespace
+
+DatasetFormat detect_format(const json& obj, const std::string& text_field) {
+  try {
+    return detect(obj, text_field);
+  } catch (const Fail& e) {
+    LT_THROW(ErrorKind::kInput, e.message);
+  }
+}
+
+namespace {
+// The keys whose presence decides a format (detect_format), in detection order.
+std::vector<std::string> format_keys(const DatasetFormat& f) {
+  switch (f.kind) {
+    case DatasetKind::kTokenized: {
+      std::vector<std::string> k = {"input_ids"};
+      if (f.has_completion_mask) k.push_back("completion_mask");
+      if (f.has_assistant_masks) k.push_back("assistant_masks");
+      if (f.has_labels) k.push_back("labels");
+      return k;
+    }
+    case DatasetKind::kLanguageModeling:
+      return {f.text_field};
+    case DatasetKind::kPreference: {
+      std::vector<std::string> k = {"chosen", "rejected"};
+      if (!f.implicit_prompt) k.insert(k.begin(), "prompt");
+      if (f.has_margin) k.push_back("margin");
+      return k;
+    }
+    case DatasetKind::kUnpairedPreference:
+      return {"prompt", "completion", "label"};
+    case DatasetKind::kPromptCompletion:
+      return {"prompt", "completion"};
+    case DatasetKind::kPromptOnly:
+      return {"prompt"};
+  }
+  return {};
+}
+}  // namespace
+
+std::string format_note(const DatasetFormat& format, int64_t format_line) {
+  return " (dataset format, from line " + std::to_string(format_line) + ": " + format.name() + ")";
+}
+
+std::optional<LineProblem> check_row_format(const DatasetFormat& format, int64_t format_line,
+                                            const json& row, const std::string& text_field) {
+  const std::vector<std::string> keys = format_keys(format);
+  for (const std::string& k : keys) {
+    if (!row.contains(k)) return LineProblem{BadLineKind::kMissingKey, "missing key '" + k + "'"};
+  }
+  std::vector<std::string> row_keys;
+  try {
+    row_keys = format_keys(detect(row, text_field));
+  } catch (const Fail&) {
+    return std::nullopt;  // every key of the format is there: the reader checks the values
+  }
+  for (const std::string& k : row_keys) {
+    if (std::find(keys.begin(), keys.end(), k) != keys.end()) continue;
+    return LineProblem{BadLineKind::kFormatMismatch,
+                       "has key '" + k + "', which the dataset's format (" + format.name() +
+                           ", from line " + std::to_string(format_line) +
+                           ") does not use; a file has one schema: give '" + k +
+                           "' on every row or on none"};
+  }
+  return std::nullopt;
+}
 
 DatasetReader::DatasetReader(std::string path, DatasetReaderOptions options)
     : reader_(std::move(path)), options_(std::move(options)) {}
 
 bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
   try {
-    if (!format_) format_ = detect_format(obj, options_.dataset_text_field);
+    if (!format_) {
+      format_ = detect(obj, options_.dataset_text_field);
+      format_line_ = reader_.line_number();
+    } else if (auto p =
+                   check_row_format(*format_, format_line_, obj, options_.dataset_text_field)) {
+      fail(p->kind, std::move(p->message));
+    }
     const DatasetFormat& f = *format_;
     const bool conv = f.conversational;
     r->line = reader_.line_number();
@@ -382,7 +456,8 @@ bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
 
 void DatasetReader::bad_line(const LineProblem& problem) {
   std::string msg = reader_.where() + problem.message;
-  if (format_) msg += " (dataset format: " + format_->name() + ")";
+  if (format_ && problem.kind != BadLineKind::kFormatMismatch)
+    msg += format_note(*format_, format_line_);
   LT_CHECK_INPUT(options_.skip_bad_lines, msg, " [skip_bad_lines=true skips such lines]");
   bad_lines_.add(problem.kind, msg);
 }

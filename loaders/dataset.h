@@ -1,10 +1,13 @@
 // JSONL datasets in TRL's formats: detection, per-line validation and typed records.
 //
 // Contract: the format is detected from the first valid line and every later line must have the
-// same format; a line that does not is a bad line (missing_key / wrong_type / empty_text /
-// out_of_range, see jsonl.h for the others). A bad line throws Error(kInput) "file:line: what"
-// unless skip_bad_lines is set, in which case it is skipped and counted per category. Reading is
-// streamed: one Record at a time.
+// same format: a file has one schema (check_row_format). A line that lacks a key of the format is
+// a missing_key line; a line whose keys make another format (a "margin" or an explicit "prompt"
+// only from row 2 on, a "label" beside prompt+completion, ...) is a format_mismatch line naming
+// the key and the first line's format, never read as the first line's format with the key
+// dropped. Other bad lines: wrong_type / empty_text / out_of_range, see jsonl.h for the others. A
+// bad line throws Error(kInput) "file:line: what" unless skip_bad_lines is set, in which case it is
+// skipped and counted per category. Reading is streamed: one Record at a time.
 //
 // Formats (TRL names; "conversational" = values are lists of {"role","content"} messages):
 //   language_modeling     {"text"} (key renamed by dataset_text_field) or {"messages":[...]}
@@ -113,6 +116,19 @@ struct DatasetReaderOptions {
 // Detects the format of one parsed line; throws Error(kInput) naming the keys when none fits.
 DatasetFormat detect_format(const nlohmann::json& obj, const std::string& text_field);
 
+// " (dataset format, from line N: <name>)": what a bad line's message ends with, so that it names
+// the format the file's first row set.
+std::string format_note(const DatasetFormat& format, int64_t format_line);
+
+// The one-schema check of every JSONL loader: a row against the file's format, detected on line
+// `format_line` (text_field: the dataset_text_field option). A key of the format missing from the
+// row is missing_key ("missing key 'completion'"); a key the row has that makes it another format
+// is format_mismatch, naming the key and the file's format. nullopt when the keys agree (values
+// are checked by the reader).
+std::optional<LineProblem> check_row_format(const DatasetFormat& format, int64_t format_line,
+                                            const nlohmann::json& row,
+                                            const std::string& text_field);
+
 // TRL's extract_prompt on two strings or two message lists (see the header comment).
 void extract_prompt(TextField* chosen, TextField* rejected, TextField* prompt, bool conversational);
 
@@ -140,6 +156,7 @@ class DatasetReader {
   JsonlReader reader_;
   DatasetReaderOptions options_;
   std::optional<DatasetFormat> format_;
+  int64_t format_line_ = 0;  // the line format_ was detected on
   BadLineCounts bad_lines_;
   int64_t records_ = 0;
   nlohmann::json obj_;

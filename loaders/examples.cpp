@@ -138,6 +138,28 @@ DatasetReaderOptions reader_options(const DataConfig& cfg, const TextEncoder* en
   return o;
 }
 
+// The loop every loader shares: the file is read one record at a time (one schema per file,
+// dataset.h); the first record's format goes to `check(format, line)` (which refuses a format the
+// loader cannot use), then every record to `take(record, guard)`, whose tokenizer errors `guard`
+// turns into bad lines. Bad lines are thrown, or counted into `stats` with skip_bad_lines.
+template <typename Check, typename Take>
+void read_records(const std::string& path, const DatasetReaderOptions& options, DataStats* stats,
+                  Check&& check, Take&& take) {
+  DatasetReader reader(path, options);
+  BadLineCounts tokenizer_bad;
+  RecordGuard guard(reader.path(), options.skip_bad_lines, &tokenizer_bad);
+  Record rec;
+  bool first = true;
+  while (reader.next(&rec)) {
+    if (first) {
+      check(reader.format(), rec.line);
+      first = false;
+    }
+    take(rec, guard);
+  }
+  finish_stats(reader, tokenizer_bad, stats);
+}
+
 void truncate_keep_last(std::vector<int32_t>* v, int64_t n, int64_t* cut) {
   if (n > 0 && static_cast<int64_t>(v->size()) > n) {
     *cut += static_cast<int64_t>(v->size()) - n;
@@ -296,25 +318,19 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
       cfg.packing && parse_packing_strategy(cfg.packing_strategy) == PackingStrategy::kBfd;
   const int64_t max_len = cfg.max_length;
 
-  DatasetReader reader(path, reader_options(cfg, encoder));
   SftData out;
   DataStats& st = out.stats;
-  BadLineCounts tokenizer_bad;
-  RecordGuard guard(reader.path(), cfg.skip_bad_lines, &tokenizer_bad);
-  Record rec;
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
-  bool first = true;
-  while (reader.next(&rec)) {
-    if (first) {
-      out.format = reader.format();
-      check_sft_format(out.format, encoder, cfg, reader.path() + ":" + std::to_string(rec.line));
-      out.completion_only_loss = resolve_completion_only_loss(cfg, out.format);
-      first = false;
-    }
+  auto check = [&](const DatasetFormat& f, int64_t line) {
+    out.format = f;
+    check_sft_format(f, encoder, cfg, path + ":" + std::to_string(line));
+    out.completion_only_loss = resolve_completion_only_loss(cfg, f);
+  };
+  auto take = [&](const Record& rec, RecordGuard& guard) {
     if (!guard.run(rec.line,
                    [&] { tokenize_sft_record(rec, out.format, encoder, cfg, &ids, &mask, &st); })) {
-      continue;
+      return;
     }
     const int64_t n = static_cast<int64_t>(ids.size());
     if (n == 0) {
@@ -322,7 +338,7 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
       // packing windows hold the same rows as TRL's pack_dataset map batches.
       ++st.empty_examples;
       if (cfg.packing) out.examples.add({}, {}, rec.line, 0);
-      continue;
+      return;
     }
     std::span<const int32_t> kept_ids(ids);
     std::span<const uint8_t> kept_mask(mask);
@@ -341,7 +357,7 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
     if (!trainable) {
       ++st.dropped_examples;
       st.dropped_tokens += n;
-      continue;
+      return;
     }
     if (cut > 0) {
       ++st.truncated_examples;
@@ -351,8 +367,8 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
     ++st.examples;
     st.tokens += static_cast<int64_t>(kept_ids.size());
     st.label_tokens += count_label_tokens(kept_mask);
-  }
-  finish_stats(reader, tokenizer_bad, &st);
+  };
+  read_records(path, reader_options(cfg, encoder), &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
   return out;
 }
@@ -414,8 +430,7 @@ bool completion_survives(const std::vector<int32_t>& prompt, const std::vector<i
 
 namespace {
 // The first line decides the format: dpo and reward need chosen/rejected rows.
-void require_preference_format(const DatasetFormat& format, const std::string& path,
-                               int64_t line) {
+void require_preference_format(const DatasetFormat& format, const std::string& path, int64_t line) {
   LT_CHECK_INPUT(format.kind == DatasetKind::kPreference, path, ":", line, ": dataset format ",
                  format.name(),
                  " is not a preference format ('prompt'+'chosen'+'rejected' or "
@@ -427,19 +442,13 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
                                     const DataConfig& cfg) {
   validate_data_config(cfg);
   const TruncationMode mode = parse_truncation_mode(cfg.truncation_mode);
-  DatasetReader reader(path, reader_options(cfg, &enc));
   PreferenceData out;
   DataStats& st = out.stats;
-  BadLineCounts tokenizer_bad;
-  RecordGuard guard(reader.path(), cfg.skip_bad_lines, &tokenizer_bad);
-  Record rec;
-  bool first = true;
-  while (reader.next(&rec)) {
-    if (first) {
-      out.format = reader.format();
-      require_preference_format(out.format, path, rec.line);
-      first = false;
-    }
+  auto check = [&](const DatasetFormat& f, int64_t line) {
+    out.format = f;
+    require_preference_format(f, path, line);
+  };
+  auto take = [&](const Record& rec, RecordGuard& guard) {
     PreferenceExample ex;
     ex.line = rec.line;
     int64_t cut = 0;
@@ -448,7 +457,7 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
           cut = tokenize_completions(rec.prompt, {&rec.chosen, &rec.rejected},
                                      out.format.conversational, enc, cfg, &ex.prompt_ids, &comps);
         })) {
-      continue;
+      return;
     }
     ex.chosen_ids = std::move(comps[0]);
     ex.rejected_ids = std::move(comps[1]);
@@ -459,7 +468,7 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
     if (!ok) {
       ++st.dropped_examples;
       st.dropped_tokens += n;
-      continue;
+      return;
     }
     if (cut > 0) {
       ++st.truncated_examples;
@@ -468,8 +477,8 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
     ++st.examples;
     st.tokens += n;
     out.examples.push_back(std::move(ex));
-  }
-  finish_stats(reader, tokenizer_bad, &st);
+  };
+  read_records(path, reader_options(cfg, &enc), &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
   return out;
 }
@@ -491,19 +500,13 @@ RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
   validate_data_config(cfg);
   DatasetReaderOptions ro = reader_options(cfg, &enc);
   ro.extract_implicit_prompt = false;
-  DatasetReader reader(path, ro);
   RewardData out;
   DataStats& st = out.stats;
-  BadLineCounts tokenizer_bad;
-  RecordGuard guard(reader.path(), cfg.skip_bad_lines, &tokenizer_bad);
-  Record rec;
-  bool first = true;
-  while (reader.next(&rec)) {
-    if (first) {
-      out.format = reader.format();
-      require_preference_format(out.format, path, rec.line);
-      first = false;
-    }
+  auto check = [&](const DatasetFormat& f, int64_t line) {
+    out.format = f;
+    require_preference_format(f, path, line);
+  };
+  auto take = [&](const Record& rec, RecordGuard& guard) {
     RewardPair p;
     p.line = rec.line;
     p.margin = out.format.has_margin ? rec.margin : 0.0;
@@ -512,24 +515,24 @@ RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
           p.chosen_ids = reward_sequence_ids(rec.prompt, rec.chosen, conv, enc);
           p.rejected_ids = reward_sequence_ids(rec.prompt, rec.rejected, conv, enc);
         })) {
-      continue;
+      return;
     }
     const auto nc = static_cast<int64_t>(p.chosen_ids.size());
     const auto nr = static_cast<int64_t>(p.rejected_ids.size());
     if (nc == 0 || nr == 0) {
       ++st.empty_examples;
-      continue;
+      return;
     }
     if (cfg.max_length > 0 && (nc > cfg.max_length || nr > cfg.max_length)) {
       ++st.too_long_examples;
       st.too_long_tokens += nc + nr;
-      continue;
+      return;
     }
     ++st.examples;
     st.tokens += nc + nr;
     out.pairs.push_back(std::move(p));
-  }
-  finish_stats(reader, tokenizer_bad, &st);
+  };
+  read_records(path, ro, &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no pair left to train on: ", st.summary());
   return out;
 }
@@ -538,23 +541,16 @@ UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
                                 const DataConfig& cfg) {
   validate_data_config(cfg);
   const TruncationMode mode = parse_truncation_mode(cfg.truncation_mode);
-  DatasetReader reader(path, reader_options(cfg, &enc));
   UnpairedData out;
   DataStats& st = out.stats;
-  BadLineCounts tokenizer_bad;
-  RecordGuard guard(reader.path(), cfg.skip_bad_lines, &tokenizer_bad);
-  Record rec;
-  bool first = true;
-  while (reader.next(&rec)) {
-    if (first) {
-      out.format = reader.format();
-      LT_CHECK_INPUT(out.format.kind == DatasetKind::kUnpairedPreference ||
-                         out.format.kind == DatasetKind::kPreference,
-                     path, ":", rec.line, ": dataset format ", out.format.name(),
-                     " is not an unpaired preference format ('prompt'+'completion'+'label', or a "
-                     "preference dataset to unpair)");
-      first = false;
-    }
+  auto check = [&](const DatasetFormat& f, int64_t line) {
+    out.format = f;
+    LT_CHECK_INPUT(f.kind == DatasetKind::kUnpairedPreference || f.kind == DatasetKind::kPreference,
+                   path, ":", line, ": dataset format ", f.name(),
+                   " is not an unpaired preference format ('prompt'+'completion'+'label', or a "
+                   "preference dataset to unpair)");
+  };
+  auto take = [&](const Record& rec, RecordGuard& guard) {
     // A preference record unpairs into (chosen, true) then (rejected, false).
     std::vector<const TextField*> fields;
     std::vector<bool> labels;
@@ -572,7 +568,7 @@ UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
           cut = tokenize_completions(rec.prompt, fields, out.format.conversational, enc, cfg,
                                      &prompt_ids, &comps);
         })) {
-      continue;
+      return;
     }
     for (size_t k = 0; k < comps.size(); ++k) {
       const int64_t n = static_cast<int64_t>(prompt_ids.size() + comps[k].size());
@@ -590,8 +586,8 @@ UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
       st.tokens += n;
       out.examples.push_back({prompt_ids, std::move(comps[k]), labels[k], rec.line});
     }
-  }
-  finish_stats(reader, tokenizer_bad, &st);
+  };
+  read_records(path, reader_options(cfg, &enc), &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
   return out;
 }
@@ -599,39 +595,31 @@ UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
 PromptData load_prompt_data(const std::string& path, const TextEncoder& enc,
                             const DataConfig& cfg) {
   validate_data_config(cfg);
-  DatasetReader reader(path, reader_options(cfg, &enc));
   PromptData out;
   DataStats& st = out.stats;
-  BadLineCounts tokenizer_bad;
-  RecordGuard guard(reader.path(), cfg.skip_bad_lines, &tokenizer_bad);
-  Record rec;
-  bool first = true;
-  while (reader.next(&rec)) {
-    if (first) {
-      out.format = reader.format();
-      LT_CHECK_INPUT(out.format.kind != DatasetKind::kLanguageModeling &&
-                         out.format.kind != DatasetKind::kTokenized,
-                     path, ":", rec.line, ": dataset format ", out.format.name(),
-                     " has no 'prompt'");
-      first = false;
-    }
+  auto check = [&](const DatasetFormat& f, int64_t line) {
+    out.format = f;
+    LT_CHECK_INPUT(f.kind != DatasetKind::kLanguageModeling && f.kind != DatasetKind::kTokenized,
+                   path, ":", line, ": dataset format ", f.name(), " has no 'prompt'");
+  };
+  auto take = [&](const Record& rec, RecordGuard& guard) {
     PromptExample ex;
     ex.line = rec.line;
     ex.prompt = rec.prompt;
     if (!guard.run(rec.line, [&] {
           ex.prompt_ids = prompt_ids_of(rec.prompt, out.format.conversational, enc);
         })) {
-      continue;
+      return;
     }
     if (ex.prompt_ids.empty()) {
       ++st.dropped_examples;
-      continue;
+      return;
     }
     ++st.examples;
     st.tokens += static_cast<int64_t>(ex.prompt_ids.size());
     out.examples.push_back(std::move(ex));
-  }
-  finish_stats(reader, tokenizer_bad, &st);
+  };
+  read_records(path, reader_options(cfg, &enc), &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no example left: ", st.summary());
   return out;
 }

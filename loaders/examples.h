@@ -201,11 +201,6 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
 std::vector<int32_t> reward_sequence_ids(const TextField& prompt, const TextField& completion,
                                          bool conversational, const TextEncoder& encoder);
 // cfg: max_length (0 = none), skip_bad_lines, dataset_text_field.
-// One side of a reward pair (or any prompt + completion scored by a reward model) as
-// RewardTrainer tokenizes it (see "Reward pairs" above); prompt may be empty.
-std::vector<int32_t> reward_sequence_ids(const TextField& prompt, const TextField& completion,
-                                         bool conversational, const TextEncoder& encoder);
-// cfg: max_length (0 = none), skip_bad_lines, dataset_text_field.
 RewardData load_reward_data(const std::string& path, const TextEncoder& encoder,
                             const DataConfig& cfg);
 UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& encoder,

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -73,8 +74,8 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
   }
   try {
     write(f);
-    LT_CHECK_INPUT(std::fflush(f) == 0 && !std::ferror(f), path,
-                   ": write failed: ", errno_text(errno));
+    LT_CHECK_INPUT(std::fflush(f) == 0, path, ": write failed: ", errno_text(errno));
+    LT_CHECK_INPUT(!std::ferror(f), path, ": write failed");
     LT_CHECK_INPUT(::fsync(::fileno(f)) == 0, path, ": fsync failed: ", errno_text(errno));
   } catch (...) {
     std::fclose(f);
@@ -95,11 +96,29 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
   fsync_dir(parent_dir(path));
 }
 
+void write_bytes(std::FILE* f, const void* data, size_t size, const std::string& path) {
+  if (size == 0) return;
+  errno = 0;
+  if (std::fwrite(data, 1, size, f) != size) {
+    LT_THROW(ErrorKind::kInput, path,
+             ": write failed: ", errno != 0 ? errno_text(errno) : std::string("short write"));
+  }
+}
+
 void write_text_atomic(const std::string& path, const std::string& text) {
-  write_file_atomic(path, [&](std::FILE* f) {
-    if (!text.empty()) {
-      LT_CHECK_INPUT(std::fwrite(text.data(), 1, text.size(), f) == text.size(), path,
-                     ": write failed: ", errno_text(errno));
+  write_file_atomic(path, [&](std::FILE* f) { write_bytes(f, text.data(), text.size(), path); });
+}
+
+void copy_file_atomic(const std::string& src, const std::string& dst) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(src.c_str(), "rb"), std::fclose);
+  LT_CHECK_INPUT(in != nullptr, src, ": cannot read: ", errno_text(errno));
+  write_file_atomic(dst, [&](std::FILE* out) {
+    std::vector<char> buf(size_t{1} << 20);
+    for (;;) {
+      const size_t n = std::fread(buf.data(), 1, buf.size(), in.get());
+      LT_CHECK_INPUT(!std::ferror(in.get()), src, ": read failed: ", errno_text(errno));
+      write_bytes(out, buf.data(), n, dst);
+      if (n < buf.size()) return;
     }
   });
 }

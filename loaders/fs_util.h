@@ -25,6 +25,12 @@ namespace leantune {
 // destination is untouched. Write errors reported by the stream are detected and thrown.
 void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
 void write_text_atomic(const std::string& path, const std::string& text);
+// Writes `size` bytes to `f`; Error(kInput) "<path>: write failed: <reason>" (e.g. "No space left
+// on device", "File too large") when the stream takes fewer.
+void write_bytes(std::FILE* f, const void* data, size_t size, const std::string& path);
+// Copies the file `src` to `dst` with write_file_atomic: `dst` is never left half-written.
+// Errors name the file (src for a failed read, dst for a failed write) and the reason.
+void copy_file_atomic(const std::string& src, const std::string& dst);
 // fsync of a directory, making renames and creations inside it durable.
 void fsync_dir(const std::string& dir);
 // The whole file as bytes. Error(kInput) naming the path on failure.

@@ -27,6 +27,8 @@ const char* bad_line_kind_name(BadLineKind kind) {
       return "empty_text";
     case BadLineKind::kOutOfRange:
       return "out_of_range";
+    case BadLineKind::kFormatMismatch:
+      return "format_mismatch";
     case BadLineKind::kTokenizer:
       return "tokenizer_error";
     case BadLineKind::kCount:

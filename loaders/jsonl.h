@@ -9,7 +9,8 @@
 //                   surrogate escape without a high one before it
 //   invalid_json    anything else the JSON parser rejects (trailing garbage included)
 //   not_object      valid JSON that is not an object
-// Later checks (dataset.h) add missing_key, wrong_type, empty_text and out_of_range, and
+// Later checks (dataset.h) add missing_key, wrong_type, empty_text, out_of_range and
+// format_mismatch (a row whose keys make another format than the file's first row), and
 // tokenisation (examples.h) tokenizer_error.
 // Blank lines (only spaces, tabs, \r) are not data: they are skipped and counted.
 //
@@ -40,7 +41,8 @@ enum class BadLineKind : int {
   kWrongType,
   kEmptyText,
   kOutOfRange,
-  kTokenizer,  // the tokenizer or chat template refused the example (e.g. an unknown role)
+  kFormatMismatch,  // a key the file's format (detected on its first row) does not use
+  kTokenizer,       // the tokenizer or chat template refused the example (e.g. an unknown role)
   kCount,
 };
 constexpr int kNumBadLineKinds = static_cast<int>(BadLineKind::kCount);

@@ -427,10 +427,7 @@ void save_safetensors(const std::string& path,
   write_file_atomic(path, [&](std::FILE* f) {
     uint8_t prefix[8];
     write_u64_le(text.size(), prefix);
-    auto put = [&](const void* p, size_t n) {
-      LT_CHECK_INPUT(n == 0 || std::fwrite(p, 1, n, f) == n, path,
-                     ": write failed: ", std::strerror(errno));
-    };
+    auto put = [&](const void* p, size_t n) { write_bytes(f, p, n, path); };
     put(prefix, 8);
     put(text.data(), text.size());
     for (size_t i : order) {

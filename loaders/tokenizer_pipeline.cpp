@@ -318,9 +318,7 @@ void Tokenizer::Impl::encode_segment(std::string_view text, uint32_t ob, Output 
 void Tokenizer::Impl::encode(std::string_view text, bool add_special, Output out) const {
   const size_t bad = unicode::find_invalid(text);
   if (bad != std::string_view::npos) {
-    LT_THROW(ErrorKind::kInput, "tokenizer input is not valid UTF-8 at byte ", bad,
-             " (use utf8_replace_invalid() to substitute U+FFFD as Python's "
-             "errors='replace' does)");
+    LT_THROW(ErrorKind::kInput, "tokenizer input is not valid UTF-8 at byte ", bad);
   }
   LT_CHECK_INPUT(text.size() < (1ULL << 32) - 1, "tokenizer input of ", text.size(),
                  " bytes is too long (limit 4 GiB)");

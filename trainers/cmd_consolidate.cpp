@@ -14,8 +14,10 @@
 // completes DIR. Where the training state cannot move to another world size (the online trainers'
 // generation state, cp_size > 1, a checkpoint older than the shards' recorded shapes) DIR gets the
 // model only, and the command says why. The checkpoint is validated first (complete marker,
-// trainer_state.json, every rank's files present for its world size); nothing is written before
-// the merge has succeeded.
+// trainer_state.json, every rank's files present for its world size, every safetensors file's
+// header, offsets and size as `inspect` checks them, every JSON file parsed); nothing is written
+// before the merge has succeeded, and DIR is written whole or not at all (output_path.h
+// OutputFolder: never inside the checkpoint, a non-empty DIR only with --overwrite).
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -29,6 +31,7 @@
 #include "trainers/commands.h"
 #include "trainers/consolidate.h"
 #include "trainers/options.h"
+#include "trainers/output_path.h"
 
 namespace leantune {
 namespace {
@@ -50,6 +53,44 @@ struct TrainingState {
   std::vector<std::pair<std::string, Tensor>> optimizer;  // merged ZeRO shards (else copied)
   std::string optimizer_step;
 };
+
+// Every file of the checkpoint, validated as `inspect` validates it: a truncated or corrupt
+// weight file is an error naming it, not a copy marked complete.
+void validate_checkpoint_files(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    const std::string path = it->path().string();
+    const std::string ext = it->path().extension().string();
+    if (ext == ".safetensors") {
+      SafetensorsFile::open(path);
+    } else if (ext == ".json") {
+      read_json_file(path);
+    }
+  }
+  LT_CHECK_INPUT(!ec, dir, ": cannot list: ", ec.message());
+  for (const char* model : {"model.safetensors", "model.safetensors.index.json"})
+    if (fs::exists(fs::path(dir) / model)) {
+      TensorStore::open(dir);
+      break;
+    }
+}
+
+// src (a file or a folder) copied into dst, every file written atomically.
+int64_t copy_tree(const fs::path& src, const fs::path& dst) {
+  if (!fs::is_directory(src)) {
+    copy_file_atomic(src.string(), dst.string());
+    return static_cast<int64_t>(fs::file_size(src));
+  }
+  std::error_code ec;
+  fs::create_directory(dst, ec);
+  LT_CHECK_INPUT(!ec, dst.string(), ": cannot create folder: ", ec.message());
+  int64_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(src))
+    bytes += copy_tree(e.path(), dst / e.path().filename());
+  return bytes;
+}
 
 TrainingState merge_training_state(const std::string& dir, const TrainerState& st) {
   TrainingState t;
@@ -115,6 +156,7 @@ int run_consolidate(const std::vector<std::string>& args) {
   Options o("consolidate");
   o.allow_positional("CHECKPOINT", "a checkpoint-N folder of a (data-parallel or ZeRO) run");
   o.add_string("out", "", "folder for the result (created; must not exist or be empty)");
+  add_overwrite_option(o);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;
@@ -137,40 +179,46 @@ int run_consolidate(const std::vector<std::string>& args) {
         ": optimizer_rank_", r, ".safetensors is missing (zero_stage ", st.zero_stage, ", ",
         st.world_size, " ranks)");
   }
-  LT_CHECK_INPUT(!fs::exists(out) || (fs::is_directory(out) && fs::is_empty(out)), out,
-                 ": exists and is not an empty folder");
+  validate_checkpoint_files(dir);
+  const std::vector<CommandInput> inputs = {{dir, "CHECKPOINT"}};
+  check_output_folder(out, "out", o.get_bool("overwrite"), inputs);
   const TrainingState train = merge_training_state(dir, st);
   const bool sharded_optimizer = st.zero_stage > 0 && st.world_size > 1;
   if (train.why_not.empty() && !sharded_optimizer)
     LT_CHECK_INPUT(fs::exists(dir + "/optimizer.safetensors"), dir,
                    ": optimizer.safetensors is missing");
-  fs::create_directories(out);
+  OutputFolder folder(out, "out", o.get_bool("overwrite"), inputs);
+  const std::string tmp = folder.dir();
   int64_t files = 0, bytes = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
     if (training_state_file(name)) continue;
-    fs::copy(e.path(), fs::path(out) / name, fs::copy_options::recursive);
+    bytes += copy_tree(e.path(), fs::path(tmp) / name);
     ++files;
-    if (e.is_regular_file()) bytes += static_cast<int64_t>(e.file_size());
   }
   LT_CHECK_INPUT(files > 0, dir, ": holds no model files");
-  std::printf("consolidated %s (%lld rank(s), zero_stage %lld) into %s: %lld model file(s), %s\n",
-              dir.c_str(), static_cast<long long>(st.world_size),
-              static_cast<long long>(st.zero_stage), out.c_str(), static_cast<long long>(files),
-              format_bytes(bytes).c_str());
+  auto report = [&] {
+    folder.commit();
+    std::printf("consolidated %s (%lld rank(s), zero_stage %lld) into %s: %lld model file(s), %s\n",
+                dir.c_str(), static_cast<long long>(st.world_size),
+                static_cast<long long>(st.zero_stage), out.c_str(), static_cast<long long>(files),
+                format_bytes(bytes).c_str());
+  };
   if (!train.why_not.empty()) {
+    report();
     std::printf("training state left behind (%s is a model folder, not a checkpoint): %s\n",
                 out.c_str(), train.why_not.c_str());
     return 0;
   }
-  const std::string opt_out = out + "/optimizer.safetensors";
+  const std::string opt_out = tmp + "/optimizer.safetensors";
   if (sharded_optimizer)
     save_safetensors(opt_out, train.optimizer, {{"step", train.optimizer_step}});
   else
-    fs::copy_file(dir + "/optimizer.safetensors", opt_out);
-  write_text_atomic(out + "/trainer_state.json", train.trainer_state.dump(1));
-  write_text_atomic(out + "/" + kCheckpointMarker,
+    copy_file_atomic(dir + "/optimizer.safetensors", opt_out);
+  write_text_atomic(tmp + "/trainer_state.json", train.trainer_state.dump(1));
+  write_text_atomic(tmp + "/" + kCheckpointMarker,
                     std::to_string(train.trainer_state.value("global_step", int64_t{0})) + "\n");
+  report();
   const nlohmann::json& ds = train.trainer_state["data_state"];
   std::printf(
       "training state: optimizer %s, data at micro-batch %lld of epoch %lld; %s resumes "

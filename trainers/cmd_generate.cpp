@@ -9,7 +9,8 @@
 // With --batch every row's "prompt" (prompt-only or prompt+completion JSONL; a message list is
 // rendered with the chat template and an assistant generation prompt) is completed, batch_size
 // prompts at a time through one generate() call, and one JSON line per row is written:
-// {"line", "completion", "completion_tokens", "finished_by_eos"}.
+// {"line", "completion", "completion_tokens", "finished_by_eos"}. --output is never an input,
+// and is written whole or not at all (output_path.h).
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 
 #include "loaders/chat_template.h"
 #include "loaders/dataset.h"
+#include "loaders/fs_util.h"
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
 #include "models/decoder.h"
@@ -26,23 +28,20 @@
 #include "trainers/commands.h"
 #include "trainers/data_options.h"
 #include "trainers/options.h"
+#include "trainers/output_path.h"
 #include "trainers/peft_options.h"
 
 namespace leantune {
 namespace {
 
-// --batch: the rows' prompts, batch_size at a time, one JSON line per row.
-void generate_batch(const Options& o, const DecoderModel& model,
-                    const std::shared_ptr<Tokenizer>& tok, const GenerationConfig& g) {
+// --batch: the rows' prompts, batch_size at a time, one JSON line per row, to `out` (`name` in
+// errors).
+void generate_rows(const Options& o, const DecoderModel& model,
+                   const std::shared_ptr<Tokenizer>& tok, const GenerationConfig& g, std::FILE* out,
+                   const std::string& name) {
   const std::string path = o.get_string("batch");
   const std::unique_ptr<TextEncoder> enc = make_text_encoder(tok, o.get_string("chat_template"));
   DatasetReader reader(path);
-  std::FILE* out = stdout;
-  const std::string out_path = o.get_string("output");
-  if (!out_path.empty()) {
-    out = std::fopen(out_path.c_str(), "w");
-    LT_CHECK_INPUT(out != nullptr, "generate: cannot write ", out_path, ": ", std::strerror(errno));
-  }
   const int64_t batch = o.get_int("batch_size");
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int64_t> lines;
@@ -59,10 +58,10 @@ void generate_batch(const Options& o, const DecoderModel& model,
                                 {"completion", tok->decode(r.tokens[i], true)},
                                 {"completion_tokens", r.tokens[i].size()},
                                 {"finished_by_eos", static_cast<bool>(r.finished_by_eos[i])}};
-      LT_CHECK_INPUT(std::fprintf(out, "%s\n", j.dump().c_str()) > 0, "generate: writing ",
-                     out_path.empty() ? "standard output" : out_path, " failed");
+      const std::string text = j.dump() + "\n";
+      write_bytes(out, text.data(), text.size(), name);
     }
-    std::fflush(out);
+    LT_CHECK_INPUT(std::fflush(out) == 0, name, ": write failed: ", std::strerror(errno));
     prompts.clear();
     lines.clear();
   };
@@ -80,9 +79,20 @@ void generate_batch(const Options& o, const DecoderModel& model,
     if (static_cast<int64_t>(prompts.size()) == batch) flush();
   }
   flush();
-  if (out != stdout) std::fclose(out);
   std::fprintf(stderr, "generate: %lld rows of %s completed\n", static_cast<long long>(rows),
                path.c_str());
+}
+
+// --batch to standard output (as it goes), or to --output: written to a temporary file renamed
+// once every row is done, so a bad row or a full disk leaves an existing file as it was.
+void generate_batch(const Options& o, const DecoderModel& model,
+                    const std::shared_ptr<Tokenizer>& tok, const GenerationConfig& g) {
+  const std::string out_path = o.get_string("output");
+  if (out_path.empty()) {
+    generate_rows(o, model, tok, g, stdout, "standard output");
+    return;
+  }
+  write_file_atomic(out_path, [&](std::FILE* f) { generate_rows(o, model, tok, g, f, out_path); });
 }
 
 int run_generate(const std::vector<std::string>& args) {
@@ -121,6 +131,14 @@ int run_generate(const std::vector<std::string>& args) {
                  "generate: give exactly one of --prompt and --batch");
   LT_CHECK_INPUT(o.get_string("batch").empty() || !o.get_bool("chat"),
                  "generate: --chat is for --prompt; --batch rows carry their own messages");
+  LT_CHECK_INPUT(o.get_string("output").empty() || !o.get_string("batch").empty(),
+                 "generate: --output is for --batch; --prompt prints its completion");
+  if (!o.get_string("output").empty())
+    check_output_file(o.get_string("output"), "output",
+                      {{o.get_string("batch"), "--batch"},
+                       {o.get_string("model"), "--model"},
+                       {o.get_string("base_model"), "--base_model"},
+                       chat_template_input(o)});
   const Device dev = Device::parse(o.get_string("device"));
   DType dt;
   dtype_from_string(o.get_string("dtype"), &dt);

@@ -1,10 +1,14 @@
 // trainer_bin init-model --config config.json --out DIR [--seed N] [--tokenizer DIR] [--dtype D]
 // Writes a randomly initialised model as a Hugging Face folder: config.json and
 // model.safetensors (normal init with std = initializer_range, norms set to one, biases zero),
-// plus the tokenizer files copied from --tokenizer.
+// plus the tokenizer files copied from --tokenizer. Every input is read and validated first
+// (the config, the tokenizer); the folder is written whole or not at all (output_path.h
+// OutputFolder), and an existing non-empty one (a trained model, say) is replaced only with
+// --overwrite.
 #include <cstdio>
 #include <filesystem>
 
+#include "loaders/tokenizer.h"
 #include "models/decoder.h"
 #include "trainers/commands.h"
 #include "trainers/model_io.h"
@@ -17,7 +21,8 @@ namespace {
 int run_init_model(const std::vector<std::string>& args) {
   Options o("init-model");
   o.add_string("model_config", "", "the model's config.json (Llama or Qwen2 architecture)");
-  o.add_string("out", "", "output folder (created)");
+  o.add_string("out", "", "output folder (created; must not exist or be empty)");
+  add_overwrite_option(o);
   o.add_int("seed", 0, "random seed of the initialisation", 0);
   o.add_string("tokenizer", "", "folder whose tokenizer files are copied into the output");
   o.add_string("dtype", "", "dtype written to disk (default: the config's torch_dtype)",
@@ -38,15 +43,20 @@ int run_init_model(const std::vector<std::string>& args) {
   LT_CHECK_INPUT(!o.get_string("model_config").empty(),
                  "init-model: --config config.json is required");
   LT_CHECK_INPUT(!o.get_string("out").empty(), "init-model: --out DIR is required");
+  const std::string out = o.get_string("out"), tokenizer = o.get_string("tokenizer");
+  const std::vector<CommandInput> inputs = {{o.get_string("model_config"), "--config"},
+                                            {tokenizer, "--tokenizer"}};
+  check_output_folder(out, "out", o.get_bool("overwrite"), inputs);
   ModelConfig cfg = ModelConfig::load(o.get_string("model_config"));
-  prepare_output_dir(o.get_string("out"), "out");
+  if (!tokenizer.empty()) Tokenizer::load(tokenizer);
   DType disk = cfg.torch_dtype;
   if (!o.get_string("dtype").empty()) dtype_from_string(o.get_string("dtype"), &disk);
   DecoderModel model(cfg, Device::cpu(), DType::kF32);
   model.init_random(static_cast<uint64_t>(o.get_int("seed")));
-  const std::string out = o.get_string("out");
-  model.save(out, disk);
-  if (!o.get_string("tokenizer").empty()) copy_tokenizer_files(o.get_string("tokenizer"), out);
+  OutputFolder folder(out, "out", o.get_bool("overwrite"), inputs);
+  model.save(folder.dir(), disk);
+  if (!tokenizer.empty()) copy_tokenizer_files(tokenizer, folder.dir());
+  folder.commit();
   std::printf("wrote %s: %s, %lld parameters, %s\n", out.c_str(), cfg.architecture.c_str(),
               static_cast<long long>(model.num_parameters()), dtype_name(disk));
   return 0;

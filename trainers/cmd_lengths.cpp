@@ -6,14 +6,13 @@
 // padding-free batches and bfd / bfd_split / wrapped packing would reach at it (definitions in
 // loaders/length_stats.h). --plot writes an SVG histogram. A tokenized dataset needs no
 // tokenizer. Bad input: exit 2 with one line naming the file (and line).
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <string>
 
 #include "engine/check.h"
 #include "loaders/examples.h"
+#include "loaders/fs_util.h"
 #include "loaders/length_stats.h"
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
@@ -51,12 +50,13 @@ int run_lengths(const std::vector<std::string>& args) {
     apply_chat_options(o, *tok);
     encoder = make_text_encoder(tok);
   }
-  // Open the plot file before the (possibly long) tokenisation so a bad path fails fast.
-  std::unique_ptr<FILE, int (*)(FILE*)> svg(nullptr, std::fclose);
-  if (!plot.empty()) {
-    svg.reset(std::fopen(plot.c_str(), "wb"));
-    LT_CHECK_INPUT(svg != nullptr, plot, ": cannot write: ", std::strerror(errno));
-  }
+  // The plot path is checked before the (possibly long) tokenisation so a bad path fails fast;
+  // it is written at the end, whole or not at all, and never over an input.
+  if (!plot.empty())
+    check_output_file(plot, "plot",
+                      {{dataset, "--dataset"},
+                       {o.get_string("tokenizer"), "--tokenizer"},
+                       chat_template_input(o)});
 
   const SftData data = load_sft_data(dataset, encoder.get(), cfg);
   const std::vector<int64_t> lengths = data.examples.lengths();
@@ -94,11 +94,8 @@ int run_lengths(const std::vector<std::string>& args) {
                 e.name == "padded" || e.name == "padding_free" ? "micro-batches" : "bins");
   }
 
-  if (svg) {
-    const std::string text = svg_histogram(lengths, dataset, rec);
-    LT_CHECK_INPUT(std::fwrite(text.data(), 1, text.size(), svg.get()) == text.size() &&
-                       std::fflush(svg.get()) == 0,
-                   plot, ": write failed: ", std::strerror(errno));
+  if (!plot.empty()) {
+    write_text_atomic(plot, svg_histogram(lengths, dataset, rec));
     std::printf("\nwrote %s\n", plot.c_str());
   }
   return 0;

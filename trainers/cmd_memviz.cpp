@@ -1,6 +1,7 @@
 // trainer_bin memviz TRACE.json -o trace.html: turns an allocator trace (--memory_trace) into
 // one self-contained HTML page (trainers/memviz_page.cpp) and prints the peak on stdout.
-// A malformed trace is exit 2 with one line naming the file and the event.
+// A malformed trace is exit 2 with one line naming the file and the event. The page never
+// replaces the trace (output_path.h) and is written to a temporary file renamed on success.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -9,6 +10,7 @@
 #include "loaders/fs_util.h"
 #include "trainers/commands.h"
 #include "trainers/memory_trace.h"
+#include "trainers/output_path.h"
 
 namespace leantune {
 namespace {
@@ -31,6 +33,7 @@ int run_memviz(const std::vector<std::string>& args) {
   } catch (const CLI::ParseError& e) {
     LT_THROW(ErrorKind::kInput, "memviz: ", e.what(), " (run 'trainer_bin memviz --help')");
   }
+  check_output_file(out, "output", {{trace_path, "TRACE"}});
   const nlohmann::json a = analyse_memory_trace(read_json_file(trace_path), trace_path, max_points);
   write_text_atomic(out, memory_trace_html(a));
   const nlohmann::json& pk = a["peak"];

@@ -6,17 +6,17 @@
 //   wrapped         {"input_ids": [...]}                          a bin is one sequence (TRL)
 // plus "labels" ([...], -100 where no loss) on every line when some token of the dataset is
 // masked (completion_only_loss, assistant_only_loss or masks in a tokenized dataset).
-// A tokenized {"input_ids"} dataset needs no tokenizer. The output is written to OUT.tmp and
-// renamed, so an interrupted run leaves no partial file under OUT. A summary goes to stdout.
+// A tokenized {"input_ids"} dataset needs no tokenizer. OUT is never an input (the dataset, the
+// tokenizer folder), and is written to a temporary file renamed on success (output_path.h), so
+// an interrupted run leaves no partial file under OUT. A summary goes to stdout.
 // Bad input: exit 2 with one line naming the file (and line).
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <string>
 
 #include "engine/check.h"
 #include "loaders/examples.h"
+#include "loaders/fs_util.h"
 #include "loaders/pack.h"
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
@@ -59,7 +59,9 @@ int run_pack(const std::vector<std::string>& args) {
   LT_CHECK_INPUT(!dataset.empty(), "pack: --dataset F.jsonl is required");
   LT_CHECK_INPUT(!out_path.empty(), "pack: --out OUT.jsonl is required");
   LT_CHECK_INPUT(o.is_set("max_length"), "pack: --max_length L is required");
-  check_output_file(out_path, "out");
+  check_output_file(
+      out_path, "out",
+      {{dataset, "--dataset"}, {o.get_string("tokenizer"), "--tokenizer"}, chat_template_input(o)});
 
   DataConfig cfg;
   read_dataset_options(o, &cfg);
@@ -90,49 +92,35 @@ int run_pack(const std::vector<std::string>& args) {
     }
   }
 
-  const std::string tmp = out_path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  LT_CHECK_INPUT(f != nullptr, out_path, ": cannot write: ", std::strerror(errno));
-  std::unique_ptr<FILE, int (*)(FILE*)> guard(f, std::fclose);
-  // A failed write (a full disk) leaves no partial OUT.tmp behind.
-  struct RemoveUnlessRenamed {
-    const std::string& path;
-    bool renamed = false;
-    ~RemoveUnlessRenamed() {
-      if (!renamed) std::remove(path.c_str());
-    }
-  } cleanup{tmp};
-  std::string line;
-  std::vector<int32_t> ids, labels;
-  for (int64_t b = 0; b < packing.num_bins(); ++b) {
-    ids.clear();
-    labels.clear();
-    for (const Segment& s : packing.bin(b)) {
-      const auto src =
-          ex.ids(s.item).subspan(static_cast<size_t>(s.begin), static_cast<size_t>(s.length));
-      const auto mask =
-          ex.mask(s.item).subspan(static_cast<size_t>(s.begin), static_cast<size_t>(s.length));
-      for (size_t k = 0; k < src.size(); ++k) {
-        ids.push_back(src[k]);
-        labels.push_back(mask[k] ? src[k] : -100);
+  // Written to a temporary file renamed on success: an interrupted run or a full disk leaves no
+  // partial file under OUT.
+  write_file_atomic(out_path, [&](std::FILE* f) {
+    std::string line;
+    std::vector<int32_t> ids, labels;
+    for (int64_t b = 0; b < packing.num_bins(); ++b) {
+      ids.clear();
+      labels.clear();
+      for (const Segment& s : packing.bin(b)) {
+        const auto src =
+            ex.ids(s.item).subspan(static_cast<size_t>(s.begin), static_cast<size_t>(s.length));
+        const auto mask =
+            ex.mask(s.item).subspan(static_cast<size_t>(s.begin), static_cast<size_t>(s.length));
+        for (size_t k = 0; k < src.size(); ++k) {
+          ids.push_back(src[k]);
+          labels.push_back(mask[k] ? src[k] : -100);
+        }
       }
+      line = "{";
+      write_ints(&line, "input_ids", ids.data(), ids.size(), true);
+      if (!packing.bin_is_one_sequence()) {
+        const std::vector<int32_t> lens = packing.seq_lengths(b);
+        write_ints(&line, "seq_lengths", lens.data(), lens.size(), false);
+      }
+      if (any_masked) write_ints(&line, "labels", labels.data(), labels.size(), false);
+      line += "}\n";
+      write_bytes(f, line.data(), line.size(), out_path);
     }
-    line = "{";
-    write_ints(&line, "input_ids", ids.data(), ids.size(), true);
-    if (!packing.bin_is_one_sequence()) {
-      const std::vector<int32_t> lens = packing.seq_lengths(b);
-      write_ints(&line, "seq_lengths", lens.data(), lens.size(), false);
-    }
-    if (any_masked) write_ints(&line, "labels", labels.data(), labels.size(), false);
-    line += "}\n";
-    LT_CHECK_INPUT(std::fwrite(line.data(), 1, line.size(), f) == line.size(), out_path,
-                   ": write failed: ", std::strerror(errno));
-  }
-  LT_CHECK_INPUT(std::fflush(f) == 0, out_path, ": write failed: ", std::strerror(errno));
-  guard.reset();
-  LT_CHECK_INPUT(std::rename(tmp.c_str(), out_path.c_str()) == 0, out_path, ": cannot rename from ",
-                 tmp, ": ", std::strerror(errno));
-  cleanup.renamed = true;
+  });
 
   std::printf("%s\n", data.stats.summary().c_str());
   // Empty examples stay zero-length items for the packing windows; the packer drops them.

@@ -51,7 +51,9 @@ int score_command(const std::vector<std::string>& argv) {
   LT_CHECK_INPUT(!path.empty(), "score: --model is required");
   LT_CHECK_INPUT(!dataset.empty(), "score: --dataset is required");
   const std::string output = o.get_string("output");
-  if (!output.empty()) check_output_file(output, "output");
+  if (!output.empty())
+    check_output_file(output, "output",
+                      {{path, "--model"}, {dataset, "--dataset"}, chat_template_input(o)});
   std::string tokenizer_dir = path;
   if (is_adapter_dir(path) && !std::filesystem::exists(path + "/tokenizer.json"))
     tokenizer_dir = resolve_base_model_path(path);

@@ -93,6 +93,7 @@ ChatRequest parse_chat(const std::string& input) {
       LT_CHECK_INPUT(j["chat_template_kwargs"].is_object(),
                      "tokenize --chat: \"chat_template_kwargs\" must be an object");
       r.kwargs = j["chat_template_kwargs"];
+      check_chat_template_kwargs(r.kwargs, "tokenize --chat: \"chat_template_kwargs\"");
     }
   } else {
     LT_CHECK_INPUT(j.is_array(),

@@ -1,6 +1,8 @@
 // One declaration of the chat and dataset option groups (see data_options.h).
 #include "trainers/data_options.h"
 
+#include <filesystem>
+
 #include "loaders/chat_template.h"
 #include "loaders/tokenizer.h"
 
@@ -21,6 +23,12 @@ void apply_chat_options(const Options& o, Tokenizer& tok) {
   if (!o.get_string("chat_template_kwargs").empty()) {
     tok.set_chat_template_kwargs(parse_chat_template_kwargs(o.get_string("chat_template_kwargs")));
   }
+}
+
+CommandInput chat_template_input(const Options& o) {
+  const std::string& t = o.get_string("chat_template");
+  std::error_code ec;
+  return {std::filesystem::is_regular_file(t, ec) ? t : std::string(), "--chat_template"};
 }
 
 void add_dataset_options(Options& o) {

@@ -9,6 +9,7 @@
 
 #include "loaders/data_config.h"
 #include "trainers/options.h"
+#include "trainers/output_path.h"
 
 namespace leantune {
 
@@ -18,6 +19,8 @@ void add_chat_options(Options& o);
 // Applies --chat_template / --chat_template_kwargs to the tokenizer's chat template (Error
 // kInput for an unknown name, an unreadable file, bad JSON, or kwargs without a template).
 void apply_chat_options(const Options& o, Tokenizer& tok);
+// --chat_template as an input of the command (output_path.h), when it names a file.
+CommandInput chat_template_input(const Options& o);
 
 void add_dataset_options(Options& o);
 void read_dataset_options(const Options& o, DataConfig* cfg);

@@ -585,7 +585,7 @@ nlohmann::json OnlineTrainer::data_state() const {
 }
 
 void OnlineTrainer::set_data_state(const nlohmann::json& s) {
-  prompts_.set_state(s);
+  prompts_.set_state(s, world_communicator(args_.comm));
   // The buffered generation batch is not checkpointed: the next micro-batch generates afresh.
   micro_step_ = s.value("micro_step", int64_t{0});
   generations_ = s.value("generations", int64_t{0});

@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "engine/check.h"
+#include "loaders/dataset.h"
 #include "trainers/data_options.h"
 #include "trainers/grpo.h"
 #include "trainers/optim_options.h"
@@ -130,6 +131,8 @@ OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& en
   std::string text;
   int64_t line = 0;
   bool first = true;
+  DatasetFormat format;  // of the first row: a file has one schema (dataset.h)
+  int64_t format_line = 0;
   while (std::getline(in, text)) {
     ++line;
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -142,6 +145,14 @@ OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& en
     }
     bool conv = false;
     d.rows.push_back(prompt_row(std::move(row), line, enc, need_solution, where, &conv));
+    const nlohmann::json& r = d.rows.back().row;
+    if (first) {
+      format = detect_format(r, "text");
+      format_line = line;
+    } else if (auto p = check_row_format(format, format_line, r, "text")) {
+      LT_THROW(ErrorKind::kInput, where, ": ", p->message,
+               p->kind == BadLineKind::kMissingKey ? format_note(format, format_line) : "");
+    }
     LT_CHECK_INPUT(first || conv == d.conversational, where,
                    ": rows mix string prompts and message-list prompts");
     d.conversational = conv;

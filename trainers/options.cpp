@@ -9,6 +9,7 @@
 
 #include "engine/check.h"
 #include "loaders/fs_util.h"
+#include "loaders/unicode.h"
 
 namespace leantune {
 
@@ -349,6 +350,11 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
 }
 
 void Options::set_from_text(Spec& s, const std::string& text, const std::string& where) {
+  // Every value is kept as JSON text: bytes that are not UTF-8 are refused here, naming the
+  // option, not later as an internal JSON error.
+  const size_t invalid = unicode::find_invalid(text);
+  LT_CHECK_INPUT(invalid == std::string::npos, where, ": option --", s.name,
+                 " is not valid UTF-8 (byte ", invalid, ")");
   auto bad = [&]() {
     LT_THROW(ErrorKind::kInput, where, ": option --", s.name, " expects ", type_name(s.type),
              ", got '", text, "'");
@@ -495,6 +501,12 @@ const std::string& Options::get_string(const std::string& name) const {
 }
 std::vector<std::string> Options::get_string_list(const std::string& name) const {
   return values_.at(spec(name).name).get<std::vector<std::string>>();
+}
+bool Options::declared(const std::string& name) const {
+  const std::string c = canonical(name);
+  for (const Spec& s : specs_)
+    if (s.name == c) return true;
+  return false;
 }
 bool Options::is_set(const std::string& name) const {
   auto it = user_set_.find(spec(name).name);

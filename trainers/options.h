@@ -76,6 +76,8 @@ class Options {
   const std::vector<std::string>& positional() const { return positional_; }
   // True when the option was set by the user (config or flag), not left at its default.
   bool is_set(const std::string& name) const;
+  // True when the command declared the option (or an alias of it).
+  bool declared(const std::string& name) const;
   // Overrides a value programmatically (e.g. the embedded default run).
   void set(const std::string& name, const nlohmann::json& value);
   // Changes a declared option's default (a trainer whose TRL config has another default than

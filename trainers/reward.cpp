@@ -205,7 +205,9 @@ double RewardTrainer::epoch_progress() const {
 
 nlohmann::json RewardTrainer::data_state() const { return batches_.state(); }
 
-void RewardTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s); }
+void RewardTrainer::set_data_state(const nlohmann::json& s) {
+  batches_.set_state(s, world_communicator(args_.comm));
+}
 
 void RewardTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());

@@ -75,14 +75,26 @@ nlohmann::json RowBatches::state() const {
           {"drop_last", drop_last_}};
 }
 
-void RowBatches::set_state(const nlohmann::json& s) {
-  LT_CHECK_INPUT(s.is_object() && s.contains("epoch") && s.contains("step_in_epoch") &&
-                     s.value(what_, int64_t{-1}) == rows_,
+void RowBatches::set_state(const nlohmann::json& s, const Communicator& comm) {
+  LT_CHECK_INPUT(s.is_object() && s.value(what_, int64_t{-1}) == rows_,
                  "the checkpoint's data state does not belong to this dataset (",
                  s.is_object() ? s.value(what_, int64_t{-1}) : int64_t{-1}, " ", what_, " there, ",
                  rows_, " here)");
-  epoch_ = s["epoch"].get<int64_t>();
-  step_in_epoch_ = s["step_in_epoch"].get<int64_t>();
+  auto count = [&](const char* key) {
+    auto it = s.find(key);
+    LT_CHECK_INPUT(it != s.end() && it->is_number_integer() && it->get<int64_t>() >= 0, "key '",
+                   key, "' must be a non-negative integer, got ",
+                   it == s.end() ? std::string("nothing") : it->dump());
+    return it->get<int64_t>();
+  };
+  const int64_t epoch = count("epoch"), step = count("step_in_epoch");
+  // A position past the epoch's end would be read as the start of the next epoch: the run would
+  // go on from data it never reached.
+  LT_CHECK_INPUT(step <= per_epoch(comm), "key 'step_in_epoch' is ", step, ", past the ",
+                 per_epoch(comm), " micro-batch(es) of an epoch of this dataset on ", comm.size(),
+                 " rank(s)");
+  epoch_ = epoch;
+  step_in_epoch_ = step;
 }
 
 }  // namespace leantune

@@ -33,8 +33,10 @@ class RowBatches {
   // Epochs done, with the current one's fraction.
   double progress(const Communicator& comm) const;
   nlohmann::json state() const;
-  // Error(kInput) when the state belongs to a dataset of another size.
-  void set_state(const nlohmann::json& s);
+  // Error(kInput) naming the key when the state belongs to a dataset of another size, a position
+  // is not a non-negative integer, or step_in_epoch lies past this rank's micro-batches of an
+  // epoch.
+  void set_state(const nlohmann::json& s, const Communicator& comm);
 
  private:
   std::vector<int64_t> order(int64_t epoch) const;

@@ -74,6 +74,17 @@ class MemoryTraceScope {
     write();
     log.message("memory trace written to " + written_);
   }
+  // Training ended before until_step (or stopped early): recording stops with the last step, and
+  // finish() writes the trace of the steps taken once the model is saved (a full disk then
+  // costs the trace, not the model), a failed write an error like any other output's.
+  void stop() {
+    if (!path_.empty()) alloc_.set_trace_enabled(false);
+  }
+  void finish(MetricsLogger& log) {
+    if (path_.empty()) return;
+    write();
+    log.message("memory trace written to " + written_);
+  }
 
  private:
   void write() {
@@ -211,9 +222,10 @@ TrainingArguments training_arguments(const Options& o) {
   a.memory_trace = o.get_string("memory_trace");
   a.memory_trace_steps = o.get_int("memory_trace_steps");
   if (!a.memory_trace.empty()) {
-    const std::filesystem::path parent = std::filesystem::path(a.memory_trace).parent_path();
-    LT_CHECK_INPUT(parent.empty() || std::filesystem::is_directory(parent),
-                   "option memory_trace: ", parent.string(), " is not a folder");
+    std::vector<CommandInput> inputs;
+    for (const char* k : {"model_name_or_path", "dataset", "eval_dataset"})
+      if (o.declared(k)) inputs.push_back({o.get_string(k), std::string("--") + k});
+    check_output_file(a.memory_trace, "memory_trace", inputs);
   }
   LT_CHECK_INPUT(!a.output_dir.empty(), "option output_dir must not be empty");
   LT_CHECK_INPUT(a.max_steps > 0 || a.num_train_epochs > 0,
@@ -741,6 +753,7 @@ TrainResult Trainer::train() {
       break;
     }
   }
+  trace.stop();
   log.finish();
   result.steps = step_;
   result.skipped_steps = skipped_steps_;
@@ -758,6 +771,7 @@ TrainResult Trainer::train() {
     else
       take_part_in_save();
   }
+  trace.finish(log);
   if (distributed) comm.barrier();  // the output is complete when any rank returns
   if (result.memory.is_null()) result.memory = memory_report(technique_savings());
   return result;

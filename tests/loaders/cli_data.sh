@@ -138,7 +138,7 @@ expect_bad lengths_bad_line "bad_json.jsonl:3: invalid JSON" \
 expect_bad lengths_missing_file "nope.jsonl: cannot open dataset" \
   "$bin" lengths --dataset "$tmp/nope.jsonl"
 expect_bad lengths_no_dataset "--dataset" "$bin" lengths
-expect_bad lengths_bad_plot "no_dir/h.svg: cannot write" \
+expect_bad lengths_bad_plot "option --plot: folder '$tmp/no_dir' of '$tmp/no_dir/h.svg' does not exist" \
   "$bin" lengths --dataset "$fx/tokenized.jsonl" --plot "$tmp/no_dir/h.svg"
 expect_bad lengths_text_without_tokenizer "text.jsonl:1: dataset format language_modeling needs a tokenizer" \
   "$bin" lengths --dataset "$fx/text.jsonl"

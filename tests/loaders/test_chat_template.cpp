@@ -19,6 +19,7 @@
 #include "loaders/fs_util.h"
 #include "loaders/jinja/bundled.h"
 #include "loaders/tokenizer.h"
+#include "testing/testing.h"
 
 namespace leantune {
 namespace {
@@ -247,6 +248,34 @@ TEST(ChatTemplateNames, KwargsReachTheTemplate) {
   EXPECT_EQ(t.render({{"user", "x"}}, false), "think");
   t.set_kwargs(parse_chat_template_kwargs(R"({"enable_thinking": false})"));
   EXPECT_EQ(t.render({{"user", "x"}}, false), "plain");
+}
+
+// Kwargs that would replace what the renderer binds (the conversation, the tools, the
+// generation prompt, the special tokens) are refused naming the option and the key, and leave the
+// template as it was.
+TEST(ChatTemplateNames, KwargsCannotReplaceTheTemplatesOwnVariables) {
+  ChatTemplate t = ChatTemplate::from_name("chatml");
+  const std::string before = t.render({{"user", "x"}}, true);
+  for (const std::string& key : chat_template_variables()) {
+    expect_input_error(
+        [&] { t.set_kwargs(parse_chat_template_kwargs("{\"" + key + "\": []}")); },
+        "option --chat_template_kwargs: key '" + key + "' is the chat template's own variable");
+  }
+  EXPECT_EQ(t.render({{"user", "x"}}, true), before);
+  expect_input_error(
+      [&] { check_chat_template_kwargs(parse_chat_template_kwargs(R"({"tools": null})"), "row"); },
+      "row: key 'tools'");
+}
+
+// A template that is not UTF-8 is refused when it is read, naming its file (not later, as
+// tokenizer input at some byte).
+TEST(ChatTemplateNames, InvalidUtf8TemplateNamesItsFile) {
+  const std::string path = testing::temp_dir("tpl") + "/bad.jinja";
+  std::ofstream(path) << "{{ 'a' }}\xff";
+  expect_input_error([&] { ChatTemplate::from_name(path); },
+                     "option --chat_template: '" + path + "' is not valid UTF-8 (byte 9)");
+  expect_input_error([] { ChatTemplate::from_source("\xc3(", "m/chat_template.jinja"); },
+                     "m/chat_template.jinja: the chat template is not valid UTF-8 (byte 0)");
 }
 
 TEST(ChatTemplateNames, OverrideByNameOnATokenizer) {

@@ -33,9 +33,10 @@ TEST(GenerateBatch, BatchedRowsEqualOneAtATime) {
   const std::string dir = testing::temp_dir("gen");
   const std::string model = testing::make_tiny_model(dir + "/model");
   const std::string prompts = dir + "/p.jsonl";
-  std::ofstream(prompts) << R"({"prompt": "Once upon a time there was"})"
+  // Prompt + completion rows (one schema per file): only the prompts are completed.
+  std::ofstream(prompts) << R"({"prompt": "Once upon a time there was", "completion": "x"})"
                          << "\n"
-                         << R"({"prompt": "A"})"
+                         << R"({"prompt": "A", "completion": "ignored"})"
                          << "\n"
                          << R"({"prompt": "The little cat", "completion": "ignored"})"
                          << "\n";

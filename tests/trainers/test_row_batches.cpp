@@ -50,12 +50,42 @@ TEST(RowBatches, StateResumesAndRefusesAnotherDataset) {
   RowBatches a(10, 3, 1, true, "examples");
   for (int m = 0; m < 6; ++m) a.next(comm);
   RowBatches b(10, 3, 1, true, "examples");
-  b.set_state(a.state());
+  b.set_state(a.state(), comm);
   EXPECT_EQ(b.next(comm), a.next(comm));
   EXPECT_DOUBLE_EQ(b.progress(comm), a.progress(comm));
   RowBatches c(11, 3, 1, true, "examples");
-  EXPECT_THROW(c.set_state(a.state()), Error);
-  EXPECT_THROW(b.set_state(nlohmann::json::array()), Error);
+  EXPECT_THROW(c.set_state(a.state(), comm), Error);
+  EXPECT_THROW(b.set_state(nlohmann::json::array(), comm), Error);
+}
+
+// A position is an integer within the epoch: 10 rows in batches of 3 make 4 micro-batches, so
+// step_in_epoch 4 (the epoch done) resumes and 5 does not; text and negatives name the key.
+TEST(RowBatches, StateOutsideTheEpochIsRefusedNamingTheKey) {
+  Communicator& comm = world_communicator();
+  RowBatches a(10, 3, 1, true, "examples");
+  nlohmann::json s = a.state();
+  auto refused = [&](const nlohmann::json& state, const std::string& needle) {
+    RowBatches b(10, 3, 1, true, "examples");
+    try {
+      b.set_state(state, comm);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInput);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "accepted " << state.dump();
+  };
+  s["step_in_epoch"] = 4;
+  RowBatches ok(10, 3, 1, true, "examples");
+  ok.set_state(s, comm);
+  EXPECT_EQ(ok.next(comm), a.rows_of(1, 0));  // the epoch was done: the next one starts
+  s["step_in_epoch"] = 5;
+  refused(s, "key 'step_in_epoch' is 5, past the 4 micro-batch(es)");
+  s["step_in_epoch"] = "one";
+  refused(s, "key 'step_in_epoch' must be a non-negative integer, got \"one\"");
+  s["step_in_epoch"] = 0;
+  s["epoch"] = -1;
+  refused(s, "key 'epoch' must be a non-negative integer, got -1");
 }
 
 TEST(RowBatches, DropLastUsesOnlyWholeBatches) {
