@@ -54,7 +54,11 @@ StopSignalScope::StopSignalScope() {
     g_stop.store(false);
     g_deferred.store(0);
   }
-  for (int i = 0; i < 3; ++i) prev_[i] = std::signal(kSignals[i], on_signal);
+  for (int i = 0; i < 3; ++i) {
+    prev_[i] = std::signal(kSignals[i], on_signal);
+    // Under nohup a hangup stays ignored.
+    if (kSignals[i] == SIGHUP && prev_[i] == SIG_IGN) std::signal(SIGHUP, SIG_IGN);
+  }
 }
 
 StopSignalScope::~StopSignalScope() {

@@ -24,8 +24,8 @@ bool stop_requested();
 // Stop signals received after the first while a SignalsDeferredScope was alive.
 int64_t deferred_signals();
 
-// Installs the handlers of SIGTERM, SIGINT and SIGHUP for its lifetime. Scopes nest; the
-// outermost one clears the flag.
+// Installs the handlers of SIGTERM, SIGINT and SIGHUP (SIGHUP not where it is ignored, as under
+// nohup) for its lifetime. Scopes nest; the outermost one clears the flag.
 class StopSignalScope {
  public:
   StopSignalScope();
