@@ -620,6 +620,7 @@ void OnlineTrainer::set_data_state(const nlohmann::json& s) {
   micro_step_ = s.value("micro_step", int64_t{0});
   generations_ = s.value("generations", int64_t{0});
   buffer_.clear();
+  pending_.clear();
 }
 
 void OnlineTrainer::on_train_begin(MetricsLogger& log) {

@@ -599,8 +599,12 @@ TrainResult Trainer::train() {
       window_total += reports[i].real_tokens + reports[i].pad_tokens;
     }
     if (abandoned) {
-      // The partial gradients are dropped; the last completed update is what gets saved.
+      // The partial gradients are dropped, and the data position, token count and random streams
+      // go back to where the update began: the trainer is the last completed update's, as saved.
       zero_grads();
+      set_data_state(before.data_state);
+      num_tokens_ = before.num_tokens;
+      set_rng_state(before.rng);
       result.interrupted = true;
       if (step_ == 0) {
         log.message("stopped by a signal during update 1; nothing to save");

@@ -176,6 +176,8 @@ class Trainer {
   const RowGradSink& row_grad_sink() const { return row_grad_sink_; }
   virtual double epoch_progress() const = 0;  // fractional epoch, for logs
   virtual nlohmann::json data_state() const = 0;
+  // Positions the data side at `s` (a resume, or an update a stop abandoned: micro-batches
+  // fetched and not yet through compute_loss are dropped).
   virtual void set_data_state(const nlohmann::json& s) = 0;
   // Extra files for the model folder (default: the tokenizer files of tokenizer_dir_).
   virtual void write_model_extras(const std::string& dir) const;
