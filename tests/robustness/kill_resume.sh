@@ -3,8 +3,8 @@
 # from the latest checkpoint after each stop, and must end with weights bit-identical to the
 # straight run's.
 #   kill mode (default): SIGKILL; the even-numbered kills wait for a checkpoint save to be under
-#     way. Cases: sft (full fine-tuning), sft_lora and dpo_lora (LoRA with its default dropout
-#     0.05: the dropout stream's offset must come back with the checkpoint).
+#     way. Cases: sft (full fine-tuning), sft_lora, dpo_lora and reward_lora (LoRA with its
+#     default dropout 0.05: the dropout stream's offset must come back with the checkpoint).
 #   term mode: SIGTERM, each stop a clean exit 0 that saves the last completed update, wherever
 #     the signal lands. Cases: sft_accum (4 micro-batches per update: most signals land between
 #     two of them, and that update is abandoned), kto_lora (2 per update) and grpo_lora (LoRA,
@@ -46,6 +46,8 @@ args() {
     sft_accum) echo "${sft[@]}" --max_steps 12 --per_device_train_batch_size 2 \
                  --gradient_accumulation_steps 4 --save_steps 0 ;;
     dpo_lora) echo dpo --use_peft --max_steps 30 --save_steps 3 --logging_steps 1 --device cpu ;;
+    reward_lora) echo reward --use_peft --max_steps 30 --save_steps 3 --logging_steps 1 \
+                   --device cpu ;;
     kto_lora) echo kto --use_peft --gradient_accumulation_steps 2 --max_steps 30 --save_steps 0 \
                 --logging_steps 1 --device cpu ;;
     grpo_lora) echo grpo --use_peft --max_steps 12 --save_steps 0 --logging_steps 1 --device cpu \
@@ -63,25 +65,32 @@ run() {  # run OUT_DIR [extra options...]; called in a subshell, which becomes t
 }
 resume_flag() { [ -n "$(ls -d "$1"/checkpoint-* 2>/dev/null)" ] && echo "--resume_from_checkpoint latest"; }
 
-# Stops a run with SIGKILL or SIGTERM after a random delay, or (during_save) as soon as a save's
-# temp folder appears; a SIGTERM'd run must exit 0.
+# Stops a run with SIGKILL or SIGTERM at a random moment after its first update (start-up takes
+# longer on a loaded machine), or (during_save) as soon as a save's temp folder appears; a
+# SIGTERM'd run must exit 0.
 stop_run() {  # signal out_dir during_save [extra options...]
   local sig=$1 out=$2 during=$3
   shift 3
+  local lines
+  lines=$(wc -l <"$T/stops.log")
   # shellcheck disable=SC2046
   (run "$out" $(resume_flag "$out") "$@") >>"$T/stops.log" 2>&1 &
   local pid=$! waited=0
+  if [ "$during" = 0 ]; then
+    while kill -0 "$pid" 2>/dev/null && [ $waited -lt 3000 ] &&
+          ! tail -n +$((lines + 1)) "$T/stops.log" | grep -q '^step [0-9]'; do
+      sleep 0.01
+      waited=$((waited + 1))
+    done
+  fi
   if [ "$during" = 1 ]; then
     while kill -0 "$pid" 2>/dev/null && [ $waited -lt 3000 ]; do
       if compgen -G "$out/.checkpoint-*.tmp-*" >/dev/null; then break; fi
       sleep 0.005
       waited=$((waited + 1))
     done
-  elif [ "$sig" = KILL ]; then
-    sleep "0.$(printf %03d $((RANDOM % 1000)))"
   else
-    # Start-up takes a few tenths of a second: most SIGTERMs land in training.
-    sleep "$((RANDOM % 2)).$(printf %03d $((RANDOM % 1000)))"
+    sleep "0.$(printf %03d $((RANDOM % 1000)))"
   fi
   kill "-$sig" "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
@@ -115,6 +124,7 @@ stop_and_resume() {  # KILL|TERM
   if [ "$sig" = KILL ] && [ "$during_saves" -lt 2 ]; then
     echo "FAIL ($CASE): fewer than 2 kills landed during a save"; return 1
   fi
+  [ "$resumes" -ge 3 ] || { echo "FAIL ($CASE): fewer than 3 runs resumed a checkpoint"; return 1; }
   [ "$got" = "$want" ] ||
     { echo "FAIL ($CASE): resumed weights differ from the straight run"; return 1; }
   echo "ok ($CASE): bit-identical to the straight run"
@@ -124,7 +134,7 @@ if [ "$MODE" = kill ] || [ "$MODE" = term ]; then
   cases=("$@")
   if [ ${#cases[@]} -eq 0 ]; then
     cases=(sft_accum kto_lora grpo_lora)
-    [ "$MODE" = kill ] && cases=(sft sft_lora dpo_lora)
+    [ "$MODE" = kill ] && cases=(sft sft_lora dpo_lora reward_lora)
   fi
   fail=0
   for CASE in "${cases[@]}"; do

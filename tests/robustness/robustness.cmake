@@ -4,7 +4,7 @@
 #     setups in cases_<area>.sh), one table per area so that each stays within its timeout;
 #   - robustness_ulimit: the demo under ulimit -v from 700 MB to 1.3 GB exits 0 or 3, never hangs;
 #   - robustness_kill_resume: SIGKILLs at random moments of small runs (full fine-tuning, and
-#     LoRA with dropout for sft and dpo; several during saves), resumed each time, must end
+#     LoRA with dropout for sft, dpo and reward; several during saves), resumed each time, must end
 #     bit-identical to the straight run; its disk-full variant needs root and a tmpfs mount and
 #     reports SKIPPED elsewhere;
 #   - robustness_term_resume: the same with SIGTERMs, which land between micro-batches, in
