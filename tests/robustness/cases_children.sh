@@ -42,3 +42,7 @@ check_reward_sigterm_while_waiting() {
   [ "$(echo "$secs < 3.5" | bc)" = 1 ] ||
     { echo "took ${secs}s after a SIGTERM at 1.5s"; return 1; }
 }
+check_nonfinite_loss_metrics() {
+  grep -q '"nonfinite_steps":1' "$W/out/metrics.jsonl" || { echo "no nonfinite_steps count"; return 1; }
+  metrics_numbers_only
+}
