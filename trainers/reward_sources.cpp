@@ -31,9 +31,9 @@ void add_reward_source_options(Options& o) {
                "{prompt, completion, columns} per completion on stdin, one answer per line on "
                "stdout, in order: a finite number, or null for no reward. Exit 2 naming the "
                "command and its output line for an answer that is not a finite number or null, "
-               "more answers than inputs, its exit, or no answers within --reward_timeout; it "
-               "runs in a process group of its own, which gets SIGTERM and, 2 s later, SIGKILL "
-               "when the run ends, fails or is stopped");
+               "more answers than inputs, its exit, or fewer answers than inputs after "
+               "--reward_timeout; it runs in a process group of its own, which gets SIGTERM "
+               "and, 2 s later, SIGKILL when the run ends, fails or is stopped");
   o.add_float("reward_timeout", 60.0,
               "seconds the reward command may take to answer one batch of completions (then "
               "exit 2)",
