@@ -71,8 +71,7 @@ int run_sft(const Options& o) {
     return 0;
   }
   if (r.stopped_early) {
-    std::printf("sft: stopped at step %lld; resume with --resume_from_checkpoint latest\n",
-                static_cast<long long>(r.steps));
+    std::printf("%s\n", stopped_line("sft", r.steps).c_str());
     return 0;
   }
   const std::string skipped =

@@ -313,6 +313,15 @@ GenerationResult generate(const DecoderModel& model,
   };
 
   while (true) {
+    if (cfg.should_stop && cfg.should_stop()) {
+      // Every block back to the pool: the running generations' own, then the groups' prompts.
+      for (Running& r : running)
+        for (int32_t blk : r.table) pool.release(blk);
+      for (PromptGroup& g : groups)
+        for (int32_t blk : g.table) pool.release(blk);
+      res.interrupted = true;
+      return res;
+    }
     // Admission, first come first served: a group's prompt blocks when its first member comes
     // in, then each member's own blocks, while the pool can promise them.
     std::vector<std::pair<int64_t, int64_t>> admitted;  // (group, member)

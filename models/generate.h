@@ -22,10 +22,12 @@
 // Philox stream (seed, kSampling) of its own sequence number (first_sequence + its index in the
 // call). Every sequence's rows are computed independently of the others in its step, so a prompt
 // gets the same tokens in any batch, pool size or admission order as alone with the same number.
-// A sequence stops after an eos token (which is kept) or max_new_tokens.
+// A sequence stops after an eos token (which is kept) or max_new_tokens. GenerationConfig's
+// should_stop is asked between steps, so that a trainer honours a stop signal within one step.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "engine/rng.h"
@@ -45,12 +47,16 @@ struct GenerationConfig {
   // Sequence i of a call draws from Philox stream (seed, kSampling, first_sequence + i).
   int64_t first_sequence = 0;
   std::vector<int64_t> eos_token_ids;  // empty: the model config's
+  // Asked before every step; true ends the call at once with `interrupted` set (a trainer's stop
+  // signal). Empty: never.
+  std::function<bool()> should_stop;
 };
 
 struct GenerationResult {
   std::vector<std::vector<int32_t>> tokens;  // new tokens per prompt (eos included when hit)
   std::vector<bool> finished_by_eos;
   int64_t kv_cache_bytes = 0;  // the pool's bytes
+  bool interrupted = false;    // should_stop ended the call: the tokens are incomplete
 };
 
 // `pool`: the KV-cache pool to use (the online trainers keep one between generation phases and

@@ -195,7 +195,18 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& sourc
   LT_CHECK_INPUT(ds->is_object(), source, ": key 'data_state' must be an object, got ",
                  printable(ds->dump(), 60));
   st.data_state = *ds;
+  if (j.contains("rng")) st.rng = parse_rng_state(j["rng"], source);
   return st;
+}
+
+nlohmann::json parse_rng_state(const nlohmann::json& rng, const std::string& source) {
+  LT_CHECK_INPUT(rng.is_object(), source, ": key 'rng' must be an object, got ",
+                 printable(rng.dump(), 60));
+  for (auto it = rng.begin(); it != rng.end(); ++it)
+    LT_CHECK_INPUT(it->is_number_unsigned() || (it->is_number_integer() && it->get<int64_t>() >= 0),
+                   source, ": rng key '", it.key(), "' must be a non-negative integer, got ",
+                   printable(it->dump(), 60));
+  return rng;
 }
 
 void rotate_checkpoints(const std::string& output_dir, int64_t limit) {

@@ -2,13 +2,14 @@
 //
 // A checkpoint folder holds the model as an HF folder (config.json, model.safetensors,
 // tokenizer files), optimizer.safetensors (AdamW state), and trainer_state.json (step, epoch,
-// data position, RNG offsets, counters, options, log history). It is written into a hidden
-// temporary folder, every file fsynced, then renamed into place; the last file written inside
-// it before the rename is the marker `checkpoint_complete`. A folder without the marker is
-// ignored (a save killed half-way leaves the previous checkpoint as `latest`). A save that fails
-// (a full disk) removes its own temporary folder; the temporary folders of killed saves are
-// removed when the next run starts (clean_stale_checkpoint_files), so a nearly full disk does not
-// stay full of them.
+// data position, random streams' offsets (LoRA dropout), counters, options, log history): the
+// state after the checkpoint's last completed update, from which a resumed run continues bit for
+// bit. It is written into a hidden temporary folder, every file fsynced, then renamed into place;
+// the last file written inside it before the rename is the marker `checkpoint_complete`. A folder
+// without the marker is ignored (a save killed half-way leaves the previous checkpoint as
+// `latest`). A save that fails (a full disk) removes its own temporary folder; the temporary
+// folders of killed saves are removed when the next run starts (clean_stale_checkpoint_files), so a
+// nearly full disk does not stay full of them.
 #pragma once
 
 #include <functional>
@@ -69,10 +70,16 @@ struct TrainerState {
   // state), which resumes on any number of ranks and any zero_stage; consolidated_from: the ranks
   // of the run that `trainer_bin consolidate` merged it from (0: written by one process).
   int64_t consolidated_from = 0;
+  // The random streams' offsets at the checkpoint's step ({"lora_dropout": blocks} under LoRA);
+  // empty in checkpoints older than them.
+  nlohmann::json rng = nlohmann::json::object();
 };
 // Parses the text of trainer_state.json. Error(kInput) naming `source` and the key for invalid
 // JSON, a missing key, or a value that is not a non-negative integer (data_state: an object;
 // optim, offload_optimizer: strings, absent in checkpoints older than them).
 TrainerState parse_trainer_state(std::string_view text, const std::string& source);
+// The 'rng' object of trainer_state.json or of a rank's file: Error(kInput) naming `source` unless
+// it is an object of non-negative integers.
+nlohmann::json parse_rng_state(const nlohmann::json& rng, const std::string& source);
 
 }  // namespace leantune

@@ -40,8 +40,7 @@ int reward_command(const std::vector<std::string>& argv) {
     return 0;
   }
   if (r.interrupted) {
-    std::printf("reward: stopped at step %lld; resume with --resume_from_checkpoint latest\n",
-                static_cast<long long>(r.steps));
+    std::printf("%s\n", stopped_line("reward", r.steps).c_str());
     return 0;
   }
   const auto& logged = run.trainer->logged_metrics();

@@ -266,7 +266,10 @@ double DpoTrainer::epoch_progress() const { return batches_.progress(data_comm()
 
 nlohmann::json DpoTrainer::data_state() const { return batches_.state(); }
 
-void DpoTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s, data_comm()); }
+void DpoTrainer::set_data_state(const nlohmann::json& s) {
+  batches_.set_state(s, data_comm());
+  pending_.clear();  // fetched by an update that a stop abandoned
+}
 
 void DpoTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());

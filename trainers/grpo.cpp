@@ -11,6 +11,7 @@
 
 #include "engine/allocator.h"
 #include "engine/autograd.h"
+#include "engine/ops.h"
 #include "kernels/cross_entropy.h"
 #include "loaders/host_batch.h"
 #include "trainers/model_io.h"
@@ -171,6 +172,11 @@ std::vector<std::vector<double>> OnlineTrainer::completion_values(
 
 void OnlineTrainer::generate_batch() {
   const auto start = std::chrono::steady_clock::now();
+  // One process: a stop signal ends the phase between decode steps, between reference batches and
+  // while a reward command is awaited (StopRequested; the trainer saves its last completed update).
+  // Data parallel: the ranks finish the phase together and stop between micro-batches.
+  std::function<bool()> should_stop;
+  if (world_communicator(args_.comm).size() == 1) should_stop = [] { return stop_requested(); };
   if (generations_ > 0) optimization_s_ = std::chrono::duration<double>(start - phase_end_).count();
   const std::vector<int64_t> idx = prompts_.next(world_communicator(args_.comm));
   const int64_t g = cfg_.num_generations;
@@ -217,6 +223,7 @@ void OnlineTrainer::generate_batch() {
     // Data parallel: completions are numbered across the ranks, as one process numbers them.
     gc.first_sequence =
         static_cast<int64_t>(prompts.size()) * world_communicator(args_.comm).rank();
+    gc.should_stop = should_stop;
     // ZeRO-3: the whole model for the phase, or each layer for each step (models/decoder.h
     // ParamUse inside the engine); the same tokens either way.
     Zero3Params* z3 = zero3();
@@ -234,6 +241,7 @@ void OnlineTrainer::generate_batch() {
     generation_peak_.reserved = std::max(generation_peak_.reserved, st.window_reserved.peak);
     al.begin_window();
   }
+  if (gen.interrupted) throw StopRequested();
   const double gen_s = seconds_since(start);
 
   // Rewards.
@@ -248,7 +256,7 @@ void OnlineTrainer::generate_batch() {
     to_score.push_back({&data_.rows[static_cast<size_t>(r.prompt)].row,
                         decode_completion(*tokenizer_, r.completion), n});
   }
-  const std::vector<std::vector<double>> per_source = rewards_->score(to_score);
+  const std::vector<std::vector<double>> per_source = rewards_->score(to_score, should_stop);
   std::vector<double> rewards(all.size());
   for (size_t k = 0; k < all.size(); ++k) rewards[k] = rewards_->total(per_source[k]);
   const double reward_s = seconds_since(reward_start);
@@ -269,6 +277,7 @@ void OnlineTrainer::generate_batch() {
     lo.gradient_checkpointing = false;
     const size_t mb = static_cast<size_t>(cfg_.completions_per_micro_batch);
     for (size_t b0 = 0; b0 < all.size(); b0 += mb) {
+      if (should_stop && should_stop()) throw StopRequested();
       std::vector<Rollout> part(all.begin() + static_cast<int64_t>(b0),
                                 all.begin() + static_cast<int64_t>(std::min(all.size(), b0 + mb)));
       const Batch batch = collate(part);
@@ -317,6 +326,7 @@ void OnlineTrainer::generate_batch() {
                             lengths_g = gather_ranks(comm, lengths),
                             eos_g = gather_ranks(comm, eos), kl_g = gather_ranks(comm, kl),
                             kl_tok_g = gather_ranks(comm, kl_tok);
+  check_rewards(rewards_g, all);
   // RLOO: the KL penalty enters the reward first.
   std::vector<double> adv_rewards = rewards_g;
   if (rloo && need_ref)
@@ -448,12 +458,32 @@ Batch OnlineTrainer::next_micro_batch(BatchReport* report) {
   return b;
 }
 
+void OnlineTrainer::check_rewards(const std::vector<double>& rewards_g, std::vector<Rollout>& all) {
+  int64_t unscored = 0;
+  for (double r : rewards_g) unscored += std::isnan(r) ? 1 : 0;
+  const std::string batch = "generation batch " + std::to_string(generations_ + 1) + ": ";
+  if (unscored > 0)
+    warn("warning: " + batch + std::to_string(unscored) + " of " +
+         std::to_string(rewards_g.size()) +
+         " completions got no reward (every source answered null); their advantage is 0");
+  const std::string why = nonfinite_rewards(rewards_g, cfg_.num_generations);
+  if (why.empty()) return;
+  warn("warning: " + batch + "the rewards are not finite (" + why +
+       "); its updates are skipped as non-finite");
+  for (Rollout& r : all) r.nonfinite_reward = true;
+}
+
 Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
   (void)normalizer;  // the loss types carry their own normalisers (grpo_loss.h)
   LT_CHECK(!pending_.empty(), "online trainer: compute_loss without a fetched micro-batch");
   const std::vector<Rollout> rs = std::move(pending_.front());
   pending_.pop_front();
-  if (cfg_.algorithm == "online_dpo") return online_dpo_loss(b, rs);
+  Tensor loss = cfg_.algorithm == "online_dpo" ? online_dpo_loss(b, rs) : policy_loss(b, rs);
+  if (!rs.empty() && rs.front().nonfinite_reward) loss = ops::scale(loss, std::nan(""));
+  return loss;
+}
+
+Tensor OnlineTrainer::policy_loss(const Batch& b, const std::vector<Rollout>& rs) {
   const bool rloo = cfg_.algorithm == "rloo";
   SequenceLogpsOptions lo = cfg_.logps;
   lo.per_token = !rloo;
@@ -590,6 +620,7 @@ void OnlineTrainer::set_data_state(const nlohmann::json& s) {
   micro_step_ = s.value("micro_step", int64_t{0});
   generations_ = s.value("generations", int64_t{0});
   buffer_.clear();
+  pending_.clear();
 }
 
 void OnlineTrainer::on_train_begin(MetricsLogger& log) {

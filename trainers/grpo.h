@@ -28,6 +28,11 @@
 //   micro-batch, two completions each, generated for every micro-batch; the one with the higher
 //   reward (ties: the first) is chosen; the DPO loss (sigmoid or ipo) on the summed
 //   log-probabilities against the reference, mean over pairs.
+// Rewards that are not finite (an infinite weighted sum, or a group's mean or std beyond a
+// double) make every update on their generation batch a non-finite step: a warning, skipped,
+// counted, and the run stops with exit 4 after max_consecutive_nonfinite in a row (trainer.h).
+// Completions that no source scored (all null) are a warning each generation batch; their
+// advantage is 0 (TRL's).
 // Metrics (metrics.jsonl): reward, reward_std, rewards/<source>/{mean,std}, frac_reward_zero_std,
 // completions/{mean,min,max}_length, completions/clipped_ratio, completions/
 // mean_terminated_length, clip_ratio/*, kl (beta != 0), entropy, and the time of each phase
@@ -128,6 +133,9 @@ struct Rollout {
   double advantage = 0;
   double reward = 0;    // online_dpo: the total reward (after missing_eos_penalty)
   bool chosen = false;  // online_dpo: the better of its prompt's two completions
+  // Its generation batch's rewards are not finite (nonfinite_rewards): the loss is made NaN, so
+  // that the trainer skips the update, warns and counts it (max_consecutive_nonfinite).
+  bool nonfinite_reward = false;
 };
 
 class OnlineTrainer final : public Trainer {
@@ -159,8 +167,13 @@ class OnlineTrainer final : public Trainer {
   // Per completion token log-probabilities of the rollouts' tokens in `b` from per-row values.
   std::vector<std::vector<double>> completion_values(const std::vector<Rollout>& rs,
                                                      const std::vector<double>& rows) const;
+  // grpo's and rloo's loss of one micro-batch.
+  Tensor policy_loss(const Batch& b, const std::vector<Rollout>& rs);
   // online_dpo's loss of one micro-batch (pairs adjacent, one chosen and one rejected each).
   Tensor online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs);
+  // Warns about the generation batch's rewards: completions without any, or rewards that are
+  // not finite (then flagged, see Rollout::nonfinite_reward).
+  void check_rewards(const std::vector<double>& rewards_g, std::vector<Rollout>& all);
 
   std::shared_ptr<Tokenizer> tokenizer_;
   OnlinePrompts data_;

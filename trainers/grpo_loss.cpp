@@ -40,6 +40,25 @@ std::pair<double, double> nan_mean_std(const std::vector<double>& v, size_t b, s
   return {mean, std::sqrt(corrected)};
 }
 
+std::string nonfinite_rewards(const std::vector<double>& rewards, int64_t num_generations) {
+  check_groups(rewards.size(), num_generations, "nonfinite_rewards");
+  for (size_t i = 0; i < rewards.size(); ++i)
+    if (std::isinf(rewards[i]))
+      return "reward " + std::to_string(i + 1) + " is " + (rewards[i] > 0 ? "+" : "-") + "inf";
+  auto stats = [&](size_t b, size_t e, const std::string& what) -> std::string {
+    const auto [mean, std] = nan_mean_std(rewards, b, e);
+    if (std::isinf(mean)) return what + " reward mean overflows";
+    if (std::isinf(std)) return what + " reward standard deviation overflows";
+    return "";
+  };
+  const size_t g = static_cast<size_t>(num_generations);
+  for (size_t b = 0; b < rewards.size(); b += g) {
+    const std::string why = stats(b, b + g, "group " + std::to_string(b / g + 1) + "'s");
+    if (!why.empty()) return why;
+  }
+  return stats(0, rewards.size(), "the batch's");
+}
+
 std::vector<double> grpo_advantages(const std::vector<double>& rewards, int64_t num_generations,
                                     const std::string& scale_rewards) {
   LT_CHECK_INPUT(scale_rewards == "group" || scale_rewards == "batch" || scale_rewards == "none",

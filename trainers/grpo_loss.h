@@ -39,6 +39,12 @@ namespace leantune {
 // values, and the std NaN for one value, as torch gives.
 std::pair<double, double> nan_mean_std(const std::vector<double>& v, size_t b, size_t e);
 
+// Why a generation batch's rewards (groups of num_generations) cannot be used, or "" when they
+// can: an infinite reward (a weighted sum that overflowed), or a group's or the whole batch's
+// NaN-aware mean or std beyond a double (rewards near +-1.8e308), which would make every
+// advantage 0 or NaN. NaN rewards (no reward) are allowed.
+std::string nonfinite_rewards(const std::vector<double>& rewards, int64_t num_generations);
+
 std::vector<double> grpo_advantages(const std::vector<double>& rewards, int64_t num_generations,
                                     const std::string& scale_rewards);
 std::vector<double> rloo_advantages(const std::vector<double>& rewards, int64_t num_generations,

@@ -204,7 +204,10 @@ double KtoTrainer::epoch_progress() const { return batches_.progress(data_comm()
 
 nlohmann::json KtoTrainer::data_state() const { return batches_.state(); }
 
-void KtoTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s, data_comm()); }
+void KtoTrainer::set_data_state(const nlohmann::json& s) {
+  batches_.set_state(s, data_comm());
+  pending_.clear();  // fetched by an update that a stop abandoned
+}
 
 void KtoTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());

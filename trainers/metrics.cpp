@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -109,7 +110,21 @@ void MetricsLogger::write_record(const std::string& line) {
             (cut ? "" : "; the last line may be torn (truncation failed)"));
 }
 
-void MetricsLogger::log(const nlohmann::json& r) {
+namespace {
+// `j` without its non-finite numbers (nlohmann writes them as null), in nested objects too.
+nlohmann::json finite_only(const nlohmann::json& j) {
+  if (!j.is_object()) return j;
+  nlohmann::json out = nlohmann::json::object();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it->is_number_float() && !std::isfinite(it->get<double>())) continue;
+    out[it.key()] = finite_only(*it);
+  }
+  return out;
+}
+}  // namespace
+
+void MetricsLogger::log(const nlohmann::json& record) {
+  const nlohmann::json r = finite_only(record);
   if (fd_ >= 0) write_record(r.dump() + "\n");
   print_progress(r);
 }
@@ -130,7 +145,9 @@ std::string fmt_duration(double s) {
 }  // namespace
 
 void MetricsLogger::print_progress(const nlohmann::json& r) {
-  if (!r.contains("loss")) {
+  // A training record has a learning rate (its loss is absent when every update of the window
+  // was skipped as non-finite); anything else is printed as it is.
+  if (!r.contains("learning_rate")) {
     std::string s = r.dump();
     message(s);
     return;
@@ -142,13 +159,15 @@ void MetricsLogger::print_progress(const nlohmann::json& r) {
       step > start_step_ ? elapsed / static_cast<double>(step - start_step_) : 0;
   const double eta = per_step * static_cast<double>(total_steps_ - step);
   const double peak = r.contains("memory") ? r["memory"].value("peak_allocated", 0.0) : 0.0;
+  char loss[32] = "-", norm[32] = "-";
+  if (r.contains("loss")) std::snprintf(loss, sizeof loss, "%.4f", r.value("loss", 0.0));
+  if (r.contains("grad_norm")) std::snprintf(norm, sizeof norm, "%.3f", r.value("grad_norm", 0.0));
   char line[512];
   std::snprintf(line, sizeof line,
-                "step %lld/%lld  loss %.4f  grad_norm %.3f  lr %.2e  %.0f tok/s  peak %s  ETA %s",
-                static_cast<long long>(step), static_cast<long long>(total_steps_),
-                r.value("loss", 0.0), r.value("grad_norm", 0.0), r.value("learning_rate", 0.0),
-                r.value("tokens_per_second", 0.0), format_bytes(static_cast<int64_t>(peak)).c_str(),
-                fmt_duration(eta).c_str());
+                "step %lld/%lld  loss %s  grad_norm %s  lr %.2e  %.0f tok/s  peak %s  ETA %s",
+                static_cast<long long>(step), static_cast<long long>(total_steps_), loss, norm,
+                r.value("learning_rate", 0.0), r.value("tokens_per_second", 0.0),
+                format_bytes(static_cast<int64_t>(peak)).c_str(), fmt_duration(eta).c_str());
   if (r.contains("rewards/accuracies")) {
     // Preference trainers: TRL's reward metrics after the common ones.
     const size_t used = std::strlen(line);
@@ -185,17 +204,27 @@ void MetricsLogger::finish() {
 }
 
 void MetricWindow::add(const nlohmann::json& metrics) {
-  for (auto it = metrics.begin(); it != metrics.end(); ++it)
-    sums_[it.key()] = sums_.value(it.key(), 0.0) + it.value().get<double>();
+  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+    const nlohmann::json& v = it.value();
+    if (v.is_number() && std::isfinite(v.get<double>()))
+      sums_[it.key()] = sums_.value(it.key(), 0.0) + v.get<double>();
+    else
+      ++left_out_[it.key()];
+  }
   ++batches_;
 }
 
 nlohmann::json MetricWindow::take() {
   nlohmann::json out = nlohmann::json::object();
   if (batches_ == 0) return out;
-  for (auto it = sums_.begin(); it != sums_.end(); ++it)
-    out[it.key()] = it.value().get<double>() / static_cast<double>(batches_);
+  for (auto it = sums_.begin(); it != sums_.end(); ++it) {
+    auto skipped = left_out_.find(it.key());
+    const int64_t n = batches_ - (skipped == left_out_.end() ? 0 : skipped->second);
+    const double mean = it.value().get<double>() / static_cast<double>(n);
+    if (std::isfinite(mean)) out[it.key()] = mean;  // a sum of finite values may overflow
+  }
   sums_ = nlohmann::json::object();
+  left_out_.clear();
   batches_ = 0;
   logged_.push_back(out);
   return out;

@@ -6,10 +6,17 @@
 // remains, and counted: a warning names the file and the count of lost records when the first
 // is lost and when the count doubles, and finish() reports the total. Training goes on: the
 // metrics are a log, the checkpoints are what matters.
+//
+// No record holds NaN, an infinity or null where a number is expected (JSON has no non-finite
+// numbers, and a reader's average would be poisoned by one): a window averages each metric over
+// its finite values only, a metric with none in the window is left out of the record, and
+// MetricsLogger::log drops any non-finite number that remains. The trainer counts the updates of
+// the window skipped for a non-finite loss or gradient in `nonfinite_steps`.
 #pragma once
 
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -30,14 +37,17 @@ int64_t process_rss_bytes(bool high_water_mark);
 // row is kept (tests read them).
 class MetricWindow {
  public:
-  // Adds each number of `metrics` (an object) to its sum; counts one micro-batch.
+  // Adds each finite number of `metrics` (an object) to its sum; counts one micro-batch. A value
+  // that is null, NaN or infinite is left out, and its micro-batch from that metric's mean.
   void add(const nlohmann::json& metrics);
-  // The window's means (empty before any add), then a fresh window.
+  // The window's means (empty before any add), then a fresh window. A metric without a finite
+  // value in the window is absent.
   nlohmann::json take();
   const std::vector<nlohmann::json>& logged() const { return logged_; }
 
  private:
   nlohmann::json sums_ = nlohmann::json::object();
+  std::map<std::string, int64_t> left_out_;  // per metric: its non-finite values in the window
   int64_t batches_ = 0;
   std::vector<nlohmann::json> logged_;
 };
@@ -49,8 +59,9 @@ class MetricsLogger {
   MetricsLogger(const std::string& metrics_path, int64_t total_steps, bool resume,
                 int64_t start_step);
   ~MetricsLogger();
-  void log(const nlohmann::json& record);  // writes one line; prints progress or a log line
-  void message(const std::string& text);   // a line on stderr that does not break the bar
+  // Writes one line (without non-finite numbers); prints progress or a log line.
+  void log(const nlohmann::json& record);
+  void message(const std::string& text);  // a line on stderr that does not break the bar
   void finish();
   int64_t lost_records() const { return lost_; }
 

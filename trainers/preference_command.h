@@ -47,8 +47,7 @@ int run_preference_command(const std::string& name, const std::vector<std::strin
     return 0;
   }
   if (r.interrupted) {
-    std::printf("%s: stopped at step %lld; resume with --resume_from_checkpoint latest\n",
-                name.c_str(), static_cast<long long>(r.steps));
+    std::printf("%s\n", stopped_line(name, r.steps).c_str());
     return 0;
   }
   const auto& logged = run.trainer->logged_metrics();

@@ -1,4 +1,5 @@
-// Trainer::load_checkpoint: a run continues from a checkpoint-N folder.
+// Trainer::load_checkpoint: a run continues from a checkpoint-N folder (weights, optimizer,
+// counters, data position and the random streams' offsets: bit for bit as if never stopped).
 //
 // A checkpoint of N ranks resumes on N ranks with the same zero_stage: each rank reads its own
 // optimizer shard (ZeRO) and data position (rank_R.json). A one-process checkpoint (world_size 1:
@@ -65,7 +66,7 @@ std::string Trainer::load_checkpoint(const std::string& dir) {
   num_tokens_ = st.num_tokens;
   consecutive_nonfinite_ = st.consecutive_nonfinite;
   skipped_steps_ = st.skipped_steps;
-  nlohmann::json data = st.data_state;
+  nlohmann::json data = st.data_state, rng = st.rng;
   std::string data_source = state_path, note;
   try {
     if (single && comm.size() > 1) {
@@ -76,11 +77,14 @@ std::string Trainer::load_checkpoint(const std::string& dir) {
       LT_CHECK_INPUT(rs.is_object() && rs.contains("data_state") && rs["data_state"].is_object(),
                      data_source, ": expected an object with a 'data_state' object");
       data = rs["data_state"];
+      if (rs.contains("rng")) rng = parse_rng_state(rs["rng"], data_source);
     }
     set_data_state(data);
   } catch (const Error& e) {
     LT_THROW(e.kind(), data_source, ": data_state: ", e.what());
   }
+  // The random streams continue where the checkpoint's step left them (LoRA dropout's masks).
+  const std::string rng_note = set_rng_state(rng);
   if (st.consolidated_from > 0 || (single && comm.size() > 1)) {
     std::string from =
         st.consolidated_from > 0
@@ -90,6 +94,7 @@ std::string Trainer::load_checkpoint(const std::string& dir) {
            " rank(s) with zero_stage " + std::to_string(zero_stage) +
            (note.empty() ? "" : "; " + note);
   }
+  if (!rng_note.empty()) note = note.empty() ? rng_note : note + "; " + rng_note;
   return note;
 }
 

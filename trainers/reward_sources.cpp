@@ -27,9 +27,17 @@ void add_reward_source_options(Options& o) {
                     "reward sources: accuracy_reward, format_reward, soft_overlong_punishment or "
                     "a reward model folder (trainer_bin reward's output)");
   o.add_string("reward_command", "",
-               "an external reward process: JSON lines {prompt, completion, columns} on stdin, "
-               "one reward (or null) per line on stdout");
-  o.add_float("reward_timeout", 60.0, "seconds the reward command may take per batch", 0.001);
+               "an external reward process (sh -c, kept for the whole run): one JSON line "
+               "{prompt, completion, columns} per completion on stdin, one answer per line on "
+               "stdout, in order: a finite number, or null for no reward. Exit 2 naming the "
+               "command and its output line for an answer that is not a finite number or null, "
+               "more answers than inputs, its exit, or fewer answers than inputs after "
+               "--reward_timeout; it runs in a process group of its own, which gets SIGTERM "
+               "and, 2 s later, SIGKILL when the run ends, fails or is stopped");
+  o.add_float("reward_timeout", 60.0,
+              "seconds the reward command may take to answer one batch of completions (then "
+              "exit 2)",
+              0.001);
   o.add_string_list("reward_weights", {},
                     "one weight per reward source, reward_funcs first, then reward_command "
                     "(none: 1 each)");
@@ -135,7 +143,8 @@ bool RewardSources::needs_solution() const {
   return false;
 }
 
-std::vector<std::vector<double>> RewardSources::score(const std::vector<CompletionToScore>& c) {
+std::vector<std::vector<double>> RewardSources::score(const std::vector<CompletionToScore>& c,
+                                                      const std::function<bool()>& should_stop) {
   std::vector<std::vector<double>> r(c.size(), std::vector<double>(kinds_.size(), kNaN));
   size_t model_index = 0;
   for (size_t f = 0; f < kinds_.size(); ++f) {
@@ -176,7 +185,7 @@ std::vector<std::vector<double>> RewardSources::score(const std::vector<Completi
           j["completion"] = x.completion;
           rows.push_back(std::move(j));
         }
-        const std::vector<double> s = command_->score(rows);
+        const std::vector<double> s = command_->score(rows, should_stop);
         for (size_t i = 0; i < c.size(); ++i) r[i][f] = s[i];
         break;
       }

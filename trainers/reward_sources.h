@@ -17,12 +17,14 @@
 //   --reward_command CMD  a persistent external process (trainers/rewards.h RewardCommand), one
 //                         JSON line {prompt, completion, every column of the row} per
 //                         completion in, one reward (or null) per line out, within
-//                         --reward_timeout seconds; named "reward_command".
+//                         --reward_timeout seconds; named "reward_command". A malformed or
+//                         missing answer is exit 2 naming the command and its output line.
 //   --reward_weights LIST one weight per source (none: 1 each), in the order above.
 // score() returns rewards[i][f] for completion i and source f (NaN = no reward); the total is
 // the weighted NaN-sum, NaN when every source declined (TRL's unscorable completion).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -61,7 +63,9 @@ class RewardSources {
   const std::vector<double>& weights() const { return weights_; }
   // Whether a source reads the solution/answer column (the data loader checks every row).
   bool needs_solution() const;
-  std::vector<std::vector<double>> score(const std::vector<CompletionToScore>& c);
+  // `should_stop`: passed to the reward command's wait (RewardCommand::score).
+  std::vector<std::vector<double>> score(const std::vector<CompletionToScore>& c,
+                                         const std::function<bool()>& should_stop = {});
   // The weighted NaN-sum of one completion's rewards (NaN when all are NaN).
   double total(const std::vector<double>& per_source) const;
 

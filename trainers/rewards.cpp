@@ -1,21 +1,19 @@
 // Verifiable rewards and the external reward command (see rewards.h).
 #include "trainers/rewards.h"
 
-#include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "engine/check.h"
+#include "trainers/stop_signal.h"
 
 namespace leantune {
 
@@ -129,67 +127,72 @@ double soft_overlong_punishment(int64_t length, int64_t max_len, int64_t cache) 
   return -1.0;
 }
 
+namespace {
+std::string seconds_text(double s) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%g", s);
+  return t;
+}
+}  // namespace
+
 RewardCommand::RewardCommand(std::string command, double timeout_seconds)
     : command_(std::move(command)), timeout_(timeout_seconds) {
   LT_CHECK_INPUT(!command_.empty(), "reward command: empty");
   LT_CHECK_INPUT(timeout_ > 0, "reward command '", command_, "': timeout ", timeout_,
                  " must be positive");
-  // A socket pair, not pipes: a write to a child that has exited fails with EPIPE
-  // (MSG_NOSIGNAL) instead of raising SIGPIPE in the whole process.
-  int sv[2];
-  LT_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0,
-           "reward command: socketpair: ", std::strerror(errno));
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(sv[0]);
-    ::close(sv[1]);
-    LT_THROW(ErrorKind::kInput, "reward command '", command_, "': fork: ", std::strerror(errno));
-  }
-  if (pid == 0) {  // the child: stdin and stdout on its end of the pair, stderr inherited
-    ::dup2(sv[1], 0);
-    ::dup2(sv[1], 1);
-    ::execl("/bin/sh", "sh", "-c", command_.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(sv[1]);
-  pid_ = pid;
-  to_child_ = from_child_ = sv[0];
-  ::fcntl(sv[0], F_SETFL, ::fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+  child_ = std::make_unique<ChildProcess>(command_, "reward command '" + command_ + "'");
 }
 
-RewardCommand::~RewardCommand() { stop(); }
+RewardCommand::~RewardCommand() = default;
 
-void RewardCommand::stop() {
-  if (to_child_ >= 0) ::close(to_child_);
-  to_child_ = from_child_ = -1;
-  if (pid_ > 0) {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  pid_ = -1;
-}
-
-void RewardCommand::fail(const std::string& why) {
+void RewardCommand::fail(const std::string& why, bool exited) {
   std::string status;
-  if (pid_ > 0) {
-    int st = 0;
-    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-      status = WIFEXITED(st) ? " (exit code " + std::to_string(WEXITSTATUS(st)) + ")"
-                             : " (killed by signal " + std::to_string(WTERMSIG(st)) + ")";
-      pid_ = -1;
-    }
+  if (child_) {
+    if (exited) status = child_->wait_exit(1.0).value_or("");
+    child_->end();
+    child_.reset();
   }
-  stop();
   LT_THROW(ErrorKind::kInput, "reward command '", command_, "': ", why, status);
 }
 
-std::vector<double> RewardCommand::score(const std::vector<nlohmann::json>& rows) {
-  if (pid_ < 0) fail("not running");
+bool RewardCommand::drain() {
+  char buf[4096];
+  while (true) {
+    const ssize_t r = ::recv(child_->fd(), buf, sizeof(buf), 0);
+    if (r > 0) {
+      buffer_.append(buf, static_cast<size_t>(r));
+      continue;
+    }
+    if (r == 0 || errno == EPIPE || errno == ECONNRESET) return false;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+    if (errno != EINTR) fail(std::string("read: ") + std::strerror(errno));
+  }
+}
+
+void RewardCommand::check_no_extra_answers(size_t inputs, int64_t batch) {
+  if (buffer_.empty()) return;
+  std::string line = buffer_.substr(0, buffer_.find('\n'));
+  fail("output line " + std::to_string(lines_ + 1) + " ('" + line.substr(0, 60) +
+       "') is more answers than the " + std::to_string(inputs) + " inputs of batch " +
+       std::to_string(batch) + " (one answer per input line)");
+}
+
+std::vector<double> RewardCommand::score(const std::vector<nlohmann::json>& rows,
+                                         const std::function<bool()>& should_stop) {
+  if (!child_) fail("not running (an earlier error ended it)");
+  // Answers to the previous batch that came after its last one.
+  const bool open = drain();
+  if (batches_ > 0) check_no_extra_answers(last_inputs_, batches_);
+  if (!open) fail("exited before batch " + std::to_string(batches_ + 1), true);
+  const int64_t batch = ++batches_;
+  last_inputs_ = rows.size();
   std::string out;
   for (const nlohmann::json& r : rows) out += r.dump() + "\n";
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timeout_));
+  const std::string of_batch =
+      " of " + std::to_string(rows.size()) + " of batch " + std::to_string(batch);
   size_t sent = 0;
   std::vector<double> rewards;
   while (rewards.size() < rows.size()) {
@@ -198,6 +201,7 @@ std::vector<double> RewardCommand::score(const std::vector<nlohmann::json>& rows
     while (rewards.size() < rows.size() && (nl = buffer_.find('\n')) != std::string::npos) {
       std::string line = buffer_.substr(0, nl);
       buffer_.erase(0, nl + 1);
+      ++lines_;
       while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back())))
         line.pop_back();
       size_t b = 0;
@@ -210,39 +214,41 @@ std::vector<double> RewardCommand::score(const std::vector<nlohmann::json>& rows
       char* end = nullptr;
       const double v = std::strtod(line.c_str(), &end);
       if (line.empty() || end != line.c_str() + line.size() || !std::isfinite(v))
-        fail("answer " + std::to_string(rewards.size() + 1) + " of " + std::to_string(rows.size()) +
-             " is '" + line.substr(0, 60) + "', not a number or null");
+        fail("output line " + std::to_string(lines_) + " ('" + line.substr(0, 60) +
+             "') is not a finite number or null (answer " + std::to_string(rewards.size() + 1) +
+             of_batch + ")");
       rewards.push_back(v);
     }
     if (rewards.size() == rows.size()) break;
+    if (should_stop && should_stop()) throw StopRequested();
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0)
-      fail("no answer within " + std::to_string(static_cast<int64_t>(timeout_)) + " s (" +
-           std::to_string(rewards.size()) + " of " + std::to_string(rows.size()) + " rewards)");
-    pollfd p{from_child_, static_cast<short>(POLLIN | (sent < out.size() ? POLLOUT : 0)), 0};
-    const int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+      fail(std::to_string(rewards.size()) + " answer(s)" + of_batch + " within " +
+           seconds_text(timeout_) + " s (--reward_timeout; " + std::to_string(lines_) +
+           " output line(s) read so far)");
+    pollfd p{child_->fd(), static_cast<short>(POLLIN | (sent < out.size() ? POLLOUT : 0)), 0};
+    const int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
     if (n < 0 && errno != EINTR) fail(std::string("poll: ") + std::strerror(errno));
     if (n <= 0) continue;
-    const std::string exited = "exited after " + std::to_string(rewards.size()) + " of " +
-                               std::to_string(rows.size()) + " rewards";
+    const std::string exited =
+        "exited after " + std::to_string(rewards.size()) + " answer(s)" + of_batch;
     auto gone = [](int e) { return e == EPIPE || e == ECONNRESET; };
     if ((p.revents & POLLOUT) && sent < out.size()) {
-      const ssize_t w = ::send(to_child_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-      if (w < 0 && gone(errno)) fail(exited);
+      const ssize_t w = ::send(child_->fd(), out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+      if (w < 0 && gone(errno)) fail(exited, true);
       if (w < 0 && errno != EAGAIN && errno != EINTR)
         fail(std::string("write: ") + std::strerror(errno));
       if (w > 0) sent += static_cast<size_t>(w);
     }
     if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
-      char buf[4096];
-      const ssize_t r = ::recv(from_child_, buf, sizeof(buf), 0);
-      if (r == 0 || (r < 0 && gone(errno))) fail(exited);
-      if (r < 0 && errno != EAGAIN && errno != EINTR)
-        fail(std::string("read: ") + std::strerror(errno));
-      if (r > 0) buffer_.append(buf, static_cast<size_t>(r));
+      const size_t had = buffer_.size();
+      if (!drain() && buffer_.size() == had) fail(exited, true);
     }
   }
+  // Answers beyond this batch's inputs that have already come.
+  drain();
+  check_no_extra_answers(rows.size(), batch);
   return rewards;
 }
 

@@ -16,23 +16,29 @@
 //   get_soft_overlong_punishment: 0 up to max_len - cache tokens, then falling linearly to -1
 //   at max_len, and -1 beyond.
 //
-// RewardCommand: a persistent process (`sh -c COMMAND`) that reads one JSON object per line on
-//   stdin ({"prompt", "completion", and every dataset column of the row}) and writes one reward
-//   per line on stdout: a number, or null for "no reward" (NaN, left out of the group's
-//   baseline). Lines go in batches: all of a batch's lines are written, then as many rewards
-//   read. Its exit, a line that is not a number or null, or no answer within the timeout is
-//   Error(kInput) naming the command; the process is killed on error and at destruction. Users
-//   keep Python reward functions this way.
+// RewardCommand: a persistent process (`sh -c COMMAND`, trainers/child_process.h: a process
+//   group of its own, ended with SIGTERM then SIGKILL on every exit path) that reads one JSON
+//   object per line on stdin ({"prompt", "completion", and every dataset column of the row}) and
+//   writes one reward per line on stdout, in order: a finite number, or null for "no reward"
+//   (NaN, left out of the group's baseline). Lines go in batches: all of a batch's lines are
+//   written, then as many answers read. Error(kInput) (exit 2), one line naming the command and
+//   the answer's line of its output, for: an answer that is not a finite number or null (a
+//   blank line, text, nan, inf, 1e999), more answers than a batch's inputs (seen at the end of
+//   the batch or the start of the next), the process's exit (with its exit code), or a batch not
+//   answered within the timeout (--reward_timeout). The process is ended after such an error and
+//   at destruction. Users keep Python reward functions this way.
 #pragma once
 
-#include <sys/types.h>
-
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 #include <string>
 #include <vector>
+
+#include "trainers/child_process.h"
 
 namespace leantune {
 
@@ -58,18 +64,27 @@ class RewardCommand {
   ~RewardCommand();
   RewardCommand(const RewardCommand&) = delete;
   RewardCommand& operator=(const RewardCommand&) = delete;
-  // One reward per row (NaN for null).
-  std::vector<double> score(const std::vector<nlohmann::json>& rows);
+  // One reward per row (NaN for null). `should_stop`, when given, is asked at least every 100 ms
+  // while the answers are awaited: true throws StopRequested (trainers/stop_signal.h).
+  std::vector<double> score(const std::vector<nlohmann::json>& rows,
+                            const std::function<bool()>& should_stop = {});
 
  private:
-  [[noreturn]] void fail(const std::string& why);
-  void stop();
-  bool read_line(std::string* line);
+  // Ends the process; the error names the command. `exited`: it closed its output, so its exit
+  // status is awaited (briefly) for the message.
+  [[noreturn]] void fail(const std::string& why, bool exited = false);
+  // Appends whatever the process has written to buffer_, without waiting; false once it has
+  // closed its output.
+  bool drain();
+  // Error when buffer_ holds anything: answers beyond the `inputs` of batch `batch`.
+  void check_no_extra_answers(size_t inputs, int64_t batch);
   std::string command_;
   double timeout_;
-  pid_t pid_ = -1;
-  int to_child_ = -1, from_child_ = -1;
+  std::unique_ptr<ChildProcess> child_;
   std::string buffer_;
+  int64_t lines_ = 0;    // answer lines read so far: the line numbers of its output
+  int64_t batches_ = 0;  // batches sent so far
+  size_t last_inputs_ = 0;
 };
 
 }  // namespace leantune

@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -14,7 +13,6 @@
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
 #include "trainers/checkpoint.h"
-#include "trainers/consolidate.h"
 #include "trainers/dist_options.h"
 #include "trainers/model_io.h"
 #include "trainers/offload_options.h"
@@ -26,17 +24,6 @@
 namespace leantune {
 
 namespace {
-std::atomic<bool> g_stop{false};
-std::atomic<int> g_scopes{0};
-// The first signal asks for a clean stop; a second one (a user who insists) ends the process as
-// the signal's default action would.
-void on_signal(int sig) {
-  if (g_stop.exchange(true)) {
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-  }
-}
-
 // Records the device allocator's trace from construction until `until_step` updates are done
 // and writes it to `path`; also written when training stops early or throws (the trace of an
 // out-of-memory step is the one most wanted). Besides the events, the file holds the baseline
@@ -109,20 +96,10 @@ bool no_decay(const std::string& name) {
 }
 }  // namespace
 
-bool stop_requested() { return g_stop.load(); }
-
-StopSignalScope::StopSignalScope() {
-  // Only the outermost scope starts afresh: a signal received while the data was loading still
-  // counts once training begins.
-  if (g_scopes.fetch_add(1) == 0) g_stop.store(false);
-  prev_term_ = std::signal(SIGTERM, on_signal);
-  prev_int_ = std::signal(SIGINT, on_signal);
-}
-
-StopSignalScope::~StopSignalScope() {
-  std::signal(SIGTERM, prev_term_);
-  std::signal(SIGINT, prev_int_);
-  g_scopes.fetch_sub(1);
+std::string stopped_line(const std::string& command, int64_t steps) {
+  if (steps == 0) return command + ": stopped before the first update completed; nothing to save";
+  return command + ": stopped at step " + std::to_string(steps) +
+         "; resume with --resume_from_checkpoint latest";
 }
 
 void add_training_options(Options& o) {
@@ -149,6 +126,10 @@ void add_training_options(Options& o) {
   add_optim_options(o);
   o.add_float("max_grad_norm", d.max_grad_norm, "clip the global gradient norm to this (0 = off)",
               0.0);
+  o.add_int("max_consecutive_nonfinite", d.max_consecutive_nonfinite,
+            "updates skipped in a row for a non-finite loss, gradient or (online trainers) reward "
+            "before the run stops with exit 4; each is a warning and counted",
+            1);
   o.add_float("num_train_epochs", d.num_train_epochs, "epochs over the training data", 0.0);
   o.add_int("max_steps", d.max_steps, "total updates; overrides num_train_epochs when > 0");
   o.add_int("logging_steps", d.logging_steps, "log every this many updates", 1);
@@ -197,6 +178,7 @@ TrainingArguments training_arguments(const Options& o) {
   a.optimizer_in_backward = optim.optimizer_in_backward;
   a.offload_optimizer = optim.offload_optimizer;
   a.max_grad_norm = o.get_float("max_grad_norm");
+  a.max_consecutive_nonfinite = o.get_int("max_consecutive_nonfinite");
   a.num_train_epochs = o.get_float("num_train_epochs");
   a.max_steps = o.get_int("max_steps");
   a.logging_steps = o.get_int("logging_steps");
@@ -361,79 +343,6 @@ void Trainer::zero_grads() {
   if (zero_) zero_->drop_gradients();
 }
 
-// Data parallel: rank 0 writes the model, trainer_state.json and its own rank files; every
-// other rank first stages its own files (its data position, and under ZeRO its optimizer shard)
-// in `.checkpoint-N.tmp-rank-R`, which rank 0 moves into the checkpoint before the rename that
-// completes it. A killed save leaves only temporary folders, removed at the next start.
-namespace {
-
-std::string rank_staging_dir(const std::string& output_dir, int64_t step, int rank) {
-  return output_dir + "/.checkpoint-" + std::to_string(step) + ".tmp-rank-" + std::to_string(rank);
-}
-
-}  // namespace
-
-void Trainer::write_rank_files(const std::string& dir, int rank) const {
-  std::filesystem::create_directories(dir);
-  write_text_atomic(dir + "/" + rank_state_name(rank),
-                    nlohmann::json{{"rank", rank}, {"data_state", data_state()}}.dump(1));
-  if (!zero_) return;
-  // The parameters' shapes let `trainer_bin consolidate` put the pieces back together.
-  nlohmann::json shapes = nlohmann::json::array();
-  for (const auto& p : trainable_) shapes.push_back({p.name, p.tensor.shape()});
-  save_safetensors(
-      dir + "/" + rank_optimizer_name(rank), optimizer_->state_tensors(),
-      {{"step", std::to_string(optimizer_->step_count())}, {kParamShapesKey, shapes.dump()}});
-}
-
-void Trainer::save_checkpoint(int64_t step, MetricsLogger& log) {
-  Communicator& comm = world_communicator(args_.comm);
-  const bool distributed = comm.size() > 1;
-  const AllUnitsGathered gathered(units_whole_for_save(false));
-  if (distributed && comm.rank() != 0) {
-    write_rank_files(rank_staging_dir(args_.output_dir, step, comm.rank()), comm.rank());
-    comm.barrier();  // staged
-    take_part_in_save();
-    comm.barrier();  // rank 0 has completed the checkpoint
-    return;
-  }
-  if (distributed) comm.barrier();  // every rank has staged its files
-  const std::string path = write_checkpoint(args_.output_dir, step, [&](const std::string& dir) {
-    save_model(dir, false);
-    if (!zero_)
-      save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_tensors(),
-                       {{"step", std::to_string(optimizer_->step_count())}});
-    if (distributed) {
-      write_rank_files(dir, 0);
-      for (int r = 1; r < comm.size(); ++r) {
-        const std::string staged = rank_staging_dir(args_.output_dir, step, r);
-        for (const std::string& name : {rank_state_name(r), rank_optimizer_name(r)})
-          if (std::filesystem::exists(staged + "/" + name))
-            std::filesystem::rename(staged + "/" + name, dir + "/" + name);
-        std::filesystem::remove_all(staged);
-      }
-    }
-    nlohmann::json st = {{"global_step", step},
-                         {"epoch", epoch_progress()},
-                         {"num_tokens", num_tokens_},
-                         {"consecutive_nonfinite", consecutive_nonfinite_},
-                         {"skipped_steps", skipped_steps_},
-                         {"optimizer_step", optimizer_->step_count()},
-                         {"optim", args_.optim},
-                         {"offload_optimizer", args_.offload_optimizer},
-                         {"world_size", comm.size()},
-                         {"zero_stage", zero_ ? args_.zero_stage : 0},
-                         {"cp_size", args_.cp_size},
-                         {"total_steps", total_steps_},
-                         {"data_state", data_state()},
-                         {"options", options_.to_json()}};
-    write_text_atomic(dir + "/trainer_state.json", st.dump(1));
-  });
-  rotate_checkpoints(args_.output_dir, args_.save_total_limit);
-  log.message("saved " + path);
-  if (distributed) comm.barrier();
-}
-
 nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
   nlohmann::json snap = memory_snapshot(model_->device());
   nlohmann::json all_savings = savings;
@@ -486,8 +395,28 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
   return r;
 }
 
+void Trainer::warn(const std::string& text) const {
+  if (log_) {
+    log_->message(text);
+  } else {
+    std::fprintf(stderr, "%s\n", text.c_str());
+    std::fflush(stderr);
+  }
+}
+
+bool Trainer::stop_before_micro_batch(size_t micro_batches) const {
+  Communicator& comm = world_communicator(args_.comm);
+  if (comm.size() == 1) return stop_requested();
+  // One micro-batch per update: the stop agreed at the end of each update is as early.
+  if (micro_batches == 1) return false;
+  return comm.all_reduce_int(stop_requested() ? 1 : 0, ReduceOp::kMax) != 0;
+}
+
 TrainResult Trainer::train() {
   StopSignalScope signals;
+  // From here on a second stop signal is noted, not fatal: the first one leads to a save within
+  // about a second, and that save must not be torn.
+  SignalsDeferredScope deferred;
   TrainResult result;
   const int64_t per_epoch = micro_batches_per_epoch();
   LT_CHECK_INPUT(per_epoch > 0, "the training data yields no micro-batch");
@@ -539,6 +468,12 @@ TrainResult Trainer::train() {
   if (writes_files()) std::filesystem::create_directories(args_.output_dir);
   MetricsLogger log(writes_files() ? args_.output_dir + "/metrics.jsonl" : std::string(),
                     total_steps_, resumed, step_);
+  log_ = &log;
+  // Cleared however train() is left: the logger lives in this frame.
+  struct ClearLog {
+    MetricsLogger*& p;
+    ~ClearLog() { p = nullptr; }
+  } clear_log{log_};
   if (resumed) log.message("resumed from step " + std::to_string(step_));
   if (!resume_note.empty()) log.message(resume_note);
   on_train_begin(log);
@@ -552,8 +487,11 @@ TrainResult Trainer::train() {
   MemoryTraceScope trace(args_.memory_trace, step_, step_ + args_.memory_trace_steps,
                          allocator(model_->device()));
 
+  // The logging window: losses and norms of the applied updates (a skipped one's are not finite),
+  // and the skipped count.
   double window_loss = 0, window_norm = 0;
-  int64_t window_steps = 0, window_tokens = 0, window_real = 0, window_total = 0;
+  int64_t window_steps = 0, window_skipped = 0, window_tokens = 0, window_real = 0,
+          window_total = 0;
   auto window_start = std::chrono::steady_clock::now();
 
   auto seconds_since = [](std::chrono::steady_clock::time_point t) {
@@ -562,15 +500,25 @@ TrainResult Trainer::train() {
   while (step_ < total_steps_) {
     const int64_t update = step_ + 1;
     const auto update_start = std::chrono::steady_clock::now();
+    // What a stop in the middle of this update saves: the state after the last completed one.
+    const ResumePoint before = resume_point();
+    bool abandoned = false;
     // Fetch the whole accumulated batch first: the loss normaliser spans all of it.
     std::vector<Batch> micro;
     std::vector<BatchReport> reports;
     int64_t normalizer = 0;
-    for (int64_t i = 0; i < args_.gradient_accumulation_steps; ++i) {
-      BatchReport rep;
-      micro.push_back(next_micro_batch(&rep));
-      reports.push_back(rep);
-      normalizer += loss_tokens(micro.back());
+    try {
+      for (int64_t i = 0; i < args_.gradient_accumulation_steps; ++i) {
+        // One process: a stop is honoured between fetches, and inside a generation phase (the
+        // online trainers throw StopRequested from it). Data parallel: between micro-batches.
+        if (!distributed) throw_if_stop_requested();
+        BatchReport rep;
+        micro.push_back(next_micro_batch(&rep));
+        reports.push_back(rep);
+        normalizer += loss_tokens(micro.back());
+      }
+    } catch (const StopRequested&) {
+      abandoned = true;
     }
     // Data parallel: the loss is normalised by the loss tokens of the whole global batch.
     if (distributed) {
@@ -578,7 +526,7 @@ TrainResult Trainer::train() {
       normalizer = comm.all_reduce_int(normalizer);
       comm_seconds_ += seconds_since(t);
     }
-    if (normalizer == 0) {
+    if (normalizer == 0 && !abandoned) {
       // Packed or truncated data can leave an accumulated batch with nothing to predict: the
       // update would only apply weight decay and stale momentum. Skipped and counted.
       ++skipped_steps_;
@@ -595,7 +543,12 @@ TrainResult Trainer::train() {
     double step_loss = 0;
     bool finite = true;
     double backward_norm = 0;  // optimizer_in_backward: the norm of the gradients it applied
-    for (size_t i = 0; i < micro.size(); ++i) {
+    for (size_t i = 0; i < micro.size() && !abandoned; ++i) {
+      if (micro_batch_hook_) micro_batch_hook_(update, i);
+      if (stop_before_micro_batch(micro.size())) {
+        abandoned = true;
+        break;
+      }
       // One offloader per micro-batch, around its forward and backward.
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
           OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
@@ -657,6 +610,24 @@ TrainResult Trainer::train() {
       window_real += reports[i].real_tokens;
       window_total += reports[i].real_tokens + reports[i].pad_tokens;
     }
+    if (abandoned) {
+      // The partial gradients are dropped, and the data position, token count and random streams
+      // go back to where the update began: the trainer is the last completed update's, as saved.
+      zero_grads();
+      set_data_state(before.data_state);
+      num_tokens_ = before.num_tokens;
+      set_rng_state(before.rng);
+      result.interrupted = true;
+      if (step_ == 0) {
+        log.message("stopped by a signal during update 1; nothing to save");
+      } else {
+        if (saved_step_ != step_) save_checkpoint(step_, log, before);
+        log.message("stopped by a signal during update " + std::to_string(update) +
+                    ", which is abandoned; checkpoint-" + std::to_string(step_) +
+                    " holds the state after update " + std::to_string(step_));
+      }
+      break;
+    }
     if (distributed) {
       // Every rank must agree on skipping; the gradients and the loss are summed over ranks.
       const auto t = std::chrono::steady_clock::now();
@@ -701,9 +672,14 @@ TrainResult Trainer::train() {
     ++timed_updates_;
     step_ = update;
     result.losses.push_back(step_loss);
-    window_loss += step_loss;
-    window_norm += finite ? norm : 0;
-    ++window_steps;
+    const bool skipped = !finite || !std::isfinite(norm);
+    if (skipped) {
+      ++window_skipped;
+    } else {
+      window_loss += step_loss;
+      window_norm += norm;
+      ++window_steps;
+    }
     trace.after_step(step_, log);
     bool callback_stop = false;
     if (step_callback_) {
@@ -714,7 +690,7 @@ TrainResult Trainer::train() {
           {"grad_norm", finite ? norm : 0.0},
           {"learning_rate", lr_used},
           {"num_tokens", num_tokens_},
-          {"skipped", !finite || !std::isfinite(norm)},
+          {"skipped", skipped},
           {"allocated", allocator(model_->device()).stats().allocated.current}};
       callback_stop = !step_callback_(rec);
     }
@@ -725,18 +701,22 @@ TrainResult Trainer::train() {
       nlohmann::json rec = {
           {"step", step_},
           {"epoch", epoch_progress()},
-          {"loss", window_loss / window_steps},
-          {"grad_norm", window_norm / window_steps},
           {"learning_rate", lr_used},
           {"tokens_per_second", secs > 0 ? window_tokens / secs : 0.0},
           {"num_tokens", num_tokens_},
           {"padding_efficiency",
            window_total > 0 ? static_cast<double>(window_real) / window_total : 1.0},
           {"memory", memory_snapshot(model_->device())}};
+      // HF's logging_nan_inf_filter: the mean over the window's finite losses; none, no key.
+      if (window_steps > 0) {
+        rec["loss"] = window_loss / static_cast<double>(window_steps);
+        rec["grad_norm"] = window_norm / static_cast<double>(window_steps);
+      }
+      if (window_skipped > 0) rec["nonfinite_steps"] = window_skipped;
       rec.update(log_metrics());
       log.log(rec);
       window_loss = window_norm = 0;
-      window_steps = window_tokens = window_real = window_total = 0;
+      window_steps = window_skipped = window_tokens = window_real = window_total = 0;
       window_start = std::chrono::steady_clock::now();
     }
     if (args_.eval_steps > 0 && step_ % args_.eval_steps == 0 && step_ < total_steps_) {
@@ -745,8 +725,11 @@ TrainResult Trainer::train() {
     bool stop = stop_requested() || (stop_after_ > 0 && step_ >= stop_after_) || callback_stop;
     // A signal or a callback on one rank stops all of them at the same step.
     if (distributed) stop = comm.all_reduce_int(stop ? 1 : 0, ReduceOp::kMax) != 0;
+    // After the last update the run is complete: it ends as usual, writing the final model (no
+    // longer than a checkpoint would take), which a resume could not write any more.
+    if (step_ >= total_steps_) stop = false;
     if ((args_.save_steps > 0 && step_ % args_.save_steps == 0 && step_ < total_steps_) || stop)
-      save_checkpoint(step_, log);
+      save_checkpoint(step_, log, resume_point());
     if (stop) {
       log.message("stopped at step " + std::to_string(step_) + " (checkpoint saved)");
       result.interrupted = true;
@@ -754,6 +737,9 @@ TrainResult Trainer::train() {
     }
   }
   trace.stop();
+  if (deferred_signals() > 0)
+    log.message(std::to_string(deferred_signals()) +
+                " more stop signal(s) arrived during the stop and were deferred until it was done");
   log.finish();
   result.steps = step_;
   result.skipped_steps = skipped_steps_;

@@ -7,9 +7,11 @@
 // step, is counted; 10 in a row stop the run with exit 4) -> clipping to max_grad_norm ->
 // the optimizer (--optim; AdamW by default) with the scheduled learning rate. Logging every
 // logging_steps (metrics.jsonl and the progress bar), evaluation every eval_steps, a checkpoint
-// every save_steps (at most save_total_limit kept), SIGTERM/SIGINT -> checkpoint and a clean
-// return. At the end the final model is written to output_dir as an HF folder and a memory report
-// is printed.
+// every save_steps (at most save_total_limit kept). A stop signal (trainers/stop_signal.h) is
+// honoured between micro-batches and inside a generation phase: the update under way is abandoned
+// (its gradients dropped), the state of the last completed update is saved as a checkpoint
+// (none before the first update completes), and train() returns. At the end the final model is
+// written to output_dir as an HF folder and a memory report is printed.
 //
 // Subclasses provide the data and the loss through the virtual hooks below.
 #pragma once
@@ -36,6 +38,7 @@
 #include "trainers/metrics.h"
 #include "trainers/options.h"
 #include "trainers/schedule.h"
+#include "trainers/stop_signal.h"
 #include "trainers/zero3.h"
 
 namespace leantune {
@@ -90,6 +93,9 @@ struct TrainingArguments {
 // plan printed on stderr.
 void prepare_run(const TrainingArguments& args);
 
+// The line a command prints when a signal stopped train() after `steps` completed updates.
+std::string stopped_line(const std::string& command, int64_t steps);
+
 // Declares the options every trainer shares (TRL/transformers names and defaults).
 void add_training_options(Options& o);
 TrainingArguments training_arguments(const Options& o);
@@ -122,6 +128,14 @@ class Trainer {
   // num_tokens, skipped, allocated}; returning false stops as set_stop_after does.
   using StepCallback = std::function<bool(const nlohmann::json& record)>;
   void set_step_callback(StepCallback cb) { step_callback_ = std::move(cb); }
+  // Test hooks: called before each micro-batch's forward (update 1-based, micro-batch 0-based),
+  // and inside every checkpoint save with its temporary folder, after its files are written.
+  void set_micro_batch_hook(std::function<void(int64_t update, size_t micro_batch)> hook) {
+    micro_batch_hook_ = std::move(hook);
+  }
+  void set_save_hook(std::function<void(const std::string& dir)> hook) {
+    save_hook_ = std::move(hook);
+  }
   DecoderModel& model() { return *model_; }
   const TrainingArguments& args() const { return args_; }
   // LoRA / trainable tokens (inactive for full fine-tuning): what the optimizer trains and what
@@ -162,6 +176,8 @@ class Trainer {
   const RowGradSink& row_grad_sink() const { return row_grad_sink_; }
   virtual double epoch_progress() const = 0;  // fractional epoch, for logs
   virtual nlohmann::json data_state() const = 0;
+  // Positions the data side at `s` (a resume, or an update a stop abandoned: micro-batches
+  // fetched and not yet through compute_loss are dropped).
   virtual void set_data_state(const nlohmann::json& s) = 0;
   // Extra files for the model folder (default: the tokenizer files of tokenizer_dir_).
   virtual void write_model_extras(const std::string& dir) const;
@@ -181,6 +197,9 @@ class Trainer {
   virtual bool supports_context_parallel() const { return false; }
   // Memory-report lines a trainer adds (what its techniques saved).
   virtual nlohmann::json technique_savings() const { return nlohmann::json::object(); }
+  // A line on stderr that keeps the progress bar intact (through the run's MetricsLogger while
+  // train() runs).
+  void warn(const std::string& text) const;
   // Trainer-specific metrics of the logging window (DPO's rewards/*), merged into each logged
   // record; the trainer resets its window when called.
   virtual nlohmann::json log_metrics() { return nlohmann::json::object(); }
@@ -207,13 +226,29 @@ class Trainer {
   void take_part_in_save() const;
 
  private:
+  // What a checkpoint saves besides the weights and the optimizer, taken when an update begins
+  // (trainers/checkpoint_save.cpp): a stop in the middle of an update saves the one before it.
+  struct ResumePoint {
+    nlohmann::json data_state;
+    double epoch = 0;
+    int64_t num_tokens = 0;
+    nlohmann::json rng;  // the random streams' offsets: {"lora_dropout": n} under LoRA
+  };
+  ResumePoint resume_point() const;
+  nlohmann::json rng_state() const;
+  // Restores rng_state()'s offsets; returns a note when the checkpoint lacks one this run draws.
+  std::string set_rng_state(const nlohmann::json& s);
   void build_optimizer();
-  void save_checkpoint(int64_t step, MetricsLogger& log);
-  // Restores the model, optimizer, counters and data position (trainers/resume.cpp); returns a
-  // line for the log ("" when there is nothing to say).
+  void save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoint& at);
+  // Restores the model, optimizer, counters, data position and random streams
+  // (trainers/resume.cpp); returns a line for the log ("" when there is nothing to say).
   std::string load_checkpoint(const std::string& dir);
-  // This rank's files of a data-parallel checkpoint (data position; ZeRO: optimizer shard).
-  void write_rank_files(const std::string& dir, int rank) const;
+  // This rank's files of a data-parallel checkpoint (data position and random streams; ZeRO:
+  // optimizer shard).
+  void write_rank_files(const std::string& dir, int rank, const ResumePoint& at) const;
+  // Whether a stop requested by a signal is honoured before the next micro-batch of an update of
+  // `micro_batches` (data parallel: agreed by every rank, so that all abandon the same update).
+  bool stop_before_micro_batch(size_t micro_batches) const;
   double grad_norm() const;
   void zero_grads();
   // Rank 0 writes files; the others only compute.
@@ -235,29 +270,15 @@ class Trainer {
   RowGradSink row_grad_sink_;
   int64_t stop_after_ = -1;
   StepCallback step_callback_;
+  std::function<void(int64_t update, size_t micro_batch)> micro_batch_hook_;
+  std::function<void(const std::string& dir)> save_hook_;
+  int64_t saved_step_ = -1;       // the step of the checkpoint this run saved last
+  MetricsLogger* log_ = nullptr;  // while train() runs
   OffloadStats offload_totals_;
   int64_t rss_at_start_ = 0;  // resident set when the loop began (bytes)
   // Data parallel: wall seconds of the updates, and of this rank's collectives among them.
   double step_seconds_ = 0, comm_seconds_ = 0;
   int64_t timed_updates_ = 0;
-};
-
-// Set by SIGTERM/SIGINT while a StopSignalScope is alive (train() holds one; a command may hold
-// one around its set-up so that a signal while loading is a clean stop too).
-bool stop_requested();
-
-// Installs the SIGTERM/SIGINT handlers for its lifetime. Scopes nest; the outermost one clears
-// the flag. A second signal ends the process with the signal's default action.
-class StopSignalScope {
- public:
-  StopSignalScope();
-  ~StopSignalScope();
-  StopSignalScope(const StopSignalScope&) = delete;
-  StopSignalScope& operator=(const StopSignalScope&) = delete;
-
- private:
-  void (*prev_term_)(int);
-  void (*prev_int_)(int);
 };
 
 }  // namespace leantune

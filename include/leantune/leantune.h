@@ -18,7 +18,8 @@
 // Several models and trainers can live in one process: they share nothing but the
 // per-device caching allocator (its statistics are per device, so memory_stats() of two
 // models on the same device describe that device), the CUDA streams and the OpenMP pool.
-// SIGINT/SIGTERM are caught while train() runs (the trainer checkpoints and returns).
+// SIGINT/SIGTERM/SIGHUP are caught while train() runs: the trainer stops within a micro-batch,
+// saves its last completed update as a checkpoint and returns (docs/trainers.md).
 #pragma once
 
 #include <cstdint>
@@ -138,7 +139,9 @@ struct TrainSummary {
   int64_t steps = 0;
   std::vector<double> losses;  // per update
   int64_t skipped_steps = 0;
-  bool stopped_early = false;  // a callback returned false, or SIGINT/SIGTERM: checkpoint saved
+  // A callback returned false, or a stop signal: a checkpoint of the last completed update was
+  // saved (none when no update completed, steps 0).
+  bool stopped_early = false;
   // Resumed from a checkpoint already at or past max_steps: nothing trained, no model written.
   bool nothing_to_do = false;
   std::string resumed_from;  // the checkpoint resumed from, if any

@@ -8,7 +8,9 @@
 #   args     trainer_bin's arguments, expanded by the shell: $MODEL (a tiny model), $DATA (a small
 #            dataset), $CKPT (an output_dir holding checkpoint-1 and checkpoint-2 of $TRAIN), $W
 #            (this case's folder), $SRC; '@TERM<seconds> ' first sends SIGTERM that long after the
-#            start; '@ULIMIT_F<blocks> ' first sets ulimit -f.
+#            start (each further '@TERM<seconds> ' one more, that long after the previous step);
+#            '@WAIT<path> ' before them waits (up to 60 s) until $W/<path> is a non-empty file;
+#            '@ULIMIT_F<blocks> ' first sets ulimit -f.
 # A failing run must print exactly one error line ("trainer_bin: ..."). After the run, a
 # function named check_<name> (when defined) checks files. Add a row for each future bug.
 # Exit 0 rows look for the fragment anywhere in stdout and stderr.
@@ -216,12 +218,12 @@ while IFS=$'\t' read -r name setup want frag args; do
       continue
     fi
   fi
-  term="" ulimit_f=""
+  steps=() ulimit_f=""
   while [[ "$args" == @* ]]; do
     word=${args%% *}
     args=${args#* }
     case $word in
-      @TERM*) term=${word#@TERM} ;;
+      @TERM* | @WAIT*) steps+=("$word") ;;
       @ULIMIT_F*) ulimit_f=${word#@ULIMIT_F} ;;
     esac
   done
@@ -234,11 +236,18 @@ while IFS=$'\t' read -r name setup want frag args; do
     cd "$W" && exec timeout -s KILL 120 "$BIN" "$@"
   ) >"$W/out.txt" 2>"$W/err" &
   pid=$!
-  if [ -n "$term" ]; then
-    sleep "$term"
+  for step in "${steps[@]+"${steps[@]}"}"; do
+    if [[ "$step" == @WAIT* ]]; then
+      for _ in $(seq 600); do
+        [ -s "$W/${step#@WAIT}" ] || ! kill -0 "$pid" 2>/dev/null && break
+        sleep 0.1
+      done
+      continue
+    fi
+    sleep "${step#@TERM}"
     # The subshell has exec'd timeout; its child is trainer_bin.
     kill -TERM "$(pgrep -P "$pid" | head -1)" 2>/dev/null
-  fi
+  done
   wait "$pid"
   rc=$?
   ran=$((ran + 1))

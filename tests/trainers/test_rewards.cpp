@@ -2,17 +2,25 @@
 // \boxed{} (nested, the last one), GSM8K's "####" and the last number; numeric comparison with
 // commas, '$' and trailing dots; format patterns as re.match with DOTALL/MULTILINE (TRL's
 // think_format_reward pattern on its own examples); DAPO's soft overlong punishment (TRL's
-// docstring example); and a command that answers, answers null, prints garbage, exits early or
-// hangs: each failure is one Error naming the command, within the timeout.
+// docstring example); and a command that answers, answers null, prints garbage or too many
+// answers, exits early or hangs: each failure is one Error naming the command and its output
+// line, within the timeout, and the command's whole process group is gone afterwards (SIGTERM,
+// then SIGKILL for one that ignores it); a stop request ends the wait at once.
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/check.h"
+#include "testing/testing.h"
 #include "trainers/rewards.h"
+#include "trainers/stop_signal.h"
 
 namespace leantune {
 namespace {
@@ -82,9 +90,13 @@ TEST(RewardCommand, ScoresBatchesAndNulls) {
 }
 
 TEST(RewardCommand, FailuresNameTheCommand) {
+  // Two batches, apart as an update keeps them: answers beyond the first batch's inputs are found
+  // at its end or, when they come later, at the start of the second.
   auto message = [](const std::string& command, double timeout) {
     try {
       RewardCommand cmd(command, timeout);
+      cmd.score(rows(2));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
       cmd.score(rows(2));
     } catch (const Error& e) {
       return std::string(e.what());
@@ -93,14 +105,88 @@ TEST(RewardCommand, FailuresNameTheCommand) {
   };
   std::string m = message("while read -r l; do echo abc; done", 10);
   EXPECT_NE(m.find("reward command 'while read -r l; do echo abc; done'"), std::string::npos) << m;
-  EXPECT_NE(m.find("'abc', not a number or null"), std::string::npos) << m;
+  EXPECT_NE(m.find("output line 1 ('abc') is not a finite number or null (answer 1 of 2 of "
+                   "batch 1)"),
+            std::string::npos)
+      << m;
+  m = message("read -r l; echo 1; echo 0.5e309", 10);
+  EXPECT_NE(m.find("output line 2 ('0.5e309') is not a finite number"), std::string::npos) << m;
   m = message("read -r l; exit 3", 10);
-  EXPECT_NE(m.find("exited after 0 of 2 rewards"), std::string::npos) << m;
+  EXPECT_NE(m.find("exited after 0 answer(s) of 2 of batch 1 (exit code 3)"), std::string::npos)
+      << m;
+  m = message("while read -r l; do echo 1; echo 2; done", 10);
+  EXPECT_NE(m.find("output line 3 ('1') is more answers than the 2 inputs of batch 1"),
+            std::string::npos)
+      << m;
   const auto t0 = std::chrono::steady_clock::now();
   m = message("sleep 30", 1);
-  EXPECT_NE(m.find("no answer within 1 s"), std::string::npos) << m;
+  EXPECT_NE(m.find("0 answer(s) of 2 of batch 1 within 1 s (--reward_timeout"), std::string::npos)
+      << m;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   EXPECT_THROW(RewardCommand("", 1), Error);
+}
+
+// Answers beyond a batch's inputs that come late are found at the start of the next batch.
+TEST(RewardCommand, LateExtraAnswersFailTheNextBatch) {
+  RewardCommand cmd("while read -r l; do echo 1; sleep 0.3; echo 2; done", 10);
+  EXPECT_EQ(cmd.score(rows(1)).size(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  try {
+    cmd.score(rows(1));
+    FAIL() << "the second answer of batch 1 was taken for batch 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("output line 2 ('2') is more answers than the 1 inputs "
+                                         "of batch 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The process group id the command wrote to `file` (its shell's pid, the group's leader).
+pid_t group_of(const std::string& file) {
+  std::ifstream in(file);
+  pid_t pgid = 0;
+  in >> pgid;
+  return pgid;
+}
+bool group_alive(pid_t pgid) { return ::kill(-pgid, 0) == 0 || errno != ESRCH; }
+
+TEST(RewardCommand, EndsItsWholeProcessGroup) {
+  const std::string file = testing::temp_dir("reward_group") + "/pgid";
+  // A pipeline that never answers: the error ends the shell and both of its children.
+  try {
+    RewardCommand cmd("echo $$ >" + file + "; sleep 300 | cat", 0.5);
+    cmd.score(rows(1));
+    FAIL() << "no timeout";
+  } catch (const Error&) {
+  }
+  pid_t pgid = group_of(file);
+  ASSERT_GT(pgid, 1);
+  EXPECT_FALSE(group_alive(pgid));
+  // A helper in the background and a shell that ignores SIGTERM: the destructor of a command
+  // that answered well ends them too, with SIGKILL after the grace period.
+  auto t0 = std::chrono::steady_clock::now();
+  {
+    RewardCommand cmd("echo $$ >" + file +
+                          "; trap '' TERM; sleep 300 </dev/null >/dev/null & "
+                          "while read -r l; do echo 1; done",
+                      10);
+    EXPECT_EQ(cmd.score(rows(2)), std::vector<double>({1.0, 1.0}));
+    pgid = group_of(file);
+    ASSERT_GT(pgid, 1);
+    EXPECT_TRUE(group_alive(pgid));
+  }
+  EXPECT_FALSE(group_alive(pgid));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0,
+            std::chrono::milliseconds(static_cast<int>(kChildGraceSeconds * 1000) - 100));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
+}
+
+TEST(RewardCommand, AStopRequestEndsTheWait) {
+  RewardCommand cmd("sleep 300", 60);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(cmd.score(rows(1), [] { return true; }), StopRequested);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
 
 }  // namespace
