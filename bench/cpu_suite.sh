@@ -5,11 +5,13 @@
 # PyTorch + transformers baseline on the same rows (bench/torch_baseline.py --device cpu: fp32,
 # the same threads), and records bench/results/<yyyy-mm-dd>-cpu-<cpu>.json.
 #
-#   bench/cpu_suite.sh [--steps N] [--threads T] [--families] [--no-torch]
+#   bench/cpu_suite.sh [--steps N] [--threads T] [--repeat R] [--families] [--no-torch]
 #
 # Each run trains N steps (default 4) of one 2,048-token row (pre-tokenized ids, the same rows
 # for every run and for PyTorch); tokens/s is over the steps after the first (the first is a
-# warm-up). --families adds a run per OpenBLAS kernel family this CPU runs (OPENBLAS_CORETYPE
+# warm-up). With --repeat R (default 1) every run, PyTorch's too, is repeated R times, round
+# robin, and the best is recorded (on a shared machine the best is the least disturbed; every
+# figure is kept under "all", with the load average before and after). --families adds a run per OpenBLAS kernel family this CPU runs (OPENBLAS_CORETYPE
 # forced) and one where the library's detection of its generic Prescott kernels is simulated
 # (LEANTUNE_BLAS_SIMULATE_DETECTED), which trainer_bin must bring to the best family's speed.
 # BUILD (default build/) holds trainer_bin; PYTHON (default python3) needs torch and
@@ -23,10 +25,12 @@ STEPS=4
 THREADS=${OMP_NUM_THREADS:-$(nproc)}
 FAMILIES=0
 TORCH=1
+REPEAT=1
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) STEPS=$2; shift ;;
     --threads) THREADS=$2; shift ;;
+    --repeat) REPEAT=$2; shift ;;
     --families) FAMILIES=1 ;;
     --no-torch) TORCH=0 ;;
     *) echo "cpu_suite.sh: unknown argument $1" >&2; exit 2 ;;
@@ -55,6 +59,7 @@ run() {
   local label=$1
   shift
   log "sft ($label): $*"
+  rm -rf "$T/run-$label"
   env "$@" "$BIN" sft --model_name_or_path "$T/model" --dataset "$T/tokens.jsonl" \
     --max_length 2048 --per_device_train_batch_size 1 --max_steps "$STEPS" --logging_steps 1 \
     --learning_rate 1e-4 --save_steps 0 --output_dir "$T/run-$label" >"$T/$label.out" 2>&1 ||
@@ -81,31 +86,54 @@ if [ "$FAMILIES" -eq 1 ]; then
     envs+=("LEANTUNE_BLAS_CORETYPE=$fam")
   done
 fi
-figures="" blas="" errors=""
-for i in "${!labels[@]}"; do
-  label=${labels[$i]}
-  # shellcheck disable=SC2086  # the environment words
-  if out=$(run "$label" ${envs[$i]}); then
-    figures+="\"sft_tokens_per_s_$label\": ${out%% *}, "
-    blas+="\"$label\": \"${out#* }\", "
-    log "$label: ${out%% *} tokens/s; ${out#* }"
-  else
-    errors+="\"sft_$label\": \"$(tail -n 1 "$T/$label.out" | tr -d '"\\')\", "
+# best LIST: the largest of the space-separated figures.
+best() { echo "$1" | tr ' ' '\n' | awk 'NF && (!n++ || $1 > m) { m = $1 } END { if (n) print m }'; }
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+declare -A all blas_line error
+torch_all="" torch_json=""
+for round in $(seq "$REPEAT"); do
+  for i in "${!labels[@]}"; do
+    label=${labels[$i]}
+    # shellcheck disable=SC2086  # the environment words
+    if out=$(run "$label" ${envs[$i]}); then
+      all[$label]+="${out%% *} "
+      blas_line[$label]=${out#* }
+      log "round $round, $label: ${out%% *} tokens/s; ${out#* }"
+    else
+      error[$label]=$(tail -n 1 "$T/$label.out" | tr -d '"\\')
+    fi
+  done
+  if [ "$TORCH" -eq 1 ]; then
+    log "round $round, torch: $PYTHON bench/torch_baseline.py --device cpu ..."
+    j=$("$PYTHON" "$ROOT/bench/torch_baseline.py" --device cpu --config "$CONFIG" \
+      --tokens "$T/tokens.jsonl" --seqs 1 --seq-len 2048 --steps $((STEPS - 1)) --warmup 1 \
+      --threads "$THREADS" --gradient-checkpointing off 2>"$T/torch.err" | tail -n 1)
+    tps=$(echo "$j" | grep -o '"tokens_per_s": [0-9.e+]*' | cut -d' ' -f2)
+    if [ -n "$tps" ]; then
+      torch_all+="$(printf '%.1f' "$tps") "
+      # The JSON of the best run so far.
+      [ "$(best "$torch_all")" = "$(printf '%.1f' "$tps")" ] && torch_json=$j
+    elif [ -z "$torch_json" ]; then
+      torch_json=${j:-"{\"error\": \"$(tail -n 1 "$T/torch.err" | tr -d '"\\')\"}"}
+    fi
   fi
 done
-torch_json='{"error": "not run (--no-torch)"}'
-if [ "$TORCH" -eq 1 ]; then
-  log "torch: $PYTHON bench/torch_baseline.py --device cpu ..."
-  torch_json=$("$PYTHON" "$ROOT/bench/torch_baseline.py" --device cpu --config "$CONFIG" \
-    --tokens "$T/tokens.jsonl" --seqs 1 --seq-len 2048 --steps $((STEPS - 1)) --warmup 1 \
-    --threads "$THREADS" --gradient-checkpointing off 2>"$T/torch.err" | tail -n 1)
-  [ -n "$torch_json" ] || torch_json="{\"error\": \"$(tail -n 1 "$T/torch.err" | tr -d '"\\')\"}"
-  torch_tps=$(echo "$torch_json" | grep -o '"tokens_per_s": [0-9.e+]*' | cut -d' ' -f2)
-  if [ -n "$torch_tps" ]; then
-    figures+="\"torch_tokens_per_s\": $(printf '%.1f' "$torch_tps"), "
-    chosen_tps=$(echo "$figures" | grep -o '"sft_tokens_per_s_chosen": [0-9.]*' | cut -d' ' -f2)
-    [ -n "$chosen_tps" ] && figures+="\"sft_vs_torch\": $(awk -v a="$chosen_tps" -v b="$torch_tps" 'BEGIN { printf "%.2f", a / b }'), "
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+[ "$TORCH" -eq 1 ] || torch_json='{"error": "not run (--no-torch)"}'
+figures="" runs="" blas="" errors=""
+for label in "${labels[@]}"; do
+  if [ -n "${all[$label]:-}" ]; then
+    figures+="\"sft_tokens_per_s_$label\": $(best "${all[$label]}"), "
+    runs+="\"sft_tokens_per_s_$label\": [$(echo ${all[$label]} | tr ' ' ',')], "
+    blas+="\"$label\": \"${blas_line[$label]}\", "
   fi
+  [ -n "${error[$label]:-}" ] && errors+="\"sft_$label\": \"${error[$label]}\", "
+done
+if [ -n "$torch_all" ]; then
+  figures+="\"torch_tokens_per_s\": $(best "$torch_all"), "
+  runs+="\"torch_tokens_per_s\": [$(echo $torch_all | tr ' ' ',')], "
+  [ -n "${all[chosen]:-}" ] && figures+="\"sft_vs_torch\": $(awk -v a="$(best "${all[chosen]}")" \
+    -v b="$(best "$torch_all")" 'BEGIN { printf "%.2f", a / b }'), "
 fi
 date=$(date +%F)
 out=$ROOT/bench/results/$date-cpu-$slug.json
@@ -114,8 +142,10 @@ cat >"$out" <<EOF
   "commit": "$(git rev-parse HEAD 2>/dev/null)", "date": "$date", "device": "$device",
   "threads": $THREADS, "steps": $STEPS, "tokens_per_step": 2048,
   "model": "bench/configs/llama-48m.json",
-  "command": "bench/cpu_suite.sh --steps $STEPS --threads $THREADS$([ "$FAMILIES" -eq 1 ] && echo " --families")",
+  "command": "bench/cpu_suite.sh --steps $STEPS --threads $THREADS --repeat $REPEAT$([ "$FAMILIES" -eq 1 ] && echo " --families")",
+  "load_average": {"before": "$load_before", "after": "$load_after"},
   "figures": {${figures%, }},
+  "all": {${runs%, }},
   "blas": {${blas%, }},
   "torch": $torch_json,
   "errors": {${errors%, }}
