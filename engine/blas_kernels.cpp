@@ -193,7 +193,8 @@ BlasRestart prepare_blas_kernels() {
   if (s.stage == "chosen") {
     // The report says so when OpenBLAS did not load the family asked for.
     if (!iequals(running, s.family)) return BlasRestart::kNone;
-    const std::string bad = blas_self_check(!env_or_empty("LEANTUNE_BLAS_SIMULATE_MISMATCH").empty());
+    const std::string bad =
+        blas_self_check(!env_or_empty("LEANTUNE_BLAS_SIMULATE_MISMATCH").empty());
     if (bad.empty()) {
       g_self_checked = true;
       return BlasRestart::kNone;
@@ -248,20 +249,21 @@ BlasReport blas_report() {
   const State s = current_state(env);
   bool library_choice = false;
   if (s.stage == "chosen" && iequals(r.kernels, s.family)) {
-    r.origin = std::string(s.how == "option" ? "set by LEANTUNE_BLAS_CORETYPE" : "chosen by leantune") +
-               (g_self_checked ? ", self-checked" : "") + "; the library detected " +
-               detected_text(s.detected, simulated);
+    r.origin =
+        std::string(s.how == "option" ? "set by LEANTUNE_BLAS_CORETYPE" : "chosen by leantune") +
+        (g_self_checked ? ", self-checked" : "") + "; the library detected " +
+        detected_text(s.detected, simulated);
   } else if (s.stage == "fallback") {
     r.origin = "the library's choice" + std::string(simulated ? kSimulated : "") + "; leantune's " +
-               s.family + " kernels failed the self-check and are not used: " +
-               env_or_empty(kSelfCheck);
+               s.family +
+               " kernels failed the self-check and are not used: " + env_or_empty(kSelfCheck);
   } else if (s.stage == "chosen") {
     r.origin = "the library's choice; it did not load the " + s.family + " kernels leantune set";
   } else if (!env.openblas_coretype.empty() && !simulated) {
-    r.origin = iequals(r.kernels, env.openblas_coretype)
-                   ? "set by OPENBLAS_CORETYPE"
-                   : "the library's choice; it does not know OPENBLAS_CORETYPE=" +
-                         env.openblas_coretype;
+    r.origin =
+        iequals(r.kernels, env.openblas_coretype)
+            ? "set by OPENBLAS_CORETYPE"
+            : "the library's choice; it does not know OPENBLAS_CORETYPE=" + env.openblas_coretype;
   } else {
     r.origin = "the library's choice" + std::string(simulated ? kSimulated : "");
     library_choice = true;

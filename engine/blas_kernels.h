@@ -80,11 +80,11 @@ void cancel_blas_restart();
 
 // The running kernels and how they were chosen, for the run header and the memory report.
 struct BlasReport {
-  std::string library;   // "OpenBLAS" ("" with another BLAS)
-  std::string version;   // "0.3.21"
-  std::string kernels;   // the running family
-  std::string origin;    // how it was chosen, in words
-  std::string better;    // a family this CPU runs better, when the running one is not it
+  std::string library;  // "OpenBLAS" ("" with another BLAS)
+  std::string version;  // "0.3.21"
+  std::string kernels;  // the running family
+  std::string origin;   // how it was chosen, in words
+  std::string better;   // a family this CPU runs better, when the running one is not it
   int threads = 0;
   std::string line() const;  // "BLAS: OpenBLAS 0.3.21, SkylakeX kernels (...), 2 threads"
 };

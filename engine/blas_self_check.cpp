@@ -22,7 +22,7 @@ struct Shape {
 };
 // Odd sizes straddle the kernels' register blocks (4 to 32 rows/columns); a single row and a
 // single column take OpenBLAS's GEMV-like paths.
-constexpr Shape kShapes[] = {{61, 47, 83, false, true}, {33, 65, 17, true, false},
+constexpr Shape kShapes[] = {{61, 47, 83, false, true},  {33, 65, 17, true, false},
                              {7, 129, 64, false, false}, {64, 1, 97, true, true},
                              {1, 31, 257, false, true},  {48, 48, 48, true, true}};
 
@@ -65,8 +65,10 @@ std::string check_shape(const char* name, const Shape& s, bool perturb) {
     for (int j = 0; j < n; ++j) {
       double ref = 0, scale = 0;
       for (int p = 0; p < k; ++p) {
-        const double x = s.ta ? a[static_cast<size_t>(p) * lda + i] : a[static_cast<size_t>(i) * lda + p];
-        const double y = s.tb ? b[static_cast<size_t>(j) * ldb + p] : b[static_cast<size_t>(p) * ldb + j];
+        const double x =
+            s.ta ? a[static_cast<size_t>(p) * lda + i] : a[static_cast<size_t>(i) * lda + p];
+        const double y =
+            s.tb ? b[static_cast<size_t>(j) * ldb + p] : b[static_cast<size_t>(p) * ldb + j];
         ref += x * y;
         scale += std::fabs(x * y);
       }
@@ -77,9 +79,10 @@ std::string check_shape(const char* name, const Shape& s, bool perturb) {
       const double tol = 4.0 * (k + 2) * eps * scale + 1e-30;
       if (!(std::fabs(got - ref) <= tol)) {
         char msg[200];
-        std::snprintf(msg, sizeof msg, "%s %dx%dx%d %s %s: C[%d,%d] is %.6g where a naive loop "
-                      "gives %.6g", name, m, n, k, s.ta ? "A^T" : "A", s.tb ? "B^T" : "B", i, j,
-                      got, ref);
+        std::snprintf(msg, sizeof msg,
+                      "%s %dx%dx%d %s %s: C[%d,%d] is %.6g where a naive loop "
+                      "gives %.6g",
+                      name, m, n, k, s.ta ? "A^T" : "A", s.tb ? "B^T" : "B", i, j, got, ref);
         return msg;
       }
     }

@@ -49,7 +49,8 @@ fi
 
 BIN=$(realpath "$1")
 SRC=$(realpath "$2")
-[ -n "$best" ] || { echo "SKIPPED: this CPU runs nothing better than the generic kernels"; exit 77; }
+[ -n "$best" ] ||
+  { echo "SKIPPED: this CPU runs nothing better than the generic kernels"; exit 77; }
 T=$(mktemp -d)
 pid=""
 trap '[ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null; rm -rf "$T"' EXIT
@@ -57,7 +58,8 @@ export OMP_NUM_THREADS=1
 fail=0
 bad() { echo "FAIL: $*"; fail=1; }
 SIM="OPENBLAS_CORETYPE=Prescott LEANTUNE_BLAS_SIMULATE_DETECTED=Prescott"
-CHOSEN="$best kernels (chosen by leantune, self-checked; the library detected Prescott, simulated by LEANTUNE_BLAS_SIMULATE_DETECTED)"
+SIMULATED="simulated by LEANTUNE_BLAS_SIMULATE_DETECTED"
+CHOSEN="$best kernels (chosen by leantune, self-checked; the library detected Prescott, $SIMULATED)"
 
 # demo NAME ENV...: 3 logged steps of the demo in $T/NAME (stdout in out, stderr in err).
 demo() {
@@ -85,11 +87,13 @@ if [ "$MODE" = cli ]; then
   demo chosen $SIM || bad "simulated detection: exit $?"
   expect chosen "$CHOSEN"
   demo mismatch $SIM LEANTUNE_BLAS_SIMULATE_MISMATCH=1 || bad "simulated mismatch: exit $?"
-  expect mismatch "Prescott kernels (the library's choice, simulated by LEANTUNE_BLAS_SIMULATE_DETECTED; leantune's $best kernels failed the self-check and are not used: sgemm 61x47x83 A B^T: C[30,23] is "
+  expect mismatch "Prescott kernels (the library's choice, $SIMULATED; leantune's $best kernels \
+failed the self-check and are not used: sgemm 61x47x83 A B^T: C[30,23] is "
   demo user OPENBLAS_CORETYPE=Prescott || bad "user's variable: exit $?"
   expect user "Prescott kernels (set by OPENBLAS_CORETYPE)"
   demo kept $SIM LEANTUNE_BLAS_CORETYPE=library || bad "LEANTUNE_BLAS_CORETYPE=library: exit $?"
-  expect kept "Prescott kernels (the library's choice, simulated by LEANTUNE_BLAS_SIMULATE_DETECTED; this CPU runs $best kernels, faster: set OPENBLAS_CORETYPE=$best)"
+  expect kept "Prescott kernels (the library's choice, $SIMULATED; this CPU runs $best kernels, \
+faster: set OPENBLAS_CORETYPE=$best)"
   # Losses: every choice within the fixtures' tolerance (1e-4 relative) of the default run.
   ref=$(losses default)
   [ "$(echo "$ref" | wc -w)" -eq 3 ] || bad "default run logged '$ref', expected 3 losses"
@@ -107,7 +111,8 @@ if [ "$MODE" = cli ]; then
     bad "bad option after the restart: exit $rc, $(cat "$T/opt.err")"
   (cd "$T" && LEANTUNE_BLAS_CORETYPE=Icelake "$BIN" sft >/dev/null 2>"$T/var.err")
   rc=$?
-  [ "$rc" -eq 2 ] && grep -q "^trainer_bin: LEANTUNE_BLAS_CORETYPE=Icelake is not auto, library or one of" "$T/var.err" ||
+  [ "$rc" -eq 2 ] &&
+    grep -q "^trainer_bin: LEANTUNE_BLAS_CORETYPE=Icelake is not auto, library" "$T/var.err" ||
     bad "LEANTUNE_BLAS_CORETYPE=Icelake: exit $rc, $(cat "$T/var.err")"
   # SIGTERM reaches the restarted process (the same pid): it saves a checkpoint and exits 0.
   env $SIM "$BIN" sft --max_steps 100000 --logging_steps 1 --save_steps 0 \
@@ -129,7 +134,8 @@ if [ "$MODE" = mpi ]; then
   rc=$?
   n=$(grep -cF "$CHOSEN" "$T/mpi.out")
   [ "$rc" -eq 0 ] && [ "$n" -eq 4 ] ||
-    bad "2 ranks: exit $rc, $n lines name the chosen kernels (expected 2 headers and 2 reports); $(tail -n 3 "$T/mpi.err")"
+    bad "2 ranks: exit $rc, $n lines name the chosen kernels (2 headers and 2 reports expected);" \
+        "$(tail -n 3 "$T/mpi.err")"
 fi
 
 [ "$fail" -eq 0 ] && echo "ok: $best kernels"

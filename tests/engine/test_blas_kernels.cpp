@@ -44,6 +44,8 @@ struct Row {
 TEST(BlasKernels, DecisionTable) {
   CpuFeatures avx512_no_vl = cpu(kIntel, 4);
   avx512_no_vl.avx512vl = false;  // not a SkylakeX-class CPU: its kernels use VL
+  // One case per row, as written (clang-format would split the rows that wrap).
+  // clang-format off
   const Row rows[] = {
       {"Emerald Rapids, library fell back to Prescott", cpu(kIntel, 5), "Prescott", {},
        "Cooperlake", "Prescott"},
@@ -74,6 +76,7 @@ TEST(BlasKernels, DecisionTable) {
       {"simulated detection", cpu(kIntel, 4), "Prescott", {"Prescott", "", "Prescott"},
        "SkylakeX", "Prescott"},
   };
+  // clang-format on
   for (const Row& r : rows) {
     SCOPED_TRACE(r.what);
     const BlasDecision d = decide_blas_kernels(r.cpu, r.running, r.env);
