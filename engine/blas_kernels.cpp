@@ -103,6 +103,15 @@ State current_state(const BlasEnvironment& env) {
   return {};
 }
 
+// Back to the library's own kernels: OPENBLAS_CORETYPE unset, or under a simulated detection
+// set to the family it stands for.
+void restore_library_choice(const std::string& detected) {
+  if (std::getenv("LEANTUNE_BLAS_SIMULATE_DETECTED") == nullptr)
+    ::unsetenv("OPENBLAS_CORETYPE");
+  else
+    ::setenv("OPENBLAS_CORETYPE", detected.c_str(), 1);
+}
+
 std::string detected_text(const std::string& detected, bool simulated) {
   return detected + (simulated ? kSimulated : "");
 }
@@ -201,10 +210,7 @@ BlasRestart prepare_blas_kernels() {
     }
     ::setenv(kState, ("fallback " + s.family + " " + s.detected + " " + s.how).c_str(), 1);
     ::setenv(kSelfCheck, bad.c_str(), 1);
-    if (env.simulate_detected.empty())
-      ::unsetenv("OPENBLAS_CORETYPE");
-    else
-      ::setenv("OPENBLAS_CORETYPE", s.detected.c_str(), 1);
+    restore_library_choice(s.detected);
     return BlasRestart::kToUndoChoice;
   }
   ::unsetenv(kState);
@@ -223,11 +229,7 @@ BlasRestart prepare_blas_kernels() {
 void cancel_blas_restart() {
   const State s = parse_state(env_or_empty(kState));
   if (s.stage != "chosen") return;
-  const BlasEnvironment env = BlasEnvironment::from_process();
-  if (env.simulate_detected.empty())
-    ::unsetenv("OPENBLAS_CORETYPE");
-  else
-    ::setenv("OPENBLAS_CORETYPE", s.detected.c_str(), 1);
+  restore_library_choice(s.detected);
   ::unsetenv(kState);
 }
 
