@@ -15,6 +15,12 @@ if(MPI_CXX_FOUND)
   set_tests_properties(engine_blas_kernels_mpi PROPERTIES LABELS "mpi;engine" TIMEOUT 300
                        RESOURCE_LOCK mpi SKIP_RETURN_CODE 77)
 endif()
+# An embedding host, which the library cannot restart, is warned once under a simulated
+# Prescott detection.
+add_test(NAME engine_blas_kernels_embedder_warning
+         COMMAND env OPENBLAS_CORETYPE=Prescott LEANTUNE_BLAS_SIMULATE_DETECTED=Prescott
+                 $<TARGET_FILE:engine_test_blas_kernels> --gtest_filter=*LibraryWarnsOnce*)
+set_tests_properties(engine_blas_kernels_embedder_warning PROPERTIES LABELS "cpu;engine")
 # Each family: the report names the forced family (so the variable took effect), then the
 # fixtures of the model (logits, loss, every gradient), DPO and the reward trainer.
 foreach(family Prescott Sandybridge Haswell Zen SkylakeX Cooperlake)

@@ -176,5 +176,29 @@ TEST(BlasKernels, ReportNamesTheLibraryTheKernelsAndTheThreads) {
   EXPECT_NE(line.find(std::to_string(r.threads) + " thread"), std::string::npos) << line;
 }
 
+// A host that embeds the library (this test binary) is told once which variable to set when the
+// library's kernels are worse than the CPU's; blas.cmake also runs this test under a simulated
+// Prescott detection, where the warning must name the CPU's best family.
+TEST(BlasKernels, LibraryWarnsOnceWhenItsKernelsAreWorseThanTheCpus) {
+  const BlasReport r = blas_report();
+  const std::string best = best_blas_kernels(cpu_features());
+  if (std::getenv("LEANTUNE_BLAS_SIMULATE_DETECTED") && !best.empty()) {
+    EXPECT_EQ(r.better, best);
+  }
+  ::testing::internal::CaptureStderr();
+  warn_once_about_blas_kernels();
+  warn_once_about_blas_kernels();
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  if (r.better.empty()) {
+    EXPECT_EQ(out, "");
+  } else {
+    EXPECT_EQ(out.rfind("leantune: OpenBLAS ", 0), 0u) << out;
+    EXPECT_EQ(out.find('\n'), out.size() - 1) << "one line: " << out;
+    EXPECT_NE(out.find("set OPENBLAS_CORETYPE=" + r.better + " before starting the program"),
+              std::string::npos)
+        << out;
+  }
+}
+
 }  // namespace
 }  // namespace leantune
