@@ -10,6 +10,7 @@
 #include "leantune/leantune.h"
 #include "trainers/commands.h"
 #include "trainers/sft.h"
+#include "trainers/startup.h"
 #include "trainers/trainer.h"
 
 namespace leantune {
@@ -56,6 +57,7 @@ int run_sft(const Options& o) {
               path.empty() ? "built-in demo model" : path.c_str(), model.architecture().c_str(),
               static_cast<long long>(model.num_parameters()), model.device().c_str(),
               model.dtype().c_str());
+  print_blas_header(model.device() == "cpu");
   std::fflush(stdout);
   if (stop_requested()) {
     std::printf("sft: stopped by a signal before training began; nothing to save\n");

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "engine/allocator.h"
+#include "engine/blas_kernels.h"
 #include "engine/check.h"
 #include "leantune/leantune.h"
 #include "loaders/text_encoder.h"
@@ -79,6 +80,9 @@ Model::~Model() = default;
 
 Model Model::load(const std::string& path, const ModelOptions& mo) {
   return guarded([&] {
+    // The library's initialisation for its host: it cannot restart the host with better BLAS
+    // kernels, so it says once which variable to set (engine/blas_kernels.h).
+    warn_once_about_blas_kernels();
     auto impl = std::make_unique<Impl>();
     nlohmann::json j = parse_object(mo.json, "ModelOptions::json");
     for (auto it = j.begin(); it != j.end(); ++it)

@@ -11,6 +11,12 @@ torch.compile).
 
 Gradient checkpointing: "off", "on", or "auto" (off, then on after an out-of-memory error).
 
+--device cpu (bench/cpu_suite.sh): the same model on the CPU in fp32 (no autocast), with
+torch.optim.AdamW's default implementation, --threads intra-op threads, and the tokens of --tokens
+(a JSONL file of {"input_ids": [...]} rows of --seq-len tokens, the very rows leantune trains on;
+labels = input_ids, shifted by the model as leantune shifts them). peak_gib is then the process's
+peak RSS.
+
 Prints progress on stderr and one JSON object as the last line of stdout:
   {"tokens_per_s", "step_s", "peak_gib" (torch.cuda.max_memory_allocated over the run, model
    creation included), "gradient_checkpointing", "oom_without_checkpointing", "loss",
@@ -28,7 +34,7 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def build_model(torch, transformers, config_path, checkpointing):
+def build_model(torch, transformers, config_path, checkpointing, device):
     with open(config_path) as f:
         cfg_dict = json.load(f)
     cfg = transformers.AutoConfig.for_model(
@@ -36,7 +42,7 @@ def build_model(torch, transformers, config_path, checkpointing):
     )
     cfg.use_cache = False
     kwargs = {"attn_implementation": "sdpa"}
-    with torch.device("cuda"):
+    with torch.device(device):
         try:
             model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **kwargs)
         except TypeError:  # transformers < 4.56 names it torch_dtype
@@ -49,45 +55,78 @@ def build_model(torch, transformers, config_path, checkpointing):
     return model, cfg
 
 
+def token_batches(torch, args):
+    """The --tokens file's rows as [seqs, seq_len] batches, one per step (warm-up steps first)."""
+    rows = []
+    with open(args.tokens) as f:
+        for line in f:
+            ids = json.loads(line)["input_ids"]
+            if len(ids) != args.seq_len:
+                raise ValueError("%s: a row of %d tokens, expected --seq-len %d"
+                                 % (args.tokens, len(ids), args.seq_len))
+            rows.append(ids)
+    need = (args.warmup + args.steps) * args.seqs
+    if len(rows) < need:
+        raise ValueError("%s: %d rows, %d steps of %d need %d"
+                         % (args.tokens, len(rows), args.warmup + args.steps, args.seqs, need))
+    t = torch.tensor(rows[:need], dtype=torch.long)
+    return [t[i * args.seqs:(i + 1) * args.seqs] for i in range(args.warmup + args.steps)]
+
+
 def run(torch, transformers, args, checkpointing):
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    model, cfg = build_model(torch, transformers, args.config, checkpointing)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model, cfg = build_model(torch, transformers, args.config, checkpointing, args.device)
     try:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True) if cuda else \
+            torch.optim.AdamW(model.parameters(), lr=1e-5)
     except (TypeError, RuntimeError):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    gen = torch.Generator(device="cuda").manual_seed(99)
-    shape = (args.seqs, args.seq_len)
-    ids = torch.randint(0, cfg.vocab_size, shape, device="cuda", generator=gen)
-    labels = torch.randint(0, cfg.vocab_size, shape, device="cuda", generator=gen)
+    if args.tokens:
+        batches = [(b, b) for b in token_batches(torch, args)]
+    else:
+        gen = torch.Generator(device=args.device).manual_seed(99)
+        shape = (args.seqs, args.seq_len)
+        ids = torch.randint(0, cfg.vocab_size, shape, device=args.device, generator=gen)
+        labels = torch.randint(0, cfg.vocab_size, shape, device=args.device, generator=gen)
+        batches = [(ids, labels)] * (args.warmup + args.steps)
 
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+    def step(ids, labels):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
             out = model(input_ids=ids, labels=labels, use_cache=False)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return out.loss.detach()
 
-    for _ in range(args.warmup):
-        step()
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for ids, labels in batches[:args.warmup]:
+        step(ids, labels)
+    sync()
     t0 = time.perf_counter()
     loss = None
-    for _ in range(args.steps):
-        loss = step()
-    torch.cuda.synchronize()
+    for ids, labels in batches[args.warmup:]:
+        loss = step(ids, labels)
+    sync()
     step_s = (time.perf_counter() - t0) / args.steps
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() / 2**30
+    else:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     result = {
         "tokens_per_s": args.seqs * args.seq_len / step_s,
         "step_s": step_s,
-        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_gib": peak,
         "gradient_checkpointing": checkpointing,
         "loss": float(loss),
     }
-    del model, opt, ids, labels
-    torch.cuda.empty_cache()
+    del model, opt, batches
+    if cuda:
+        torch.cuda.empty_cache()
     return result
 
 
@@ -99,6 +138,9 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--gradient-checkpointing", choices=["off", "on", "auto"], default="auto")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--threads", type=int, default=0, help="cpu: intra-op threads (0: torch's)")
+    ap.add_argument("--tokens", default="", help="JSONL of input_ids rows (default: random)")
     args = ap.parse_args()
     try:
         import torch
@@ -106,9 +148,11 @@ def main():
     except Exception as e:  # noqa: BLE001 - any import failure means no baseline
         print(json.dumps({"error": "torch/transformers not importable: %s" % e}))
         return 0
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print(json.dumps({"error": "torch sees no CUDA device"}))
         return 0
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     modes = {"off": [False], "on": [True], "auto": [False, True]}[args.gradient_checkpointing]
     oom_without = False
     result = None
@@ -117,7 +161,7 @@ def main():
             log("torch baseline: %s, gradient checkpointing %s" % (args.config, checkpointing))
             result = run(torch, transformers, args, checkpointing)
             break
-        except torch.cuda.OutOfMemoryError as e:
+        except (torch.cuda.OutOfMemoryError, MemoryError) as e:
             log("torch baseline: out of memory (%s)" % str(e).splitlines()[0])
             if not checkpointing:
                 oom_without = True
@@ -126,7 +170,8 @@ def main():
             return 0
         # The failed attempt's tensors are only unreachable once the exception is gone.
         gc.collect()
-        torch.cuda.empty_cache()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
     if result is None:
         print(
             json.dumps(
@@ -137,7 +182,11 @@ def main():
     result["oom_without_checkpointing"] = oom_without
     result["torch"] = torch.__version__
     result["transformers"] = transformers.__version__
-    result["device"] = torch.cuda.get_device_name(0)
+    if args.device == "cuda":
+        result["device"] = torch.cuda.get_device_name(0)
+    else:
+        result["device"] = "cpu"
+        result["threads"] = torch.get_num_threads()
     print(json.dumps(result))
     return 0
 

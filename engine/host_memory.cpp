@@ -44,7 +44,19 @@ int64_t mapped_bytes() {
   }
   return 0;
 }
+
+int64_t address_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    return static_cast<int64_t>(rl.rlim_cur);
+  return 0;
+}
 }  // namespace
+
+bool blas_buffers_fit() {
+  const int64_t limit = address_limit();
+  return limit == 0 || limit - mapped_bytes() - kHeadroom >= 2 * kPerThread;
+}
 
 std::string HostMemoryPlan::summary() const {
   char buf[256];
@@ -59,9 +71,7 @@ std::string HostMemoryPlan::summary() const {
 
 HostMemoryPlan prepare_host_memory(double max_memory_gib) {
   HostMemoryPlan plan;
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-    plan.address_limit = static_cast<int64_t>(rl.rlim_cur);
+  plan.address_limit = address_limit();
   plan.threads = omp_get_max_threads();
   if (plan.address_limit > 0 && blas_memory_alloc != nullptr && blas_memory_free != nullptr) {
     // Start the OpenMP threads first: their stacks count against the limit too.

@@ -30,4 +30,8 @@ struct HostMemoryPlan {
 // a limit). Call once, before the model is built.
 HostMemoryPlan prepare_host_memory(double max_memory_gib);
 
+// Whether the address space left under RLIMIT_AS (always, without a limit) holds the OpenBLAS
+// buffers prepare_host_memory() needs at the least: the calling thread's and one worker's.
+bool blas_buffers_fit();
+
 }  // namespace leantune

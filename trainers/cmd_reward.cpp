@@ -6,6 +6,7 @@
 #include "trainers/commands.h"
 #include "trainers/reward.h"
 #include "trainers/sft.h"
+#include "trainers/startup.h"
 
 namespace leantune {
 namespace {
@@ -27,6 +28,7 @@ int reward_command(const std::vector<std::string>& argv) {
               static_cast<long long>(run.model.model->num_parameters()),
               run.model.model->device().str().c_str(),
               static_cast<long long>(run.trainer->train_stats().examples));
+  print_blas_header(run.model.model->device().is_cpu());
   std::fflush(stdout);
   if (stop_requested()) {
     std::printf("reward: stopped by a signal before training began; nothing to save\n");

@@ -14,6 +14,7 @@
 #include "engine/check.h"
 #include "engine/comm.h"
 #include "trainers/commands.h"
+#include "trainers/startup.h"
 
 namespace {
 
@@ -39,15 +40,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // OpenMP threads that spin while waiting steal the CPU from each other and from whatever else
-  // runs on the machine; with one busy core out of two, spinning made training 6x slower than
-  // one thread. The runtime reads OMP_WAIT_POLICY when it loads, before main, so trainer_bin
-  // sets it and starts itself again (once) unless the user chose a policy.
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    ::execv("/proc/self/exe", argv);
-    // If re-executing is impossible, run as is.
-  }
+  // Settings read when libraries load (OpenMP's wait policy, OpenBLAS's kernels): set, then
+  // trainer_bin starts itself again, before anything else runs (trainers/startup.h).
+  if (const int code = leantune::prepare_process(argv); code != 0) return code;
   // A file-size limit (ulimit -f) must be a failed write that names the file, not a kill.
   std::signal(SIGXFSZ, SIG_IGN);
   const int code = run(argc, argv);

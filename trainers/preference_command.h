@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "trainers/sft.h"
+#include "trainers/startup.h"
 #include "trainers/trainer.h"
 
 namespace leantune {
@@ -34,6 +35,7 @@ int run_preference_command(const std::string& name, const std::vector<std::strin
               static_cast<long long>(run.model.model->num_parameters()),
               run.model.model->device().str().c_str(),
               static_cast<long long>(run.trainer->train_stats().examples), examples_word);
+  print_blas_header(run.model.model->device().is_cpu());
   std::fflush(stdout);
   if (stop_requested()) {
     std::printf("%s: stopped by a signal before training began; nothing to save\n", name.c_str());

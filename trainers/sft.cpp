@@ -223,6 +223,7 @@ std::string format_memory_report(const nlohmann::json& r) {
                 phase.empty() ? "" : " during ", phase.c_str(),
                 format_bytes(r.value("peak_reserved", int64_t{0})).c_str());
   out += line;
+  if (r.contains("blas")) out += "  " + r["blas"].get<std::string>() + "\n";
   if (r.value("peak_rss", int64_t{0}) > 0) {
     std::snprintf(line, sizeof line,
                   "  peak RSS %s (the process's resident memory: the host allocator's segments "

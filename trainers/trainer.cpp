@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "engine/autograd.h"
+#include "engine/blas_kernels.h"
 #include "engine/host_memory.h"
 #include "engine/mem_phase.h"
 #include "engine/ops.h"
@@ -222,6 +223,7 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Op
 
 void prepare_run(const TrainingArguments& args) {
   prepare_output_dir(args.output_dir, "output_dir");
+  warn_once_about_blas_kernels();
   const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
   if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
 }
@@ -371,6 +373,7 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"state_on_host", args_.offload_optimizer == "cpu" || args_.optim.rfind("paged_", 0) == 0 ||
                               model_->device().is_cpu()}}},
       {"savings", all_savings}};
+  if (model_->device().is_cpu()) r["blas"] = blas_report().line();
   for (auto it = snap["by_tag"].begin(); it != snap["by_tag"].end(); ++it) {
     r["peak_by_tag"][it.key()] = it.value()["peak"];
     r["at_peak_by_tag"][it.key()] = it.value()["at_peak"];
