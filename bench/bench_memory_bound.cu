@@ -175,10 +175,11 @@ int main(int argc, char** argv) {
       lt::Tensor dw = lt::Tensor::empty({kHidden}, dt, kGpu);
       const double act = static_cast<double>(kTokens * kHidden * 2);
       r.kernel("rms_norm_fwd",
-               timer.median_ms([&] { lt::kernels::rms_norm_fwd_cuda(x, w, 1e-6, y, rstd); }),
+               timer.median_ms([&] { lt::kernels::rms_norm_fwd_cuda(x, w, 1e-6, false, y, rstd); }),
                2 * act + kTokens * 4.0 + kHidden * 2.0);
-      r.kernel("rms_norm_bwd",
-               timer.median_ms([&] { lt::kernels::rms_norm_bwd_cuda(dy, x, w, rstd, dx, dw); }),
+      r.kernel("rms_norm_bwd", timer.median_ms([&] {
+        lt::kernels::rms_norm_bwd_cuda(dy, x, w, rstd, false, dx, dw);
+      }),
                3 * act + kTokens * 4.0 + 2 * kHidden * 2.0);
     });
 
@@ -199,8 +200,8 @@ int main(int argc, char** argv) {
       const double bytes = 2.0 * (q.nbytes() + k.nbytes()) + 2.0 * p.nbytes() + 2 * inv.nbytes();
       for (bool inverse : {false, true}) {
         r.kernel(inverse ? "rope_bwd" : "rope_fwd", timer.median_ms([&] {
-          lt::kernels::rope_apply_cuda(q, p, inv, inverse, qo);
-          lt::kernels::rope_apply_cuda(k, p, inv, inverse, ko);
+          lt::kernels::rope_apply_cuda(q, p, inv, inverse, 1.0, qo);
+          lt::kernels::rope_apply_cuda(k, p, inv, inverse, 1.0, ko);
         }),
                  bytes);
       }

@@ -4,21 +4,25 @@
 //   head_dim dense), other layouts are copied. cu_seqlens_q/k:[B+1] i32|i64 (read to the host).
 //   -> out:[Tq,Hq,D] contiguous (q's dtype), lse:[Hq,Tq] f32 (f64 for f64 inputs).
 // Query i of a sequence with Lq queries and Lk keys sees keys j <= i + Lk - Lq (causal,
-// bottom-right aligned); a row that sees nothing gets out = 0, lse = -inf, and zero gradients.
+// bottom-right aligned), and with a sliding window only j > i + Lk - Lq - window; a row that sees
+// nothing gets out = 0, lse = -inf, and zero gradients. Soft-capping maps each scaled score s to
+// softcap * tanh(s / softcap).
 // Rows of q/k beyond cu[B] belong to no sequence and are treated the same way.
 //
 // CPU algorithm. Work is split per (sequence, head) and parallelised with OpenMP (dynamic
 // schedule: sequences differ in length). K and V of the sequence's KV head are gathered once
 // into f32 (f64) scratch; queries are processed in blocks of kBlockQ rows, so the largest score
 // matrix is kBlockQ x Lk for one sequence, never [T, T] over the flat batch. Per block:
-//   S = scale * Q K[0:kmax]^T (OpenBLAS), masked softmax -> P = exp(S - lse), O = P V.
+//   S = scale * Q K[kmin:kmax]^T (OpenBLAS; kmin > 0 only with a sliding window: the first key
+//   the block's first query sees), soft-capped, masked softmax -> P = exp(S - lse), O = P V.
 // Backward tasks are (sequence, KV head): a task loops over the query heads of its group and
 // accumulates dK, dV for the group in scratch, so GQA sums need no atomics. Per block, with P
 // recomputed from the saved lse and Di = rowsum(dO * O):
-//   dV += P^T dO;  dS = P * (dO V^T - Di);  dQ = scale * dS K;  dK += scale * dS^T Q.
+//   dV += P^T dO;  dS = P * (dO V^T - Di) (times 1 - tanh^2 when soft-capped);
+//   dQ = scale * dS K;  dK += scale * dS^T Q.
 // Scratch (kWorkspace): one slab per OpenMP thread, sized by the longest sequence:
 //   forward  (2 Lk + 2 kBlockQ) D + kBlockQ Lk values,
-//   backward (4 Lk + 3 kBlockQ) D + 2 kBlockQ Lk + 2 kBlockQ values.
+//   backward (4 Lk + 3 kBlockQ) D + 2 kBlockQ Lk + 2 kBlockQ values (+ kBlockQ Lk soft-capped).
 // Saved for backward: q, k, v, out, lse and both cu_seqlens.
 #include "kernels/attention.h"
 
@@ -136,9 +140,26 @@ void scatter(const A* src, int64_t n, int64_t d, T* base, int64_t stride, int64_
   }
 }
 
-// Number of keys query i (of lq) sees out of lk.
+// Number of keys query i (of lq) sees out of lk: the end of its range.
 inline int64_t visible(bool causal, int64_t i, int64_t lq, int64_t lk) {
   return causal ? std::clamp<int64_t>(i + lk - lq + 1, 0, lk) : lk;
+}
+// The first key query i sees (0 without a sliding window).
+inline int64_t first_visible(bool causal, int64_t window, int64_t i, int64_t lq, int64_t lk) {
+  return causal && window > 0 ? std::max<int64_t>(0, visible(causal, i, lq, lk) - window) : 0;
+}
+
+// The attention's masking and score map, as the kernels apply them.
+struct Mask {
+  bool causal;
+  int64_t window;
+  double softcap;
+};
+
+// s -> softcap * tanh(s / softcap) over n scores.
+template <typename A>
+void softcap_row(A* row, int64_t n, A cap) {
+  for (int64_t j = 0; j < n; ++j) row[j] = cap * std::tanh(row[j] / cap);
 }
 
 // Below this many multiply-adds a call runs on one thread: a parallel region costs more than it
@@ -173,7 +194,9 @@ double score_work(const Seqs& s, const Dims& dm) {
 
 template <typename T>
 void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs& s, const Dims& dm,
-                  double scale_d, bool causal, const Tensor& out, const Tensor& lse) {
+                  double scale_d, const Mask& mk, const Tensor& out, const Tensor& lse) {
+  const bool causal = mk.causal;
+  const int64_t window = mk.window;
   using A = acc_t<T>;
   const int64_t d = dm.d, lk_max = s.max_k, bq = std::min(kBlockQ, std::max<int64_t>(s.max_q, 1));
   const int64_t slab = 2 * lk_max * d + 2 * bq * d + bq * lk_max;
@@ -189,6 +212,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs&
   const int64_t sq = row_stride(q), sk = row_stride(k), sv = row_stride(v);
   const int64_t so = dm.hq * d;
   const A scale = static_cast<A>(scale_d);
+  const A cap = static_cast<A>(mk.softcap);
   const A neg_inf = -std::numeric_limits<A>::infinity();
 
   for_tasks(s.batch * dm.hq, threads, [&](int64_t task, int thread) {
@@ -211,24 +235,28 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs&
         scatter(ob, nb, d, po + q0 * so, so, h, i0);
         continue;
       }
+      const int64_t kmin = first_visible(causal, window, i0, lq, lk), kw = kmax - kmin;
       gather(pq + q0 * sq, sq, h, d, i0, nb, qb);
-      gemm(false, true, nb, kmax, d, scale, qb, d, kb, d, A(0), sb, kmax);
+      gemm(false, true, nb, kw, d, scale, qb, d, kb + kmin * d, d, A(0), sb, kw);
       for (int64_t r = 0; r < nb; ++r) {
-        A* row = sb + r * kmax;
-        const int64_t vis = visible(causal, i0 + r, lq, lk);
+        A* row = sb + r * kw;
+        const int64_t hi = visible(causal, i0 + r, lq, lk) - kmin;
+        const int64_t lo = first_visible(causal, window, i0 + r, lq, lk) - kmin;
         A l = neg_inf;
-        if (vis > 0) {
-          A m = row[0];
-          for (int64_t j = 1; j < vis; ++j) m = std::max(m, row[j]);
-          const A sum = softmax_cpu::exp_shift_sum(row, vis, m);
+        if (hi > lo) {
+          if (cap > 0) softcap_row(row + lo, hi - lo, cap);
+          A m = row[lo];
+          for (int64_t j = lo + 1; j < hi; ++j) m = std::max(m, row[j]);
+          const A sum = softmax_cpu::exp_shift_sum(row + lo, hi - lo, m);
           l = m + std::log(sum);
           const A inv = A(1) / sum;
-          for (int64_t j = 0; j < vis; ++j) row[j] *= inv;
+          for (int64_t j = lo; j < hi; ++j) row[j] *= inv;
         }
-        std::fill(row + vis, row + kmax, A(0));
+        std::fill(row, row + std::max<int64_t>(lo, 0), A(0));
+        std::fill(row + std::max(hi, lo), row + kw, A(0));
         pl[h * dm.tq + q0 + i0 + r] = l;
       }
-      gemm(false, false, nb, d, kmax, A(1), sb, kmax, vb, d, A(0), ob, d);
+      gemm(false, false, nb, d, kw, A(1), sb, kw, vb + kmin * d, d, A(0), ob, d);
       scatter(ob, nb, d, po + q0 * so, so, h, i0);
     }
   });
@@ -237,11 +265,14 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs&
 template <typename T>
 void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& out, const Tensor& lse, const Seqs& s, const Dims& dm,
-                   double scale_d, bool causal, const Tensor& dq, const Tensor& dk,
+                   double scale_d, const Mask& mk, const Tensor& dq, const Tensor& dk,
                    const Tensor& dv) {
   using A = acc_t<T>;
+  const bool causal = mk.causal;
+  const int64_t window = mk.window;
+  const A cap = static_cast<A>(mk.softcap);
   const int64_t d = dm.d, lk_max = s.max_k, bq = std::min(kBlockQ, std::max<int64_t>(s.max_q, 1));
-  const int64_t slab = 4 * lk_max * d + 3 * bq * d + 2 * bq * lk_max + 2 * bq;
+  const int64_t slab = 4 * lk_max * d + 3 * bq * d + (cap > 0 ? 3 : 2) * bq * lk_max + 2 * bq;
   const int threads = worker_threads(s.batch * dm.hk, 5 * score_work(s, dm));
   Tensor ws =
       Tensor::empty({threads * slab}, stat_dtype(q.dtype()), q.device(), MemTag::kWorkspace);
@@ -274,6 +305,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     A* dpb = pb + bq * lk_max;
     A* di = dpb + bq * lk_max;
     A* lb = di + bq;
+    A* tb = lb + bq;  // tanh of the soft-capped scores (soft-capping only)
     gather(pk + k0 * sk, sk, hk, d, 0, lk, kb);
     gather(pv + k0 * sv, sv, hk, d, 0, lk, vb);
     std::fill(dkb, dkb + lk * d, A(0));
@@ -289,6 +321,9 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
           }
           continue;
         }
+        const int64_t kmin = first_visible(causal, window, i0, lq, lk), kw = kmax - kmin;
+        A* kbw = kb + kmin * d;
+        A* vbw = vb + kmin * d;
         gather(pq + q0 * sq, sq, h, d, i0, nb, qb);
         gather(pg + q0 * sg, sg, h, d, i0, nb, gb);
         for (int64_t r = 0; r < nb; ++r) {
@@ -299,25 +334,37 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
           lb[r] = pl[h * dm.tq + q0 + i0 + r];
         }
         // P from the saved lse; masked and "sees nothing" entries are exactly 0.
-        gemm(false, true, nb, kmax, d, scale, qb, d, kb, d, A(0), pb, kmax);
+        gemm(false, true, nb, kw, d, scale, qb, d, kbw, d, A(0), pb, kw);
         for (int64_t r = 0; r < nb; ++r) {
-          A* row = pb + r * kmax;
-          const int64_t vis = std::isinf(lb[r]) ? 0 : visible(causal, i0 + r, lq, lk);
-          softmax_cpu::exp_shift_sum(row, vis, lb[r]);
-          std::fill(row + vis, row + kmax, A(0));
+          A* row = pb + r * kw;
+          const bool none = std::isinf(lb[r]);
+          const int64_t hi = none ? 0 : visible(causal, i0 + r, lq, lk) - kmin;
+          const int64_t lo = none ? 0 : first_visible(causal, window, i0 + r, lq, lk) - kmin;
+          if (cap > 0 && hi > lo) {
+            softcap_row(row + lo, hi - lo, cap);
+            for (int64_t j = lo; j < hi; ++j) tb[r * kw + j] = row[j] / cap;
+          }
+          if (hi > lo) softmax_cpu::exp_shift_sum(row + lo, hi - lo, lb[r]);
+          std::fill(row, row + std::max<int64_t>(lo, 0), A(0));
+          std::fill(row + std::max(hi, lo), row + kw, A(0));
         }
-        if (pdv) gemm(true, false, kmax, d, nb, A(1), pb, kmax, gb, d, A(1), dvb, d);
-        gemm(false, true, nb, kmax, d, A(1), gb, d, vb, d, A(0), dpb, kmax);
+        if (pdv) gemm(true, false, kw, d, nb, A(1), pb, kw, gb, d, A(1), dvb + kmin * d, d);
+        gemm(false, true, nb, kw, d, A(1), gb, d, vbw, d, A(0), dpb, kw);
         for (int64_t r = 0; r < nb; ++r) {
-          A* dp = dpb + r * kmax;
-          const A* p = pb + r * kmax;
-          for (int64_t j = 0; j < kmax; ++j) dp[j] = p[j] * (dp[j] - di[r]);
+          A* dp = dpb + r * kw;
+          const A* p = pb + r * kw;
+          for (int64_t j = 0; j < kw; ++j) dp[j] = p[j] * (dp[j] - di[r]);
+          if (cap > 0) {
+            const A* t = tb + r * kw;
+            for (int64_t j = 0; j < kw; ++j)
+              if (p[j] != A(0)) dp[j] *= A(1) - t[j] * t[j];
+          }
         }
         if (pdq) {
-          gemm(false, false, nb, d, kmax, scale, dpb, kmax, kb, d, A(0), dqb, d);
+          gemm(false, false, nb, d, kw, scale, dpb, kw, kbw, d, A(0), dqb, d);
           scatter(dqb, nb, d, pdq + q0 * sdq, sdq, h, i0);
         }
-        if (pdk) gemm(true, false, kmax, d, nb, scale, dpb, kmax, qb, d, A(1), dkb, d);
+        if (pdk) gemm(true, false, kw, d, nb, scale, dpb, kw, qb, d, A(1), dkb + kmin * d, d);
       }
     }
     if (!need_kv) return;
@@ -356,12 +403,18 @@ class AttentionBackward final : public Node {
   }
 };
 
+void check_options(const char* op, const AttentionOptions& opt) {
+  LT_CHECK(opt.window >= 0 && opt.softcap >= 0 && (opt.window == 0 || opt.causal), op, ": window ",
+           opt.window, " (causal only), softcap ", opt.softcap);
+}
+
 }  // namespace
 
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
                    const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& out,
                    const Tensor& lse) {
   const Dims dm = check_qkv("attention_fwd", q, k, v);
+  check_options("attention_fwd", opt);
   LT_CHECK(out.shape() == q.shape() && out.dtype() == q.dtype() && out.is_contiguous(),
            "attention_fwd: out ", out.str(), " for q ", q.str());
   LT_CHECK(lse.shape() == (Shape{dm.hq, dm.tq}) && lse.dtype() == stat_dtype(q.dtype()) &&
@@ -380,7 +433,8 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     lse.narrow(1, s.q.back(), dm.tq - s.q.back()).fill_(-std::numeric_limits<double>::infinity());
   if (s.q.back() == 0) return;
   const Tensor qc = rows_dense(q), kc = rows_dense(k), vc = rows_dense(v);
-  LT_DISPATCH_FLOAT(q.dtype(), T, forward_impl<T>(qc, kc, vc, s, dm, scale, opt.causal, out, lse));
+  const Mask mk{opt.causal, opt.window, opt.softcap};
+  LT_DISPATCH_FLOAT(q.dtype(), T, forward_impl<T>(qc, kc, vc, s, dm, scale, mk, out, lse));
 }
 
 void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -388,6 +442,7 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
                    const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv) {
   const Dims dm = check_qkv("attention_bwd", q, k, v);
+  check_options("attention_bwd", opt);
   LT_CHECK(dout.shape() == q.shape() && dout.dtype() == q.dtype() && out.shape() == q.shape() &&
                out.dtype() == q.dtype(),
            "attention_bwd: dout ", dout.str(), ", out ", out.str(), " for q ", q.str());
@@ -414,8 +469,9 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   const Tensor qc = rows_dense(q), kc = rows_dense(k), vc = rows_dense(v);
   const Tensor oc = rows_dense(out), gc = rows_dense(dout);
   const Tensor lc = lse.is_contiguous() ? lse : lse.contiguous();
+  const Mask mk{opt.causal, opt.window, opt.softcap};
   LT_DISPATCH_FLOAT(q.dtype(), T,
-                    backward_impl<T>(gc, qc, kc, vc, oc, lc, s, dm, scale, opt.causal, dq, dk, dv));
+                    backward_impl<T>(gc, qc, kc, vc, oc, lc, s, dm, scale, mk, dq, dk, dv));
 }
 
 AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -7,6 +7,12 @@
 // Causal alignment is bottom-right: query i of a sequence with Lq queries and Lk keys sees keys
 // j <= i + (Lk - Lq). (Training has Lq == Lk; decoding with a KV cache has Lq <= Lk.) A query row
 // that sees no key gets out = 0 and lse = -inf.
+// Sliding window (window > 0, Mistral/Gemma/Phi-3's sliding_window): query i sees only the last
+// `window` of its causal keys, i + Lk - Lq - window < j <= i + Lk - Lq (transformers'
+// sliding_window_overlay, flash-attention's window_size (window - 1, 0)); packed sequences and the
+// KV-cache decode (Lq < Lk) align it the same bottom-right way.
+// Soft-capping (softcap > 0, Gemma 2-style attn_logit_softcapping): scores s = scale q.k become
+// softcap * tanh(s / softcap) before the softmax; backward multiplies dS by 1 - tanh^2.
 // Scores and softmax in f32 (f64 for f64). Scale defaults to 1/sqrt(D).
 // Backward recomputes probabilities from lse: with P = exp(S*scale - lse), dV = P^T dO,
 // dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale; dK/dV of
@@ -21,6 +27,8 @@ namespace leantune::kernels {
 struct AttentionOptions {
   bool causal = true;
   double scale = 0.0;        // 0 = 1/sqrt(D)
+  int64_t window = 0;        // keys a query sees, itself included (causal only); 0 = all
+  double softcap = 0.0;      // 0 = off
   int64_t max_seqlen_q = 0;  // 0 = computed from cu_seqlens (a hint for the CUDA launch)
   int64_t max_seqlen_k = 0;
 };

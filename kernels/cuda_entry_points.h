@@ -85,19 +85,26 @@
      const Tensor& rows),                                                                         \
     (out, lse, out_b, lse_b, rows))                                                               \
   X(void, leantune::kernels, rms_norm_fwd_cuda,                                                   \
-    (const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd),          \
-    (x, w, eps, y, rstd))                                                                         \
+    (const Tensor& x, const Tensor& w, double eps, bool unit_offset, const Tensor& y,            \
+     const Tensor& rstd),                                                                         \
+    (x, w, eps, unit_offset, y, rstd))                                                            \
   X(void, leantune::kernels, rms_norm_bwd_cuda,                                                   \
-    (const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,    \
-     const Tensor& dw),                                                                           \
-    (dy, x, w, rstd, dx, dw))                                                                     \
+    (const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, bool unit_offset,    \
+     const Tensor& dx, const Tensor& dw),                                                         \
+    (dy, x, w, rstd, unit_offset, dx, dw))                                                        \
   X(void, leantune::kernels, rope_apply_cuda,                                                     \
     (const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq, bool inverse,           \
-     const Tensor& y),                                                                            \
-    (x, position_ids, inv_freq, inverse, y))                                                      \
+     double scale, const Tensor& y),                                                              \
+    (x, position_ids, inv_freq, inverse, scale, y))                                               \
   X(void, leantune::kernels, swiglu_fwd_cuda,                                                     \
     (const Tensor& gate, const Tensor& up, const Tensor& y), (gate, up, y))                       \
   X(void, leantune::kernels, swiglu_bwd_cuda,                                                     \
+    (const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,                 \
+     const Tensor& dup),                                                                          \
+    (dy, gate, up, dgate, dup))                                                                   \
+  X(void, leantune::kernels, geglu_fwd_cuda,                                                      \
+    (const Tensor& gate, const Tensor& up, const Tensor& y), (gate, up, y))                       \
+  X(void, leantune::kernels, geglu_bwd_cuda,                                                      \
     (const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,                 \
      const Tensor& dup),                                                                          \
     (dy, gate, up, dgate, dup))                                                                   \
@@ -112,7 +119,7 @@
 
 namespace leantune::kernels {
 
-inline constexpr uint32_t kKernelsCudaAbiVersion = 6;
+inline constexpr uint32_t kKernelsCudaAbiVersion = 7;
 inline constexpr const char* kKernelsCudaTableSymbol = LT_CUDA_STR(LT_KERNELS_CUDA_TABLE);
 
 struct KernelsCudaTable {

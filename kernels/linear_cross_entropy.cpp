@@ -6,6 +6,10 @@
 //   X_c = hidden[rows] -> D [c,H];  Z = X_c W^T [c,V] (OpenBLAS);  per row lse, z_y;
 //   with gradients: Z <- coef_r * (softmax(Z) - onehot(y)) in place, dX_c = Z W scattered into
 //   dhidden[rows], dW_acc += Z^T X_c (beta = 1).
+// Soft-capping (opt.softcap = c > 0, Gemma's final_logit_softcapping): Z <- c tanh(Z / c) right
+// after the GEMM, and the gradient rows are multiplied by 1 - (Z/c)^2, Z/c recovered from the
+// kept exp(Z - m) as (m + log e) / c (exact where the factor matters: a row's softmax value that
+// underflows to 0 has a zero gradient whatever the factor).
 // linear_cross_entropy: coef = 1/normalizer; the gradients are computed during the forward pass
 // (Liger's FLCE) and held by the node, whose backward only multiplies them by dloss (no copy when
 // dloss == 1). linear_token_logprobs: logp = z_y - lse; its backward recomputes each chunk with
@@ -66,6 +70,7 @@ void check_inputs(const char* op, const Tensor& hidden, const Tensor& weight, co
                (targets.dtype() == DType::kI32 || targets.dtype() == DType::kI64),
            op, ": targets ", targets.str(), " for hidden ", hidden.str());
   LT_CHECK(opt.chunk_tokens > 0, op, ": chunk_tokens ", opt.chunk_tokens, " must be positive");
+  LT_CHECK(opt.softcap >= 0, op, ": softcap ", opt.softcap, " must be >= 0");
 }
 
 // The rows with a valid target and their targets, each checked against [0, V).
@@ -145,7 +150,7 @@ class WeightBlocks {
 template <typename A>
 void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t>& rows,
                 const std::vector<int64_t>& tgt, const std::vector<A>* coef, const Tensor& dhidden,
-                const Tensor& dweight, int64_t chunk_tokens, std::vector<A>* lse,
+                const Tensor& dweight, int64_t chunk_tokens, A softcap, std::vector<A>* lse,
                 std::vector<A>* zy) {
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t h = hidden.size(1), v = w.size(0);
@@ -182,6 +187,8 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
     }
     parallel_for(c, cpu::grain_for(v), [&](int64_t r) {
       A* z = pz + r * v;
+      if (softcap > 0)
+        for (int64_t j = 0; j < v; ++j) z[j] = softcap * std::tanh(z[j] / softcap);
       const int64_t y = tgt[c0 + r];
       const A zt = z[y];
       A m = -std::numeric_limits<A>::infinity();
@@ -195,6 +202,17 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
       if (!grads) return;
       const A k = (*coef)[c0 + r];
       const A ks = k / s;
+      if (softcap > 0) {
+        // The capped logit from the kept exp(z - m), for the tanh' factor.
+        for (int64_t j = 0; j < v; ++j) {
+          if (j == y) continue;
+          const A t = z[j] > A(0) ? (m + std::log(z[j])) / softcap : A(0);
+          z[j] *= ks * (A(1) - t * t);
+        }
+        const A ty = zt / softcap;
+        z[y] = (softmax_cpu::exp1(zt - l) - A(1)) * k * (A(1) - ty * ty);
+        return;
+      }
       for (int64_t j = 0; j < v; ++j) z[j] *= ks;
       // p_y - 1 is formed before scaling so that it keeps its precision when p_y is near 1.
       z[y] = (softmax_cpu::exp1(zt - l) - A(1)) * k;
@@ -248,14 +266,16 @@ void zero_ignored_rows(const Tensor& dhidden, const std::vector<int64_t>& rows) 
 template <typename A>
 void run(const Tensor& hidden0, const Tensor& weight, const std::vector<int64_t>& rows,
          const std::vector<int64_t>& tgt, const std::vector<A>* coef, const Tensor& dhidden,
-         const Tensor& dweight, int64_t chunk_tokens, std::vector<A>* lse, std::vector<A>* zy) {
+         const Tensor& dweight, int64_t chunk_tokens, double softcap, std::vector<A>* lse,
+         std::vector<A>* zy) {
   const Tensor hidden = as(hidden0, hidden0.dtype());
   const DType d = DTypeOf<A>::value;
   const bool narrow_w = weight.dtype() == DType::kBF16 || weight.dtype() == DType::kF16;
   const Tensor w = as(weight, narrow_w ? weight.dtype() : d);
   Tensor dw_acc;
   if (dweight.defined()) dw_acc = as(dweight, dweight.dtype());
-  chunk_loop<A>(hidden, w, rows, tgt, coef, dhidden, dw_acc, chunk_tokens, lse, zy);
+  chunk_loop<A>(hidden, w, rows, tgt, coef, dhidden, dw_acc, chunk_tokens, static_cast<A>(softcap),
+                lse, zy);
   if (dweight.defined() && !dw_acc.shares_storage(dweight)) ops::copy(dweight, dw_acc);
   if (dhidden.defined()) zero_ignored_rows(dhidden, rows);
 }
@@ -287,7 +307,7 @@ class LinearCrossEntropyBackward final : public Node {
 class LinearTokenLogprobsBackward final : public Node {
  public:
   SavedTensor hidden, weight, targets;
-  int64_t chunk_tokens = 1024;
+  LinearCrossEntropyOptions opt;
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor()};
@@ -298,7 +318,7 @@ class LinearTokenLogprobsBackward final : public Node {
     Tensor dx, dw;
     if (needs_input_grad(0)) dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     if (needs_input_grad(1)) dw = Tensor::zeros(w.shape(), d, w.device());
-    linear_cross_entropy_rows(x, w, targets.unpack(), coef, Tensor(), dx, dw, {chunk_tokens});
+    linear_cross_entropy_rows(x, w, targets.unpack(), coef, Tensor(), dx, dw, opt);
     return {dx, dw};
   }
   std::string name() const override { return "LinearTokenLogprobsBackward"; }
@@ -332,7 +352,8 @@ double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,
   auto go = [&]<typename A>() {
     std::vector<A> coef(rows.size(), static_cast<A>(grad_scale));
     std::vector<A> lse, zy;
-    run<A>(hidden, weight, rows, tgt, &coef, dhidden, dweight, opt.chunk_tokens, &lse, &zy);
+    run<A>(hidden, weight, rows, tgt, &coef, dhidden, dweight, opt.chunk_tokens, opt.softcap, &lse,
+           &zy);
     // Summed in row order in double: deterministic whatever the chunking.
     for (size_t i = 0; i < rows.size(); ++i) loss += static_cast<double>(lse[i] - zy[i]);
   };
@@ -404,7 +425,7 @@ void linear_cross_entropy_rows(const Tensor& hidden, const Tensor& weight, const
     }
     std::vector<A> lse, zy;
     run<A>(hidden, weight, rows, tgt, grads ? &c : nullptr, dhidden, dweight, opt.chunk_tokens,
-           &lse, &zy);
+           opt.softcap, &lse, &zy);
     if (!nll.defined()) return;
     A* out = static_cast<A*>(nll.data_ptr());
     std::fill(out, out + t, A(0));
@@ -430,7 +451,7 @@ Tensor linear_token_logprobs(const Tensor& hidden, const Tensor& weight, const T
     node->hidden = SavedTensor(hidden);
     node->weight = SavedTensor(weight);
     node->targets = SavedTensor(targets);
-    node->chunk_tokens = opt.chunk_tokens;
+    node->opt = opt;
     set_history(out, node);
   }
   return out;

@@ -25,6 +25,9 @@
 //                                                of the inputs' dtype (a bf16 dW, as
 //                                                linear_cross_entropy holds it, is rounded once per
 //                                                chunk), else into an A-typed copy written back
+// Soft-capping (opt.softcap = c > 0): a pass over the chunk's logits maps Z to c tanh(Z / c) in
+// place (rounded to the logits dtype) before the rows kernel, which multiplies each gradient
+// entry by 1 - (Z/c)^2 from the capped value it reads.
 // The per-row nll values land in one [n] array that is copied back and summed in row order in
 // double at the end (deterministic whatever the chunking; the one synchronisation).
 // Chunk size: c = min(opt.chunk_tokens, valid rows, budget rows) with the budget rows chosen so
@@ -62,9 +65,34 @@ using online::store_n;
 // One block per chunk row r: lse by an online max/sum over z[r, :] (one read), nll[r] =
 // lse - z[r, y_r]; when `grads`, z[r, :] is overwritten by G = softmax - onehot, unscaled (a
 // second read and one write). N = elements per vector access (1 when unaligned).
+// z <- cap * tanh(z / cap) over n elements, in place.
+template <typename T>
+__global__ void linear_ce_softcap_kernel(T* z, int64_t n, cu::acc_of<T> cap) {
+  using A = cu::acc_of<T>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const A x = cu::to_acc(z[i]) / cap;
+    A t;
+    if constexpr (std::is_same_v<A, float>)
+      t = tanhf(x);
+    else
+      t = tanh(x);
+    z[i] = cu::from_acc<T>(cap * t);
+  }
+}
+
+// The gradient entry's tanh' factor for a capped logit zc (1 without soft-capping).
+template <typename A>
+__device__ __forceinline__ A softcap_slope(A zc, A cap) {
+  if (cap <= A(0)) return A(1);
+  const A t = zc / cap;
+  return A(1) - t * t;
+}
+
 template <typename T, int N>
 __global__ void linear_ce_rows_kernel(T* z, int64_t v, const int32_t* __restrict__ targets,
-                                      cu::acc_of<T>* __restrict__ nll, bool grads) {
+                                      cu::acc_of<T>* __restrict__ nll, bool grads,
+                                      cu::acc_of<T> cap) {
   using A = cu::acc_of<T>;
   __shared__ A sm[32], ss[32];
   __shared__ A lse_sh;
@@ -87,13 +115,14 @@ __global__ void linear_ce_rows_kernel(T* z, int64_t v, const int32_t* __restrict
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const A p = exp_acc(x[j] - l);
-      x[j] = linear_ce_grad_entry(p, kk * N + j == y);
+      x[j] = linear_ce_grad_entry(p, kk * N + j == y) * softcap_slope(x[j], cap);
     }
     store_n<T, N>(zr + kk * N, x);
   }
   for (int64_t j = nvec * N + threadIdx.x; j < v; j += blockDim.x) {
-    const A p = exp_acc(cu::to_acc(zr[j]) - l);
-    zr[j] = cu::from_acc<T>(linear_ce_grad_entry(p, j == y));
+    const A zj = cu::to_acc(zr[j]);
+    const A p = exp_acc(zj - l);
+    zr[j] = cu::from_acc<T>(linear_ce_grad_entry(p, j == y) * softcap_slope(zj, cap));
   }
 }
 
@@ -130,10 +159,16 @@ int rows_block_threads(int64_t nvec) {
 }
 
 void linear_ce_rows_launch(void* z, DType dt, int64_t c, int64_t v, const int32_t* targets,
-                           void* nll, bool grads, cudaStream_t stream) {
+                           void* nll, bool grads, double softcap, Device dev, cudaStream_t stream) {
   if (c == 0) return;
   LT_CU_DISPATCH_FLOAT(dt, T, {
     using A = cu::acc_of<T>;
+    const A cap = static_cast<A>(softcap);
+    if (softcap > 0) {
+      const unsigned blocks = cu::grid_blocks(c * v, 256, dev.index, 4, 256);
+      linear_ce_softcap_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<T*>(z), c * v, cap);
+      CUDA_CHECK_LAUNCH();
+    }
     constexpr int kVec = cu::VecWidth<T>::value;
     // Row starts stay 16-byte aligned when V is a multiple of the vector width.
     const bool vec = v % kVec == 0 && cu::aligned16(z);
@@ -142,10 +177,10 @@ void linear_ce_rows_launch(void* z, DType dt, int64_t c, int64_t v, const int32_
     A* pn = static_cast<A*>(nll);
     if (vec)
       linear_ce_rows_kernel<T, kVec>
-          <<<static_cast<unsigned>(c), threads, 0, stream>>>(pz, v, targets, pn, grads);
+          <<<static_cast<unsigned>(c), threads, 0, stream>>>(pz, v, targets, pn, grads, cap);
     else
       linear_ce_rows_kernel<T, 1>
-          <<<static_cast<unsigned>(c), threads, 0, stream>>>(pz, v, targets, pn, grads);
+          <<<static_cast<unsigned>(c), threads, 0, stream>>>(pz, v, targets, pn, grads, cap);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -382,7 +417,8 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
     gemm(wr.ptr, wr.ld, true, xc, ldx, false, zbuf.data_ptr(), v, v, c, h, 1.0, 0.0, in, logit_dt,
          d, stream);
     linear_ce_rows_launch(zbuf.data_ptr(), logit_dt, c, v, ptgt + c0,
-                          static_cast<char*>(nll.data_ptr()) + c0 * dtype_size(wdt), grads, stream);
+                          static_cast<char*>(nll.data_ptr()) + c0 * dtype_size(wdt), grads,
+                          opt.softcap, d, stream);
     if (!grads) continue;
     if (dhidden.defined()) {
       // dX_c^T[H,c] = W^T G^T: A = W ([H,V] stored), B = G ([V,c] stored).

@@ -23,6 +23,10 @@ namespace leantune::kernels {
 
 struct LinearCrossEntropyOptions {
   int64_t chunk_tokens = 1024;
+  // > 0: the logits are soft-capped, z -> softcap * tanh(z / softcap), before the softmax (Gemma's
+  // final_logit_softcapping), inside each chunk: still no [T, V] tensor. Not supported by
+  // linear_cross_entropy_weight_blocks.
+  double softcap = 0.0;
 };
 
 Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets,

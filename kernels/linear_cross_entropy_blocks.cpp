@@ -63,6 +63,9 @@ Tensor linear_cross_entropy_weight_blocks(const Tensor& hidden, const Tensor& we
            " for hidden ", hidden.str());
   LT_CHECK(normalizer > 0, op, ": normalizer ", normalizer, " must be positive");
   LT_CHECK(opt.chunk_tokens > 0, op, ": chunk_tokens ", opt.chunk_tokens, " must be positive");
+  LT_CHECK_INPUT(opt.softcap == 0, op,
+                 ": soft-capped logits (final_logit_softcapping) are not supported with the head "
+                 "updated by blocks (optimizer_in_backward); train with --max_grad_norm > 0");
   LT_CHECK(static_cast<bool>(sink), op, ": no sink for the weight's gradient");
   const int64_t t = hidden.size(0), h = hidden.size(1), v = weight.size(0);
   const int64_t vb = std::min(v, block_rows > 0 ? block_rows : weight_grad_block_rows(h));

@@ -1,9 +1,11 @@
-// rms_norm: y = w * round(x * rstd), rstd = 1 / sqrt(mean(x^2) + eps), per row.
+// rms_norm: y = w * round(x * rstd), rstd = 1 / sqrt(mean(x^2) + eps), per row; with
+// unit_offset y = round((x * rstd) * (1 + w)), the weight offset formed in f32 (f64).
 //   x:[T,H] (any leading shape, H last), w:[H], one float dtype -> y like x (contiguous);
 //   rstd:[T] f32 (f64 for f64 x). round() is the rounding to x's dtype that Hugging Face applies
 //   before the weight multiply (a no-op for f32/f64).
-// Backward, with xh = x*rstd (unrounded), dxh = dy*w:
-//   dx = rstd * (dxh - xh * mean(dxh * xh)),   dw = sum_t dy * round(xh).
+// Backward, with xh = x*rstd (unrounded), dxh = dy*w (dy*(1 + w) with unit_offset):
+//   dx = rstd * (dxh - xh * mean(dxh * xh)),   dw = sum_t dy * round(xh) (unrounded xh with
+//   unit_offset).
 // The CPU backward works on fixed blocks of kRowsPerBlock rows: each block writes its dx rows
 // and one partial dw row (f32/f64 scratch [blocks, H], kWorkspace); the partials are then summed
 // in block order, so dw does not depend on the number of threads.
@@ -42,6 +44,7 @@ std::pair<int64_t, int64_t> rows_cols(const char* op, const Tensor& x, const Ten
 class RmsNormBackward final : public Node {
  public:
   SavedTensor x, w, rstd;
+  bool unit_offset = false;
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor()};
@@ -51,7 +54,7 @@ class RmsNormBackward final : public Node {
     Tensor dx, dw;
     if (needs_input_grad(0)) dx = Tensor::empty(xs.shape(), xs.dtype(), xs.device());
     if (needs_input_grad(1)) dw = Tensor::empty(ws.shape(), ws.dtype(), ws.device());
-    rms_norm_bwd(dy, xs, ws, rs, dx, dw);
+    rms_norm_bwd(dy, xs, ws, rs, dx, dw, unit_offset);
     return {dx, dw};
   }
   std::string name() const override { return "RmsNormBackward"; }
@@ -64,8 +67,8 @@ class RmsNormBackward final : public Node {
 
 }  // namespace
 
-void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
-                  const Tensor& rstd) {
+void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd,
+                  bool unit_offset) {
   const auto [rows, h] = rows_cols("rms_norm_fwd", x, w);
   LT_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.is_contiguous(),
            "rms_norm_fwd: y ", y.str(), " for x ", x.str());
@@ -73,7 +76,7 @@ void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
            "rms_norm_fwd: rstd ", rstd.str(), " for x ", x.str(), " (want [", rows, "] ",
            dtype_name(stat_dtype(x.dtype())), ")");
   if (x.device().is_cuda()) {
-    rms_norm_fwd_cuda(x, w, eps, y, rstd);
+    rms_norm_fwd_cuda(x, w, eps, unit_offset, y, rstd);
     return;
   }
   const Tensor xc = ops::contiguous_workspace(x), wc = ops::contiguous_workspace(w);
@@ -94,6 +97,10 @@ void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
       const A rs = A(1) / std::sqrt(ss / static_cast<A>(h) + static_cast<A>(eps));
       pr[r] = rs;
       for (int64_t j = 0; j < h; ++j) {
+        if (unit_offset) {  // Gemma: (x * rstd) * (1 + w) in A, rounded once
+          store(yr, j, (load(xr, j) * rs) * (A(1) + load(pw, j)));
+          continue;
+        }
         // Round x*rstd to T first, as Hugging Face's `weight * hidden.to(input_dtype)` does.
         T xh;
         store(&xh, 0, load(xr, j) * rs);
@@ -104,7 +111,7 @@ void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
 }
 
 void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                  const Tensor& dx, const Tensor& dw) {
+                  const Tensor& dx, const Tensor& dw, bool unit_offset) {
   const auto [rows, h] = rows_cols("rms_norm_bwd", x, w);
   LT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), "rms_norm_bwd: dy ", dy.str(),
            " for x ", x.str());
@@ -117,7 +124,7 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
     LT_CHECK(dw.shape() == w.shape() && dw.dtype() == w.dtype() && dw.is_contiguous(),
              "rms_norm_bwd: dw ", dw.str(), " for w ", w.str());
   if (x.device().is_cuda()) {
-    rms_norm_bwd_cuda(dy, x, w, rstd, dx, dw);
+    rms_norm_bwd_cuda(dy, x, w, rstd, unit_offset, dx, dw);
     return;
   }
   if (!dx.defined() && !dw.defined()) return;
@@ -136,6 +143,7 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
     const A* pr = static_cast<const A*>(rc.data_ptr());
     T* pdx = dx.defined() ? static_cast<T*>(dx.data_ptr()) : nullptr;
     A* pp = dw.defined() ? static_cast<A*>(partial.data_ptr()) : nullptr;
+    const A off = unit_offset ? A(1) : A(0);
     parallel_for(blocks, cpu::grain_for(kRowsPerBlock * h), [&](int64_t b) {
       A* part = pp ? pp + b * h : nullptr;
       if (part) std::fill(part, part + h, A(0));
@@ -146,6 +154,10 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
         const A rs = pr[r];
         if (part) {
           for (int64_t j = 0; j < h; ++j) {
+            if (unit_offset) {
+              part[j] += load(gr, j) * (load(xr, j) * rs);
+              continue;
+            }
             T xh;
             store(&xh, 0, load(xr, j) * rs);
             part[j] += load(gr, j) * load(&xh, 0);
@@ -153,12 +165,13 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
         }
         if (pdx) {
           A dot = 0;
-          for (int64_t j = 0; j < h; ++j) dot += load(gr, j) * load(pw, j) * load(xr, j) * rs;
+          for (int64_t j = 0; j < h; ++j)
+            dot += load(gr, j) * (off + load(pw, j)) * load(xr, j) * rs;
           const A m = dot / static_cast<A>(h);
           T* dr = pdx + r * h;
           for (int64_t j = 0; j < h; ++j) {
             const A xh = load(xr, j) * rs;
-            store(dr, j, rs * (load(gr, j) * load(pw, j) - xh * m));
+            store(dr, j, rs * (load(gr, j) * (off + load(pw, j)) - xh * m));
           }
         }
       }
@@ -174,13 +187,14 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
   });
 }
 
-Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps, bool unit_offset) {
   const auto [rows, h] = rows_cols("rms_norm", x, w);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor rstd = Tensor::empty({rows}, stat_dtype(x.dtype()), x.device());
-  rms_norm_fwd(x.detach(), w.detach(), eps, y, rstd);
+  rms_norm_fwd(x.detach(), w.detach(), eps, y, rstd, unit_offset);
   if (node_needed({x, w})) {
     auto node = std::make_shared<RmsNormBackward>();
+    node->unit_offset = unit_offset;
     node->set_next_edges({x, w});
     node->x = SavedTensor(x);
     node->w = SavedTensor(w);

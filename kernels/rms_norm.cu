@@ -3,9 +3,10 @@
 //   rstd:[rows] f32 (f64 for f64), contiguous.
 // Forward, per row, with the CPU path's operation order (f32 math; f64 for f64):
 //   ss = sum x^2;  rstd = 1 / sqrt(ss / H + eps);  xh = round_T(x * rstd);  y = round_T(w * xh)
-// Backward, with xh = x * rstd unrounded:
-//   dot = sum ((dy * w) * x) * rstd;  dx = rstd * (dy * w - xh * (dot / H))
-//   dw = sum over rows of dy * round_T(x * rstd)
+//   (unit_offset: y = round_T((x * rstd) * (1 + w)), nothing rounded before)
+// Backward, with xh = x * rstd unrounded and w' = w (unit_offset: 1 + w):
+//   dot = sum ((dy * w') * x) * rstd;  dx = rstd * (dy * w' - xh * (dot / H))
+//   dw = sum over rows of dy * round_T(x * rstd)  (unit_offset: dy * xh)
 // Layout: a row is spread over `tpr` threads (a power of two, 32..256), each holding up to
 // kMaxIters 16-byte vectors of it in registers, so x and dy are read from memory exactly once;
 // several rows share a block when rows are short. The backward grid is persistent: each block
@@ -52,6 +53,17 @@ __device__ __forceinline__ A round_through(A v) {
   return static_cast<A>(cu::to_acc(cu::from_acc<T>(v)));
 }
 
+// The weight as applied: w, or 1 + w (unit_offset).
+template <typename A>
+__device__ __forceinline__ A eff_w(A w, bool offset) {
+  return offset ? add_rn(A(1), w) : w;
+}
+// x * rstd as the output and dw use it: rounded through T, or not (unit_offset).
+template <typename T, typename A>
+__device__ __forceinline__ A normed(A xr, bool offset) {
+  return offset ? xr : round_through<T>(xr);
+}
+
 // Sum over the blockDim.x threads of row lane threadIdx.y; all threads get it. red: [8][32].
 template <typename A>
 __device__ __forceinline__ A row_sum(A v, A (*red)[32]) {
@@ -68,7 +80,7 @@ __device__ __forceinline__ A row_sum(A v, A (*red)[32]) {
 template <typename T, int V>
 __global__ void __launch_bounds__(kMaxTpr)
     rms_norm_fwd_kernel(const T* x, const T* __restrict__ w, T* y, cu::acc_of<T>* __restrict__ rstd,
-                        int64_t rows, int64_t h, cu::acc_of<T> eps) {
+                        int64_t rows, int64_t h, cu::acc_of<T> eps, bool offset) {
   using A = cu::acc_of<T>;
   __shared__ A red[8][32];
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
@@ -106,7 +118,9 @@ __global__ void __launch_bounds__(kMaxTpr)
         wv[0] = cu::to_acc(w[j]);
       }
 #pragma unroll
-      for (int e = 0; e < V; ++e) out[e] = mul_rn(wv[e], round_through<T>(mul_rn(xv[k][e], rs)));
+      for (int e = 0; e < V; ++e)
+        out[e] = offset ? mul_rn(mul_rn(xv[k][e], rs), eff_w(wv[e], true))
+                        : mul_rn(wv[e], round_through<T>(mul_rn(xv[k][e], rs)));
       if constexpr (V > 1) {
         cu::store_vec<T, V>(yr + j * V, out);
       } else {
@@ -122,7 +136,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kMaxTpr)
     rms_norm_bwd_kernel(const T* dy, const T* x, const T* __restrict__ w,
                         const cu::acc_of<T>* __restrict__ rstd, T* dx,
-                        cu::acc_of<T>* __restrict__ partial, int64_t rows, int64_t h) {
+                        cu::acc_of<T>* __restrict__ partial, int64_t rows, int64_t h, bool offset) {
   using A = cu::acc_of<T>;
   __shared__ A red[8][32];
   extern __shared__ __align__(16) unsigned char dyn_smem[];
@@ -160,12 +174,12 @@ __global__ void __launch_bounds__(kMaxTpr)
           }
 #pragma unroll
           for (int e = 0; e < V; ++e)
-            dot = add_rn(dot, mul_rn(mul_rn(mul_rn(gv[k][e], wv[e]), xv[k][e]), rs));
+            dot = add_rn(dot, mul_rn(mul_rn(mul_rn(gv[k][e], eff_w(wv[e], offset)), xv[k][e]), rs));
         }
         if (partial) {
 #pragma unroll
           for (int e = 0; e < V; ++e)
-            dw[k][e] = add_rn(dw[k][e], mul_rn(gv[k][e], round_through<T>(mul_rn(xv[k][e], rs))));
+            dw[k][e] = add_rn(dw[k][e], mul_rn(gv[k][e], normed<T>(mul_rn(xv[k][e], rs), offset)));
         }
       }
     }
@@ -185,8 +199,8 @@ __global__ void __launch_bounds__(kMaxTpr)
             }
 #pragma unroll
             for (int e = 0; e < V; ++e)
-              out[e] =
-                  mul_rn(rs, add_rn(mul_rn(gv[k][e], wv[e]), -mul_rn(mul_rn(xv[k][e], rs), m)));
+              out[e] = mul_rn(rs, add_rn(mul_rn(gv[k][e], eff_w(wv[e], offset)),
+                                         -mul_rn(mul_rn(xv[k][e], rs), m)));
             if constexpr (V > 1) {
               cu::store_vec<T, V>(dx + row * h + j * V, out);
             } else {
@@ -231,7 +245,7 @@ __global__ void __launch_bounds__(kMaxTpr)
 template <typename T>
 __global__ void rms_norm_fwd_loop_kernel(const T* x, const T* __restrict__ w, T* y,
                                          cu::acc_of<T>* __restrict__ rstd, int64_t h,
-                                         cu::acc_of<T> eps) {
+                                         cu::acc_of<T> eps, bool offset) {
   using A = cu::acc_of<T>;
   __shared__ A scratch[32];
   const int64_t row = blockIdx.x;
@@ -245,9 +259,11 @@ __global__ void rms_norm_fwd_loop_kernel(const T* x, const T* __restrict__ w, T*
   const A rs = div_rn(A(1), sqrt_rn(add_rn(div_rn(ss, static_cast<A>(h)), eps)));
   if (threadIdx.x == 0) rstd[row] = rs;
   T* yr = y + row * h;
-  for (int64_t j = threadIdx.x; j < h; j += blockDim.x)
-    yr[j] =
-        cu::from_acc<T>(mul_rn(cu::to_acc(w[j]), round_through<T>(mul_rn(cu::to_acc(xr[j]), rs))));
+  for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+    const A xn = mul_rn(cu::to_acc(xr[j]), rs);
+    yr[j] = cu::from_acc<T>(offset ? mul_rn(xn, eff_w(cu::to_acc(w[j]), true))
+                                   : mul_rn(cu::to_acc(w[j]), round_through<T>(xn)));
+  }
 }
 
 // Persistent; each block owns partial row blockIdx.x (zeroed here) and adds its rows in order.
@@ -255,7 +271,7 @@ template <typename T>
 __global__ void rms_norm_bwd_loop_kernel(const T* dy, const T* x, const T* __restrict__ w,
                                          const cu::acc_of<T>* __restrict__ rstd, T* dx,
                                          cu::acc_of<T>* __restrict__ partial, int64_t rows,
-                                         int64_t h) {
+                                         int64_t h, bool offset) {
   using A = cu::acc_of<T>;
   __shared__ A scratch[32];
   A* prow = partial ? partial + static_cast<int64_t>(blockIdx.x) * h : nullptr;
@@ -269,18 +285,18 @@ __global__ void rms_norm_bwd_loop_kernel(const T* dy, const T* x, const T* __res
     if (dx) {
       A dot = 0;
       for (int64_t j = threadIdx.x; j < h; j += blockDim.x)
-        dot = add_rn(
-            dot,
-            mul_rn(mul_rn(mul_rn(cu::to_acc(gr[j]), cu::to_acc(w[j])), cu::to_acc(xr[j])), rs));
+        dot = add_rn(dot, mul_rn(mul_rn(mul_rn(cu::to_acc(gr[j]), eff_w(cu::to_acc(w[j]), offset)),
+                                        cu::to_acc(xr[j])),
+                                 rs));
       dot = cu::block_sum(dot, scratch);
       m = div_rn(dot, static_cast<A>(h));
     }
     for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
       const A xv = cu::to_acc(xr[j]), gv = cu::to_acc(gr[j]);
       if (dx)
-        dx[row * h + j] = cu::from_acc<T>(
-            mul_rn(rs, add_rn(mul_rn(gv, cu::to_acc(w[j])), -mul_rn(mul_rn(xv, rs), m))));
-      if (prow) prow[j] = add_rn(prow[j], mul_rn(gv, round_through<T>(mul_rn(xv, rs))));
+        dx[row * h + j] = cu::from_acc<T>(mul_rn(
+            rs, add_rn(mul_rn(gv, eff_w(cu::to_acc(w[j]), offset)), -mul_rn(mul_rn(xv, rs), m))));
+      if (prow) prow[j] = add_rn(prow[j], mul_rn(gv, normed<T>(mul_rn(xv, rs), offset)));
     }
   }
 }
@@ -312,7 +328,7 @@ bool can_vectorize(int64_t h, std::initializer_list<const void*> ptrs) {
 }
 
 void rms_norm_fwd_launch(const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t h,
-                         double eps, DType dt, int device, cudaStream_t stream) {
+                         double eps, bool offset, DType dt, int device, cudaStream_t stream) {
   if (rows == 0 || h == 0) return;
   LT_CHECK(rows < (int64_t{1} << 31), "rms_norm: too many rows ", rows);
   LT_CU_DISPATCH_FLOAT(dt, T, {
@@ -329,13 +345,13 @@ void rms_norm_fwd_launch(const void* x, const void* w, void* y, void* rstd, int6
       const unsigned grid = static_cast<unsigned>((rows + c.rpb - 1) / c.rpb);
       if (vec)
         rms_norm_fwd_kernel<T, kVec>
-            <<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h, static_cast<A>(eps));
+            <<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h, static_cast<A>(eps), offset);
       else
         rms_norm_fwd_kernel<T, 1>
-            <<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h, static_cast<A>(eps));
+            <<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h, static_cast<A>(eps), offset);
     } else {
       rms_norm_fwd_loop_kernel<T><<<static_cast<unsigned>(rows), kLoopThreads, 0, stream>>>(
-          px, pw, py, pr, h, static_cast<A>(eps));
+          px, pw, py, pr, h, static_cast<A>(eps), offset);
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -343,8 +359,8 @@ void rms_norm_fwd_launch(const void* x, const void* w, void* y, void* rstd, int6
 
 // dw (when non-null) of dtype dw_type.
 void rms_norm_bwd_launch(const void* dy, const void* x, const void* w, const void* rstd, void* dx,
-                         void* dw, DType dw_type, int64_t rows, int64_t h, DType dt, Device dev,
-                         cudaStream_t stream) {
+                         void* dw, DType dw_type, int64_t rows, int64_t h, bool offset, DType dt,
+                         Device dev, cudaStream_t stream) {
   if (h == 0 || (!dx && !dw)) return;
   if (rows == 0) {
     if (dw)
@@ -385,13 +401,13 @@ void rms_norm_bwd_launch(const void* dy, const void* x, const void* w, const voi
       const dim3 block(c.tpr, c.rpb);
       if (vec)
         rms_norm_bwd_kernel<T, kVec><<<static_cast<unsigned>(grid), block, smem, stream>>>(
-            pg, px, pw, pr, pdx, pp, rows, h);
+            pg, px, pw, pr, pdx, pp, rows, h, offset);
       else
         rms_norm_bwd_kernel<T, 1><<<static_cast<unsigned>(grid), block, smem, stream>>>(
-            pg, px, pw, pr, pdx, pp, rows, h);
+            pg, px, pw, pr, pdx, pp, rows, h, offset);
     } else {
       rms_norm_bwd_loop_kernel<T><<<static_cast<unsigned>(grid), kLoopThreads, 0, stream>>>(
-          pg, px, pw, pr, pdx, pp, rows, h);
+          pg, px, pw, pr, pdx, pp, rows, h, offset);
     }
     CUDA_CHECK_LAUNCH();
     if (dw)
@@ -411,8 +427,8 @@ DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF3
 
 }  // namespace
 
-void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
-                       const Tensor& rstd) {
+void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, bool unit_offset,
+                       const Tensor& y, const Tensor& rstd) {
   const char* op = "rms_norm_fwd_cuda";
   const Device d = x.device();
   LT_CHECK(d.is_cuda(), op, ": x ", x.str(), " is not on a CUDA device");
@@ -427,11 +443,11 @@ void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, const Tenso
   cu::DeviceGuard g(d);
   const Tensor xc = cu::contiguous_ws(x), wc = cu::contiguous_ws(w);
   rms_norm_fwd_launch(xc.data_ptr(), wc.data_ptr(), y.data_ptr(), rstd.data_ptr(), rows, w.size(0),
-                      eps, x.dtype(), d.index, cu::stream_of(d));
+                      eps, unit_offset, x.dtype(), d.index, cu::stream_of(d));
 }
 
 void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                       const Tensor& dx, const Tensor& dw) {
+                       bool unit_offset, const Tensor& dx, const Tensor& dw) {
   const char* op = "rms_norm_bwd_cuda";
   const Device d = x.device();
   LT_CHECK(d.is_cuda(), op, ": x ", x.str(), " is not on a CUDA device");
@@ -459,7 +475,7 @@ void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const
   rms_norm_bwd_launch(gc.data_ptr(), xc.data_ptr(), wc.data_ptr(), rc.data_ptr(),
                       dx.defined() ? dx.data_ptr() : nullptr,
                       dw.defined() ? dw.data_ptr() : nullptr, dw.defined() ? dw.dtype() : x.dtype(),
-                      rows, w.size(0), x.dtype(), d, cu::stream_of(d));
+                      rows, w.size(0), unit_offset, x.dtype(), d, cu::stream_of(d));
 }
 
 }  // namespace leantune::kernels

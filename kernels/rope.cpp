@@ -1,15 +1,19 @@
 // rope: rotary position embedding, Hugging Face's rotate_half convention.
-//   x:[T,N,D] (N heads, D even; any shape [T, ..., D]), position_ids:[T] i32|i64 (host for the
-//   CPU path), inv_freq:[D/2] f32 (f64 for f64 x) -> y like x (contiguous; y may alias x).
+//   x:[T,N,D] (N heads; any shape [T, ..., D]), position_ids:[T] i32|i64 (host for the CPU
+//   path), inv_freq:[R/2] f32 (f64 for f64 x), R = 2 numel(inv_freq) <= D even -> y like x
+//   (contiguous; y may alias x).
 //   angle = pos * inv_freq[i] formed in f32 like transformers' f32 matmul (f64 for f64 x);
-//   y[i] = x[i] c - x[i+D/2] s,  y[i+D/2] = x[i+D/2] c + x[i] s  (s negated when inverse).
+//   c = cos(angle) * scale, s = sin(angle) * scale (s negated when inverse), each rounded once;
+//   y[i] = x[i] c - x[i+R/2] s,  y[i+R/2] = x[i+R/2] c + x[i] s  for i < R/2; y[j] = x[j], j >= R.
 // The CPU path computes cos/sin once per token (D/2 values) and reuses them for all heads.
-// Backward is the inverse rotation of dy; saved: position_ids and the [D/2] inv_freq table.
+// Backward is the inverse rotation of dy with the same scale; saved: position_ids and the
+// [R/2] inv_freq table.
 // rope_inv_freq reproduces transformers' rope init functions in float32 arithmetic:
 //   default: inv = 1 / theta^(f32(2i) / D) (a float32 power of a float32 base);
 //   linear:  inv / factor;
 //   llama3:  wavelen = 2pi/inv; wavelen > orig/low -> inv/factor; wavelen < orig/high -> inv;
-//            otherwise (1-s) * inv/factor + s * inv with s = (orig/wavelen - low)/(high - low).
+//            otherwise (1-s) * inv/factor + s * inv with s = (orig/wavelen - low)/(high - low);
+//   longrope: inv = 1 / (ext[i] * theta^(f32(2i) / R)), ext = short_factor or long_factor.
 #include "kernels/rope.h"
 
 #include <algorithm>
@@ -31,15 +35,16 @@ namespace {
 
 DType table_dtype(DType x) { return x == DType::kF64 ? DType::kF64 : DType::kF32; }
 
-// The [D/2] table for x's dtype and device.
+// The [R/2] table for x's dtype and device.
 Tensor inv_freq_tensor(const RopeConfig& cfg, const Tensor& x) {
-  return Tensor::from_doubles(rope_inv_freq(cfg), {cfg.head_dim / 2}, table_dtype(x.dtype()),
+  return Tensor::from_doubles(rope_inv_freq(cfg), {cfg.rotary() / 2}, table_dtype(x.dtype()),
                               x.device(), MemTag::kWorkspace);
 }
 
 class RopeBackward final : public Node {
  public:
   SavedTensor position_ids, inv_freq;
+  double scale = 1.0;
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     if (!grads[0].defined() || !needs_input_grad(0)) return {Tensor()};
@@ -48,7 +53,7 @@ class RopeBackward final : public Node {
     const DType want = inv.dtype() == DType::kF64 ? DType::kF64 : dy.dtype();
     if (dy.dtype() != want) dy = dy.to(want);
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-    rope_apply(dy, position_ids.unpack(), inv, /*inverse=*/true, dx);
+    rope_apply(dy, position_ids.unpack(), inv, /*inverse=*/true, dx, scale);
     return {dx};
   }
   std::string name() const override { return "RopeBackward"; }
@@ -61,15 +66,17 @@ class RopeBackward final : public Node {
 }  // namespace
 
 std::vector<double> rope_inv_freq(const RopeConfig& cfg) {
-  LT_CHECK(cfg.head_dim > 0 && cfg.head_dim % 2 == 0, "rope: head_dim ", cfg.head_dim,
-           " must be positive and even");
+  const int64_t rot = cfg.rotary();
+  LT_CHECK(cfg.head_dim > 0 && rot > 0 && rot % 2 == 0 && rot <= cfg.head_dim, "rope: head_dim ",
+           cfg.head_dim, ", rotary_dim ", cfg.rotary_dim, " must be positive, even and nested");
   const std::string& type = cfg.scaling_type;
-  LT_CHECK_INPUT(type.empty() || type == "default" || type == "linear" || type == "llama3",
+  LT_CHECK_INPUT(type.empty() || type == "default" || type == "linear" || type == "llama3" ||
+                     type == "longrope",
                  "rope_scaling type \"", type,
-                 "\" is not supported (supported: default, linear, llama3)");
-  const int64_t half = cfg.head_dim / 2;
+                 "\" is not supported (supported: default, linear, llama3, longrope)");
+  const int64_t half = rot / 2;
   const float base = static_cast<float>(cfg.theta);
-  const float dim = static_cast<float>(cfg.head_dim);
+  const float dim = static_cast<float>(rot);
   std::vector<float> inv(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
     const float e = static_cast<float>(2 * i) / dim;
@@ -78,7 +85,19 @@ std::vector<double> rope_inv_freq(const RopeConfig& cfg) {
     const float p = static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(e)));
     inv[i] = 1.0f / p;
   }
-  if (type == "linear") {
+  if (type == "longrope") {
+    const std::vector<double>& ext = cfg.use_long ? cfg.long_factor : cfg.short_factor;
+    LT_CHECK_INPUT(static_cast<int64_t>(ext.size()) == half,
+                   "rope_scaling longrope: ", cfg.use_long ? "long_factor" : "short_factor",
+                   " has ", ext.size(), " values, the rotary dimension needs ", half);
+    // transformers: 1.0 / (ext_factors * base**inv_freq_shape), all float32.
+    for (int64_t i = 0; i < half; ++i) {
+      const float e = static_cast<float>(2 * i) / dim;
+      const float p =
+          static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(e)));
+      inv[i] = 1.0f / (static_cast<float>(ext[i]) * p);
+    }
+  } else if (type == "linear") {
     LT_CHECK_INPUT(cfg.factor > 0, "rope_scaling factor ", cfg.factor, " must be positive");
     const float f = static_cast<float>(cfg.factor);
     for (float& v : inv) v = v / f;
@@ -113,12 +132,12 @@ std::vector<double> rope_inv_freq(const RopeConfig& cfg) {
 }
 
 void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq, bool inverse,
-                const Tensor& y) {
+                const Tensor& y, double scale) {
   LT_CHECK(x.dim() >= 2 && dtype_is_floating(x.dtype()), "rope: x ", x.str(),
            " must be [T, ..., D] float");
-  const int64_t t = x.size(0), d = x.size(-1), half = d / 2;
-  LT_CHECK(d % 2 == 0 && inv_freq.numel() == half && inv_freq.dtype() == table_dtype(x.dtype()),
-           "rope: x ", x.str(), " needs an even head_dim and inv_freq [", half, "] ",
+  const int64_t t = x.size(0), d = x.size(-1), half = inv_freq.numel();
+  LT_CHECK(half > 0 && 2 * half <= d && inv_freq.dtype() == table_dtype(x.dtype()), "rope: x ",
+           x.str(), " needs inv_freq [R/2] with R <= head_dim, ",
            dtype_name(table_dtype(x.dtype())), ", got ", inv_freq.str());
   LT_CHECK(position_ids.dim() == 1 && position_ids.numel() == t &&
                (position_ids.dtype() == DType::kI32 || position_ids.dtype() == DType::kI64),
@@ -126,7 +145,7 @@ void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_f
   LT_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.is_contiguous(), "rope: y ",
            y.str(), " for x ", x.str());
   if (x.device().is_cuda()) {
-    rope_apply_cuda(x, position_ids, inv_freq, inverse, y);
+    rope_apply_cuda(x, position_ids, inv_freq, inverse, scale, y);
     return;
   }
   const std::vector<int64_t> pos = position_ids.to_i64();
@@ -139,6 +158,7 @@ void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_f
     const A* pf = static_cast<const A*>(ic.data_ptr());
     T* py = static_cast<T*>(y.data_ptr());
     const A sign = inverse ? A(-1) : A(1);
+    const A sc = static_cast<A>(scale);
     parallel_for(t, cpu::grain_for(per_token), [&](int64_t tok) {
       std::vector<A> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
       const A p = static_cast<A>(pos[tok]);
@@ -146,6 +166,10 @@ void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_f
         const A angle = p * pf[i];
         c[i] = std::cos(angle);
         s[i] = sign * std::sin(angle);
+        if (scale != 1.0) {  // transformers' cos * attention_scaling, rounded once
+          c[i] *= sc;
+          s[i] *= sc;
+        }
       }
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t base = tok * per_token + h * d;
@@ -155,6 +179,8 @@ void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_f
           store(py, base + i, a * c[i] - b * s[i]);
           store(py, base + i + half, b * c[i] + a * s[i]);
         }
+        if (py != px)
+          for (int64_t j = 2 * half; j < d; ++j) py[base + j] = px[base + j];
       }
     });
   });
@@ -165,9 +191,10 @@ Tensor rope(const Tensor& x, const Tensor& position_ids, const RopeConfig& cfg) 
            cfg.head_dim);
   const Tensor inv = inv_freq_tensor(cfg, x);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  rope_apply(x.detach(), position_ids, inv, /*inverse=*/false, y);
+  rope_apply(x.detach(), position_ids, inv, /*inverse=*/false, y, cfg.attention_factor);
   if (node_needed({x})) {
     auto node = std::make_shared<RopeBackward>();
+    node->scale = cfg.attention_factor;
     node->set_next_edges({x});
     node->position_ids = SavedTensor(position_ids);
     node->inv_freq = SavedTensor(inv);

@@ -1,14 +1,16 @@
 // rope_apply on CUDA: rotary position embedding, rotate_half convention.
-//   x:[T, ..., D] (N = numel/(T*D) heads per token, D even), position_ids:[T] i32|i64 (host or
-//   device), inv_freq:[D/2] f32 (f64 for f64 x; host or device) -> y like x, contiguous.
+//   x:[T, ..., D] (N = numel/(T*D) heads per token), position_ids:[T] i32|i64 (host or device),
+//   inv_freq:[R/2] f32 (f64 for f64 x; host or device), R <= D even -> y like x, contiguous.
 //   angle = f32(pos) * inv_freq[i] (one f32 product, as transformers' f32 matmul; f64 for f64)
-//   c = cos(angle), s = sin(angle), negated when `inverse` (the backward rotation)
-//   y[i] = x[i] c - x[i+D/2] s,   y[i+D/2] = x[i+D/2] c + x[i] s     (each product rounded)
+//   c = cos(angle) * scale, s = sin(angle) * scale (the products rounded once, skipped when
+//   scale is 1), s negated when `inverse` (the backward rotation)
+//   y[i] = x[i] c - x[i+R/2] s,   y[i+R/2] = x[i+R/2] c + x[i] s     (each product rounded)
+//   y[j] = x[j] for R <= j < D (partial rotary), copied by the thread of each token's first group
 // cos/sin use the accurate sincosf (never the fast __sincosf, which is wrong for the large angles
 // of long contexts). y may alias x: each thread reads both halves of its pairs before writing.
 // Work split: one thread per (token, group of V frequencies); it computes V sin/cos pairs once
 // and rotates those pairs in every head of the token, with 16-byte accesses when D/2 is a
-// multiple of V = 16/sizeof(T) and x, y are 16-byte aligned.
+// multiple of V = 16/sizeof(T), D too, and x, y are 16-byte aligned.
 #include "engine/cuda_utils.cuh"
 #include "kernels/rope.h"
 
@@ -32,11 +34,11 @@ __device__ __forceinline__ void sincos_acc(A angle, A* s, A* c) {
 template <typename T, int V>
 __global__ void rope_apply_kernel(const T* x, T* y, const int32_t* pos32, const int64_t* pos64,
                                   const cu::acc_of<T>* __restrict__ inv_freq, int64_t tokens,
-                                  int64_t heads, int64_t half, bool inverse) {
+                                  int64_t heads, int64_t half, int64_t d, bool inverse,
+                                  cu::acc_of<T> scale) {
   using A = cu::acc_of<T>;
   const int64_t groups = half / V;
   const int64_t items = tokens * groups;
-  const int64_t d = 2 * half;
   for (int64_t it = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; it < items;
        it += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = it / groups;
@@ -46,8 +48,16 @@ __global__ void rope_apply_kernel(const T* x, T* y, const int32_t* pos32, const 
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       sincos_acc(mul_rn(p, inv_freq[i0 + j]), &s[j], &c[j]);
+      if (scale != A(1)) {
+        s[j] = mul_rn(s[j], scale);
+        c[j] = mul_rn(c[j], scale);
+      }
       if (inverse) s[j] = -s[j];
     }
+    if (i0 == 0 && 2 * half < d && x != y)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t j = 2 * half; j < d; ++j)
+          y[(t * heads + h) * d + j] = x[(t * heads + h) * d + j];
     const int64_t base = t * heads * d + i0;
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t off = base + h * d;
@@ -76,26 +86,26 @@ __global__ void rope_apply_kernel(const T* x, T* y, const int32_t* pos32, const 
 }
 
 void rope_apply_launch(const void* x, void* y, const void* pos, bool pos64, const void* inv_freq,
-                       int64_t tokens, int64_t heads, int64_t half, bool inverse, DType dt,
-                       int device, cudaStream_t stream) {
+                       int64_t tokens, int64_t heads, int64_t half, int64_t d, bool inverse,
+                       double scale, DType dt, int device, cudaStream_t stream) {
   if (tokens == 0 || heads == 0 || half == 0) return;
   const int32_t* p32 = pos64 ? nullptr : static_cast<const int32_t*>(pos);
   const int64_t* p64 = pos64 ? static_cast<const int64_t*>(pos) : nullptr;
   LT_CU_DISPATCH_FLOAT(dt, T, {
     using A = cu::acc_of<T>;
     constexpr int kVec = cu::VecWidth<T>::value;
-    const bool vec = half % kVec == 0 && cu::aligned16(x) && cu::aligned16(y);
+    const bool vec = half % kVec == 0 && d % kVec == 0 && cu::aligned16(x) && cu::aligned16(y);
     const int64_t items = tokens * (vec ? half / kVec : half);
     const unsigned blocks = cu::grid_blocks(items, kThreads, device);
     const T* px = static_cast<const T*>(x);
     T* py = static_cast<T*>(y);
     const A* pf = static_cast<const A*>(inv_freq);
     if (vec)
-      rope_apply_kernel<T, kVec>
-          <<<blocks, kThreads, 0, stream>>>(px, py, p32, p64, pf, tokens, heads, half, inverse);
+      rope_apply_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(
+          px, py, p32, p64, pf, tokens, heads, half, d, inverse, static_cast<A>(scale));
     else
-      rope_apply_kernel<T, 1>
-          <<<blocks, kThreads, 0, stream>>>(px, py, p32, p64, pf, tokens, heads, half, inverse);
+      rope_apply_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(
+          px, py, p32, p64, pf, tokens, heads, half, d, inverse, static_cast<A>(scale));
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -103,16 +113,16 @@ void rope_apply_launch(const void* x, void* y, const void* pos, bool pos64, cons
 }  // namespace
 
 void rope_apply_cuda(const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq,
-                     bool inverse, const Tensor& y) {
+                     bool inverse, double scale, const Tensor& y) {
   const char* op = "rope_apply_cuda";
   const Device d = x.device();
   LT_CHECK(d.is_cuda() && x.dim() >= 2 && dtype_is_floating(x.dtype()), op, ": x ", x.str(),
            " must be a [T, ..., D] float tensor on a CUDA device");
-  const int64_t t = x.size(0), dim = x.size(-1), half = dim / 2;
+  const int64_t t = x.size(0), dim = x.size(-1), half = inv_freq.numel();
   const DType table = x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
-  LT_CHECK(dim % 2 == 0 && inv_freq.numel() == half && inv_freq.dtype() == table, op, ": x ",
-           x.str(), " needs an even head_dim and inv_freq [", half, "] ", dtype_name(table),
-           ", got ", inv_freq.str());
+  LT_CHECK(half > 0 && 2 * half <= dim && inv_freq.dtype() == table, op, ": x ", x.str(),
+           " needs inv_freq [R/2] with R <= head_dim, ", dtype_name(table), ", got ",
+           inv_freq.str());
   LT_CHECK(position_ids.dim() == 1 && position_ids.numel() == t &&
                (position_ids.dtype() == DType::kI32 || position_ids.dtype() == DType::kI64),
            op, ": position_ids ", position_ids.str(), " for x ", x.str());
@@ -128,7 +138,8 @@ void rope_apply_cuda(const Tensor& x, const Tensor& position_ids, const Tensor& 
   const Tensor inv = cu::on_device_ws(inv_freq, d);
   const int64_t heads = t == 0 || dim == 0 ? 0 : x.numel() / (t * dim);
   rope_apply_launch(xc.data_ptr(), y.data_ptr(), pos.data_ptr(), pos.dtype() == DType::kI64,
-                    inv.data_ptr(), t, heads, half, inverse, x.dtype(), d.index, cu::stream_of(d));
+                    inv.data_ptr(), t, heads, half, dim, inverse, scale, x.dtype(), d.index,
+                    cu::stream_of(d));
 }
 
 }  // namespace leantune::kernels

@@ -1,9 +1,13 @@
-// swiglu on CUDA: y = silu(gate) * up, silu(g) = g * s, s = sigmoid(g)
+// The gated MLP activations on CUDA (contract in kernels/swiglu.h): y = act(gate) * up.
 //   gate, up, y:[T,I] (any equal shapes), one float dtype (f32, bf16, f16, f64); math in f32
-//   (f64 for f64) and one rounding per output, with the CPU path's operation order:
-//   y = (g * s) * u
-// Backward: dgate = ((dy * u) * s) * (1 + g * (1 - s)),  dup = (dy * g) * s. Either output may
-//   be undefined (not needed). One kernel reads g, u, dy once and writes dgate and dup.
+//   (f64 for f64) and one rounding per output, with the CPU path's operation order.
+// swiglu: silu(g) = g * s, s = sigmoid(g); y = (g * s) * u
+//   Backward: dgate = ((dy * u) * s) * (1 + g * (1 - s)),  dup = (dy * g) * s.
+// geglu: t = tanh(b (g + k (g g g))), gelu = (0.5 g) (1 + t); y = gelu * u
+//   Backward: dgate = (dy * u) * (0.5 (1 + t) + ((0.5 g) (1 - t t)) b (1 + 3 k g g)),
+//   dup = dy * gelu. tanh is the accurate tanhf (tanh for f64).
+// Either gradient may be undefined (not needed). One kernel reads g, u, dy once and writes
+// dgate and dup.
 // sigmoid never exponentiates a positive number (no overflow): x >= 0 ? 1/(1+e^-x) : e^x/(1+e^x).
 // Strided inputs are copied to contiguous scratch; outputs must be contiguous. Outputs may alias
 // inputs (elementwise: each element is read before it is written, by the same thread).
@@ -31,7 +35,27 @@ __device__ __forceinline__ A sigmoid(A x) {
   }
 }
 
-template <typename T, int N>
+template <typename A>
+__device__ __forceinline__ A tanh_acc(A x) {
+  if constexpr (std::is_same_v<A, float>)
+    return tanhf(x);
+  else
+    return tanh(x);
+}
+
+// act(g) * u in the CPU path's order.
+template <bool kGelu, typename A>
+__device__ __forceinline__ A gated_value(A g, A u) {
+  if constexpr (!kGelu) {
+    return mul_rn(mul_rn(g, sigmoid(g)), u);
+  } else {
+    const A beta = A(0.7978845608028654), kappa = A(0.044715);
+    const A t = tanh_acc(mul_rn(beta, add_rn(g, mul_rn(kappa, mul_rn(mul_rn(g, g), g)))));
+    return mul_rn(mul_rn(mul_rn(A(0.5), g), add_rn(A(1), t)), u);
+  }
+}
+
+template <bool kGelu, typename T, int N>
 __global__ void swiglu_fwd_kernel(const T* gate, const T* up, T* y, int64_t n) {
   using A = cu::acc_of<T>;
   const int64_t nvec = n / N;
@@ -42,23 +66,32 @@ __global__ void swiglu_fwd_kernel(const T* gate, const T* up, T* y, int64_t n) {
     cu::load_vec<T, N>(gate + v * N, g);
     cu::load_vec<T, N>(up + v * N, u);
 #pragma unroll
-    for (int j = 0; j < N; ++j) g[j] = mul_rn(mul_rn(g[j], sigmoid(g[j])), u[j]);
+    for (int j = 0; j < N; ++j) g[j] = gated_value<kGelu>(g[j], u[j]);
     cu::store_vec<T, N>(y + v * N, g);
   }
-  for (int64_t i = nvec * N + tid; i < n; i += stride) {
-    const A g = cu::to_acc(gate[i]);
-    y[i] = cu::from_acc<T>(mul_rn(mul_rn(g, sigmoid(g)), cu::to_acc(up[i])));
+  for (int64_t i = nvec * N + tid; i < n; i += stride)
+    y[i] = cu::from_acc<T>(gated_value<kGelu>(cu::to_acc(gate[i]), cu::to_acc(up[i])));
+}
+
+template <bool kGelu, typename A>
+__device__ __forceinline__ void swiglu_grads(A g, A u, A d, A* dg, A* du) {
+  if constexpr (!kGelu) {
+    const A s = sigmoid(g);
+    *dg = mul_rn(mul_rn(mul_rn(d, u), s), add_rn(A(1), mul_rn(g, add_rn(A(1), -s))));
+    *du = mul_rn(mul_rn(d, g), s);
+  } else {
+    const A beta = A(0.7978845608028654), kappa = A(0.044715);
+    const A t = tanh_acc(mul_rn(beta, add_rn(g, mul_rn(kappa, mul_rn(mul_rn(g, g), g)))));
+    const A half_g = mul_rn(A(0.5), g);
+    const A slope = add_rn(mul_rn(A(0.5), add_rn(A(1), t)),
+                           mul_rn(mul_rn(mul_rn(half_g, add_rn(A(1), -mul_rn(t, t))), beta),
+                                  add_rn(A(1), mul_rn(mul_rn(A(3), kappa), mul_rn(g, g)))));
+    *dg = mul_rn(mul_rn(d, u), slope);
+    *du = mul_rn(d, mul_rn(half_g, add_rn(A(1), t)));
   }
 }
 
-template <typename A>
-__device__ __forceinline__ void swiglu_grads(A g, A u, A d, A* dg, A* du) {
-  const A s = sigmoid(g);
-  *dg = mul_rn(mul_rn(mul_rn(d, u), s), add_rn(A(1), mul_rn(g, add_rn(A(1), -s))));
-  *du = mul_rn(mul_rn(d, g), s);
-}
-
-template <typename T, int N>
+template <bool kGelu, typename T, int N>
 __global__ void swiglu_bwd_kernel(const T* dy, const T* gate, const T* up, T* dgate, T* dup,
                                   int64_t n) {
   using A = cu::acc_of<T>;
@@ -71,18 +104,19 @@ __global__ void swiglu_bwd_kernel(const T* dy, const T* gate, const T* up, T* dg
     cu::load_vec<T, N>(up + v * N, u);
     cu::load_vec<T, N>(dy + v * N, d);
 #pragma unroll
-    for (int j = 0; j < N; ++j) swiglu_grads(g[j], u[j], d[j], &rg[j], &ru[j]);
+    for (int j = 0; j < N; ++j) swiglu_grads<kGelu>(g[j], u[j], d[j], &rg[j], &ru[j]);
     if (dgate) cu::store_vec<T, N>(dgate + v * N, rg);
     if (dup) cu::store_vec<T, N>(dup + v * N, ru);
   }
   for (int64_t i = nvec * N + tid; i < n; i += stride) {
     A rg, ru;
-    swiglu_grads(cu::to_acc(gate[i]), cu::to_acc(up[i]), cu::to_acc(dy[i]), &rg, &ru);
+    swiglu_grads<kGelu>(cu::to_acc(gate[i]), cu::to_acc(up[i]), cu::to_acc(dy[i]), &rg, &ru);
     if (dgate) dgate[i] = cu::from_acc<T>(rg);
     if (dup) dup[i] = cu::from_acc<T>(ru);
   }
 }
 
+template <bool kGelu>
 void swiglu_fwd_launch(const void* gate, const void* up, void* y, int64_t n, DType dt, int device,
                        cudaStream_t stream) {
   if (n == 0) return;
@@ -94,13 +128,14 @@ void swiglu_fwd_launch(const void* gate, const void* up, void* y, int64_t n, DTy
     const T* pu = static_cast<const T*>(up);
     T* py = static_cast<T*>(y);
     if (vec)
-      swiglu_fwd_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(pg, pu, py, n);
+      swiglu_fwd_kernel<kGelu, T, kVec><<<blocks, kThreads, 0, stream>>>(pg, pu, py, n);
     else
-      swiglu_fwd_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(pg, pu, py, n);
+      swiglu_fwd_kernel<kGelu, T, 1><<<blocks, kThreads, 0, stream>>>(pg, pu, py, n);
     CUDA_CHECK_LAUNCH();
   });
 }
 
+template <bool kGelu>
 void swiglu_bwd_launch(const void* dy, const void* gate, const void* up, void* dgate, void* dup,
                        int64_t n, DType dt, int device, cudaStream_t stream) {
   if (n == 0 || (!dgate && !dup)) return;
@@ -115,9 +150,9 @@ void swiglu_bwd_launch(const void* dy, const void* gate, const void* up, void* d
     T* pdg = static_cast<T*>(dgate);
     T* pdu = static_cast<T*>(dup);
     if (vec)
-      swiglu_bwd_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(pd, pg, pu, pdg, pdu, n);
+      swiglu_bwd_kernel<kGelu, T, kVec><<<blocks, kThreads, 0, stream>>>(pd, pg, pu, pdg, pdu, n);
     else
-      swiglu_bwd_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(pd, pg, pu, pdg, pdu, n);
+      swiglu_bwd_kernel<kGelu, T, 1><<<blocks, kThreads, 0, stream>>>(pd, pg, pu, pdg, pdu, n);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -128,10 +163,8 @@ void check_like(const Tensor& t, const Tensor& ref, Device d, const char* op, co
            " for gate ", ref.str());
 }
 
-}  // namespace
-
-void swiglu_fwd_cuda(const Tensor& gate, const Tensor& up, const Tensor& y) {
-  const char* op = "swiglu_fwd_cuda";
+template <bool kGelu>
+void gated_fwd_cuda(const char* op, const Tensor& gate, const Tensor& up, const Tensor& y) {
   const Device d = gate.device();
   LT_CHECK(d.is_cuda() && dtype_is_floating(gate.dtype()), op, ": gate ", gate.str());
   check_like(up, gate, d, op, "up");
@@ -139,13 +172,13 @@ void swiglu_fwd_cuda(const Tensor& gate, const Tensor& up, const Tensor& y) {
   cu::check_contiguous(y, op, "y");
   cu::DeviceGuard g(d);
   const Tensor gc = cu::contiguous_ws(gate), uc = cu::contiguous_ws(up);
-  swiglu_fwd_launch(gc.data_ptr(), uc.data_ptr(), y.data_ptr(), y.numel(), y.dtype(), d.index,
-                    cu::stream_of(d));
+  swiglu_fwd_launch<kGelu>(gc.data_ptr(), uc.data_ptr(), y.data_ptr(), y.numel(), y.dtype(),
+                           d.index, cu::stream_of(d));
 }
 
-void swiglu_bwd_cuda(const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                     const Tensor& dup) {
-  const char* op = "swiglu_bwd_cuda";
+template <bool kGelu>
+void gated_bwd_cuda(const char* op, const Tensor& dy, const Tensor& gate, const Tensor& up,
+                    const Tensor& dgate, const Tensor& dup) {
   const Device d = gate.device();
   LT_CHECK(d.is_cuda() && dtype_is_floating(gate.dtype()), op, ": gate ", gate.str());
   check_like(up, gate, d, op, "up");
@@ -160,10 +193,27 @@ void swiglu_bwd_cuda(const Tensor& dy, const Tensor& gate, const Tensor& up, con
   }
   cu::DeviceGuard g(d);
   const Tensor gc = cu::contiguous_ws(gate), uc = cu::contiguous_ws(up), dc = cu::contiguous_ws(dy);
-  swiglu_bwd_launch(dc.data_ptr(), gc.data_ptr(), uc.data_ptr(),
-                    dgate.defined() ? dgate.data_ptr() : nullptr,
-                    dup.defined() ? dup.data_ptr() : nullptr, gate.numel(), gate.dtype(), d.index,
-                    cu::stream_of(d));
+  swiglu_bwd_launch<kGelu>(dc.data_ptr(), gc.data_ptr(), uc.data_ptr(),
+                           dgate.defined() ? dgate.data_ptr() : nullptr,
+                           dup.defined() ? dup.data_ptr() : nullptr, gate.numel(), gate.dtype(),
+                           d.index, cu::stream_of(d));
+}
+
+}  // namespace
+
+void swiglu_fwd_cuda(const Tensor& gate, const Tensor& up, const Tensor& y) {
+  gated_fwd_cuda<false>("swiglu_fwd_cuda", gate, up, y);
+}
+void swiglu_bwd_cuda(const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                     const Tensor& dup) {
+  gated_bwd_cuda<false>("swiglu_bwd_cuda", dy, gate, up, dgate, dup);
+}
+void geglu_fwd_cuda(const Tensor& gate, const Tensor& up, const Tensor& y) {
+  gated_fwd_cuda<true>("geglu_fwd_cuda", gate, up, y);
+}
+void geglu_bwd_cuda(const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                    const Tensor& dup) {
+  gated_bwd_cuda<true>("geglu_bwd_cuda", dy, gate, up, dgate, dup);
 }
 
 }  // namespace leantune::kernels

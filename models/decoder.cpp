@@ -59,19 +59,35 @@ DecoderModel::DecoderModel(ModelConfig cfg, Device device, DType dtype,
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     DecoderLayer layer;
-    layer.input_layernorm = param({h}, device, dtype, p + "input_layernorm.weight");
-    layer.post_attention_layernorm =
-        param({h}, device, dtype, p + "post_attention_layernorm.weight");
-    layer.q_proj =
-        make_linear(p + "self_attn.q_proj", h, nq, cfg_.attention_bias, device, dtype, w);
-    layer.k_proj =
-        make_linear(p + "self_attn.k_proj", h, nkv, cfg_.attention_bias, device, dtype, w);
-    layer.v_proj =
-        make_linear(p + "self_attn.v_proj", h, nkv, cfg_.attention_bias, device, dtype, w);
+    auto norm = [&](const char* name, int64_t n) {
+      return param({n}, device, dtype, p + name + ".weight");
+    };
+    layer.input_layernorm = norm("input_layernorm", h);
+    layer.post_attention_layernorm = norm("post_attention_layernorm", h);
+    if (cfg_.sandwich_norms) {
+      layer.pre_feedforward_layernorm = norm("pre_feedforward_layernorm", h);
+      layer.post_feedforward_layernorm = norm("post_feedforward_layernorm", h);
+    }
+    if (cfg_.qk_norm) {
+      layer.q_norm = norm("self_attn.q_norm", d);
+      layer.k_norm = norm("self_attn.k_norm", d);
+    }
+    const bool ab = cfg_.attention_bias, mb = cfg_.mlp_bias;
+    if (cfg_.fused_qkv) {
+      layer.qkv_proj = make_linear(p + "self_attn.qkv_proj", h, nq + 2 * nkv, ab, device, dtype, w);
+    } else {
+      layer.q_proj = make_linear(p + "self_attn.q_proj", h, nq, ab, device, dtype, w);
+      layer.k_proj = make_linear(p + "self_attn.k_proj", h, nkv, ab, device, dtype, w);
+      layer.v_proj = make_linear(p + "self_attn.v_proj", h, nkv, ab, device, dtype, w);
+    }
     layer.o_proj = make_linear(p + "self_attn.o_proj", nq, h, cfg_.o_proj_bias, device, dtype, w);
-    layer.gate_proj = make_linear(p + "mlp.gate_proj", h, inter, cfg_.mlp_bias, device, dtype, w);
-    layer.up_proj = make_linear(p + "mlp.up_proj", h, inter, cfg_.mlp_bias, device, dtype, w);
-    layer.down_proj = make_linear(p + "mlp.down_proj", inter, h, cfg_.mlp_bias, device, dtype, w);
+    if (cfg_.fused_gate_up) {
+      layer.gate_up_proj = make_linear(p + "mlp.gate_up_proj", h, 2 * inter, mb, device, dtype, w);
+    } else {
+      layer.gate_proj = make_linear(p + "mlp.gate_proj", h, inter, mb, device, dtype, w);
+      layer.up_proj = make_linear(p + "mlp.up_proj", h, inter, mb, device, dtype, w);
+    }
+    layer.down_proj = make_linear(p + "mlp.down_proj", inter, h, mb, device, dtype, w);
     layers_.push_back(std::move(layer));
   }
   norm_ = param({h}, device, dtype, "model.norm.weight");
@@ -93,10 +109,17 @@ std::vector<std::pair<std::string, Tensor>> DecoderModel::named_parameters() con
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayer& L = layers_[l];
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    out.emplace_back(p + "input_layernorm.weight", L.input_layernorm);
-    for (const LinearModule* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj}) add_linear(*m);
-    out.emplace_back(p + "post_attention_layernorm.weight", L.post_attention_layernorm);
-    for (const LinearModule* m : {&L.gate_proj, &L.up_proj, &L.down_proj}) add_linear(*m);
+    // Norms and projections interleaved as before the families were added (the names are what
+    // matter; the order keeps optimizer-state files of Llama/Qwen2 runs unchanged).
+    const std::vector<std::pair<const char*, Tensor>> norms = L.norms();
+    const std::vector<const LinearModule*> linears = L.linears();
+    out.emplace_back(p + norms[0].first + ".weight", norms[0].second);  // input_layernorm
+    size_t li = 0;
+    for (; li < linears.size() && linears[li]->name.find(".self_attn.") != std::string::npos; ++li)
+      add_linear(*linears[li]);
+    for (size_t n = 1; n < norms.size(); ++n)
+      out.emplace_back(p + norms[n].first + ".weight", norms[n].second);
+    for (; li < linears.size(); ++li) add_linear(*linears[li]);
   }
   out.emplace_back("model.norm.weight", norm_);
   if (score_.defined())
@@ -106,12 +129,38 @@ std::vector<std::pair<std::string, Tensor>> DecoderModel::named_parameters() con
   return out;
 }
 
+std::vector<LinearModule*> DecoderLayer::linears() {
+  std::vector<LinearModule*> out;
+  for (LinearModule* m : {&q_proj, &k_proj, &v_proj, &qkv_proj, &o_proj, &gate_proj, &up_proj,
+                          &gate_up_proj, &down_proj})
+    if (!m->name.empty()) out.push_back(m);
+  return out;
+}
+
+std::vector<const LinearModule*> DecoderLayer::linears() const {
+  std::vector<const LinearModule*> out;
+  for (LinearModule* m : const_cast<DecoderLayer*>(this)->linears()) out.push_back(m);
+  return out;
+}
+
+std::vector<std::pair<const char*, Tensor>> DecoderLayer::norms() const {
+  std::vector<std::pair<const char*, Tensor>> out = {{"input_layernorm", input_layernorm}};
+  if (q_norm.defined()) {
+    out.emplace_back("self_attn.q_norm", q_norm);
+    out.emplace_back("self_attn.k_norm", k_norm);
+  }
+  out.emplace_back("post_attention_layernorm", post_attention_layernorm);
+  if (pre_feedforward_layernorm.defined()) {
+    out.emplace_back("pre_feedforward_layernorm", pre_feedforward_layernorm);
+    out.emplace_back("post_feedforward_layernorm", post_feedforward_layernorm);
+  }
+  return out;
+}
+
 std::vector<LinearModule*> DecoderModel::linear_modules() {
   std::vector<LinearModule*> out;
   for (DecoderLayer& L : layers_)
-    for (LinearModule* m :
-         {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj})
-      out.push_back(m);
+    for (LinearModule* m : L.linears()) out.push_back(m);
   if (!tied() && !score_.defined()) out.push_back(&lm_head_);
   return out;
 }
@@ -135,7 +184,7 @@ void DecoderModel::init_random(uint64_t seed) {
     const bool is_norm = name.find("norm") != std::string::npos;
     const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
     if (is_norm)
-      t.fill_(1.0);
+      t.fill_(cfg_.norm_unit_offset ? 0.0 : 1.0);  // (1 + w) norms start at w = 0
     else if (is_bias)
       t.fill_(0.0);
     else
@@ -270,79 +319,6 @@ void DecoderModel::save(const std::string& dir, DType disk_dtype, uint64_t max_s
   cfg.save(dir);
 }
 
-Tensor DecoderModel::embed(const Tensor& ids, const RowGradSink& sink) const {
-  ParamUse use(residency_, ParamResidency::kOuterUnit);
-  if (embedding_override.embed) return embedding_override.embed(embed_tokens_, ids);
-  if (sink && !cfg_.tie_word_embeddings && embed_tokens_.requires_grad() && grad_mode_enabled()) {
-    const Tensor w = embed_tokens_;
-    return kernels::embedding_weight_blocks(
-        w, ids, [sink, w](int64_t row0, const Tensor& g) { sink(w, row0, g); });
-  }
-  return kernels::embedding(embed_tokens_, ids);
-}
-
-Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
-                                   const Tensor& cu_seqlens, int64_t max_seqlen,
-                                   const ContextParallel* cp) const {
-  ParamUse use(residency_, i);
-  const DecoderLayer& L = layers_[i];
-  const int64_t t = h.size(0), d = cfg_.head_dim;
-  const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
-  Tensor x = kernels::rms_norm(h, L.input_layernorm, cfg_.rms_norm_eps);
-  Tensor q = L.q_proj.forward(x).view({t, nh, d});
-  Tensor k = L.k_proj.forward(x).view({t, nkv, d});
-  Tensor v = L.v_proj.forward(x).view({t, nkv, d});
-  q = kernels::rope(q, positions, cfg_.rope);
-  k = kernels::rope(k, positions, cfg_.rope);
-  kernels::AttentionOptions ao;
-  ao.max_seqlen_q = ao.max_seqlen_k = max_seqlen;
-  Tensor a = (cp ? kernels::zigzag_ring_attention(*cp->comm, q, k, v, cp->layout)
-                 : kernels::attention(q, k, v, cu_seqlens, cu_seqlens, ao))
-                 .out.view({t, nh * d});
-  Tensor h1 = kernels::residual_add(h, L.o_proj.forward(a));
-  Tensor x2 = kernels::rms_norm(h1, L.post_attention_layernorm, cfg_.rms_norm_eps);
-  Tensor m = kernels::swiglu(L.gate_proj.forward(x2), L.up_proj.forward(x2));
-  return kernels::residual_add(h1, L.down_proj.forward(m));
-}
-
-Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
-                                   const Tensor& cu_seqlens, int64_t max_seqlen,
-                                   bool gradient_checkpointing, const RowGradSink& sink,
-                                   std::shared_ptr<const ContextParallel> cp) const {
-  Tensor h = embed(ids, sink);
-  for (int64_t l = 0; l < num_layers(); ++l) {
-    // What layer l saves is reloaded when backward nears it (activation offloading).
-    OffloadLayerScope offload_layer(l);
-    // Training forward (a forward phase, or any forward under grad mode outside a phase) is
-    // attributed per layer: its backward inherits it, and ZeRO-3 gathers a layer for its backward
-    // nodes by it. Evaluation and generation keep their own label.
-    const MemPhaseKind kind = current_mem_phase().kind;
-    const bool training =
-        kind == MemPhaseKind::kForward || (kind == MemPhaseKind::kNone && grad_mode_enabled());
-    MemPhaseGuard phase(training ? MemPhase{MemPhaseKind::kForward, static_cast<int32_t>(l)}
-                                 : current_mem_phase());
-    if (gradient_checkpointing && grad_mode_enabled()) {
-      // The recompute in backward runs the ring again: `cp` is kept alive by the closure.
-      auto fn = [this, l, positions, cu_seqlens, max_seqlen, cp](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{
-            layer_forward(l, in[0], positions, cu_seqlens, max_seqlen, cp.get())};
-      };
-      h = checkpoint(fn, {h})[0];
-    } else {
-      h = layer_forward(l, h, positions, cu_seqlens, max_seqlen, cp.get());
-    }
-  }
-  // The final norm stays on the device under offloading, like the LM head and the loss.
-  NoOffloadScope head;
-  ParamUse use(residency_, ParamResidency::kOuterUnit);
-  return kernels::rms_norm(h, norm_, cfg_.rms_norm_eps);
-}
-
-Tensor DecoderModel::logits(const Tensor& hidden) const {
-  ParamUse use(residency_, ParamResidency::kOuterUnit);
-  return kernels::linear(hidden, lm_head_weight());
-}
-
 ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& opt) {
   LT_CHECK(batch.input_ids.defined() && batch.cu_seqlens.defined(), "forward on an empty batch");
   const MemPhase outer = current_mem_phase();
@@ -357,6 +333,7 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
   }
   Tensor hidden = hidden_states(ids, pos, cu, max_seqlen, opt.gradient_checkpointing,
                                 opt.row_grad_sink, opt.context_parallel);
+  const double cap = logit_softcap();
   // LM head and loss: much memory traffic for little compute if offloaded (as TRL decides).
   NoOffloadScope head;
   ForwardResult r;
@@ -382,6 +359,7 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
     if (opt.fused_loss) {
       kernels::LinearCrossEntropyOptions lo;
       lo.chunk_tokens = opt.loss_chunk_tokens;
+      lo.softcap = cap;
       const Tensor w = lm_head_weight();
       if (opt.row_grad_sink && !cfg_.tie_word_embeddings && w.requires_grad() &&
           grad_mode_enabled()) {

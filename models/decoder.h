@@ -1,4 +1,6 @@
-// DecoderModel: the Llama / Qwen2 decoder-only transformer, built from ModelConfig.
+// DecoderModel: the decoder-only transformer of every supported family (Llama, Qwen2, Qwen3,
+// Mistral, Phi-3, Gemma 3 text), built from ModelConfig; the families differ only by the config's
+// options (loaders/model_config.h), never by a copy of the decoder.
 //
 // Parameters carry Hugging Face names (model.embed_tokens.weight,
 // model.layers.N.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight); with
@@ -7,12 +9,19 @@
 // LM head (models/score_head.h reads it). All parameters live on one device in one compute
 // dtype, tagged MemTag::kParam.
 //
-// Forward takes a flat varlen Batch (loaders/batch.h): per layer
-//   x = rms_norm(h); q,k,v = proj(x) (+bias); rope(q,k); attention over cu_seqlens (causal, GQA);
-//   h = h + o_proj(attn); x = rms_norm(h); h = h + down(swiglu(gate(x), up(x)))
-// then the final norm and the LM head. The loss is the causal-LM cross entropy over shifted
-// labels, normalised by the caller's token count (micro-batch accumulation), computed by the
-// fused chunked linear_cross_entropy unless logits are asked for.
+// Forward takes a flat varlen Batch (loaders/batch.h). norm() is the family's RMSNorm (w, or
+// (1 + w) in f32 with norm_unit_offset). Embedding (* sqrt(H) with scale_embeddings), then per
+// layer:
+//   x = norm(h); q,k,v = proj(x) (+bias; one qkv_proj split with fused_qkv);
+//   q,k = norm per head (qk_norm); rope(q,k) (the layer's rope; longrope picks its factors by
+//   the largest position); attention over cu_seqlens (causal, GQA, the layer's sliding window,
+//   the family's scale and soft-cap); a = o_proj(attn) (norm(a) with sandwich_norms);
+//   h = h + a; x = norm(h); m = down(act(gate(x), up(x))) (swiglu or geglu; one gate_up_proj
+//   split with fused_gate_up) (pre-/post-feedforward norms with sandwich_norms); h = h + m
+// then the final norm and the LM head (logits soft-capped with final_logit_softcapping). The
+// loss is the causal-LM cross entropy over shifted labels, normalised by the caller's token count
+// (micro-batch accumulation), computed by the fused chunked linear_cross_entropy unless logits
+// are asked for.
 #pragma once
 
 #include <functional>
@@ -22,6 +31,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "kernels/ring_attention.h"
 #include "loaders/batch.h"
 #include "loaders/model_config.h"
@@ -32,10 +42,28 @@ namespace leantune {
 class TensorStore;
 
 struct DecoderLayer {
-  Tensor input_layernorm;           // [H]
-  Tensor post_attention_layernorm;  // [H]
-  LinearModule q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+  Tensor input_layernorm;                                        // [H]
+  Tensor post_attention_layernorm;                               // [H]
+  Tensor pre_feedforward_layernorm, post_feedforward_layernorm;  // [H], sandwich_norms only
+  Tensor q_norm, k_norm;                                         // [head_dim], qk_norm only
+  // q/k/v, or one qkv_proj (fused_qkv); gate/up, or one gate_up_proj (fused_gate_up). A module
+  // the family does not have is left empty (no name).
+  LinearModule q_proj, k_proj, v_proj, qkv_proj, o_proj, gate_proj, up_proj, gate_up_proj,
+      down_proj;
+  // The layer's projections, in Hugging Face order.
+  std::vector<LinearModule*> linears();
+  std::vector<const LinearModule*> linears() const;
+  // The layer's normalisation weights with their names' last components ("input_layernorm",
+  // "self_attn.q_norm", ...), in the order named_parameters lists them.
+  std::vector<std::pair<const char*, Tensor>> norms() const;
 };
+
+// One layer's attention for layer_forward_with: q [T, Hq, D] and k, v [T, Hkv, D] after the
+// projections and q/k norms, before rope -> attention output [T, Hq, D]. The caller applies the
+// rope (DecoderModel::apply_rope) and attention (DecoderModel::attention_options) its own way:
+// over a varlen batch in training, over the KV cache in generation.
+using LayerAttention =
+    std::function<Tensor(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v)>;
 
 // Receives blocks of rows of a parameter's gradient as they complete (optimizer_in_backward's
 // OptimizerInBackward::apply_rows; kernels/weight_grad_sink.h).
@@ -181,13 +209,28 @@ class DecoderModel {
   Tensor layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
                        const Tensor& cu_seqlens, int64_t max_seqlen,
                        const ContextParallel* cp = nullptr) const;
+  // One decoder layer with the attention step supplied by the caller (generation's KV cache).
+  Tensor layer_forward_with(int64_t i, const Tensor& h, const LayerAttention& attend) const;
+  // The family's RMSNorm: w * round(x rstd), or round(x rstd (1 + w)) with norm_unit_offset.
+  Tensor norm(const Tensor& x, const Tensor& w) const;
+  // The final norm over [T, H] hidden states (what the LM head reads).
+  Tensor final_norm_forward(const Tensor& h) const;
+  // Layer i's rope over x [T, N, D] at `positions`; longrope uses its long factors when
+  // max_position + 1 exceeds original_max_position_embeddings (max_position < 0: read from
+  // positions).
+  Tensor apply_rope(int64_t layer, const Tensor& x, const Tensor& positions,
+                    int64_t max_position = -1) const;
+  // Layer i's attention options: causal, scale, sliding window and soft-cap.
+  kernels::AttentionOptions attention_options(int64_t layer) const;
   // Embedding -> all layers -> final norm.
   Tensor hidden_states(const Tensor& ids, const Tensor& positions, const Tensor& cu_seqlens,
                        int64_t max_seqlen, bool gradient_checkpointing,
                        const RowGradSink& sink = nullptr,
                        std::shared_ptr<const ContextParallel> cp = nullptr) const;
-  // Normed hidden states [T, H] -> logits [T, V].
+  // Normed hidden states [T, H] -> logits [T, V] (soft-capped with final_logit_softcapping).
   Tensor logits(const Tensor& hidden) const;
+  // final_logit_softcapping, or 0: what the fused losses apply to the head's logits.
+  double logit_softcap() const { return cfg_.final_logit_softcapping; }
 
  private:
   ModelConfig cfg_;

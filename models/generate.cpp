@@ -12,10 +12,7 @@
 #include "engine/rng.h"
 #include "kernels/attention.h"
 #include "kernels/kv_cache_write.h"
-#include "kernels/residual.h"
-#include "kernels/rms_norm.h"
 #include "kernels/rope.h"
-#include "kernels/swiglu.h"
 
 namespace leantune {
 
@@ -132,14 +129,17 @@ int64_t slot_of(const std::vector<int32_t>& table, int64_t pos, int64_t bs) {
   return int64_t{table[static_cast<size_t>(pos / bs)]} * bs + pos % bs;
 }
 
-// The decoder over one step's flat rows. New K/V go to the pool first; every entry then attends
-// over its whole cached sequence, gathered from the pool, in one varlen attention call.
+// The decoder over one step's flat rows, each layer as DecoderModel::layer_forward_with runs it in
+// training, with this attention step: rope at each row's position (longrope choosing its factors
+// per entry, by the entry's largest position, as transformers does for a sequence alone), the new
+// K/V rows written to the pool, then every entry attending over its whole cached sequence,
+// gathered from the pool, in one varlen attention call with the layer's window and soft-cap.
 Tensor forward_step(const DecoderModel& m, PagedKVCache& pool, const std::vector<int64_t>& ids,
                     const std::vector<int64_t>& positions, const std::vector<StepEntry>& entries) {
   const ModelConfig& c = m.config();
   const Device dev = m.device();
-  const int64_t t = static_cast<int64_t>(ids.size()), d = c.head_dim, nh = c.num_attention_heads,
-                nkv = c.num_key_value_heads, bs = pool.block_size();
+  const int64_t t = static_cast<int64_t>(ids.size()), d = c.head_dim, nkv = c.num_key_value_heads,
+                bs = pool.block_size();
   std::vector<int64_t> write, read;
   std::vector<int32_t> cu_q{0}, cu_k{0};
   int64_t max_q = 0, max_k = 0;
@@ -157,34 +157,51 @@ Tensor forward_step(const DecoderModel& m, PagedKVCache& pool, const std::vector
   const Tensor tcu_q = Tensor::from_vector(cu_q, {static_cast<int64_t>(cu_q.size())}, dev);
   const Tensor tcu_k = Tensor::from_vector(cu_k, {static_cast<int64_t>(cu_k.size())}, dev);
   const Tensor tpos = Tensor::from_vector(positions, {t}, dev);
-  kernels::AttentionOptions ao;
-  ao.max_seqlen_q = max_q;
-  ao.max_seqlen_k = max_k;
-  Tensor h = m.embed(Tensor::from_vector(ids, {t}, dev));
-  for (int64_t l = 0; l < m.num_layers(); ++l) {
-    ParamUse use(m.param_residency(), l);
-    const DecoderLayer& L = m.layer(l);
-    Tensor x = kernels::rms_norm(h, L.input_layernorm, c.rms_norm_eps);
-    Tensor q = kernels::rope(L.q_proj.forward(x).view({t, nh, d}), tpos, c.rope);
-    Tensor k = kernels::rope(L.k_proj.forward(x).view({t, nkv, d}), tpos, c.rope);
-    Tensor v = L.v_proj.forward(x);
-    kernels::kv_cache_write(pool.k(l), wslots, k.view({t, nkv * d}));
-    kernels::kv_cache_write(pool.v(l), wslots, v);
+  // Rope of one step: whole when every entry makes the same longrope choice (always, without
+  // longrope), else entry by entry.
+  auto rope = [&](int64_t l, const Tensor& x) {
+    const kernels::RopeConfig& rc = c.rope_of(l);
+    bool uniform = rc.scaling_type != "longrope";
+    if (!uniform) {
+      uniform = true;
+      for (const StepEntry& e : entries)
+        uniform = uniform && rc.long_for(e.start + e.rows - 1) ==
+                                 rc.long_for(entries.front().start + entries.front().rows - 1);
+    }
+    if (uniform) {
+      const StepEntry& e0 = entries.front();
+      return m.apply_rope(l, x, tpos, e0.start + e0.rows - 1);
+    }
+    Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const StepEntry& e = entries[i];
+      const int64_t r0 = cu_q[i];
+      ops::copy(out.narrow(0, r0, e.rows),
+                m.apply_rope(l, x.narrow(0, r0, e.rows).contiguous(), tpos.narrow(0, r0, e.rows),
+                             e.start + e.rows - 1));
+    }
+    return out;
+  };
+  auto attend = [&](int64_t l, const Tensor& q, const Tensor& k, const Tensor& v) {
+    const Tensor qr = rope(l, q), kr = rope(l, k);
+    kernels::kv_cache_write(pool.k(l), wslots, kr.reshape({t, nkv * d}));
+    kernels::kv_cache_write(pool.v(l), wslots, v.reshape({t, nkv * d}));
     const Tensor kk = ops::index_rows(pool.k(l), rslots).view({tk, nkv, d});
     const Tensor vv = ops::index_rows(pool.v(l), rslots).view({tk, nkv, d});
-    Tensor a = kernels::attention(q, kk, vv, tcu_q, tcu_k, ao).out;
-    Tensor h1 = kernels::residual_add(h, L.o_proj.forward(a.view({t, nh * d})));
-    Tensor x2 = kernels::rms_norm(h1, L.post_attention_layernorm, c.rms_norm_eps);
-    Tensor mlp = kernels::swiglu(L.gate_proj.forward(x2), L.up_proj.forward(x2));
-    h = kernels::residual_add(h1, L.down_proj.forward(mlp));
-  }
+    kernels::AttentionOptions ao = m.attention_options(l);
+    ao.max_seqlen_q = max_q;
+    ao.max_seqlen_k = max_k;
+    return kernels::attention(qr, kk, vv, tcu_q, tcu_k, ao).out;
+  };
+  Tensor h = m.embed(Tensor::from_vector(ids, {t}, dev));
+  for (int64_t l = 0; l < m.num_layers(); ++l) h = m.layer_forward_with(l, h, attend);
   // Only each entry's last row needs logits.
   std::vector<int64_t> last;
   for (size_t i = 1; i < cu_q.size(); ++i) last.push_back(cu_q[i] - 1);
   const Tensor rows =
       ops::index_rows(h, Tensor::from_vector(last, {static_cast<int64_t>(last.size())}, dev));
   ParamUse use(m.param_residency(), ParamResidency::kOuterUnit);
-  return m.logits(kernels::rms_norm(rows, m.final_norm(), c.rms_norm_eps));
+  return m.logits(m.final_norm_forward(rows));
 }
 
 }  // namespace
@@ -233,11 +250,24 @@ GenerationResult generate(const DecoderModel& model,
     gens.emplace_back(cfg.seed, RngPurpose::kSampling,
                       static_cast<uint32_t>(cfg.first_sequence + s));
 
+  // Longrope (Phi-3): a generation whose positions grow past original_max_position_embeddings
+  // is recomputed whole with the long factors at that step, as transformers' Phi-3 drops its cache
+  // there; it then needs its prompt's full blocks privately (recrossing(P): those extra blocks).
+  const kernels::RopeConfig& rope = c.rope;
+  auto crosses = [&](int64_t prompt_len) {
+    return rope.scaling_type == "longrope" && !rope.long_for(prompt_len - 1) &&
+           rope.long_for(prompt_len + max_new - 2);
+  };
+  auto recrossing = [&](int64_t prompt_len, int64_t bs) {
+    return crosses(prompt_len) ? prompt_len / bs : 0;
+  };
   std::unique_ptr<PagedKVCache> own_pool;
   if (pool_in == nullptr) {
     const int64_t bs = 16;
+    int64_t blocks = kv_blocks_for_call(prompts, max_new, bs);
+    for (const auto& p : prompts) blocks += recrossing(static_cast<int64_t>(p.size()), bs);
     own_pool = std::make_unique<PagedKVCache>(c, model.num_layers(), model.dtype(), model.device(),
-                                              bs, kv_blocks_for_call(prompts, max_new, bs));
+                                              bs, blocks);
   }
   PagedKVCache& pool = pool_in ? *pool_in : *own_pool;
   pool.wake();
@@ -260,8 +290,9 @@ GenerationResult generate(const DecoderModel& model,
     }
   }
   auto own_blocks = [&](const PromptGroup& g) {
-    return kv_blocks_for_prompt(static_cast<int64_t>(g.prompt->size()), 1, max_new, bs) -
-           kv_blocks_for_prompt(static_cast<int64_t>(g.prompt->size()), 0, max_new, bs);
+    const int64_t p = static_cast<int64_t>(g.prompt->size());
+    return kv_blocks_for_prompt(p, 1, max_new, bs) - kv_blocks_for_prompt(p, 0, max_new, bs) +
+           recrossing(p, bs);
   };
   int64_t reserved = 0;  // blocks promised to admitted groups and generations
   std::vector<Running> running;
@@ -383,6 +414,25 @@ GenerationResult generate(const DecoderModel& model,
         pool.copy_block(fresh, r.table[bi], r.length % bs);
         pool.release(r.table[bi]);
         r.table[bi] = fresh;
+      }
+      if (rope.scaling_type == "longrope" && !rope.long_for(r.length - 1) &&
+          rope.long_for(r.length)) {
+        // Crossing into the long factors: every position again, into private blocks.
+        for (int32_t& blk : r.table) {
+          if (pool.refcount(blk) == 1) continue;
+          const int32_t fresh = pool.allocate();
+          pool.release(blk);
+          blk = fresh;
+        }
+        const std::vector<int32_t>& prompt = prompts[r.index];
+        const std::vector<int32_t>& made = res.tokens[r.index];
+        for (int64_t j = 0; j <= r.length; ++j) {
+          const size_t pl = prompt.size();
+          ids.push_back(static_cast<size_t>(j) < pl ? prompt[j] : made[j - pl]);
+          positions.push_back(j);
+        }
+        entries.push_back({&r.table, 0, r.length + 1});
+        continue;
       }
       ids.push_back(r.next);
       positions.push_back(r.length);

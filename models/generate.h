@@ -24,6 +24,9 @@
 // gets the same tokens in any batch, pool size or admission order as alone with the same number.
 // A sequence stops after an eos token (which is kept) or max_new_tokens. GenerationConfig's
 // should_stop is asked between steps, so that a trainer honours a stop signal within one step.
+// Longrope (Phi-3): a generation whose positions grow past original_max_position_embeddings is
+// recomputed whole with the long factors at that step (its prompt's blocks made private first), as
+// transformers' Phi-3 drops its cache there; its reservation counts those blocks.
 #pragma once
 
 #include <cstdint>

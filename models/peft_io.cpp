@@ -55,11 +55,17 @@ const V* pattern_value(const std::map<std::string, V>& patterns, const std::stri
   return nullptr;
 }
 
+bool fused_layers(const ModelConfig& cfg) { return cfg.fused_qkv || cfg.fused_gate_up; }
+
 std::vector<std::string> default_targets(const ModelConfig& cfg) {
-  // PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING for the supported architectures.
-  if (cfg.model_type == "llama" || cfg.model_type == "qwen2") return {"q_proj", "v_proj"};
+  // PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING for the supported architectures
+  // (phi3 has no entry there: PEFT asks for target_modules, and so does this).
+  for (const char* t : {"llama", "qwen2", "qwen3", "mistral", "gemma3_text"})
+    if (cfg.model_type == t) return {"q_proj", "v_proj"};
   LT_THROW(ErrorKind::kInput, "lora_target_modules: no default for model_type '", cfg.model_type,
-           "'; list the modules (or use all-linear)");
+           "' (as in PEFT); list the modules (for ", cfg.model_type,
+           fused_layers(cfg) ? ": qkv_proj, o_proj, gate_up_proj, down_proj" : "",
+           ") or use all-linear");
 }
 
 void check_config(const PeftConfig& c) {
@@ -152,11 +158,17 @@ PeftSetup attach(const PeftConfig& cfg_in, DecoderModel& model, uint64_t seed) {
     s.adapters.push_back(adapter);
     kinds.insert(last_component(m->name));
   }
-  if (!use_regex && !all_linear)
+  if (!use_regex && !all_linear) {
+    std::set<std::string> layer_kinds;
+    for (LinearModule* m : model.linear_modules())
+      if (m->name != "lm_head") layer_kinds.insert(last_component(m->name));
+    std::string listed;
+    for (const std::string& k : layer_kinds) listed += (listed.empty() ? "" : ", ") + k;
     for (size_t i = 0; i < targets.size(); ++i)
       LT_CHECK_INPUT(hits[i] > 0, "lora_target_modules: '", targets[i],
-                     "' matches no linear layer of the model (layers: q_proj, k_proj, v_proj, "
-                     "o_proj, gate_proj, up_proj, down_proj; or all-linear)");
+                     "' matches no linear layer of the model (layers: ", listed,
+                     "; or all-linear)");
+  }
   if (all_linear) targets.assign(kinds.begin(), kinds.end());
 
   // Trainable tokens.

@@ -5,8 +5,10 @@
 // Module selection follows PEFT (tuners_utils.check_target_module_exists, other._set_trainable):
 //   - target_modules: a module is targeted when its name equals an entry or ends with
 //     "." + entry; ["all-linear"] means every linear layer except the output head; empty means
-//     PEFT's per-architecture default (q_proj, v_proj for llama and qwen2). A single entry read
-//     from a PEFT file as a JSON string (not a list) is a regular expression matched against
+//     PEFT's per-architecture default (q_proj, v_proj for llama, qwen2, qwen3, mistral and
+//     gemma3_text; phi3 has none, as in PEFT). Phi-3's fused qkv_proj and gate_up_proj are
+//     targeted by those names, one adapter over the fused output, as PEFT sees them. A single entry
+//     read from a PEFT file as a JSON string (not a list) is a regular expression matched against
 //     the whole module name, as in PEFT. Every list entry must match some linear layer (PEFT
 //     only requires one match overall; per entry catches typos). LoRA on lm_head or on the
 //     embedding is rejected (the head is applied by the fused loss, not by a LinearModule).

@@ -54,7 +54,7 @@ TEST_P(RmsNormCuda, ForwardMatchesCpu) {
   Tensor y_ref = Tensor::empty({c.t, c.h}, c.dt), r_ref = Tensor::empty({c.t}, stat(c.dt));
   kernels::rms_norm_fwd(x, w, kEps, y_ref, r_ref);
   Guarded y({c.t, c.h}, c.dt, kGpu), rstd({c.t}, stat(c.dt), kGpu);
-  kernels::rms_norm_fwd_cuda(x.to(kGpu), w.to(kGpu), kEps, y.payload(), rstd.payload());
+  kernels::rms_norm_fwd_cuda(x.to(kGpu), w.to(kGpu), kEps, false, y.payload(), rstd.payload());
   EXPECT_TRUE(y.check());
   EXPECT_TRUE(rstd.check());
   EXPECT_TRUE(all_close(rstd.payload(), r_ref, 0.0, 5e-5));
@@ -74,7 +74,7 @@ TEST_P(RmsNormCuda, BackwardMatchesCpu) {
 
   const Tensor xd = x.to(kGpu), wd = w.to(kGpu), gd = dy.to(kGpu), rd = rstd.to(kGpu);
   Guarded dx({c.t, c.h}, c.dt, kGpu), dw({c.h}, c.dt, kGpu);
-  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, dx.payload(), dw.payload());
+  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, false, dx.payload(), dw.payload());
   EXPECT_TRUE(dx.check());
   EXPECT_TRUE(dw.check());
   EXPECT_TRUE(all_close(dx.payload(), dx_ref, gpu_tol(c.dt, 4.0)));
@@ -83,10 +83,10 @@ TEST_P(RmsNormCuda, BackwardMatchesCpu) {
 
   // Each gradient alone, and bitwise repeatability (no atomics).
   Tensor dx_only = Tensor::empty({c.t, c.h}, c.dt, kGpu);
-  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, dx_only, Tensor());
+  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, false, dx_only, Tensor());
   EXPECT_EQ(dx_only.to_f64(), dx.payload().to_f64());
   Tensor dw_only = Tensor::empty({c.h}, c.dt, kGpu);
-  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, Tensor(), dw_only);
+  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, false, Tensor(), dw_only);
   EXPECT_EQ(dw_only.to_f64(), dw.payload().to_f64());
 }
 

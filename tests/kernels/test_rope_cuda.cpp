@@ -75,11 +75,11 @@ TEST_P(RopeCuda, ForwardAndInverseMatchCpu) {
       const Tensor xd = x.to(kGpu);
       // Host positions and table, then device ones.
       Guarded y(s, c.dt, kGpu);
-      kernels::rope_apply_cuda(xd, pos, inv, inverse, y.payload());
+      kernels::rope_apply_cuda(xd, pos, inv, inverse, 1.0, y.payload());
       EXPECT_TRUE(y.check());
       EXPECT_TRUE(all_close(y.payload(), ref, gpu_tol(c.dt))) << dtype_name(pdt) << inverse;
       Tensor y2 = Tensor::empty(s, c.dt, kGpu);
-      kernels::rope_apply_cuda(xd, pos.to(kGpu), inv.to(kGpu), inverse, y2);
+      kernels::rope_apply_cuda(xd, pos.to(kGpu), inv.to(kGpu), inverse, 1.0, y2);
       EXPECT_EQ(y2.to_f64(), y.payload().to_f64());
       // In place: y aliases x.
       Tensor xi = xd.clone();

@@ -245,10 +245,10 @@ TEST(ModelConfig, BadConfigsNameFileAndKey) {
     const char* expect;
   };
   const Case cases[] = {
-      {R"({"architectures": ["MistralForCausalLM"], "hidden_size": 8})",
-       "unsupported architecture 'MistralForCausalLM'"},
+      {R"({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8})",
+       "unsupported architecture 'GPT2LMHeadModel' (supported: LlamaForCausalLM"},
       {R"({"hidden_size": 8})", "key 'architectures' is missing"},
-      {R"({"model_type": "gpt2"})", "model_type 'gpt2' is not llama or qwen2"},
+      {R"({"model_type": "gpt2"})", "model_type 'gpt2' is not one this engine runs"},
       {R"({"architectures": "LlamaForCausalLM"})", "key 'architectures' must be"},
       {R"({"architectures": ["LlamaForCausalLM"], "model_type": "qwen2"})",
        "key 'model_type' is 'qwen2'"},

@@ -5,7 +5,8 @@
 //     adapter_config.json fields, and loads back to the same logits;
 //   - merging matches PEFT's merge_and_unload, and the merged HF folder gives the same logits;
 //   - an adapter made from scratch here round-trips (and, with LEANTUNE_PEFT_EXPORT_DIR set, is
-//     left there for `gen_peft_fixtures.py --check DIR`, which loads it into PEFT);
+//     left there for `gen_peft_fixtures.py --check DIR`, which loads it into PEFT, as is our
+//     rewrite of each fixture's adapter under DIR/CASE);
 //   - the trainer's options, base-path resolution and the errors for unsupported configs.
 #include <gtest/gtest.h>
 
@@ -151,7 +152,16 @@ TEST_P(PeftFiles, OurWriterReproducesPeftFiles) {
   s.set_training(false);
   s2.set_training(false);
   const Batch batch = reference_batch(*ref_);
-  EXPECT_EQ(logits_of(*again, batch).to_f64(), logits_of(*model, batch).to_f64());
+  const Tensor logits = logits_of(*model, batch);
+  EXPECT_EQ(logits_of(*again, batch).to_f64(), logits.to_f64());
+  // Our adapter for PEFT to load (gen_peft_fixtures.py --check DIR/CASE), with our logits.
+  if (const char* env = std::getenv("LEANTUNE_PEFT_EXPORT_DIR"); env && *env) {
+    const std::string dst = std::string(env) + "/" + GetParam();
+    save_adapter(s, *model, dst, fs::absolute(base_).string());
+    save_safetensors(
+        dst + "/leantune_logits.safetensors",
+        {{"input_ids", batch.input_ids}, {"cu_seqlens", batch.cu_seqlens}, {"logits", logits}});
+  }
 }
 
 TEST_P(PeftFiles, MergedModelMatchesPeftMergeAndUnload) {
@@ -184,7 +194,9 @@ TEST_P(PeftFiles, LoadModelOrAdapterResolvesTheBase) {
   EXPECT_FALSE(plain.active());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, PeftFiles, ::testing::Values("llama_gqa", "qwen2_tied"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, PeftFiles,
+                         ::testing::Values("llama_gqa", "qwen2_tied", "qwen3", "mistral", "phi3",
+                                           "gemma3"));
 
 // An adapter made here: rsLoRA on every linear layer, the head trained whole, trainable tokens,
 // random B. It must round-trip; with LEANTUNE_PEFT_EXPORT_DIR set it is also written there with
