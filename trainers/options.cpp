@@ -233,6 +233,12 @@ Options& Options::add_float(const std::string& name, double def, const std::stri
   values_[name] = def;
   return *this;
 }
+Options& Options::add_float_below(const std::string& name, double def, const std::string& help,
+                                  double min, double sup) {
+  add_float(name, def, help, min, sup);
+  specs_.back().max_open = true;
+  return *this;
+}
 Options& Options::add_string(const std::string& name, const std::string& def,
                              const std::string& help, std::vector<std::string> choices) {
   specs_.push_back({name, Type::kString, def, help, std::move(choices)});
@@ -310,9 +316,9 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
       if (!v.is_number()) bad();
       out = v.get<double>();
       if (!std::isfinite(out.get<double>()) || out.get<double>() < s.min ||
-          out.get<double>() > s.max)
+          out.get<double>() > s.max || (s.max_open && out.get<double>() == s.max))
         LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be a finite number in [",
-                 s.min, ", ", s.max, "], got ", shown);
+                 s.min, ", ", s.max, s.max_open ? "), got " : "], got ", shown);
       break;
     case Type::kString:
       if (!v.is_string()) bad();

@@ -132,8 +132,11 @@ void add_training_options(Options& o) {
   o.add_int("warmup_steps", d.warmup_steps, "updates of linear warmup (overrides warmup_ratio)", 0);
   o.add_float("weight_decay", d.weight_decay,
               "decoupled weight decay (not applied to biases and norm weights)", 0.0);
-  o.add_float("adam_beta1", d.adam_beta1, "AdamW beta1", 0.0, 1.0);
-  o.add_float("adam_beta2", d.adam_beta2, "AdamW beta2", 0.0, 1.0);
+  // torch.optim.AdamW's ranges: a beta of 1 never forgets and divides by 1 - beta^t = 0.
+  o.add_float_below("adam_beta1", d.adam_beta1, "beta1 of every AdamW variant, in [0, 1)", 0.0,
+                    1.0);
+  o.add_float_below("adam_beta2", d.adam_beta2, "beta2 of every AdamW variant, in [0, 1)", 0.0,
+                    1.0);
   o.add_float("adam_epsilon", d.adam_epsilon, "AdamW epsilon", 0.0);
   add_optim_options(o);
   o.add_float("max_grad_norm", d.max_grad_norm, "clip the global gradient norm to this (0 = off)",
