@@ -477,13 +477,29 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
   return r;
 }
 
+int64_t accumulation_for_epoch(int64_t gradient_accumulation_steps, int64_t micro_batches_per_epoch,
+                               bool warn) {
+  if (gradient_accumulation_steps <= micro_batches_per_epoch) return gradient_accumulation_steps;
+  if (warn)
+    std::fprintf(stderr,
+                 "warning: gradient_accumulation_steps %lld is more than the %lld micro-batch(es) "
+                 "of an epoch (per rank): each update accumulates the whole epoch's %lld, as "
+                 "transformers' Trainer does\n",
+                 static_cast<long long>(gradient_accumulation_steps),
+                 static_cast<long long>(micro_batches_per_epoch),
+                 static_cast<long long>(micro_batches_per_epoch));
+  return micro_batches_per_epoch;
+}
+
 TrainResult Trainer::train() {
   StopSignalScope signals;
   TrainResult result;
   const int64_t per_epoch = micro_batches_per_epoch();
   LT_CHECK_INPUT(per_epoch > 0, "the training data yields no micro-batch");
-  const int64_t updates_per_epoch = std::max<int64_t>(
-      1, (per_epoch + args_.gradient_accumulation_steps - 1) / args_.gradient_accumulation_steps);
+  accumulation_ = accumulation_for_epoch(args_.gradient_accumulation_steps, per_epoch,
+                                         world_communicator(args_.comm).rank() == 0);
+  const int64_t updates_per_epoch =
+      std::max<int64_t>(1, (per_epoch + accumulation_ - 1) / accumulation_);
   total_steps_ = args_.max_steps > 0
                      ? args_.max_steps
                      : static_cast<int64_t>(std::ceil(args_.num_train_epochs * updates_per_epoch));
@@ -557,7 +573,7 @@ TrainResult Trainer::train() {
     std::vector<Batch> micro;
     std::vector<BatchReport> reports;
     int64_t normalizer = 0;
-    for (int64_t i = 0; i < args_.gradient_accumulation_steps; ++i) {
+    for (int64_t i = 0; i < accumulation_; ++i) {
       BatchReport rep;
       micro.push_back(next_micro_batch(&rep));
       reports.push_back(rep);

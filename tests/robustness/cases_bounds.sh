@@ -33,3 +33,9 @@ check_memviz_million_events() {
   [ -s "$W/t.html" ] || { echo "no page written"; return 1; }
   (( $(echo "$secs < 30" | bc) )) || { echo "took $secs s (linear: a few seconds)"; return 1; }
 }
+
+# A config.json whose num_hidden_layers is 10^9 (estimate looped over the layers for minutes).
+config_billion_layers() {
+  sed 's/"num_hidden_layers": *4/"num_hidden_layers": 1000000000/' \
+    "$SRC/data/embedded/config.json" >"$W/config.json"
+}
