@@ -167,6 +167,9 @@ std::string ChatTemplate::assistant_mask_error() const {
 }
 
 // The family training variant that renders a few probe conversations exactly as the template.
+// The template renders each probe once; one it cannot render rules out every variant, and one
+// that stops at a limit of the interpreter (jinja::TemplateLimitError: a runaway template) is
+// reported at once, naming the template, instead of being tried again for every variant.
 void ChatTemplate::find_training_variant() {
   training_.reset();
   training_name_.clear();
@@ -176,21 +179,29 @@ void ChatTemplate::find_training_variant() {
       {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", " Hello. "}},
       {{"user", "a"}, {"assistant", "b"}, {"user", "c"}, {"assistant", "d"}},
   };
-  const std::tm now = now_ ? *now_ : local_now();
+  ChatTemplate probe = *this;
+  probe.now_ = now_ ? *now_ : local_now();
+  std::vector<std::pair<ChatRequest, std::string>> expected;
+  for (const auto& p : probes) {
+    for (bool agp : {false, true}) {
+      ChatRequest r = request_of(p, agp);
+      try {
+        std::string text = probe.render_with(*template_, r).text;
+        expected.emplace_back(std::move(r), std::move(text));
+      } catch (const jinja::TemplateLimitError&) {
+        throw;
+      } catch (const Error&) {
+        return;
+      }
+    }
+  }
   for (const auto& [name, variant] : training_variants()) {
     bool same = true;
-    for (const auto& p : probes) {
-      for (bool agp : {false, true}) {
-        ChatRequest r = request_of(p, agp);
-        try {
-          ChatTemplate probe = *this;
-          probe.now_ = now;
-          if (probe.render_with(*template_, r).text != probe.render_with(*variant, r).text)
-            same = false;
-        } catch (const Error&) {
-          same = false;
-        }
-        if (!same) break;
+    for (const auto& [r, text] : expected) {
+      try {
+        same = probe.render_with(*variant, r).text == text;
+      } catch (const Error&) {
+        same = false;
       }
       if (!same) break;
     }

@@ -135,39 +135,128 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
-nlohmann::json parse_json_strict(std::string_view text, const std::string& source, int max_depth) {
+namespace {
+
+// Builds the DOM while rejecting duplicate keys and nesting deeper than max_depth, and keeps the
+// text of each top-level number when asked. A SAX handler, not nlohmann's parse callback: the
+// callback parser scans the parent container for discarded values after every object, which
+// made an array of n objects (a memory trace's events) take n^2 steps.
+class StrictJsonSax : public nlohmann::json_sax<nlohmann::json> {
+ public:
   using json = nlohmann::json;
-  // One key set per open object; the callback sees object starts, keys and ends in order.
-  std::vector<std::set<std::string>> open_objects;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (max_depth >= 0 && depth > max_depth) {
-      LT_THROW(ErrorKind::kInput, source, ": JSON nested deeper than ", max_depth, " levels");
-    }
-    switch (event) {
-      case json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (!open_objects.empty() && !open_objects.back().insert(key).second) {
-          LT_THROW(ErrorKind::kInput, source, ": duplicate key '", printable(key),
-                   "' in a JSON object");
-        }
-        break;
-      }
-      default:
-        break;
-    }
+  StrictJsonSax(const std::string& source, int max_depth, std::map<std::string, std::string>* raw,
+                const char* what, const JsonArrayStream* stream)
+      : source_(source), max_depth_(max_depth), raw_(raw), what_(what), stream_(stream) {}
+  json& root() { return root_; }
+
+  bool null() override { return add(nullptr); }
+  bool boolean(bool v) override { return add(v); }
+  bool number_integer(number_integer_t v) override { return add(v); }
+  bool number_unsigned(number_unsigned_t v) override { return add(v); }
+  bool number_float(number_float_t v, const string_t& text) override {
+    put(json(v), &text);
     return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), callback);
-  } catch (const json::exception& e) {
-    LT_THROW(ErrorKind::kInput, source, ": invalid JSON: ", printable(e.what(), 300));
   }
+  bool string(string_t& v) override { return add(v); }
+  bool binary(binary_t&) override { return add(nullptr); }
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return open(json::object());
+  }
+  bool key(string_t& k) override {
+    if (!keys_.back().insert(k).second)
+      LT_THROW(ErrorKind::kInput, source_, ": duplicate key '", printable(k), "' in a JSON object");
+    key_ = k;
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    close();
+    return true;
+  }
+  bool start_array(std::size_t) override { return open(json::array()); }
+  bool end_array() override {
+    close();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    LT_THROW(ErrorKind::kInput, source_, ": invalid ", what_, ": ", printable(e.what(), 300));
+  }
+
+ private:
+  json* put(json v, const string_t* text) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& top = *stack_.back();
+    if (&top == streamed_) {
+      // An element of the streamed array: handed over now, or once complete (a container).
+      if (!v.is_structured()) {
+        stream_->element(std::move(v));
+        return nullptr;
+      }
+      element_ = std::move(v);
+      return &element_;
+    }
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    if (stack_.size() == 1 && raw_ != nullptr) {
+      if (text != nullptr)
+        (*raw_)[key_] = *text;
+      else
+        raw_->erase(key_);
+    }
+    json& slot = top[key_];
+    slot = std::move(v);
+    return &slot;
+  }
+  bool add(json v) {
+    put(std::move(v), nullptr);
+    return true;
+  }
+  // Root = depth 0: a container opened with d containers already open is at depth d + 1.
+  bool open(json container) {
+    if (max_depth_ >= 0 && static_cast<int>(stack_.size()) > max_depth_)
+      LT_THROW(ErrorKind::kInput, source_, ": JSON nested deeper than ", max_depth_, " levels");
+    const bool streamed = stream_ != nullptr && stack_.size() == 1 && root_.is_object() &&
+                          container.is_array() && key_ == stream_->key;
+    stack_.push_back(put(std::move(container), nullptr));
+    if (streamed) streamed_ = stack_.back();
+    return true;
+  }
+  void close() {
+    const bool element_done = stack_.size() == 3 && stack_[1] == streamed_;
+    stack_.pop_back();
+    if (element_done) {
+      stream_->element(std::move(element_));
+      element_ = json();
+    }
+  }
+
+  const std::string& source_;
+  int max_depth_;
+  std::map<std::string, std::string>* raw_;
+  const char* what_;
+  const JsonArrayStream* stream_;
+  json* streamed_ = nullptr;  // the streamed array in root_ (kept empty)
+  json element_;              // its element being parsed
+  json root_;
+  std::vector<json*> stack_;
+  std::vector<std::set<std::string>> keys_;
+  std::string key_;
+};
+
+}  // namespace
+
+nlohmann::json parse_json_strict(std::string_view text, const std::string& source, int max_depth,
+                                 std::map<std::string, std::string>* top_level_numbers,
+                                 const char* what, const JsonArrayStream* stream) {
+  StrictJsonSax sax(source, max_depth, top_level_numbers, what, stream);
+  nlohmann::json::sax_parse(text.begin(), text.end(), &sax);
+  return std::move(sax.root());
 }
 
 std::string printable(std::string_view s, size_t max_chars) {

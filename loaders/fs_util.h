@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -42,8 +43,20 @@ std::string parent_dir(const std::string& path);
 // silently keeps the last value), and so is nesting deeper than max_depth (root = depth 0;
 // negative = unlimited), checked while parsing so deep input is rejected before it is built.
 // Errors are kind kInput and name `source`.
+// top_level_numbers (optional) receives the text of each floating-point number of the root
+// object as written; `what` names the text in the syntax error ("invalid <what>: ...").
+// stream (optional): the elements of one array of the root object are handed to stream->element
+// one by one as each is parsed, and not kept (the root holds an empty array there), so that a
+// file of millions of records is never held as one DOM.
+struct JsonArrayStream {
+  std::string key;
+  std::function<void(nlohmann::json&&)> element;
+};
 nlohmann::json parse_json_strict(std::string_view text, const std::string& source,
-                                 int max_depth = -1);
+                                 int max_depth = -1,
+                                 std::map<std::string, std::string>* top_level_numbers = nullptr,
+                                 const char* what = "JSON",
+                                 const JsonArrayStream* stream = nullptr);
 // A name from a file, made safe for a one-line message: control and non-ASCII bytes become
 // \xHH escapes and text beyond max_chars is cut with "...".
 std::string printable(std::string_view s, size_t max_chars = 120);

@@ -47,6 +47,26 @@ std::string supported_list() {
   return out;
 }
 
+// The largest value each shape key may have: far beyond any published model, and small enough
+// that every size derived from them (parameters, bytes per layer, the estimate's terms) fits in
+// 64 bits.
+constexpr std::pair<const char*, int64_t> kShapeLimits[] = {
+    {"hidden_size", int64_t{1} << 20},
+    {"intermediate_size", int64_t{1} << 22},
+    {"num_hidden_layers", int64_t{1} << 14},
+    {"num_attention_heads", int64_t{1} << 12},
+    {"num_key_value_heads", int64_t{1} << 12},
+    {"head_dim", int64_t{1} << 12},
+    {"max_position_embeddings", int64_t{1} << 24},
+    {"num_labels", int64_t{1} << 20},
+};
+
+int64_t shape_limit(const std::string& key) {
+  for (const auto& [k, limit] : kShapeLimits)
+    if (key == k) return limit;
+  LT_THROW(ErrorKind::kInternal, "no shape limit for config key ", key);
+}
+
 // Key lookups that treat null as absent and name the file and key in every error.
 class Reader {
  public:
@@ -77,6 +97,15 @@ class Reader {
     }
     const int64_t x = integer(*v, key);
     if (x <= 0) fail(key, "must be a positive integer" + got(*v));
+    return x;
+  }
+  // A positive integer at most `limit` (kShapeLimits).
+  int64_t shape(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
+    const int64_t x = positive(key, fallback);
+    const int64_t limit = shape_limit(key);
+    if (x > limit)
+      fail(key, "is " + std::to_string(x) + ", more than the " + std::to_string(limit) +
+                    " leantune accepts (the largest models use a small fraction of it)");
     return x;
   }
   std::optional<int64_t> optional_int(const char* key) const {
@@ -359,7 +388,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
         r.fail("id2label", "must be a non-empty object" + r.got(*labels));
       c.num_labels = static_cast<int64_t>(labels->size());
     } else if (r.find("num_labels") != nullptr) {
-      c.num_labels = r.positive("num_labels");
+      c.num_labels = r.shape("num_labels");
     }
   }
   if (!model_type.empty() && model_type != c.model_type) {
@@ -370,17 +399,17 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   const bool llama = mt == "llama", qwen3 = mt == "qwen3", mistral = mt == "mistral",
              phi3 = mt == "phi3", gemma = mt == "gemma3_text";
 
-  c.hidden_size = r.positive("hidden_size");
-  c.intermediate_size = r.positive("intermediate_size");
-  c.num_hidden_layers = r.positive("num_hidden_layers");
-  c.num_attention_heads = r.positive("num_attention_heads");
-  c.num_key_value_heads = r.positive("num_key_value_heads", c.num_attention_heads);
+  c.hidden_size = r.shape("hidden_size");
+  c.intermediate_size = r.shape("intermediate_size");
+  c.num_hidden_layers = r.shape("num_hidden_layers");
+  c.num_attention_heads = r.shape("num_attention_heads");
+  c.num_key_value_heads = r.shape("num_key_value_heads", c.num_attention_heads);
   c.vocab_size = r.positive("vocab_size");
   // Token ids are 32-bit everywhere (tokenizer, batches, kernels).
   if (c.vocab_size > INT32_MAX)
     r.fail("vocab_size", "is " + std::to_string(c.vocab_size) +
                              ", beyond the 2147483647 that 32-bit token ids can address");
-  c.max_position_embeddings = r.positive("max_position_embeddings", fam->max_positions);
+  c.max_position_embeddings = r.shape("max_position_embeddings", fam->max_positions);
   // Qwen3Config and Gemma3TextConfig default head_dim to a number of their own.
   const std::optional<int64_t> head_dim_default = qwen3   ? std::optional<int64_t>(128)
                                                   : gemma ? std::optional<int64_t>(256)
@@ -392,7 +421,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                               std::to_string(c.num_attention_heads) + ") and head_dim is absent");
   }
   c.head_dim =
-      r.positive("head_dim", head_dim_default.value_or(c.hidden_size / c.num_attention_heads));
+      r.shape("head_dim", head_dim_default.value_or(c.hidden_size / c.num_attention_heads));
   if (c.head_dim % 2 != 0) {
     r.fail("head_dim", "must be even for rotary embeddings, got " + std::to_string(c.head_dim));
   }

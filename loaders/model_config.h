@@ -39,6 +39,9 @@
 //   high_freq_factor, original_max_position_embeddings); "longrope" (phi3 only). Other types are
 //   rejected.
 // hidden_act (gemma3: hidden_activation) must be the family's activation (silu; gelu_pytorch_tanh).
+// Shape keys have upper limits far beyond any published model (num_hidden_layers 16384,
+// hidden_size 2^20, intermediate_size 2^22, heads and head_dim 4096, max_position_embeddings
+// 2^24, num_labels 2^20; vocab_size 2^31 - 1) so that every size derived from them fits in 64 bits.
 // A null value counts as absent. The architecture comes from "architectures" (or from
 // "model_type" when that list is missing). Every problem -- unknown architecture, missing
 // required key, wrong type, inconsistent sizes -- is an Error of kind kInput that names the

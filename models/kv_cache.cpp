@@ -4,6 +4,7 @@
 
 #include "engine/allocator.h"
 #include "engine/check.h"
+#include "engine/checked_int.h"
 #include "models/decoder.h"
 
 namespace leantune {
@@ -97,11 +98,12 @@ int64_t kv_blocks_for_prompt(int64_t prompt_len, int64_t n, int64_t max_new_toke
   LT_CHECK(prompt_len >= 1 && n >= 0 && max_new_tokens >= 0 && block_size >= 1,
            "kv_blocks_for_prompt: prompt ", prompt_len, ", n ", n, ", max_new_tokens ",
            max_new_tokens, ", block size ", block_size);
-  const int64_t shared = (prompt_len + block_size - 1) / block_size;
-  const int64_t fed = prompt_len + max_new_tokens - 1;  // positions written, at most
-  const int64_t own =
-      max_new_tokens >= 2 ? (fed + block_size - 1) / block_size - prompt_len / block_size : 0;
-  return shared + n * own;
+  using I = CheckedInt;
+  const I shared = (I(prompt_len) + block_size - 1) / block_size;
+  const I fed = I(prompt_len) + max_new_tokens - 1;  // positions written, at most
+  const I own =
+      max_new_tokens >= 2 ? (fed + block_size - 1) / block_size - prompt_len / block_size : I(0);
+  return (shared + own * n).get();
 }
 
 }  // namespace leantune

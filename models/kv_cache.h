@@ -70,7 +70,8 @@ class PagedKVCache {
 // The blocks a pool needs to admit the `n` generations of one prompt of `prompt_len` tokens with
 // at most `max_new_tokens` new tokens each, as the engine reserves them: the prompt's blocks once
 // (shared), and per generation the blocks from the prompt's last, partial block up to its last
-// fed token (the final sampled token is never fed back, so needs no slot).
+// fed token (the final sampled token is never fed back, so needs no slot). OverflowError
+// (engine/checked_int.h) past 2^63 blocks.
 int64_t kv_blocks_for_prompt(int64_t prompt_len, int64_t n, int64_t max_new_tokens,
                              int64_t block_size);
 

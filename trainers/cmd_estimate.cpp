@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "engine/checked_int.h"
 #include "loaders/tokenizer.h"
 #include "trainers/commands.h"
 #include "trainers/estimate.h"
@@ -71,7 +72,7 @@ int64_t resident_before_training(const std::string& model_path, const std::strin
   return base + tokenizer + (ec ? 0 : 2 * static_cast<int64_t>(data));
 }
 
-int run_estimate(const std::vector<std::string>& args) {
+int run_estimate_command(const std::vector<std::string>& args) {
   // trainer_bin estimate dpo|kto ...: the preference trainers' estimate (estimate_pref.h).
   if (!args.empty() && (args[0] == "dpo" || args[0] == "kto"))
     return run_estimate_preference({args.begin() + 1, args.end()}, args[0]);
@@ -109,7 +110,10 @@ int run_estimate(const std::vector<std::string>& args) {
   print_estimate(e);
   const double budget = o.get_float("budget_gib");
   if (budget <= 0) return 0;
-  const int64_t limit = static_cast<int64_t>(budget * 1024.0 * 1024.0 * 1024.0);
+  // Beyond 8 EiB every estimate fits (and the cast would overflow).
+  const int64_t limit = budget >= 8.0 * 1024 * 1024 * 1024
+                            ? INT64_MAX
+                            : static_cast<int64_t>(budget * 1024.0 * 1024.0 * 1024.0);
   std::printf("budget %.2f GiB: %s\n", budget, e.peak <= limit ? "fits" : "does not fit");
   // Context parallelism: the smallest power of two that brings max_length under the budget
   // (the world grows to the cp group when it is smaller).
@@ -207,6 +211,31 @@ int run_estimate(const std::vector<std::string>& args) {
   if (!shown)
     std::printf("  none of the single changes tried; combine them or shorten max_length\n");
   return 0;
+}
+
+// Every estimate computes its sizes in checked arithmetic (engine/checked_int.h): options whose
+// memory passes 2^63 bytes are one line naming the numbers given, not a wrapped negative size.
+int run_estimate(const std::vector<std::string>& args) {
+  try {
+    return run_estimate_command(args);
+  } catch (const OverflowError&) {
+    auto number = [](const std::string& v) {
+      return !v.empty() && v.find_first_not_of("0123456789.eE+-") == std::string::npos;
+    };
+    std::string given;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a.rfind("--", 0) != 0) continue;
+      const size_t eq = a.find('=');
+      if (eq != std::string::npos && number(a.substr(eq + 1)))
+        given += (given.empty() ? "" : ", ") + a.substr(2, eq - 2) + " " + a.substr(eq + 1);
+      else if (eq == std::string::npos && i + 1 < args.size() && number(args[i + 1]))
+        given += (given.empty() ? "" : ", ") + a.substr(2) + " " + args[i + 1];
+    }
+    LT_THROW(ErrorKind::kInput, "estimate: the memory of ",
+             given.empty() ? std::string("this model's config") : "options " + given,
+             " passes 2^63 bytes (8 EiB), where 64-bit sizes overflow; no device holds that much");
+  }
 }
 
 CommandRegistration reg("estimate", "predict the peak memory of an sft run before running it",

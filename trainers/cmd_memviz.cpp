@@ -34,7 +34,7 @@ int run_memviz(const std::vector<std::string>& args) {
     LT_THROW(ErrorKind::kInput, "memviz: ", e.what(), " (run 'trainer_bin memviz --help')");
   }
   check_output_file(out, "output", {{trace_path, "TRACE"}});
-  const nlohmann::json a = analyse_memory_trace(read_json_file(trace_path), trace_path, max_points);
+  const nlohmann::json a = analyse_memory_trace_file(trace_path, max_points);
   write_text_atomic(out, memory_trace_html(a));
   const nlohmann::json& pk = a["peak"];
   std::printf("memviz: %s: %lld events, peak allocated %s (%s), reserved %s; wrote %s\n",

@@ -1,8 +1,11 @@
+// The memory estimate (see estimate.h). Every byte count is a CheckedInt: options whose sizes
+// pass 2^63 bytes are an OverflowError, never a wrapped (negative) size.
 #include "trainers/estimate.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "engine/checked_int.h"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/optim_8bit.h"
 
@@ -10,15 +13,17 @@ namespace leantune {
 
 namespace {
 
+using I = CheckedInt;
+
 struct ModuleShape {
   std::string kind;  // q_proj, ...
-  int64_t in, out;
+  I in, out;
   bool bias;
 };
 
 std::vector<ModuleShape> layer_modules(const ModelConfig& m) {
-  const int64_t h = m.hidden_size, i = m.intermediate_size, d = m.head_dim;
-  const int64_t nq = m.num_attention_heads * d, nkv = m.num_key_value_heads * d;
+  const I h = m.hidden_size, i = m.intermediate_size, d = m.head_dim;
+  const I nq = d * m.num_attention_heads, nkv = d * m.num_key_value_heads;
   return {{"q_proj", h, nq, m.attention_bias},  {"k_proj", h, nkv, m.attention_bias},
           {"v_proj", h, nkv, m.attention_bias}, {"o_proj", nq, h, m.o_proj_bias},
           {"gate_proj", h, i, m.mlp_bias},      {"up_proj", h, i, m.mlp_bias},
@@ -41,10 +46,10 @@ bool listed(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
-int64_t quantized_bytes(int64_t n, int64_t rows, const EstimateConfig& c, int64_t dense) {
+I quantized_bytes(I n, I rows, const EstimateConfig& c, I dense) {
   if (c.load_in_4bit) {
-    const int64_t blocks = (n + 63) / 64;
-    const int64_t absmax = c.double_quant ? blocks + ((blocks + 255) / 256) * 4 + 4 : blocks * 4;
+    const I blocks = (n + 63) / 64;
+    const I absmax = c.double_quant ? blocks + ((blocks + 255) / 256) * 4 + 4 : blocks * 4;
     return (n + 1) / 2 + absmax;
   }
   if (c.load_in_8bit) return n + rows * 4;
@@ -52,31 +57,29 @@ int64_t quantized_bytes(int64_t n, int64_t rows, const EstimateConfig& c, int64_
 }
 
 // Optimizer state of `trainable` parameters in dtype b (b == 4: no master needed).
-int64_t optimizer_state_bytes(const EstimateConfig& c, int64_t trainable, int64_t b,
-                              const ModelConfig& m) {
-  const int64_t master = b == 2 ? 4 * trainable : 0;
+I optimizer_state_bytes(const EstimateConfig& c, I trainable, I b, const ModelConfig& m) {
+  const I master = b == 2 ? trainable * 4 : 0;
   if (c.optim == "adamw_8bit" || c.optim == "adamw_bnb_8bit" || c.optim == "paged_adamw_8bit")
-    return 2 * trainable + trainable / 32;
-  if (c.optim == "paged_adamw_32bit") return 8 * trainable;
+    return trainable * 2 + trainable / 32;
+  if (c.optim == "paged_adamw_32bit") return trainable * 8;
   if (c.optim == "sgd") return master;
   if (c.optim == "adafactor") {
     // Row and column f32 statistics of each trained matrix, the full second moment of vectors.
-    int64_t rc = 0;
+    I rc = 0;
     for (const ModuleShape& s : layer_modules(m)) {
       if (!c.use_peft)
         rc += s.in + s.out + (s.bias ? s.out : 0);
       else if (targeted(c.lora_target_modules, s.kind))
-        rc += (c.lora_r + s.in) + (s.out + c.lora_r);
+        rc += (s.in + c.lora_r) + (s.out + c.lora_r);
     }
-    rc = rc * m.num_hidden_layers +
-         (!c.use_peft ? (2 * m.num_hidden_layers + 1) * m.hidden_size : 0);
+    const I layers = m.num_hidden_layers, hidden = m.hidden_size, vocab = m.vocab_size;
+    rc = rc * layers + (!c.use_peft ? (layers * 2 + 1) * hidden : 0);
     if (!c.use_peft)
-      rc += m.sequence_classification
-                ? (m.vocab_size + m.hidden_size) + (m.num_labels + m.hidden_size)
-                : (m.tie_word_embeddings ? 1 : 2) * (m.vocab_size + m.hidden_size);
-    return 4 * rc;
+      rc += m.sequence_classification ? (vocab + hidden) + (hidden + m.num_labels)
+                                      : (vocab + hidden) * (m.tie_word_embeddings ? 1 : 2);
+    return rc * 4;
   }
-  return 8 * trainable + master;  // adamw_torch
+  return trainable * 8 + master;  // adamw_torch
 }
 
 }  // namespace
@@ -104,10 +107,10 @@ namespace {
 
 // The walk: bytes live on the device allocator, the highest point and where it fell.
 struct Walk {
-  int64_t live = 0, peak = 0;
+  I live = 0, peak = 0;
   std::string phase, detail;
   // `extra` bytes live on top of `live` for a moment.
-  void at(const char* ph, const std::string& what, int64_t extra = 0) {
+  void at(const char* ph, const std::string& what, I extra = 0) {
     if (live + extra > peak) {
       peak = live + extra;
       phase = ph;
@@ -124,18 +127,29 @@ int64_t rank_tokens(const EstimateConfig& c) {
   const int64_t t = std::max<int64_t>(c.micro_batch_tokens, 1);
   if (c.cp_size <= 1) return t;
   const int64_t len = std::max<int64_t>(1, std::min(c.max_seqlen > 0 ? c.max_seqlen : t, t));
-  const int64_t sequences = (t + len - 1) / len, m = 2 * c.cp_size;
-  return sequences * ((len + m - 1) / m * m) / c.cp_size;
+  const I sequences = (I(t) + len - 1) / len, m = I(c.cp_size) * 2;
+  return (sequences * ((I(len) + m - 1) / m * m) / c.cp_size).get();
 }
+
+namespace {
+
+// MemoryEstimate's sizes while the walk computes them, checked.
+struct Sizes {
+  I params, grads, optimizer, optimizer_host, activations, loss, workspace, peak;
+  I trainable_parameters, total_parameters, outside_allocator, blas_buffers, offloaded_host,
+      rss_peak;
+};
+
+}  // namespace
 
 MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const ModelConfig& m = c.model;
-  MemoryEstimate e;
-  const int64_t b = static_cast<int64_t>(dtype_size(c.dtype));
-  const int64_t t = rank_tokens(c);
-  const int64_t h = m.hidden_size, v = m.vocab_size, l = m.num_hidden_layers;
-  const int64_t nq = m.num_attention_heads * m.head_dim, nkv = m.num_key_value_heads * m.head_dim;
-  const int64_t inter = m.intermediate_size;
+  Sizes e;
+  const I b = static_cast<int64_t>(dtype_size(c.dtype));
+  const I t = rank_tokens(c);
+  const I h = m.hidden_size, v = m.vocab_size, l = m.num_hidden_layers;
+  const I nq = m.num_attention_heads * m.head_dim, nkv = m.num_key_value_heads * m.head_dim;
+  const I inter = m.intermediate_size;
   // A sequence classifier (reward model) has the score head [num_labels, H] instead of the LM
   // head: never tied, always trained (modules_to_save under PEFT), and no vocabulary-wide loss.
   const bool seq_cls = m.sequence_classification;
@@ -146,27 +160,27 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
       !c.use_peft || listed(c.lora_modules_to_save, "embed_tokens") || (tied && head_trains);
 
   // ---- parameters and what trains
-  int64_t layer_params = 0, layer_trainable = 0;
-  int64_t layer_param_bytes = 2 * h * b;  // the two norms
+  I layer_params = 0, layer_trainable = 0;
+  I layer_param_bytes = 2 * h * b;  // the two norms
   if (!c.use_peft || listed(c.lora_modules_to_save, "input_layernorm")) layer_trainable += 2 * h;
   for (const ModuleShape& s : layer_modules(m)) {
-    const int64_t n = s.in * s.out;
+    const I n = s.in * s.out;
     layer_params += n + (s.bias ? s.out : 0);
     layer_param_bytes += quantized_bytes(n, s.out, c, n * b) + (s.bias ? s.out * b : 0);
     if (!c.use_peft) {
       layer_trainable += n + (s.bias ? s.out : 0);
     } else if (targeted(c.lora_target_modules, s.kind)) {
-      const int64_t lora = c.lora_r * (s.in + s.out);
+      const I lora = c.lora_r * (s.in + s.out);
       layer_param_bytes += lora * b;
       layer_trainable += lora;
     }
   }
   layer_params += 2 * h;
-  const int64_t layer_grad_bytes = layer_trainable * b;
-  int64_t largest_layer_weight = 0;
+  const I layer_grad_bytes = layer_trainable * b;
+  I largest_layer_weight = 0;
   for (const ModuleShape& s : layer_modules(m))
     largest_layer_weight = std::max(largest_layer_weight, s.in * s.out * b);
-  const int64_t embed = v * h, head = seq_cls ? m.num_labels * h : tied ? 0 : v * h;
+  const I embed = v * h, head = seq_cls ? m.num_labels * h : tied ? 0 : v * h;
   e.total_parameters = embed + head + h + l * layer_params;
   e.params = (embed + head + h) * b + l * layer_param_bytes + c.trainable_tokens * h * b;
   e.trainable_parameters = l * layer_trainable + c.trainable_tokens;
@@ -174,9 +188,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   if (head_trains && head > 0) e.trainable_parameters += head;
   if (!c.use_peft) e.trainable_parameters += h;  // final norm
   // The head's gradient comes out of the loss in the weight's dtype (the embedding's, when tied).
-  const int64_t head_grad = head_trains ? (seq_cls ? head : v * h) * b : 0;
-  const int64_t embed_grad = embed_trains ? embed * b : 0;
-  const int64_t small_grads = (!c.use_peft ? h * b : 0) + c.trainable_tokens * h * b;
+  const I head_grad = head_trains ? (seq_cls ? head : v * h) * b : 0;
+  const I embed_grad = embed_trains ? embed * b : 0;
+  const I small_grads = (!c.use_peft ? h * b : 0) + c.trainable_tokens * h * b;
   e.grads = l * layer_grad_bytes + head_grad + (tied && head_trains ? 0 : embed_grad) + small_grads;
   e.optimizer = optimizer_state_bytes(c, e.trainable_parameters, b, m);
   const bool paged = c.optim.rfind("paged_", 0) == 0;
@@ -186,27 +200,27 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     e.optimizer = 0;
   }
   if (c.offload_optimizer) {  // f32 master weights and states on the host
-    const int64_t host =
+    const I host =
         optimizer_state_bytes(c, e.trainable_parameters, 4, m) + 4 * e.trainable_parameters;
     // On the CPU the host is the device: the shadows are in the allocator's peak.
     e.optimizer_host = c.cpu ? 0 : host;
     e.optimizer = c.cpu ? host : 0;
   }
-  const int64_t ranks = std::max<int64_t>(1, c.world_size);
+  const I ranks = std::max<I>(1, c.world_size);
   // ZeRO 3: parameters above the persistence threshold sharded; the outer unit gathered for the
   // whole step, one layer's at each moment of forward and backward (gathered_layer).
-  int64_t gathered_layer = 0;
+  I gathered_layer = 0;
   if (ranks > 1 && c.zero_stage >= 3) {
-    const int64_t thr = c.stage3_param_persistence_threshold;
+    const I thr = c.stage3_param_persistence_threshold;
     // n elements of `bytes` (n * b when dense), sharded or whole by their element count.
-    auto split = [&](int64_t n, int64_t& big, int64_t& small, int64_t bytes = -1) {
+    auto split = [&](I n, I& big, I& small, I bytes = -1) {
       (n > thr ? big : small) += bytes < 0 ? n * b : bytes;
     };
-    int64_t layer_big = 0, layer_small = 0, outer_big = 0, outer_small = 0;
+    I layer_big = 0, layer_small = 0, outer_big = 0, outer_small = 0;
     split(h, layer_big, layer_small);
     split(h, layer_big, layer_small);
     for (const ModuleShape& s : layer_modules(m)) {
-      const int64_t n = s.in * s.out;  // a quantized base is sharded as one parameter
+      const I n = s.in * s.out;  // a quantized base is sharded as one parameter
       split(n, layer_big, layer_small, quantized_bytes(n, s.out, c, n * b));
       if (s.bias) split(s.out, layer_big, layer_small);
     }
@@ -214,7 +228,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     if (head > 0) split(head, outer_big, outer_small);
     split(h, outer_big, outer_small);
     // LoRA adapters and trainable-token rows are not model parameters: kept whole.
-    const int64_t adapters = e.params - (l * (layer_big + layer_small) + outer_big + outer_small);
+    const I adapters = e.params - (l * (layer_big + layer_small) + outer_big + outer_small);
     e.params = (l * layer_big + outer_big + ranks - 1) / ranks + l * layer_small + outer_small +
                adapters + outer_big;
     gathered_layer = layer_big;
@@ -229,34 +243,33 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const bool head_blocks =
       c.row_block_updates && in_bwd && c.fused_loss && head_trains && !tied && !seq_cls;
   const bool embed_blocks = c.row_block_updates && in_bwd && embed_trains && !tied;
-  const int64_t head_block_rows = std::min(v, kernels::weight_grad_block_rows(h));
-  const int64_t head_block_grad = head_blocks ? head_block_rows * h * (4 + (b == 2 ? 2 : 0)) : 0;
-  const int64_t embed_block_grad = embed_blocks ? head_block_rows * h * b : embed * b;
+  const I head_block_rows = std::min(v, I(kernels::weight_grad_block_rows(h.get())));
+  const I head_block_grad = head_blocks ? head_block_rows * h * (4 + (b == 2 ? 2 : 0)) : 0;
+  const I embed_block_grad = embed_blocks ? head_block_rows * h * b : embed * b;
   if (in_bwd) {
     // One gradient in flight: the largest trainable one, and the head's part of a tied
     // embedding's while the lookup's part is pending.
-    int64_t largest = !c.use_peft ? std::max(inter * h, nq * h) * b : 0;
+    I largest = !c.use_peft ? std::max(inter * h, nq * h) * b : 0;
     if (head_trains) largest = std::max(largest, head_blocks ? head_block_grad : head_grad);
     if (embed_trains && !tied) largest = std::max(largest, embed_block_grad);
     e.grads = std::min(e.grads, largest + (tied && head_trains ? head_grad : 0));
   }
   // A paged optimizer pages the states in slabs of kPagedSlabElements through two device
   // buffers (the next slab's copy overlaps this one's update).
-  const int64_t largest_param =
+  const I largest_param =
       (embed_trains || (head_trains && !seq_cls)) ? v * h : std::max(inter, nq) * h;
-  const int64_t paged_ws =
-      paged && !c.offload_optimizer && !c.cpu
-          ? 2 * optimizer_state_bytes(
-                    c, std::min<int64_t>(largest_param, kernels::kPagedSlabElements), 4, m)
-          : 0;
+  const I paged_ws = paged && !c.offload_optimizer && !c.cpu
+                         ? 2 * optimizer_state_bytes(
+                                   c, std::min<I>(largest_param, kernels::kPagedSlabElements), 4, m)
+                         : 0;
 
   // ---- what one decoder layer keeps for backward (beyond its input, counted as the previous
   // layer's output), read off the ops: rms_norm keeps its input and an f32 rstd, attention its
   // roped q and k, v, output and an f32 lse per head, swiglu gate and up, a linear its input when
   // its weight trains, a LoRA adapter its input and the [t x r] product x A^T.
-  const int64_t th = t * h * b;
+  const I th = t * h * b;
   bool qkv_input = false, gu_input = false, down_input = false;
-  int64_t lora_u = 0;
+  I lora_u = 0;
   for (const ModuleShape& s : layer_modules(m)) {
     const bool lora = c.use_peft && targeted(c.lora_target_modules, s.kind);
     if (lora) lora_u += t * c.lora_r * b;
@@ -265,7 +278,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     if (s.kind == "gate_proj" || s.kind == "up_proj") gu_input = true;
     if (s.kind == "down_proj") down_input = true;
   }
-  int64_t saved = 2 * 4 * t;                            // the two norms' rstd
+  I saved = 2 * 4 * t;                                  // the two norms' rstd
   saved += t * (nq + 2 * nkv + nq) * b;                 // attention: q, k, v, out
   saved += 4 * m.num_attention_heads * t;               // lse
   saved += th;                                          // h1, the second norm's input
@@ -275,7 +288,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // A layer's forward beyond what it keeps: the normed inputs and the swiglu output nobody
   // saves, a projection's output before the residual add; 16-bit GEMMs on the CPU read f32
   // copies of both operands and write an f32 output.
-  int64_t gemm_ws = 0;
+  I gemm_ws = 0;
   if (c.cpu && b == 2)
     for (const ModuleShape& s : layer_modules(m))
       gemm_ws = std::max(gemm_ws, t * (s.in + s.out) * 4 + s.in * s.out * 4);
@@ -283,28 +296,26 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // block's output and lse; backward the two KV buffers, the two dK/dV buffers of the second
   // ring and one block's dQ/dK/dV (kernels/ring_attention.cpp), the MLP's workspace gone by then.
   const bool ring = c.cp_size > 1;
-  const int64_t ring_fwd =
-      ring ? 2 * 2 * t * nkv * b + t * nq * b + 4 * m.num_attention_heads * t : 0;
-  const int64_t ring_bwd = ring ? 4 * 2 * t * nkv * b + t * (nq + 2 * nkv) * b : 0;
-  const int64_t fwd_ws =
-      (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws + ring_fwd;
+  const I ring_fwd = ring ? 2 * 2 * t * nkv * b + t * nq * b + 4 * m.num_attention_heads * t : 0;
+  const I ring_bwd = ring ? 4 * 2 * t * nkv * b + t * (nq + 2 * nkv) * b : 0;
+  const I fwd_ws = (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws + ring_fwd;
   // One layer's backward at its widest, the MLP: the gradients of gate and up beside the
   // gradient of the layer output and of the norm input (or the ring's backward buffers).
-  const int64_t bwd_ws = std::max(2 * t * inter * b, ring_bwd) + 2 * th + gemm_ws;
+  const I bwd_ws = std::max(2 * t * inter * b, ring_bwd) + 2 * th + gemm_ws;
   const bool offload = c.activation_offloading, ckpt = c.gradient_checkpointing;
   // Bytes a layer leaves on the device until its backward: its output (the next layer's input),
   // and what it saves unless checkpointing recomputes it. Offloading moves both to host memory,
   // except the last layer's output, which the final norm saves outside offloading.
-  const int64_t kept = (offload ? 0 : th) + ((ckpt || offload) ? 0 : saved);
-  const int64_t embed_out = offload ? 0 : th, last_out = offload ? th : 0;
+  const I kept = (offload ? 0 : th) + ((ckpt || offload) ? 0 : saved);
+  const I embed_out = offload ? 0 : th, last_out = offload ? th : 0;
   // On CUDA a saved tensor leaves the device only once its copy has landed: up to five copies
   // in flight (OffloadOptions::max_fwd_stash_size), each at most a layer's largest saved tensor.
-  const int64_t stash =
-      offload && !c.cpu ? std::min<int64_t>(5, l) * (ckpt ? th : std::max(th, t * inter * b)) : 0;
+  const I stash =
+      offload && !c.cpu ? std::min<I>(5, l) * (ckpt ? th : std::max(th, t * inter * b)) : 0;
   e.activations = embed_out + l * kept + last_out + th + 4 * t;  // ..., final norm
 
   // ---- the walk over one optimizer step in the steady state (optimizer state exists)
-  const int64_t accumulated = c.gradient_accumulation_steps > 1 ? e.grads : 0;
+  const I accumulated = c.gradient_accumulation_steps > 1 ? e.grads : 0;
   Walk w;
   w.live = e.params + e.optimizer + accumulated;
   w.live += embed_out;
@@ -319,8 +330,8 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // about 16 MiB of the weight and of its gradient (never a whole f32 copy); on CUDA: the chunk's
   // logits in the weight's dtype (chunks capped at 768 MiB of logits), gathered rows and
   // cuBLASLt's workspace (32 MiB).
-  const int64_t chunk = std::min<int64_t>(c.loss_chunk_tokens, t);
-  int64_t loss_held, loss_ws;
+  const I chunk = std::min<I>(c.loss_chunk_tokens, t);
+  I loss_held, loss_ws;
   if (seq_cls) {
     // The score rows [B, H] and their gradient: nothing of vocabulary size.
     loss_held = th + head_grad;
@@ -331,18 +342,17 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     // gradient, and the f32 copies of 16-bit GEMM operands (a block of the head, a chunk of
     // hidden rows); the optimizer's update of each block runs inside (paged: its slabs).
     loss_held = th;
-    const int64_t rows = std::min<int64_t>(chunk, t);
+    const I rows = std::min<I>(chunk, t);
     loss_ws = 16 * t + rows * head_block_rows * 4 + t * h * 4 + head_block_grad +
               (b == 2 ? head_block_rows * h * 4 + rows * h * 4 : 0) + paged_ws +
               (c.cpu ? 0 : int64_t{32} << 20);
   } else if (c.fused_loss) {
     loss_held = th + head_grad;
     if (c.cpu) {
-      const int64_t wblock = b == 2 ? std::min<int64_t>(v, (int64_t{4} << 20) / h) * h * 4 : 0;
+      const I wblock = b == 2 ? std::min<I>(v, (int64_t{4} << 20) / h) * h * 4 : 0;
       loss_ws = chunk * v * 4 + 2 * chunk * h * 4 + wblock * (head_trains ? 2 : 1);
     } else {
-      const int64_t rows = std::min<int64_t>(
-          chunk, std::max<int64_t>(1, (int64_t{768} << 20) / (v * b + 2 * h * b)));
+      const I rows = std::min<I>(chunk, std::max<I>(1, (int64_t{768} << 20) / (v * b + 2 * h * b)));
       loss_ws = rows * v * b + 2 * rows * h * b + 12 * t + (int64_t{32} << 20);
     }
   } else {
@@ -359,8 +369,8 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // where the gradient of the layer's output stands for it (in bwd_ws).
   if (!seq_cls && (c.fused_loss || head_blocks)) w.live -= th;
   // Backward, last layer first: a layer's gradients appear, what it kept goes.
-  for (int64_t i = l - 1; i >= 0; --i) {
-    int64_t in_flight = bwd_ws + gathered_layer;
+  for (int64_t i = l.get() - 1; i >= 0; --i) {
+    I in_flight = bwd_ws + gathered_layer;
     if (ckpt)
       in_flight += saved;  // recomputed
     else if (offload)
@@ -368,30 +378,30 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     if (offload) in_flight += 2 * th;  // the inputs of this layer and of the one prefetched
     // Gradients in flight: the layer's, or under optimizer_in_backward one weight's at a time
     // (each is applied and freed as it completes, in a recomputed layer's inner backward too).
-    const int64_t layer_grads =
-        accumulated
+    const I layer_grads =
+        accumulated > 0
             ? 0
             : (in_bwd ? std::min(layer_grad_bytes, largest_layer_weight) : layer_grad_bytes);
     w.at("backward", layer_name(i), in_flight + layer_grads + (in_bwd ? paged_ws : 0));
     // ZeRO 2 reduce-scatters each completed unit: 1/N of its gradients stays.
-    const int64_t stays = grads_sharded ? (layer_grad_bytes + ranks - 1) / ranks : layer_grad_bytes;
-    w.live += (accumulated || in_bwd) ? 0 : stays;
+    const I stays = grads_sharded ? (layer_grad_bytes + ranks - 1) / ranks : layer_grad_bytes;
+    w.live += (accumulated > 0 || in_bwd) ? 0 : stays;
     w.live -= kept;
   }
   // The embedding: its dense gradient, with tied weights the sum with the head's gradient (all
   // three live for a moment), and under a paged optimizer with optimizer_in_backward the slabs of
   // its states.
   if (embed_trains) {
-    const bool tied_sum = tied && head_trains && !accumulated;
-    const int64_t sum = tied_sum ? v * h * b : 0;
+    const bool tied_sum = tied && head_trains && accumulated == 0;
+    const I sum = tied_sum ? v * h * b : 0;
     // By blocks: one block's gradient and the gathered gradient rows of its tokens (at most all).
-    const int64_t grad = embed_blocks ? embed_block_grad + th : embed_grad;
+    const I grad = embed_blocks ? embed_block_grad + th : embed_grad;
     w.at("backward", "embedding", grad + sum + (in_bwd ? paged_ws : 0));
   }
   // Data parallel: each unit of gradients is reduced through a flat copy (kComm).
-  const int64_t grads_live = grads_sharded ? (e.grads + ranks - 1) / ranks : e.grads;
+  const I grads_live = grads_sharded ? (e.grads + ranks - 1) / ranks : e.grads;
   if (ranks > 1) {
-    const int64_t unit = std::min(e.grads, c.reduce_bucket_size * b);
+    const I unit = std::min(e.grads, c.reduce_bucket_size * b);
     Walk red = w;
     red.live = e.params + e.optimizer + (grads_sharded ? grads_live : e.grads);
     red.at("gradient reduction", "one unit's flat copy", unit * (c.deterministic_comm ? 3 : 1));
@@ -405,21 +415,35 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
            paged_ws);
   if (first.peak > w.peak) w = first;
   e.peak = w.peak;
-  e.peak_phase = w.phase;
-  e.peak_detail = w.detail;
   // ---- host resident memory
   const bool weight_grads = !c.use_peft;
-  e.blas_buffers = c.cpu ? c.blas_threads * (weight_grads ? 31 : 3) * (int64_t{1} << 20) : 0;
+  e.blas_buffers = c.cpu ? I(c.blas_threads) * (weight_grads ? 31 : 3) * (int64_t{1} << 20) : 0;
   e.offloaded_host = offload ? l * (th + (ckpt ? 0 : saved)) : 0;
   e.outside_allocator = c.resident_before_training + e.blas_buffers;
   // Cached blocks: 12% of the peak in f32 runs; a bf16 run (the head and its gradient never
   // converted whole, so no large f32 blocks are left cached) measured none.
-  const int64_t cached = b == 2 ? 0 : e.peak * 12 / 100;
+  const I cached = b == 2 ? 0 : e.peak * 12 / 100;
   e.rss_peak = (c.cpu ? e.peak + cached : 0) + e.outside_allocator + e.offloaded_host;
   if (grads_sharded) e.grads = grads_live;
-  e.workspace =
-      std::max<int64_t>(0, e.peak - e.params - e.optimizer - e.grads - e.activations - e.loss);
-  return e;
+  e.workspace = std::max<I>(0, e.peak - e.params - e.optimizer - e.grads - e.activations - e.loss);
+  MemoryEstimate out;
+  out.params = e.params.get();
+  out.grads = e.grads.get();
+  out.optimizer = e.optimizer.get();
+  out.optimizer_host = e.optimizer_host.get();
+  out.activations = e.activations.get();
+  out.loss = e.loss.get();
+  out.workspace = e.workspace.get();
+  out.peak = e.peak.get();
+  out.peak_phase = w.phase;
+  out.peak_detail = w.detail;
+  out.trainable_parameters = e.trainable_parameters.get();
+  out.total_parameters = e.total_parameters.get();
+  out.outside_allocator = e.outside_allocator.get();
+  out.blas_buffers = e.blas_buffers.get();
+  out.offloaded_host = e.offloaded_host.get();
+  out.rss_peak = e.rss_peak.get();
+  return out;
 }
 
 }  // namespace leantune
@@ -445,8 +469,9 @@ EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments
   c.dtype = args.bf16 ? DType::kBF16 : DType::kF32;
   c.cpu = cpu;
   const int64_t length = max_length > 0 ? max_length : model.max_position_embeddings;
-  c.micro_batch_tokens =
-      micro_batch_tokens > 0 ? micro_batch_tokens : args.per_device_train_batch_size * length;
+  c.micro_batch_tokens = micro_batch_tokens > 0
+                             ? micro_batch_tokens
+                             : (I(args.per_device_train_batch_size) * length).get();
   c.max_seqlen = max_seqlen > 0 ? max_seqlen : length;
   c.gradient_accumulation_steps = args.gradient_accumulation_steps;
   c.gradient_checkpointing = args.gradient_checkpointing;

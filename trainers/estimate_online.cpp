@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "engine/allocator.h"
+#include "engine/checked_int.h"
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
 #include "models/kv_cache.h"
@@ -33,28 +34,37 @@ nlohmann::json OnlineEstimate::to_json() const {
 }
 
 int64_t generation_workspace_bytes(const ModelConfig& m, DType dtype, const OnlineShape& s) {
-  const int64_t b = static_cast<int64_t>(dtype_size(dtype));
-  const int64_t h = m.hidden_size, qd = m.num_attention_heads * m.head_dim,
-                kvd = m.num_key_value_heads * m.head_dim, inter = m.intermediate_size;
+  using I = CheckedInt;
+  const I b = static_cast<int64_t>(dtype_size(dtype));
+  const I h = m.hidden_size, qd = I(m.num_attention_heads) * m.head_dim,
+          kvd = I(m.num_key_value_heads) * m.head_dim, inter = m.intermediate_size;
   // One layer over `rows` new rows attending over `keys` gathered keys, and the logits of
   // `last` rows: the larger of the attention point (input, normed input, q, k, v, the gathered
   // keys and values, the output and its f32 log-sum-exp) and the MLP point (input, the attention
   // block's output, its norm, gate, up and their product).
-  auto step = [&](int64_t rows, int64_t keys, int64_t last) {
-    const int64_t attention = b * (2 * rows * h + 2 * rows * qd + 2 * rows * kvd + 2 * keys * kvd) +
-                              4 * m.num_attention_heads * rows;
-    const int64_t mlp = b * (3 * rows * h + 3 * rows * inter);
-    return std::max(attention, mlp) + b * last * (m.vocab_size + h);
+  auto step = [&](I rows, I keys, I last) {
+    const I attention = b * (rows * h * 2 + rows * qd * 2 + rows * kvd * 2 + keys * kvd * 2) +
+                        rows * m.num_attention_heads * 4;
+    const I mlp = b * (rows * h * 3 + rows * inter * 3);
+    return std::max(attention, mlp) + b * last * (h + m.vocab_size);
   };
-  const int64_t u = s.prompts_per_generation, n = u * s.num_generations;
-  const int64_t prefill = step(u * s.prompt_length, u * s.prompt_length, u);
-  const int64_t decode =
-      s.max_new_tokens >= 2 ? step(n, n * (s.prompt_length + s.max_new_tokens - 1), n) : 0;
-  return std::max(prefill, decode);
+  const I u = s.prompts_per_generation, n = u * s.num_generations;
+  const I prefill = step(u * s.prompt_length, u * s.prompt_length, u);
+  const I decode =
+      s.max_new_tokens >= 2 ? step(n, n * (I(s.prompt_length) + s.max_new_tokens - 1), n) : I(0);
+  return std::max(prefill, decode).get();
+}
+
+int64_t kv_pool_bytes(const ModelConfig& m, DType dtype, int64_t blocks, int64_t block_size) {
+  using I = CheckedInt;
+  return (I(2) * m.num_hidden_layers * blocks * block_size * m.num_key_value_heads * m.head_dim *
+          static_cast<int64_t>(dtype_size(dtype)))
+      .get();
 }
 
 OnlineEstimate estimate_online(const EstimateConfig& policy, const OnlineShape& s,
                                const std::string& reference_mode, int64_t reference_params) {
+  using I = CheckedInt;
   OnlineEstimate e;
   e.config = policy;
   e.shape = s;
@@ -66,18 +76,19 @@ OnlineEstimate estimate_online(const EstimateConfig& policy, const OnlineShape& 
   e.prompt_length = s.prompt_length;
   e.max_new_tokens = s.max_new_tokens;
   e.kv_block_size = s.kv_block_size;
-  e.kv_blocks = s.kv_cache_blocks > 0 ? s.kv_cache_blocks
-                                      : s.prompts_per_generation *
-                                            kv_blocks_for_prompt(s.prompt_length, s.num_generations,
-                                                                 s.max_new_tokens, s.kv_block_size);
-  const ModelConfig& m = policy.model;
-  e.kv_pool = 2 * m.num_hidden_layers * e.kv_blocks * s.kv_block_size * m.num_key_value_heads *
-              m.head_dim * static_cast<int64_t>(dtype_size(policy.dtype));
-  e.generation_workspace = generation_workspace_bytes(m, policy.dtype, s);
+  e.kv_blocks =
+      s.kv_cache_blocks > 0
+          ? s.kv_cache_blocks
+          : (I(s.prompts_per_generation) * kv_blocks_for_prompt(s.prompt_length, s.num_generations,
+                                                                s.max_new_tokens, s.kv_block_size))
+                .get();
+  e.kv_pool = kv_pool_bytes(policy.model, policy.dtype, e.kv_blocks, s.kv_block_size);
+  e.generation_workspace = generation_workspace_bytes(policy.model, policy.dtype, s);
   e.sleep_mode = s.sleep_mode;
-  e.generation_peak =
-      e.policy.params + reference_params + e.policy.optimizer + e.kv_pool + e.generation_workspace;
-  e.optimizer_peak = e.policy.peak + reference_params + (s.sleep_mode ? 0 : e.kv_pool);
+  e.generation_peak = (I(e.policy.params) + reference_params + e.policy.optimizer + e.kv_pool +
+                       e.generation_workspace)
+                          .get();
+  e.optimizer_peak = (I(e.policy.peak) + reference_params + (s.sleep_mode ? 0 : e.kv_pool)).get();
   e.peak = std::max(e.generation_peak, e.optimizer_peak);
   e.peak_phase = e.generation_peak > e.optimizer_peak ? "generation" : e.policy.peak_phase;
   return e;
@@ -119,7 +130,8 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
   const int64_t steps_per_generation =
       dpo ? 1
           : o.get_int_or_none("steps_per_generation").value_or(args.gradient_accumulation_steps);
-  const int64_t completions = args.per_device_train_batch_size * (dpo ? 2 : steps_per_generation);
+  const int64_t completions =
+      (CheckedInt(args.per_device_train_batch_size) * (dpo ? 2 : steps_per_generation)).get();
   LT_CHECK_INPUT(completions % s.num_generations == 0, algorithm, ": the generation batch (",
                  completions, " completions) must be a multiple of num_generations ",
                  s.num_generations);
@@ -132,15 +144,15 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
   s.sleep_mode = o.get_bool("vllm_enable_sleep_mode");
   // One micro-batch of prompt + completion sequences (online_dpo: both of each prompt's two,
   // cut to max_length).
-  int64_t length = s.prompt_length + s.max_new_tokens;
+  int64_t length = (CheckedInt(s.prompt_length) + s.max_new_tokens).get();
   if (dpo) length = std::min(length, o.get_int("max_length"));
   const int64_t per_micro =
       dpo ? 2 * args.per_device_train_batch_size : args.per_device_train_batch_size;
   const PeftConfig peft = peft_config_from_options(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
-  EstimateConfig c =
-      estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
-                      o.get_bool("use_liger_loss"), length, cpu, per_micro * length, length);
+  EstimateConfig c = estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
+                                     o.get_bool("use_liger_loss"), length, cpu,
+                                     (CheckedInt(per_micro) * length).get(), length);
   c.world_size = o.get_int("world_size");
   std::string mode = "none";
   if (dpo || o.get_float("beta") != 0.0)

@@ -55,6 +55,9 @@ struct OnlineEstimate {
 
 // The generation step's transients (see above) for a model in `dtype`.
 int64_t generation_workspace_bytes(const ModelConfig& m, DType dtype, const OnlineShape& s);
+// The KV-cache pool of `blocks` blocks of `block_size` tokens (models/kv_cache.h's layout).
+// Both: OverflowError (engine/checked_int.h) for sizes past 2^63 bytes.
+int64_t kv_pool_bytes(const ModelConfig& m, DType dtype, int64_t blocks, int64_t block_size);
 OnlineEstimate estimate_online(const EstimateConfig& policy, const OnlineShape& shape,
                                const std::string& reference_mode, int64_t reference_params);
 

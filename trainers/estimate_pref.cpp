@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "engine/allocator.h"
+#include "engine/checked_int.h"
 #include "models/peft_io.h"
 #include "trainers/dpo.h"
 #include "trainers/kto.h"
@@ -15,9 +16,10 @@ namespace leantune {
 
 nlohmann::json PreferenceEstimate::to_json() const {
   nlohmann::json j = policy.to_json();
-  j["params"] = policy.params + reference_params;
+  j["params"] = (CheckedInt(policy.params) + reference_params).get();
   j["peak"] = peak;
-  j["rss_peak"] = policy.rss_peak + (policy.rss_peak > 0 ? reference_params : 0);
+  j["rss_peak"] =
+      (CheckedInt(policy.rss_peak) + (policy.rss_peak > 0 ? reference_params : 0)).get();
   j["reference_mode"] = reference_mode;
   j["reference_params"] = reference_params;
   return j;
@@ -41,7 +43,7 @@ PreferenceEstimate estimate_preference(const EstimateConfig& policy, const std::
   e.policy = estimate_memory(policy);
   e.reference_mode = mode;
   e.reference_params = reference_params;
-  e.peak = e.policy.peak + reference_params;
+  e.peak = (CheckedInt(e.policy.peak) + reference_params).get();
   return e;
 }
 
@@ -80,7 +82,9 @@ PreferenceEstimate estimate_preference_from_options(const Options& o, const Mode
   // KL sequences run without gradient and keep nothing, below the policy's peak).
   const EstimateConfig c = estimate_config(
       model, args, o.get_bool("use_peft") ? &peft : nullptr, quant, o.get_bool("use_liger_loss"),
-      max_length, cpu, sequences_per_example * args.per_device_train_batch_size * length, length);
+      max_length, cpu,
+      (CheckedInt(sequences_per_example) * args.per_device_train_batch_size * length).get(),
+      length);
   const std::string mode = dpo_ref_mode(o);
   return estimate_preference(c, mode,
                              reference_param_bytes(mode, model, ref_config(o, model), args.bf16,
@@ -108,8 +112,9 @@ int run_estimate_preference(const std::vector<std::string>& args, const std::str
               trainer.c_str(), path.c_str(), static_cast<long long>(e.policy.total_parameters),
               cpu ? "cpu" : "cuda",
               static_cast<long long>(
-                  per_example * o.get_int("per_device_train_batch_size") *
-                  o.get_int_or_none("max_length").value_or(model.max_position_embeddings)),
+                  (CheckedInt(per_example) * o.get_int("per_device_train_batch_size") *
+                   o.get_int_or_none("max_length").value_or(model.max_position_embeddings))
+                      .get()),
               dpo ? "chosen + rejected" : "the matched sequences; the KL ones run without grad");
   std::printf("  %-26s %12s\n", "policy params", format_bytes(e.policy.params).c_str());
   std::printf("  %-26s %12s\n", "grads", format_bytes(e.policy.grads).c_str());
@@ -131,11 +136,12 @@ int run_estimate_preference(const std::vector<std::string>& args, const std::str
     if (m == "policy_copy" && o.get_bool("use_peft")) continue;
     const int64_t r = reference_param_bytes(m, model, ref, bf16, false);
     std::printf("  %-26s %12s reference, peak %s\n", mode, format_bytes(r).c_str(),
-                format_bytes(e.policy.peak + r).c_str());
+                format_bytes((CheckedInt(e.policy.peak) + r).get()).c_str());
     if (m == "ref_model") {
       const int64_t q = reference_param_bytes(m, model, ref, bf16, true);
       std::printf("  %-26s %12s reference, peak %s\n", "ref_model (ref_load_in_4bit)",
-                  format_bytes(q).c_str(), format_bytes(e.policy.peak + q).c_str());
+                  format_bytes(q).c_str(),
+                  format_bytes((CheckedInt(e.policy.peak) + q).get()).c_str());
     }
   }
   return 0;

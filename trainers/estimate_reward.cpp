@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "engine/checked_int.h"
 #include "trainers/metrics.h"
 #include "trainers/peft_options.h"
 #include "trainers/quant_options.h"
@@ -25,7 +26,8 @@ EstimateConfig reward_estimate_config(const Options& o, const ModelConfig& model
   const int64_t max_length = o.get_int_or_none("max_length").value_or(0);
   const int64_t length = max_length > 0 ? max_length : cls.max_position_embeddings;
   return estimate_config(cls, args, o.get_bool("use_peft") ? &peft : nullptr, quant, false,
-                         max_length, cpu, 2 * args.per_device_train_batch_size * length, length);
+                         max_length, cpu,
+                         (CheckedInt(2) * args.per_device_train_batch_size * length).get(), length);
 }
 
 int run_estimate_reward(const std::vector<std::string>& args) {

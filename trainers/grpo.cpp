@@ -11,6 +11,7 @@
 
 #include "engine/allocator.h"
 #include "engine/autograd.h"
+#include "engine/checked_int.h"
 #include "engine/ops.h"
 #include "kernels/cross_entropy.h"
 #include "loaders/host_batch.h"
@@ -93,6 +94,7 @@ OnlineTrainer::OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderMode
                  " prompts, fewer than one generation batch of ", per_generation * comm.size(),
                  " (", per_generation, " per rank x ", comm.size(), " ranks)");
   cfg_.logps.gradient_checkpointing = args_.gradient_checkpointing;
+  kv_blocks_ = plan_kv_blocks();
   stats_.path = data_.path;
   stats_.format = data_.conversational ? "prompt_only (conversational)" : "prompt_only";
   stats_.records = stats_.examples = static_cast<int64_t>(data_.rows.size());
@@ -198,26 +200,10 @@ void OnlineTrainer::generate_batch() {
     Allocator& al = allocator(model_->device());
     if (generations_ > 0) close_optimizer_window(optimizer_peak_);
     al.begin_window();
-    if (!kv_pool_) {
-      // The reservations of one prompt's generations, and of one generation, at the longest.
-      int64_t per_prompt = 1, one = 1, longest = 0;
-      for (const PromptRow& r : data_.rows) {
-        const int64_t p = static_cast<int64_t>(r.ids.size()), m = cfg_.generation.max_new_tokens;
-        per_prompt = std::max(per_prompt, kv_blocks_for_prompt(p, g, m, cfg_.kv_block_size));
-        if (kv_blocks_for_prompt(p, 1, m, cfg_.kv_block_size) > one)
-          one = kv_blocks_for_prompt(p, 1, m, cfg_.kv_block_size), longest = p;
-      }
-      // Default: a whole generation batch at once.
-      const int64_t blocks = cfg_.kv_cache_blocks > 0
-                                 ? cfg_.kv_cache_blocks
-                                 : per_prompt * static_cast<int64_t>(idx.size());
-      LT_CHECK_INPUT(blocks >= one, "option --kv_cache_blocks ", blocks, ": one completion of the ",
-                     longest, "-token prompt needs ", one, " blocks of ", cfg_.kv_block_size,
-                     " tokens");
+    if (!kv_pool_)
       kv_pool_ =
           std::make_unique<PagedKVCache>(model_->config(), model_->num_layers(), model_->dtype(),
-                                         model_->device(), cfg_.kv_block_size, blocks);
-    }
+                                         model_->device(), cfg_.kv_block_size, kv_blocks_);
     GenerationConfig gc = cfg_.generation;
     gc.seed = args_.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(generations_ + 1);
     // Data parallel: completions are numbered across the ranks, as one process numbers them.
@@ -266,8 +252,8 @@ void OnlineTrainer::generate_batch() {
   const bool rloo = cfg_.algorithm == "rloo", dpo = cfg_.algorithm == "online_dpo";
   const bool per_token = !rloo && !dpo;  // grpo scores tokens; rloo and online_dpo sequences
   const bool need_old =
-      rloo || (per_token && (cfg_.num_iterations > 1 ||
-                             cfg_.steps_per_generation > args_.gradient_accumulation_steps));
+      rloo ||
+      (per_token && (cfg_.num_iterations > 1 || cfg_.steps_per_generation > accumulation_steps()));
   const bool need_ref = cfg_.loss.beta != 0.0 || dpo;
   if (need_old || need_ref) {
     StepPhaseGuard phase("reference");
@@ -493,7 +479,7 @@ Tensor OnlineTrainer::policy_loss(const Batch& b, const std::vector<Rollout>& rs
   // TRL's per-process loss; the ranks' gradients are summed here where DDP averages them, so
   // each rank's loss is divided by the world size (dapo's normaliser is already global).
   const double world = static_cast<double>(world_communicator(args_.comm).size());
-  const double gas = static_cast<double>(args_.gradient_accumulation_steps);
+  const double gas = static_cast<double>(accumulation_steps());
   std::vector<GrpoSequence> seqs(rs.size());
   GrpoLossConfig lc = cfg_.loss;
   double entropy = 0;
@@ -552,7 +538,7 @@ Tensor OnlineTrainer::online_dpo_loss(const Batch& b, const std::vector<Rollout>
   const std::vector<double> lp = pol.logps.to_f64();
   // Mean over pairs, over accumulation, over ranks (the ranks' gradients are summed).
   const double beta = cfg_.loss.beta,
-               gas = static_cast<double>(args_.gradient_accumulation_steps) *
+               gas = static_cast<double>(accumulation_steps()) *
                      static_cast<double>(world_communicator(args_.comm).size());
   const size_t pairs = rs.size() / 2;
   std::vector<double> grad(lp.size(), 0.0);
@@ -624,6 +610,7 @@ void OnlineTrainer::set_data_state(const nlohmann::json& s) {
 }
 
 void OnlineTrainer::on_train_begin(MetricsLogger& log) {
+  check_generation_memory();
   log.message(data_.summary());
   std::string sources;
   for (size_t f = 0; f < rewards_->names().size(); ++f)
@@ -664,6 +651,19 @@ nlohmann::json OnlineTrainer::technique_savings() const {
   return s;
 }
 
+namespace {
+// a x b completions, refused (exit 2) past 2^63.
+int64_t checked_batch(const std::string& algorithm, const char* a_name, int64_t a,
+                      const char* b_name, int64_t b) {
+  try {
+    return (CheckedInt(a) * b).get();
+  } catch (const OverflowError&) {
+    LT_THROW(ErrorKind::kInput, algorithm, ": the generation batch (", a_name, " ", a, " x ",
+             b_name, " ", b, ") passes 2^63 completions");
+  }
+}
+}  // namespace
+
 OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
   LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
                  algorithm, ": --model_name_or_path is required when --dataset is given");
@@ -682,7 +682,9 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
   if (dpo) {
     // Two completions per prompt, generated for every micro-batch of prompts.
     cfg.num_generations = 2;
-    cfg.completions_per_micro_batch = 2 * args.per_device_train_batch_size;
+    cfg.completions_per_micro_batch =
+        checked_batch(algorithm, "per_device_train_batch_size", args.per_device_train_batch_size,
+                      "completions per prompt", 2);
     cfg.steps_per_generation = 1;
     cfg.num_iterations = 1;
     cfg.generation.max_new_tokens = o.get_int("max_new_tokens");
@@ -697,7 +699,9 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
     cfg.steps_per_generation =
         o.get_int_or_none("steps_per_generation").value_or(args.gradient_accumulation_steps);
     cfg.num_iterations = o.get_int("num_iterations");
-    const int64_t gen_batch = args.per_device_train_batch_size * cfg.steps_per_generation;
+    const int64_t gen_batch =
+        checked_batch(algorithm, "per_device_train_batch_size", args.per_device_train_batch_size,
+                      "steps_per_generation", cfg.steps_per_generation);
     LT_CHECK_INPUT(gen_batch % cfg.num_generations == 0, algorithm,
                    ": the generation batch (per_device_train_batch_size x steps_per_generation = ",
                    gen_batch, ") must be a multiple of num_generations ", cfg.num_generations);

@@ -161,6 +161,12 @@ class OnlineTrainer final : public Trainer {
 
  private:
   void generate_batch();
+  // trainers/online_memory.cpp: the KV-cache pool's blocks (refused when one completion cannot
+  // fit), and the check that a generation batch fits the device and the host (exit 3 naming
+  // the options and the numbers), made before the first generation.
+  int64_t plan_kv_blocks() const;
+  void check_generation_memory() const;
+  std::string generation_batch_options() const;
   Batch collate(const std::vector<Rollout>& rs) const;
   // Prompt tokens dropped from the front so that prompt + completion fit cfg_.max_length.
   size_t prompt_cut(size_t prompt, size_t completion) const;
@@ -195,6 +201,7 @@ class OnlineTrainer final : public Trainer {
   // the generation phase is the generate() call, the optimizer phase everything from its end to
   // the next one (rewards, reference scoring, updates).
   std::unique_ptr<PagedKVCache> kv_pool_;
+  int64_t kv_blocks_ = 0;  // the pool's blocks (plan_kv_blocks)
   struct PhasePeaks {
     int64_t allocated = 0, reserved = 0;
   };

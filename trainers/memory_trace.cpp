@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/allocator.h"
 #include "engine/check.h"
+#include "loaders/fs_util.h"
 
 namespace leantune {
 
@@ -45,15 +47,87 @@ std::string string_field(const nlohmann::json& e, const char* key, const std::st
   return e.at(key).get<std::string>();
 }
 
-}  // namespace
+enum class Kind : uint8_t { kAlloc, kFree, kRetag, kSegmentAlloc, kSegmentFree, kOom };
 
-nlohmann::json analyse_memory_trace(const nlohmann::json& trace, const std::string& source,
-                                    int64_t max_points) {
-  LT_CHECK_INPUT(trace.is_object(), source, ": a memory trace is a JSON object");
-  LT_CHECK_INPUT(trace.contains("events") && trace.at("events").is_array(), source,
-                 ": no 'events' array (write one with --memory_trace)");
-  const nlohmann::json& events = trace.at("events");
+// One validated event, compact: a trace of millions of events is replayed from these, never
+// held as JSON.
+struct Event {
+  Kind kind;
+  int8_t tag;
+  bool has_segment;
+  uint32_t phase;  // index into EventLog::phases
+  uint64_t id;
+  int64_t size, t_ns;
+  uint64_t segment;
+  int64_t offset;
+};
 
+// The events of a trace in order, validated one at a time (Error(kInput) naming the source and
+// the event's index).
+class EventLog {
+ public:
+  explicit EventLog(const std::string& source) : source_(source) {}
+  void add(const nlohmann::json& e) {
+    const size_t i = events.size();
+    const std::string where = source_ + ": event " + std::to_string(i);
+    LT_CHECK_INPUT(e.is_object(), where, ": not an object");
+    const std::string kind = string_field(e, "kind", where);
+    Event ev{};
+    ev.id = static_cast<uint64_t>(int_field(e, "id", where, true));
+    ev.size = int_field(e, "size", where, true);
+    ev.t_ns = int_field(e, "t_ns", where, false);
+    LT_CHECK_INPUT(ev.t_ns >= last_t_, where, ": t_ns goes back in time (", ev.t_ns, " after ",
+                   last_t_, ")");
+    last_t_ = ev.t_ns;
+    int_field(e, "stream", where, true);
+    ev.tag = static_cast<int8_t>(tag_index(string_field(e, "tag", where), where));
+    ev.phase = phase_index(e.contains("phase") ? string_field(e, "phase", where) : "other");
+    if (kind == "alloc") {
+      ev.kind = Kind::kAlloc;
+      if (e.contains("segment")) {
+        ev.segment = static_cast<uint64_t>(int_field(e, "segment", where, true));
+        ev.offset = int_field(e, "offset", where, true);
+        ev.has_segment = true;
+      }
+    } else if (kind == "free") {
+      ev.kind = Kind::kFree;
+    } else if (kind == "retag") {
+      ev.kind = Kind::kRetag;
+    } else if (kind == "segment_alloc") {
+      ev.kind = Kind::kSegmentAlloc;
+    } else if (kind == "segment_free") {
+      ev.kind = Kind::kSegmentFree;
+    } else if (kind == "oom") {
+      ev.kind = Kind::kOom;
+    } else {
+      LT_THROW(ErrorKind::kInput, where, ": unknown kind '", kind,
+               "' (alloc, free, segment_alloc, segment_free, oom, retag)");
+    }
+    events.push_back(ev);
+  }
+  const std::string& where(size_t i) const {
+    where_ = source_ + ": event " + std::to_string(i);
+    return where_;
+  }
+
+  std::vector<Event> events;
+  std::vector<std::string> phases;
+
+ private:
+  uint32_t phase_index(const std::string& phase) {
+    const auto [it, added] = phase_ids_.emplace(phase, static_cast<uint32_t>(phases.size()));
+    if (added) phases.push_back(phase);
+    return it->second;
+  }
+  const std::string& source_;
+  int64_t last_t_ = INT64_MIN;
+  std::unordered_map<std::string, uint32_t> phase_ids_;
+  mutable std::string where_;
+};
+
+// The analysis of a trace whose events are in `log` (`trace`: the rest of its fields).
+nlohmann::json analyse(const nlohmann::json& trace, const EventLog& log, const std::string& source,
+                       int64_t max_points) {
   std::vector<int64_t> by_tag(kNumMemTags, 0);
   int64_t reserved = 0, baseline_reserved = 0;
   if (trace.contains("baseline")) {
@@ -71,107 +145,85 @@ nlohmann::json analyse_memory_trace(const nlohmann::json& trace, const std::stri
     }
   }
   std::vector<int64_t> baseline_by_tag = by_tag;
+  const std::vector<Event>& events = log.events;
+  LT_CHECK_INPUT(!events.empty(), source, ": the trace has no events");
+  const auto n = static_cast<int64_t>(events.size());
+  const int64_t stride = std::max<int64_t>(1, (n + max_points - 1) / max_points);
+  auto tag_name = [](int tag) { return mem_tag_name(static_cast<MemTag>(tag)); };
 
-  // Per event: time, allocated per tag, reserved.
-  std::vector<int64_t> times;
-  std::vector<std::vector<int64_t>> levels;
-  std::vector<int64_t> reserved_at;
-  std::map<uint64_t, Live> live;
-  std::map<uint64_t, std::pair<int64_t, int64_t>> segments;  // id -> (size, t_ns allocated)
-  int64_t peak = -1, peak_index = -1, peak_reserved = 0, ooms = 0, frees_before_trace = 0,
-          retags_before_trace = 0;
-  std::map<uint64_t, Live> live_at_peak;
-  std::map<uint64_t, std::pair<int64_t, int64_t>> segments_at_peak;
-  int64_t last_t = INT64_MIN;
-  for (size_t i = 0; i < events.size(); ++i) {
-    const nlohmann::json& e = events[i];
-    const std::string where = source + ": event " + std::to_string(i);
-    LT_CHECK_INPUT(e.is_object(), where, ": not an object");
-    const std::string kind = string_field(e, "kind", where);
-    const auto id = static_cast<uint64_t>(int_field(e, "id", where, true));
-    const int64_t size = int_field(e, "size", where, true);
-    const int64_t t = int_field(e, "t_ns", where, false);
-    LT_CHECK_INPUT(t >= last_t, where, ": t_ns goes back in time (", t, " after ", last_t, ")");
-    last_t = t;
-    int_field(e, "stream", where, true);
-    const int tag = tag_index(string_field(e, "tag", where), where);
-    const std::string phase = e.contains("phase") ? string_field(e, "phase", where) : "other";
-    if (kind == "alloc") {
-      Live l{size, mem_tag_name(static_cast<MemTag>(tag)), phase, t, 0, 0, false};
-      if (e.contains("segment")) {
-        l.segment = static_cast<uint64_t>(int_field(e, "segment", where, true));
-        l.offset = int_field(e, "offset", where, true);
-        l.has_segment = true;
-      }
-      LT_CHECK_INPUT(!live.count(id), where, ": block ", id, " allocated twice");
-      live[id] = l;
-      by_tag[tag] += size;
-    } else if (kind == "free") {
-      auto it = live.find(id);
-      if (it == live.end()) {
-        ++frees_before_trace;  // allocated before recording began: part of the baseline
-      } else {
-        live.erase(it);
-      }
-      by_tag[tag] -= size;
-    } else if (kind == "retag") {
-      // A block changing hands (a gradient buffer becoming .grad): its bytes move between tags.
-      auto it = live.find(id);
-      if (it != live.end()) {
-        by_tag[tag_index(it->second.tag, where)] -= size;
-        it->second.tag = mem_tag_name(static_cast<MemTag>(tag));
-        by_tag[tag] += size;
-      } else {
-        ++retags_before_trace;
-      }
-    } else if (kind == "segment_alloc") {
-      segments[id] = {size, t};
-      reserved += size;
-    } else if (kind == "segment_free") {
-      segments.erase(id);
-      reserved -= size;
-    } else if (kind == "oom") {
-      ++ooms;
-    } else {
-      LT_THROW(ErrorKind::kInput, where, ": unknown kind '", kind,
-               "' (alloc, free, segment_alloc, segment_free, oom, retag)");
+  // First pass: the levels after each event, and the peak. Only the timeline's points keep
+  // their per-tag levels (every stride-th event, the last, and the peak).
+  struct Point {
+    int64_t i, t;
+    std::vector<int64_t> tags;
+    int64_t reserved;
+  };
+  std::vector<Point> points;
+  Point peak_point;
+  std::unordered_map<uint64_t, int8_t> live;  // block -> tag
+  int64_t peak = -1, peak_index = -1, ooms = 0, frees_before_trace = 0, retags_before_trace = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const Event& e = events[static_cast<size_t>(i)];
+    switch (e.kind) {
+      case Kind::kAlloc:
+        LT_CHECK_INPUT(live.emplace(e.id, e.tag).second, log.where(static_cast<size_t>(i)),
+                       ": block ", e.id, " allocated twice");
+        by_tag[e.tag] += e.size;
+        break;
+      case Kind::kFree:
+        // A block allocated before recording began is part of the baseline.
+        if (live.erase(e.id) == 0) ++frees_before_trace;
+        by_tag[e.tag] -= e.size;
+        break;
+      case Kind::kRetag:
+        // A block changing hands (a gradient buffer becoming .grad): its bytes move between tags.
+        if (auto it = live.find(e.id); it != live.end()) {
+          by_tag[it->second] -= e.size;
+          it->second = e.tag;
+          by_tag[e.tag] += e.size;
+        } else {
+          ++retags_before_trace;
+        }
+        break;
+      case Kind::kSegmentAlloc:
+        reserved += e.size;
+        break;
+      case Kind::kSegmentFree:
+        reserved -= e.size;
+        break;
+      case Kind::kOom:
+        ++ooms;
+        break;
     }
     int64_t total = 0;
     for (int64_t v : by_tag) total += v;
-    times.push_back(t);
-    levels.push_back(by_tag);
-    reserved_at.push_back(reserved);
     if (total > peak) {
       peak = total;
-      peak_index = static_cast<int64_t>(i);
-      peak_reserved = reserved;
+      peak_index = i;
+      peak_point = {i, e.t_ns, by_tag, reserved};
     }
+    if (i % stride == 0 || i == n - 1) points.push_back({i, e.t_ns, by_tag, reserved});
   }
-  LT_CHECK_INPUT(!events.empty(), source, ": the trace has no events");
-  // The blocks and segments alive at the peak: the (validated) events replayed up to it.
+  // The blocks and segments alive at the peak: the events replayed up to it.
+  std::map<uint64_t, Live> live_at_peak;
+  std::map<uint64_t, std::pair<int64_t, int64_t>> segments_at_peak;  // id -> (size, t_ns)
   for (int64_t i = 0; i <= peak_index; ++i) {
-    const nlohmann::json& e = events[i];
-    const std::string kind = e.at("kind");
-    const auto id = e.at("id").get<uint64_t>();
-    if (kind == "alloc") {
-      live_at_peak[id] = {e.at("size").get<int64_t>(),
-                          e.at("tag").get<std::string>(),
-                          e.value("phase", "other"),
-                          e.at("t_ns").get<int64_t>(),
-                          e.value("segment", uint64_t{0}),
-                          e.value("offset", int64_t{0}),
-                          e.contains("segment")};
-    } else if (kind == "free") {
-      live_at_peak.erase(id);
-    } else if (kind == "retag") {
-      if (auto it = live_at_peak.find(id); it != live_at_peak.end())
-        it->second.tag = e.at("tag").get<std::string>();
-    } else if (kind == "segment_alloc") {
-      segments_at_peak[id] = {e.at("size").get<int64_t>(), e.at("t_ns").get<int64_t>()};
-    } else if (kind == "segment_free") {
-      segments_at_peak.erase(id);
+    const Event& e = events[static_cast<size_t>(i)];
+    if (e.kind == Kind::kAlloc) {
+      live_at_peak[e.id] = {e.size,    tag_name(e.tag), log.phases[e.phase], e.t_ns,
+                            e.segment, e.offset,        e.has_segment};
+    } else if (e.kind == Kind::kFree) {
+      live_at_peak.erase(e.id);
+    } else if (e.kind == Kind::kRetag) {
+      if (auto it = live_at_peak.find(e.id); it != live_at_peak.end())
+        it->second.tag = tag_name(e.tag);
+    } else if (e.kind == Kind::kSegmentAlloc) {
+      segments_at_peak[e.id] = {e.size, e.t_ns};
+    } else if (e.kind == Kind::kSegmentFree) {
+      segments_at_peak.erase(e.id);
     }
   }
+  const std::string& peak_phase = log.phases[events[static_cast<size_t>(peak_index)].phase];
 
   nlohmann::json out;
   out["source"] = source;
@@ -189,20 +241,22 @@ nlohmann::json analyse_memory_trace(const nlohmann::json& trace, const std::stri
   out["baseline"] = {{"by_tag", baseline_by_tag}, {"reserved", baseline_reserved}};
 
   // Timeline: every event when few, else evenly spaced ones plus the peak.
-  const auto n = static_cast<int64_t>(events.size());
-  const int64_t stride = std::max<int64_t>(1, (n + max_points - 1) / max_points);
   nlohmann::json tl = nlohmann::json::array();
-  for (int64_t i = 0; i < n; ++i) {
-    if (i % stride != 0 && i != peak_index && i != n - 1) continue;
-    tl.push_back({{"i", i}, {"t", times[i]}, {"tags", levels[i]}, {"reserved", reserved_at[i]}});
+  bool peak_added = false;
+  auto add_point = [&](const Point& p) {
+    tl.push_back({{"i", p.i}, {"t", p.t}, {"tags", p.tags}, {"reserved", p.reserved}});
+  };
+  for (const Point& p : points) {
+    if (!peak_added && peak_point.i <= p.i) {
+      if (peak_point.i < p.i) add_point(peak_point);
+      peak_added = true;
+    }
+    add_point(p);
   }
   out["timeline"] = tl;
-  out["peak"] = {{"index", peak_index},
-                 {"t", times[peak_index]},
-                 {"allocated", peak},
-                 {"reserved", peak_reserved},
-                 {"by_tag", levels[peak_index]},
-                 {"phase", events[peak_index].value("phase", "other")}};
+  out["peak"] = {{"index", peak_index},       {"t", peak_point.t},
+                 {"allocated", peak},         {"reserved", peak_point.reserved},
+                 {"by_tag", peak_point.tags}, {"phase", peak_phase}};
 
   // Live blocks at the peak, largest first (those allocated before the trace are summarised
   // by the baseline).
@@ -221,20 +275,48 @@ nlohmann::json analyse_memory_trace(const nlohmann::json& trace, const std::stri
   }
   out["live_at_peak"] = lb;
 
-  // Segments at the peak: those allocated within the trace, with their live blocks.
+  // Segments at the peak: those allocated within the trace, with their live blocks (grouped by
+  // segment in one pass, largest first within each: linear in the blocks, not blocks x segments).
+  std::unordered_map<uint64_t, std::vector<const Live*>> by_segment;
+  for (const auto& [id, l] : blocks)
+    if (l.has_segment && segments_at_peak.count(l.segment)) by_segment[l.segment].push_back(&l);
   nlohmann::json segs = nlohmann::json::array();
   for (const auto& [sid, st] : segments_at_peak) {
     nlohmann::json sb = nlohmann::json::array();
     int64_t used = 0;
-    for (const auto& [id, l] : blocks)
-      if (l.has_segment && l.segment == sid) {
-        sb.push_back({{"offset", l.offset}, {"size", l.size}, {"tag", l.tag}, {"phase", l.phase}});
-        used += l.size;
+    if (auto it = by_segment.find(sid); it != by_segment.end())
+      for (const Live* l : it->second) {
+        sb.push_back(
+            {{"offset", l->offset}, {"size", l->size}, {"tag", l->tag}, {"phase", l->phase}});
+        used += l->size;
       }
     segs.push_back({{"id", sid}, {"size", st.first}, {"allocated", used}, {"blocks", sb}});
   }
   out["segments_at_peak"] = segs;
   return out;
+}
+
+}  // namespace
+
+nlohmann::json analyse_memory_trace(const nlohmann::json& trace, const std::string& source,
+                                    int64_t max_points) {
+  LT_CHECK_INPUT(trace.is_object(), source, ": a memory trace is a JSON object");
+  LT_CHECK_INPUT(trace.contains("events") && trace.at("events").is_array(), source,
+                 ": no 'events' array (write one with --memory_trace)");
+  EventLog log(source);
+  for (const nlohmann::json& e : trace.at("events")) log.add(e);
+  return analyse(trace, log, source, max_points);
+}
+
+nlohmann::json analyse_memory_trace_file(const std::string& path, int64_t max_points) {
+  EventLog log(path);
+  const JsonArrayStream events{"events", [&log](nlohmann::json&& e) { log.add(e); }};
+  const nlohmann::json trace =
+      parse_json_strict(read_text_file(path), path, -1, nullptr, "JSON", &events);
+  LT_CHECK_INPUT(trace.is_object(), path, ": a memory trace is a JSON object");
+  LT_CHECK_INPUT(trace.contains("events") && trace.at("events").is_array(), path,
+                 ": no 'events' array (write one with --memory_trace)");
+  return analyse(trace, log, path, max_points);
 }
 
 }  // namespace leantune

@@ -18,6 +18,9 @@ namespace leantune {
 // anything malformed (wrong kind, missing or mistyped field, unknown tag, negative size).
 nlohmann::json analyse_memory_trace(const nlohmann::json& trace, const std::string& source,
                                     int64_t max_points = 4000);
+// The same from a trace file, its events streamed one at a time (never held as JSON): time and
+// memory linear in the events.
+nlohmann::json analyse_memory_trace_file(const std::string& path, int64_t max_points = 4000);
 
 // The self-contained HTML page (inline script and SVG, no network access) for an analysis.
 std::string memory_trace_html(const nlohmann::json& analysis);

@@ -152,11 +152,18 @@ window.addEventListener("error", function () { document.body.dataset.rendered = 
 }  // namespace
 
 std::string memory_trace_html(const nlohmann::json& analysis) {
-  std::string data = analysis.dump();
-  // No "</" inside the script element.
-  for (size_t p = data.find("</"); p != std::string::npos; p = data.find("</", p + 3))
-    data.replace(p, 2, "<\\/");
-  return std::string(kHead) + data + kTail;
+  const std::string data = analysis.dump();
+  // No "</" inside the script element: copied in one pass (replacing in place moved the rest of
+  // the data at every occurrence).
+  std::string page = kHead;
+  page.reserve(page.size() + data.size() + std::char_traits<char>::length(kTail));
+  size_t from = 0;
+  for (size_t p = data.find("</"); p != std::string::npos; p = data.find("</", from)) {
+    page.append(data, from, p - from).append("<\\/");
+    from = p + 2;
+  }
+  page.append(data, from, std::string::npos);
+  return page + kTail;
 }
 
 }  // namespace leantune

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <set>
 #include <sstream>
 #include <string_view>
 
@@ -62,91 +61,6 @@ std::string show(const nlohmann::json& v) {
   return v.dump();
 }
 
-// Builds the DOM of a config file while rejecting duplicate keys (nlohmann alone keeps the last
-// value) and nesting deeper than kMaxDepth, and keeps the text of each top-level number so that
-// errors quote a value as the user wrote it (1e30, not 1e+30).
-class ConfigSax : public nlohmann::json_sax<nlohmann::json> {
- public:
-  using json = nlohmann::json;
-  static constexpr size_t kMaxDepth = 64;
-  ConfigSax(const std::string& source, std::map<std::string, std::string>* raw)
-      : source_(source), raw_(raw) {}
-  json& root() { return root_; }
-
-  bool null() override { return add(nullptr); }
-  bool boolean(bool v) override { return add(v); }
-  bool number_integer(number_integer_t v) override { return add(v); }
-  bool number_unsigned(number_unsigned_t v) override { return add(v); }
-  bool number_float(number_float_t v, const string_t& text) override {
-    put(json(v), &text);
-    return true;
-  }
-  bool string(string_t& v) override { return add(v); }
-  bool binary(binary_t&) override { return add(nullptr); }
-  bool start_object(std::size_t) override {
-    keys_.emplace_back();
-    return open(json::object());
-  }
-  bool key(string_t& k) override {
-    if (!keys_.back().insert(k).second)
-      LT_THROW(ErrorKind::kInput, source_, ": duplicate key '", printable(k), "'");
-    key_ = k;
-    return true;
-  }
-  bool end_object() override {
-    keys_.pop_back();
-    stack_.pop_back();
-    return true;
-  }
-  bool start_array(std::size_t) override { return open(json::array()); }
-  bool end_array() override {
-    stack_.pop_back();
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    LT_THROW(ErrorKind::kInput, source_, ": invalid JSON config: ", printable(e.what(), 300));
-  }
-
- private:
-  json* put(json v, const string_t* text) {
-    if (stack_.empty()) {
-      root_ = std::move(v);
-      return &root_;
-    }
-    json& top = *stack_.back();
-    if (top.is_array()) {
-      top.push_back(std::move(v));
-      return &top.back();
-    }
-    if (stack_.size() == 1 && raw_ != nullptr) {
-      if (text != nullptr)
-        (*raw_)[key_] = *text;
-      else
-        raw_->erase(key_);
-    }
-    json& slot = top[key_];
-    slot = std::move(v);
-    return &slot;
-  }
-  bool add(json v) {
-    put(std::move(v), nullptr);
-    return true;
-  }
-  bool open(json container) {
-    LT_CHECK_INPUT(stack_.size() < kMaxDepth, source_, ": JSON nested deeper than ", kMaxDepth,
-                   " levels");
-    stack_.push_back(put(std::move(container), nullptr));
-    return true;
-  }
-
-  const std::string& source_;
-  std::map<std::string, std::string>* raw_;
-  json root_;
-  std::vector<json*> stack_;
-  std::vector<std::set<std::string>> keys_;
-  std::string key_;
-};
-
 // The range an integer option accepts, for messages.
 std::string int_range(double min, double max) {
   const bool has_min = min > -9.2e18, has_max = max < 9.2e18;
@@ -160,9 +74,7 @@ std::string int_range(double min, double max) {
 
 nlohmann::json parse_config_json(std::string_view text, const std::string& source,
                                  std::map<std::string, std::string>* raw_numbers) {
-  ConfigSax sax(source, raw_numbers);
-  nlohmann::json::sax_parse(text.begin(), text.end(), &sax);
-  return std::move(sax.root());
+  return parse_json_strict(text, source, 64, raw_numbers, "JSON config");
 }
 
 std::string Options::canonical(const std::string& name) const {
@@ -232,6 +144,12 @@ Options& Options::add_float(const std::string& name, double def, const std::stri
                             double min, double max) {
   specs_.push_back({name, Type::kFloat, def, help, {}, min, max});
   values_[name] = def;
+  return *this;
+}
+Options& Options::add_float_below(const std::string& name, double def, const std::string& help,
+                                  double min, double sup) {
+  add_float(name, def, help, min, sup);
+  specs_.back().max_open = true;
   return *this;
 }
 Options& Options::add_string(const std::string& name, const std::string& def,
@@ -311,9 +229,9 @@ void Options::set_from_json(Spec& s, const nlohmann::json& v, const std::string&
       if (!v.is_number()) bad();
       out = v.get<double>();
       if (!std::isfinite(out.get<double>()) || out.get<double>() < s.min ||
-          out.get<double>() > s.max)
+          out.get<double>() > s.max || (s.max_open && out.get<double>() == s.max))
         LT_THROW(ErrorKind::kInput, where, ": option ", s.name, " must be a finite number in [",
-                 s.min, ", ", s.max, "], got ", shown);
+                 s.min, ", ", s.max, s.max_open ? "), got " : "], got ", shown);
       break;
     case Type::kString:
       if (!v.is_string()) bad();

@@ -43,6 +43,9 @@ class Options {
                            const std::string& help, int64_t min = INT64_MIN);
   Options& add_float(const std::string& name, double def, const std::string& help,
                      double min = -1e300, double max = 1e300);
+  // A float in [min, sup): sup itself is refused (an optimizer's betas, as torch checks them).
+  Options& add_float_below(const std::string& name, double def, const std::string& help, double min,
+                           double sup);
   // choices: allowed values (empty = any string).
   Options& add_string(const std::string& name, const std::string& def, const std::string& help,
                       std::vector<std::string> choices = {});
@@ -97,6 +100,7 @@ class Options {
     std::string help;
     std::vector<std::string> choices;
     double min = -1e300, max = 1e300;
+    bool max_open = false;  // max itself is out of range (add_float_below)
   };
   Spec& spec(const std::string& name);
   const Spec& spec(const std::string& name) const;

@@ -121,8 +121,11 @@ void add_training_options(Options& o) {
   o.add_int("warmup_steps", d.warmup_steps, "updates of linear warmup (overrides warmup_ratio)", 0);
   o.add_float("weight_decay", d.weight_decay,
               "decoupled weight decay (not applied to biases and norm weights)", 0.0);
-  o.add_float("adam_beta1", d.adam_beta1, "AdamW beta1", 0.0, 1.0);
-  o.add_float("adam_beta2", d.adam_beta2, "AdamW beta2", 0.0, 1.0);
+  // torch.optim.AdamW's ranges: a beta of 1 never forgets and divides by 1 - beta^t = 0.
+  o.add_float_below("adam_beta1", d.adam_beta1, "beta1 of every AdamW variant, in [0, 1)", 0.0,
+                    1.0);
+  o.add_float_below("adam_beta2", d.adam_beta2, "beta2 of every AdamW variant, in [0, 1)", 0.0,
+                    1.0);
   o.add_float("adam_epsilon", d.adam_epsilon, "AdamW epsilon", 0.0);
   add_optim_options(o);
   o.add_float("max_grad_norm", d.max_grad_norm, "clip the global gradient norm to this (0 = off)",
@@ -415,6 +418,20 @@ bool Trainer::stop_before_micro_batch(size_t micro_batches) const {
   return comm.all_reduce_int(stop_requested() ? 1 : 0, ReduceOp::kMax) != 0;
 }
 
+int64_t accumulation_for_epoch(int64_t gradient_accumulation_steps, int64_t micro_batches_per_epoch,
+                               bool warn) {
+  if (gradient_accumulation_steps <= micro_batches_per_epoch) return gradient_accumulation_steps;
+  if (warn)
+    std::fprintf(stderr,
+                 "warning: gradient_accumulation_steps %lld is more than the %lld micro-batch(es) "
+                 "of an epoch (per rank): each update accumulates the whole epoch's %lld, as "
+                 "transformers' Trainer does\n",
+                 static_cast<long long>(gradient_accumulation_steps),
+                 static_cast<long long>(micro_batches_per_epoch),
+                 static_cast<long long>(micro_batches_per_epoch));
+  return micro_batches_per_epoch;
+}
+
 TrainResult Trainer::train() {
   StopSignalScope signals;
   // From here on a second stop signal is noted, not fatal: the first one leads to a save within
@@ -423,8 +440,10 @@ TrainResult Trainer::train() {
   TrainResult result;
   const int64_t per_epoch = micro_batches_per_epoch();
   LT_CHECK_INPUT(per_epoch > 0, "the training data yields no micro-batch");
-  const int64_t updates_per_epoch = std::max<int64_t>(
-      1, (per_epoch + args_.gradient_accumulation_steps - 1) / args_.gradient_accumulation_steps);
+  accumulation_ = accumulation_for_epoch(args_.gradient_accumulation_steps, per_epoch,
+                                         world_communicator(args_.comm).rank() == 0);
+  const int64_t updates_per_epoch =
+      std::max<int64_t>(1, (per_epoch + accumulation_ - 1) / accumulation_);
   total_steps_ = args_.max_steps > 0
                      ? args_.max_steps
                      : static_cast<int64_t>(std::ceil(args_.num_train_epochs * updates_per_epoch));
@@ -511,7 +530,7 @@ TrainResult Trainer::train() {
     std::vector<BatchReport> reports;
     int64_t normalizer = 0;
     try {
-      for (int64_t i = 0; i < args_.gradient_accumulation_steps; ++i) {
+      for (int64_t i = 0; i < accumulation_; ++i) {
         // One process: a stop is honoured between fetches, and inside a generation phase (the
         // online trainers throw StopRequested from it). Data parallel: between micro-batches.
         if (!distributed) throw_if_stop_requested();

@@ -96,6 +96,14 @@ void prepare_run(const TrainingArguments& args);
 // The line a command prints when a signal stopped train() after `steps` completed updates.
 std::string stopped_line(const std::string& command, int64_t steps);
 
+// The micro-batches one update accumulates, for every trainer (Trainer::train): the option's
+// gradient_accumulation_steps, unless one epoch has fewer micro-batches (per rank) than that:
+// then each update takes the whole epoch's, as transformers' Trainer ends an update with the
+// epoch (so num_train_epochs stays the number of passes over the data), with a warning on
+// stderr naming both numbers.
+int64_t accumulation_for_epoch(int64_t gradient_accumulation_steps, int64_t micro_batches_per_epoch,
+                               bool warn);
+
 // Declares the options every trainer shares (TRL/transformers names and defaults).
 void add_training_options(Options& o);
 TrainingArguments training_arguments(const Options& o);
@@ -224,6 +232,10 @@ class Trainer {
   Zero3Params* units_whole_for_save(bool final_output) const;
   // On a rank that does not write: the gathers a model save on rank 0 runs (nothing otherwise).
   void take_part_in_save() const;
+  // The micro-batches of each update: gradient_accumulation_steps, or all of an epoch's when it
+  // has fewer (accumulation_for_epoch); what a loss averaged over accumulation divides by. Set
+  // when train() begins.
+  int64_t accumulation_steps() const { return accumulation_; }
 
  private:
   // What a checkpoint saves besides the weights and the optimizer, taken when an update begins
@@ -262,6 +274,7 @@ class Trainer {
   std::unique_ptr<GradientBuckets> buckets_;  // data parallel without ZeRO
   LrScheduler scheduler_;
   int64_t total_steps_ = 0;
+  int64_t accumulation_ = 1;
   int64_t step_ = 0;
   int64_t num_tokens_ = 0;
   int64_t consecutive_nonfinite_ = 0;

@@ -6,14 +6,12 @@
 
 namespace leantune::jinja {
 
-void eval_fail(const std::string& what) { throw EvalError{what}; }
-
 std::string undefined_message(const Value& u) { return u.s.empty() ? "value is undefined" : u.s; }
 
 namespace {
 
 void check_size(size_t n) {
-  if (n > kMaxStringBytes) eval_fail("result exceeds the size limit");
+  if (n > kMaxStringBytes) limit_fail(string_limit_message());
 }
 
 bool is_py_space(const std::string& cp) {
@@ -26,9 +24,9 @@ bool is_py_space(const std::string& cp) {
          cp == "\xe2\x80\xaf" || cp == "\xe2\x81\x9f" || cp == "\xe1\x9a\x80";
 }
 
-// Python str.strip/lstrip/rstrip (chars=None strips Unicode whitespace).
+// Python str.strip/lstrip/rstrip (chars=None strips Unicode whitespace). Walks the code points
+// in place: a long message's trim builds no per-code-point pieces.
 std::string strip(const std::string& s, const Value* chars, bool left, bool right) {
-  const std::vector<std::string> cps = code_points(s);
   std::vector<std::string> set;
   const bool ws = !chars || chars->type == Type::kNone || chars->is_undefined();
   if (!ws) {
@@ -37,21 +35,29 @@ std::string strip(const std::string& s, const Value* chars, bool left, bool righ
   }
   auto strippable = [&](const std::string& cp) {
     if (ws) return is_py_space(cp);
+    charge_work(set.size());
     for (const auto& c : set) {
       if (c == cp) return true;
     }
     return false;
   };
-  size_t b = 0, e = cps.size();
-  if (left) {
-    while (b < e && strippable(cps[b])) ++b;
+  charge_scan(s.size());
+  size_t b = 0, e = right ? 0 : s.size(), k = 0;
+  bool leading = left;
+  while (k < s.size()) {
+    const size_t n = std::min(utf8_length(static_cast<unsigned char>(s[k])), s.size() - k);
+    const bool strip_it = strippable(s.substr(k, n));
+    if (leading && strip_it) {
+      b = k + n;
+    } else {
+      leading = false;
+      if (!right) break;
+      if (!strip_it) e = k + n;
+    }
+    k += n;
   }
-  if (right) {
-    while (e > b && strippable(cps[e - 1])) --e;
-  }
-  std::string out;
-  for (size_t k = b; k < e; ++k) out += cps[k];
-  return out;
+  if (e < b) e = b;  // everything was strippable
+  return s.substr(b, e - b);
 }
 
 Value split(const std::string& s, const Value* sep, const Value* maxsplit) {
@@ -86,7 +92,7 @@ Value split(const std::string& s, const Value* sep, const Value* maxsplit) {
       break;
     }
     out.push_back(Value::string(s.substr(at, hit - at)));
-    if (out.size() > kMaxListItems) eval_fail("split result exceeds the size limit");
+    if (out.size() > kMaxListItems) limit_fail("split: " + list_limit_message());
     at = hit + sep->s.size();
     if (max > 0) --max;
   }
@@ -120,6 +126,7 @@ bool affix(const std::string& s, const Value& v, bool prefix) {
   auto one = [&](const Value& x) {
     if (x.type != Type::kString)
       eval_fail("startswith/endswith takes a string or tuple of strings");
+    charge_scan(x.s.size());
     if (x.s.size() > s.size()) return false;
     return prefix ? s.compare(0, x.s.size(), x.s) == 0
                   : s.compare(s.size() - x.s.size(), x.s.size(), x.s) == 0;
@@ -170,6 +177,7 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
 
 Value get_method(const Value& obj, const std::string& name) {
   if (obj.type == Type::kString) {
+    charge_bytes(obj.s.size());  // the bound method keeps a copy
     const std::string s = obj.s;
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       const bool l = name != "rstrip", r = name != "lstrip";
@@ -208,13 +216,14 @@ Value get_method(const Value& obj, const std::string& name) {
       return bound([s, find](const Args& a) {
         const Value* sub = a.get(0, nullptr);
         if (!sub || sub->type != Type::kString) eval_fail("find/count takes a string");
+        charge_scan(s.size());
         if (find) {
           const size_t at = s.find(sub->s);
           return Value::integer(at == std::string::npos
                                     ? -1
-                                    : static_cast<int64_t>(code_points(s.substr(0, at)).size()));
+                                    : static_cast<int64_t>(count_code_points(s.substr(0, at))));
         }
-        if (sub->s.empty()) return Value::integer(static_cast<int64_t>(code_points(s).size()) + 1);
+        if (sub->s.empty()) return Value::integer(static_cast<int64_t>(count_code_points(s)) + 1);
         int64_t n = 0;
         for (size_t at = s.find(sub->s); at != std::string::npos;
              at = s.find(sub->s, at + sub->s.size()))
@@ -235,7 +244,7 @@ Value get_method(const Value& obj, const std::string& name) {
           first = false;
           check_size(out.size());
         }
-        return Value::string(out);
+        return Value::string(std::move(out));
       });
     }
     return Value::undefined("'str object' has no attribute '" + name + "'");
@@ -273,6 +282,7 @@ List iterate(const Value& v) {
     case Type::kUndefined:
       return {};
     case Type::kList:
+      charge_bytes(sizeof(Value) * v.list->size());
       return *v.list;
     case Type::kDict: {
       List out;
@@ -294,7 +304,7 @@ int64_t length(const Value& v) {
     case Type::kUndefined:
       return 0;
     case Type::kString:
-      return static_cast<int64_t>(code_points(v.s).size());
+      return static_cast<int64_t>(count_code_points(v.s));
     case Type::kList:
       return static_cast<int64_t>(v.list->size());
     case Type::kDict:
@@ -308,8 +318,10 @@ bool contains(const Value& c, const Value& item) {
   switch (c.type) {
     case Type::kString:
       if (item.type != Type::kString) eval_fail("'in <string>' requires string as left operand");
+      charge_scan(c.s.size());
       return c.s.find(item.s) != std::string::npos;
     case Type::kList:
+      charge_work(c.list->size());
       for (const Value& v : *c.list) {
         if (equal(v, item)) return true;
       }
@@ -373,7 +385,11 @@ Value subscript(const Value& obj, const Value& index) {
     if (k < 0 || k >= n)
       return Value::undefined("'" + obj.type_name() + " object' has no element " + index.repr());
     if (obj.type == Type::kList) return (*obj.list)[static_cast<size_t>(k)];
-    return Value::string(code_points(obj.s)[static_cast<size_t>(k)]);
+    charge_scan(obj.s.size());
+    size_t at = 0;
+    for (int64_t c = 0; c < k; ++c)
+      at += std::min(utf8_length(static_cast<unsigned char>(obj.s[at])), obj.s.size() - at);
+    return Value::string(obj.s.substr(at, utf8_length(static_cast<unsigned char>(obj.s[at]))));
   }
   if (obj.is_undefined()) eval_fail(undefined_message(obj));
   return Value::undefined("'" + obj.type_name() + " object' has no element " + index.repr());
@@ -384,7 +400,7 @@ Value slice(const Value& obj, const Value* start, const Value* stop, const Value
     if (obj.is_undefined()) eval_fail(undefined_message(obj));
     eval_fail("'" + obj.type_name() + "' object is not subscriptable");
   }
-  const List items = obj.type == Type::kList ? *obj.list : iterate(obj);
+  const List items = iterate(obj);
   int64_t b, e, s;
   slice_indices(static_cast<int64_t>(items.size()), start, stop, step, &b, &e, &s);
   List out;
@@ -407,6 +423,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
       return Value::string(a.s + b.s);
     }
     if (a.type == Type::kList && b.type == Type::kList) {
+      if (a.list->size() + b.list->size() > kMaxListItems) limit_fail(list_limit_message());
       List out = *a.list;
       out.insert(out.end(), b.list->begin(), b.list->end());
       return Value::new_list(std::move(out));
@@ -424,13 +441,14 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     if ((str->type == Type::kString || str->type == Type::kList) &&
         (cnt->type == Type::kInt || cnt->type == Type::kBool)) {
       const int64_t n = std::max<int64_t>(0, cnt->as_int());
-      const size_t unit = str->type == Type::kString ? str->s.size() : str->list->size();
-      if (unit > 0 && static_cast<uint64_t>(n) > kMaxStringBytes / unit)
-        eval_fail("result exceeds the size limit");
-      if (str->type == Type::kString) {
+      const bool text = str->type == Type::kString;
+      const size_t unit = text ? str->s.size() : str->list->size();
+      if (unit > 0 && static_cast<uint64_t>(n) > (text ? kMaxStringBytes : kMaxListItems) / unit)
+        limit_fail(text ? string_limit_message() : list_limit_message());
+      if (text) {
         std::string out;
         for (int64_t k = 0; k < n; ++k) out += str->s;
-        return Value::string(out);
+        return Value::string(std::move(out));
       }
       List out;
       for (int64_t k = 0; k < n; ++k) out.insert(out.end(), str->list->begin(), str->list->end());

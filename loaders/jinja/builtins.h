@@ -1,6 +1,7 @@
 // Jinja2 filters, tests, value methods (str.strip, dict.get, ...) and Python operators as the
 // interpreter (interpreter.cpp) calls them. They report a bad call by throwing EvalError; the
-// interpreter adds the template position.
+// interpreter adds the template position. Work beyond what the values they build already count
+// (scans, searches, comparisons) is charged to the rendering's budget (budget.h).
 #pragma once
 
 #include <string>
@@ -10,10 +11,6 @@
 
 namespace leantune::jinja {
 
-struct EvalError {
-  std::string what;
-};
-[[noreturn]] void eval_fail(const std::string& what);
 // The message an undefined value carries ("'x' is undefined", "'dict object' has no
 // attribute 'y'") for the error raised when it is used.
 std::string undefined_message(const Value& u);
@@ -24,10 +21,6 @@ std::string py_strip(const std::string& s, const Value* chars, bool left, bool r
 std::string py_case(const std::string& s, int mode);
 std::string py_replace(const std::string& s, const std::string& from, const std::string& to,
                        int64_t count);
-
-// Limits that keep a hostile template from exhausting memory.
-constexpr size_t kMaxStringBytes = size_t{64} << 20;
-constexpr size_t kMaxListItems = size_t{1} << 20;
 
 // Filter `name` applied to input (EvalError for an unknown filter or bad arguments).
 Value apply_filter(const std::string& name, const Value& input, const Args& args);

@@ -42,6 +42,13 @@ Args rest_args(const Args& a, size_t from) {
   return out;
 }
 
+// The comparisons of a merge sort of n items (n log2 n), charged to the budget before sorting.
+uint64_t sort_comparisons(size_t n) {
+  uint64_t c = n;
+  for (size_t k = n; k > 1; k /= 2) c += n;
+  return c;
+}
+
 Value sort_keys_copy(const Value& v) {
   if (v.type == Type::kList) {
     List out;
@@ -51,6 +58,7 @@ Value sort_keys_copy(const Value& v) {
   if (v.type != Type::kDict) return v;
   Dict out;
   for (const auto& [k, x] : *v.dict) out.emplace_back(k, sort_keys_copy(x));
+  charge_work(sort_comparisons(out.size()));
   std::stable_sort(out.begin(), out.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   return Value::new_dict(std::move(out));
@@ -180,6 +188,7 @@ Value sort_items(const Value& seq, const Args& a) {
     return k;
   };
   bool ok = true;
+  charge_work(sort_comparisons(items.size()));
   std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
     bool o = true;
     const bool r = reverse ? less(key(y), key(x), &o) : less(key(x), key(y), &o);
@@ -192,6 +201,7 @@ Value sort_items(const Value& seq, const Args& a) {
 
 Value min_max(const Value& seq, bool want_max) {
   const List items = iterate(seq);
+  charge_work(items.size());
   if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
   Value best = items[0];
   for (const Value& v : items) {
@@ -225,8 +235,9 @@ Value indent(const Value& v, const Args& a) {
     out += '\n';
     at = nl + 1;
     line0 = false;
+    if (out.size() > kMaxStringBytes) limit_fail(string_limit_message());
   }
-  return Value::string(out);
+  return Value::string(std::move(out));
 }
 
 }  // namespace
@@ -265,9 +276,9 @@ Value apply_filter(const std::string& n, const Value& v, const Args& a) {
       if (!first) out += sep ? sep->str() : "";
       out += (attr && attr->type == Type::kString ? attribute(item, attr->s) : item).str();
       first = false;
-      if (out.size() > kMaxStringBytes) eval_fail("result exceeds the size limit");
+      if (out.size() > kMaxStringBytes) limit_fail(string_limit_message());
     }
-    return Value::string(out);
+    return Value::string(std::move(out));
   }
   if (n == "upper" || n == "lower" || n == "capitalize" || n == "title") {
     return Value::string(py_case(v.str(), n == "lower"   ? 0
@@ -324,7 +335,9 @@ Value apply_filter(const std::string& n, const Value& v, const Args& a) {
   if (n == "unique") {
     List out;
     for (const Value& x : iterate(v)) {
-      if (!contains(Value::new_list(out), x)) out.push_back(x);
+      charge_work(out.size());
+      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(y, x); }))
+        out.push_back(x);
     }
     return Value::new_list(std::move(out));
   }

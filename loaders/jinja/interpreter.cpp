@@ -1,9 +1,11 @@
 // Tree-walking evaluation of a parsed template (see interpreter.h). Scoping follows jinja2:
 // each loop iteration and each macro call gets a fresh frame over the enclosing one, so a `set`
 // inside a loop does not leak out (namespace() objects are how templates carry state out).
+// A rendering runs under a work and size budget (budget.h): every step charges it.
 #include "loaders/jinja/interpreter.h"
 
 #include <functional>
+#include <new>
 
 #include "engine/check.h"
 #include "loaders/jinja/ast.h"
@@ -14,7 +16,6 @@ namespace leantune::jinja {
 namespace {
 
 constexpr int kMaxCallDepth = 32;
-constexpr uint64_t kMaxSteps = 2'000'000;  // real chat templates take ~100 per message
 
 struct Frame {
   std::vector<std::pair<std::string, Value>> vars;
@@ -59,19 +60,37 @@ class Renderer {
     if (context.type == Type::kDict) {
       for (const auto& [k, v] : *context.dict) frame_->set(k, v);
     }
+    // Counted from the first statement on: the context is the caller's.
+    RenderBudget budget;
     exec_body(nodes, out_->text);
+    out_->work_units = budget.work();
+    out_->built_bytes = budget.built_bytes();
   }
 
  private:
-  [[noreturn]] void fail(const Node& n, const std::string& what) const {
-    LT_THROW(ErrorKind::kInput, source_, ":", n.line, ":", n.col, ": ", one_line(what));
+  [[noreturn]] void fail(const Node& n, const std::string& what, bool limit = false) const {
+    const std::string msg = detail::str_cat(source_, ":", n.line, ":", n.col, ": ", one_line(what));
+    if (limit) throw TemplateLimitError(ErrorKind::kInput, msg);
+    LT_THROW(ErrorKind::kInput, msg);
   }
-  void step(const Node& n) {
-    if (++steps_ > kMaxSteps) fail(n, "template exceeds the evaluation step limit");
+  [[noreturn]] void fail(const Node& n, const EvalError& e) const { fail(n, e.what, e.limit); }
+  // One evaluation step (real chat templates take ~100 per message) against the budget.
+  void step(const Node& n) { charge(n, kStepUnits); }
+  void charge(const Node& n, uint64_t units) {
+    try {
+      charge_work(units);
+    } catch (const EvalError& e) {
+      fail(n, e);
+    }
   }
   void emit(const Node& n, std::string& out, const std::string& s) {
+    try {
+      charge_bytes(s.size());
+    } catch (const EvalError& e) {
+      fail(n, e);
+    }
     out += s;
-    if (out.size() > kMaxStringBytes) fail(n, "rendered output exceeds the size limit");
+    if (out.size() > kMaxStringBytes) fail(n, "rendered output: " + string_limit_message(), true);
   }
 
   void add_globals(Frame& g) {
@@ -93,9 +112,10 @@ class Renderer {
             }
             if (stride == 0) eval_fail("range() arg 3 must not be zero");
             List out;
-            for (int64_t k = start; stride > 0 ? k < stop : k > stop; k += stride) {
-              if (out.size() >= kMaxListItems) eval_fail("range() exceeds the size limit");
+            for (int64_t k = start; stride > 0 ? k < stop : k > stop;) {
+              if (out.size() >= kMaxListItems) limit_fail("range(): " + list_limit_message());
               out.push_back(Value::integer(k));
+              if (__builtin_add_overflow(k, stride, &k)) break;
             }
             return Value::new_list(std::move(out));
           }));
@@ -158,7 +178,16 @@ class Renderer {
     return s;
   }
 
+  // A statement; a budget or value error raised outside any expression gets its position.
   Flow exec(const Node& n, std::string& out) {
+    try {
+      return exec_statement(n, out);
+    } catch (const EvalError& e) {
+      fail(n, e);
+    }
+  }
+
+  Flow exec_statement(const Node& n, std::string& out) {
     step(n);
     switch (n.kind) {
       case NodeKind::kText:
@@ -213,7 +242,7 @@ class Renderer {
     try {
       items = iterate(seq);
     } catch (const EvalError& e) {
-      fail(*n.args[0], e.what);
+      fail(*n.args[0], e);
     }
     auto saved = frame_;
     auto bind = [&](const Value& item) {
@@ -225,7 +254,7 @@ class Renderer {
       try {
         parts = iterate(item);
       } catch (const EvalError& e) {
-        fail(n, "cannot unpack: " + e.what);
+        fail(n, "cannot unpack: " + e.what, e.limit);
       }
       if (parts.size() != n.targets.size()) {
         fail(n, "cannot unpack " + std::to_string(parts.size()) + " values into " +
@@ -249,25 +278,34 @@ class Renderer {
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
       step(n);
+      charge(n, kLoopUnits);
       frame_ = std::make_shared<Frame>();
       frame_->parent = saved;
-      Value loop = Value::new_dict();
-      loop.set("index", Value::integer(k + 1));
-      loop.set("index0", Value::integer(k));
-      loop.set("revindex", Value::integer(len - k));
-      loop.set("revindex0", Value::integer(len - k - 1));
-      loop.set("first", Value::boolean(k == 0));
-      loop.set("last", Value::boolean(k == len - 1));
-      loop.set("length", Value::integer(len));
-      loop.set("depth", Value::integer(1));
-      loop.set("depth0", Value::integer(0));
-      loop.set("previtem", k > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
-      loop.set("nextitem", k + 1 < len ? items[k + 1] : Value::undefined("there is no next item"));
-      loop.set("cycle", Value::function([k](const Args& a) {
-                 if (a.positional.empty()) eval_fail("no items for cycling given");
-                 return a.positional[static_cast<size_t>(k) % a.positional.size()];
-               }));
-      frame_->set("loop", loop);
+      Dict lv;
+      lv.reserve(12);
+      lv.emplace_back("index", Value::integer(k + 1));
+      lv.emplace_back("index0", Value::integer(k));
+      lv.emplace_back("revindex", Value::integer(len - k));
+      lv.emplace_back("revindex0", Value::integer(len - k - 1));
+      lv.emplace_back("first", Value::boolean(k == 0));
+      lv.emplace_back("last", Value::boolean(k == len - 1));
+      lv.emplace_back("length", Value::integer(len));
+      lv.emplace_back("depth", Value::integer(1));
+      lv.emplace_back("depth0", Value::integer(0));
+      lv.emplace_back("previtem",
+                      k > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
+      lv.emplace_back("nextitem",
+                      k + 1 < len ? items[k + 1] : Value::undefined("there is no next item"));
+      lv.emplace_back("cycle", Value::function([k](const Args& a) {
+                        if (a.positional.empty()) eval_fail("no items for cycling given");
+                        return a.positional[static_cast<size_t>(k) % a.positional.size()];
+                      }));
+      // Made afresh for every iteration and dropped after it: its cost is in kLoopUnits, not in
+      // the size budget.
+      Value loop;
+      loop.type = Type::kDict;
+      loop.dict = std::make_shared<Dict>(std::move(lv));
+      frame_->set("loop", std::move(loop));
       bind(items[k]);
       const Flow f = exec_body(n.body, out);
       frame_ = saved;
@@ -296,7 +334,7 @@ class Renderer {
     try {
       parts = iterate(v);
     } catch (const EvalError& e) {
-      fail(n, "cannot unpack: " + e.what);
+      fail(n, "cannot unpack: " + e.what, e.limit);
     }
     if (parts.size() != n.targets.size())
       fail(n, "cannot unpack into " + std::to_string(n.targets.size()) + " names");
@@ -347,7 +385,7 @@ class Renderer {
       }
       frame_ = saved;
       --call_depth_;
-      return Value::string(out);
+      return Value::string(std::move(out));
     });
   }
 
@@ -372,7 +410,7 @@ class Renderer {
     try {
       return (*fn.fn)(a);
     } catch (const EvalError& e) {
-      fail(n, e.what);
+      fail(n, e);
     }
   }
 
@@ -381,7 +419,7 @@ class Renderer {
     try {
       return apply_filter(n.name, input, a);
     } catch (const EvalError& e) {
-      fail(n, e.what);
+      fail(n, e);
     }
   }
 
@@ -390,7 +428,7 @@ class Renderer {
     try {
       return eval_inner(n);
     } catch (const EvalError& e) {
-      fail(n, e.what);
+      fail(n, e);
     }
   }
 
@@ -503,7 +541,7 @@ class Renderer {
     if (op == "not in") return Value::boolean(!contains(b, a));
     if (op == "~") {
       std::string s = a.str() + b.str();
-      if (s.size() > kMaxStringBytes) fail(n, "result exceeds the size limit");
+      if (s.size() > kMaxStringBytes) fail(n, string_limit_message(), true);
       return Value::string(std::move(s));
     }
     return binary_op(op, a, b);
@@ -513,7 +551,6 @@ class Renderer {
   std::optional<std::tm> now_;
   Rendered* out_;
   std::shared_ptr<Frame> frame_;
-  uint64_t steps_ = 0;
   int call_depth_ = 0;
   std::vector<std::shared_ptr<Frame>> closures_;
 };
@@ -554,7 +591,14 @@ Template::Template(const std::string& text, std::string source) : source_(std::m
 
 Rendered Template::render(const Value& context, const std::optional<std::tm>& now) const {
   Rendered out;
-  Renderer(source_, now, &out).run(*nodes_, context);
+  try {
+    Renderer(source_, now, &out).run(*nodes_, context);
+  } catch (const std::bad_alloc&) {
+    LT_THROW(ErrorKind::kOutOfMemory, source_,
+             ": out of host memory while rendering this chat template (its values count against "
+             "a limit of ",
+             kMaxBuiltBytes >> 20, " MiB; the rest of the process holds the remainder)");
+  }
   return out;
 }
 

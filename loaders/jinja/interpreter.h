@@ -6,7 +6,9 @@
 //
 // Errors (syntax, unknown filter or test, a failing expression, raise_exception, limits) are
 // Error(kInput) "<source>:<line>:<col>: <what>". Limits keep hostile templates bounded: nesting
-// depth (parser), macro recursion depth, loop iterations and output size (render).
+// depth (parser), macro recursion depth, the longest string and list, and a rendering's work and
+// size budget (budget.h: about a second, 256 MiB of values). Running out of host memory anyway
+// is Error(kOutOfMemory) naming the template.
 #pragma once
 
 #include <ctime>
@@ -16,9 +18,17 @@
 #include <utility>
 #include <vector>
 
+#include "engine/check.h"
 #include "loaders/jinja/value.h"
 
 namespace leantune::jinja {
+
+// A rendering stopped by a limit (its work or size budget, the longest string or list): the
+// template, not the data, is at fault. An Error(kInput) like every other template error.
+class TemplateLimitError : public Error {
+ public:
+  using Error::Error;
+};
 
 struct Node;
 
@@ -26,6 +36,9 @@ struct Rendered {
   std::string text;
   // Byte ranges [begin, end) of text produced inside {% generation %} blocks, in order.
   std::vector<std::pair<size_t, size_t>> generation_spans;
+  // What the rendering used of its budget (budget.h).
+  uint64_t work_units = 0;
+  uint64_t built_bytes = 0;
 };
 
 class Template {

@@ -2,6 +2,7 @@
 // transformers' tojson (json.dumps with ensure_ascii=False, sort_keys=False).
 #include "loaders/jinja/value.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -66,12 +67,14 @@ const Value* Value::find(const std::string& key) const {
 }
 
 void Value::set(const std::string& key, Value v) {
+  charge_work(dict->size() / 8);
   for (auto& [k, old] : *dict) {
     if (k == key) {
       old = std::move(v);
       return;
     }
   }
+  charge_bytes(sizeof(Dict::value_type) + key.size());
   dict->emplace_back(key, std::move(v));
 }
 
@@ -196,6 +199,13 @@ void json_string(const std::string& s, std::string& out) {
   out += '"';
 }
 
+// Serialised output beyond the string limit fails as it grows: shared lists and dicts can nest a
+// value exponentially many times (`[l, l]` repeated), long before the result is made a Value.
+// Checked after every element; each container charges its elements' work.
+void check_output(const std::string& out) {
+  if (out.size() > kMaxStringBytes) limit_fail(string_limit_message());
+}
+
 void json_value(const Value& v, int indent, int depth, const std::string& item_sep,
                 const std::string& key_sep, std::string& out) {
   auto newline = [&](int d) {
@@ -227,11 +237,13 @@ void json_value(const Value& v, int indent, int depth, const std::string& item_s
         out += "[]";
         return;
       }
+      charge_work(1 + v.list->size());
       out += '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += item_sep;
         newline(depth + 1);
         json_value((*v.list)[k], indent, depth + 1, item_sep, key_sep, out);
+        check_output(out);
       }
       newline(depth);
       out += ']';
@@ -243,6 +255,7 @@ void json_value(const Value& v, int indent, int depth, const std::string& item_s
         out += "{}";
         return;
       }
+      charge_work(1 + v.dict->size());
       out += '{';
       bool first = true;
       for (const auto& [k, e] : *v.dict) {
@@ -252,6 +265,7 @@ void json_value(const Value& v, int indent, int depth, const std::string& item_s
         json_string(k, out);
         out += key_sep;
         json_value(e, indent, depth + 1, item_sep, key_sep, out);
+        check_output(out);
       }
       newline(depth);
       out += '}';
@@ -283,41 +297,67 @@ std::string Value::str() const {
   }
 }
 
-std::string Value::repr() const {
-  switch (type) {
-    case Type::kUndefined:
-      return "";
-    case Type::kNone:
-      return "None";
-    case Type::kBool:
-      return b ? "True" : "False";
-    case Type::kInt:
-      return std::to_string(i);
-    case Type::kFloat:
-      return format_float(f);
-    case Type::kString:
-      return py_repr_string(s);
+namespace {
+
+void repr_into(const Value& v, std::string& out) {
+  switch (v.type) {
     case Type::kList: {
-      std::string out = tuple ? "(" : "[";
-      for (size_t k = 0; k < list->size(); ++k) out += (k ? ", " : "") + (*list)[k].repr();
-      if (tuple && list->size() == 1) out += ",";
-      return out + (tuple ? ")" : "]");
+      charge_work(1 + v.list->size());
+      out += v.tuple ? "(" : "[";
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += ", ";
+        repr_into((*v.list)[k], out);
+        check_output(out);
+      }
+      if (v.tuple && v.list->size() == 1) out += ",";
+      out += v.tuple ? ")" : "]";
+      return;
     }
     case Type::kDict: {
-      std::string out = "{";
+      charge_work(1 + v.dict->size());
+      out += "{";
       bool first = true;
-      for (const auto& [k, v] : *dict) {
-        out += (first ? "" : ", ") + py_repr_string(k) + ": " + v.repr();
+      for (const auto& [k, e] : *v.dict) {
+        out += (first ? "" : ", ") + py_repr_string(k) + ": ";
+        repr_into(e, out);
+        check_output(out);
         first = false;
       }
-      return out + "}";
+      out += "}";
+      return;
     }
+    case Type::kUndefined:
+      return;
+    case Type::kNone:
+      out += "None";
+      return;
+    case Type::kBool:
+      out += v.b ? "True" : "False";
+      return;
+    case Type::kInt:
+      out += std::to_string(v.i);
+      return;
+    case Type::kFloat:
+      out += format_float(v.f);
+      return;
+    case Type::kString:
+      out += py_repr_string(v.s);
+      return;
     case Type::kNamespace:
-      return "<Namespace>";
+      out += "<Namespace>";
+      return;
     case Type::kFunction:
-      return "<function>";
+      out += "<function>";
+      return;
   }
-  return "";
+}
+
+}  // namespace
+
+std::string Value::repr() const {
+  std::string out;
+  repr_into(*this, out);
+  return out;
 }
 
 std::string Value::type_name() const {
@@ -357,9 +397,12 @@ bool equal(const Value& a, const Value& b) {
     case Type::kNone:
       return true;
     case Type::kString:
+      if (a.s.size() != b.s.size()) return false;
+      charge_scan(a.s.size());
       return a.s == b.s;
     case Type::kList: {
       if (a.list->size() != b.list->size()) return false;
+      charge_work(a.list->size());
       for (size_t k = 0; k < a.list->size(); ++k) {
         if (!equal((*a.list)[k], (*b.list)[k])) return false;
       }
@@ -367,6 +410,7 @@ bool equal(const Value& a, const Value& b) {
     }
     case Type::kDict: {
       if (a.dict->size() != b.dict->size()) return false;
+      charge_work(a.dict->size() * a.dict->size() / 8 + a.dict->size());
       for (const auto& [k, v] : *a.dict) {
         const Value* o = b.find(k);
         if (!o || !equal(v, *o)) return false;
@@ -384,9 +428,13 @@ bool less(const Value& a, const Value& b, bool* ok) {
     if (a.type == Type::kFloat || b.type == Type::kFloat) return a.as_double() < b.as_double();
     return a.as_int() < b.as_int();
   }
-  if (a.type == Type::kString && b.type == Type::kString) return a.s < b.s;
+  if (a.type == Type::kString && b.type == Type::kString) {
+    charge_scan(std::min(a.s.size(), b.s.size()));
+    return a.s < b.s;
+  }
   if (a.type == Type::kList && b.type == Type::kList) {
     const size_t n = std::min(a.list->size(), b.list->size());
+    charge_work(n);
     for (size_t k = 0; k < n; ++k) {
       if (less((*a.list)[k], (*b.list)[k], ok)) return true;
       if (!*ok) return false;
@@ -397,6 +445,15 @@ bool less(const Value& a, const Value& b, bool* ok) {
   }
   *ok = false;
   return false;
+}
+
+std::string string_limit_message() {
+  return "result exceeds the size limit of " + std::to_string(kMaxStringBytes >> 20) +
+         " MiB for a string";
+}
+
+std::string list_limit_message() {
+  return "result exceeds the size limit of " + std::to_string(kMaxListItems) + " items for a list";
 }
 
 std::string one_line(const std::string& s) {
@@ -421,18 +478,27 @@ std::string one_line(const std::string& s) {
   return out;
 }
 
+size_t utf8_length(unsigned char c) {
+  if (c >= 0xF0) return 4;
+  if (c >= 0xE0) return 3;
+  if (c >= 0xC0) return 2;
+  return 1;
+}
+
+size_t count_code_points(const std::string& s) {
+  charge_scan(s.size());
+  size_t n = 0;
+  for (size_t k = 0; k < s.size(); ++n)
+    k += std::min(utf8_length(static_cast<unsigned char>(s[k])), s.size() - k);
+  return n;
+}
+
 std::vector<std::string> code_points(const std::string& s) {
+  // At most one piece per byte: charged before it is built.
+  charge_bytes(s.size() * sizeof(std::string));
   std::vector<std::string> out;
   for (size_t k = 0; k < s.size();) {
-    size_t n = 1;
-    const unsigned char c = static_cast<unsigned char>(s[k]);
-    if (c >= 0xF0)
-      n = 4;
-    else if (c >= 0xE0)
-      n = 3;
-    else if (c >= 0xC0)
-      n = 2;
-    n = std::min(n, s.size() - k);
+    const size_t n = std::min(utf8_length(static_cast<unsigned char>(s[k])), s.size() - k);
     out.push_back(s.substr(k, n));
     k += n;
   }

@@ -4,7 +4,8 @@
 //
 // Lists, dicts and namespaces are shared by reference (Python objects are): `set ns.x = ...`
 // changes the namespace every holder sees. Strings are UTF-8 bytes; len() and slicing count
-// code points, as Python's str does.
+// code points, as Python's str does. Strings are held by value: during a rendering, every
+// string made or copied and every list or dict made counts against its budget (budget.h).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "loaders/jinja/budget.h"
 
 namespace leantune::jinja {
 
@@ -55,6 +58,28 @@ struct Value {
   std::shared_ptr<Dict> dict;    // kDict, kNamespace
   std::shared_ptr<Function> fn;  // kFunction
 
+  Value() = default;
+  // A copy copies the string: its bytes count against the rendering's budget.
+  Value(const Value& o)
+      : type(o.type),
+        b(o.b),
+        i(o.i),
+        f(o.f),
+        s(o.s),
+        list(o.list),
+        tuple(o.tuple),
+        dict(o.dict),
+        fn(o.fn) {
+    if (!s.empty()) charge_bytes(s.size());
+  }
+  Value& operator=(const Value& o) {
+    if (this != &o) *this = Value(o);
+    return *this;
+  }
+  Value(Value&&) noexcept = default;
+  Value& operator=(Value&&) noexcept = default;
+  ~Value() = default;
+
   static Value undefined(std::string name = "") {
     Value v;
     v.s = std::move(name);
@@ -77,11 +102,13 @@ struct Value {
     return v;
   }
   static Value string(std::string x) {
+    charge_bytes(sizeof(Value) + x.size());
     Value v = make(Type::kString);
     v.s = std::move(x);
     return v;
   }
   static Value new_list(List items = {}) {
+    charge_bytes(sizeof(Value) * (1 + items.size()));
     Value v = make(Type::kList);
     v.list = std::make_shared<List>(std::move(items));
     return v;
@@ -92,6 +119,7 @@ struct Value {
     return v;
   }
   static Value new_dict(Dict items = {}, Type t = Type::kDict) {
+    charge_bytes(sizeof(Value) + sizeof(Dict::value_type) * items.size());
     Value v = make(t);
     v.dict = std::make_shared<Dict>(std::move(items));
     return v;
@@ -116,6 +144,7 @@ struct Value {
 
   // Dict lookup; nullptr when absent (or not a dict/namespace).
   const Value* find(const std::string& key) const;
+  // Adds or replaces an entry (a new entry counts against the rendering's budget).
   void set(const std::string& key, Value v);
 
   bool truthy() const;
@@ -139,6 +168,14 @@ bool less(const Value& a, const Value& b, bool* ok);
 
 // Python repr(float) (shortest round-trip digits, 'e+XX' exponents, '.0' for integral values).
 std::string format_float(double x);
+// The longest string a rendering makes (repr() and to_json() included), and the most items of a
+// list it makes in one operation.
+constexpr size_t kMaxStringBytes = size_t{64} << 20;
+constexpr size_t kMaxListItems = size_t{1} << 20;
+// The errors for a result past those limits.
+std::string string_limit_message();
+std::string list_limit_message();
+
 // json.dumps(x, ensure_ascii=False, indent, separators, sort_keys=False).
 std::string to_json(const Value& v, int indent, const std::string& item_sep,
                     const std::string& key_sep);
@@ -147,7 +184,11 @@ std::string to_json(const Value& v, int indent, const std::string& item_sep,
 // quote template text and stay one line.
 std::string one_line(const std::string& s);
 
-// Code-point helpers for Python-style string length, indexing and slicing.
+// Code-point helpers for Python-style string length, indexing and slicing. code_points builds a
+// string per code point (charged to the rendering); the others walk the bytes.
 std::vector<std::string> code_points(const std::string& s);
+// The byte length of the UTF-8 sequence that starts with byte c (1 for a stray byte).
+size_t utf8_length(unsigned char c);
+size_t count_code_points(const std::string& s);
 
 }  // namespace leantune::jinja

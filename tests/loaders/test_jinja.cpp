@@ -5,6 +5,7 @@
 // stop runaway templates.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include <sstream>
 
 #include "engine/check.h"
+#include "loaders/jinja/budget.h"
 #include "loaders/jinja/bundled.h"
 #include "loaders/jinja/interpreter.h"
 
@@ -169,6 +171,81 @@ TEST(JinjaLimits, RunawayLoopsAndOutputStop) {
       "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
       "{% endfor %}{{ ns.s }}",
       "1:", "size limit");
+}
+
+// Runaway templates stop at the rendering's budget (loaders/jinja/budget.h) or at the longest
+// string or list, each with one line naming the template, the position and the limit, before
+// they hold more than the size budget (the list doubler of issue 29 reached 2.9 GB in 4 s).
+TEST(JinjaBudget, RunawayTemplatesStopAtALimit) {
+  const std::string doubler =
+      "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}"
+      "{% endfor %}{{ ns.l|length }}";
+  expect_template_error(doubler, "1:", "size limit of 1048576 items for a list");
+  // One list nested in itself by reference: 2^40 leaves when serialised or compared.
+  const std::string nest =
+      "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = [ns.l, ns.l] %}"
+      "{% endfor %}";
+  expect_template_error(nest + "{{ ns.l|tojson }}", "1:", "step limit");
+  expect_template_error(nest + "{{ ns.l }}", "1:", "step limit");
+  expect_template_error(nest + "{{ ns.l == ns.l }}", "1:", "step limit");
+  expect_template_error(nest + "{{ [ns.l]|unique|list }}{{ [ns.l, ns.l]|sort }}",
+                        "1:", "step limit");
+  // Quadratic work: membership in a long list, at every iteration of a long loop.
+  expect_template_error(
+      "{% set l = range(1000000) %}{% for i in l %}{% if -1 in l %}x{% endif %}{% endfor %}",
+      "1:", "step limit");
+  expect_template_error("{{ range(1000000)|unique|length }}", "1:", "step limit");
+  // A 60 MB string copied, measured or searched at every iteration.
+  expect_template_error(
+      "{% set s = 'x' * 60000000 %}{% for i in range(1000000) %}{% set t = s ~ 'a' %}"
+      "{% endfor %}",
+      "1:", "size limit of 256 MiB per rendering");
+  expect_template_error(
+      "{% set s = 'x' * 60000000 %}{% for i in range(1000000) %}{% if s %}{% endif %}"
+      "{% endfor %}",
+      "1:", "size limit of 256 MiB per rendering");
+  expect_template_error(
+      "{% set s = 'é' * 30000000 %}{% for i in range(100000) %}{{ s|length }}{% endfor %}",
+      "1:", "size limit of 256 MiB per rendering");
+  expect_template_error(
+      "{% set s = 'x' * 60000000 %}{% for i in range(100000) %}{{ 'y' in s }}{% endfor %}",
+      "1:", "size limit of 256 MiB per rendering");
+  expect_template_error(
+      "{% set s = 'x' * 60000000 %}{% for i in range(100000) %}{{ s.count('y') }}{% endfor %}",
+      "1:", "size limit of 256 MiB per rendering");
+  expect_template_error("{% for c in 'x' * 60000000 %}{% endfor %}",
+                        "1:", "size limit of 256 MiB per rendering");
+  // Repetition past the list limit is refused before anything is built.
+  expect_template_error("{{ ([1] * 60000000)|length }}",
+                        "1:", "size limit of 1048576 items for a list");
+  // Plain long loops.
+  expect_template_error("{% for i in range(1000000) %}{% endfor %}", "1:", "step limit");
+}
+
+// Real templates over long conversations use a small part of the budget: it stops runaway
+// templates, not data.
+TEST(JinjaBudget, LongConversationsRenderWellWithinIt) {
+  ojson messages = ojson::array();
+  messages.push_back({{"role", "system"}, {"content", "You are helpful."}});
+  const std::string text(500, 'w');
+  for (int i = 0; i < 1000; ++i) {
+    messages.push_back({{"role", "user"}, {"content", "Question " + std::to_string(i) + text}});
+    messages.push_back({{"role", "assistant"}, {"content", "Answer " + std::to_string(i) + text}});
+  }
+  for (const char* name : {"chatml", "llama3.1", "qwen2.5", "smollm2_training"}) {
+    ojson ctx = {{"messages", messages},
+                 {"add_generation_prompt", false},
+                 {"bos_token", "<s>"},
+                 {"eos_token", "</s>"}};
+    const Template t(template_text(name), name);
+    const Rendered r = t.render(Value::from_json(ctx), fixed_now());
+    EXPECT_GT(r.text.size(), size_t{1000000}) << name;
+    EXPECT_LT(r.work_units, kMaxWorkUnits / 4) << name;
+    EXPECT_LT(r.built_bytes, kMaxBuiltBytes / 16) << name;
+    std::printf("%s: 2001 messages, %zu bytes: %llu work units, %llu bytes built\n", name,
+                r.text.size(), static_cast<unsigned long long>(r.work_units),
+                static_cast<unsigned long long>(r.built_bytes));
+  }
 }
 
 TEST(JinjaValues, PythonFormattingOfNumbers) {

@@ -313,6 +313,43 @@ TEST(ModelConfig, BadConfigsNameFileAndKey) {
   }
 }
 
+// Shape keys past their limits are refused naming the key and the limit; at the limits every
+// derived size (num_parameters) still fits in 64 bits.
+TEST(ModelConfig, ShapeKeysHaveUpperLimits) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("num_hidden_layers": 1000000000)",
+       "key 'num_hidden_layers' is 1000000000, more than the 16384"},
+      {R"("hidden_size": 2097152, "head_dim": 64)", "key 'hidden_size' is 2097152, more than the"},
+      {R"("intermediate_size": 8388608)", "key 'intermediate_size' is 8388608, more than the"},
+      {R"("max_position_embeddings": 1099511627776)",
+       "key 'max_position_embeddings' is 1099511627776, more than the 16777216"},
+      {R"("num_attention_heads": 8192, "num_key_value_heads": 8192, "head_dim": 64)",
+       "key 'num_attention_heads' is 8192, more than the 4096"},
+  };
+  for (const auto& [keys, expect] : cases) {
+    // The case's keys replace the minimal config's.
+    json j = json::parse(kMinimalLlama);
+    const json overrides = json::parse(std::string("{") + keys + "}");
+    for (const auto& [k, v] : overrides.items()) j[k] = v;
+    try {
+      ModelConfig::from_json(j, "test/config.json");
+      ADD_FAILURE() << "accepted: " << j.dump();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInput);
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  }
+  json big = json::parse(kMinimalLlama);
+  big["num_hidden_layers"] = 16384;
+  big["hidden_size"] = 1 << 20;
+  big["intermediate_size"] = 1 << 22;
+  big["num_attention_heads"] = 4096;
+  big["head_dim"] = 4096;
+  big["vocab_size"] = INT32_MAX;
+  const ModelConfig c = ModelConfig::from_json(big, "test/config.json");
+  EXPECT_GT(c.num_parameters(), int64_t{1} << 60);
+}
+
 TEST(ModelConfig, FileErrorsNameThePath) {
   const std::string dir = testing::temp_dir("bad");
   try {
