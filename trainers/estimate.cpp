@@ -16,13 +16,35 @@ struct ModuleShape {
   bool bias;
 };
 
+// One decoder layer's projections as the family has them (Phi-3: fused qkv_proj, gate_up_proj).
 std::vector<ModuleShape> layer_modules(const ModelConfig& m) {
   const int64_t h = m.hidden_size, i = m.intermediate_size, d = m.head_dim;
   const int64_t nq = m.num_attention_heads * d, nkv = m.num_key_value_heads * d;
-  return {{"q_proj", h, nq, m.attention_bias},  {"k_proj", h, nkv, m.attention_bias},
-          {"v_proj", h, nkv, m.attention_bias}, {"o_proj", nq, h, m.o_proj_bias},
-          {"gate_proj", h, i, m.mlp_bias},      {"up_proj", h, i, m.mlp_bias},
-          {"down_proj", i, h, m.mlp_bias}};
+  std::vector<ModuleShape> out;
+  if (m.fused_qkv) {
+    out.push_back({"qkv_proj", h, nq + 2 * nkv, m.attention_bias});
+  } else {
+    out.push_back({"q_proj", h, nq, m.attention_bias});
+    out.push_back({"k_proj", h, nkv, m.attention_bias});
+    out.push_back({"v_proj", h, nkv, m.attention_bias});
+  }
+  out.push_back({"o_proj", nq, h, m.o_proj_bias});
+  if (m.fused_gate_up) {
+    out.push_back({"gate_up_proj", h, 2 * i, m.mlp_bias});
+  } else {
+    out.push_back({"gate_proj", h, i, m.mlp_bias});
+    out.push_back({"up_proj", h, i, m.mlp_bias});
+  }
+  out.push_back({"down_proj", i, h, m.mlp_bias});
+  return out;
+}
+
+// The element counts of one layer's normalisation weights (input/post-attention norms, the
+// sandwich norms, the q/k norms over head_dim).
+std::vector<int64_t> layer_norms(const ModelConfig& m) {
+  std::vector<int64_t> out(m.sandwich_norms ? 4 : 2, m.hidden_size);
+  if (m.qk_norm) out.insert(out.end(), 2, m.head_dim);
+  return out;
 }
 
 // PEFT's matching, per module kind: an entry names the kind, or ends with "." + kind.
@@ -69,7 +91,7 @@ int64_t optimizer_state_bytes(const EstimateConfig& c, int64_t trainable, int64_
         rc += (c.lora_r + s.in) + (s.out + c.lora_r);
     }
     rc = rc * m.num_hidden_layers +
-         (!c.use_peft ? (2 * m.num_hidden_layers + 1) * m.hidden_size : 0);
+         (!c.use_peft ? m.num_hidden_layers * m.layer_norm_parameters() + m.hidden_size : 0);
     if (!c.use_peft)
       rc += m.sequence_classification
                 ? (m.vocab_size + m.hidden_size) + (m.num_labels + m.hidden_size)
@@ -147,8 +169,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
 
   // ---- parameters and what trains
   int64_t layer_params = 0, layer_trainable = 0;
-  int64_t layer_param_bytes = 2 * h * b;  // the two norms
-  if (!c.use_peft || listed(c.lora_modules_to_save, "input_layernorm")) layer_trainable += 2 * h;
+  const int64_t norms = m.layer_norm_parameters();
+  int64_t layer_param_bytes = norms * b;
+  if (!c.use_peft || listed(c.lora_modules_to_save, "input_layernorm")) layer_trainable += norms;
   for (const ModuleShape& s : layer_modules(m)) {
     const int64_t n = s.in * s.out;
     layer_params += n + (s.bias ? s.out : 0);
@@ -161,7 +184,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
       layer_trainable += lora;
     }
   }
-  layer_params += 2 * h;
+  layer_params += norms;
   const int64_t layer_grad_bytes = layer_trainable * b;
   int64_t largest_layer_weight = 0;
   for (const ModuleShape& s : layer_modules(m))
@@ -203,8 +226,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
       (n > thr ? big : small) += bytes < 0 ? n * b : bytes;
     };
     int64_t layer_big = 0, layer_small = 0, outer_big = 0, outer_small = 0;
-    split(h, layer_big, layer_small);
-    split(h, layer_big, layer_small);
+    for (int64_t n : layer_norms(m)) split(n, layer_big, layer_small);
     for (const ModuleShape& s : layer_modules(m)) {
       const int64_t n = s.in * s.out;  // a quantized base is sharded as one parameter
       split(n, layer_big, layer_small, quantized_bytes(n, s.out, c, n * b));
@@ -261,17 +283,25 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     const bool lora = c.use_peft && targeted(c.lora_target_modules, s.kind);
     if (lora) lora_u += t * c.lora_r * b;
     if (c.use_peft && !lora) continue;
-    if (s.kind == "q_proj" || s.kind == "k_proj" || s.kind == "v_proj") qkv_input = true;
-    if (s.kind == "gate_proj" || s.kind == "up_proj") gu_input = true;
+    if (s.kind == "q_proj" || s.kind == "k_proj" || s.kind == "v_proj" || s.kind == "qkv_proj")
+      qkv_input = true;
+    if (s.kind == "gate_proj" || s.kind == "up_proj" || s.kind == "gate_up_proj") gu_input = true;
     if (s.kind == "down_proj") down_input = true;
   }
-  int64_t saved = 2 * 4 * t;                            // the two norms' rstd
+  int64_t saved = (m.sandwich_norms ? 4 : 2) * 4 * t;   // the layer norms' rstd
   saved += t * (nq + 2 * nkv + nq) * b;                 // attention: q, k, v, out
   saved += 4 * m.num_attention_heads * t;               // lse
   saved += th;                                          // h1, the second norm's input
-  saved += 2 * t * inter * b;                           // swiglu: gate, up
+  saved += 2 * t * inter * b;                           // swiglu / geglu: gate, up
   saved += (qkv_input ? th : 0) + (gu_input ? th : 0);  // normed inputs of trained projections
   saved += (down_input ? t * inter * b : 0) + lora_u;
+  // Gemma's sandwich norms keep the attention and MLP outputs they normalise.
+  if (m.sandwich_norms) saved += 2 * th;
+  // q/k norms keep q and k before the norm and an f32 rstd per head.
+  if (m.qk_norm)
+    saved += t * (nq + nkv) * b + 4 * t * (m.num_attention_heads + m.num_key_value_heads);
+  // Phi-3: attention keeps v as a view of the fused qkv output, which so stays whole.
+  if (m.fused_qkv) saved += t * (nq + nkv) * b;
   // A layer's forward beyond what it keeps: the normed inputs and the swiglu output nobody
   // saves, a projection's output before the residual add; 16-bit GEMMs on the CPU read f32
   // copies of both operands and write an f32 output.
@@ -286,11 +316,15 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   const int64_t ring_fwd =
       ring ? 2 * 2 * t * nkv * b + t * nq * b + 4 * m.num_attention_heads * t : 0;
   const int64_t ring_bwd = ring ? 4 * 2 * t * nkv * b + t * (nq + 2 * nkv) * b : 0;
+  // Phi-3's fused gate_up output is split into strided views that the activation copies
+  // contiguous (forward), and whose gradients are assembled into one [t, 2 inter] buffer beside
+  // them (backward).
+  const int64_t fused_mlp = m.fused_gate_up ? 2 * t * inter * b : 0;
   const int64_t fwd_ws =
-      (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws + ring_fwd;
+      (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws + ring_fwd + fused_mlp;
   // One layer's backward at its widest, the MLP: the gradients of gate and up beside the
   // gradient of the layer output and of the norm input (or the ring's backward buffers).
-  const int64_t bwd_ws = std::max(2 * t * inter * b, ring_bwd) + 2 * th + gemm_ws;
+  const int64_t bwd_ws = std::max(2 * t * inter * b + fused_mlp, ring_bwd) + 2 * th + gemm_ws;
   const bool offload = c.activation_offloading, ckpt = c.gradient_checkpointing;
   // Bytes a layer leaves on the device until its backward: its output (the next layer's input),
   // and what it saves unless checkpointing recomputes it. Offloading moves both to host memory,
