@@ -324,7 +324,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
       (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws + ring_fwd + fused_mlp;
   // One layer's backward at its widest, the MLP: the gradients of gate and up beside the
   // gradient of the layer output and of the norm input (or the ring's backward buffers).
-  const int64_t bwd_ws = std::max(2 * t * inter * b + fused_mlp, ring_bwd) + 2 * th + gemm_ws;
+  // Gemma's sandwich norms add the gradients of the normalised attention and MLP outputs.
+  const int64_t bwd_ws = std::max(2 * t * inter * b + fused_mlp, ring_bwd) + 2 * th + gemm_ws +
+                         (m.sandwich_norms ? 2 * th : 0);
   const bool offload = c.activation_offloading, ckpt = c.gradient_checkpointing;
   // Bytes a layer leaves on the device until its backward: its output (the next layer's input),
   // and what it saves unless checkpointing recomputes it. Offloading moves both to host memory,
