@@ -7,7 +7,9 @@
 //   q:[Tq,Hq,D], k/v:[Tk,Hk,D] (rows may be strided: heads and head_dim dense), one float dtype;
 //   cu_seqlens_q/k:[B+1] i32|i64 on the host or the device -> out:[Tq,Hq,D] contiguous,
 //   lse:[Hq,Tq] f32 (f64 for f64). Query i of a sequence (Lq queries, Lk keys) sees keys
-//   j <= i + Lk - Lq when causal; a row that sees no key gets out = 0, lse = -inf, zero grads.
+//   j <= i + Lk - Lq when causal, and with a sliding window only j > i + Lk - Lq - window; a row
+//   that sees no key gets out = 0, lse = -inf, zero grads. Score soft-capping (softcap > 0) runs
+//   in the simple kernels only (no supported family uses it; Gemma 3 ignores its key).
 //   Rows before cu[0] (a device cu_seqlens is not validated) or beyond cu[B] belong to no
 //   sequence: out = 0, lse = -inf, dq = dk = dv = 0 (kernels/attention_rows.h).
 //
@@ -333,7 +335,7 @@ void check_simple_head_dim(const char* op, int64_t d) {
 // q/k/v rows, the sequence layout, the head counts and causality.
 template <typename P>
 void set_layout(P& p, const RowsOperand& qr, const RowsOperand& kr, const RowsOperand& vr,
-                const Seqs& s, const Dims& dm, bool causal) {
+                const Seqs& s, const Dims& dm, const AttentionOptions& opt) {
   p.q = qr.ptr;
   p.k = kr.ptr;
   p.v = vr.ptr;
@@ -348,7 +350,8 @@ void set_layout(P& p, const RowsOperand& qr, const RowsOperand& kr, const RowsOp
   p.hk = static_cast<int>(dm.hk);
   p.group = static_cast<int>(dm.group);
   p.batch = s.batch;
-  p.causal = causal;
+  p.causal = opt.causal;
+  p.window = static_cast<int>(std::min<int64_t>(opt.window, INT32_MAX));
 }
 
 }  // namespace
@@ -371,14 +374,16 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
   if (dm.tq == 0) return;
   cudaStream_t stream = cu::stream_of(d);
   const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(dm.d));
-  const bool mma = use_mma(q.dtype(), dm.d, d, /*backward=*/false);
+  LT_CHECK(opt.window >= 0 && opt.softcap >= 0 && (opt.window == 0 || opt.causal), op, ": window ",
+           opt.window, " (causal only), softcap ", opt.softcap);
+  const bool mma = opt.softcap == 0 && use_mma(q.dtype(), dm.d, d, /*backward=*/false);
   if (!mma) check_simple_head_dim(op, dm.d);
   const RowsOperand qr = rows_operand(q, mma), kr = rows_operand(k, mma), vr = rows_operand(v, mma);
   const OutOperand o = out_operand(out, mma);
 
   if (mma) {
     FwdParams p{};
-    set_layout(p, qr, kr, vr, s, dm, opt.causal);
+    set_layout(p, qr, kr, vr, s, dm, opt);
     p.out = o.ptr();
     p.lse = lse.data<float>();
     p.o_stride = dm.hq * dm.d;
@@ -397,11 +402,12 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                            true, d, stream);
   } else {
     SimpleParams p{};
-    set_layout(p, qr, kr, vr, s, dm, opt.causal);
+    set_layout(p, qr, kr, vr, s, dm, opt);
     p.o = o.ptr();
     p.lse = lse.data_ptr();
     p.d = static_cast<int>(dm.d);
     p.scale = scale;
+    p.softcap = opt.softcap;
     fwd_simple(p, q.dtype(), stream);
   }
   o.finish();
@@ -436,7 +442,9 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
   if (!dq.defined() && !dk.defined() && !dv.defined()) return;
   cudaStream_t stream = cu::stream_of(d);
   const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(dm.d));
-  const bool mma = use_mma(q.dtype(), dm.d, d, /*backward=*/true);
+  LT_CHECK(opt.window >= 0 && opt.softcap >= 0 && (opt.window == 0 || opt.causal), op, ": window ",
+           opt.window, " (causal only), softcap ", opt.softcap);
+  const bool mma = opt.softcap == 0 && use_mma(q.dtype(), dm.d, d, /*backward=*/true);
   if (!mma) check_simple_head_dim(op, dm.d);
   // Gradients nobody asked for still have to be written somewhere by the fused kernels.
   auto grad_or_scratch = [&](const Tensor& g, const Tensor& x) {
@@ -467,7 +475,7 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
       });
     }
     BwdParams p{};
-    set_layout(p, qr, kr, vr, s, dm, opt.causal);
+    set_layout(p, qr, kr, vr, s, dm, opt);
     p.dout = gr.ptr;
     p.lse2 = lse2.data<float>();
     p.dsum = dsum.data<float>();
@@ -502,7 +510,7 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
             static_cast<const A*>(lc.data_ptr()), static_cast<A*>(dsum.data_ptr()), nullptr,
             static_cast<int>(dm.tq), static_cast<int>(dm.hq), static_cast<int>(dm.d), stream);
       SimpleParams p{};
-      set_layout(p, qr, kr, vr, s, dm, opt.causal);
+      set_layout(p, qr, kr, vr, s, dm, opt);
       p.dout = gr.ptr;
       p.lse_in = lc.data_ptr();
       p.dsum = dsum.data_ptr();
@@ -512,6 +520,7 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
       p.do_stride = gr.stride;
       p.d = static_cast<int>(dm.d);
       p.scale = scale;
+      p.softcap = opt.softcap;
       bwd_simple(p, q.dtype(), stream);
     });
   }

@@ -68,6 +68,7 @@ struct FwdParams {
   int tq, tk, hq, hk, group, batch;
   float scale_log2;
   bool causal;
+  int window;  // sliding window (keys a query sees); 0 = none
 };
 
 struct BwdParams {
@@ -86,6 +87,7 @@ struct BwdParams {
   int tq, tk, hq, hk, group, batch;
   float scale, scale_log2;
   bool causal;
+  int window;  // sliding window; 0 = none
 };
 
 constexpr int kSimpleMaxD = 512;
@@ -111,6 +113,8 @@ struct SimpleParams {
   int tq, tk, hq, hk, group, batch, d;
   double scale;
   bool causal;
+  int window;      // sliding window; 0 = none
+  double softcap;  // score soft-cap; 0 = off (only the simple kernels implement it)
 };
 
 // ---------------------------------------------------------------- grids

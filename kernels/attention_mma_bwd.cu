@@ -15,9 +15,12 @@ __device__ __forceinline__ void bwd_tile(const BwdParams& p, const SeqBounds& s,
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = n * C::kBc;
   const int shift = s.lk - s.lq;
-  // Query blocks that see at least one key of this block.
+  // Query blocks that see at least one key of this block (with a sliding window, query i sees
+  // key j only while i < j - shift + window).
+  const bool windowed = p.causal && p.window > 0;
   const int m_start = p.causal ? max(0, j0 - shift) / C::kBr : 0;
-  const int m_end = (s.lq + C::kBr - 1) / C::kBr;
+  const int i_end = windowed ? min(s.lq, j0 + C::kBc - 1 - shift + p.window) : s.lq;
+  const int m_end = i_end > 0 ? (i_end + C::kBr - 1) / C::kBr : 0;
   const int nm = max(0, m_end - m_start);
   const int total = nm * p.group;
 
@@ -134,8 +137,9 @@ __device__ __forceinline__ void bwd_tile(const BwdParams& p, const SeqBounds& s,
     }
 
     // P^T from the saved statistics, masked to exact zeros; dS^T = P^T (dP^T - Dsum).
-    const bool need_mask =
-        i0 + C::kBr > s.lq || j0 + C::kBc > s.lk || (p.causal && j0 + C::kBc - 1 > i0 + shift);
+    const bool need_mask = i0 + C::kBr > s.lq || j0 + C::kBc > s.lk ||
+                           (p.causal && j0 + C::kBc - 1 > i0 + shift) ||
+                           (windowed && j0 <= i0 + C::kBr - 1 + shift - p.window);
 #pragma unroll
     for (int nt = 0; nt < C::kNT; ++nt)
 #pragma unroll
@@ -145,7 +149,9 @@ __device__ __forceinline__ void bwd_tile(const BwdParams& p, const SeqBounds& s,
         if (need_mask) {
           const int j = j0 + key_row0 + (lane >> 2) + ((e >> 1) << 3);
           const int i = i0 + qc;
-          if (i >= s.lq || j >= s.lk || (p.causal && j > i + shift)) pv = 0.f;
+          if (i >= s.lq || j >= s.lk || (p.causal && j > i + shift) ||
+              (windowed && j <= i + shift - p.window))
+            pv = 0.f;
         }
         st[nt][e] = pv;
         dpt[nt][e] = pv * (dpt[nt][e] - dsm[qc]);

@@ -17,6 +17,12 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const SeqBounds& s,
   const int shift = s.lk - s.lq;  // query i sees keys j <= i + shift
   const int kend = p.causal ? min(s.lk, i0 + rows + shift) : s.lk;
   const int nkb = kend > 0 ? (kend + C::kBc - 1) / C::kBc : 0;
+  // A sliding window: the block's first query sees no key before kstart; earlier blocks are
+  // skipped (the loop streams blocks nkb-1 down to kb0).
+  const bool windowed = p.causal && p.window > 0;
+  const int kstart = windowed ? max(0, i0 + shift - p.window + 1) : 0;
+  const int kb0 = min(kstart / C::kBc, nkb);
+  const int steps = nkb - kb0;
   const int hk = h / p.group;
 
   const T* qbase = static_cast<const T*>(p.q);
@@ -38,7 +44,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const SeqBounds& s,
         v_buf(buf), vg + static_cast<int64_t>(j0) * p.v_stride, p.v_stride, s.lk - j0, vbase, tid);
   };
 
-  if (nkb > 0) {
+  if (steps > 0) {
     tile_load_async<T, C::kBr, D, C::kThreads>(q_s, qg, p.q_stride, rows, qbase, tid);
     load_kv(nkb - 1, 0);
     cp_async_commit();
@@ -62,14 +68,14 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const SeqBounds& s,
   const uint32_t qa = q_s + warp_row0 * C::kRowBytes + a_off(lane, C::kRowBytes);
   const uint32_t kb_lane = b_off(lane, C::kRowBytes), vb_lane = bt_off(lane, C::kRowBytes);
 
-  for (int it = 0; it < nkb; ++it) {
+  for (int it = 0; it < steps; ++it) {
     const int n = nkb - 1 - it;
     const int buf = it & 1;
     cp_async_wait_all();
     // The data of step `it` is visible to all; every warp has finished step it-1, so its
     // buffers may be refilled.
     __syncthreads();
-    if (it + 1 < nkb) {
+    if (it + 1 < steps) {
       load_kv(n - 1, buf ^ 1);
       cp_async_commit();
     }
@@ -100,9 +106,11 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const SeqBounds& s,
       }
     }
 
-    // Scale into the log2 domain; mask keys beyond the sequence and above the diagonal.
+    // Scale into the log2 domain; mask keys beyond the sequence, above the diagonal and before
+    // the window.
     const int j0 = n * C::kBc;
-    const bool need_mask = j0 + C::kBc > s.lk || (p.causal && j0 + C::kBc - 1 > i0 + shift);
+    const bool need_mask = j0 + C::kBc > s.lk || (p.causal && j0 + C::kBc - 1 > i0 + shift) ||
+                           (windowed && j0 <= i0 + rows - 1 + shift - p.window);
 #pragma unroll
     for (int mt = 0; mt < C::kMT; ++mt)
 #pragma unroll
@@ -113,7 +121,8 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const SeqBounds& s,
           if (need_mask) {
             const int i = i0 + warp_row0 + mt * 16 + (lane >> 2) + ((e >> 1) << 3);
             const int j = j0 + nt * 8 + ((lane & 3) << 1) + (e & 1);
-            if (j >= s.lk || (p.causal && j > i + shift)) x = -INFINITY;
+            if (j >= s.lk || (p.causal && j > i + shift) || (windowed && j <= i + shift - p.window))
+              x = -INFINITY;
           }
           sacc[mt][nt][e] = x;
         }

@@ -1,6 +1,7 @@
-// The simple attention kernels (f32, f64, head_dim up to 512, pre-sm_80 devices; design in
-// kernels/attention.cu): one warp per (row, head), keys one at a time with an online softmax;
-// backward one warp per query row (dQ) and per key row (dK, dV summed over the group).
+// The simple attention kernels (f32, f64, head_dim up to 512, pre-sm_80 devices, soft-capped
+// scores; design in kernels/attention.cu): one warp per (row, head), keys one at a time with an
+// online softmax; backward one warp per query row (dQ) and per key row (dK, dV summed over the
+// group). A sliding window narrows each row's key range (and each key's query range).
 #include "kernels/attention_common.cuh"
 
 namespace leantune::kernels::attention_detail {
@@ -49,9 +50,31 @@ __device__ __forceinline__ A log_a(A x) {
     return log(x);
 }
 
-// Number of keys query i (of lq) sees out of lk.
+// Number of keys query i (of lq) sees out of lk: the end of its range.
 __device__ __forceinline__ int visible_keys(bool causal, int i, int lq, int lk) {
   return causal ? min(max(i + lk - lq + 1, 0), lk) : lk;
+}
+// The first key query i sees (a sliding window of `window` keys; 0 = none).
+__device__ __forceinline__ int first_key(bool causal, int window, int i, int lq, int lk) {
+  return causal && window > 0 ? max(visible_keys(causal, i, lq, lk) - window, 0) : 0;
+}
+
+template <typename A>
+__device__ __forceinline__ A tanh_a(A x) {
+  if constexpr (std::is_same_v<A, float>)
+    return tanhf(x);
+  else
+    return tanh(x);
+}
+// The scaled score as the softmax sees it (soft-capped when cap > 0); *t receives the tanh.
+template <typename A>
+__device__ __forceinline__ A score(A s, A cap, A* t) {
+  if (cap > A(0)) {
+    *t = tanh_a(s / cap);
+    return cap * *t;
+  }
+  *t = A(0);
+  return s;
 }
 
 template <typename T>
@@ -73,14 +96,16 @@ __global__ void __launch_bounds__(kSimpleThreads)
   if (b >= 0) {
     const SeqBounds s = seq_bounds(p.cu_q, p.cu_k, b, p.tq, p.tk);
     const int vis = visible_keys(p.causal, row - s.q0, s.lq, s.lk);
+    const int first = first_key(p.causal, p.window, row - s.q0, s.lq, s.lk);
     A q[kSimplePer];
     load_row(static_cast<const T*>(p.q) + row * p.q_stride + static_cast<int64_t>(h) * p.d, p.d,
              lane, q);
     const T* kb = static_cast<const T*>(p.k) + s.k0 * p.k_stride + static_cast<int64_t>(hk) * p.d;
     const T* vb = static_cast<const T*>(p.v) + s.k0 * p.v_stride + static_cast<int64_t>(hk) * p.d;
-    const A scale = static_cast<A>(p.scale);
-    for (int j = 0; j < vis; ++j) {
-      const A sc = dot_row(kb + j * p.k_stride, p.d, lane, q) * scale;
+    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
+    for (int j = first; j < vis; ++j) {
+      A t;
+      const A sc = score(dot_row(kb + j * p.k_stride, p.d, lane, q) * scale, cap, &t);
       A v[kSimplePer];
       load_row(vb + j * p.v_stride, p.d, lane, v);
       if (sc > m) {
@@ -121,6 +146,7 @@ __global__ void __launch_bounds__(kSimpleThreads)
   if (b >= 0 && lse != -INFINITY) {
     const SeqBounds s = seq_bounds(p.cu_q, p.cu_k, b, p.tq, p.tk);
     const int vis = visible_keys(p.causal, row - s.q0, s.lq, s.lk);
+    const int first = first_key(p.causal, p.window, row - s.q0, s.lq, s.lk);
     const A dsum = static_cast<const A*>(p.dsum)[stat];
     A q[kSimplePer], g[kSimplePer];
     load_row(static_cast<const T*>(p.q) + row * p.q_stride + static_cast<int64_t>(h) * p.d, p.d,
@@ -129,11 +155,13 @@ __global__ void __launch_bounds__(kSimpleThreads)
              lane, g);
     const T* kb = static_cast<const T*>(p.k) + s.k0 * p.k_stride + static_cast<int64_t>(hk) * p.d;
     const T* vb = static_cast<const T*>(p.v) + s.k0 * p.v_stride + static_cast<int64_t>(hk) * p.d;
-    const A scale = static_cast<A>(p.scale);
-    for (int j = 0; j < vis; ++j) {
+    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
+    for (int j = first; j < vis; ++j) {
       const T* kr = kb + j * p.k_stride;
-      const A pj = exp_a(dot_row(kr, p.d, lane, q) * scale - lse);
-      const A ds = pj * (dot_row(vb + j * p.v_stride, p.d, lane, g) - dsum);
+      A t;
+      const A pj = exp_a(score(dot_row(kr, p.d, lane, q) * scale, cap, &t) - lse);
+      A ds = pj * (dot_row(vb + j * p.v_stride, p.d, lane, g) - dsum);
+      if (cap > A(0)) ds *= A(1) - t * t;
       A kv[kSimplePer];
       load_row(kr, p.d, lane, kv);
 #pragma unroll
@@ -163,18 +191,19 @@ __global__ void __launch_bounds__(kSimpleThreads)
   if (b >= 0) {
     const SeqBounds s = seq_bounds(p.cu_q, p.cu_k, b, p.tq, p.tk);
     const int j = row - s.k0;
-    // Query i sees key j iff j <= i + lk - lq.
+    // Query i sees key j iff j <= i + lk - lq (and, in a window, j > i + lk - lq - window).
     const int i_first = p.causal ? max(0, j - (s.lk - s.lq)) : 0;
+    const int i_end = p.causal && p.window > 0 ? min(s.lq, j - (s.lk - s.lq) + p.window) : s.lq;
     A kr[kSimplePer], vr[kSimplePer];
     load_row(static_cast<const T*>(p.k) + row * p.k_stride + static_cast<int64_t>(hk) * p.d, p.d,
              lane, kr);
     load_row(static_cast<const T*>(p.v) + row * p.v_stride + static_cast<int64_t>(hk) * p.d, p.d,
              lane, vr);
-    const A scale = static_cast<A>(p.scale);
+    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
     const A* lse = static_cast<const A*>(p.lse_in);
     const A* dsum = static_cast<const A*>(p.dsum);
     for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-      for (int i = i_first; i < s.lq; ++i) {
+      for (int i = i_first; i < i_end; ++i) {
         const int qrow = s.q0 + i;
         const int64_t stat = static_cast<int64_t>(h) * p.tq + qrow;
         const A l = lse[stat];
@@ -183,8 +212,10 @@ __global__ void __launch_bounds__(kSimpleThreads)
             static_cast<const T*>(p.q) + qrow * p.q_stride + static_cast<int64_t>(h) * p.d;
         const T* gp =
             static_cast<const T*>(p.dout) + qrow * p.do_stride + static_cast<int64_t>(h) * p.d;
-        const A pj = exp_a(dot_row(qp, p.d, lane, kr) * scale - l);
-        const A ds = pj * (dot_row(gp, p.d, lane, vr) - dsum[stat]);
+        A t;
+        const A pj = exp_a(score(dot_row(qp, p.d, lane, kr) * scale, cap, &t) - l);
+        A ds = pj * (dot_row(gp, p.d, lane, vr) - dsum[stat]);
+        if (cap > A(0)) ds *= A(1) - t * t;
         A qv[kSimplePer], gv[kSimplePer];
         load_row(qp, p.d, lane, qv);
         load_row(gp, p.d, lane, gv);

@@ -133,6 +133,7 @@ ChatTemplate ChatTemplate::from_source(const std::string& text, const std::strin
                  bad, ")");
   ChatTemplate t;
   t.name_ = source;
+  t.source_text_ = text;
   t.template_ = std::make_shared<const jinja::Template>(text, source);
   t.own_generation_ = t.template_->has_generation();
   t.find_training_variant();
@@ -162,18 +163,33 @@ std::string ChatTemplate::assistant_mask_error() const {
   if (has_assistant_mask()) return "";
   return "assistant_only_loss needs the chat template (" + name_ +
          ") to mark assistant text with {% generation %} blocks; it has none and is not one of "
-         "the known families (ChatML, Qwen2.5, SmolLM2, Llama-3.x): pass --chat_template "
+         "the known families (ChatML, Qwen2.5, Qwen3, SmolLM2, Llama-3.x, Gemma 3): pass "
+         "--chat_template "
          "FILE.jinja with {% generation %} blocks";
 }
 
-// The family training variant that renders a few probe conversations exactly as the template.
-// The template renders each probe once; one it cannot render rules out every variant, and one
-// that stops at a limit of the interpreter (jinja::TemplateLimitError: a runaway template) is
-// reported at once, naming the template, instead of being tried again for every variant.
+// The family training variant: TRL's by identity (the template is a bundled family template byte
+// for byte, as TRL's get_training_chat_template compares; Qwen3's variant renders earlier
+// assistant turns with think blocks, so probes could not match it), else the one that renders a
+// few probe conversations exactly as the template. Either way a conversation gets the variant's
+// spans only where both render the same text (render_request). The template renders each probe
+// once; one it cannot render rules out every variant, and one that stops at a limit of the
+// interpreter (jinja::TemplateLimitError: a runaway template) is reported at once, naming the
+// template, instead of being tried again for every variant.
 void ChatTemplate::find_training_variant() {
   training_.reset();
   training_name_.clear();
   if (own_generation_ || !template_) return;
+  for (const auto& t : jinja::bundled_templates()) {
+    if (source_text_ != t.text) continue;
+    const std::string want = std::string(t.name) + "_training";
+    for (const auto& [name, variant] : training_variants()) {
+      if (name != want) continue;
+      training_ = variant;
+      training_name_ = name;
+      return;
+    }
+  }
   const std::vector<std::vector<ChatMessage>> probes = {
       {{"user", "Hi"}},
       {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", " Hello. "}},

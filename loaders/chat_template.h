@@ -77,8 +77,8 @@ void check_chat_template_kwargs(const nlohmann::ordered_json& kwargs, const std:
 
 class ChatTemplate {
  public:
-  // A bundled name ("chatml" | "qwen2.5" | "llama3" | "llama3.1" | "llama3.2") or the path of
-  // a .jinja file; Error(kInput) otherwise.
+  // A bundled name ("chatml" | "qwen2.5" | "qwen3" | "llama3" | "llama3.1" | "llama3.2" |
+  // "gemma3") or the path of a .jinja file; Error(kInput) otherwise.
   static ChatTemplate from_name(const std::string& name_or_path);
   // A template text; `source` names it in errors (e.g. "<dir>/tokenizer_config.json").
   static ChatTemplate from_source(const std::string& text, const std::string& source);
@@ -120,6 +120,7 @@ class ChatTemplate {
   RenderedChat render_with(const jinja::Template& t, const ChatRequest& r) const;
 
   std::string name_;
+  std::string source_text_;  // the template's text (the identity rule of find_training_variant)
   std::shared_ptr<const jinja::Template> template_;
   std::shared_ptr<const jinja::Template> training_;  // family training variant, when it matches
   std::string training_name_;

@@ -117,7 +117,11 @@ Tensor DecoderModel::layer_forward_with(int64_t i, const Tensor& h,
 Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
                                    const Tensor& cu_seqlens, int64_t max_seqlen,
                                    const ContextParallel* cp) const {
-  int64_t max_position = -1;  // read from the positions by longrope only
+  // Longrope picks its factors by the batch's largest position (as transformers does for a
+  // padded batch): read once per layer, and only by longrope.
+  int64_t max_position = -1;
+  if (cfg_.rope_of(i).scaling_type == "longrope")
+    for (int64_t p : positions.to_i64()) max_position = std::max(max_position, p);
   return layer_forward_with(
       i, h, [&](int64_t l, const Tensor& q, const Tensor& k, const Tensor& v) {
         const Tensor qr = apply_rope(l, q, positions, max_position);

@@ -1,6 +1,7 @@
 // trainer_bin init-model --config config.json --out DIR [--seed N] [--tokenizer DIR] [--dtype D]
 // Writes a randomly initialised model as a Hugging Face folder: config.json and
-// model.safetensors (normal init with std = initializer_range, norms set to one, biases zero),
+// model.safetensors (normal init with std = initializer_range, norms set to one (zero for
+// Gemma's (1 + w) norms), biases zero), for every architecture ModelConfig reads,
 // plus the tokenizer files copied from --tokenizer. Every input is read and validated first
 // (the config, the tokenizer); the folder is written whole or not at all (output_path.h
 // OutputFolder), and an existing non-empty one (a trained model, say) is replaced only with
@@ -20,7 +21,8 @@ namespace {
 
 int run_init_model(const std::vector<std::string>& args) {
   Options o("init-model");
-  o.add_string("model_config", "", "the model's config.json (Llama or Qwen2 architecture)");
+  o.add_string("model_config", "",
+               "the model's config.json (Llama, Qwen2, Qwen3, Mistral, Phi-3 or Gemma 3 text)");
   o.add_string("out", "", "output folder (created; must not exist or be empty)");
   add_overwrite_option(o);
   o.add_int("seed", 0, "random seed of the initialisation", 0);

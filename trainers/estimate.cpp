@@ -21,13 +21,35 @@ struct ModuleShape {
   bool bias;
 };
 
+// One decoder layer's projections as the family has them (Phi-3: fused qkv_proj, gate_up_proj).
 std::vector<ModuleShape> layer_modules(const ModelConfig& m) {
   const I h = m.hidden_size, i = m.intermediate_size, d = m.head_dim;
   const I nq = d * m.num_attention_heads, nkv = d * m.num_key_value_heads;
-  return {{"q_proj", h, nq, m.attention_bias},  {"k_proj", h, nkv, m.attention_bias},
-          {"v_proj", h, nkv, m.attention_bias}, {"o_proj", nq, h, m.o_proj_bias},
-          {"gate_proj", h, i, m.mlp_bias},      {"up_proj", h, i, m.mlp_bias},
-          {"down_proj", i, h, m.mlp_bias}};
+  std::vector<ModuleShape> out;
+  if (m.fused_qkv) {
+    out.push_back({"qkv_proj", h, nq + 2 * nkv, m.attention_bias});
+  } else {
+    out.push_back({"q_proj", h, nq, m.attention_bias});
+    out.push_back({"k_proj", h, nkv, m.attention_bias});
+    out.push_back({"v_proj", h, nkv, m.attention_bias});
+  }
+  out.push_back({"o_proj", nq, h, m.o_proj_bias});
+  if (m.fused_gate_up) {
+    out.push_back({"gate_up_proj", h, 2 * i, m.mlp_bias});
+  } else {
+    out.push_back({"gate_proj", h, i, m.mlp_bias});
+    out.push_back({"up_proj", h, i, m.mlp_bias});
+  }
+  out.push_back({"down_proj", i, h, m.mlp_bias});
+  return out;
+}
+
+// The element counts of one layer's normalisation weights (input/post-attention norms, the
+// sandwich norms, the q/k norms over head_dim).
+std::vector<int64_t> layer_norms(const ModelConfig& m) {
+  std::vector<int64_t> out(m.sandwich_norms ? 4 : 2, m.hidden_size);
+  if (m.qk_norm) out.insert(out.end(), 2, m.head_dim);
+  return out;
 }
 
 // PEFT's matching, per module kind: an entry names the kind, or ends with "." + kind.
@@ -73,7 +95,7 @@ I optimizer_state_bytes(const EstimateConfig& c, I trainable, I b, const ModelCo
         rc += (s.in + c.lora_r) + (s.out + c.lora_r);
     }
     const I layers = m.num_hidden_layers, hidden = m.hidden_size, vocab = m.vocab_size;
-    rc = rc * layers + (!c.use_peft ? (layers * 2 + 1) * hidden : 0);
+    rc = rc * layers + (!c.use_peft ? layers * m.layer_norm_parameters() + hidden : I(0));
     if (!c.use_peft)
       rc += m.sequence_classification ? (vocab + hidden) + (hidden + m.num_labels)
                                       : (vocab + hidden) * (m.tie_word_embeddings ? 1 : 2);
@@ -161,8 +183,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
 
   // ---- parameters and what trains
   I layer_params = 0, layer_trainable = 0;
-  I layer_param_bytes = 2 * h * b;  // the two norms
-  if (!c.use_peft || listed(c.lora_modules_to_save, "input_layernorm")) layer_trainable += 2 * h;
+  const I norms = m.layer_norm_parameters();
+  I layer_param_bytes = norms * b;
+  if (!c.use_peft || listed(c.lora_modules_to_save, "input_layernorm")) layer_trainable += norms;
   for (const ModuleShape& s : layer_modules(m)) {
     const I n = s.in * s.out;
     layer_params += n + (s.bias ? s.out : 0);
@@ -175,7 +198,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
       layer_trainable += lora;
     }
   }
-  layer_params += 2 * h;
+  layer_params += norms;
   const I layer_grad_bytes = layer_trainable * b;
   I largest_layer_weight = 0;
   for (const ModuleShape& s : layer_modules(m))
@@ -217,8 +240,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
       (n > thr ? big : small) += bytes < 0 ? n * b : bytes;
     };
     I layer_big = 0, layer_small = 0, outer_big = 0, outer_small = 0;
-    split(h, layer_big, layer_small);
-    split(h, layer_big, layer_small);
+    for (I n : layer_norms(m)) split(n, layer_big, layer_small);
     for (const ModuleShape& s : layer_modules(m)) {
       const I n = s.in * s.out;  // a quantized base is sharded as one parameter
       split(n, layer_big, layer_small, quantized_bytes(n, s.out, c, n * b));
@@ -274,17 +296,25 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     const bool lora = c.use_peft && targeted(c.lora_target_modules, s.kind);
     if (lora) lora_u += t * c.lora_r * b;
     if (c.use_peft && !lora) continue;
-    if (s.kind == "q_proj" || s.kind == "k_proj" || s.kind == "v_proj") qkv_input = true;
-    if (s.kind == "gate_proj" || s.kind == "up_proj") gu_input = true;
+    if (s.kind == "q_proj" || s.kind == "k_proj" || s.kind == "v_proj" || s.kind == "qkv_proj")
+      qkv_input = true;
+    if (s.kind == "gate_proj" || s.kind == "up_proj" || s.kind == "gate_up_proj") gu_input = true;
     if (s.kind == "down_proj") down_input = true;
   }
-  I saved = 2 * 4 * t;                                  // the two norms' rstd
+  I saved = (m.sandwich_norms ? 4 : 2) * 4 * t;   // the layer norms' rstd
   saved += t * (nq + 2 * nkv + nq) * b;                 // attention: q, k, v, out
   saved += 4 * m.num_attention_heads * t;               // lse
   saved += th;                                          // h1, the second norm's input
-  saved += 2 * t * inter * b;                           // swiglu: gate, up
+  saved += 2 * t * inter * b;                           // swiglu / geglu: gate, up
   saved += (qkv_input ? th : 0) + (gu_input ? th : 0);  // normed inputs of trained projections
   saved += (down_input ? t * inter * b : 0) + lora_u;
+  // Gemma's sandwich norms keep the attention and MLP outputs they normalise.
+  if (m.sandwich_norms) saved += 2 * th;
+  // q/k norms keep q and k before the norm and an f32 rstd per head.
+  if (m.qk_norm)
+    saved += t * (nq + nkv) * b + 4 * t * (m.num_attention_heads + m.num_key_value_heads);
+  // Phi-3: attention keeps v as a view of the fused qkv output, which so stays whole.
+  if (m.fused_qkv) saved += t * (nq + nkv) * b;
   // A layer's forward beyond what it keeps: the normed inputs and the swiglu output nobody
   // saves, a projection's output before the residual add; 16-bit GEMMs on the CPU read f32
   // copies of both operands and write an f32 output.
@@ -296,12 +326,20 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // block's output and lse; backward the two KV buffers, the two dK/dV buffers of the second
   // ring and one block's dQ/dK/dV (kernels/ring_attention.cpp), the MLP's workspace gone by then.
   const bool ring = c.cp_size > 1;
-  const I ring_fwd = ring ? 2 * 2 * t * nkv * b + t * nq * b + 4 * m.num_attention_heads * t : 0;
+  const I ring_fwd =
+      ring ? 2 * 2 * t * nkv * b + t * nq * b + 4 * m.num_attention_heads * t : 0;
   const I ring_bwd = ring ? 4 * 2 * t * nkv * b + t * (nq + 2 * nkv) * b : 0;
-  const I fwd_ws = (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws + ring_fwd;
+  // Phi-3's fused gate_up output is split into strided views that the activation copies
+  // contiguous (forward), and whose gradients are assembled into one [t, 2 inter] buffer beside
+  // them (backward).
+  const I fused_mlp = m.fused_gate_up ? 2 * t * inter * b : 0;
+  const I fwd_ws =
+      (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws + ring_fwd + fused_mlp;
   // One layer's backward at its widest, the MLP: the gradients of gate and up beside the
   // gradient of the layer output and of the norm input (or the ring's backward buffers).
-  const I bwd_ws = std::max(2 * t * inter * b, ring_bwd) + 2 * th + gemm_ws;
+  // Gemma's sandwich norms add the gradients of the normalised attention and MLP outputs.
+  const I bwd_ws = std::max(2 * t * inter * b + fused_mlp, ring_bwd) + 2 * th + gemm_ws +
+                         (m.sandwich_norms ? 2 * th : 0);
   const bool offload = c.activation_offloading, ckpt = c.gradient_checkpointing;
   // Bytes a layer leaves on the device until its backward: its output (the next layer's input),
   // and what it saves unless checkpointing recomputes it. Offloading moves both to host memory,

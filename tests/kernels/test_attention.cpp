@@ -36,12 +36,22 @@ struct AttnCase {
   std::vector<int64_t> lq, lk;  // lk empty: same as lq
   bool causal = true;
   std::string label;
+  int64_t window = 0;  // sliding window (Mistral, Gemma, Phi-3); 0 = none
+  double softcap = 0;  // score soft-cap; 0 = off
 };
+
+// The key range [lo, hi) query i of nq sees among nk keys.
+std::pair<int64_t, int64_t> key_range(bool causal, int64_t window, int64_t i, int64_t nq,
+                                      int64_t nk) {
+  const int64_t hi = causal ? std::clamp<int64_t>(i + nk - nq + 1, 0, nk) : nk;
+  return {causal && window > 0 ? std::max<int64_t>(0, hi - window) : 0, hi};
+}
 
 std::string attn_name(const ::testing::TestParamInfo<AttnCase>& p) {
   const AttnCase& c = p.param;
   return std::string(dtype_name(c.dt)) + "_Hq" + std::to_string(c.hq) + "_Hk" +
-         std::to_string(c.hk) + "_D" + std::to_string(c.d) + "_" + c.label;
+         std::to_string(c.hk) + "_D" + std::to_string(c.d) + "_" + c.label +
+         (c.window ? "_window" + std::to_string(c.window) : "") + (c.softcap ? "_softcap" : "");
 }
 
 // Float64 reference, one (sequence, head) at a time with explicit loops. The backward uses the
@@ -51,7 +61,8 @@ struct Ref {
 };
 Ref reference(const Vec& q, const Vec& k, const Vec& v, const Vec& g,
               const std::vector<int64_t>& lq, const std::vector<int64_t>& lk, int64_t hq,
-              int64_t hk, int64_t d, bool causal, double scale) {
+              int64_t hk, int64_t d, bool causal, double scale, int64_t window = 0,
+              double cap = 0) {
   const int64_t tq = total(lq), tk = total(lk), grp = hq / hk;
   Ref r{Vec(tq * hq * d, 0.0), Vec(hq * tq, -INFINITY), Vec(tq * hq * d, 0.0),
         Vec(tk * hk * d, 0.0), Vec(tk * hk * d, 0.0)};
@@ -65,34 +76,39 @@ Ref reference(const Vec& q, const Vec& k, const Vec& v, const Vec& g,
       auto V = [&](int64_t i, int64_t j) { return v[((k0 + i) * hk + kh) * d + j]; };
       auto G = [&](int64_t i, int64_t j) { return g[((q0 + i) * hq + h) * d + j]; };
       for (int64_t i = 0; i < nq; ++i) {
-        const int64_t vis = causal ? std::clamp<int64_t>(i + nk - nq + 1, 0, nk) : nk;
-        if (vis == 0) continue;
-        Vec s(vis), p(vis), dp(vis);
+        const auto [lo, vis] = key_range(causal, window, i, nq, nk);
+        if (vis <= lo) continue;
+        Vec s(vis), p(vis), dp(vis), slope(vis, 1.0);
         double m = -INFINITY;
-        for (int64_t j = 0; j < vis; ++j) {
+        for (int64_t j = lo; j < vis; ++j) {
           double acc = 0;
           for (int64_t e = 0; e < d; ++e) acc += Q(i, e) * K(j, e);
           s[j] = acc * scale;
+          if (cap > 0) {
+            const double t = std::tanh(s[j] / cap);
+            s[j] = cap * t;
+            slope[j] = 1 - t * t;
+          }
           m = std::max(m, s[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < vis; ++j) sum += std::exp(s[j] - m);
+        for (int64_t j = lo; j < vis; ++j) sum += std::exp(s[j] - m);
         r.lse[h * tq + q0 + i] = m + std::log(sum);
-        for (int64_t j = 0; j < vis; ++j) p[j] = std::exp(s[j] - m) / sum;
+        for (int64_t j = lo; j < vis; ++j) p[j] = std::exp(s[j] - m) / sum;
         for (int64_t e = 0; e < d; ++e) {
           double acc = 0;
-          for (int64_t j = 0; j < vis; ++j) acc += p[j] * V(j, e);
+          for (int64_t j = lo; j < vis; ++j) acc += p[j] * V(j, e);
           r.out[((q0 + i) * hq + h) * d + e] = acc;
         }
         double pdp = 0;
-        for (int64_t j = 0; j < vis; ++j) {
+        for (int64_t j = lo; j < vis; ++j) {
           double acc = 0;
           for (int64_t e = 0; e < d; ++e) acc += G(i, e) * V(j, e);
           dp[j] = acc;
           pdp += p[j] * acc;
         }
-        for (int64_t j = 0; j < vis; ++j) {
-          const double ds = p[j] * (dp[j] - pdp);
+        for (int64_t j = lo; j < vis; ++j) {
+          const double ds = p[j] * (dp[j] - pdp) * slope[j];
           for (int64_t e = 0; e < d; ++e) {
             r.dq[((q0 + i) * hq + h) * d + e] += ds * K(j, e) * scale;
             r.dk[((k0 + j) * hk + kh) * d + e] += ds * Q(i, e) * scale;
@@ -111,7 +127,7 @@ Ref reference(const Vec& q, const Vec& k, const Vec& v, const Vec& g,
 // scaled and rounded, softmax in f32 rounded, and P V rounded.
 Vec naive_out(const Vec& q, const Vec& k, const Vec& v, const std::vector<int64_t>& lq,
               const std::vector<int64_t>& lk, int64_t hq, int64_t hk, int64_t d, bool causal,
-              double scale, DType dt) {
+              double scale, DType dt, int64_t window = 0) {
   const int64_t tq = total(lq), grp = hq / hk;
   Vec out(tq * hq * d, 0.0);
   int64_t q0 = 0, k0 = 0;
@@ -119,14 +135,14 @@ Vec naive_out(const Vec& q, const Vec& k, const Vec& v, const std::vector<int64_
     for (int64_t h = 0; h < hq; ++h) {
       const int64_t kh = h / grp;
       for (int64_t i = 0; i < lq[b]; ++i) {
-        const int64_t vis = causal ? std::clamp<int64_t>(i + lk[b] - lq[b] + 1, 0, lk[b]) : lk[b];
-        if (vis == 0) continue;
-        Vec s(vis);
-        for (int64_t j = 0; j < vis; ++j) {
+        const auto [lo, vis] = key_range(causal, window, i, lq[b], lk[b]);
+        if (vis <= lo) continue;
+        Vec s(vis - lo);
+        for (int64_t j = lo; j < vis; ++j) {
           double acc = 0;
           for (int64_t e = 0; e < d; ++e)
             acc += q[((q0 + i) * hq + h) * d + e] * k[((k0 + j) * hk + kh) * d + e];
-          s[j] = kernel_test::round_to(kernel_test::round_to(acc, dt) * scale, dt);
+          s[j - lo] = kernel_test::round_to(kernel_test::round_to(acc, dt) * scale, dt);
         }
         const double m = *std::max_element(s.begin(), s.end());
         double sum = 0;
@@ -135,7 +151,7 @@ Vec naive_out(const Vec& q, const Vec& k, const Vec& v, const std::vector<int64_
         s = round_all(s, dt);
         for (int64_t e = 0; e < d; ++e) {
           double acc = 0;
-          for (int64_t j = 0; j < vis; ++j) acc += s[j] * v[((k0 + j) * hk + kh) * d + e];
+          for (int64_t j = lo; j < vis; ++j) acc += s[j - lo] * v[((k0 + j) * hk + kh) * d + e];
           out[((q0 + i) * hq + h) * d + e] = kernel_test::round_to(acc, dt);
         }
       }
@@ -157,6 +173,8 @@ class AttentionTest : public ::testing::TestWithParam<AttnCase> {
     k_ = randn({tk_, c_.hk, c_.d}, c_.dt, 2);
     v_ = randn({tk_, c_.hk, c_.d}, c_.dt, 3);
     opt_.causal = c_.causal;
+    opt_.window = c_.window;
+    opt_.softcap = c_.softcap;
     scale_ = 1.0 / std::sqrt(double(c_.d));
   }
   AttnCase c_;
@@ -175,10 +193,12 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchFloat64Reference) {
   EXPECT_TRUE(lse.check());
   Tensor g = randn({tq_, c_.hq, c_.d}, c_.dt, 4);
   Vec qv = q_.to_f64(), kv = k_.to_f64(), vv = v_.to_f64();
-  Ref r = reference(qv, kv, vv, g.to_f64(), c_.lq, lk_, c_.hq, c_.hk, c_.d, c_.causal, scale_);
+  Ref r = reference(qv, kv, vv, g.to_f64(), c_.lq, lk_, c_.hq, c_.hk, c_.d, c_.causal, scale_,
+                    c_.window, c_.softcap);
   if (c_.dt == DType::kBF16) {
     // flash-attention's rule: at most twice the error of the naive same-dtype computation.
-    Vec naive = naive_out(qv, kv, vv, c_.lq, lk_, c_.hq, c_.hk, c_.d, c_.causal, scale_, c_.dt);
+    Vec naive =
+        naive_out(qv, kv, vv, c_.lq, lk_, c_.hq, c_.hk, c_.d, c_.causal, scale_, c_.dt, c_.window);
     const double err = max_err(out.payload().to_f64(), r.out);
     EXPECT_LE(err, 2 * max_err(naive, r.out) + 1e-5) << "naive " << max_err(naive, r.out);
   } else {
@@ -255,12 +275,28 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{DType::kBF16, 4, 1, 128, {1, 5}, {9, 5}, true, "decode"},
                       AttnCase{DType::kF16, 2, 1, 64, {7, 12}, {}, true, "varlen"},
                       AttnCase{DType::kF64, 4, 4, 8, {3, 0, 6}, {}, true, "varlen"},
-                      AttnCase{DType::kF32, 1, 1, 1, {1}, {}, true, "single"}),
+                      AttnCase{DType::kF32, 1, 1, 1, {1}, {}, true, "single"},
+                      // Sliding windows: awkward lengths around the window, packed sequences,
+                      // blocks of queries that skip whole key ranges, the KV-cache decode
+                      // (Lq < Lk), GQA, length 1.
+                      AttnCase{DType::kF32, 2, 2, 64, kVarlen, {}, true, "varlen", 3},
+                      AttnCase{DType::kF32, 4, 1, 16, {71, 1, 19}, {}, true, "awkward", 5},
+                      AttnCase{DType::kF32, 2, 1, 16, {150, 71}, {}, true, "multiblock", 19},
+                      AttnCase{DType::kF32, 2, 2, 8, {1, 3, 2}, {7, 8, 2}, true, "decode", 4},
+                      AttnCase{DType::kF32, 2, 2, 8, {9}, {}, true, "window1", 1},
+                      AttnCase{DType::kF32, 2, 2, 8, {9}, {}, true, "window_wider", 64},
+                      AttnCase{DType::kBF16, 4, 2, 64, {33, 1, 0, 20}, {}, true, "varlen", 7},
+                      AttnCase{DType::kF64, 4, 2, 8, {3, 0, 6}, {5, 0, 6}, true, "varlen", 2},
+                      // Soft-capped scores (Gemma 2-style), alone and in a window.
+                      AttnCase{DType::kF32, 4, 2, 64, kVarlen, {}, true, "varlen", 0, 0.7},
+                      AttnCase{DType::kF64, 2, 1, 8, {1, 3, 2}, {7, 8, 2}, true, "decode", 3, 0.5}),
     attn_name);
 
 struct GradCase {
   int64_t hq, hk, d;
   std::vector<int64_t> lq, lk;
+  int64_t window = 0;
+  double softcap = 0;
 };
 
 class AttentionGradcheck : public ::testing::TestWithParam<GradCase> {};
@@ -269,8 +305,11 @@ TEST_P(AttentionGradcheck, Float64FiniteDifferences) {
   const GradCase c = GetParam();
   const std::vector<int64_t> lk = c.lk.empty() ? c.lq : c.lk;
   Tensor cq = cu_of(c.lq), ck = cu_of(lk);
+  AttentionOptions opt;
+  opt.window = c.window;
+  opt.softcap = c.softcap;
   auto f = [&](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{kernels::attention(in[0], in[1], in[2], cq, ck).out};
+    return std::vector<Tensor>{kernels::attention(in[0], in[1], in[2], cq, ck, opt).out};
   };
   testing::GradcheckOptions go;
   go.max_elements = 150;
@@ -285,7 +324,10 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionGradcheck,
     ::testing::Values(GradCase{2, 2, 64, {3, 1, 0, 2}, {}}, GradCase{4, 2, 64, {3, 1, 0, 2}, {}},
                       GradCase{4, 1, 64, {4, 2}, {}}, GradCase{2, 1, 128, {3, 1}, {}},
-                      GradCase{4, 1, 128, {1, 0, 3}, {}}, GradCase{2, 1, 8, {1, 2, 3}, {4, 2, 5}}),
+                      GradCase{4, 1, 128, {1, 0, 3}, {}}, GradCase{2, 1, 8, {1, 2, 3}, {4, 2, 5}},
+                      GradCase{2, 1, 8, {5, 1, 4}, {}, 2},
+                      GradCase{2, 1, 8, {1, 2, 3}, {4, 2, 5}, 2},
+                      GradCase{2, 2, 8, {4, 3}, {}, 0, 0.8}, GradCase{4, 2, 8, {5, 2}, {}, 3, 0.6}),
     [](const ::testing::TestParamInfo<GradCase>& p) {
       return "Hq" + std::to_string(p.param.hq) + "_Hk" + std::to_string(p.param.hk) + "_D" +
              std::to_string(p.param.d) + "_case" + std::to_string(p.index);

@@ -49,6 +49,8 @@ struct Case {
   std::vector<int64_t> lk = {};  // empty: same as lq
   bool causal = true;
   int64_t tail_q = 0, tail_k = 0;  // rows after the last sequence
+  int64_t window = 0;              // sliding window (0: none)
+  double softcap = 0;              // score soft-cap (0: off; the simple kernels)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& p) { return p.param.name; }
@@ -99,6 +101,8 @@ Result reference64(const Problem& p) {
   const Tensor ck = cu_tensor(p.ck, DType::kI64, Device::cpu());
   kernels::AttentionOptions opt;
   opt.causal = p.c.causal;
+  opt.window = p.c.window;
+  opt.softcap = p.c.softcap;
   Result r;
   r.out = Tensor::empty(q.shape(), DType::kF64);
   r.lse = Tensor::empty({p.c.hq, p.tq}, DType::kF64);
@@ -154,18 +158,19 @@ Naive naive_same_dtype(const Problem& p) {
       for (int64_t i = 0; i < lq; ++i) {
         const int64_t vis =
             c.causal ? std::clamp<int64_t>(i + lk - lq + 1, 0, lk) : lk;  // keys i sees
-        if (vis == 0) continue;
+        const int64_t lo = c.causal && c.window > 0 ? std::max<int64_t>(0, vis - c.window) : 0;
+        if (vis <= lo) continue;
         Vec s(static_cast<size_t>(lk), neg_inf);
         double m = neg_inf;
-        for (int64_t j = 0; j < vis; ++j) {
+        for (int64_t j = lo; j < vis; ++j) {
           double acc = 0;
           for (int64_t x = 0; x < d; ++x) acc += qs[i * d + x] * kj(j, x);
           s[j] = r(acc);
           m = std::max(m, s[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < vis; ++j) sum += std::exp(s[j] - m);
-        for (int64_t j = 0; j < vis; ++j) a[i * lk + j] = r(std::exp(s[j] - m) / sum);
+        for (int64_t j = lo; j < vis; ++j) sum += std::exp(s[j] - m);
+        for (int64_t j = lo; j < vis; ++j) a[i * lk + j] = r(std::exp(s[j] - m) / sum);
       }
       for (int64_t i = 0; i < lq; ++i)
         for (int64_t x = 0; x < d; ++x) {
@@ -223,6 +228,8 @@ Result run_cuda(const Problem& p, const Options& o, const Tensor& q_dev) {
   const Case& c = p.c;
   kernels::AttentionOptions opt;
   opt.causal = c.causal;
+  opt.window = c.window;
+  opt.softcap = c.softcap;
   if (o.hint != 0) {
     int64_t mq = 0, mk = 0;
     for (size_t b = 0; b + 1 < p.cq.size(); ++b) {
@@ -468,7 +475,8 @@ INSTANTIATE_TEST_SUITE_P(
              true,
              5,
              7},
-        Case{"bf16_noncausal_lq_ne_lk", DType::kBF16, 4, 2, 128, {5, 100, 1}, {7, 64, 300}, false}),
+        Case{"bf16_noncausal_lq_ne_lk", DType::kBF16, 4, 2, 128, {5, 100, 1}, {7, 64, 300}, false},
+        Case{"bf16_window_varlen", DType::kBF16, 4, 2, 128, {1, 19, 300, 71}, {}, true, 0, 0, 45}),
     case_name);
 
 // A device cu_seqlens with both max_seqlen hints is not read back; with cu[0] > 0 the rows before
@@ -539,7 +547,57 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_d96_simple_kernel", DType::kBF16, 4, 2, 96, {1, 50, 77}},
         Case{"f32_d128_gqa4_tail", DType::kF32, 8, 2, 128, {1, 0, 65, 130}, {}, true, 3, 3},
         Case{"f64_d32_decode", DType::kF64, 2, 1, 32, {4, 0, 9}, {4, 2, 20}},
-        Case{"f16_d64_tail_only_rows", DType::kF16, 2, 2, 64, {31, 0}, {}, true, 9, 4}),
+        Case{"f16_d64_tail_only_rows", DType::kF16, 2, 2, 64, {31, 0}, {}, true, 9, 4},
+        // Sliding windows (Mistral, Gemma, Phi-3): windows shorter and longer than the tiles,
+        // packed sequences, the KV-cache decode, a tail; soft-capped scores (simple kernels).
+        Case{"bf16_d128_window_varlen",
+             DType::kBF16,
+             4,
+             2,
+             128,
+             {1, 19, 300, 71, 229},
+             {},
+             true,
+             0,
+             0,
+             37},
+        Case{"bf16_d64_window_long", DType::kBF16, 8, 2, 64, {700, 1, 129}, {}, true, 3, 0, 200},
+        Case{"f16_d128_window1_decode",
+             DType::kF16,
+             4,
+             1,
+             128,
+             {1, 3, 0, 64, 1},
+             {100, 3, 5, 257, 1},
+             true,
+             0,
+             0,
+             1},
+        Case{"bf16_d64_window_decode",
+             DType::kBF16,
+             4,
+             4,
+             64,
+             {1, 2, 5},
+             {90, 40, 5},
+             true,
+             0,
+             2,
+             16},
+        Case{"f32_d128_window_gqa4", DType::kF32, 8, 2, 128, {71, 1, 19}, {}, true, 0, 0, 9},
+        Case{"f32_d64_softcap", DType::kF32, 4, 2, 64, {33, 1, 9}, {}, true, 0, 0, 0, 0.8},
+        Case{"f64_d32_window_softcap_decode",
+             DType::kF64,
+             2,
+             1,
+             32,
+             {4, 0, 9},
+             {4, 2, 20},
+             true,
+             0,
+             0,
+             5,
+             0.6}),
     case_name);
 
 }  // namespace

@@ -7,10 +7,10 @@
 #include <string>
 
 #include "engine/autograd.h"
-#include "testing/functional.h"
 #include "engine/ops.h"
 #include "engine/rng.h"
 #include "kernels/dropout.h"
+#include "testing/functional.h"
 #include "testing/gradcheck.h"
 #include "testing/testing.h"
 

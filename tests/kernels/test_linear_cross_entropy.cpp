@@ -8,6 +8,7 @@
 #include "kernels/linear.h"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/linear_cross_entropy_grad.h"
+#include "kernels/softcap.h"
 #include "testing/functional.h"
 
 namespace leantune {
@@ -163,6 +164,40 @@ TEST(LinearCrossEntropy, GradcheckFloat64) {
   };
   EXPECT_TRUE(
       testing::gradcheck(f, {randn({9, 4}, DType::kF64, 8), randn({7, 4}, DType::kF64, 9)}));
+}
+
+// Gemma's final logit soft-capping inside the chunks equals capping full logits, then the loss;
+// gradients by float64 finite differences.
+TEST(LinearCrossEntropy, SoftcapEqualsCappedFullLogits) {
+  for (DType dt : {DType::kF32, DType::kF64, DType::kBF16}) {
+    const int64_t t = 71, h = 19, v = 229;
+    Tensor x0 = randn({t, h}, dt, 30, Device::cpu(), 3.0), w0 = randn({v, h}, dt, 31);
+    Tensor y = make_targets(t, v, 32);
+    Tensor x1 = x0.clone().set_requires_grad(true), w1 = w0.clone().set_requires_grad(true);
+    kernels::LinearCrossEntropyOptions lo;
+    lo.chunk_tokens = 16;
+    lo.softcap = 2.5;
+    Tensor fused = kernels::linear_cross_entropy(x1, w1, y, 3.0, lo);
+    fused.backward();
+    Tensor x2 = x0.to(work(dt)).set_requires_grad(true);
+    Tensor w2 = w0.to(work(dt)).set_requires_grad(true);
+    Tensor full = kernels::cross_entropy(kernels::softcap(kernels::linear(x2, w2), 2.5), y, 3.0);
+    full.backward();
+    const double tol = dt == DType::kF64 ? 1e-12 : 2e-5;
+    EXPECT_NEAR(fused.item(), full.item(), tol * (1 + std::abs(full.item()))) << dtype_name(dt);
+    const double lim = dt == DType::kF64 ? 1e-10 : dt == DType::kF32 ? 1e-5 : 4e-3;
+    EXPECT_LT(rel_err(x1.grad().to_f64(), x2.grad().to_f64()), lim) << dtype_name(dt);
+    EXPECT_LT(rel_err(w1.grad().to_f64(), w2.grad().to_f64()), lim) << dtype_name(dt);
+  }
+  Tensor y = make_targets(9, 7, 33);
+  kernels::LinearCrossEntropyOptions lo;
+  lo.chunk_tokens = 4;
+  lo.softcap = 1.5;
+  auto f = [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{kernels::linear_cross_entropy(in[0], in[1], y, 5.0, lo)};
+  };
+  EXPECT_TRUE(testing::gradcheck(
+      f, {randn({9, 4}, DType::kF64, 34, Device::cpu(), 2.0), randn({7, 4}, DType::kF64, 35)}));
 }
 
 TEST(LinearCrossEntropy, ChunkingDoesNotChangeTheResultBeyondRounding) {

@@ -197,6 +197,32 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearCrossEntropyCuda,
                                            Case{DType::kBF16, 40, 256, 151936, 1 << 20, 5}),
                          case_name);
 
+// Gemma's final logit soft-capping inside the chunks: loss and gradients against the CPU path.
+TEST(LinearCrossEntropyCudaSoftcap, LossAndGradientsMatchCpu) {
+  LT_SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const int64_t t = 71, h = 64, v = 1000;
+    Tensor x = testing::randn({t, h}, dt, 501, Device::cpu(), 2.0);
+    Tensor w = testing::randn({v, h}, dt, 502, Device::cpu(), 0.5);
+    std::vector<int64_t> tg(t);
+    for (int64_t i = 0; i < t; ++i) tg[i] = i % 5 == 0 ? -100 : (i * 37) % v;
+    const Tensor y = Tensor::from_vector(tg, {t});
+    kernels::LinearCrossEntropyOptions lo;
+    lo.chunk_tokens = 16;
+    lo.softcap = 3.0;
+    Tensor xh = x.clone().set_requires_grad(true), wh = w.clone().set_requires_grad(true);
+    Tensor xd = x.to(kGpu).set_requires_grad(true), wd = w.to(kGpu).set_requires_grad(true);
+    Tensor lh = kernels::linear_cross_entropy(xh, wh, y, 7.0, lo);
+    Tensor ld = kernels::linear_cross_entropy(xd, wd, y.to(kGpu), 7.0, lo);
+    lh.backward();
+    ld.backward();
+    const double tol = dt == DType::kF32 ? 1e-5 : 2e-2;
+    EXPECT_NEAR(ld.item(), lh.item(), tol * (1 + std::abs(lh.item()))) << dtype_name(dt);
+    EXPECT_TRUE(testing::all_close(xd.grad(), xh.grad(), tol * 0.1, tol * 10)) << dtype_name(dt);
+    EXPECT_TRUE(testing::all_close(wd.grad(), wh.grad(), tol * 0.1, tol * 10)) << dtype_name(dt);
+  }
+}
+
 TEST(LinearCrossEntropyCudaEdge, AllIgnoredGivesZeroLossAndGradients) {
   LT_SKIP_WITHOUT_CUDA();
   const int64_t t = 9, h = 32, v = 100;

@@ -18,11 +18,12 @@ using testing::randn;
 struct RmsCase {
   DType dt;
   int64_t t, h;
+  bool offset = false;  // Gemma's (1 + w)
 };
 
 std::string rms_name(const ::testing::TestParamInfo<RmsCase>& p) {
   return std::string(dtype_name(p.param.dt)) + "_T" + std::to_string(p.param.t) + "_H" +
-         std::to_string(p.param.h);
+         std::to_string(p.param.h) + (p.param.offset ? "_unit_offset" : "");
 }
 
 constexpr double kEps = 1e-6;
@@ -33,8 +34,13 @@ struct RmsRef {
   Vec y, rstd, dx, dw;
 };
 
-// Exact float64 math on the given (rounded) values; dw uses the unrounded x*rstd.
-RmsRef reference(const Vec& x, const Vec& w, const Vec& dy, int64_t t, int64_t h) {
+// Exact float64 math on the given (rounded) values; dw uses the unrounded x*rstd. With `offset`
+// the weight acts as 1 + w.
+RmsRef reference(const Vec& x, const Vec& w0, const Vec& dy, int64_t t, int64_t h,
+                 bool offset = false) {
+  Vec w = w0;
+  if (offset)
+    for (double& v : w) v += 1.0;
   RmsRef r{Vec(x.size()), Vec(t), Vec(x.size()), Vec(h, 0.0)};
   for (int64_t i = 0; i < t; ++i) {
     double ss = 0;
@@ -61,18 +67,18 @@ TEST_P(RmsNormTest, ForwardMatchesFloat64Reference) {
   Tensor x = randn({c.t, c.h}, c.dt, 1, Device::cpu(), 2.0);
   Tensor w = randn({c.h}, c.dt, 2);
   Guarded y({c.t, c.h}, c.dt, Device::cpu()), rstd({c.t}, stat(c.dt), Device::cpu());
-  kernels::rms_norm_fwd(x, w, kEps, y.payload(), rstd.payload());
+  kernels::rms_norm_fwd(x, w, kEps, y.payload(), rstd.payload(), c.offset);
   EXPECT_TRUE(y.check());
   EXPECT_TRUE(rstd.check());
   Vec xv = x.to_f64(), wv = w.to_f64();
-  RmsRef r = reference(xv, wv, Vec(xv.size(), 0.0), c.t, c.h);
+  RmsRef r = reference(xv, wv, Vec(xv.size(), 0.0), c.t, c.h, c.offset);
   EXPECT_TRUE(near_ref(rstd.payload(), r.rstd, testing::tol(stat(c.dt))));
   // Two roundings for 16-bit types (x*rstd, then the product), each within half an ulp.
   testing::Tol t = testing::tol(c.dt);
   if (c.dt == DType::kBF16) t.rtol = 2.0 / 128;
   EXPECT_TRUE(near_ref(y.payload(), r.y, t));
   // Hugging Face's order of roundings reproduced in double: w * round(x * rstd), rounded.
-  if (c.dt == DType::kBF16) {
+  if (c.dt == DType::kBF16 && !c.offset) {
     Vec hf(xv.size());
     for (int64_t i = 0; i < c.t; ++i)
       for (int64_t j = 0; j < c.h; ++j) {
@@ -91,12 +97,12 @@ TEST_P(RmsNormTest, BackwardMatchesFloat64Reference) {
   Tensor w = randn({c.h}, c.dt, 4);
   Tensor dy = randn({c.t, c.h}, c.dt, 5);
   Tensor y = Tensor::empty({c.t, c.h}, c.dt), rstd = Tensor::empty({c.t}, stat(c.dt));
-  kernels::rms_norm_fwd(x, w, kEps, y, rstd);
+  kernels::rms_norm_fwd(x, w, kEps, y, rstd, c.offset);
   Guarded dx({c.t, c.h}, c.dt, Device::cpu()), dw({c.h}, c.dt, Device::cpu());
-  kernels::rms_norm_bwd(dy, x, w, rstd, dx.payload(), dw.payload());
+  kernels::rms_norm_bwd(dy, x, w, rstd, dx.payload(), dw.payload(), c.offset);
   EXPECT_TRUE(dx.check());
   EXPECT_TRUE(dw.check());
-  RmsRef r = reference(x.to_f64(), w.to_f64(), dy.to_f64(), c.t, c.h);
+  RmsRef r = reference(x.to_f64(), w.to_f64(), dy.to_f64(), c.t, c.h, c.offset);
   EXPECT_TRUE(near_ref(dx.payload(), r.dx, scaled_tol(c.dt, kernel_test::max_abs(r.dx))));
   EXPECT_TRUE(near_ref(dw.payload(), r.dw, scaled_tol(c.dt, std::sqrt(double(c.t)))));
 }
@@ -106,28 +112,29 @@ TEST_P(RmsNormTest, AutogradMatchesRawBackwardAndFrozenWeightGetsNone) {
   Tensor x = randn({c.t, c.h}, c.dt, 6).set_requires_grad(true);
   Tensor w = randn({c.h}, c.dt, 7).set_requires_grad(true);
   Tensor dy = randn({c.t, c.h}, c.dt, 8);
-  kernels::rms_norm(x, w, kEps).backward(dy);
+  kernels::rms_norm(x, w, kEps, c.offset).backward(dy);
   Tensor y = Tensor::empty({c.t, c.h}, c.dt), rstd = Tensor::empty({c.t}, stat(c.dt));
-  kernels::rms_norm_fwd(x.detach(), w.detach(), kEps, y, rstd);
+  kernels::rms_norm_fwd(x.detach(), w.detach(), kEps, y, rstd, c.offset);
   Tensor dx = Tensor::empty({c.t, c.h}, c.dt), dw = Tensor::empty({c.h}, c.dt);
-  kernels::rms_norm_bwd(dy, x.detach(), w.detach(), rstd, dx, dw);
+  kernels::rms_norm_bwd(dy, x.detach(), w.detach(), rstd, dx, dw, c.offset);
   EXPECT_TRUE(testing::all_close(x.grad(), dx, 0.0, 0.0));
   EXPECT_TRUE(testing::all_close(w.grad(), dw, 0.0, 0.0));
 
   Tensor x2 = x.detach().clone().set_requires_grad(true);
   Tensor w2 = w.detach();
-  kernels::rms_norm(x2, w2, kEps).backward(dy);
+  kernels::rms_norm(x2, w2, kEps, c.offset).backward(dy);
   EXPECT_TRUE(testing::all_close(x2.grad(), dx, 0.0, 0.0));
   EXPECT_FALSE(w2.grad().defined());
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormTest,
-                         ::testing::Values(RmsCase{DType::kF32, 1, 1}, RmsCase{DType::kF32, 19, 19},
-                                           RmsCase{DType::kF32, 71, 229},
-                                           RmsCase{DType::kBF16, 71, 229},
-                                           RmsCase{DType::kF16, 19, 64},
-                                           RmsCase{DType::kF64, 40, 8}),
-                         rms_name);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, RmsNormTest,
+    ::testing::Values(RmsCase{DType::kF32, 1, 1}, RmsCase{DType::kF32, 19, 19},
+                      RmsCase{DType::kF32, 71, 229}, RmsCase{DType::kBF16, 71, 229},
+                      RmsCase{DType::kF16, 19, 64}, RmsCase{DType::kF64, 40, 8},
+                      RmsCase{DType::kF32, 1, 1, true}, RmsCase{DType::kF32, 71, 229, true},
+                      RmsCase{DType::kBF16, 71, 229, true}, RmsCase{DType::kF64, 40, 8, true}),
+    rms_name);
 
 TEST(RmsNorm, GradcheckFloat64) {
   auto f = [](const std::vector<Tensor>& in) {
@@ -137,6 +144,12 @@ TEST(RmsNorm, GradcheckFloat64) {
   // More rows than one backward block, so several dw partials are summed.
   EXPECT_TRUE(
       testing::gradcheck(f, {randn({70, 3}, DType::kF64, 11), randn({3}, DType::kF64, 12)}));
+  auto g = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{kernels::rms_norm(in[0], in[1], kEps, /*unit_offset=*/true)};
+  };
+  EXPECT_TRUE(testing::gradcheck(g, {randn({5, 7}, DType::kF64, 13), randn({7}, DType::kF64, 14)}));
+  EXPECT_TRUE(
+      testing::gradcheck(g, {randn({70, 3}, DType::kF64, 15), randn({3}, DType::kF64, 16)}));
 }
 
 TEST(RmsNorm, ThreeDimensionalInputNormalisesTheLastAxis) {

@@ -37,11 +37,12 @@ DType stat(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 struct Case {
   DType dt;
   int64_t t, h;
+  bool offset = false;  // Gemma's (1 + w)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& p) {
   return std::string(dtype_name(p.param.dt)) + "_T" + std::to_string(p.param.t) + "_H" +
-         std::to_string(p.param.h);
+         std::to_string(p.param.h) + (p.param.offset ? "_unit_offset" : "");
 }
 
 class RmsNormCuda : public ::testing::TestWithParam<Case> {};
@@ -52,9 +53,9 @@ TEST_P(RmsNormCuda, ForwardMatchesCpu) {
   Tensor x = testing::randn({c.t, c.h}, c.dt, 101, Device::cpu(), 2.0);
   Tensor w = testing::randn({c.h}, c.dt, 102);
   Tensor y_ref = Tensor::empty({c.t, c.h}, c.dt), r_ref = Tensor::empty({c.t}, stat(c.dt));
-  kernels::rms_norm_fwd(x, w, kEps, y_ref, r_ref);
+  kernels::rms_norm_fwd(x, w, kEps, y_ref, r_ref, c.offset);
   Guarded y({c.t, c.h}, c.dt, kGpu), rstd({c.t}, stat(c.dt), kGpu);
-  kernels::rms_norm_fwd_cuda(x.to(kGpu), w.to(kGpu), kEps, false, y.payload(), rstd.payload());
+  kernels::rms_norm_fwd_cuda(x.to(kGpu), w.to(kGpu), kEps, c.offset, y.payload(), rstd.payload());
   EXPECT_TRUE(y.check());
   EXPECT_TRUE(rstd.check());
   EXPECT_TRUE(all_close(rstd.payload(), r_ref, 0.0, 5e-5));
@@ -68,13 +69,13 @@ TEST_P(RmsNormCuda, BackwardMatchesCpu) {
   Tensor w = testing::randn({c.h}, c.dt, 112);
   Tensor dy = testing::randn({c.t, c.h}, c.dt, 113);
   Tensor y = Tensor::empty({c.t, c.h}, c.dt), rstd = Tensor::empty({c.t}, stat(c.dt));
-  kernels::rms_norm_fwd(x, w, kEps, y, rstd);
+  kernels::rms_norm_fwd(x, w, kEps, y, rstd, c.offset);
   Tensor dx_ref = Tensor::empty({c.t, c.h}, c.dt), dw_ref = Tensor::empty({c.h}, c.dt);
-  kernels::rms_norm_bwd(dy, x, w, rstd, dx_ref, dw_ref);
+  kernels::rms_norm_bwd(dy, x, w, rstd, dx_ref, dw_ref, c.offset);
 
   const Tensor xd = x.to(kGpu), wd = w.to(kGpu), gd = dy.to(kGpu), rd = rstd.to(kGpu);
   Guarded dx({c.t, c.h}, c.dt, kGpu), dw({c.h}, c.dt, kGpu);
-  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, false, dx.payload(), dw.payload());
+  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, c.offset, dx.payload(), dw.payload());
   EXPECT_TRUE(dx.check());
   EXPECT_TRUE(dw.check());
   EXPECT_TRUE(all_close(dx.payload(), dx_ref, gpu_tol(c.dt, 4.0)));
@@ -83,10 +84,10 @@ TEST_P(RmsNormCuda, BackwardMatchesCpu) {
 
   // Each gradient alone, and bitwise repeatability (no atomics).
   Tensor dx_only = Tensor::empty({c.t, c.h}, c.dt, kGpu);
-  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, false, dx_only, Tensor());
+  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, c.offset, dx_only, Tensor());
   EXPECT_EQ(dx_only.to_f64(), dx.payload().to_f64());
   Tensor dw_only = Tensor::empty({c.h}, c.dt, kGpu);
-  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, false, Tensor(), dw_only);
+  kernels::rms_norm_bwd_cuda(gd, xd, wd, rd, c.offset, Tensor(), dw_only);
   EXPECT_EQ(dw_only.to_f64(), dw.payload().to_f64());
 }
 
@@ -98,8 +99,8 @@ TEST_P(RmsNormCuda, AutogradOnDeviceMatchesCpu) {
   Tensor dy = testing::randn({c.t, c.h}, c.dt, 123);
   Tensor xh = x.clone().set_requires_grad(true), wh = w.clone().set_requires_grad(true);
   Tensor xd = x.to(kGpu).set_requires_grad(true), wd = w.to(kGpu).set_requires_grad(true);
-  Tensor yh = kernels::rms_norm(xh, wh, kEps);
-  Tensor yd = kernels::rms_norm(xd, wd, kEps);
+  Tensor yh = kernels::rms_norm(xh, wh, kEps, c.offset);
+  Tensor yd = kernels::rms_norm(xd, wd, kEps, c.offset);
   ASSERT_TRUE(yd.device().is_cuda());
   EXPECT_TRUE(all_close(yd, yh, gpu_tol(c.dt, 2.0)));
   yh.backward(dy);
@@ -110,17 +111,22 @@ TEST_P(RmsNormCuda, AutogradOnDeviceMatchesCpu) {
 
 // Small, odd and model sizes; 8192 is the widest bf16 row kept in registers, 10000 and 4097 take
 // the loop kernels; 4096 rows exercise the persistent backward grid.
-INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormCuda,
-                         ::testing::Values(Case{DType::kF32, 1, 1}, Case{DType::kBF16, 1, 1},
-                                           Case{DType::kF32, 19, 19}, Case{DType::kBF16, 19, 19},
-                                           Case{DType::kF32, 71, 229}, Case{DType::kBF16, 71, 229},
-                                           Case{DType::kF16, 71, 229}, Case{DType::kF32, 5, 896},
-                                           Case{DType::kBF16, 5, 896}, Case{DType::kBF16, 3, 4864},
-                                           Case{DType::kF32, 3, 4864}, Case{DType::kBF16, 2, 8192},
-                                           Case{DType::kBF16, 2, 10000}, Case{DType::kF32, 3, 4097},
-                                           Case{DType::kBF16, 4096, 896},
-                                           Case{DType::kF32, 1000, 1536}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, RmsNormCuda,
+    ::testing::Values(Case{DType::kF32, 1, 1}, Case{DType::kBF16, 1, 1}, Case{DType::kF32, 19, 19},
+                      Case{DType::kBF16, 19, 19}, Case{DType::kF32, 71, 229},
+                      Case{DType::kBF16, 71, 229}, Case{DType::kF16, 71, 229},
+                      Case{DType::kF32, 5, 896}, Case{DType::kBF16, 5, 896},
+                      Case{DType::kBF16, 3, 4864}, Case{DType::kF32, 3, 4864},
+                      Case{DType::kBF16, 2, 8192}, Case{DType::kBF16, 2, 10000},
+                      Case{DType::kF32, 3, 4097}, Case{DType::kBF16, 4096, 896},
+                      Case{DType::kF32, 1000, 1536},
+                      // Gemma's (1 + w): rows in registers, the loop
+                      // kernel, q/k norms over head_dim 256.
+                      Case{DType::kF32, 1, 1, true}, Case{DType::kBF16, 71, 229, true},
+                      Case{DType::kF32, 71, 256, true}, Case{DType::kBF16, 3, 10000, true},
+                      Case{DType::kF16, 19, 1152, true}),
+    case_name);
 
 }  // namespace
 }  // namespace leantune

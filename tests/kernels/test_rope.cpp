@@ -218,5 +218,72 @@ TEST(RopeInvFreq, BadConfigsAreErrors) {
       Error);
 }
 
+// Partial rotary (Phi-3's partial_rotary_factor) with an attention factor (longrope): the first
+// R values of each head rotate with cos and sin scaled by the factor, the rest pass through.
+TEST(Rope, PartialRotaryAndAttentionFactorMatchFloat64Reference) {
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    const int64_t t = 71, heads = 3, d = 16, r = 12;
+    RopeConfig cfg;
+    cfg.head_dim = d;
+    cfg.rotary_dim = r;
+    cfg.attention_factor = 1.25;
+    const Tensor x = randn({t, heads, d}, dt, 21), pos = positions(t, DType::kI64);
+    const Tensor y = kernels::rope(x, pos, cfg);
+    const std::vector<double> inv = kernels::rope_inv_freq(cfg);
+    ASSERT_EQ(inv.size(), 6u);
+    const Vec xv = x.to_f64(), yv = y.to_f64();
+    const std::vector<int64_t> p = pos.to_i64();
+    double worst = 0;
+    for (int64_t tok = 0; tok < t; ++tok)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t b = (tok * heads + h) * d;
+        for (int64_t i = 0; i < r / 2; ++i) {
+          double a = static_cast<double>(p[tok]) * inv[i];
+          if (dt != DType::kF64) a = static_cast<float>(a);
+          const double c = 1.25 * std::cos(a), s = 1.25 * std::sin(a);
+          worst = std::max(worst, std::abs(yv[b + i] - (xv[b + i] * c - xv[b + i + r / 2] * s)));
+          worst = std::max(worst,
+                           std::abs(yv[b + i + r / 2] - (xv[b + i + r / 2] * c + xv[b + i] * s)));
+        }
+        for (int64_t j = r; j < d; ++j) EXPECT_EQ(yv[b + j], xv[b + j]);
+      }
+    EXPECT_LT(worst, dt == DType::kF64 ? 1e-12 : 2e-5) << dtype_name(dt);
+  }
+  // The backward is the transpose: the factor times the inverse rotation (float64 gradcheck).
+  RopeConfig cfg;
+  cfg.head_dim = 8;
+  cfg.rotary_dim = 6;
+  cfg.attention_factor = 0.8;
+  auto f = [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{kernels::rope(in[0], positions(5, DType::kI64), cfg)};
+  };
+  EXPECT_TRUE(testing::gradcheck(f, {randn({5, 2, 8}, DType::kF64, 22)}));
+}
+
+// Longrope's tables: 1 / (factor_i * theta^(2i/R)) with the short or the long factors.
+TEST(RopeInvFreq, LongropeDividesByTheChosenFactors) {
+  RopeConfig cfg;
+  cfg.head_dim = 8;
+  cfg.theta = 10000.0;
+  cfg.scaling_type = "longrope";
+  cfg.short_factor = {1.0, 1.5, 2.0, 3.0};
+  cfg.long_factor = {2.0, 4.0, 8.0, 16.0};
+  cfg.original_max_position_embeddings = 4;
+  RopeConfig plain = cfg;
+  plain.scaling_type = "";
+  const std::vector<double> base = kernels::rope_inv_freq(plain);
+  for (bool use_long : {false, true}) {
+    cfg.use_long = use_long;
+    const std::vector<double> inv = kernels::rope_inv_freq(cfg);
+    const std::vector<double>& f = use_long ? cfg.long_factor : cfg.short_factor;
+    for (size_t i = 0; i < inv.size(); ++i) EXPECT_NEAR(inv[i], base[i] / f[i], 1e-7 * base[i]);
+  }
+  EXPECT_FALSE(cfg.long_for(3));
+  EXPECT_TRUE(cfg.long_for(4));
+  cfg.long_factor.pop_back();
+  cfg.use_long = true;
+  EXPECT_THROW(kernels::rope_inv_freq(cfg), Error);
+}
+
 }  // namespace
 }  // namespace leantune

@@ -108,6 +108,35 @@ TEST_P(RopeCuda, InverseUndoesForwardAndAutogradMatchesCpu) {
   EXPECT_TRUE(all_close(xd.grad(), xh.grad(), gpu_tol(c.dt)));
 }
 
+// Phi-3's partial rotary with longrope's attention factor: the rotated part, the pass-through
+// part (out of place and in place), forward and backward against the CPU op.
+TEST(RopeCudaPartial, PartialRotaryAndFactorMatchCpu) {
+  LT_SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF64}) {
+    for (auto [d, r] : {std::pair<int64_t, int64_t>{16, 12}, {96, 72}, {128, 64}, {8, 2}}) {
+      kernels::RopeConfig cfg;
+      cfg.head_dim = d;
+      cfg.rotary_dim = r;
+      cfg.attention_factor = 1.19;
+      const Shape s{71, 3, d};
+      Tensor x = testing::randn(s, dt, 421);
+      Tensor pos = positions(71, 5000, DType::kI64);
+      Tensor xh = x.clone().set_requires_grad(true), xd = x.to(kGpu).set_requires_grad(true);
+      Tensor yh = kernels::rope(xh, pos, cfg), yd = kernels::rope(xd, pos.to(kGpu), cfg);
+      EXPECT_TRUE(all_close(yd, yh, gpu_tol(dt))) << dtype_name(dt) << " " << d << "/" << r;
+      Tensor dy = testing::randn(s, dt, 422);
+      yh.backward(dy);
+      yd.backward(dy.to(kGpu));
+      EXPECT_TRUE(all_close(xd.grad(), xh.grad(), gpu_tol(dt))) << dtype_name(dt);
+      const Tensor inv = Tensor::from_doubles(kernels::rope_inv_freq(cfg), {r / 2},
+                                              dt == DType::kF64 ? DType::kF64 : DType::kF32);
+      Tensor xi = x.to(kGpu);
+      kernels::rope_apply(xi, pos.to(kGpu), inv.to(kGpu), false, xi, 1.19);
+      EXPECT_EQ(xi.to_f64(), yd.detach().to_f64()) << dtype_name(dt);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, RopeCuda,
     ::testing::Values(Case{DType::kF32, 1, 1, 2, 0}, Case{DType::kBF16, 1, 1, 2, 0},

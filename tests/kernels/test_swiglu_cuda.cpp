@@ -99,5 +99,35 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SwigluCuda,
                                            Case{DType::kF32, 7, 4864}, Case{DType::kF64, 19, 71}),
                          case_name);
 
+// Gemma's GeGLU: the CUDA forward and backward against the CPU path, and on-device autograd.
+TEST(GegluCuda, ForwardBackwardAndAutogradMatchCpu) {
+  LT_SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64}) {
+    for (auto [t, i] : {std::pair<int64_t, int64_t>{1, 1}, {19, 19}, {71, 229}, {5, 6912}}) {
+      Tensor g = testing::randn({t, i}, dt, 301, Device::cpu(), 3.0);
+      Tensor u = testing::randn({t, i}, dt, 302), dy = testing::randn({t, i}, dt, 303);
+      Tensor y_ref = Tensor::empty({t, i}, dt), dg_ref = Tensor::empty({t, i}, dt),
+             du_ref = Tensor::empty({t, i}, dt);
+      kernels::geglu_fwd(g, u, y_ref);
+      kernels::geglu_bwd(dy, g, u, dg_ref, du_ref);
+      const Tensor gd = g.to(kGpu), ud = u.to(kGpu), dyd = dy.to(kGpu);
+      Guarded y({t, i}, dt, kGpu), dg({t, i}, dt, kGpu), du({t, i}, dt, kGpu);
+      kernels::geglu_fwd_cuda(gd, ud, y.payload());
+      kernels::geglu_bwd_cuda(dyd, gd, ud, dg.payload(), du.payload());
+      EXPECT_TRUE(y.check() && dg.check() && du.check());
+      const testing::Tol tol = dt == DType::kF32   ? testing::Tol{1e-5, 1e-5}
+                               : dt == DType::kF64 ? testing::Tol{1e-12, 1e-12}
+                                                   : testing::Tol{1e-2, 1.6e-2};
+      EXPECT_TRUE(all_close(y.payload(), y_ref, tol)) << dtype_name(dt) << " " << t << "x" << i;
+      EXPECT_TRUE(all_close(dg.payload(), dg_ref, tol)) << dtype_name(dt) << " " << t << "x" << i;
+      EXPECT_TRUE(all_close(du.payload(), du_ref, tol)) << dtype_name(dt) << " " << t << "x" << i;
+      Tensor ga = gd.clone().set_requires_grad(true), ua = ud.clone().set_requires_grad(true);
+      kernels::geglu(ga, ua).backward(dyd);
+      EXPECT_EQ(ga.grad().to_f64(), dg.payload().to_f64());
+      EXPECT_EQ(ua.grad().to_f64(), du.payload().to_f64());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace leantune

@@ -220,7 +220,7 @@ void expect_input_error(const std::function<void()>& fn, const std::string& need
 }
 
 TEST(ChatTemplateNames, BundledNamesFilesAndUnknownNames) {
-  for (const char* n : {"chatml", "qwen2.5", "llama3", "llama3.1", "llama3.2"}) {
+  for (const char* n : {"chatml", "qwen2.5", "qwen3", "llama3", "llama3.1", "llama3.2", "gemma3"}) {
     ChatTemplate t = ChatTemplate::from_name(n);
     t.set_bos_token("<|begin_of_text|>");  // the Llama templates need it (from the tokenizer)
     EXPECT_EQ(t.name(), n);

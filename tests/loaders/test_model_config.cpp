@@ -120,7 +120,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BenchConfig{"qwen2.5-0.5b.json", "Qwen2ForCausalLM", 494032768},
                       BenchConfig{"qwen2.5-1.5b.json", "Qwen2ForCausalLM", 1543714304},
                       BenchConfig{"qwen2.5-7b.json", "Qwen2ForCausalLM", 7615616512},
-                      BenchConfig{"llama3-8b.json", "LlamaForCausalLM", 8030261248}),
+                      BenchConfig{"llama3-8b.json", "LlamaForCausalLM", 8030261248},
+                      // Real config.json files of each family, written from the published ones.
+                      BenchConfig{"qwen3-8b.json", "Qwen3ForCausalLM", 8190735360},
+                      BenchConfig{"mistral-7b-v0.3.json", "MistralForCausalLM", 7248023552},
+                      BenchConfig{"phi-4.json", "Phi3ForCausalLM", 14659507200},
+                      BenchConfig{"phi-3-mini-128k.json", "Phi3ForCausalLM", 3821079552},
+                      BenchConfig{"gemma-3-1b.json", "Gemma3ForCausalLM", 999885952}),
     [](const auto& info) {
       std::string n = info.param.file;
       for (char& ch : n) {
@@ -128,6 +134,56 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return n;
     });
+
+// The families' own keys and transformers' defaults for them, in the files' legacy and
+// transformers 5 forms.
+TEST(ModelConfig, FamilyOptions) {
+  const ModelConfig q = parse(
+      R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+          "num_hidden_layers": 3, "num_attention_heads": 4, "vocab_size": 10,
+          "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 2})");
+  EXPECT_EQ(q.head_dim, 128);  // Qwen3Config's default, not 64 / 4
+  EXPECT_TRUE(q.qk_norm);
+  EXPECT_FALSE(q.attention_bias);
+  EXPECT_EQ(q.window_of(0), 0);
+  EXPECT_EQ(q.window_of(2), 8);
+  const ModelConfig m = parse(
+      R"({"architectures": ["MistralForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10})");
+  EXPECT_EQ(m.window_of(1), 4096);  // MistralConfig's default when the key is absent
+  EXPECT_EQ(m.max_position_embeddings, 131072);
+  const ModelConfig p =
+      ModelConfig::load(std::string(LT_SOURCE_DIR) + "/bench/configs/phi-3-mini-128k.json");
+  EXPECT_TRUE(p.fused_qkv && p.fused_gate_up);
+  EXPECT_EQ(p.rope.scaling_type, "longrope");
+  EXPECT_EQ(p.rope.original_max_position_embeddings, 4096);
+  EXPECT_EQ(p.rope.long_factor.size(), 48u);
+  EXPECT_NEAR(p.rope.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12);
+  EXPECT_FALSE(p.rope.long_for(4095));
+  EXPECT_TRUE(p.rope.long_for(4096));
+  EXPECT_EQ(p.window_of(0), 262144);
+  // Written back, the longrope lists survive as the file had them.
+  EXPECT_EQ(ModelConfig::from_json(p.to_json(), "x").rope.long_factor, p.rope.long_factor);
+  const ModelConfig g =
+      ModelConfig::load(std::string(LT_SOURCE_DIR) + "/bench/configs/gemma-3-1b.json");
+  EXPECT_TRUE(g.norm_unit_offset && g.sandwich_norms && g.scale_embeddings && g.qk_norm);
+  EXPECT_EQ(g.mlp_activation, MlpActivation::kGeluTanh);
+  EXPECT_DOUBLE_EQ(g.attention_scale, 1.0 / 16.0);
+  EXPECT_EQ(g.window_of(0), 512);
+  EXPECT_EQ(g.window_of(5), 0);  // every sixth layer is global
+  EXPECT_DOUBLE_EQ(g.rope_of(0).theta, 10000.0);
+  EXPECT_DOUBLE_EQ(g.rope_of(5).theta, 1e6);
+  EXPECT_EQ(g.eos_token_ids, (std::vector<int64_t>{1, 106}));
+  const char* bad_phi = R"({"architectures": ["Phi3ForCausalLM"], "hidden_size": 64,
+      "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "vocab_size": 10, "resid_pdrop": 0.1})";
+  EXPECT_NE(input_error(bad_phi).find("key 'resid_pdrop' must be 0"), std::string::npos);
+  const char* bad_act = R"({"architectures": ["Gemma3ForCausalLM"], "hidden_size": 64,
+      "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "vocab_size": 10, "hidden_activation": "gelu"})";
+  EXPECT_NE(input_error(bad_act).find("key 'hidden_activation' must be \"gelu_pytorch_tanh\""),
+            std::string::npos);
+}
 
 TEST(ModelConfig, TransformersDefaults) {
   const ModelConfig c = parse(kMinimalLlama);

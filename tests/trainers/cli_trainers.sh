@@ -66,6 +66,14 @@ done
 "$bin" generate --model "$tmp/model" --prompt "Hi" --chat --max_new_tokens 4 --temperature 0.8 \
     --top_p 0.9 --seed 1 --device cpu >"$tmp/gen2" 2>&1 || { echo "FAIL: generate --chat"; cat "$tmp/gen2"; fail=1; }
 [ -s "$tmp/model/model.safetensors" ] && [ -s "$tmp/model/tokenizer.json" ] || { echo "FAIL: init-model files"; fail=1; }
+# init-model writes every family; inspect reads the folder back (tensors match the config).
+for fam in qwen3 mistral phi3 gemma3; do
+  "$bin" init-model --config "$src/tests/fixtures/models/$fam/model/config.json" \
+      --out "$tmp/init_$fam" >"$tmp/out" 2>&1 || { echo "FAIL: init-model $fam"; cat "$tmp/out"; fail=1; }
+  "$bin" inspect "$tmp/init_$fam" >"$tmp/out" 2>&1 || { echo "FAIL: inspect $fam"; cat "$tmp/out"; fail=1; }
+  grep -q "config parameter count matches the tensors" "$tmp/out" ||
+    { echo "FAIL: inspect $fam counts"; cat "$tmp/out"; fail=1; }
+done
 
 # The embedded default with every model-level technique at once: the memory report names each
 # saving, and the run writes a PEFT adapter.

@@ -5,10 +5,13 @@
 
 #include <filesystem>
 
+#include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
+#include "models/decoder.h"
 #include "testing/testing.h"
 #include "trainer_test_util.h"
 #include "trainers/estimate.h"
+#include "trainers/model_io.h"
 #include "trainers/sft.h"
 
 namespace leantune {
@@ -32,18 +35,23 @@ struct RunOutcome {
   int64_t estimated_peak = 0;
 };
 
-RunOutcome train(const std::vector<std::string>& extra, int64_t steps = 3) {
+RunOutcome train_model(const std::string& model, const std::vector<std::string>& extra,
+                       int64_t steps = 3) {
   RunOutcome r;
   r.out_dir = testing::temp_dir("out");
   std::vector<std::string> flags = {"--per_device_train_batch_size", "4", "--max_steps",
                                     std::to_string(steps)};
   flags.insert(flags.end(), extra.begin(), extra.end());
-  const Options o = testing::tiny_sft_options(tiny_model(), r.out_dir, flags);
+  const Options o = testing::tiny_sft_options(model, r.out_dir, flags);
   SftRun run = make_sft_run(o);
   r.result = run.trainer->train();
   r.measured_peak = r.result.memory.value("peak_allocated", int64_t{0});
   r.estimated_peak = r.result.memory["savings"]["estimate"].value("peak", int64_t{0});
   return r;
+}
+
+RunOutcome train(const std::vector<std::string>& extra, int64_t steps = 3) {
+  return train_model(tiny_model(), extra, steps);
 }
 
 struct EstimateCase {
@@ -87,6 +95,77 @@ INSTANTIATE_TEST_SUITE_P(
                       "true", "--activation_offloading", "true"}},
         EstimateCase{"lora_int8", {"--use_peft", "true", "--load_in_8bit", "true"}}),
     [](const ::testing::TestParamInfo<EstimateCase>& i) { return i.param.name; });
+
+// The tiny model's shapes in each family's layout (q/k norms, sandwich norms, fused projections,
+// sliding windows): the estimate follows what each family's layer keeps.
+struct FamilyCase {
+  std::string name;
+  nlohmann::json config;  // keys over tiny_config.json
+  std::vector<std::string> flags;
+};
+
+class FamilyEstimateVsMeasured : public ::testing::TestWithParam<FamilyCase> {};
+
+TEST_P(FamilyEstimateVsMeasured, WithinTenPercent) {
+  nlohmann::json cfg = read_json_file(testing::fixture_path("trainer/tiny_config.json"));
+  cfg.update(GetParam().config);
+  const std::string dir = testing::temp_dir("family_model");
+  {
+    // Freed before the run: the allocator's peak is the run's alone.
+    DecoderModel m(ModelConfig::from_json(cfg, "family config"), Device::cpu(), DType::kF32);
+    m.init_random(1);
+    m.save(dir, DType::kF32);
+  }
+  copy_tokenizer_files(std::string(LT_SOURCE_DIR) + "/data/embedded", dir);
+  const RunOutcome r = train_model(dir, GetParam().flags);
+  ASSERT_GT(r.measured_peak, 0);
+  const double rel = static_cast<double>(r.estimated_peak - r.measured_peak) /
+                     static_cast<double>(r.measured_peak);
+  EXPECT_LE(std::abs(rel), 0.10) << "estimated " << r.estimated_peak << " measured "
+                                 << r.measured_peak;
+  std::printf("%s: estimated %lld, measured %lld (%+.1f%%)\n", GetParam().name.c_str(),
+              static_cast<long long>(r.estimated_peak), static_cast<long long>(r.measured_peak),
+              100 * rel);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TinyModelCpu, FamilyEstimateVsMeasured,
+    ::testing::Values(
+        FamilyCase{
+            "qwen3",
+            {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"head_dim", 16}},
+            {}},
+        FamilyCase{"mistral_lora",
+                   {{"architectures", {"MistralForCausalLM"}},
+                    {"model_type", "mistral"},
+                    {"sliding_window", 16},
+                    {"tie_word_embeddings", false}},
+                   {"--use_peft", "true"}},
+        FamilyCase{"phi3",
+                   {{"architectures", {"Phi3ForCausalLM"}}, {"model_type", "phi3"}},
+                   {"--gradient_checkpointing", "true"}},
+        FamilyCase{"phi3_lora",
+                   {{"architectures", {"Phi3ForCausalLM"}}, {"model_type", "phi3"}},
+                   {"--use_peft", "true", "--lora_target_modules", "qkv_proj,gate_up_proj"}},
+        FamilyCase{"phi3_qlora",
+                   {{"architectures", {"Phi3ForCausalLM"}}, {"model_type", "phi3"}},
+                   {"--use_peft", "true", "--load_in_4bit", "true", "--lora_target_modules",
+                    "qkv_proj,gate_up_proj"}},
+        FamilyCase{
+            "gemma3_qlora_checkpointing",
+            {{"architectures", {"Gemma3ForCausalLM"}},
+             {"model_type", "gemma3_text"},
+             {"head_dim", 8},
+             {"sliding_window", 8}},
+            {"--use_peft", "true", "--load_in_4bit", "true", "--gradient_checkpointing", "true"}},
+        FamilyCase{"gemma3",
+                   {{"architectures", {"Gemma3ForCausalLM"}},
+                    {"model_type", "gemma3_text"},
+                    {"head_dim", 8},
+                    {"sliding_window", 8},
+                    {"final_logit_softcapping", 30.0}},
+                   {}}),
+    [](const ::testing::TestParamInfo<FamilyCase>& i) { return i.param.name; });
 
 TEST(MemoryTechniques, EachTechniqueLowersTheMeasuredPeak) {
   const int64_t full = train({}).measured_peak;
