@@ -5,7 +5,7 @@
 set(_lt_backend_dir ${CMAKE_CURRENT_LIST_DIR})
 target_sources(backend_test_ops PRIVATE
   ${_lt_backend_dir}/harness.cpp
-  ${_lt_backend_dir}/attention_naive.cpp
+  ${_lt_backend_dir}/naive.cpp
   ${_lt_backend_dir}/table_engine.cpp
   ${_lt_backend_dir}/table_optim.cpp
   ${_lt_backend_dir}/table_layers.cpp

@@ -50,6 +50,7 @@ struct Rule {
   static Rule flash(std::function<Vec()> naive);
 };
 
+// actual (the run under test) against expected (the reference) under rule.
 ::testing::AssertionResult compare(const Rule& rule, const Tensor& actual, const Tensor& expected);
 
 // One run of an entry on one device.

@@ -1,6 +1,6 @@
 // Table rows for varlen attention (kernels/attention.cu). The reference run is the CPU op on the
 // same inputs converted to f64 (out, lse, dq, dk, dv). bf16/f16 outputs are held to
-// flash-attention's rule against the naive same-dtype computation (attention_naive.h); f32 and
+// flash-attention's rule against the naive same-dtype computation (naive.h); f32 and
 // f64 (the simple kernel) to the normwise row of the table; lse elementwise. Outputs go into
 // guard-banded buffers, so rows a kernel forgot to write fail; rows that see no key and rows
 // outside every sequence must be exactly 0. The CPU self-check runs the CPU op in the input
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/attention_naive.h"
+#include "backend/naive.h"
 #include "backend/table.h"
 #include "kernels/attention.h"
 

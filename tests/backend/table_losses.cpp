@@ -7,9 +7,12 @@
 // another dtype or not contiguous, only one gradient, none, the autograd op).
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "backend/naive.h"
 #include "backend/table.h"
 #include "engine/autograd.h"
 #include "kernels/cross_entropy.h"
@@ -237,6 +240,30 @@ void linear_cross_entropy(std::vector<Entry>& t) {
                      // The accumulated part alone (dw - dw0) carries the comparison.
                      r.out("dweight_added" + m, ops::sub(dw.to(Device::cpu()), dw0), grad_rule);
                      r.expect("ignored rows of dhidden are 0" + m, ignored_rows_zero(dh, y));
+                     if (device_targets || (c.dt != DType::kBF16 && c.dt != DType::kF16)) continue;
+                     // 16-bit: also flash-attention's rule against the CPU op in f64 on the same
+                     // rounded inputs, with the same-dtype naive loss as the yardstick.
+                     if (r.reference()) {
+                       const Tensor x64 = x.to(DType::kF64), w64 = w.to(DType::kF64);
+                       dh = Tensor::empty({c.t, c.h}, DType::kF64);
+                       dw = Tensor::zeros({c.v, c.h}, DType::kF64);
+                       kernels::linear_cross_entropy_fwd_bwd(x64, w64, y, 0.37, dh, dw, opt);
+                     }
+                     auto naive = std::make_shared<NaiveLinearCrossEntropy>();
+                     auto compute = [=] {
+                       if (naive->dhidden.empty())
+                         *naive = naive_linear_cross_entropy(x, w, y.to_i64(), 0.37, c.dt);
+                     };
+                     r.out("dhidden_vs_f64", dh, Rule::flash([=] {
+                             compute();
+                             return naive->dhidden;
+                           }));
+                     r.out("dweight_added_vs_f64",
+                           r.reference() ? dw : ops::sub(dw.to(Device::cpu()), dw0),
+                           Rule::flash([=] {
+                             compute();
+                             return naive->dweight;
+                           }));
                    }
                  }});
     // Loss only, one gradient only, dweight in the input dtype or as a non-contiguous view; the

@@ -5,7 +5,7 @@
 //   f32: against the CPU ring in f32, normwise (the attention's own f32 parity) for out, lse, dq,
 //        dk, dv.
 //   bf16: against the CPU ring in f64 on the same bf16 inputs under flash-attention's rule, the
-//        naive computation being the whole padded batch in bf16 (attention_naive.h) read at the
+//        naive computation being the whole padded batch in bf16 (naive.h) read at the
 //        rank's rows; lse elementwise. The CPU ring refuses bf16, so the self-check's stand-in
 //        is the CPU ring in f32 with its outputs rounded to bf16.
 // Cases: documents of length 1, odd lengths, an empty document, GQA 4 (Hq 8, Hk 2), head_dim 64
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/attention_naive.h"
+#include "backend/naive.h"
 #include "backend/table.h"
 #include "kernels/ring_test_util.h"
 

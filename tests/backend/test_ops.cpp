@@ -172,8 +172,8 @@ TEST(BackendHarness, ComparesRunsByNameAndReportsThrows) {
   EXPECT_TRUE(compare(Rule::close({1e-6, 1e-6}), perturb(vals({30.0, -40.0}), false),
                       vals({30 + 3 + 3.5355339, -40 + 4 + 3.5355339})));
   EXPECT_TRUE(compare(Rule::exact(), perturb(vals({-INFINITY, 2.0}), false), vals({0.0, 3.2})));
-  EXPECT_TRUE(compare(Rule::exact(), perturb(vals({7, 8}, DType::kI64), false),
-                      vals({8, 9}, DType::kI64)));
+  EXPECT_TRUE(
+      compare(Rule::exact(), perturb(vals({7, 8}, DType::kI64), false), vals({8, 9}, DType::kI64)));
   EXPECT_TRUE(std::isnan(perturb(vals({1, 2, 3}), true).to_f64()[1]));
 
   const Entry throwing{"throwing", [](OpRun&) { LT_THROW(ErrorKind::kInput, "boom"); }};

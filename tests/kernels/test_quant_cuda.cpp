@@ -10,6 +10,7 @@
 namespace leantune {
 namespace {
 
+using kernels::Nf4Weight;
 using testing::randn;
 
 const Device kGpu = Device::cuda(0);

@@ -1,5 +1,5 @@
-// The same-dtype naive attention (see attention_naive.h).
-#include "backend/attention_naive.h"
+// The same-dtype naive computations of flash-attention's rule (see naive.h).
+#include "backend/naive.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,15 +9,12 @@
 
 namespace leantune::backend_test {
 
-namespace {
-// x rounded to dt through f32, as the tensors of that dtype hold it.
 double round_to(double x, DType dt) {
   if (dt == DType::kBF16) return bf16_to_f32(f32_to_bf16(static_cast<float>(x)));
   if (dt == DType::kF16) return f16_to_f32(f32_to_f16(static_cast<float>(x)));
   if (dt == DType::kF32) return static_cast<float>(x);
   return x;
 }
-}  // namespace
 
 NaiveAttention naive_attention(const Tensor& qt, const Tensor& kt, const Tensor& vt,
                                const Tensor& gt, const std::vector<int64_t>& cq,
@@ -101,6 +98,46 @@ NaiveAttention naive_attention(const Tensor& qt, const Tensor& kt, const Tensor&
     n.dk[i] = r(dk_sum[i]);
     n.dv[i] = r(dv_sum[i]);
   }
+  return n;
+}
+
+NaiveLinearCrossEntropy naive_linear_cross_entropy(const Tensor& hidden, const Tensor& weight,
+                                                   const std::vector<int64_t>& targets,
+                                                   double scale, DType dt) {
+  auto r = [dt](double x) { return round_to(x, dt); };
+  const std::vector<double> x = hidden.to_f64(), w = weight.to_f64();
+  const int64_t t = hidden.size(0), h = hidden.size(1), v = weight.size(0);
+  NaiveLinearCrossEntropy n;
+  n.dhidden.assign(static_cast<size_t>(t * h), 0.0);
+  std::vector<double> dw(static_cast<size_t>(v * h), 0.0), z(static_cast<size_t>(v));
+  for (int64_t i = 0; i < t; ++i) {
+    if (targets[i] < 0) continue;
+    const double* xi = x.data() + i * h;
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < v; ++j) {
+      const double* wj = w.data() + j * h;
+      double acc = 0;
+      for (int64_t k = 0; k < h; ++k) acc += xi[k] * wj[k];
+      z[j] = r(acc);
+      m = std::max(m, z[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(z[j] - m);
+    double* dh = n.dhidden.data() + i * h;
+    for (int64_t j = 0; j < v; ++j) {
+      const double g = r((std::exp(z[j] - m) / sum - (j == targets[i] ? 1.0 : 0.0)) * scale);
+      if (g == 0.0) continue;
+      const double* wj = w.data() + j * h;
+      double* dwj = dw.data() + j * h;
+      for (int64_t k = 0; k < h; ++k) {
+        dh[k] += g * wj[k];
+        dwj[k] += g * xi[k];
+      }
+    }
+    for (int64_t k = 0; k < h; ++k) dh[k] = r(dh[k]);
+  }
+  n.dweight.resize(dw.size());
+  for (size_t i = 0; i < dw.size(); ++i) n.dweight[i] = r(dw[i]);
   return n;
 }
 
