@@ -289,7 +289,10 @@ std::string entry_name(const ::testing::TestParamInfo<Entry>& info) { return inf
 
 std::string shape_name(const Shape& s) {
   std::string n;
-  for (size_t i = 0; i < s.size(); ++i) n += (i ? "x" : "") + std::to_string(s[i]);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i > 0) n += 'x';
+    n += std::to_string(s[i]);
+  }
   return n;
 }
 

@@ -18,8 +18,12 @@ namespace {
 using testing::backend_sum_tol;
 using testing::backend_tol;
 
-const std::vector<DType> kFloat = {DType::kF32, DType::kBF16, DType::kF16, DType::kF64};
-const std::vector<Shape> kShapes = {{1}, {19}, {71, 229}, {3, 896}, {2, 4864}};
+// The table is built while gtest registers its tests (static initialisation): no
+// namespace-scope objects that need constructing.
+const std::vector<Shape>& shapes() {
+  static const std::vector<Shape> s = {{1}, {19}, {71, 229}, {3, 896}, {2, 4864}};
+  return s;
+}
 
 Tensor host_randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
   return testing::randn(s, dt, seed, Device::cpu(), std);
@@ -27,7 +31,7 @@ Tensor host_randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
 
 void copies(std::vector<Entry>& t, DType dt) {
   const std::string d = dt_name(dt);
-  for (const Shape& s : kShapes)
+  for (const Shape& s : shapes())
     t.push_back({"copy_roundtrip_" + d + "_" + shape_name(s), [=](OpRun& r) {
                    const Tensor x = r.randn(s, dt, 11);
                    r.out("back", x.to(Device::cpu()), Rule::exact());
@@ -101,7 +105,7 @@ void fills(std::vector<Entry>& t, DType dt) {
 
 void elementwise(std::vector<Entry>& t, DType dt) {
   const std::string d = dt_name(dt);
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : shapes()) {
     const std::string sn = d + "_" + shape_name(s);
     // b of the same shape, a single element, a row; away from 0 for div.
     t.push_back({"binary_" + sn, [=](OpRun& r) {
@@ -282,7 +286,7 @@ void gemms(std::vector<Entry>& t) {
 
 std::vector<Entry> engine_op_entries() {
   std::vector<Entry> t;
-  for (DType dt : kFloat) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64}) {
     copies(t, dt);
     fills(t, dt);
     elementwise(t, dt);

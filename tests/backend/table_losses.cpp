@@ -71,7 +71,7 @@ void cross_entropy(std::vector<Entry>& t) {
                    // lse ~ log V + max; the loss is a difference of two such numbers.
                    const double mag = c.std + 12.0;
                    for (DType tdt : {DType::kI64, DType::kI32}) {
-                     const std::string m = "_" + dt_name(tdt);
+                     const std::string m = std::string("_") + dt_name(tdt);
                      const Tensor y = ce_targets(c.t, c.v, tdt);
                      Tensor loss = r.guarded({c.t}, sd), lse = r.guarded({c.t}, sd);
                      kernels::cross_entropy_fwd(z, r.on(y), loss, lse);

@@ -52,7 +52,9 @@ void adamw_steps(OpRun& r, const std::vector<Spec>& specs, int steps) {
     adamw_step(ts, {1e-3 * step, 0.9, 0.95, 1e-8, step, step == 2 ? 0.5 : 1.0});
   }
   for (size_t i = 0; i < specs.size(); ++i) {
-    const std::string n = "t" + std::to_string(i) + "_";
+    std::string n = "t";
+    n += std::to_string(i);
+    n += '_';
     r.out(n + "param", ts[i].param, Rule::close(backend_repeat_tol(specs[i].param)));
     r.out(n + "exp_avg", ts[i].exp_avg, Rule::close(backend_repeat_tol(DType::kF32, 1e-2)));
     r.out(n + "exp_avg_sq", ts[i].exp_avg_sq, Rule::close(backend_repeat_tol(DType::kF32, 1e-5)));

@@ -24,10 +24,14 @@ namespace {
 using ring_test::RankResult;
 using ring_test::RingCase;
 
-const RingCase kCases[] = {
-    {"short", {1, 7, 0, 33, 18}, 8, 2, 64},
-    {"tiles", {1, 127, 3, 200}, 8, 2, 64},
-};
+// (A function-local table: the entries are built during static initialisation.)
+const std::vector<RingCase>& cases() {
+  static const std::vector<RingCase> c = {
+      {"short", {1, 7, 0, 33, 18}, 8, 2, 64},
+      {"tiles", {1, 127, 3, 200}, 8, 2, 64},
+  };
+  return c;
+}
 
 // Pad rows of a local [T, H, D] gradient are exactly zero.
 ::testing::AssertionResult zero_pads(const Tensor& g, const kernels::ZigzagLayout& z) {
@@ -97,9 +101,9 @@ std::vector<Entry> ring_entries() {
   for (int ci = 0; ci < 2; ++ci)
     for (int cp : {1, 2})
       for (DType dt : {DType::kF32, DType::kBF16})
-        t.push_back({"ring_attention_" + std::string(kCases[ci].name) + "_cp" + std::to_string(cp) +
-                         "_" + dt_name(dt),
-                     [=](OpRun& r) { ring_case(r, kCases[ci], cp, dt, 7000 + 10 * cp + ci); }});
+        t.push_back({"ring_attention_" + std::string(cases()[ci].name) + "_cp" +
+                         std::to_string(cp) + "_" + dt_name(dt),
+                     [=](OpRun& r) { ring_case(r, cases()[ci], cp, dt, 7000 + 10 * cp + ci); }});
   return t;
 }
 
