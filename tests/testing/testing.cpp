@@ -1,3 +1,5 @@
+// The shared test helpers declared in testing.h: the tolerance tables, seeded random inputs,
+// comparisons, guard bands, fixture paths and scratch directories.
 #include "testing/testing.h"
 
 #include <algorithm>
