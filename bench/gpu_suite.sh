@@ -75,16 +75,17 @@ step_tests() {
   cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 240 -j 4
 }
 
-# Memcheck on a short subset: the op tests in bf16 and three kernels at small shapes.
+# Memcheck on a short subset of the cross-backend op table: the rows at bf16 71x229 (raw ops,
+# rms_norm, swiglu, residual_add), index_rows, rms_norm at 5x896, cross_entropy at 71x229 and
+# the fused AdamW.
 step_sanitizer() {
   local cs rc=0 bin filter spec
+  local row=Ops/BackendOpsCuda.MatchesCpu
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   [ -x "$cs" ] || { echo "compute-sanitizer not found"; return 127; }
   for spec in \
-    "engine_test_ops_cuda:Dtypes/OpsCuda.*/bf16" \
-    "kernels_test_rms_norm_cuda:Shapes/RmsNormCuda.*/bf16_T71_H229:Shapes/RmsNormCuda.*/bf16_T5_H896" \
-    "kernels_test_cross_entropy_cuda:Shapes/CrossEntropyCuda.*/bf16_T71_V229*" \
-    "engine_test_optim_cuda:Params/AdamWCuda.MixedTensorsMatchCpu/*"; do
+    "backend_test_ops:$row/*_bf16_71x229:$row/index_rows_bf16_*:$row/rms_norm_*_bf16_5x896" \
+    "backend_test_ops:$row/cross_entropy_*_bf16_71x229_*:$row/adamw_mixed_tensors_*"; do
     bin=${spec%%:*}
     filter=${spec#*:}
     [ -x "$BUILD/$bin" ] || { echo "missing $bin"; rc=1; continue; }

@@ -7,7 +7,6 @@
 // the others), and one parameter at a time (optimizer_in_backward's update_param).
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -19,13 +18,6 @@ namespace leantune {
 namespace {
 
 const Device kGpu = Device::cuda(0);
-
-std::vector<uint8_t> bytes(const Tensor& t) {
-  const Tensor h = t.to(Device::cpu()).contiguous();
-  std::vector<uint8_t> v(h.nbytes());
-  if (!v.empty()) std::memcpy(v.data(), h.data_ptr(), v.size());
-  return v;
-}
 
 struct OffloadCase {
   std::string name;
@@ -71,14 +63,15 @@ TEST_P(OffloadedOptimizerCuda, AsyncCopiesGiveTheHostResultBitForBit) {
     for (size_t i = 0; i < shapes.size(); ++i) {
       host[i].tensor.zero_grad();
       dev[i].tensor.zero_grad();
-      EXPECT_EQ(bytes(dev[i].tensor), bytes(host[i].tensor)) << host[i].name << ", step " << s;
+      EXPECT_EQ(testing::bytes_of(dev[i].tensor), testing::bytes_of(host[i].tensor))
+          << host[i].name << ", step " << s;
     }
   }
   const auto sh = oh.state_tensors(), sd = od.state_tensors();
   ASSERT_EQ(sh.size(), sd.size());
   for (size_t k = 0; k < sd.size(); ++k) {
     EXPECT_TRUE(sd[k].second.device().is_cpu()) << sd[k].first;
-    EXPECT_EQ(bytes(sd[k].second), bytes(sh[k].second)) << sd[k].first;
+    EXPECT_EQ(testing::bytes_of(sd[k].second), testing::bytes_of(sh[k].second)) << sd[k].first;
   }
 }
 

@@ -1,5 +1,6 @@
-// The plain corpus driver shared by fuzz_jsonl, fuzz_options and fuzz_checkpoint_state (the
-// libFuzzer builds define LEANTUNE_LIBFUZZER and get libFuzzer's main instead). It feeds every
+// The plain corpus driver of every fuzz target (fuzz_jinja, fuzz_jsonl, fuzz_options,
+// fuzz_checkpoint_state, fuzz_safetensors, fuzz_tokenizer; the libFuzzer builds define
+// LEANTUNE_LIBFUZZER and get libFuzzer's main instead). It feeds every
 // file of a corpus folder to LLVMFuzzerTestOneInput, which aborts on anything but a clean
 // verdict, and checks the verdict a file's name promises: good_* accepted, bad_* rejected
 // (fuzz_accepts(), defined by the target). Other names (inputs a fuzzer found) only have to be

@@ -11,9 +11,10 @@
 //       cmake --build build-fuzz --target fuzz_jinja
 //       build-fuzz/fuzz_jinja -max_total_time=600 -max_len=4096 -timeout=10 \
 //         -dict=tests/fuzz/jinja.dict CORPUS_COPY tests/fuzz/corpus/jinja
-//   - fuzz_jinja_corpus: a plain driver (main below, built with ASan + UBSan) that feeds every
-//     file of a corpus directory to the same entry point; a ctest test runs it on the committed
-//     corpus.
+//   - fuzz_jinja_corpus: the plain corpus driver of fuzz_corpus_main.h (built with ASan + UBSan)
+//     over the committed corpus: good_* templates must render the conversation; bad_* must be
+//     rejected (malformed templates, and chat templates that concatenate the content of the
+//     assistant's tool-call message, which has none, as Jinja2 rejects them too).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 
 #include "engine/check.h"
 #include "loaders/jinja/interpreter.h"
+#include "tests/fuzz/fuzz_corpus_main.h"
 
 namespace {
 
@@ -52,7 +54,8 @@ const leantune::jinja::Value& context() {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+// True when the template parses and renders; false when it is rejected as it must be.
+bool fuzz_accepts(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   static const std::regex kWhere("^fuzz\\.jinja:[0-9]+:[0-9]+: ");
   std::tm now{};
@@ -65,44 +68,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& [b, e] : r.generation_spans) {
       if (b > e) fail("generation span with begin > end", text);
     }
+    return true;
   } catch (const leantune::Error& e) {
     const std::string msg = e.what();
     if (e.kind() != leantune::ErrorKind::kInput) fail("non-input error", text, msg.c_str());
     if (msg.find('\n') != std::string::npos) fail("multi-line error", text, msg.c_str());
     if (!std::regex_search(msg, kWhere)) fail("error without line:col", text, msg.c_str());
+    return false;
   } catch (const std::exception& e) {
     fail("unexpected exception", text, e.what());
   }
-  return 0;
 }
-
-#ifndef LEANTUNE_LIBFUZZER
-#include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-
-int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
-    return 2;
-  }
-  namespace fs = std::filesystem;
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(argv[1])) {
-    if (e.is_regular_file()) files.push_back(e.path());
-  }
-  std::sort(files.begin(), files.end());
-  if (files.empty()) {
-    std::fprintf(stderr, "fuzz_jinja: no corpus files in %s\n", argv[1]);
-    return 1;
-  }
-  for (const auto& p : files) {
-    std::ifstream in(p, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  }
-  std::printf("fuzz_jinja: %zu corpus inputs passed\n", files.size());
-  return 0;
-}
-#endif

@@ -11,10 +11,9 @@
 //       cmake --build build-fuzz --target fuzz_safetensors
 //       build-fuzz/fuzz_safetensors -max_total_time=3600 tests/fuzz/corpus/safetensors
 //     (copy the corpus first if new inputs should not land in the source tree).
-//   - fuzz_safetensors_corpus: a plain driver (main below) that feeds every file of a corpus
-//     directory to the same entry point; a ctest test runs it on the committed corpus. Files
-//     named good_* must be accepted and files named bad_* rejected; other names (inputs the
-//     fuzzer found) only have to be handled without a crash.
+//   - fuzz_safetensors_corpus: the plain corpus driver of fuzz_corpus_main.h over the committed
+//     corpus: files named good_* must be accepted and files named bad_* rejected; other names
+//     (inputs the fuzzer found) only have to be handled without a crash.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -24,11 +23,10 @@
 
 #include "engine/check.h"
 #include "loaders/safetensors.h"
-
-namespace {
+#include "tests/fuzz/fuzz_corpus_main.h"
 
 // True when the bytes are a valid safetensors file; aborts on anything but a clean verdict.
-bool accepts(const uint8_t* data, size_t size) {
+bool fuzz_accepts(const uint8_t* data, size_t size) {
   try {
     std::map<std::string, std::string> metadata;
     uint64_t header_size = 0;
@@ -50,57 +48,3 @@ bool accepts(const uint8_t* data, size_t size) {
     return false;
   }
 }
-
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  accepts(data, size);
-  return 0;
-}
-
-#ifndef LEANTUNE_LIBFUZZER
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <vector>
-
-int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
-    return 2;
-  }
-  namespace fs = std::filesystem;
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(argv[1])) {
-    if (e.is_regular_file()) files.push_back(e.path());
-  }
-  std::sort(files.begin(), files.end());
-  int failures = 0, good = 0, bad = 0;
-  for (const auto& p : files) {
-    std::ifstream in(p, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const std::string name = p.filename().string();
-    LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-    const bool ok = accepts(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-    if (name.rfind("good_", 0) == 0) {
-      ++good;
-      if (!ok) {
-        std::fprintf(stderr, "FAIL %s: rejected, expected accepted\n", name.c_str());
-        ++failures;
-      }
-    } else if (name.rfind("bad_", 0) == 0) {
-      ++bad;
-      if (ok) {
-        std::fprintf(stderr, "FAIL %s: accepted, expected rejected\n", name.c_str());
-        ++failures;
-      }
-    }
-  }
-  std::printf("%zu inputs (%d good, %d bad), %d failures\n", files.size(), good, bad, failures);
-  if (good == 0 || bad == 0) {
-    std::fprintf(stderr, "corpus %s lacks good_* or bad_* files\n", argv[1]);
-    return 1;
-  }
-  return failures == 0 ? 0 : 1;
-}
-#endif

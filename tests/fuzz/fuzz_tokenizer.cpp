@@ -14,9 +14,9 @@
 //       cmake --build build-fuzz --target fuzz_tokenizer
 //       build-fuzz/fuzz_tokenizer -max_total_time=3600 -max_len=4096 tests/fuzz/corpus/tokenizer
 //     (copy the corpus first if new inputs should not land in the source tree).
-//   - fuzz_tokenizer_corpus: a plain driver (main below, built with ASan + UBSan) that feeds
-//     every file of a corpus directory to the same entry point; a ctest test runs it on the
-//     committed corpus.
+//   - fuzz_tokenizer_corpus: the plain corpus driver of fuzz_corpus_main.h (built with ASan +
+//     UBSan) over the committed corpus: good_* inputs are valid UTF-8 and encode, bad_* are
+//     rejected as invalid UTF-8 (and their repair encodes).
 // The tokenizer folder is LT_FUZZ_TOKENIZER_DIR (set by the build), or the environment variable
 // LEANTUNE_FUZZ_TOKENIZER when it is set.
 #include <cstdint>
@@ -30,6 +30,7 @@
 #include "engine/check.h"
 #include "loaders/tokenizer.h"
 #include "loaders/unicode.h"
+#include "tests/fuzz/fuzz_corpus_main.h"
 
 namespace {
 
@@ -70,8 +71,9 @@ void check_valid(const leantune::Tokenizer& tok, std::string_view text, bool add
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size == 0) return 0;
+// True when the text is valid UTF-8 and encodes; false when it is rejected as invalid UTF-8.
+bool fuzz_accepts(const uint8_t* data, size_t size) {
+  if (size == 0) return true;
   const leantune::Tokenizer& tok = qwen();
   const bool add_special = (data[0] & 1) != 0;
   const std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
@@ -79,7 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     if (bad == std::string_view::npos) {
       check_valid(tok, text, add_special);
-      return 0;
+      return true;
     }
     try {
       tok.encode(text, add_special);
@@ -95,40 +97,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fail("repair left invalid UTF-8", text);
     }
     check_valid(tok, repaired, add_special);
+    return false;
   } catch (const leantune::Error& e) {
     std::fprintf(stderr, "fuzz_tokenizer: unexpected error: %s\n", e.what());
     std::abort();
   }
-  return 0;
 }
-
-#ifndef LEANTUNE_LIBFUZZER
-#include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-
-int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
-    return 2;
-  }
-  namespace fs = std::filesystem;
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(argv[1])) {
-    if (e.is_regular_file()) files.push_back(e.path());
-  }
-  std::sort(files.begin(), files.end());
-  if (files.empty()) {
-    std::fprintf(stderr, "fuzz_tokenizer: no corpus files in %s\n", argv[1]);
-    return 1;
-  }
-  for (const auto& p : files) {
-    std::ifstream in(p, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  }
-  std::printf("fuzz_tokenizer: %zu corpus inputs passed\n", files.size());
-  return 0;
-}
-#endif

@@ -28,6 +28,7 @@ using kernel_test::scaled_tol;
 using kernel_test::Vec;
 using kernels::Int8Weight;
 using kernels::Nf4Weight;
+using testing::bytes_of;
 using testing::Guarded;
 using testing::randn;
 
@@ -36,13 +37,6 @@ std::shared_ptr<SafetensorsFile> fixture(const std::string& name) {
   auto& f = cache[name];
   if (!f) f = SafetensorsFile::open(testing::fixture_path("quant/" + name));
   return f;
-}
-
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor c = t.contiguous();
-  std::vector<uint8_t> v(c.nbytes());
-  if (!v.empty()) std::memcpy(v.data(), c.data_ptr(), v.size());
-  return v;
 }
 
 // Bitwise equality of two tensors' contents (same dtype and element count).

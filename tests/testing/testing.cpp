@@ -1,12 +1,15 @@
+// The shared test helpers declared in testing.h: the tolerance tables, seeded random inputs,
+// comparisons, guard bands, fixture paths and scratch directories.
 #include "testing/testing.h"
 
-#include "testing/scratch_root.h"
-
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+
+#include "testing/scratch_root.h"
 
 namespace leantune::testing {
 
@@ -31,6 +34,50 @@ Tol tol(DType dt) {
     default:
       return {0.0, 0.0};
   }
+}
+
+namespace {
+// The GPU tier's table. elem: elementwise {atol at magnitude 1, rtol} (the loosest of the
+// per-op tables the GPU tier had before it was one harness); per_term: the absolute error one
+// term adds to a 32/64-bit accumulation; norm: normwise relative; repeat: same operations.
+struct BackendRow {
+  Tol elem;
+  double per_term;
+  double norm;
+  Tol repeat;
+};
+BackendRow backend_row(DType dt) {
+  switch (dt) {
+    case DType::kF64:
+      return {{1e-12, 1e-10}, 1e-12, 1e-10, {1e-15, 1e-12}};
+    case DType::kF32:
+      return {{1e-5, 1e-4}, 2e-6, 2e-5, {1e-7, 2e-6}};
+    case DType::kF16:
+      return {{2e-3, 5e-3}, 0.0, 1.5e-2, {1e-3, 1e-2}};
+    case DType::kBF16:
+      return {{1.6e-2, 1.6e-2}, 0.0, 1.5e-2, {1e-3, 1e-2}};
+    default:  // integers and bool compare exactly
+      return {{0.0, 0.0}, 0.0, 0.0, {0.0, 0.0}};
+  }
+}
+}  // namespace
+
+Tol backend_tol(DType dt, double mag) {
+  const Tol t = backend_row(dt).elem;
+  return {t.atol * mag, t.rtol};
+}
+
+Tol backend_sum_tol(DType dt, double k, double mag) {
+  const BackendRow r = backend_row(dt);
+  const double kk = std::max(k, 1.0);
+  return {mag * std::max(r.elem.atol * std::sqrt(kk), r.per_term * kk), r.elem.rtol};
+}
+
+double backend_norm_tol(DType dt) { return backend_row(dt).norm; }
+
+Tol backend_repeat_tol(DType dt, double mag) {
+  const Tol t = backend_row(dt).repeat;
+  return {t.atol * mag, t.rtol};
 }
 
 Tensor randn(const Shape& shape, DType dt, uint64_t seed, Device dev, double std) {
@@ -91,6 +138,13 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
     m = std::max(m, d);
   }
   return m;
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor h = t.to(Device::cpu()).contiguous();
+  std::vector<uint8_t> v(h.nbytes());
+  if (!v.empty()) std::memcpy(v.data(), h.data_ptr(), v.size());
+  return v;
 }
 
 Guarded::Guarded(const Shape& shape, DType dt, Device dev, int64_t guard) : guard_(guard) {

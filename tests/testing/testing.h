@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -13,12 +14,27 @@
 
 namespace leantune::testing {
 
-// One tolerance table per dtype (TransformerEngine's values): |a-b| <= atol + rtol*|b|.
+// |a-b| <= atol + rtol*|b|.
 struct Tol {
   double atol;
   double rtol;
 };
+// The tolerance tables, one row per dtype (testing.cpp holds every number).
+// tol: an op against a float64 reference on the CPU (TransformerEngine's values).
 Tol tol(DType dt);
+// The GPU tier: the same op on two backends (CUDA against the CPU), each rounding the same
+// inputs through its own order of operations.
+//   backend_tol(dt, mag): elementwise, for outputs of magnitude `mag` (scales atol).
+//   backend_sum_tol(dt, k, mag): outputs that sum k terms of magnitude `mag`: the absolute part
+//     grows as sqrt(k) (the output's magnitude) or, for 32/64-bit outputs, by a per-term
+//     accumulation error times k, whichever is larger.
+//   backend_norm_tol(dt): normwise relative errors (||a - b|| / ||b||, max|a - b| / max|b|).
+//   backend_repeat_tol(dt, mag): both sides do the same operations in the same order (optimizer
+//     steps, sums in float64): equal but for FMA contraction by a compiler and one rounding.
+Tol backend_tol(DType dt, double mag = 1.0);
+Tol backend_sum_tol(DType dt, double k, double mag = 1.0);
+double backend_norm_tol(DType dt);
+Tol backend_repeat_tol(DType dt, double mag = 1.0);
 
 // Random normal tensor (deterministic per seed).
 Tensor randn(const Shape& shape, DType dt, uint64_t seed, Device dev = Device::cpu(),
@@ -32,6 +48,8 @@ Tensor randu(const Shape& shape, DType dt, uint64_t seed, double lo, double hi,
                                      double rtol);
 // max |a - b|
 double max_abs_diff(const Tensor& a, const Tensor& b);
+// The bytes of a tensor (a contiguous host copy), for bit-for-bit comparisons.
+std::vector<uint8_t> bytes_of(const Tensor& t);
 
 // A buffer with `guard` sentinel elements before and after a [numel] payload; check() verifies
 // the sentinels are untouched after a kernel wrote the payload.

@@ -1,0 +1,407 @@
+// Table rows for the per-token layers of kernels/ (each <op>.cu against its CPU path):
+// rms_norm, rope, swiglu, residual_add, dropout and embedding: raw forward and backward into
+// guarded buffers, each gradient alone, in-place and strided operands, host and device ids or
+// positions of both index types, and the autograd op. Sizes 1, 19, 71x229, the Qwen2.5-0.5B
+// widths, rows in registers and in loops, and the 151,936-row vocabulary.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend/table.h"
+#include "engine/autograd.h"
+#include "engine/rng.h"
+#include "kernels/dropout.h"
+#include "kernels/embedding.h"
+#include "kernels/residual.h"
+#include "kernels/rms_norm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+
+namespace leantune::backend_test {
+namespace {
+
+using testing::backend_tol;
+
+Tensor host_randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
+  return testing::randn(s, dt, seed, Device::cpu(), std);
+}
+
+// ---------------------------------------------------------------- rms_norm
+
+constexpr double kEps = 1e-6;
+
+void rms_norm(std::vector<Entry>& t) {
+  struct Case {
+    DType dt;
+    int64_t t, h;
+  };
+  // 8192 is the widest bf16 row kept in registers, 10000 and 4097 take the loop kernels, 4096
+  // rows the persistent backward grid.
+  for (const Case c :
+       {Case{DType::kF32, 1, 1}, Case{DType::kBF16, 1, 1}, Case{DType::kF32, 19, 19},
+        Case{DType::kBF16, 19, 19}, Case{DType::kF32, 71, 229}, Case{DType::kBF16, 71, 229},
+        Case{DType::kF16, 71, 229}, Case{DType::kF32, 5, 896}, Case{DType::kBF16, 5, 896},
+        Case{DType::kBF16, 3, 4864}, Case{DType::kF32, 3, 4864}, Case{DType::kBF16, 2, 8192},
+        Case{DType::kBF16, 2, 10000}, Case{DType::kF32, 3, 4097}, Case{DType::kBF16, 4096, 896},
+        Case{DType::kF32, 1000, 1536}}) {
+    const std::string n = dt_name(c.dt) + "_" + shape_name({c.t, c.h});
+    const DType sd = stat_dtype(c.dt);
+    // dw sums t rows: its absolute error grows with sqrt(t); x*rstd is rounded before the weight
+    // multiply, so 16-bit outputs may land two roundings apart (the table's 16-bit rows).
+    const Rule y_rule = Rule::close(backend_tol(c.dt, 2.0));
+    const Rule dx_rule = Rule::close(backend_tol(c.dt, 4.0));
+    const Rule dw_rule = Rule::close(backend_tol(c.dt, 2.0 * std::sqrt(double(c.t))));
+    t.push_back(
+        {"rms_norm_fwd_" + n, [=](OpRun& r) {
+           const Tensor x = r.randn({c.t, c.h}, c.dt, 101, 2.0), w = r.randn({c.h}, c.dt, 102);
+           Tensor y = r.guarded({c.t, c.h}, c.dt), rstd = r.guarded({c.t}, sd);
+           kernels::rms_norm_fwd(x, w, kEps, y, rstd);
+           r.out("rstd", rstd, Rule::close(backend_tol(sd, 0.0)));
+           r.out("y", y, y_rule);
+         }});
+    t.push_back({"rms_norm_bwd_" + n, [=](OpRun& r) {
+                   // Both backends differentiate at the host's rstd.
+                   const Tensor xh = host_randn({c.t, c.h}, c.dt, 111, 2.0);
+                   const Tensor wh = host_randn({c.h}, c.dt, 112);
+                   Tensor yh = Tensor::empty({c.t, c.h}, c.dt), rh = Tensor::empty({c.t}, sd);
+                   kernels::rms_norm_fwd(xh, wh, kEps, yh, rh);
+                   const Tensor x = r.on(xh), w = r.on(wh), rstd = r.on(rh);
+                   const Tensor dy = r.randn({c.t, c.h}, c.dt, 113);
+                   Tensor dx = r.guarded({c.t, c.h}, c.dt), dw = r.guarded({c.h}, c.dt);
+                   kernels::rms_norm_bwd(dy, x, w, rstd, dx, dw);
+                   r.out("dx", dx, dx_rule);
+                   r.out("dw", dw, dw_rule);
+                   // Each gradient alone, bit for bit (no atomics).
+                   Tensor dx_only = Tensor::empty({c.t, c.h}, c.dt, r.dev());
+                   kernels::rms_norm_bwd(dy, x, w, rstd, dx_only, Tensor());
+                   r.same("dx_only", dx_only, "dx");
+                   Tensor dw_only = Tensor::empty({c.h}, c.dt, r.dev());
+                   kernels::rms_norm_bwd(dy, x, w, rstd, Tensor(), dw_only);
+                   r.same("dw_only", dw_only, "dw");
+                 }});
+    t.push_back({"rms_norm_autograd_" + n, [=](OpRun& r) {
+                   Tensor x = r.randn({c.t, c.h}, c.dt, 121, 2.0).set_requires_grad(true);
+                   Tensor w = r.randn({c.h}, c.dt, 122).set_requires_grad(true);
+                   const Tensor y = kernels::rms_norm(x, w, kEps);
+                   r.expect("y on the run's device",
+                            ::testing::AssertionResult(y.device() == r.dev()));
+                   r.out("y", y, y_rule);
+                   y.backward(r.randn({c.t, c.h}, c.dt, 123));
+                   r.out("dx", x.grad(), dx_rule);
+                   r.out("dw", w.grad(), dw_rule);
+                 }});
+  }
+}
+
+// ---------------------------------------------------------------- rope
+
+// Positions of packed sequences: runs that restart at 0, up to max_pos.
+Tensor positions(int64_t t, int64_t max_pos, DType dt) {
+  std::vector<int64_t> p(static_cast<size_t>(t));
+  int64_t cur = max_pos > 40 ? max_pos - 40 : 0;
+  for (int64_t i = 0; i < t; ++i) {
+    p[i] = cur;
+    cur = (i % 23 == 22) ? 0 : std::min(cur + 1, max_pos);
+  }
+  Tensor out = Tensor::from_vector(p, {t});
+  return dt == DType::kI64 ? out : out.to(dt);
+}
+
+void rope(std::vector<Entry>& t) {
+  struct Case {
+    DType dt;
+    int64_t t, heads, d, max_pos;
+  };
+  for (const Case c : {Case{DType::kF32, 1, 1, 2, 0}, Case{DType::kBF16, 1, 1, 2, 0},
+                       Case{DType::kF32, 19, 3, 6, 100}, Case{DType::kBF16, 19, 3, 6, 100},
+                       Case{DType::kF32, 71, 2, 64, 4096}, Case{DType::kBF16, 71, 12, 128, 32768},
+                       Case{DType::kF16, 71, 2, 128, 4096}, Case{DType::kF32, 229, 12, 128, 131072},
+                       Case{DType::kBF16, 229, 14, 64, 8192}, Case{DType::kF64, 19, 2, 64, 1000}}) {
+    const Shape s{c.t, c.heads, c.d};
+    const std::string n = dt_name(c.dt) + "_" + shape_name(s) + "_pos" + std::to_string(c.max_pos);
+    // cos/sin agree to a few f32 ulps (sincosf against the host's libm); one rounding to 16 bits.
+    const Rule rule = Rule::close(backend_tol(c.dt));
+    t.push_back({"rope_" + n, [=](OpRun& r) {
+                   kernels::RopeConfig cfg;
+                   cfg.head_dim = c.d;
+                   cfg.theta = 1000000.0;
+                   const DType table = stat_dtype(c.dt);
+                   const Tensor inv =
+                       Tensor::from_doubles(kernels::rope_inv_freq(cfg), {c.d / 2}, table);
+                   const Tensor x = r.randn(s, c.dt, 401);
+                   for (DType pdt : {DType::kI64, DType::kI32})
+                     for (bool inverse : {false, true}) {
+                       const std::string m =
+                           std::string(inverse ? "inverse_" : "forward_") + dt_name(pdt);
+                       const Tensor pos = positions(c.t, c.max_pos, pdt);
+                       // Host positions and table, then the run's; in place (y aliases x).
+                       Tensor y = r.guarded(s, c.dt);
+                       kernels::rope_apply(x, pos, inv, inverse, y);
+                       r.out(m, y, rule);
+                       Tensor y2 = Tensor::empty(s, c.dt, r.dev());
+                       kernels::rope_apply(x, r.on(pos), r.on(inv), inverse, y2);
+                       r.same(m + "_device_positions", y2, m);
+                       Tensor xi = x.clone();
+                       kernels::rope_apply(xi, r.on(pos), r.on(inv), inverse, xi);
+                       r.same(m + "_in_place", xi, m);
+                     }
+                 }});
+    t.push_back({"rope_autograd_" + n, [=](OpRun& r) {
+                   kernels::RopeConfig cfg;
+                   cfg.head_dim = c.d;
+                   Tensor x = r.randn(s, c.dt, 411).set_requires_grad(true);
+                   const Tensor y =
+                       kernels::rope(x, r.on(positions(c.t, c.max_pos, DType::kI64)), cfg);
+                   r.out("y", y, rule);
+                   y.backward(r.randn(s, c.dt, 412));
+                   r.out("dx", x.grad(), rule);
+                 }});
+  }
+}
+
+// ---------------------------------------------------------------- swiglu
+
+void swiglu(std::vector<Entry>& t) {
+  struct Case {
+    DType dt;
+    int64_t t, i;
+  };
+  for (const Case c :
+       {Case{DType::kF32, 1, 1}, Case{DType::kBF16, 1, 1}, Case{DType::kF32, 1, 19},
+        Case{DType::kBF16, 19, 1}, Case{DType::kF32, 71, 229}, Case{DType::kBF16, 71, 229},
+        Case{DType::kF16, 71, 229}, Case{DType::kBF16, 7, 4864}, Case{DType::kF32, 7, 4864},
+        Case{DType::kF64, 19, 71}}) {
+    const Shape s{c.t, c.i};
+    const std::string n = dt_name(c.dt) + "_" + shape_name(s);
+    const Rule rule = Rule::close(backend_tol(c.dt));
+    t.push_back({"swiglu_fwd_bwd_" + n, [=](OpRun& r) {
+                   // Wide gate values reach both branches of the overflow-free sigmoid.
+                   const Tensor g = r.randn(s, c.dt, 201, 6.0), u = r.randn(s, c.dt, 202);
+                   const Tensor dy = r.randn(s, c.dt, 203);
+                   Tensor y = r.guarded(s, c.dt), dg = r.guarded(s, c.dt), du = r.guarded(s, c.dt);
+                   kernels::swiglu_fwd(g, u, y);
+                   kernels::swiglu_bwd(dy, g, u, dg, du);
+                   r.out("y", y, rule);
+                   r.out("dgate", dg, rule);
+                   r.out("dup", du, rule);
+                   // One gradient alone; a strided gate (a transposed view) is read correctly.
+                   Tensor du_only = Tensor::empty(s, c.dt, r.dev());
+                   kernels::swiglu_bwd(dy, g, u, Tensor(), du_only);
+                   r.same("dup_only", du_only, "dup");
+                   const Tensor gt = g.transpose(0, 1).contiguous().transpose(0, 1);
+                   Tensor y2 = Tensor::empty(s, c.dt, r.dev());
+                   kernels::swiglu_fwd(gt, u, y2);
+                   r.same("y_strided_gate", y2, "y");
+                 }});
+    t.push_back({"swiglu_autograd_" + n, [=](OpRun& r) {
+                   Tensor g = r.randn(s, c.dt, 211, 3.0).set_requires_grad(true);
+                   Tensor u = r.randn(s, c.dt, 212).set_requires_grad(true);
+                   const Tensor y = kernels::swiglu(g, u);
+                   r.out("y", y, rule);
+                   y.backward(r.randn(s, c.dt, 213));
+                   r.out("dgate", g.grad(), rule);
+                   r.out("dup", u.grad(), rule);
+                 }});
+  }
+}
+
+// ---------------------------------------------------------------- residual_add
+
+void residual(std::vector<Entry>& t) {
+  struct Case {
+    DType dt;
+    Shape shape;
+  };
+  for (const Case& c :
+       {Case{DType::kF32, {1}}, Case{DType::kBF16, {1}}, Case{DType::kF32, {19}},
+        Case{DType::kBF16, {19}}, Case{DType::kF32, {71, 229}}, Case{DType::kBF16, {71, 229}},
+        Case{DType::kF16, {71, 229}}, Case{DType::kBF16, {33, 896}}, Case{DType::kF32, {5, 4864}},
+        Case{DType::kF64, {19, 71}}}) {
+    const std::string n = dt_name(c.dt) + "_" + shape_name(c.shape);
+    // One f32 sum rounded once on both sides: identical results.
+    t.push_back({"residual_add_" + n, [=](OpRun& r) {
+                   const Tensor a = r.randn(c.shape, c.dt, 301), b = r.randn(c.shape, c.dt, 302);
+                   Tensor y = r.guarded(c.shape, c.dt);
+                   kernels::residual_add_fwd(a, b, y);
+                   r.out("y", y, Rule::exact());
+                   Tensor acc = a.clone();
+                   kernels::residual_add_fwd(acc, b, acc);
+                   r.same("in_place", acc, "y");
+                 }});
+    if (c.shape.size() != 2) continue;
+    t.push_back({"residual_add_strided_autograd_" + n, [=](OpRun& r) {
+                   const Shape tr{c.shape[1], c.shape[0]};
+                   const Tensor a = r.randn(tr, c.dt, 311), b = r.randn(c.shape, c.dt, 312);
+                   Tensor y = Tensor::empty(c.shape, c.dt, r.dev());
+                   kernels::residual_add_fwd(a.transpose(0, 1), b, y);
+                   r.out("y_strided", y, Rule::exact());
+                   Tensor x1 = r.on(b).set_requires_grad(true),
+                          x2 = r.on(b).set_requires_grad(true);
+                   const Tensor dy = r.randn(c.shape, c.dt, 313);
+                   kernels::residual_add(x1, x2).backward(dy);
+                   r.out("dy", dy, Rule::exact());
+                   r.same("da", x1.grad(), "dy");
+                   r.same("db", x2.grad(), "dy");
+                 }});
+  }
+}
+
+// ---------------------------------------------------------------- dropout
+
+// The CUDA mask and values equal the host's bit for bit (the same Philox mapping), and equal
+// bernoulli_ drawn on the same device from the same offset.
+void dropout(std::vector<Entry>& t) {
+  struct Case {
+    DType dt;
+    double p;
+    int64_t n;
+  };
+  for (const Case c :
+       {Case{DType::kF32, 0.1, 4096}, Case{DType::kF32, 0.5, 1001}, Case{DType::kBF16, 0.1, 65536},
+        Case{DType::kF16, 0.3, 8}, Case{DType::kF64, 0.25, 777}}) {
+    const std::string n = dt_name(c.dt) + "_p" + std::to_string(static_cast<int>(c.p * 100)) + "_" +
+                          std::to_string(c.n);
+    t.push_back(
+        {"dropout_fwd_bwd_" + n, [=](OpRun& r) {
+           const Tensor x = r.randn({c.n}, c.dt, 501);
+           const PhiloxParams params{1234, 17, static_cast<uint32_t>(RngPurpose::kDropout), 0};
+           Tensor y = r.guarded({c.n}, c.dt);
+           kernels::dropout_fwd(x, y, c.p, params);
+           r.out("y", y, Rule::exact());
+           Tensor dx = Tensor::empty({c.n}, c.dt, r.dev());
+           kernels::dropout_bwd(x, dx, c.p, params);
+           r.out("dx", dx, Rule::exact());
+         }});
+    t.push_back({"dropout_mask_is_bernoulli_" + n, [=](OpRun& r) {
+                   const Tensor ones = Tensor::full({c.n}, 1.0, c.dt, r.dev());
+                   Generator g1(8, RngPurpose::kDropout), g2(8, RngPurpose::kDropout);
+                   const Tensor y = kernels::dropout(ones, c.p, g1);
+                   Tensor keep = Tensor::empty({c.n}, c.dt, r.dev());
+                   bernoulli_(keep, g2, 1.0 - c.p);
+                   auto mask = [](const Tensor& v) {
+                     std::vector<double> m = v.to_f64();
+                     for (double& e : m) e = e != 0.0 ? 1.0 : 0.0;
+                     return Tensor::from_doubles(m, {static_cast<int64_t>(m.size())}, DType::kF32);
+                   };
+                   r.out("dropout_mask", mask(y), Rule::exact());
+                   r.same("bernoulli_mask", mask(keep), "dropout_mask");
+                   r.out("dropout_offset", static_cast<double>(g1.offset()), Rule::exact());
+                   r.same("bernoulli_offset", static_cast<double>(g2.offset()), "dropout_offset");
+                 }});
+    if (c.n % 8 != 0) continue;  // the strided case views n as [8, n/8]
+    t.push_back(
+        {"dropout_autograd_strided_" + n, [=](OpRun& r) {
+           Tensor x = r.randn({8, c.n / 8}, c.dt, 511).transpose(0, 1).set_requires_grad(true);
+           Generator g(3, RngPurpose::kDropout);
+           const Tensor y = kernels::dropout(x, c.p, g);
+           r.out("y", y, Rule::exact());
+           y.backward(r.randn(y.shape(), c.dt, 512));
+           r.out("dx", x.grad(), Rule::exact());
+         }});
+  }
+}
+
+// ---------------------------------------------------------------- embedding
+
+// Ids with repeats: a long run of one id (like padding), the first and last ids, the rest
+// pseudo-random.
+Tensor make_ids(int64_t t, int64_t v, DType dt) {
+  std::vector<int64_t> ids(static_cast<size_t>(t));
+  uint64_t s = 12345;
+  for (int64_t i = 0; i < t; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    ids[i] = static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(v));
+  }
+  for (int64_t i = t / 2; i < t && i < t / 2 + 40; ++i) ids[i] = v / 3;
+  if (t > 0) ids[0] = v - 1;
+  if (t > 1) ids[t - 1] = 0;
+  Tensor out = Tensor::from_vector(ids, {t});
+  return dt == DType::kI64 ? out : out.to(dt);
+}
+
+void embedding(std::vector<Entry>& t) {
+  struct Case {
+    DType dt;
+    int64_t t, v, h;
+  };
+  for (const Case c : {Case{DType::kF32, 1, 1, 1}, Case{DType::kBF16, 1, 1, 1},
+                       Case{DType::kF32, 19, 7, 19}, Case{DType::kBF16, 19, 7, 19},
+                       Case{DType::kF32, 229, 71, 229}, Case{DType::kBF16, 229, 71, 229},
+                       Case{DType::kF16, 229, 71, 229}, Case{DType::kBF16, 1000, 4864, 896},
+                       Case{DType::kF32, 300, 151936, 64}, Case{DType::kF64, 71, 19, 33}}) {
+    const std::string n =
+        dt_name(c.dt) + "_" + std::to_string(c.t) + "ids_" + shape_name({c.v, c.h});
+    t.push_back({"embedding_fwd_" + n, [=](OpRun& r) {
+                   const Tensor w = r.randn({c.v, c.h}, c.dt, 601);
+                   for (DType idt : {DType::kI64, DType::kI32}) {
+                     const std::string m = "y_" + dt_name(idt);
+                     const Tensor ids = make_ids(c.t, c.v, idt);
+                     Tensor y = r.guarded({c.t, c.h}, c.dt);
+                     kernels::embedding_fwd(w, ids, y);
+                     r.out(m, y, Rule::exact());
+                     Tensor y2 = Tensor::empty({c.t, c.h}, c.dt, r.dev());
+                     kernels::embedding_fwd(w, r.on(ids), y2);
+                     r.same(m + "_device_ids", y2, m);
+                   }
+                 }});
+    // Sums of the same rounded rows in the same order: identical to the CPU path.
+    t.push_back({"embedding_bwd_" + n, [=](OpRun& r) {
+                   const Tensor dy = r.randn({c.t, c.h}, c.dt, 611);
+                   for (DType idt : {DType::kI64, DType::kI32}) {
+                     const std::string m = "dw_" + dt_name(idt);
+                     const Tensor ids = make_ids(c.t, c.v, idt);
+                     Tensor dw = r.guarded({c.v, c.h}, c.dt);
+                     ops::fill(dw, 3.0);  // overwritten, not accumulated
+                     kernels::embedding_bwd(dy, r.on(ids), dw);
+                     r.out(m, dw, Rule::exact());
+                     Tensor dw2 = Tensor::empty({c.v, c.h}, c.dt, r.dev());
+                     kernels::embedding_bwd(dy, ids, dw2);
+                     r.same(m + "_host_ids", dw2, m);
+                   }
+                   // f32 gradient for 16-bit dy (the accumulation dtype of bf16 weights).
+                   Tensor dw32 = Tensor::empty({c.v, c.h}, DType::kF32, r.dev());
+                   kernels::embedding_bwd(dy, r.on(make_ids(c.t, c.v, DType::kI64)), dw32);
+                   r.out("dw_f32", dw32, Rule::exact());
+                 }});
+    t.push_back({"embedding_out_of_range_ids_" + n, [=](OpRun& r) {
+                   const Tensor w = r.randn({c.v, c.h}, c.dt, 621);
+                   for (int64_t bad : {c.v, int64_t{-1}}) {
+                     std::vector<int64_t> v(static_cast<size_t>(c.t), 0);
+                     v[static_cast<size_t>(c.t - 1)] = bad;
+                     const Tensor ids = Tensor::from_vector(v, {c.t});
+                     const std::string m = "id " + std::to_string(bad);
+                     Tensor y = Tensor::empty({c.t, c.h}, c.dt, r.dev());
+                     r.throws(m + " (forward, host ids)",
+                              [&] { kernels::embedding_fwd(w, ids, y); });
+                     r.throws(m + " (forward, device ids)",
+                              [&] { kernels::embedding_fwd(w, r.on(ids), y); });
+                     Tensor dw = Tensor::empty({c.v, c.h}, c.dt, r.dev());
+                     const Tensor dy = Tensor::zeros({c.t, c.h}, c.dt, r.dev());
+                     r.throws(m + " (backward, device ids)",
+                              [&] { kernels::embedding_bwd(dy, r.on(ids), dw); });
+                   }
+                 }});
+    t.push_back({"embedding_autograd_" + n, [=](OpRun& r) {
+                   Tensor w = r.randn({c.v, c.h}, c.dt, 631).set_requires_grad(true);
+                   const Tensor y = kernels::embedding(w, r.on(make_ids(c.t, c.v, DType::kI64)));
+                   r.out("y", y, Rule::exact());
+                   y.backward(r.randn({c.t, c.h}, c.dt, 632));
+                   r.out("dw", w.grad(), Rule::exact());
+                 }});
+  }
+}
+
+}  // namespace
+
+std::vector<Entry> layer_entries() {
+  std::vector<Entry> t;
+  rms_norm(t);
+  rope(t);
+  swiglu(t);
+  residual(t);
+  dropout(t);
+  embedding(t);
+  return t;
+}
+
+}  // namespace leantune::backend_test
