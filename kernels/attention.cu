@@ -408,6 +408,7 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     p.d = static_cast<int>(dm.d);
     p.scale = scale;
     p.softcap = opt.softcap;
+    p.softcap_inv = opt.softcap > 0 ? 1.0 / opt.softcap : 0.0;
     fwd_simple(p, q.dtype(), stream);
   }
   o.finish();
@@ -521,6 +522,7 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
       p.d = static_cast<int>(dm.d);
       p.scale = scale;
       p.softcap = opt.softcap;
+      p.softcap_inv = opt.softcap > 0 ? 1.0 / opt.softcap : 0.0;
       bwd_simple(p, q.dtype(), stream);
     });
   }

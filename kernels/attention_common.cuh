@@ -113,8 +113,9 @@ struct SimpleParams {
   int tq, tk, hq, hk, group, batch, d;
   double scale;
   bool causal;
-  int window;      // sliding window; 0 = none
-  double softcap;  // score soft-cap; 0 = off (only the simple kernels implement it)
+  int window;          // sliding window; 0 = none
+  double softcap;      // score soft-cap; 0 = off (only the simple kernels implement it)
+  double softcap_inv;  // 1 / softcap (0 when off)
 };
 
 // ---------------------------------------------------------------- grids

@@ -66,11 +66,12 @@ __device__ __forceinline__ A tanh_a(A x) {
   else
     return tanh(x);
 }
-// The scaled score as the softmax sees it (soft-capped when cap > 0); *t receives the tanh.
+// The scaled score as the softmax sees it (soft-capped when cap > 0); *t receives the tanh. The
+// host passes 1 / cap: a division in the key loop calls the IEEE slow path, whose call spills.
 template <typename A>
-__device__ __forceinline__ A score(A s, A cap, A* t) {
+__device__ __forceinline__ A score(A s, A cap, A inv_cap, A* t) {
   if (cap > A(0)) {
-    *t = tanh_a(s / cap);
+    *t = tanh_a(s * inv_cap);
     return cap * *t;
   }
   *t = A(0);
@@ -102,10 +103,11 @@ __global__ void __launch_bounds__(kSimpleThreads)
              lane, q);
     const T* kb = static_cast<const T*>(p.k) + s.k0 * p.k_stride + static_cast<int64_t>(hk) * p.d;
     const T* vb = static_cast<const T*>(p.v) + s.k0 * p.v_stride + static_cast<int64_t>(hk) * p.d;
-    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
+    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap),
+            inv_cap = static_cast<A>(p.softcap_inv);
     for (int j = first; j < vis; ++j) {
       A t;
-      const A sc = score(dot_row(kb + j * p.k_stride, p.d, lane, q) * scale, cap, &t);
+      const A sc = score(dot_row(kb + j * p.k_stride, p.d, lane, q) * scale, cap, inv_cap, &t);
       A v[kSimplePer];
       load_row(vb + j * p.v_stride, p.d, lane, v);
       if (sc > m) {
@@ -155,11 +157,12 @@ __global__ void __launch_bounds__(kSimpleThreads)
              lane, g);
     const T* kb = static_cast<const T*>(p.k) + s.k0 * p.k_stride + static_cast<int64_t>(hk) * p.d;
     const T* vb = static_cast<const T*>(p.v) + s.k0 * p.v_stride + static_cast<int64_t>(hk) * p.d;
-    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
+    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap),
+            inv_cap = static_cast<A>(p.softcap_inv);
     for (int j = first; j < vis; ++j) {
       const T* kr = kb + j * p.k_stride;
       A t;
-      const A pj = exp_a(score(dot_row(kr, p.d, lane, q) * scale, cap, &t) - lse);
+      const A pj = exp_a(score(dot_row(kr, p.d, lane, q) * scale, cap, inv_cap, &t) - lse);
       A ds = pj * (dot_row(vb + j * p.v_stride, p.d, lane, g) - dsum);
       if (cap > A(0)) ds *= A(1) - t * t;
       A kv[kSimplePer];
@@ -199,7 +202,8 @@ __global__ void __launch_bounds__(kSimpleThreads)
              lane, kr);
     load_row(static_cast<const T*>(p.v) + row * p.v_stride + static_cast<int64_t>(hk) * p.d, p.d,
              lane, vr);
-    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
+    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap),
+            inv_cap = static_cast<A>(p.softcap_inv);
     const A* lse = static_cast<const A*>(p.lse_in);
     const A* dsum = static_cast<const A*>(p.dsum);
     for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
@@ -213,7 +217,7 @@ __global__ void __launch_bounds__(kSimpleThreads)
         const T* gp =
             static_cast<const T*>(p.dout) + qrow * p.do_stride + static_cast<int64_t>(h) * p.d;
         A t;
-        const A pj = exp_a(score(dot_row(qp, p.d, lane, kr) * scale, cap, &t) - l);
+        const A pj = exp_a(score(dot_row(qp, p.d, lane, kr) * scale, cap, inv_cap, &t) - l);
         A ds = pj * (dot_row(gp, p.d, lane, vr) - dsum[stat]);
         if (cap > A(0)) ds *= A(1) - t * t;
         A qv[kSimplePer], gv[kSimplePer];

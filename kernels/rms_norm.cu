@@ -131,9 +131,11 @@ __global__ void __launch_bounds__(kMaxTpr)
 }
 
 // Persistent over row groups (blockDim.y rows each). partial: [gridDim.x, h] or null; dx may be
-// null. Dynamic shared memory: blockDim.y * h accumulators when partial && blockDim.y > 1.
+// null. Dynamic shared memory: blockDim.y * h accumulators when partial && blockDim.y > 1. Two
+// blocks per SM: at most 128 registers, and without that bound ptxas spills the f16 scalar
+// variant on sm_80 (test_kernel_resources).
 template <typename T, int V>
-__global__ void __launch_bounds__(kMaxTpr)
+__global__ void __launch_bounds__(kMaxTpr, 2)
     rms_norm_bwd_kernel(const T* dy, const T* x, const T* __restrict__ w,
                         const cu::acc_of<T>* __restrict__ rstd, T* dx,
                         cu::acc_of<T>* __restrict__ partial, int64_t rows, int64_t h, bool offset) {

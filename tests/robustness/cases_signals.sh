@@ -7,6 +7,19 @@ kto_lora_straight() {
     echo "SKIP: the straight run failed: $(tail -1 "$W/straight.log")"
 }
 
+# 40 copies of the small dataset: 4800 rows, 2400 micro-batches of 2.
+long_epoch() {
+  for _ in $(seq 40); do cat "$DATA"; done >"$W/long.jsonl"
+}
+# The embedded tokenizer's model, widened to hidden 768 and intermediate 2048.
+wide_model() {
+  sed -e 's/"hidden_size": 128/"hidden_size": 768/' \
+      -e 's/"intermediate_size": 384/"intermediate_size": 2048/' \
+      "$SRC/data/embedded/config.json" >"$W/wide.json"
+  "$BIN" init-model --config "$W/wide.json" --out "$W/wide" --tokenizer "$SRC/data/embedded" \
+    >/dev/null 2>&1 || echo "SKIP: init-model failed for the wide model"
+}
+
 # The stop was honoured within about a second of the signal (sent $1 s after the start).
 stopped_within() {
   [ "$(echo "$secs < $1 + 1.5" | bc)" = 1 ] ||

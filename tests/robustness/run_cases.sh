@@ -284,5 +284,5 @@ while IFS=$'\t' read -r name setup want frag args; do
   fi
 done <"$HERE/$TABLE"
 echo "$ran cases run, $skipped skipped"
-[ "$ran" -gt 0 ] || [ "$skipped" -gt 0 ] || [ "$TABLE" != cases.tsv ] || fail=1
+[ "$ran" -gt 0 ] || [ "$skipped" -gt 0 ] || fail=1
 exit $fail
