@@ -44,11 +44,11 @@ A row_sum_exp(const T* z, int64_t v, A m) {
   }
 }
 
-// d[j] = exp(z[j] - l) * sc.
+// d[j] = exp(z[j] - l) * sc; d may be z (in place).
 template <typename T, typename A>
 void row_scaled_softmax(const T* z, T* d, int64_t v, A l, A sc) {
   if constexpr (std::is_same_v<T, A>) {
-    std::memcpy(d, z, static_cast<size_t>(v) * sizeof(T));
+    if (d != z) std::memcpy(d, z, static_cast<size_t>(v) * sizeof(T));
     softmax_cpu::exp_shift_sum(d, v, l);
     for (int64_t j = 0; j < v; ++j) d[j] *= sc;
   } else {
@@ -198,9 +198,11 @@ void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor
         return;
       }
       const A l = pe[r];
+      // Read before the row is written: dlogits may be the logits themselves (in place).
+      const A zy = load(z, y[r]);
       row_scaled_softmax(z, d, v, l, sc);
       // p_y - 1 formed in the accumulation type before the one rounding.
-      store(d, y[r], (softmax_cpu::exp1(load(z, y[r]) - l) - A(1)) * sc);
+      store(d, y[r], (softmax_cpu::exp1(zy - l) - A(1)) * sc);
     });
   });
 }

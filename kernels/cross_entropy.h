@@ -19,7 +19,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double normali
 // loss_rows:[T] f32 per-row loss (0 for ignored), lse:[T] f32 (both f64 for f64 logits).
 void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& loss_rows,
                        const Tensor& lse);
-// dlogits = (softmax - onehot) * scale on valid rows, 0 elsewhere.
+// dlogits = (softmax - onehot) * scale on valid rows, 0 elsewhere. dlogits may be logits itself
+// (in place: the logits' memory reused for their gradient); any other overlap is not allowed.
 void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
                        const Tensor& dlogits);
 

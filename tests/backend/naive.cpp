@@ -18,7 +18,8 @@ double round_to(double x, DType dt) {
 
 NaiveAttention naive_attention(const Tensor& qt, const Tensor& kt, const Tensor& vt,
                                const Tensor& gt, const std::vector<int64_t>& cq,
-                               const std::vector<int64_t>& ck, bool causal, DType dt) {
+                               const std::vector<int64_t>& ck, bool causal, DType dt,
+                               int64_t window) {
   auto r = [dt](double x) { return round_to(x, dt); };
   const std::vector<double> q = qt.to_f64(), k = kt.to_f64(), v = vt.to_f64(), g = gt.to_f64();
   const int64_t hq = qt.size(1), hk = kt.size(1), d = qt.size(2), group = hq / hk;
@@ -42,19 +43,21 @@ NaiveAttention naive_attention(const Tensor& qt, const Tensor& kt, const Tensor&
         for (int64_t x = 0; x < d; ++x) qs[i * d + x] = r(qi(i, x) * scale);
       std::vector<double> a(static_cast<size_t>(lq * lk), 0.0);
       for (int64_t i = 0; i < lq; ++i) {
+        // Row i sees keys [lo, vis).
         const int64_t vis = causal ? std::clamp<int64_t>(i + lk - lq + 1, 0, lk) : lk;
-        if (vis == 0) continue;
+        const int64_t lo = causal && window > 0 ? std::max<int64_t>(0, vis - window) : 0;
+        if (vis <= lo) continue;
         std::vector<double> s(static_cast<size_t>(lk), neg_inf);
         double m = neg_inf;
-        for (int64_t j = 0; j < vis; ++j) {
+        for (int64_t j = lo; j < vis; ++j) {
           double acc = 0;
           for (int64_t x = 0; x < d; ++x) acc += qs[i * d + x] * kj(j, x);
           s[j] = r(acc);
           m = std::max(m, s[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < vis; ++j) sum += std::exp(s[j] - m);
-        for (int64_t j = 0; j < vis; ++j) a[i * lk + j] = r(std::exp(s[j] - m) / sum);
+        for (int64_t j = lo; j < vis; ++j) sum += std::exp(s[j] - m);
+        for (int64_t j = lo; j < vis; ++j) a[i * lk + j] = r(std::exp(s[j] - m) / sum);
       }
       for (int64_t i = 0; i < lq; ++i)
         for (int64_t x = 0; x < d; ++x) {

@@ -4,9 +4,10 @@
 //
 // Attention (flash-attention's attention_ref without upcast), for the varlen attention and the
 // ring attention rows of the table:
-//   qs = r(q * scale); S = r(qs K^T), masked; A = r(softmax(S)) (0 for rows that see nothing);
-//   O = r(A V). Backward: dA = r(dO V^T); dS = r(A (dA - rowsum(dA A))); dq = r(r(dS K) scale);
-//   dK_h = r(dS^T qs), dV_h = r(A^T dO); dK, dV = r(sum over the GQA group of dK_h, dV_h).
+//   qs = r(q * scale); S = r(qs K^T), masked (causal, sliding window); A = r(softmax(S)) (0 for
+//   rows that see nothing); O = r(A V). Backward: dA = r(dO V^T); dS = r(A (dA - rowsum(dA A)));
+//   dq = r(r(dS K) scale); dK_h = r(dS^T qs), dV_h = r(A^T dO); dK, dV = r(sum over the GQA group
+//   of dK_h, dV_h).
 //
 // The fused LM-head loss (linear_cross_entropy), for its 16-bit rows: logits Z = r(X W^T);
 // G = r((softmax(Z) - onehot) * scale) on valid rows (0 on ignored ones); dX = r(G W);
@@ -25,11 +26,12 @@ struct NaiveAttention {
 };
 
 // q, dout: [Tq, Hq, D]; k, v: [Tk, Hk, D] (host, dtype dt); cq/ck the cu_seqlens; causal masks
-// bottom-right aligned (row i of a sequence sees keys j <= i + Lk - Lq). Rows outside every
-// sequence stay 0.
+// bottom-right aligned (row i of a sequence sees keys j <= i + Lk - Lq), and a sliding window
+// (window > 0, causal only) keeps the last `window` of them. Rows outside every sequence stay 0.
 NaiveAttention naive_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& dout, const std::vector<int64_t>& cq,
-                               const std::vector<int64_t>& ck, bool causal, DType dt);
+                               const std::vector<int64_t>& ck, bool causal, DType dt,
+                               int64_t window = 0);
 
 // x rounded to dt (through f32 for 16-bit dtypes), as a tensor of that dtype holds it.
 double round_to(double x, DType dt);

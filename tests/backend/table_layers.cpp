@@ -1,10 +1,12 @@
 // Table rows for the per-token layers of kernels/ (each <op>.cu against its CPU path):
-// rms_norm, rope, swiglu, residual_add, dropout and embedding: raw forward and backward into
+// rms_norm (and Gemma's (1 + w)), rope (and Phi-3's partial rotary with longrope's attention
+// factor), swiglu and geglu, residual_add, dropout and embedding: raw forward and backward into
 // guarded buffers, each gradient alone, in-place and strided operands, host and device ids or
-// positions of both index types, and the autograd op. Sizes 1, 19, 71x229, the Qwen2.5-0.5B
-// widths, rows in registers and in loops, and the 151,936-row vocabulary.
+// positions of both index types, and the autograd op. Sizes 1, 19, 71x229, the Qwen2.5-0.5B and
+// Gemma 3 widths, rows in registers and in loops, and the 151,936-row vocabulary.
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/table.h"
@@ -34,17 +36,24 @@ void rms_norm(std::vector<Entry>& t) {
   struct Case {
     DType dt;
     int64_t t, h;
+    bool offset = false;  // Gemma's (1 + w)
   };
   // 8192 is the widest bf16 row kept in registers, 10000 and 4097 take the loop kernels, 4096
-  // rows the persistent backward grid.
-  for (const Case c :
-       {Case{DType::kF32, 1, 1}, Case{DType::kBF16, 1, 1}, Case{DType::kF32, 19, 19},
-        Case{DType::kBF16, 19, 19}, Case{DType::kF32, 71, 229}, Case{DType::kBF16, 71, 229},
-        Case{DType::kF16, 71, 229}, Case{DType::kF32, 5, 896}, Case{DType::kBF16, 5, 896},
-        Case{DType::kBF16, 3, 4864}, Case{DType::kF32, 3, 4864}, Case{DType::kBF16, 2, 8192},
-        Case{DType::kBF16, 2, 10000}, Case{DType::kF32, 3, 4097}, Case{DType::kBF16, 4096, 896},
-        Case{DType::kF32, 1000, 1536}}) {
-    const std::string n = dt_name(c.dt) + "_" + shape_name({c.t, c.h});
+  // rows the persistent backward grid; with the unit offset: rows in registers, the loop kernel,
+  // q/k norms over head_dim 256, Gemma 3 1B's width 1152.
+  for (const Case c : {Case{DType::kF32, 1, 1},          Case{DType::kBF16, 1, 1},
+                       Case{DType::kF32, 19, 19},        Case{DType::kBF16, 19, 19},
+                       Case{DType::kF32, 71, 229},       Case{DType::kBF16, 71, 229},
+                       Case{DType::kF16, 71, 229},       Case{DType::kF32, 5, 896},
+                       Case{DType::kBF16, 5, 896},       Case{DType::kBF16, 3, 4864},
+                       Case{DType::kF32, 3, 4864},       Case{DType::kBF16, 2, 8192},
+                       Case{DType::kBF16, 2, 10000},     Case{DType::kF32, 3, 4097},
+                       Case{DType::kBF16, 4096, 896},    Case{DType::kF32, 1000, 1536},
+                       Case{DType::kF32, 1, 1, true},    Case{DType::kBF16, 71, 229, true},
+                       Case{DType::kF32, 71, 256, true}, Case{DType::kBF16, 3, 10000, true},
+                       Case{DType::kF16, 19, 1152, true}}) {
+    const std::string n =
+        dt_name(c.dt) + "_" + shape_name({c.t, c.h}) + (c.offset ? "_unit_offset" : "");
     const DType sd = stat_dtype(c.dt);
     // dw sums t rows: its absolute error grows with sqrt(t); x*rstd is rounded before the weight
     // multiply, so 16-bit outputs may land two roundings apart (the table's 16-bit rows).
@@ -55,7 +64,7 @@ void rms_norm(std::vector<Entry>& t) {
         {"rms_norm_fwd_" + n, [=](OpRun& r) {
            const Tensor x = r.randn({c.t, c.h}, c.dt, 101, 2.0), w = r.randn({c.h}, c.dt, 102);
            Tensor y = r.guarded({c.t, c.h}, c.dt), rstd = r.guarded({c.t}, sd);
-           kernels::rms_norm_fwd(x, w, kEps, y, rstd);
+           kernels::rms_norm_fwd(x, w, kEps, y, rstd, c.offset);
            r.out("rstd", rstd, Rule::close(backend_tol(sd, 0.0)));
            r.out("y", y, y_rule);
          }});
@@ -64,25 +73,25 @@ void rms_norm(std::vector<Entry>& t) {
                    const Tensor xh = host_randn({c.t, c.h}, c.dt, 111, 2.0);
                    const Tensor wh = host_randn({c.h}, c.dt, 112);
                    Tensor yh = Tensor::empty({c.t, c.h}, c.dt), rh = Tensor::empty({c.t}, sd);
-                   kernels::rms_norm_fwd(xh, wh, kEps, yh, rh);
+                   kernels::rms_norm_fwd(xh, wh, kEps, yh, rh, c.offset);
                    const Tensor x = r.on(xh), w = r.on(wh), rstd = r.on(rh);
                    const Tensor dy = r.randn({c.t, c.h}, c.dt, 113);
                    Tensor dx = r.guarded({c.t, c.h}, c.dt), dw = r.guarded({c.h}, c.dt);
-                   kernels::rms_norm_bwd(dy, x, w, rstd, dx, dw);
+                   kernels::rms_norm_bwd(dy, x, w, rstd, dx, dw, c.offset);
                    r.out("dx", dx, dx_rule);
                    r.out("dw", dw, dw_rule);
                    // Each gradient alone, bit for bit (no atomics).
                    Tensor dx_only = Tensor::empty({c.t, c.h}, c.dt, r.dev());
-                   kernels::rms_norm_bwd(dy, x, w, rstd, dx_only, Tensor());
+                   kernels::rms_norm_bwd(dy, x, w, rstd, dx_only, Tensor(), c.offset);
                    r.same("dx_only", dx_only, "dx");
                    Tensor dw_only = Tensor::empty({c.h}, c.dt, r.dev());
-                   kernels::rms_norm_bwd(dy, x, w, rstd, Tensor(), dw_only);
+                   kernels::rms_norm_bwd(dy, x, w, rstd, Tensor(), dw_only, c.offset);
                    r.same("dw_only", dw_only, "dw");
                  }});
     t.push_back({"rms_norm_autograd_" + n, [=](OpRun& r) {
                    Tensor x = r.randn({c.t, c.h}, c.dt, 121, 2.0).set_requires_grad(true);
                    Tensor w = r.randn({c.h}, c.dt, 122).set_requires_grad(true);
-                   const Tensor y = kernels::rms_norm(x, w, kEps);
+                   const Tensor y = kernels::rms_norm(x, w, kEps, c.offset);
                    r.expect("y on the run's device",
                             ::testing::AssertionResult(y.device() == r.dev()));
                    r.out("y", y, y_rule);
@@ -159,50 +168,120 @@ void rope(std::vector<Entry>& t) {
   }
 }
 
-// ---------------------------------------------------------------- swiglu
+// Phi-3's partial rotary (rotary_dim < head_dim: the rest passes through) with longrope's
+// attention factor: forward and inverse into guarded buffers (the pass-through part x's own
+// bits), in place equal to out of place, the autograd op's output equal to the raw op's, its
+// gradient.
+void rope_partial(std::vector<Entry>& t) {
+  constexpr double kFactor = 1.19;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF64})
+    for (auto [d, rot] : {std::pair<int64_t, int64_t>{16, 12}, {96, 72}, {128, 64}, {8, 2}}) {
+      const Shape s{71, 3, d};
+      const std::string n = dt_name(dt) + "_" + shape_name(s) + "_rotary" + std::to_string(rot);
+      const Rule rule = Rule::close(backend_tol(dt));
+      t.push_back({"rope_partial_" + n, [=](OpRun& r) {
+                     kernels::RopeConfig cfg;
+                     cfg.head_dim = d;
+                     cfg.rotary_dim = rot;
+                     cfg.attention_factor = kFactor;
+                     const Tensor inv = r.on(Tensor::from_doubles(kernels::rope_inv_freq(cfg),
+                                                                  {rot / 2}, stat_dtype(dt)));
+                     const Tensor pos = r.on(positions(71, 5000, DType::kI64));
+                     const Tensor x = r.randn(s, dt, 421);
+                     r.keep("x_pass_through", x.narrow(2, rot, d - rot));
+                     for (bool inverse : {false, true}) {
+                       const std::string m = inverse ? "inverse" : "forward";
+                       Tensor y = r.guarded(s, dt);
+                       kernels::rope_apply(x, pos, inv, inverse, y, kFactor);
+                       r.out(m, y, rule);
+                       r.same(m + "_pass_through", y.narrow(2, rot, d - rot), "x_pass_through",
+                              Rule::bits());
+                       Tensor xi = x.clone();
+                       kernels::rope_apply(xi, pos, inv, inverse, xi, kFactor);
+                       r.same(m + "_in_place", xi, m);
+                     }
+                     Tensor xa = x.clone().set_requires_grad(true);
+                     const Tensor ya = kernels::rope(xa, pos, cfg);
+                     r.same("forward_autograd", ya, "forward");
+                     ya.backward(r.randn(s, dt, 422));
+                     r.out("dx", xa.grad(), rule);
+                   }});
+    }
+}
 
-void swiglu(std::vector<Entry>& t) {
-  struct Case {
-    DType dt;
-    int64_t t, i;
-  };
-  for (const Case c :
-       {Case{DType::kF32, 1, 1}, Case{DType::kBF16, 1, 1}, Case{DType::kF32, 1, 19},
-        Case{DType::kBF16, 19, 1}, Case{DType::kF32, 71, 229}, Case{DType::kBF16, 71, 229},
-        Case{DType::kF16, 71, 229}, Case{DType::kBF16, 7, 4864}, Case{DType::kF32, 7, 4864},
-        Case{DType::kF64, 19, 71}}) {
-    const Shape s{c.t, c.i};
-    const std::string n = dt_name(c.dt) + "_" + shape_name(s);
-    const Rule rule = Rule::close(backend_tol(c.dt));
-    t.push_back({"swiglu_fwd_bwd_" + n, [=](OpRun& r) {
-                   // Wide gate values reach both branches of the overflow-free sigmoid.
-                   const Tensor g = r.randn(s, c.dt, 201, 6.0), u = r.randn(s, c.dt, 202);
-                   const Tensor dy = r.randn(s, c.dt, 203);
-                   Tensor y = r.guarded(s, c.dt), dg = r.guarded(s, c.dt), du = r.guarded(s, c.dt);
-                   kernels::swiglu_fwd(g, u, y);
-                   kernels::swiglu_bwd(dy, g, u, dg, du);
+// ---------------------------------------------------------------- swiglu, geglu
+
+// The two activations share one CPU path and one kernel template; the rows check each.
+struct GatedOp {
+  std::string name;
+  void (*fwd)(const Tensor&, const Tensor&, const Tensor&);
+  void (*bwd)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&);
+  Tensor (*autograd)(const Tensor&, const Tensor&);
+};
+
+void gated(std::vector<Entry>& t, const GatedOp& op,
+           const std::vector<std::pair<DType, Shape>>& cases) {
+  for (const auto& [dt, s] : cases) {
+    const std::string n = dt_name(dt) + "_" + shape_name(s);
+    const Rule rule = Rule::close(backend_tol(dt));
+    t.push_back({op.name + "_fwd_bwd_" + n, [=](OpRun& r) {
+                   // Wide gate values reach both branches of the overflow-free sigmoid and
+                   // gelu's saturated tanh.
+                   const Tensor g = r.randn(s, dt, 201, 6.0), u = r.randn(s, dt, 202);
+                   const Tensor dy = r.randn(s, dt, 203);
+                   Tensor y = r.guarded(s, dt), dg = r.guarded(s, dt), du = r.guarded(s, dt);
+                   op.fwd(g, u, y);
+                   op.bwd(dy, g, u, dg, du);
                    r.out("y", y, rule);
                    r.out("dgate", dg, rule);
                    r.out("dup", du, rule);
                    // One gradient alone; a strided gate (a transposed view) is read correctly.
-                   Tensor du_only = Tensor::empty(s, c.dt, r.dev());
-                   kernels::swiglu_bwd(dy, g, u, Tensor(), du_only);
+                   Tensor du_only = Tensor::empty(s, dt, r.dev());
+                   op.bwd(dy, g, u, Tensor(), du_only);
                    r.same("dup_only", du_only, "dup");
                    const Tensor gt = g.transpose(0, 1).contiguous().transpose(0, 1);
-                   Tensor y2 = Tensor::empty(s, c.dt, r.dev());
-                   kernels::swiglu_fwd(gt, u, y2);
+                   Tensor y2 = Tensor::empty(s, dt, r.dev());
+                   op.fwd(gt, u, y2);
                    r.same("y_strided_gate", y2, "y");
+                   // The autograd op runs the same kernels: bit for bit the raw results.
+                   Tensor ga = g.clone().set_requires_grad(true);
+                   Tensor ua = u.clone().set_requires_grad(true);
+                   const Tensor ya = op.autograd(ga, ua);
+                   r.same("y_autograd", ya, "y", Rule::bits());
+                   ya.backward(dy);
+                   r.same("dgate_autograd", ga.grad(), "dgate", Rule::bits());
+                   r.same("dup_autograd", ua.grad(), "dup", Rule::bits());
                  }});
-    t.push_back({"swiglu_autograd_" + n, [=](OpRun& r) {
-                   Tensor g = r.randn(s, c.dt, 211, 3.0).set_requires_grad(true);
-                   Tensor u = r.randn(s, c.dt, 212).set_requires_grad(true);
-                   const Tensor y = kernels::swiglu(g, u);
+    t.push_back({op.name + "_autograd_" + n, [=](OpRun& r) {
+                   Tensor g = r.randn(s, dt, 211, 3.0).set_requires_grad(true);
+                   Tensor u = r.randn(s, dt, 212).set_requires_grad(true);
+                   const Tensor y = op.autograd(g, u);
                    r.out("y", y, rule);
-                   y.backward(r.randn(s, c.dt, 213));
+                   y.backward(r.randn(s, dt, 213));
                    r.out("dgate", g.grad(), rule);
                    r.out("dup", u.grad(), rule);
                  }});
   }
+}
+
+void gated_mlp(std::vector<Entry>& t) {
+  gated(t, {"swiglu", kernels::swiglu_fwd, kernels::swiglu_bwd, kernels::swiglu},
+        {{DType::kF32, {1, 1}},
+         {DType::kBF16, {1, 1}},
+         {DType::kF32, {1, 19}},
+         {DType::kBF16, {19, 1}},
+         {DType::kF32, {71, 229}},
+         {DType::kBF16, {71, 229}},
+         {DType::kF16, {71, 229}},
+         {DType::kBF16, {7, 4864}},
+         {DType::kF32, {7, 4864}},
+         {DType::kF64, {19, 71}}});
+  // Gemma's GeGLU; 6912 is Gemma 3 1B's intermediate width.
+  std::vector<std::pair<DType, Shape>> geglu;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64})
+    for (const Shape& s : {Shape{1, 1}, Shape{19, 19}, Shape{71, 229}, Shape{5, 6912}})
+      geglu.push_back({dt, s});
+  gated(t, {"geglu", kernels::geglu_fwd, kernels::geglu_bwd, kernels::geglu}, geglu);
 }
 
 // ---------------------------------------------------------------- residual_add
@@ -397,7 +476,8 @@ std::vector<Entry> layer_entries() {
   std::vector<Entry> t;
   rms_norm(t);
   rope(t);
-  swiglu(t);
+  rope_partial(t);
+  gated_mlp(t);
   residual(t);
   dropout(t);
   embedding(t);

@@ -4,7 +4,7 @@
 // target leaves the outputs untouched; row statistics), the vocabulary-block softmax, and
 // linear_cross_entropy (loss, dhidden overwritten with 0 on ignored rows, dweight accumulated
 // into; one and many chunks, consecutive and gathered valid rows, all rows ignored, dweight in
-// another dtype or not contiguous, only one gradient, none, the autograd op).
+// another dtype or not contiguous, only one gradient, none, the autograd op; soft-capped logits).
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -81,9 +81,8 @@ void cross_entropy(std::vector<Entry>& t) {
                      Tensor d = r.guarded({c.t, c.v}, c.dt);
                      kernels::cross_entropy_bwd(z, y, lse, 0.37, d);
                      r.out("dlogits" + m, d, Rule::close(backend_tol(c.dt, 1e-2)));
-                     // In place on the device: dlogits overwrite the logits. (The CPU path reads
-                     // the target's logit after its row is overwritten: no aliasing there.)
-                     if (!r.cuda()) continue;
+                     // In place: dlogits overwrite the logits (the target's logit is read before
+                     // its row is written).
                      Tensor zi = z.clone();
                      kernels::cross_entropy_bwd(zi, r.on(y), lse, 0.37, zi);
                      r.same("dlogits_in_place" + m, zi, "dlogits" + m);
@@ -192,6 +191,13 @@ Rule loss_rule(DType dt, int64_t valid) {
   return Rule::close(backend_sum_tol(dt, static_cast<double>(valid + 1)));
 }
 
+// A gradient held in a 16-bit weight's dtype is rounded into it once per chunk of valid rows: the
+// error grows about as the square root of the number of chunks.
+Rule input_dtype_dweight_rule(DType dt, int64_t valid, int64_t chunk) {
+  const double chunks = std::max(1.0, std::ceil(double(valid) / double(chunk)));
+  return Rule::norm(backend_norm_tol(dt) * (1.0 + 0.27 * std::sqrt(chunks)));
+}
+
 ::testing::AssertionResult ignored_rows_zero(const Tensor& dh, const Tensor& y) {
   const std::vector<int64_t> yy = y.to_i64();
   const Vec d = dh.to_f64();
@@ -276,10 +282,7 @@ void linear_cross_entropy(std::vector<Entry>& t) {
            kernels::LinearCrossEntropyOptions opt;
            opt.chunk_tokens = c.chunk;
            const Rule loss = loss_rule(c.dt, count_valid(y));
-           // Rounded into the input dtype once per chunk of valid rows: the error grows
-           // about as the square root of the number of chunks.
-           const double chunks = std::max(1.0, std::ceil(double(count_valid(y)) / double(c.chunk)));
-           const Rule dw16 = Rule::norm(backend_norm_tol(c.dt) * (1.0 + 0.27 * std::sqrt(chunks)));
+           const Rule dw16 = input_dtype_dweight_rule(c.dt, count_valid(y), c.chunk);
            if (r.reference()) {
              Tensor dh = Tensor::empty({c.t, c.h}, c.dt);
              Tensor dw = Tensor::zeros({c.v, c.h}, gd);
@@ -367,6 +370,37 @@ void linear_cross_entropy(std::vector<Entry>& t) {
                    }
                  }
                }});
+  // Gemma's final logit soft-capping inside the chunks: wide logits (std 8) capped at 3, the raw
+  // op and the autograd op (the weight's gradient in its own dtype).
+  for (DType dt : {DType::kF32, DType::kBF16})
+    t.push_back(
+        {"linear_cross_entropy_softcap_" + dt_name(dt) + "_71x64x1000_chunk16", [=](OpRun& r) {
+           const Tensor x = r.randn({71, 64}, dt, 501, 2.0);
+           const Tensor w = r.randn({1000, 64}, dt, 502, 0.5);
+           std::vector<int64_t> tg(71);
+           for (int64_t i = 0; i < 71; ++i) tg[i] = i % 5 == 0 ? kIgnoreIndex : (i * 37) % 1000;
+           const Tensor y = r.on(Tensor::from_vector(tg, {71}));
+           const int64_t valid = count_valid(y);
+           kernels::LinearCrossEntropyOptions opt;
+           opt.chunk_tokens = 16;
+           opt.softcap = 3.0;
+           const Rule grad = Rule::norm(backend_norm_tol(dt));
+           Tensor dh = r.guarded({71, 64}, dt);
+           dh.fill_(7.0);  // ignored rows must be zeroed
+           Tensor dw = r.guarded({1000, 64}, grad_dtype(dt));
+           dw.fill_(0.0);
+           r.out("loss", kernels::linear_cross_entropy_fwd_bwd(x, w, y, 0.37, dh, dw, opt),
+                 loss_rule(dt, valid));
+           r.out("dhidden", dh, grad);
+           r.out("dweight", dw, grad);
+           r.expect("ignored rows of dhidden are 0", ignored_rows_zero(dh, y));
+           Tensor xa = x.clone().set_requires_grad(true), wa = w.clone().set_requires_grad(true);
+           const Tensor loss = kernels::linear_cross_entropy(xa, wa, y, 7.0, opt);
+           r.out("loss_autograd", loss.item(), loss_rule(dt, valid));
+           loss.backward();
+           r.out("dhidden_autograd", xa.grad(), grad);
+           r.out("dweight_autograd", wa.grad(), input_dtype_dweight_rule(dt, valid, 16));
+         }});
   t.push_back({"linear_cross_entropy_autograd_bf16_47x64x503", [](OpRun& r) {
                  Tensor x = r.randn({47, 64}, DType::kBF16, 851).set_requires_grad(true);
                  Tensor w = r.randn({503, 64}, DType::kBF16, 852, 0.08).set_requires_grad(true);
