@@ -221,6 +221,7 @@ nlohmann::json KtoTrainer::technique_savings() const {
   if (args_.gradient_checkpointing)
     s["gradient_checkpointing"] = {
         {"note", "only each layer's input is kept between forward and backward"}};
+  add_adapter_savings(s, *model_, peft_, quant_config_, quant_report_);
   return s;
 }
 
@@ -256,6 +257,7 @@ KtoRun make_kto_run(const Options& o) {
       std::make_unique<KtoTrainer>(args, m.model, o, m.setup.tokenizer_dir, std::move(data),
                                    dc.max_length, dc.truncation_mode, loss, lo);
   run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   run.trainer->set_context_parallel(context_parallel_for(*m.model, args.cp_size, args.comm),
                                     encoder->pad_token_id());
   RefModelConfig rc = ref_cfg;

@@ -108,6 +108,19 @@ TEST(Kto, BadOptionsAreOneLineExitTwo) {
   EXPECT_NE(log.find("loss_type"), std::string::npos) << log;
 }
 
+// QLoRA: the memory report names the 4-bit base and the adapter's savings, as dpo's does.
+TEST(Kto, QloraReportsTheQuantizedBaseAndTheAdapter) {
+  const std::string out = testing::temp_dir("kto_qlora");
+  std::string log;
+  ASSERT_EQ(run_command(trainer_bin() + " kto --device cpu --max_steps 2 --use_peft " +
+                            "--load_in_4bit --output_dir " + out + "/o 2>&1",
+                        &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("quantized base (nf4)"), std::string::npos) << log;
+  EXPECT_NE(log.find("    LoRA: "), std::string::npos) << log;
+}
+
 // estimate kto: the policy step over the matched sequences only (the KL ones run without
 // gradient), so a kto micro-batch of 2B examples costs what a dpo micro-batch of B pairs does.
 TEST(Kto, EstimateCountsTheMatchedSequences) {
