@@ -1,4 +1,4 @@
-// A training batch, flat and variable-length (see DESIGN.md "Varlen inside").
+// A training batch, flat and variable-length (docs/architecture.md, decision 5 "Varlen inside").
 //   input_ids:[T] i64, position_ids:[T] i64, labels:[T] i64 (-100 = no loss), cu_seqlens:[B+1]
 //   i32. Sequence b owns rows [cu_seqlens[b], cu_seqlens[b+1]). Labels are aligned with
 //   input_ids as in TRL (the model shifts them: position t predicts labels[t+1] of the same

@@ -1,7 +1,7 @@
 // Test-only differentiable elementwise, reduction and matmul ops (namespace fn): tests compose
 // them into small graphs to exercise the autograd engine (hooks, checkpointing, offloading) and
 // to write loss formulas as references for the fused kernels. The product does not use them:
-// its differentiable ops are the coarse fused nodes in kernels/ (DESIGN, decision 2).
+// its differentiable ops are the coarse fused nodes in kernels/ (docs/architecture.md, decision 2).
 // Broadcasting follows engine/ops.h (equal shapes, a one-element b, or a trailing-shape b).
 #pragma once
 
