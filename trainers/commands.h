@@ -1,5 +1,6 @@
-// Subcommand registry of trainer_bin. Each subcommand lives in its own file under trainers/
-// and registers itself with a static Registration, so adding one touches nothing else.
+// Subcommand registry of trainer_bin. Each subcommand registers itself with a static
+// CommandRegistration in its own file (trainers/cmd_*.cpp; sft's is api/cmd_sft.cpp, built on the
+// public API), so adding one touches no list.
 #pragma once
 
 #include <functional>

@@ -1,6 +1,6 @@
 // Context parallelism (--cp_size): the ranks of a cp group share every micro-batch and split its
 // sequence dimension in the zigzag layout of kernels/ring_attention.h; attention is the ring over
-// the cp group, every other layer is row-local (see distributed.md section 3).
+// the cp group, every other layer is row-local.
 //
 // Process groups, from the world communicator (world = dp x cp):
 //   cp group: color = rank / cp, key = rank % cp   (consecutive ranks share a micro-batch)

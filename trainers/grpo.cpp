@@ -1,5 +1,5 @@
-// The online trainer (grpo, rloo): generation batches, rewards, advantages and the loss hook.
-// See grpo.h.
+// The online trainer (grpo, rloo, online_dpo): generation batches, rewards, advantages and the
+// loss hook. See grpo.h.
 #include "trainers/grpo.h"
 
 #include <algorithm>

@@ -1,7 +1,7 @@
-// The online trainers trainer_bin grpo and rloo (TRL GRPOTrainer / RLOOTrainer option names and
-// defaults): generate from the policy being trained, score, and update on the scored
-// completions. The generation engine is models/generate.h, run on the very weights being
-// trained (LoRA applied on the fly, no merged copy, no weight sync).
+// The online trainers trainer_bin grpo, rloo and online_dpo, one OnlineTrainer (TRL GRPOTrainer /
+// RLOOTrainer / OnlineDPOTrainer option names and defaults): generate from the policy being
+// trained, score, and update on the scored completions. The generation engine is models/generate.h,
+// run on the very weights being trained (LoRA applied on the fly, no merged copy, no weight sync).
 //
 // Data: JSONL rows with a "prompt" column (a string, or a message list rendered with the chat
 // template and an assistant generation prompt); every other column goes to the reward sources

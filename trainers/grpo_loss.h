@@ -1,6 +1,6 @@
 // The losses of the online trainers (grpo, rloo) computed on the host from per-token
 // log-probabilities, with their gradient with respect to each token's policy log-probability,
-// as TRL 1.16 computes them (trl_semantics.md section 5):
+// as TRL 1.16 computes them:
 //
 // Advantages (GRPOTrainer._generate_and_score_completions, sum_then_normalize), rewards of B =
 // prompts x G completions in group-major order:

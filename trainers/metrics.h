@@ -32,7 +32,7 @@ nlohmann::json memory_snapshot(Device device);
 // bytes; 0 where that file does not exist.
 int64_t process_rss_bytes(bool high_water_mark);
 
-// The per-micro-batch metrics of a trainer (dpo, kto, reward) summed over a logging window and
+// The per-micro-batch metrics of a trainer (every one but sft) summed over a logging window and
 // averaged over its micro-batches when logged, as TRL averages its metric lists; every logged
 // row is kept (tests read them).
 class MetricWindow {

@@ -1,8 +1,8 @@
-// The command-line driver shared by the preference trainers (trainer_bin dpo, kto): parse the
-// options, fill in the built-in demo's settings, build the run, train, and print the outcome
-// (nothing to do, stopped, or the loss and the trainer's last logged metrics) and the memory
-// report. Run is the trainer's run struct (a `model` SftModel and a `trainer` with train(),
-// train_stats(), logged_metrics() and args()).
+// The command-line driver shared by the preference and online trainers (trainer_bin dpo, kto, grpo,
+// rloo, online_dpo): parse the options, fill in the built-in demo's settings, build the run, train,
+// and print the outcome (nothing to do, stopped, or the loss and the trainer's last logged metrics)
+// and the memory report. Run is the trainer's run struct (a `model` SftModel and a `trainer` with
+// train(), train_stats(), logged_metrics() and args()).
 #pragma once
 
 #include <cstdio>

@@ -1,4 +1,4 @@
-// DPO's pairwise losses (TRL 1.16 DPOTrainer._compute_loss, trl_semantics.md §4) as pure
+// DPO's pairwise losses (TRL 1.16 DPOTrainer._compute_loss) as pure
 // functions of the per-sequence log-probabilities: values, their gradients with respect to the
 // policy's chosen/rejected log-probabilities, and TRL's reward metrics. Float64 on the host;
 // the trainer feeds the gradients back into the network (the sequence log-probabilities are the

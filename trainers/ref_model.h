@@ -1,5 +1,5 @@
-// The frozen reference model of the preference and RL trainers (DPO, KTO, later GRPO), and the
-// per-sequence log-probabilities they all need.
+// The frozen reference model of the preference and RL trainers (dpo, kto, grpo, rloo,
+// online_dpo), and the per-sequence log-probabilities they all need.
 //
 // sequence_logps(model, batch, opts): one forward of a flat varlen Batch (loaders/batch.h; the
 // labels are the tokens to score, -100 elsewhere, shifted inside as the LM loss is) ->
@@ -8,8 +8,8 @@
 // logits (TRL's logits/* metrics). With fused (use_liger_loss) the chunked LM head is used and
 // the [T, V] logits never exist; without it the full logits are formed (the plain path).
 //
-// The three ways to get reference log-probabilities (TRL's DPOTrainer, trl_semantics.md §4),
-// options declared once by add_ref_model_options:
+// The ways to get reference log-probabilities (those of TRL's DPOTrainer), options declared once
+// by add_ref_model_options:
 //   precompute_ref_log_probs   one no-grad pass over the training data before the first step;
 //                              the results are cached per sequence key and nothing is kept of
 //                              the reference model during training (a --ref_model is loaded for

@@ -1,5 +1,5 @@
-// The rewards of the online trainers (grpo, rloo): several sources, each named in the metrics,
-// combined with reward_weights as TRL combines its reward_funcs.
+// The rewards of the online trainers (grpo, rloo, online_dpo): several sources, each named in the
+// metrics, combined with reward_weights as TRL combines its reward_funcs.
 //
 // Sources, from the options (declared once by add_reward_source_options):
 //   --reward_funcs LIST   comma-separated, in order:

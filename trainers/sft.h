@@ -4,6 +4,10 @@
 // (packing, padding-free collation, shuffling) -> flat varlen Batches. Loss: the decoder's
 // chunked linear cross-entropy over shifted labels, normalised by the label tokens of the whole
 // accumulated batch.
+//
+// Also what the other trainers share with sft: the model side of a run (SftModel, load_sft_model:
+// tokenizer, model, LoRA adapters, quantized base; used by dpo, kto and the online trainers), the
+// adapter's base name (adapter_base_name) and the end-of-run memory report (format_memory_report).
 #pragma once
 
 #include <memory>

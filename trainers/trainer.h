@@ -1,4 +1,5 @@
-// The training loop shared by every trainer (SFT now; DPO, KTO, GRPO... plug in the same way).
+// The training loop shared by every trainer (sft, dpo, kto, reward, and the online trainers grpo,
+// rloo and online_dpo): each subclasses Trainer and supplies its data and loss through the hooks.
 //
 // One optimizer update ("step") = gradient_accumulation_steps micro-batches. The loss of each
 // micro-batch is normalised by the number of loss tokens across the WHOLE accumulated batch
