@@ -1,3 +1,4 @@
+// The caching allocator and its backings (see allocator.h).
 #include "engine/allocator.h"
 
 #include <algorithm>

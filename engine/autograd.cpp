@@ -1,3 +1,4 @@
+// The autograd graph, the saved-tensor hook stack and checkpoint regions (see autograd.h).
 #include "engine/autograd.h"
 
 #include <algorithm>

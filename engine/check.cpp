@@ -1,3 +1,4 @@
+// Exit codes of the error kinds, and the throw helpers behind the check macros (see check.h).
 #include "engine/check.h"
 
 #include <cstring>

@@ -1,3 +1,4 @@
+// Device names, parsing and the CUDA device count (see device.h).
 #include "engine/device.h"
 
 #include <string>

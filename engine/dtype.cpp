@@ -1,3 +1,4 @@
+// Element types: names, sizes and parsing (see dtype.h).
 #include "engine/dtype.h"
 
 #include "engine/check.h"

@@ -1,3 +1,4 @@
+// The Optimizer interface, AdamW and SGD on the host, and the optimizer in backward (see optim.h).
 #include "engine/optim.h"
 
 #include <cmath>

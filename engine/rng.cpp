@@ -1,3 +1,4 @@
+// Philox fills (uniform, normal, bernoulli) on the host, and their device dispatch (see rng.h).
 #include "engine/rng.h"
 
 #include <cmath>

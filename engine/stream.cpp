@@ -1,3 +1,4 @@
+// Streams and events on the host and on CUDA devices (see stream.h).
 #include "engine/stream.h"
 
 #include <atomic>

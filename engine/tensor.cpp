@@ -1,3 +1,4 @@
+// Tensor and Storage: views, copies and autograd state (see tensor.h).
 #include "engine/tensor.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// DecoderModel: construction, random init, HF weight loading and saving, forward and the loss
+// (see decoder.h).
 #include "models/decoder.h"
 
 #include <algorithm>

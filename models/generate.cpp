@@ -1,3 +1,4 @@
+// Generation over the paged KV cache: scheduling, prefill, decode and sampling (see generate.h).
 #include "models/generate.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// The paged KV-cache pool: block reference counts, copy on write, sleep and wake (see
+// kv_cache.h).
 #include "models/kv_cache.h"
 
 #include <algorithm>

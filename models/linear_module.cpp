@@ -1,3 +1,4 @@
+// LinearModule: the dense, quantized-base and adapter paths of a projection (see linear_module.h).
 #include "models/linear_module.h"
 
 #include "kernels/linear.h"

@@ -1,3 +1,4 @@
+// LoRA adapters on LinearModule (see lora.h).
 #include "models/lora.h"
 
 #include <algorithm>

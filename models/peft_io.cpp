@@ -1,3 +1,4 @@
+// PEFT module selection and adapter files (see peft_io.h).
 #include "models/peft_io.h"
 
 #include <algorithm>

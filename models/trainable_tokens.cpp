@@ -1,3 +1,4 @@
+// Trainable tokens on the embedding (see trainable_tokens.h).
 #include "models/trainable_tokens.h"
 
 #include <algorithm>

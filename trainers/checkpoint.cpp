@@ -1,3 +1,5 @@
+// Checkpoint folders: listing, resolving, rotation, stale-file cleanup, trainer_state.json (see
+// checkpoint.h).
 #include "trainers/checkpoint.h"
 
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// The subcommand registry and trainer_bin's dispatch (see commands.h).
 #include "trainers/commands.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// metrics.jsonl, the progress line, memory snapshots and metric windows (see metrics.h).
 #include "trainers/metrics.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// The activation-offloading options and the per-micro-batch offloader (see offload_options.h).
 #include "trainers/offload_options.h"
 
 namespace leantune {

@@ -1,3 +1,4 @@
+// Option declarations, parsing of --config JSON and --flags, and help text (see options.h).
 #include "trainers/options.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The PEFT options and their application to a model (see peft_options.h).
 #include "trainers/peft_options.h"
 
 #include <algorithm>

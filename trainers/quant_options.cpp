@@ -1,3 +1,4 @@
+// The quantized-base options and their QuantConfig (see quant_options.h).
 #include "trainers/quant_options.h"
 
 #include <string>

@@ -1,10 +1,11 @@
-// The micro-batches of the trainers that batch whole dataset rows (dpo, kto, reward): `batch`
-// rows each, the epoch's rows in a shuffled order (Fisher-Yates with a 64-bit Mersenne Twister
-// keyed by (seed, epoch): the same order on every machine and on resume) or in file order (kto,
-// as TRL's KTOTrainer samples sequentially). Data parallel: global micro-batch g of an epoch goes
-// to rank g % world; every rank takes ceil(global / world) of them, the last ranks wrapping to
-// the epoch's first micro-batches, as the SFT data loader does. The position (epoch, micro-batch
-// within it), with the global micro-batches per epoch, is the checkpoint's data state.
+// The micro-batches of the trainers that batch whole dataset rows (dpo, kto, reward, and the
+// prompts of the online trainers' generation batches): `batch` rows each, the epoch's rows in a
+// shuffled order (Fisher-Yates with a 64-bit Mersenne Twister keyed by (seed, epoch): the same
+// order on every machine and on resume) or in file order (kto, as TRL's KTOTrainer samples
+// sequentially). Data parallel: global micro-batch g of an epoch goes to rank g % world; every rank
+// takes ceil(global / world) of them, the last ranks wrapping to the epoch's first micro-batches,
+// as the SFT data loader does. The position (epoch, micro-batch within it), with the global
+// micro-batches per epoch, is the checkpoint's data state.
 #pragma once
 
 #include <cstdint>

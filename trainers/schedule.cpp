@@ -1,3 +1,4 @@
+// Learning-rate schedules (see schedule.h).
 #include "trainers/schedule.h"
 
 #include <algorithm>

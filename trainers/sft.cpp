@@ -1,3 +1,5 @@
+// The sft trainer, its options and run, the model loading every trainer shares, and the memory
+// report (see sft.h).
 #include "trainers/sft.h"
 
 #include <dlfcn.h>

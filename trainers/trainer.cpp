@@ -1,3 +1,5 @@
+// The shared training loop, Trainer::train(), and its set-up: training options, optimizer, data
+// parallel and ZeRO, PEFT saves (see trainer.h; checkpoints in checkpoint_save.cpp and resume.cpp).
 #include "trainers/trainer.h"
 
 #include <chrono>
