@@ -1,6 +1,6 @@
-// The losses of the online trainers (grpo, rloo) computed on the host from per-token
-// log-probabilities, with their gradient with respect to each token's policy log-probability,
-// as TRL 1.16 computes them:
+// The losses of the online trainers grpo and rloo (online_dpo's DPO loss is in grpo.cpp) computed
+// on the host from per-token log-probabilities, with their gradient with respect to each token's
+// policy log-probability, as TRL 1.16 computes them:
 //
 // Advantages (GRPOTrainer._generate_and_score_completions, sum_then_normalize), rewards of B =
 // prompts x G completions in group-major order:
