@@ -6,7 +6,7 @@
 //                        (rows:[n] i64, or undefined for rows 0..n-1)
 //   ring_lse_merge_cuda: out:[T,H,D] (f32, or out_b's dtype), lse:[H,T] f32 (f64 for f64) merged
 //                        with a partial result over other keys, out_b:[n,H,D], lse_b:[H,n], at rows
-// The merge is exact through the log-sum-exp (distributed.md section 3), math in f32 (f64):
+// The merge is exact through the log-sum-exp, math in f32 (f64):
 //   w = sigmoid(lse_b - lse), out -= w (out - out_b), lse = max + log1p(exp(-|lse - lse_b|)),
 // with lse_b = -inf (the partial saw no key) leaving the row alone and lse = -inf taking out_b.
 // Row ids come from the ring's layout and are distinct (no two threads write one row) and

@@ -2,7 +2,7 @@
 // packed varlen batch is split over the `cp` ranks of a communicator, each rank holding chunks
 // r and 2cp-1-r of every document, so causal work is balanced (rank r computes (r+1/2) +
 // (2cp-1-r+1/2) = 2cp half-blocks). Following zhuzilin/ring-flash-attention's zigzag varlen
-// scheme (see /work/shared/reference/distributed.md section 3).
+// scheme.
 //
 // Layout: each document of length L is padded at its end to P = multiple of 2cp (pads are
 // loss-masked; causal attention keeps real tokens from seeing them); chunk size c = P/(2cp).

@@ -11,7 +11,7 @@
 //                        carries a completion_mask.
 //   max_length           0 = none (no truncation; packing requires max_length > 0).
 //   truncation_mode      keep_start | keep_end, for SFT truncation and for the final max_length
-//                        cut of preference sequences (old DPO semantics, trl_semantics.md §1).
+//                        cut of preference sequences (TRL's older DPO semantics).
 //   max_prompt_length    preference/unpaired: the prompt keeps its LAST tokens (0 = none).
 //   max_completion_length preference/unpaired: completions keep their FIRST tokens (0 = none).
 //

@@ -25,7 +25,7 @@
 //                      we drop only examples whose mask is all 0 in what the packer keeps (the
 //                      first max_length tokens for bfd), so a 1-token document still packs.
 //
-// Preference (the old DPOTrainer.tokenize_row + concatenated_forward, trl_semantics.md §1):
+// Preference (TRL's older DPOTrainer.tokenize_row + concatenated_forward):
 //   conversational     prompt text = render(prompt, add_generation_prompt); chosen text =
 //                      render(prompt + chosen) minus the common prefix with the prompt text
 //                      (likewise rejected; TRL's apply_chat_template). Then plain text below.
