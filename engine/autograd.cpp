@@ -133,10 +133,101 @@ void remove_backward_observer(BackwardObserver* obs) {
   g_observers.erase(std::remove(g_observers.begin(), g_observers.end(), obs), g_observers.end());
 }
 
+namespace {
+thread_local LeafGradCapture* t_capture = nullptr;
+
+// `acc` += g in place when `acc` is the only handle to its bytes (a + b: the values of a fresh
+// sum), else a fresh sum.
+void sum_into(Tensor& acc, const Tensor& g) {
+  const bool sole = acc.impl_ptr().use_count() == 1 && acc.storage().use_count() == 1 &&
+                    acc.is_contiguous() && acc.offset() == 0 && g.dtype() == acc.dtype() &&
+                    g.shape() == acc.shape() && !acc.requires_grad();
+  if (sole)
+    ops::add_(acc, g);
+  else
+    acc = ops::add(acc, g);
+}
+
+void run_backward(const std::vector<Edge>& root_edges, std::vector<Tensor> root_grads,
+                  bool retain_graph);
+}  // namespace
+
+LeafGradCapture::LeafGradCapture() : prev_(t_capture) { t_capture = this; }
+LeafGradCapture::~LeafGradCapture() { t_capture = prev_; }
+
+void LeafGradCapture::add(const TensorImpl* leaf, Tensor g) {
+  if (!g.defined()) return;
+  auto it = grads_.find(leaf);
+  if (it == grads_.end()) {
+    grads_.emplace(leaf, std::move(g));
+    return;
+  }
+  Tensor& acc = it->second;
+  // A second pass: the sum is formed in the accumulation dtype, in a buffer of its own.
+  const DType want = dtype_size(acc.dtype()) == 2 ? DType::kF32 : acc.dtype();
+  const bool own = acc.dtype() == want && acc.impl_ptr().use_count() == 1 &&
+                   acc.storage().use_count() == 1 && acc.is_contiguous() && acc.offset() == 0;
+  if (!own) {
+    Tensor fresh = Tensor::empty(acc.shape(), want, acc.device(), MemTag::kGrad);
+    ops::copy(fresh, acc);
+    acc = fresh;
+  }
+  if (g.dtype() == want) {
+    ops::add_(acc, g);
+  } else {
+    Tensor gw = Tensor::empty(g.shape(), want, g.device(), MemTag::kWorkspace);
+    ops::copy(gw, g);
+    ops::add_(acc, gw);
+  }
+}
+
+Tensor LeafGradCapture::take(const TensorImpl* leaf, std::optional<DType> dtype) {
+  auto it = grads_.find(leaf);
+  if (it == grads_.end()) return Tensor();
+  Tensor g = std::move(it->second);
+  grads_.erase(it);
+  if (dtype && g.dtype() != *dtype) {
+    Tensor c = Tensor::empty(g.shape(), *dtype, g.device(), MemTag::kGrad);
+    ops::copy(c, g);
+    g = c;
+  }
+  return g;
+}
+
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
               bool retain_graph) {
   LT_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(), " roots and ",
            grads.size(), " gradients");
+  std::vector<Edge> root_edges;
+  std::vector<Tensor> gs;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    Edge e = gradient_edge(roots[i]);
+    LT_CHECK(e.valid(), "backward on ", roots[i].str(), " which does not require grad");
+    root_edges.push_back(e);
+    Tensor g = grads.empty() ? Tensor() : grads[i];
+    if (!g.defined()) {
+      LT_CHECK(roots[i].numel() == 1, "backward on non-scalar ", roots[i].str(),
+               " needs an explicit gradient");
+      g = Tensor::full(roots[i].shape(), 1.0, roots[i].dtype(), roots[i].device());
+    }
+    LT_CHECK(g.shape() == roots[i].shape(), "gradient ", g.str(), " for root ", roots[i].str());
+    gs.push_back(std::move(g));
+  }
+  run_backward(root_edges, std::move(gs), retain_graph);
+}
+
+void backward_from_edges(const std::vector<Edge>& roots, std::vector<Tensor> grads) {
+  LT_CHECK(grads.size() == roots.size(), "backward: ", roots.size(), " root edges and ",
+           grads.size(), " gradients");
+  for (size_t i = 0; i < roots.size(); ++i)
+    LT_CHECK(roots[i].valid() && grads[i].defined(), "backward: root edge ", i,
+             " without a node or a gradient");
+  run_backward(roots, std::move(grads), false);
+}
+
+namespace {
+void run_backward(const std::vector<Edge>& root_edges, std::vector<Tensor> root_grads,
+                  bool retain_graph) {
   struct State {
     std::vector<Tensor> inputs;
     int deps = 0;
@@ -151,17 +242,13 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     if (!in[slot].defined())
       in[slot] = std::move(g);
     else
-      in[slot] = ops::add(in[slot], g);
+      sum_into(in[slot], g);
   };
 
   // Dependencies: number of edges reaching each node from the roots' subgraph.
   std::vector<Node*> stack;
   std::unordered_map<Node*, bool> seen;
-  std::vector<Edge> root_edges;
-  for (size_t i = 0; i < roots.size(); ++i) {
-    Edge e = gradient_edge(roots[i]);
-    LT_CHECK(e.valid(), "backward on ", roots[i].str(), " which does not require grad");
-    root_edges.push_back(e);
+  for (const Edge& e : root_edges) {
     if (!seen[e.fn.get()]) {
       seen[e.fn.get()] = true;
       stack.push_back(e.fn.get());
@@ -182,16 +269,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
   }
 
-  for (size_t i = 0; i < roots.size(); ++i) {
-    Tensor g = grads.empty() ? Tensor() : grads[i];
-    if (!g.defined()) {
-      LT_CHECK(roots[i].numel() == 1, "backward on non-scalar ", roots[i].str(),
-               " needs an explicit gradient");
-      g = Tensor::full(roots[i].shape(), 1.0, roots[i].dtype(), roots[i].device());
-    }
-    LT_CHECK(g.shape() == roots[i].shape(), "gradient ", g.str(), " for root ", roots[i].str());
-    add_grad(root_edges[i].fn.get(), root_edges[i].input_nr, g);
-  }
+  for (size_t i = 0; i < root_edges.size(); ++i)
+    add_grad(root_edges[i].fn.get(), root_edges[i].input_nr, std::move(root_grads[i]));
+  root_grads.clear();
 
   auto later_first = [](Node* a, Node* b) { return a->sequence_nr() < b->sequence_nr(); };
   std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
@@ -212,12 +292,18 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     in.resize(n->num_outputs());
     bool any = false;
     for (const Tensor& t : in) any = any || t.defined();
+    auto* acc = t_capture ? dynamic_cast<AccumulateGrad*>(n) : nullptr;
     std::vector<Tensor> out;
+    if (acc) {
+      if (any) t_capture->add(acc->leaf(), std::move(in[0]));
+      continue;  // a leaf has no next edges
+    }
     if (any) {
       for (BackwardObserver* o : g_observers) o->before_node(*n);
       out = n->apply(std::move(in));
       for (BackwardObserver* o : g_observers) o->after_node(*n);
     }
+    in.clear();
     if (!retain_graph) n->release_saved();
     const auto& edges = n->next_edges();
     if (any && !dynamic_cast<AccumulateGrad*>(n))
@@ -236,6 +322,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
   }
 }
+}  // namespace
 
 // ---------------------------------------------------------------- checkpoint
 
@@ -251,7 +338,22 @@ class KeepHooks final : public SavedTensorHooks {
   std::shared_ptr<void> pack(const Tensor& t) override { return std::make_shared<Tensor>(t); }
   Tensor unpack(const std::shared_ptr<void>& p) override { return *static_cast<Tensor*>(p.get()); }
 };
+}  // namespace
 
+std::shared_ptr<SavedTensorHooks> keep_in_place_hooks() { return std::make_shared<KeepHooks>(); }
+
+std::vector<std::shared_ptr<void>> capture_replayable_states() {
+  std::vector<std::shared_ptr<void>> states;
+  for (auto* r : g_replayable) states.push_back(r->capture());
+  return states;
+}
+
+void restore_replayable_states(const std::vector<std::shared_ptr<void>>& states) {
+  for (size_t i = 0; i < g_replayable.size() && i < states.size(); ++i)
+    g_replayable[i]->restore(states[i]);
+}
+
+namespace {
 class CheckpointBackward final : public Node {
  public:
   CheckpointFn fn;
@@ -266,28 +368,30 @@ class CheckpointBackward final : public Node {
       if (input_requires_grad[i]) t.set_requires_grad(true);
       in.push_back(t);
     }
-    std::vector<std::shared_ptr<void>> now;
-    for (auto* r : g_replayable) now.push_back(r->capture());
-    for (size_t i = 0; i < g_replayable.size() && i < rng_states.size(); ++i)
-      g_replayable[i]->restore(rng_states[i]);
+    const std::vector<std::shared_ptr<void>> now = capture_replayable_states();
+    restore_replayable_states(rng_states);
     std::vector<Tensor> outs;
     {
       EnableGradGuard eg;
-      SavedTensorHooksGuard keep(std::make_shared<KeepHooks>());
+      SavedTensorHooksGuard keep(keep_in_place_hooks());
       outs = fn(in);
     }
-    for (size_t i = 0; i < g_replayable.size() && i < now.size(); ++i)
-      g_replayable[i]->restore(now[i]);
+    restore_replayable_states(now);
     LT_CHECK(outs.size() == grads.size(), "checkpointed function returned ", outs.size(),
              " outputs on recompute, ", grads.size(), " the first time");
-    std::vector<Tensor> roots, gs;
+    std::vector<Edge> roots;
+    std::vector<Tensor> gs;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (grads[i].defined() && outs[i].requires_grad()) {
-        roots.push_back(outs[i]);
-        gs.push_back(grads[i]);
+        roots.push_back(gradient_edge(outs[i]));
+        gs.push_back(std::move(grads[i]));
       }
     }
-    if (!roots.empty()) backward(roots, gs);
+    // Backward needs the outputs' nodes, not their values: the recomputed outputs go now.
+    outs.clear();
+    grads.clear();
+    if (!roots.empty()) backward_from_edges(roots, std::move(gs));
+    roots.clear();
     std::vector<Tensor> result;
     for (size_t i = 0; i < in.size(); ++i) {
       Tensor g = input_requires_grad[i] ? in[i].grad() : Tensor();
@@ -304,8 +408,7 @@ class CheckpointBackward final : public Node {
 }  // namespace
 
 std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs) {
-  std::vector<std::shared_ptr<void>> rng;
-  for (auto* r : g_replayable) rng.push_back(r->capture());
+  std::vector<std::shared_ptr<void>> rng = capture_replayable_states();
   std::vector<Tensor> detached;
   for (const Tensor& t : inputs) detached.push_back(t.defined() ? t.detach() : t);
   std::vector<Tensor> outs;

@@ -19,7 +19,9 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/mem_phase.h"
@@ -151,8 +153,38 @@ class SavedTensor {
 // ---- running backward
 
 // Runs backward from `roots` with the given gradients (undefined = ones for a scalar root).
+// Where two gradients for one input meet, the sum is formed in place into the first when nothing
+// else holds it (a + b either way, so the values are those of a fresh sum).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads = {},
               bool retain_graph = false);
+// The same from the roots' gradient edges (gradient_edge(root)): a caller that recomputed the
+// roots may drop their data before backward runs (checkpoint() does). Every gradient is given;
+// each is released as soon as its node has run (pass them with std::move).
+void backward_from_edges(const std::vector<Edge>& roots, std::vector<Tensor> grads);
+
+// While a LeafGradCapture lives on this thread, backward() hands the gradient each leaf would
+// receive to the capture instead of accumulating it into the leaf's grad(), and runs no backward
+// observer for that leaf (an optimizer in backward or a gradient reducer, which take a leaf's
+// gradient as complete when it arrives, see it once, from whoever takes the captured sum on).
+// Gradients for one leaf over several backward passes are summed: in the leaf's dtype for
+// f32/f64, in f32 for 16-bit leaves (one rounding when taken). Captures nest (the innermost one
+// captures).
+class LeafGradCapture {
+ public:
+  LeafGradCapture();
+  ~LeafGradCapture();
+  LeafGradCapture(const LeafGradCapture&) = delete;
+  LeafGradCapture& operator=(const LeafGradCapture&) = delete;
+  // Adds g to what was captured for `leaf`.
+  void add(const TensorImpl* leaf, Tensor g);
+  // The sum captured for `leaf` (undefined when none arrived), removed from the capture. With
+  // `dtype` set the sum comes in that dtype.
+  Tensor take(const TensorImpl* leaf, std::optional<DType> dtype = std::nullopt);
+
+ private:
+  std::unordered_map<const TensorImpl*, Tensor> grads_;
+  LeafGradCapture* prev_;
+};
 
 // Hooks called by the engine around each node in backward (offloading uses them to prefetch
 // and release). Called in execution order.
@@ -173,6 +205,14 @@ using CheckpointFn = std::function<std::vector<Tensor>(const std::vector<Tensor>
 // to rebuild what its backward needs. Random state used inside fn (dropout) is replayed
 // exactly. Gradients equal those without checkpointing.
 std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs);
+
+// The hooks a recompute runs under (checkpoint(), engine/tiled.h): every saved tensor stays where
+// it is, since it is used right away.
+std::shared_ptr<SavedTensorHooks> keep_in_place_hooks();
+// Random state of every registered ReplayableState (below): captured, and restored in the same
+// order.
+std::vector<std::shared_ptr<void>> capture_replayable_states();
+void restore_replayable_states(const std::vector<std::shared_ptr<void>>& states);
 
 // Random-state capture for replay under checkpoint(): ops that draw random numbers during a
 // differentiable forward register their generator state here.

@@ -9,6 +9,28 @@ namespace leantune {
 
 double sqrt_host(double x) { return std::sqrt(x); }
 
+namespace {
+thread_local const RowTileDraws* t_row_tile = nullptr;
+}  // namespace
+
+const RowTileDraws* current_row_tile_draws() { return t_row_tile; }
+
+RowTileDrawsScope::RowTileDrawsScope(const RowTileDraws& d) : d_(d), prev_(t_row_tile) {
+  t_row_tile = &d_;
+}
+RowTileDrawsScope::~RowTileDrawsScope() { t_row_tile = prev_; }
+
+PhiloxParams Generator::take_rows(int64_t n, const RowTileDraws& tile) {
+  LT_CHECK(tile.rows > 0 && n % tile.rows == 0, "a random draw of ", n,
+           " values inside a row-tiled block of ", tile.rows, " rows is not row-shaped");
+  const int64_t cols = n / tile.rows;
+  LT_CHECK((tile.row0 * cols) % 4 == 0, "row-tiled draw: block start ", tile.row0, " x ", cols,
+           " columns is not a multiple of 4 values");
+  PhiloxParams p{seed_, offset_ + static_cast<uint64_t>(tile.row0 * cols / 4), purpose_, rank_};
+  offset_ += static_cast<uint64_t>((tile.rows_total * cols + 3) / 4);
+  return p;
+}
+
 uint64_t Generator::next_below(uint64_t n) {
   LT_CHECK(n > 0, "next_below(0)");
   PhiloxBlock b = next_block();

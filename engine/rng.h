@@ -23,6 +23,30 @@ enum class RngPurpose : uint32_t {
   kTest = 100,
 };
 
+// The rows of a row-tiled region (engine/tiled.h) that the current computation covers: rows
+// [row0, row0 + rows) of rows_total. Inside such a scope a generator's draw of n = rows x cols
+// values yields the coordinates that the untiled draw of rows_total x cols values gives those
+// rows (row0 x cols must be a multiple of 4) and advances the generator as that draw does, so a
+// tiled region draws the masks of the untiled one, whatever its blocks.
+struct RowTileDraws {
+  int64_t rows_total = 0;
+  int64_t row0 = 0;
+  int64_t rows = 0;
+};
+// The innermost RowTileDrawsScope of this thread, or nullptr.
+const RowTileDraws* current_row_tile_draws();
+class RowTileDrawsScope {
+ public:
+  explicit RowTileDrawsScope(const RowTileDraws& d);
+  ~RowTileDrawsScope();
+  RowTileDrawsScope(const RowTileDrawsScope&) = delete;
+  RowTileDrawsScope& operator=(const RowTileDrawsScope&) = delete;
+
+ private:
+  RowTileDraws d_;
+  const RowTileDraws* prev_;
+};
+
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0, RngPurpose purpose = RngPurpose::kTest, uint32_t rank = 0)
@@ -32,8 +56,10 @@ class Generator {
   void set_offset(uint64_t off) { offset_ = off; }
   uint32_t purpose() const { return purpose_; }
   uint32_t rank() const { return rank_; }
-  // Parameters for a draw of n values; advances the offset.
+  // Parameters for a draw of n values; advances the offset (inside a RowTileDrawsScope: those
+  // rows' part of the untiled draw).
   PhiloxParams take(int64_t n) {
+    if (const RowTileDraws* tile = current_row_tile_draws()) return take_rows(n, *tile);
     PhiloxParams p{seed_, offset_, purpose_, rank_};
     offset_ += static_cast<uint64_t>((n + 3) / 4);
     return p;
@@ -44,6 +70,7 @@ class Generator {
   uint64_t next_below(uint64_t n);
 
  private:
+  PhiloxParams take_rows(int64_t n, const RowTileDraws& tile);
   uint64_t seed_;
   uint64_t offset_ = 0;
   uint32_t purpose_;

@@ -36,6 +36,7 @@
 #include "loaders/batch.h"
 #include "loaders/model_config.h"
 #include "models/linear_module.h"
+#include "models/sequence_tiling.h"
 
 namespace leantune {
 
@@ -197,6 +198,11 @@ class DecoderModel {
 
   ForwardResult forward(const Batch& batch, const ForwardOptions& opt = {});
 
+  // Sequence tiling of the layers in training forwards (layer_forward; models/sequence_tiling.h).
+  // Off by default; generation (layer_forward_with) never tiles.
+  void set_sequence_tiling(const SequenceTiling& t) { tiling_ = t; }
+  const SequenceTiling& sequence_tiling() const { return tiling_; }
+
   // ZeRO-3's residency (not owned; nullptr: every weight is always resident).
   void set_param_residency(ParamResidency* r) { residency_ = r; }
   ParamResidency* param_residency() const { return residency_; }
@@ -206,6 +212,7 @@ class DecoderModel {
   Tensor embed(const Tensor& ids, const RowGradSink& sink = nullptr) const;
   // One decoder layer over a flat varlen batch. positions:[T] i64, cu_seqlens:[B+1] i32 on the
   // model's device. With `cp`, attention is the zigzag ring over cp->comm (cu_seqlens unused).
+  // Tiled in blocks of rows when sequence_tiling() says so for T rows.
   Tensor layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
                        const Tensor& cu_seqlens, int64_t max_seqlen,
                        const ContextParallel* cp = nullptr) const;
@@ -243,6 +250,14 @@ class DecoderModel {
   Tensor score_;  // sequence classification only
   ParamResidency* residency_ = nullptr;
   std::vector<std::string> unused_;
+  SequenceTiling tiling_;
+
+  // Parts of layer i, shared by the plain, tiled and generation paths: q, k, v [T, N, D] before
+  // rope (norm, projections, q/k norms); h + o_proj(attn) (normed with sandwich_norms);
+  // h1 + mlp(norm(h1)).
+  std::vector<Tensor> attention_inputs(int64_t i, const Tensor& h) const;
+  Tensor attention_residual(int64_t i, const Tensor& h, const Tensor& attn) const;
+  Tensor mlp_residual(int64_t i, const Tensor& h1) const;
 
  public:
   // Trainable tokens (models/trainable_tokens.h) set these so that a few embedding rows train

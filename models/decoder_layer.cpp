@@ -9,6 +9,7 @@
 #include "engine/mem_phase.h"
 #include "engine/offload.h"
 #include "engine/ops.h"
+#include "engine/tiled.h"
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
@@ -68,9 +69,7 @@ kernels::AttentionOptions DecoderModel::attention_options(int64_t layer) const {
   return ao;
 }
 
-Tensor DecoderModel::layer_forward_with(int64_t i, const Tensor& h,
-                                        const LayerAttention& attend) const {
-  ParamUse use(residency_, i);
+std::vector<Tensor> DecoderModel::attention_inputs(int64_t i, const Tensor& h) const {
   const DecoderLayer& L = layers_[i];
   const int64_t t = h.size(0), d = cfg_.head_dim;
   const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
@@ -91,9 +90,18 @@ Tensor DecoderModel::layer_forward_with(int64_t i, const Tensor& h,
     q = norm(q, L.q_norm);
     k = norm(k, L.k_norm);
   }
-  Tensor a = L.o_proj.forward(attend(i, q, k, v).view({t, nh * d}));
+  return {q, k, v};
+}
+
+Tensor DecoderModel::attention_residual(int64_t i, const Tensor& h, const Tensor& attn) const {
+  const DecoderLayer& L = layers_[i];
+  Tensor a = L.o_proj.forward(attn);
   if (cfg_.sandwich_norms) a = norm(a, L.post_attention_layernorm);
-  Tensor h1 = kernels::residual_add(h, a);
+  return kernels::residual_add(h, a);
+}
+
+Tensor DecoderModel::mlp_residual(int64_t i, const Tensor& h1) const {
+  const DecoderLayer& L = layers_[i];
   Tensor x2 =
       norm(h1, cfg_.sandwich_norms ? L.pre_feedforward_layernorm : L.post_attention_layernorm);
   Tensor gate, up;
@@ -114,28 +122,63 @@ Tensor DecoderModel::layer_forward_with(int64_t i, const Tensor& h,
   return kernels::residual_add(h1, m);
 }
 
+Tensor DecoderModel::layer_forward_with(int64_t i, const Tensor& h,
+                                        const LayerAttention& attend) const {
+  ParamUse use(residency_, i);
+  const int64_t t = h.size(0), nq = cfg_.num_attention_heads * cfg_.head_dim;
+  const std::vector<Tensor> qkv = attention_inputs(i, h);
+  const Tensor a = attend(i, qkv[0], qkv[1], qkv[2]).view({t, nq});
+  return mlp_residual(i, attention_residual(i, h, a));
+}
+
 Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
                                    const Tensor& cu_seqlens, int64_t max_seqlen,
                                    const ContextParallel* cp) const {
   // Longrope picks its factors by the batch's largest position (as transformers does for a
-  // padded batch): read once per layer, and only by longrope.
+  // padded batch), never a block's: read once per layer, and only by longrope.
   int64_t max_position = -1;
   if (cfg_.rope_of(i).scaling_type == "longrope")
     for (int64_t p : positions.to_i64()) max_position = std::max(max_position, p);
-  return layer_forward_with(
-      i, h, [&](int64_t l, const Tensor& q, const Tensor& k, const Tensor& v) {
-        const Tensor qr = apply_rope(l, q, positions, max_position);
-        const Tensor kr = apply_rope(l, k, positions, max_position);
-        kernels::AttentionOptions ao = attention_options(l);
-        ao.max_seqlen_q = ao.max_seqlen_k = max_seqlen;
-        if (cp) {
-          LT_CHECK_INPUT(ao.window == 0 && ao.softcap == 0 && ao.scale == 0, cfg_.architecture,
-                         ": context parallelism (cp_size > 1) does not support sliding-window, "
-                         "soft-capped or rescaled attention");
-          return kernels::zigzag_ring_attention(*cp->comm, qr, kr, v, cp->layout).out;
-        }
-        return kernels::attention(qr, kr, v, cu_seqlens, cu_seqlens, ao).out;
-      });
+  auto attend_roped = [&](const Tensor& qr, const Tensor& kr, const Tensor& v) {
+    kernels::AttentionOptions ao = attention_options(i);
+    ao.max_seqlen_q = ao.max_seqlen_k = max_seqlen;
+    if (cp) {
+      LT_CHECK_INPUT(ao.window == 0 && ao.softcap == 0 && ao.scale == 0, cfg_.architecture,
+                     ": context parallelism (cp_size > 1) does not support sliding-window, "
+                     "soft-capped or rescaled attention");
+      return kernels::zigzag_ring_attention(*cp->comm, qr, kr, v, cp->layout).out;
+    }
+    return kernels::attention(qr, kr, v, cu_seqlens, cu_seqlens, ao).out;
+  };
+  const int64_t t = h.size(0);
+  const int64_t chunk = tiling_chunk_tokens(tiling_, cfg_, t);
+  if (chunk == 0) {
+    return layer_forward_with(i, h,
+                              [&](int64_t l, const Tensor& q, const Tensor& k, const Tensor& v) {
+                                return attend_roped(apply_rope(l, q, positions, max_position),
+                                                    apply_rope(l, k, positions, max_position), v);
+                              });
+  }
+  // Sequence tiling (models/sequence_tiling.h): what comes before attention and what follows it
+  // run in blocks of rows; each region keeps only its inputs for backward.
+  ParamUse use(residency_, i);
+  const std::vector<Tensor> qkv = tiled_rows(
+      [this, i, max_position](const std::vector<Tensor>& in) {
+        ParamUse block(residency_, i);
+        std::vector<Tensor> r = attention_inputs(i, in[0]);
+        r[0] = apply_rope(i, r[0], in[1], max_position);
+        r[1] = apply_rope(i, r[1], in[1], max_position);
+        return r;
+      },
+      {h, positions}, chunk);
+  const Tensor a =
+      attend_roped(qkv[0], qkv[1], qkv[2]).view({t, cfg_.num_attention_heads * cfg_.head_dim});
+  return tiled_rows(
+      [this, i](const std::vector<Tensor>& in) {
+        ParamUse block(residency_, i);
+        return std::vector<Tensor>{mlp_residual(i, attention_residual(i, in[1], in[0]))};
+      },
+      {a, h}, chunk)[0];
 }
 
 Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,

@@ -149,6 +149,16 @@ void add_training_options(Options& o) {
              "bf16 weights and activations, f32 master weights and optimizer state");
   o.add_bool("gradient_checkpointing", d.gradient_checkpointing,
              "recompute each decoder layer in backward, keeping only its input");
+  o.add_string("tiled_mlp", tiling_mode_name(d.tiling.mode),
+               "sequence tiling: each decoder layer's norms, projections, rope, MLP and residual "
+               "adds run in blocks of tiled_mlp_chunk_size tokens, so no [tokens x intermediate] "
+               "buffer exists (auto: for forwards over " +
+                   std::to_string(kTilingAutoMinTokens) + " tokens)",
+               {"auto", "true", "false"});
+  o.add_int("tiled_mlp_chunk_size", d.tiling.chunk_tokens,
+            "tokens per block of tiled_mlp (0 = max(hidden_size, 1024): each block's MLP "
+            "intermediates no larger than one MLP weight)",
+            0);
   add_offload_options(o);
   add_dist_options(o);
   o.add_string("device", d.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is present)");
@@ -194,6 +204,8 @@ TrainingArguments training_arguments(const Options& o) {
   a.seed = static_cast<uint64_t>(o.get_int("seed"));
   a.bf16 = o.get_bool("bf16");
   a.gradient_checkpointing = o.get_bool("gradient_checkpointing");
+  a.tiling.mode = parse_tiling_mode(o.get_string("tiled_mlp"), "tiled_mlp");
+  a.tiling.chunk_tokens = o.get_int("tiled_mlp_chunk_size");
   const OffloadArguments off = offload_arguments(o);
   a.activation_offloading = off.activation_offloading;
   a.min_offload_size = off.min_offload_size;
@@ -224,7 +236,9 @@ TrainingArguments training_arguments(const Options& o) {
 Trainer::~Trainer() = default;
 
 Trainer::Trainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options)
-    : model_(std::move(model)), args_(std::move(args)), options_(std::move(options)) {}
+    : model_(std::move(model)), args_(std::move(args)), options_(std::move(options)) {
+  model_->set_sequence_tiling(args_.tiling);
+}
 
 void prepare_run(const TrainingArguments& args) {
   prepare_output_dir(args.output_dir, "output_dir");

@@ -73,6 +73,8 @@ struct TrainingArguments {
   uint64_t seed = 42;
   bool bf16 = false;
   bool gradient_checkpointing = false;
+  // --tiled_mlp / --tiled_mlp_chunk_size (models/sequence_tiling.h): auto by default.
+  SequenceTiling tiling{TilingMode::kAuto, 0};
   bool activation_offloading = false;
   int64_t min_offload_size = 1024;
   std::string device = "auto";
