@@ -8,6 +8,7 @@
 #include "engine/checked_int.h"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/optim_8bit.h"
+#include "models/sequence_tiling.h"
 
 namespace leantune {
 
@@ -104,6 +105,78 @@ I optimizer_state_bytes(const EstimateConfig& c, I trainable, I b, const ModelCo
   return trainable * 8 + master;  // adamw_torch
 }
 
+// Attention's workspace beside its inputs and outputs, in forward or backward: on the CPU each
+// worker thread's slab of key/value rows and score blocks for the longest sequence
+// (kernels/attention.cpp); on CUDA the backward's f32 dQ accumulator and two f32 row statistics.
+I attention_workspace(const EstimateConfig& c, I t, bool backward) {
+  const ModelConfig& m = c.model;
+  const I nh = m.num_attention_heads, d = m.head_dim;
+  if (!c.cpu) return backward ? 4 * t * nh * d + 2 * 4 * nh * t : 0;
+  const I seq = c.attention_seqlen > 0 ? c.attention_seqlen : c.max_seqlen;
+  const I len = std::max<I>(1, std::min(seq > 0 ? seq : t, t));
+  const I bq = std::min<I>(64, len), acc = c.dtype == DType::kF64 ? 8 : 4;
+  const I tasks = (t + len - 1) / len * (backward ? m.num_key_value_heads : nh);
+  const I threads = std::max<I>(1, std::min<I>(c.blas_threads, tasks));
+  const I slab =
+      backward ? 4 * len * d + 3 * bq * d + (m.attn_logit_softcapping > 0 ? 3 : 2) * bq * len + 2 * bq
+               : 2 * len * d + 2 * bq * d + bq * len;
+  return threads * slab * acc;
+}
+
+// One decoder layer under sequence tiling (models/sequence_tiling.h), blocks of `chunk` rows:
+// what it keeps for backward (attention's q, k, v, output and lse: the regions keep only their
+// inputs, the layer's input and attention's output), and the bytes live at its widest moment of
+// forward and of backward, that kept set included:
+//   forward   attention (q, k, v, out, lse and its workspace), or the region after it: the kept
+//             set, the layer's output and one block's o_proj output, h1, normed input, gate, up,
+//             activation and MLP output;
+//   backward  the MLP region: the kept set, the output's gradient, attention output's and the
+//             input's gradients being filled, one block recomputed and its backward (gate, up,
+//             activation and the gradients of all three, the block's [c x hidden] rows);
+//             attention: the kept set, the gradients of its output and of the layer input, dQ, dK,
+//             dV and its workspace; the region before it: dQ, dK, dV, the two gradients of the
+//             layer input and one block's normed input, q/k/v before and after rope and their
+//             gradients.
+// A trained weight's gradient is summed over the blocks: one block's gradient of the largest
+// weight in flight, and for 16-bit weights the f32 sums of the region's weights.
+struct TiledLayer {
+  I saved = 0, forward = 0, backward = 0;
+};
+
+TiledLayer tiled_layer(const EstimateConfig& c, I t, I chunk, I ring_fwd,
+                       I ring_bwd) {
+  const ModelConfig& m = c.model;
+  const I b = static_cast<I>(dtype_size(c.dtype));
+  const I h = m.hidden_size, inter = m.intermediate_size, d = m.head_dim;
+  const I nq = m.num_attention_heads * d, nkv = m.num_key_value_heads * d;
+  const I th = t * h * b, qkv = t * (nq + 2 * nkv) * b, attn = t * nq * b;
+  const I lse = (c.dtype == DType::kF64 ? 8 : 4) * m.num_attention_heads * t;
+  // 16-bit products on the CPU: f32 copies of a block's operands and of the weight.
+  auto gemm = [&](I in, I out) {
+    return c.cpu && b == 2 ? chunk * (in + out) * 4 + in * out * 4 : 0;
+  };
+  const I gemm_a = gemm(h, nq), gemm_bc = std::max(gemm(h, inter), gemm(inter, h));
+  I grads_a = 0, grads_bc = 0;
+  if (!c.use_peft) {
+    const I wa = (nq + 2 * nkv) * h, wbc = nq * h + 3 * inter * h;
+    grads_a = b == 2 ? 4 * wa + std::max(nq, nkv) * h * (4 + b) : nq * h * b;
+    grads_bc = b == 2 ? 4 * wbc + inter * h * (4 + b) : inter * h * b;
+  }
+  TiledLayer r;
+  r.saved = qkv + attn + lse;
+  const I block_bc_fwd = chunk * (3 * inter + 4 * h) * b + gemm_bc;
+  r.forward = std::max(r.saved + attention_workspace(c, t, false) + ring_fwd,
+                       r.saved + th + block_bc_fwd);
+  const I block_bc_bwd = chunk * (5 * inter + 3 * h) * b + gemm_bc + grads_bc;
+  const I block_a_bwd = chunk * (2 * h + 3 * (nq + 2 * nkv)) * b + gemm_a + grads_a;
+  const I at_mlp = r.saved + th + attn + th + block_bc_bwd;
+  const I at_attention =
+      r.saved + attn + th + qkv + attention_workspace(c, t, true) + ring_bwd;
+  const I at_inputs = th + qkv + th + block_a_bwd;
+  r.backward = std::max({at_mlp, at_attention, at_inputs});
+  return r;
+}
+
 }  // namespace
 
 nlohmann::json MemoryEstimate::to_json() const {
@@ -121,6 +194,7 @@ nlohmann::json MemoryEstimate::to_json() const {
           {"blas_buffers", blas_buffers},
           {"offloaded_host", offloaded_host},
           {"rss_peak", rss_peak},
+          {"tiling_chunk", tiling_chunk},
           {"trainable_parameters", trainable_parameters},
           {"total_parameters", total_parameters}};
 }
@@ -333,14 +407,24 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // contiguous (forward), and whose gradients are assembled into one [t, 2 inter] buffer beside
   // them (backward).
   const I fused_mlp = m.fused_gate_up ? 2 * t * inter * b : 0;
-  const I fwd_ws =
+  I fwd_ws =
       (gu_input ? 0 : th) + (down_input ? 0 : t * inter * b) + th + gemm_ws + ring_fwd + fused_mlp;
   // One layer's backward at its widest, the MLP: the gradients of gate and up beside the
   // gradient of the layer output and of the norm input (or the ring's backward buffers).
   // Gemma's sandwich norms add the gradients of the normalised attention and MLP outputs.
-  const I bwd_ws = std::max(2 * t * inter * b + fused_mlp, ring_bwd) + 2 * th + gemm_ws +
-                         (m.sandwich_norms ? 2 * th : 0);
+  I bwd_ws = std::max(2 * t * inter * b + fused_mlp, ring_bwd) + 2 * th + gemm_ws +
+             (m.sandwich_norms ? 2 * th : 0);
   const bool offload = c.activation_offloading, ckpt = c.gradient_checkpointing;
+  // Sequence tiling (models/sequence_tiling.h): the layer keeps attention's q, k, v, output and
+  // lse; the rest of it exists for one block of rows at a time (tiled_layer below).
+  const int64_t tile = tiling_chunk_tokens(c.tiling, m, t.get());
+  e.tiling_chunk = tile;
+  if (tile > 0) {
+    const TiledLayer tl = tiled_layer(c, t, tile, ring_fwd, ring_bwd);
+    saved = tl.saved;
+    fwd_ws = tl.forward - (ckpt ? saved : 0);
+    bwd_ws = tl.backward - saved;
+  }
   // Bytes a layer leaves on the device until its backward: its output (the next layer's input),
   // and what it saves unless checkpointing recomputes it. Offloading moves both to host memory,
   // except the last layer's output, which the final norm saves outside offloading.
@@ -408,7 +492,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   if (!seq_cls && (c.fused_loss || head_blocks)) w.live -= th;
   // Backward, last layer first: a layer's gradients appear, what it kept goes.
   for (int64_t i = l.get() - 1; i >= 0; --i) {
-    I in_flight = bwd_ws + gathered_layer;
+    // Without offloading the walk still counts this layer's output (`kept`), which the next
+    // layer (or the final norm) released in its own backward.
+    I in_flight = bwd_ws + gathered_layer - (offload ? 0 : th);
     if (ckpt)
       in_flight += saved;  // recomputed
     else if (offload)
@@ -426,15 +512,13 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     w.live += (accumulated > 0 || in_bwd) ? 0 : stays;
     w.live -= kept;
   }
-  // The embedding: its dense gradient, with tied weights the sum with the head's gradient (all
-  // three live for a moment), and under a paged optimizer with optimizer_in_backward the slabs of
-  // its states.
+  // The embedding: its dense gradient (with tied weights summed in place into the head's, which
+  // backward holds alone by then), and under a paged optimizer with optimizer_in_backward the
+  // slabs of its states.
   if (embed_trains) {
-    const bool tied_sum = tied && head_trains && accumulated == 0;
-    const I sum = tied_sum ? v * h * b : 0;
     // By blocks: one block's gradient and the gathered gradient rows of its tokens (at most all).
     const I grad = embed_blocks ? embed_block_grad + th : embed_grad;
-    w.at("backward", "embedding", grad + sum + (in_bwd ? paged_ws : 0));
+    w.at("backward", "embedding", grad + (in_bwd ? paged_ws : 0));
   }
   // Data parallel: each unit of gradients is reduced through a flat copy (kComm).
   const I grads_live = grads_sharded ? (e.grads + ranks - 1) / ranks : e.grads;
@@ -513,6 +597,7 @@ EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments
   c.max_seqlen = max_seqlen > 0 ? max_seqlen : length;
   c.gradient_accumulation_steps = args.gradient_accumulation_steps;
   c.gradient_checkpointing = args.gradient_checkpointing;
+  c.tiling = args.tiling;
   c.activation_offloading = args.activation_offloading;
   c.min_offload_size = args.min_offload_size;
   c.fused_loss = fused_loss;

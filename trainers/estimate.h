@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "loaders/model_config.h"
+#include "models/sequence_tiling.h"
 
 namespace leantune {
 
@@ -71,8 +72,11 @@ struct EstimateConfig {
   bool cpu = true;                 // 16-bit GEMMs on the CPU convert operands to f32
   int64_t micro_batch_tokens = 0;  // tokens of the largest micro-batch (all cp ranks together)
   int64_t max_seqlen = 0;          // longest sequence in it
+  int64_t attention_seqlen = 0;    // longest sequence attention runs over (packed rows hold
+                                   // several); 0: max_seqlen
   int64_t gradient_accumulation_steps = 1;
   bool gradient_checkpointing = false;
+  SequenceTiling tiling{TilingMode::kAuto, 0};  // --tiled_mlp, --tiled_mlp_chunk_size
   bool activation_offloading = false;
   int64_t min_offload_size = 1024;
   bool fused_loss = true;
@@ -131,6 +135,7 @@ struct MemoryEstimate {
   int64_t blas_buffers = 0;
   int64_t offloaded_host = 0;
   int64_t rss_peak = 0;
+  int64_t tiling_chunk = 0;  // rows per block of the tiled layers; 0: untiled
   nlohmann::json to_json() const;
 };
 

@@ -102,6 +102,7 @@ Batch SftTrainer::next_micro_batch(BatchReport* report) {
   if (train_->padding_free())
     padded_tokens_avoided_ += longest * static_cast<int64_t>(units.size()) - real;
   max_micro_tokens_ = std::max(max_micro_tokens_, b.num_tokens());
+  max_sequence_tokens_ = std::max(max_sequence_tokens_, b.max_seqlen);
   return b;
 }
 
@@ -207,6 +208,7 @@ nlohmann::json SftTrainer::technique_savings() const {
         model_->config(), args_, peft_.active() ? &peft_.config : nullptr, quant_config_,
         fused_loss_, 0, model_->device().is_cpu(), max_micro_tokens_, longest);
     ec.resident_before_training = resident_before_training_;
+    ec.attention_seqlen = max_sequence_tokens_;
     ec.world_size = world_communicator(args_.comm).size();
     ec.row_block_updates = args_.optimizer_in_backward && optim_updates_rows(args_.optim);
     s["estimate"] = estimate_memory(ec).to_json();

@@ -65,6 +65,7 @@ class SftTrainer final : public Trainer {
   bool fused_loss_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;
+  int64_t max_sequence_tokens_ = 0;  // the longest sequence (document) of any micro-batch
 };
 
 // Everything `trainer_bin sft` builds before training: model, tokenizer, data, trainer.
