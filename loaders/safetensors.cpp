@@ -317,6 +317,19 @@ Tensor SafetensorsFile::tensor(const SafetensorsEntry& e) const {
   return t;
 }
 
+void SafetensorsFile::release(const SafetensorsEntry& e) const {
+  LT_CHECK(e.end <= data_size() && e.begin <= e.end, "entry outside ", path_);
+  if (mapping_->addr == nullptr || e.end == e.begin) return;
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto base = reinterpret_cast<uintptr_t>(mapping_->addr);
+  const uintptr_t lo = (base + 8 + header_size_ + e.begin) / page * page;
+  const uintptr_t hi =
+      std::min<uintptr_t>((base + 8 + header_size_ + e.end + page - 1) / page * page,
+                          (base + mapping_->size + page - 1) / page * page);
+  // Advice only: a refusal leaves the pages resident, which costs memory, never data.
+  (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 // ------------------------------------------------------------------------------- writer
 
 namespace {
@@ -354,14 +367,15 @@ Tensor host_contiguous(const Tensor& tensor) {
   return out;
 }
 
-void check_names(const std::string& path,
-                 const std::vector<std::pair<std::string, Tensor>>& tensors) {
+void check_names(const std::string& path, const std::vector<TensorSource>& tensors) {
   std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
-    LT_CHECK_INPUT(name != kMetadataKey, path, ": a tensor may not be named '", kMetadataKey, "'");
-    LT_CHECK_INPUT(seen.insert(name).second, path, ": tensor name '", printable(name),
+  for (const TensorSource& t : tensors) {
+    LT_CHECK_INPUT(t.name != kMetadataKey, path, ": a tensor may not be named '", kMetadataKey,
+                   "'");
+    LT_CHECK_INPUT(seen.insert(t.name).second, path, ": tensor name '", printable(t.name),
                    "' given twice");
-    LT_CHECK_INPUT(t.defined(), path, ": tensor '", printable(name), "' is undefined");
+    LT_CHECK_INPUT(static_cast<bool>(t.produce), path, ": tensor '", printable(t.name),
+                   "' is undefined");
   }
 }
 
@@ -376,11 +390,24 @@ bool is_shard_name(const std::string& name) {
   return true;
 }
 
-uint64_t tensor_bytes(const Tensor& t) {
+uint64_t tensor_bytes(const TensorSource& t) {
   uint64_t nbytes = 0;
-  LT_CHECK(!__builtin_mul_overflow(static_cast<uint64_t>(t.numel()), t.element_size(), &nbytes),
+  LT_CHECK(!__builtin_mul_overflow(static_cast<uint64_t>(shape_numel(t.shape)), dtype_size(t.dtype),
+                                   &nbytes),
            "tensor byte size overflows");
   return nbytes;
+}
+
+std::vector<TensorSource> tensor_sources(
+    const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<TensorSource> out;
+  for (const auto& [name, t] : tensors) {
+    TensorSource s{name, t.defined() ? t.dtype() : DType::kF32, t.defined() ? t.shape() : Shape{},
+                   nullptr};
+    if (t.defined()) s.produce = [t] { return t; };
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 }  // namespace
@@ -388,15 +415,20 @@ uint64_t tensor_bytes(const Tensor& t) {
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  save_safetensors_sources(path, tensor_sources(tensors), metadata);
+}
+
+void save_safetensors_sources(const std::string& path, const std::vector<TensorSource>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   check_names(path, tensors);
   // Larger elements first, then by name, like the reference writer: with the header padded to
   // 8 bytes every tensor starts aligned to its element size.
   std::vector<size_t> order(tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const size_t sa = tensors[a].second.element_size(), sb = tensors[b].second.element_size();
+    const size_t sa = dtype_size(tensors[a].dtype), sb = dtype_size(tensors[b].dtype);
     if (sa != sb) return sa > sb;
-    return tensors[a].first < tensors[b].first;
+    return tensors[a].name < tensors[b].name;
   });
 
   json header = json::object();
@@ -407,12 +439,12 @@ void save_safetensors(const std::string& path,
   }
   uint64_t offset = 0;
   for (size_t i : order) {
-    const auto& [name, t] = tensors[i];
+    const TensorSource& t = tensors[i];
     const uint64_t nbytes = tensor_bytes(t);
     LT_CHECK(!__builtin_add_overflow(offset, nbytes, &offset), "data size overflows");
-    header[name] = {{"dtype", dtype_safetensors_name(t.dtype())},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset - nbytes, offset}}};
+    header[t.name] = {{"dtype", dtype_safetensors_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset - nbytes, offset}}};
   }
   std::string text;
   try {
@@ -431,7 +463,12 @@ void save_safetensors(const std::string& path,
     put(prefix, 8);
     put(text.data(), text.size());
     for (size_t i : order) {
-      const Tensor host = host_contiguous(tensors[i].second);
+      // One tensor's host bytes at a time: produced, written, released.
+      const Tensor host = host_contiguous(tensors[i].produce());
+      LT_CHECK(host.dtype() == tensors[i].dtype && host.shape() == tensors[i].shape, path,
+               ": tensor '", printable(tensors[i].name), "' was announced as ",
+               dtype_name(tensors[i].dtype), " ", shape_str(tensors[i].shape), " and came as ",
+               host.str());
       put(host.data_ptr(), host.nbytes());
     }
   });
@@ -546,6 +583,11 @@ Tensor TensorStore::get(const std::string& name) const {
   return files_[loc.file]->tensor(files_[loc.file]->entries()[loc.entry]);
 }
 
+void TensorStore::release(const std::string& name) const {
+  const Location& loc = locate(name);
+  files_[loc.file]->release(files_[loc.file]->entries()[loc.entry]);
+}
+
 Tensor TensorStore::get(const std::string& name, DType dtype) const {
   Tensor t = get(name);
   return t.dtype() == dtype ? t : t.to(dtype);
@@ -573,6 +615,11 @@ uint64_t TensorStore::num_bytes() const {
 void save_model_tensors(const std::string& dir,
                         const std::vector<std::pair<std::string, Tensor>>& tensors,
                         uint64_t max_shard_bytes) {
+  save_model_sources(dir, tensor_sources(tensors), max_shard_bytes);
+}
+
+void save_model_sources(const std::string& dir, const std::vector<TensorSource>& tensors,
+                        uint64_t max_shard_bytes) {
   namespace fs = std::filesystem;
   check_names(dir, tensors);
   std::error_code ec;
@@ -585,7 +632,7 @@ void save_model_tensors(const std::string& dir,
   std::vector<std::vector<size_t>> shards(1);
   uint64_t shard_bytes = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const uint64_t nbytes = tensor_bytes(tensors[i].second);
+    const uint64_t nbytes = tensor_bytes(tensors[i]);
     if (max_shard_bytes > 0 && !shards.back().empty() && shard_bytes + nbytes > max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
@@ -597,7 +644,7 @@ void save_model_tensors(const std::string& dir,
 
   std::set<std::string> keep;
   if (shards.size() == 1) {
-    save_safetensors((fs::path(dir) / kSingleFile).string(), tensors, meta);
+    save_safetensors_sources((fs::path(dir) / kSingleFile).string(), tensors, meta);
     keep.insert(kSingleFile);
   } else {
     const size_t n = shards.size();
@@ -605,12 +652,12 @@ void save_model_tensors(const std::string& dir,
     for (size_t s = 0; s < n; ++s) {
       char name[64];
       std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, n);
-      std::vector<std::pair<std::string, Tensor>> part;
+      std::vector<TensorSource> part;
       for (size_t i : shards[s]) {
         part.push_back(tensors[i]);
-        weight_map[tensors[i].first] = name;
+        weight_map[tensors[i].name] = name;
       }
-      save_safetensors((fs::path(dir) / name).string(), part, meta);
+      save_safetensors_sources((fs::path(dir) / name).string(), part, meta);
       keep.insert(name);
     }
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};

@@ -24,7 +24,8 @@
 // No allocation is sized from a number in the file before that number has been validated
 // against the file's size.
 //
-// Mappings and lifetime: SafetensorsFile maps the whole file privately (MAP_PRIVATE). Tensors
+// Mappings and lifetime: SafetensorsFile maps the whole file privately (MAP_PRIVATE); only the
+// pages a reader touches become resident, and release() gives a tensor's pages back. Tensors
 // returned by tensor() are zero-copy host views whose storage holds a reference to the mapping,
 // so they stay valid after the SafetensorsFile is dropped. Writes into a view are private to
 // this process (copy-on-write) and never reach the file; when the system refuses a writable
@@ -35,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -71,6 +73,11 @@ class SafetensorsFile {
   // The tensor converted to `dtype` (a view when the dtype already matches).
   Tensor tensor(const std::string& name, DType dtype) const;
   Tensor tensor(const SafetensorsEntry& entry) const;
+  // Gives the pages holding `entry`'s bytes back (madvise MADV_DONTNEED; the pages it shares
+  // with its neighbours too): a view read afterwards faults them in again from the file, and
+  // writes made into its views are lost. Loaders call it once a tensor is copied or quantized,
+  // so the file's pages never add up to a second copy of the model in this process.
+  void release(const SafetensorsEntry& entry) const;
   const std::string& path() const { return path_; }
   uint64_t file_size() const { return file_size_; }
   uint64_t header_size() const { return header_size_; }
@@ -102,6 +109,17 @@ std::vector<SafetensorsEntry> parse_safetensors_buffer(const uint8_t* data, size
                                                        const std::string& path_for_errors,
                                                        uint64_t* header_size = nullptr);
 
+// A tensor for the writers below, produced when its turn comes: its dtype and shape are known up
+// front (the header comes first), its bytes (any device, any strides) are asked for once, copied
+// to the host, written and released before the next tensor is produced, so a writer never holds
+// more than one tensor's host copy.
+struct TensorSource {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::function<Tensor()> produce;
+};
+
 // Writes a safetensors file atomically (fs_util.h). Tensors may live on any device and be
 // strided: each is copied to host contiguous memory while it is written. The header is padded
 // with spaces to a multiple of 8 bytes and tensors are laid out by decreasing element size, so
@@ -110,6 +128,8 @@ std::vector<SafetensorsEntry> parse_safetensors_buffer(const uint8_t* data, size
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+void save_safetensors_sources(const std::string& path, const std::vector<TensorSource>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
 
 // A .safetensors file, or an HF folder with model.safetensors or model.safetensors.index.json
 // (model.safetensors wins when both exist, as in transformers). For a sharded folder every
@@ -124,6 +144,7 @@ class TensorStore {
   const SafetensorsEntry& entry(const std::string& name) const;  // Error(kInput) if absent
   Tensor get(const std::string& name) const;                     // zero-copy host view
   Tensor get(const std::string& name, DType dtype) const;        // converted when needed
+  void release(const std::string& name) const;  // SafetensorsFile::release of its entry
   const std::vector<std::shared_ptr<SafetensorsFile>>& files() const { return files_; }
   const std::string& path() const { return path_; }
   size_t size() const { return where_.size(); }
@@ -151,6 +172,8 @@ class TensorStore {
 // so that loaders never pick up stale weights.
 void save_model_tensors(const std::string& dir,
                         const std::vector<std::pair<std::string, Tensor>>& tensors,
+                        uint64_t max_shard_bytes = 0);
+void save_model_sources(const std::string& dir, const std::vector<TensorSource>& tensors,
                         uint64_t max_shard_bytes = 0);
 
 }  // namespace leantune

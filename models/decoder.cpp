@@ -211,6 +211,9 @@ std::vector<std::string> DecoderModel::load_weights(
     LT_CHECK_INPUT(dtype_is_floating(src.dtype()), "tensor '", name, "' has dtype ",
                    dtype_name(src.dtype()), "; expected a float type");
     t.copy_(src);
+    // Streaming: the file's pages of this tensor go as soon as it is on the device.
+    src = Tensor();
+    store.release(name);
   }
   if (!missing.empty()) {
     std::string list;
@@ -315,7 +318,24 @@ std::vector<std::pair<std::string, Tensor>> DecoderModel::host_tensors(DType dis
 
 void DecoderModel::save(const std::string& dir, DType disk_dtype, uint64_t max_shard_bytes) const {
   std::filesystem::create_directories(dir);
-  save_model_tensors(dir, host_tensors(disk_dtype, true), max_shard_bytes);
+  if (residency_) {
+    // ZeRO-3: the ranks' gathers go unit by unit, in the order every rank runs them.
+    save_model_tensors(dir, host_tensors(disk_dtype, true), max_shard_bytes);
+  } else {
+    // Streaming: each tensor is converted and copied to the host when the writer reaches it.
+    std::vector<TensorSource> sources;
+    for (const auto& [name, t] : named_parameters())
+      sources.push_back({name, disk_dtype, t.shape(), [t, disk_dtype] {
+                           return t.detach().to(Device::cpu(), disk_dtype, MemTag::kOther);
+                         }});
+    for (LinearModule* m : const_cast<DecoderModel*>(this)->linear_modules())
+      if (!m->weight.defined() && m->base)
+        sources.push_back(
+            {m->name + ".weight", disk_dtype, {m->out_features, m->in_features}, [m, disk_dtype] {
+               return m->dense_weight(disk_dtype).detach();
+             }});
+    save_model_sources(dir, sources, max_shard_bytes);
+  }
   ModelConfig cfg = cfg_;
   cfg.torch_dtype = disk_dtype;
   cfg.save(dir);

@@ -138,9 +138,11 @@ std::shared_ptr<DecoderModel> load_quantized(const std::string& dir, Device devi
       missing.push_back(name);
       continue;
     }
-    const Tensor src = store.get(name);
+    Tensor src = store.get(name);
     check_shape(name, src, t.shape());
     t.copy_(src);
+    src = Tensor();
+    store.release(name);  // streaming: the file's pages go once the tensor is on the device
   }
   for (LinearModule* m : to_quantize) {
     const std::string name = m->name + ".weight";
@@ -148,11 +150,14 @@ std::shared_ptr<DecoderModel> load_quantized(const std::string& dir, Device devi
       missing.push_back(name);
       continue;
     }
-    const Tensor src = store.get(name);
-    check_shape(name, src, {m->out_features, m->in_features});
-    // In the compute dtype first (host), as transformers casts before bitsandbytes quantizes.
-    const Tensor host = src.dtype() == dtype ? src : src.to(dtype);
-    install(*m, quantize_weight(host, device, cfg), dtype, rep);
+    {
+      const Tensor src = store.get(name);
+      check_shape(name, src, {m->out_features, m->in_features});
+      // In the compute dtype first (host), as transformers casts before bitsandbytes quantizes.
+      const Tensor host = src.dtype() == dtype ? src : src.to(dtype);
+      install(*m, quantize_weight(host, device, cfg), dtype, rep);
+    }
+    store.release(name);
   }
   if (!missing.empty()) {
     std::string list;

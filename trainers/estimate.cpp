@@ -490,6 +490,9 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // The fused loss' dhidden goes back through the final norm before the last layer's backward,
   // where the gradient of the layer's output stands for it (in bwd_ws).
   if (!seq_cls && (c.fused_loss || head_blocks)) w.live -= th;
+  // The final norm's backward releases its input, the last layer's output (kept outside
+  // offloading; without offloading it is that layer's `kept`, discounted in its backward).
+  w.live -= last_out;
   // Backward, last layer first: a layer's gradients appear, what it kept goes.
   for (int64_t i = l.get() - 1; i >= 0; --i) {
     // Without offloading the walk still counts this layer's output (`kept`), which the next
