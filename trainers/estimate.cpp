@@ -117,9 +117,9 @@ I attention_workspace(const EstimateConfig& c, I t, bool backward) {
   const I bq = std::min<I>(64, len), acc = c.dtype == DType::kF64 ? 8 : 4;
   const I tasks = (t + len - 1) / len * (backward ? m.num_key_value_heads : nh);
   const I threads = std::max<I>(1, std::min<I>(c.blas_threads, tasks));
-  const I slab =
-      backward ? 4 * len * d + 3 * bq * d + (m.attn_logit_softcapping > 0 ? 3 : 2) * bq * len + 2 * bq
-               : 2 * len * d + 2 * bq * d + bq * len;
+  const I slab = backward ? 4 * len * d + 3 * bq * d +
+                                (m.attn_logit_softcapping > 0 ? 3 : 2) * bq * len + 2 * bq
+                          : 2 * len * d + 2 * bq * d + bq * len;
   return threads * slab * acc;
 }
 
@@ -143,8 +143,7 @@ struct TiledLayer {
   I saved = 0, forward = 0, backward = 0;
 };
 
-TiledLayer tiled_layer(const EstimateConfig& c, I t, I chunk, I ring_fwd,
-                       I ring_bwd) {
+TiledLayer tiled_layer(const EstimateConfig& c, I t, I chunk, I ring_fwd, I ring_bwd) {
   const ModelConfig& m = c.model;
   const I b = static_cast<I>(dtype_size(c.dtype));
   const I h = m.hidden_size, inter = m.intermediate_size, d = m.head_dim;
@@ -165,13 +164,12 @@ TiledLayer tiled_layer(const EstimateConfig& c, I t, I chunk, I ring_fwd,
   TiledLayer r;
   r.saved = qkv + attn + lse;
   const I block_bc_fwd = chunk * (3 * inter + 4 * h) * b + gemm_bc;
-  r.forward = std::max(r.saved + attention_workspace(c, t, false) + ring_fwd,
-                       r.saved + th + block_bc_fwd);
+  r.forward =
+      std::max(r.saved + attention_workspace(c, t, false) + ring_fwd, r.saved + th + block_bc_fwd);
   const I block_bc_bwd = chunk * (5 * inter + 3 * h) * b + gemm_bc + grads_bc;
   const I block_a_bwd = chunk * (2 * h + 3 * (nq + 2 * nkv)) * b + gemm_a + grads_a;
   const I at_mlp = r.saved + th + attn + th + block_bc_bwd;
-  const I at_attention =
-      r.saved + attn + th + qkv + attention_workspace(c, t, true) + ring_bwd;
+  const I at_attention = r.saved + attn + th + qkv + attention_workspace(c, t, true) + ring_bwd;
   const I at_inputs = th + qkv + th + block_a_bwd;
   r.backward = std::max({at_mlp, at_attention, at_inputs});
   return r;
@@ -375,7 +373,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
     if (s.kind == "gate_proj" || s.kind == "up_proj" || s.kind == "gate_up_proj") gu_input = true;
     if (s.kind == "down_proj") down_input = true;
   }
-  I saved = (m.sandwich_norms ? 4 : 2) * 4 * t;   // the layer norms' rstd
+  I saved = (m.sandwich_norms ? 4 : 2) * 4 * t;         // the layer norms' rstd
   saved += t * (nq + 2 * nkv + nq) * b;                 // attention: q, k, v, out
   saved += 4 * m.num_attention_heads * t;               // lse
   saved += th;                                          // h1, the second norm's input
@@ -400,8 +398,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // block's output and lse; backward the two KV buffers, the two dK/dV buffers of the second
   // ring and one block's dQ/dK/dV (kernels/ring_attention.cpp), the MLP's workspace gone by then.
   const bool ring = c.cp_size > 1;
-  const I ring_fwd =
-      ring ? 2 * 2 * t * nkv * b + t * nq * b + 4 * m.num_attention_heads * t : 0;
+  const I ring_fwd = ring ? 2 * 2 * t * nkv * b + t * nq * b + 4 * m.num_attention_heads * t : 0;
   const I ring_bwd = ring ? 4 * 2 * t * nkv * b + t * (nq + 2 * nkv) * b : 0;
   // Phi-3's fused gate_up output is split into strided views that the activation copies
   // contiguous (forward), and whose gradients are assembled into one [t, 2 inter] buffer beside
@@ -418,7 +415,6 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // Sequence tiling (models/sequence_tiling.h): the layer keeps attention's q, k, v, output and
   // lse; the rest of it exists for one block of rows at a time (tiled_layer below).
   const int64_t tile = tiling_chunk_tokens(c.tiling, m, t.get());
-  e.tiling_chunk = tile;
   if (tile > 0) {
     const TiledLayer tl = tiled_layer(c, t, tile, ring_fwd, ring_bwd);
     saved = tl.saved;
@@ -568,6 +564,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   out.blas_buffers = e.blas_buffers.get();
   out.offloaded_host = e.offloaded_host.get();
   out.rss_peak = e.rss_peak.get();
+  out.tiling_chunk = tile;
   return out;
 }
 
