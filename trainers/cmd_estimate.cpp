@@ -4,7 +4,9 @@
 // (trainers/estimate.h). PATH is an HF model folder or a bare config.json (a shape without
 // weights, for planning); no PATH: the built-in demo model. With --budget_gib, also lists the
 // option changes that bring the run under the budget, and the smallest power-of-two --cp_size
-// (context parallelism) that fits max_length.
+// (context parallelism) that fits max_length. With --max_context --budget_gib G: the longest
+// max_length that fits G GiB with the given options, and the options that would raise it
+// (trainers/max_context.h).
 #include <cstdio>
 #include <filesystem>
 
@@ -15,6 +17,7 @@
 #include "trainers/estimate_online.h"
 #include "trainers/estimate_pref.h"
 #include "trainers/estimate_reward.h"
+#include "trainers/max_context.h"
 #include "trainers/metrics.h"
 #include "trainers/sft.h"
 
@@ -48,7 +51,51 @@ void print_estimate(const MemoryEstimate& e) {
   std::printf("  %-22s %12s\n", "BLAS buffers", format_bytes(e.blas_buffers).c_str());
   if (e.offloaded_host > 0)
     std::printf("  %-22s %12s\n", "offloaded activations", format_bytes(e.offloaded_host).c_str());
+  if (e.loading_rss > 0)
+    std::printf("  %-22s %12s  (streaming load: one tensor's host copy at a time)\n",
+                "while loading", format_bytes(e.loading_rss).c_str());
   std::printf("  %-22s %12s\n", "peak RSS", format_bytes(e.rss_peak).c_str());
+}
+
+// Bytes of a budget in GiB; beyond 8 EiB every estimate fits (and the cast would overflow).
+int64_t budget_bytes(double gib) {
+  return gib >= 8.0 * 1024 * 1024 * 1024 ? INT64_MAX
+                                         : static_cast<int64_t>(gib * 1024.0 * 1024.0 * 1024.0);
+}
+
+// estimate --max_context: the longest max_length under the budget, its estimate, and the option
+// changes that would lengthen it.
+int print_max_context(const EstimateConfig& cfg, double budget, int64_t batch,
+                      const std::string& path, const ModelConfig& model, const Device& device) {
+  LT_CHECK_INPUT(budget > 0, "option max_context: needs --budget_gib above 0 (got ", budget,
+                 "): the device memory to fit");
+  const int64_t limit = budget_bytes(budget);
+  const ContextFit fit = max_context(cfg, batch, limit);
+  auto describe = [](const ContextFit& f) {
+    std::string s = std::to_string(f.max_length) + " tokens" + (f.capped ? " or more" : "");
+    if (f.max_length > 0)
+      s += " (peak " + format_bytes(f.peak) +
+           (f.tiling_chunk > 0 ? ", tiled in blocks of " + std::to_string(f.tiling_chunk) + ")"
+                               : ", untiled)");
+    return s;
+  };
+  std::printf(
+      "max context for %s (%s) on %s, %s, %lld sequence%s per micro-batch (cp_size %lld), "
+      "within %.2f GiB:\n  max_length %s\n",
+      path.c_str(), model.architecture.c_str(), device.str().c_str(), dtype_name(cfg.dtype),
+      static_cast<long long>(batch), batch == 1 ? "" : "s", static_cast<long long>(cfg.cp_size),
+      budget, describe(fit).c_str());
+  if (fit.max_length > 0) {
+    std::printf("estimate at that length:\n");
+    print_estimate(estimate_memory(with_sequence_length(cfg, batch, fit.max_length)));
+  }
+  const std::vector<ContextOption> raise = context_raising_options(cfg, batch, limit, fit);
+  std::printf("options that would raise it:\n");
+  for (const ContextOption& r : raise)
+    std::printf("  %-60s max_length %s\n", r.what.c_str(), describe(r.fit).c_str());
+  if (raise.empty())
+    std::printf("  none of offloading, checkpointing, tiling, QLoRA, smaller chunks\n");
+  return 0;
 }
 
 // Host memory resident before training: this process's own code and libraries (measured now:
@@ -82,6 +129,10 @@ int run_estimate_command(const std::vector<std::string>& args) {
     return run_estimate_online({args.begin() + 1, args.end()}, args[0]);
   Options o = sft_options("estimate");
   o.add_float("budget_gib", 0.0, "device memory available (GiB); 0 = no budget check", 0.0);
+  o.add_bool("max_context", false,
+             "print the longest max_length whose peak fits --budget_gib (one sequence per "
+             "micro-batch unless --per_device_train_batch_size is given) and the options that "
+             "would raise it");
   add_world_size_option(o);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
@@ -98,6 +149,11 @@ int run_estimate_command(const std::vector<std::string>& args) {
                  ": the world size ", cfg.world_size, " must be a multiple of it");
   cfg.resident_before_training =
       resident_before_training(path, setup_dataset(o.get_string("dataset"), path));
+  if (o.get_bool("max_context")) {
+    const int64_t batch =
+        o.is_set("per_device_train_batch_size") ? o.get_int("per_device_train_batch_size") : 1;
+    return print_max_context(cfg, o.get_float("budget_gib"), batch, path, model, device);
+  }
   const MemoryEstimate e = estimate_memory(cfg);
   std::printf(
       "estimate for %s (%s, %lld parameters, %lld trainable) on %s, %s, %lld tokens per "
@@ -110,10 +166,7 @@ int run_estimate_command(const std::vector<std::string>& args) {
   print_estimate(e);
   const double budget = o.get_float("budget_gib");
   if (budget <= 0) return 0;
-  // Beyond 8 EiB every estimate fits (and the cast would overflow).
-  const int64_t limit = budget >= 8.0 * 1024 * 1024 * 1024
-                            ? INT64_MAX
-                            : static_cast<int64_t>(budget * 1024.0 * 1024.0 * 1024.0);
+  const int64_t limit = budget_bytes(budget);
   std::printf("budget %.2f GiB: %s\n", budget, e.peak <= limit ? "fits" : "does not fit");
   // Context parallelism: the smallest power of two that brings max_length under the budget
   // (the world grows to the cp group when it is smaller).
