@@ -192,6 +192,7 @@ nlohmann::json MemoryEstimate::to_json() const {
           {"blas_buffers", blas_buffers},
           {"offloaded_host", offloaded_host},
           {"rss_peak", rss_peak},
+          {"loading_rss", loading_rss},
           {"tiling_chunk", tiling_chunk},
           {"trainable_parameters", trainable_parameters},
           {"total_parameters", total_parameters}};
@@ -231,7 +232,7 @@ namespace {
 struct Sizes {
   I params, grads, optimizer, optimizer_host, activations, loss, workspace, peak;
   I trainable_parameters, total_parameters, outside_allocator, blas_buffers, offloaded_host,
-      rss_peak;
+      loading_rss, rss_peak;
 };
 
 }  // namespace
@@ -545,6 +546,16 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   // converted whole, so no large f32 blocks are left cached) measured none.
   const I cached = b == 2 ? 0 : e.peak * 12 / 100;
   e.rss_peak = (c.cpu ? e.peak + cached : 0) + e.outside_allocator + e.offloaded_host;
+  if (!c.cpu) {
+    // On CUDA the host holds, besides what was resident before training and the pinned pool of
+    // offloaded activations: the optimizer states kept on the host (paged or offloaded), and
+    // while loading, the streaming loader's one tensor in flight (loaders/safetensors.h: a
+    // tensor's file pages are released once it is on the device), at most the largest weight
+    // (the embedding or the head, or a layer's largest projection) in its dense dtype.
+    e.rss_peak += e.optimizer_host;
+    e.loading_rss = c.resident_before_training + std::max(v * h * b, largest_layer_weight);
+    e.rss_peak = std::max(e.rss_peak, e.loading_rss);
+  }
   if (grads_sharded) e.grads = grads_live;
   e.workspace = std::max<I>(0, e.peak - e.params - e.optimizer - e.grads - e.activations - e.loss);
   MemoryEstimate out;
@@ -564,6 +575,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
   out.blas_buffers = e.blas_buffers.get();
   out.offloaded_host = e.offloaded_host.get();
   out.rss_peak = e.rss_peak.get();
+  out.loading_rss = e.loading_rss.get();
   out.tiling_chunk = tile;
   return out;
 }

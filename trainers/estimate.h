@@ -130,10 +130,15 @@ struct MemoryEstimate {
   // the peak (counted as 12% in f32 runs, none in 16-bit ones, as measured). Outside the allocator:
   // what was resident before training, BLAS buffers (OpenBLAS's per-thread buffer, about 31 MiB per
   // thread resident once weight gradients are computed, about 3 MiB when only input gradients are,
-  // as measured), and the host pool that activation offloading fills.
+  // as measured), and the host pool that activation offloading fills. On CUDA: what was resident
+  // before training, the pinned pool of offloaded activations and the optimizer states on the host;
+  // at least the loading peak (loading_rss).
   int64_t outside_allocator = 0;
   int64_t blas_buffers = 0;
   int64_t offloaded_host = 0;
+  // CUDA runs: the host's peak while the streaming loader copies weights to the device (what
+  // was resident before plus the largest weight's dense host copy); rss_peak is at least this.
+  int64_t loading_rss = 0;
   int64_t rss_peak = 0;
   int64_t tiling_chunk = 0;  // rows per block of the tiled layers; 0: untiled
   nlohmann::json to_json() const;
