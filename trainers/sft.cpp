@@ -198,6 +198,26 @@ nlohmann::json SftTrainer::technique_savings() const {
   if (args_.gradient_checkpointing)
     s["gradient_checkpointing"] = {
         {"note", "only each layer's input is kept between forward and backward"}};
+  // Sequence tiling at the largest micro-batch: the MLP's [tokens x intermediate] gate, up and
+  // activation never exist whole (models/sequence_tiling.h).
+  const ModelConfig& mc = model_->config();
+  if (const int64_t chunk = tiling_chunk_tokens(args_.tiling, mc, max_micro_tokens_); chunk > 0)
+    s["sequence_tiling"] = {
+        {"chunk_tokens", chunk},
+        {"largest_micro_batch_tokens", max_micro_tokens_},
+        {"intermediate_size", mc.intermediate_size},
+        {"mlp_bytes_not_materialised", 3 * (max_micro_tokens_ - chunk) * mc.intermediate_size *
+                                           static_cast<int64_t>(dtype_size(model_->dtype()))}};
+  {
+    // Streaming weight loading (loaders/safetensors.h): one tensor's host copy at a time.
+    int64_t largest = 0, total = 0;
+    for (const auto& [name, p] : model_->named_parameters()) {
+      const int64_t n = p.numel() * static_cast<int64_t>(dtype_size(p.dtype()));
+      largest = std::max(largest, n);
+      total += n;
+    }
+    s["streaming_load"] = {{"largest_tensor_bytes", largest}, {"weight_bytes", total}};
+  }
   {
     // The planning estimate for this run's largest micro-batch, beside the measured peak.
     int64_t longest = 0;
@@ -368,6 +388,28 @@ std::string format_memory_report(const nlohmann::json& r) {
   if (s.contains("gradient_checkpointing"))
     out +=
         "    gradient checkpointing: only decoder-layer inputs kept between forward and backward\n";
+  if (s.contains("sequence_tiling")) {
+    const auto& t = s["sequence_tiling"];
+    std::snprintf(line, sizeof line,
+                  "    sequence tiling: decoder layers in blocks of %lld tokens (--tiled_mlp): no "
+                  "[%lld x %lld] MLP intermediate exists whole (%s of gate, up and activation "
+                  "per layer never allocated)\n",
+                  static_cast<long long>(t.value("chunk_tokens", int64_t{0})),
+                  static_cast<long long>(t.value("largest_micro_batch_tokens", int64_t{0})),
+                  static_cast<long long>(t.value("intermediate_size", int64_t{0})),
+                  format_bytes(t.value("mlp_bytes_not_materialised", int64_t{0})).c_str());
+    out += line;
+  }
+  if (s.contains("streaming_load")) {
+    const auto& l = s["streaming_load"];
+    std::snprintf(line, sizeof line,
+                  "    streaming weight loading: safetensors read tensor by tensor, each file's "
+                  "pages released once copied or quantized (host holds one tensor of at most %s, "
+                  "not the %s of weights)\n",
+                  format_bytes(l.value("largest_tensor_bytes", int64_t{0})).c_str(),
+                  format_bytes(l.value("weight_bytes", int64_t{0})).c_str());
+    out += line;
+  }
   if (s.contains("quantized_base")) {
     const auto& q = s["quantized_base"];
     std::snprintf(line, sizeof line,
