@@ -202,6 +202,9 @@ class DecoderModel {
   // Off by default; generation (layer_forward_with) never tiles.
   void set_sequence_tiling(const SequenceTiling& t) { tiling_ = t; }
   const SequenceTiling& sequence_tiling() const { return tiling_; }
+  // The longest forward (rows) that ran tiled so far, and its block: the memory report's figure.
+  int64_t largest_tiled_rows() const { return largest_tiled_rows_; }
+  int64_t largest_tiled_chunk() const { return largest_tiled_chunk_; }
 
   // ZeRO-3's residency (not owned; nullptr: every weight is always resident).
   void set_param_residency(ParamResidency* r) { residency_ = r; }
@@ -251,6 +254,8 @@ class DecoderModel {
   ParamResidency* residency_ = nullptr;
   std::vector<std::string> unused_;
   SequenceTiling tiling_;
+  // Statistics only (layer_forward is const): written by the training forward's thread.
+  mutable int64_t largest_tiled_rows_ = 0, largest_tiled_chunk_ = 0;
 
   // Parts of layer i, shared by the plain, tiled and generation paths: q, k, v [T, N, D] before
   // rope (norm, projections, q/k norms); h + o_proj(attn) (normed with sandwich_norms);

@@ -161,6 +161,10 @@ Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& pos
   }
   // Sequence tiling (models/sequence_tiling.h): what comes before attention and what follows it
   // run in blocks of rows; each region keeps only its inputs for backward.
+  if (t > largest_tiled_rows_) {
+    largest_tiled_rows_ = t;
+    largest_tiled_chunk_ = chunk;
+  }
   ParamUse use(residency_, i);
   const std::vector<Tensor> qkv = tiled_rows(
       [this, i, max_position](const std::vector<Tensor>& in) {

@@ -198,26 +198,6 @@ nlohmann::json SftTrainer::technique_savings() const {
   if (args_.gradient_checkpointing)
     s["gradient_checkpointing"] = {
         {"note", "only each layer's input is kept between forward and backward"}};
-  // Sequence tiling at the largest micro-batch: the MLP's [tokens x intermediate] gate, up and
-  // activation never exist whole (models/sequence_tiling.h).
-  const ModelConfig& mc = model_->config();
-  if (const int64_t chunk = tiling_chunk_tokens(args_.tiling, mc, max_micro_tokens_); chunk > 0)
-    s["sequence_tiling"] = {
-        {"chunk_tokens", chunk},
-        {"largest_micro_batch_tokens", max_micro_tokens_},
-        {"intermediate_size", mc.intermediate_size},
-        {"mlp_bytes_not_materialised", 3 * (max_micro_tokens_ - chunk) * mc.intermediate_size *
-                                           static_cast<int64_t>(dtype_size(model_->dtype()))}};
-  {
-    // Streaming weight loading (loaders/safetensors.h): one tensor's host copy at a time.
-    int64_t largest = 0, total = 0;
-    for (const auto& [name, p] : model_->named_parameters()) {
-      const int64_t n = p.numel() * static_cast<int64_t>(dtype_size(p.dtype()));
-      largest = std::max(largest, n);
-      total += n;
-    }
-    s["streaming_load"] = {{"largest_tensor_bytes", largest}, {"weight_bytes", total}};
-  }
   {
     // The planning estimate for this run's largest micro-batch, beside the measured peak.
     int64_t longest = 0;

@@ -373,6 +373,29 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"tensors_offloaded", offload_totals_.tensors_offloaded},
         {"bytes_offloaded", offload_totals_.bytes_offloaded},
         {"prefetches", offload_totals_.prefetches}};
+  // Sequence tiling at the longest tiled forward: the MLP's [tokens x intermediate] gate, up and
+  // activation never existed whole (models/sequence_tiling.h).
+  if (const int64_t rows = model_->largest_tiled_rows(); rows > 0) {
+    const int64_t chunk = model_->largest_tiled_chunk();
+    const ModelConfig& mc = model_->config();
+    all_savings["sequence_tiling"] = {
+        {"chunk_tokens", chunk},
+        {"largest_micro_batch_tokens", rows},
+        {"intermediate_size", mc.intermediate_size},
+        {"mlp_bytes_not_materialised",
+         3 * (rows - chunk) * mc.intermediate_size *
+             static_cast<int64_t>(dtype_size(model_->dtype()))}};
+  }
+  {
+    // Streaming weight loading (loaders/safetensors.h): one tensor's host copy at a time.
+    int64_t largest = 0, total = 0;
+    for (const auto& [name, p] : model_->named_parameters()) {
+      const int64_t n = p.numel() * static_cast<int64_t>(dtype_size(p.dtype()));
+      largest = std::max(largest, n);
+      total += n;
+    }
+    all_savings["streaming_load"] = {{"largest_tensor_bytes", largest}, {"weight_bytes", total}};
+  }
   nlohmann::json r = {
       {"device", model_->device().str()},
       {"peak_allocated", snap["peak_allocated"]},

@@ -108,17 +108,22 @@ TEST(Kto, BadOptionsAreOneLineExitTwo) {
   EXPECT_NE(log.find("loss_type"), std::string::npos) << log;
 }
 
-// QLoRA: the memory report names the 4-bit base and the adapter's savings, as dpo's does.
-TEST(Kto, QloraReportsTheQuantizedBaseAndTheAdapter) {
+// QLoRA with sequence tiling: the memory report names the 4-bit base, the adapter's savings,
+// the tiling and the streaming load, as sft's and dpo's do (the shared part of the report).
+TEST(Kto, QloraReportsTheQuantizedBaseTheAdapterAndTheTiling) {
   const std::string out = testing::temp_dir("kto_qlora");
   std::string log;
   ASSERT_EQ(run_command(trainer_bin() + " kto --device cpu --max_steps 2 --use_peft " +
-                            "--load_in_4bit --output_dir " + out + "/o 2>&1",
+                            "--load_in_4bit --tiled_mlp true --tiled_mlp_chunk_size 16 " +
+                            "--output_dir " + out + "/o 2>&1",
                         &log),
             0)
       << log;
   EXPECT_NE(log.find("quantized base (nf4)"), std::string::npos) << log;
   EXPECT_NE(log.find("    LoRA: "), std::string::npos) << log;
+  EXPECT_NE(log.find("sequence tiling: decoder layers in blocks of 16 tokens"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("streaming weight loading"), std::string::npos) << log;
 }
 
 // estimate kto: the policy step over the matched sequences only (the KL ones run without
