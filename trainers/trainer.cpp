@@ -20,6 +20,7 @@
 #include "trainers/optim_options.h"
 #include "trainers/output_path.h"
 #include "trainers/peft_options.h"
+#include "trainers/step_profile.h"
 #include "trainers/zero.h"
 
 namespace leantune {
@@ -161,6 +162,10 @@ void add_training_options(Options& o) {
                "time and phase) of the first memory_trace_steps updates to this JSON file; "
                "view it with trainer_bin memviz");
   o.add_int("memory_trace_steps", d.memory_trace_steps, "updates recorded by memory_trace", 1);
+  o.add_int("profile_steps", d.profile_steps,
+            "print the time per op kind of this many updates (2..N+1) and write "
+            "output_dir/profile.json (0 = off)",
+            0);
 }
 
 TrainingArguments training_arguments(const Options& o) {
@@ -207,6 +212,7 @@ TrainingArguments training_arguments(const Options& o) {
   a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
   a.memory_trace = o.get_string("memory_trace");
   a.memory_trace_steps = o.get_int("memory_trace_steps");
+  a.profile_steps = o.get_int("profile_steps");
   if (!a.memory_trace.empty()) {
     std::vector<CommandInput> inputs;
     for (const char* k : {"model_name_or_path", "dataset", "eval_dataset"})
@@ -508,6 +514,8 @@ TrainResult Trainer::train() {
   allocator(model_->device()).reset_peak_stats();
   MemoryTraceScope trace(args_.memory_trace, step_, step_ + args_.memory_trace_steps,
                          allocator(model_->device()));
+  StepProfileRun profile(args_.profile_steps, step_ + 1, total_steps_, model_->device(),
+                         writes_files() ? args_.output_dir + "/profile.json" : "");
 
   // The logging window: losses and norms of the applied updates (a skipped one's are not finite),
   // and the skipped count.
@@ -522,6 +530,7 @@ TrainResult Trainer::train() {
   while (step_ < total_steps_) {
     const int64_t update = step_ + 1;
     const auto update_start = std::chrono::steady_clock::now();
+    profile.begin_update(update);
     // What a stop in the middle of this update saves: the state after the last completed one.
     const ResumePoint before = resume_point();
     bool abandoned = false;
@@ -702,6 +711,7 @@ TrainResult Trainer::train() {
       window_norm += norm;
       ++window_steps;
     }
+    profile.end_update(step_, log);
     trace.after_step(step_, log);
     bool callback_stop = false;
     if (step_callback_) {
@@ -759,6 +769,7 @@ TrainResult Trainer::train() {
     }
   }
   trace.stop();
+  profile.finish(log);
   if (deferred_signals() > 0)
     log.message(std::to_string(deferred_signals()) +
                 " more stop signal(s) arrived during the stop and were deferred until it was done");
