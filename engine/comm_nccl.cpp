@@ -34,8 +34,8 @@
 #include "engine/allocator.h"
 #include "engine/check.h"
 #include "engine/comm_fold.h"
-#include "engine/profile.h"
 #include "engine/cuda_api.h"
+#include "engine/profile.h"
 #include "engine/stream.h"
 
 namespace leantune::comm_detail {

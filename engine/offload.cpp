@@ -267,7 +267,7 @@ std::shared_ptr<HostCopy> OffloadState::offload(const Tensor& t, int64_t lo, int
   {
     ProfileScope prof(OpKind::kCopy, copy);
     copy_bytes_async(c->host->data(), static_cast<const char*>(source->data()) + begin, c->nbytes,
-               opt_.device, CopyKind::kDeviceToHost, copy);
+                     opt_.device, CopyKind::kDeviceToHost, copy);
   }
   // However the references are dropped (stash retired, graph freed, scope closed), neither block
   // is handed out again before the copy has finished.
@@ -313,7 +313,8 @@ void OffloadState::restore(HostCopy& c) {
   if (c.written) c.written->wait(copy);
   {
     ProfileScope prof(OpKind::kCopy, copy);
-    copy_bytes_async(buf->data(), c.host->data(), c.nbytes, c.device, CopyKind::kHostToDevice, copy);
+    copy_bytes_async(buf->data(), c.host->data(), c.nbytes, c.device, CopyKind::kHostToDevice,
+                     copy);
   }
   buf->record_stream(copy);
   c.host->record_stream(copy);

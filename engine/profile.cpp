@@ -39,22 +39,11 @@ double ms_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 const char* op_kind_name(OpKind kind) {
-  switch (kind) {
-    case OpKind::kLinearFwd: return "linear fwd";
-    case OpKind::kLinearDx: return "linear dx";
-    case OpKind::kLinearDw: return "linear dW";
-    case OpKind::kAttentionFwd: return "attention fwd";
-    case OpKind::kAttentionBwd: return "attention bwd";
-    case OpKind::kNorm: return "norm";
-    case OpKind::kRope: return "rope";
-    case OpKind::kActivation: return "activation";
-    case OpKind::kLoss: return "loss";
-    case OpKind::kOptimizer: return "optimizer";
-    case OpKind::kCopy: return "copy/offload";
-    case OpKind::kComm: return "communication";
-    case OpKind::kOther: return "other op";
-  }
-  return "?";
+  static constexpr const char* kNames[kNumOpKinds] = {
+      "linear fwd", "linear dx", "linear dW", "attention fwd", "attention bwd", "norm",    "rope",
+      "activation", "loss",      "optimizer", "copy/offload",  "communication", "other op"};
+  const int k = static_cast<int>(kind);
+  return k >= 0 && k < kNumOpKinds ? kNames[k] : "?";
 }
 
 void ProfileScope::open(OpKind kind, Device device, const Stream* stream) {
@@ -126,10 +115,14 @@ nlohmann::json StepProfile::to_json() const {
                     {"async_calls", r.async_calls},
                     {"async_ms", r.async_ms}});
   }
-  return {{"device", device},       {"timer", timer},
-          {"steps", steps},         {"step_ms", step_ms},
-          {"ms_per_step", step_ms / n}, {"ops", rows},
-          {"other_ms", other_ms()}, {"other_share", share(other_ms())}};
+  return {{"device", device},
+          {"timer", timer},
+          {"steps", steps},
+          {"step_ms", step_ms},
+          {"ms_per_step", step_ms / n},
+          {"ops", rows},
+          {"other_ms", other_ms()},
+          {"other_share", share(other_ms())}};
 }
 
 std::string StepProfile::table() const {

@@ -27,10 +27,9 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/device.h"
 #include "engine/stream.h"
@@ -90,20 +89,20 @@ class ProfileScope {
 
 struct OpProfileRow {
   int64_t calls = 0;
-  double ms = 0;        // on the step's stream (CPU: all of it)
+  double ms = 0;  // on the step's stream (CPU: all of it)
   int64_t async_calls = 0;
   double async_ms = 0;  // CUDA ops on other streams, overlapping the step
 };
 
 // The profile of one or more steps.
 struct StepProfile {
-  std::string device;          // "cpu", "cuda:0"
-  std::string timer;           // "steady_clock" or "cuda_events"
+  std::string device;  // "cpu", "cuda:0"
+  std::string timer;   // "steady_clock" or "cuda_events"
   int64_t steps = 0;
-  double step_ms = 0;          // summed over the steps
+  double step_ms = 0;  // summed over the steps
   std::array<OpProfileRow, kNumOpKinds> ops{};
 
-  double ops_ms() const;       // sum of the rows' ms
+  double ops_ms() const;  // sum of the rows' ms
   double other_ms() const { return step_ms - ops_ms(); }
   // JSON: device, timer, steps, step_ms, ms_per_step, ops: [{op, calls, ms, ms_per_step, share,
   // async_calls, async_ms}] (kinds with calls only), other_ms, other_share.

@@ -8,8 +8,8 @@
 
 namespace leantune {
 
-StepProfileRun::StepProfileRun(int64_t n, int64_t first_update, int64_t total_steps,
-                               Device device, std::string json_path)
+StepProfileRun::StepProfileRun(int64_t n, int64_t first_update, int64_t total_steps, Device device,
+                               std::string json_path)
     : device_(device), json_path_(std::move(json_path)) {
   if (n <= 0) return;
   const int64_t left = total_steps - first_update + 1;

@@ -95,9 +95,7 @@ TEST(Profile, NothingRecordedWhenOffCancelledOrOnAnotherThread) {
     ProfileScope off(OpKind::kLoss, Device::cpu());  // no step: profiling is off
   }
   prof.begin_step(Device::cpu());
-  {
-    ProfileScope cancelled(OpKind::kLoss, Device::cpu());
-  }
+  { ProfileScope cancelled(OpKind::kLoss, Device::cpu()); }
   prof.cancel_step();
   EXPECT_FALSE(prof.in_step());
   EXPECT_EQ(prof.profile().steps, 0);
