@@ -26,7 +26,10 @@
 // this process has freed its device memory (empty_cache), and is skipped, with the reason under
 // "errors", when python3 cannot import torch and transformers.
 // Options: --steps N, --models a,b (ids above), --no-torch, --root DIR (repository root; found
-// from the executable's path or LEANTUNE_ROOT otherwise).
+// from the executable's path or LEANTUNE_ROOT otherwise), --profile: after the timed steps, N
+// more steps under the per-op step profile (engine/profile.h: CUDA events around each op), whose
+// table (time per op kind and share of the step, as trainer_bin --profile_steps prints it) goes
+// to stderr; the timed figures above are taken without it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -46,6 +49,7 @@
 #include "engine/check.h"
 #include "engine/cuda_blas.cuh"
 #include "engine/optim.h"
+#include "engine/profile.h"
 #include "engine/rng.h"
 #include "engine/stream.h"
 #include "engine/tensor.h"
@@ -162,7 +166,9 @@ struct StepResult {
 };
 
 // Warm-up and timed steps; throws on any error (an out-of-memory one included).
-StepResult train(const lt::ModelConfig& cfg, bool checkpointing, int steps) {
+// profile_as: the model's id, to take and print the per-op profile of `steps` more steps.
+StepResult train(const lt::ModelConfig& cfg, bool checkpointing, int steps,
+                 const char* profile_as) {
   lt::Allocator& alloc = lt::allocator(kGpu);
   alloc.empty_cache();
   alloc.reset_peak_stats();
@@ -202,6 +208,15 @@ StepResult train(const lt::ModelConfig& cfg, bool checkpointing, int steps) {
     r.step_s = s;
     r.tokens_per_s = static_cast<double>(kSeqs * kSeqLen) / s;
     r.loss = last.item();
+    if (profile_as != nullptr) {
+      lt::StepProfiler prof;
+      for (int i = 0; i < steps; ++i) {
+        prof.begin_step(kGpu);
+        step();
+        prof.end_step();
+      }
+      std::fprintf(stderr, "%s %s", profile_as, prof.profile().table().c_str());
+    }
   }
   r.peak_gib = static_cast<double>(alloc.stats().allocated.peak) / kGiB;
   alloc.empty_cache();
@@ -254,7 +269,7 @@ nlohmann::json torch_baseline(const fs::path& root, const fs::path& config, bool
 
 int main(int argc, char** argv) {
   int steps = 5;
-  bool run_torch = true;
+  bool run_torch = true, profile = false;
   std::string root_flag, models_flag = "qwen25_05b,qwen25_15b";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -262,6 +277,8 @@ int main(int argc, char** argv) {
       steps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--no-torch")
       run_torch = false;
+    else if (a == "--profile")
+      profile = true;
     else if (a == "--root" && i + 1 < argc)
       root_flag = argv[++i];
     else if (a == "--models" && i + 1 < argc)
@@ -288,7 +305,7 @@ int main(int argc, char** argv) {
         const lt::ModelConfig cfg = lt::ModelConfig::load(config.string());
         StepResult r;
         try {
-          r = train(cfg, false, steps);
+          r = train(cfg, false, steps, profile ? m.id : nullptr);
         } catch (const lt::Error& e) {
           if (e.kind() != lt::ErrorKind::kOutOfMemory) throw;
           std::fprintf(stderr, "%s: out of memory without gradient checkpointing; retrying\n",
@@ -296,7 +313,7 @@ int main(int argc, char** argv) {
           cudaGetLastError();
           lt::allocator(kGpu).empty_cache();
           checkpointing = true;
-          r = train(cfg, true, steps);
+          r = train(cfg, true, steps, profile ? m.id : nullptr);
         }
         const double mfu = step_flops(cfg, r.params) / r.step_s / (peak * 1e12);
         figures[key + "_tokens_per_s"] = r.tokens_per_s;

@@ -25,6 +25,7 @@
 
 #include "engine/check.h"
 #include "engine/comm_fold.h"
+#include "engine/profile.h"
 
 #ifdef LEANTUNE_WITH_MPI
 #include <mpi.h>
@@ -121,6 +122,7 @@ class MpiCommunicator final : public Communicator {
   double timeout_seconds() const override { return opt_.timeout_seconds; }
 
   void all_reduce(Tensor& x, ReduceOp op) override {
+    ProfileScope prof(OpKind::kComm, Device::cpu());
     check_cpu_tensor(x, "all_reduce", CommUse::kReduce);
     const int64_t n = x.numel();
     if (n == 0) return;
@@ -149,6 +151,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+    ProfileScope prof(OpKind::kComm, Device::cpu());
     check_cpu_tensor(in, "reduce_scatter", CommUse::kReduce);
     check_cpu_tensor(out, "reduce_scatter", CommUse::kReduce);
     check_scatter_blocks(in, out, size_, "reduce_scatter");
@@ -169,6 +172,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void reduce_scatter_accumulate(const Tensor& in, Tensor& out) override {
+    ProfileScope prof(OpKind::kComm, Device::cpu());
     check_cpu_tensor(in, "reduce_scatter_accumulate", CommUse::kReduce);
     check_cpu_tensor(out, "reduce_scatter_accumulate", CommUse::kReduce);
     check_scatter_blocks(in, out, size_, "reduce_scatter_accumulate");
@@ -183,6 +187,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void all_gather(const Tensor& in, Tensor& out) override {
+    ProfileScope prof(OpKind::kComm, Device::cpu());
     check_cpu_tensor(in, "all_gather");
     check_cpu_tensor(out, "all_gather");
     check_gather_blocks(in, out, size_, "all_gather");
@@ -212,6 +217,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void broadcast(Tensor& x, int root) override {
+    ProfileScope prof(OpKind::kComm, Device::cpu());
     check_cpu_tensor(x, "broadcast");
     LT_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " outside 0..", size_ - 1);
     if (x.numel() == 0) return;
@@ -242,12 +248,14 @@ class MpiCommunicator final : public Communicator {
   }
 
   double all_reduce_scalar(double v, ReduceOp op) override {
+    ProfileScope prof(OpKind::kComm, Device::cpu());
     const std::vector<double> all = all_gather_scalar(v);
     double r = 0;
     fold_rank_order(all.data(), size_, 1, DType::kF64, op, &r);
     return r;
   }
   int64_t all_reduce_int(int64_t v, ReduceOp op) override {
+    ProfileScope prof(OpKind::kComm, Device::cpu());
     LT_CHECK(op != ReduceOp::kAvg, "all_reduce_int: avg of an integer");
     std::vector<int64_t> all(size_);
     std::vector<MPI_Request> req(1);
@@ -258,6 +266,7 @@ class MpiCommunicator final : public Communicator {
     return r;
   }
   std::vector<double> all_gather_scalar(double v) override {
+    ProfileScope prof(OpKind::kComm, Device::cpu());
     std::vector<double> all(size_);
     std::vector<MPI_Request> req(1);
     MPI_CHECK(MPI_Iallgather(&v, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm_, &req[0]));

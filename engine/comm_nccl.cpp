@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -34,6 +35,7 @@
 #include "engine/check.h"
 #include "engine/comm_fold.h"
 #include "engine/cuda_api.h"
+#include "engine/profile.h"
 #include "engine/stream.h"
 
 namespace leantune::comm_detail {
@@ -111,8 +113,11 @@ class NcclCommunicator final : public Communicator {
     throw_if_failed();
     const Device dev = Device::cuda(device_);
     stream_.wait_stream(current_stream(dev));
-    nccl_all_reduce(comm_, x.data_ptr(), x.data_ptr(), x.numel(), dtype_int(x), op_int(op),
-                    stream_.handle);
+    {
+      ProfileScope prof(OpKind::kComm, stream_);
+      nccl_all_reduce(comm_, x.data_ptr(), x.data_ptr(), x.numel(), dtype_int(x), op_int(op),
+                      stream_.handle);
+    }
     {
       StreamGuard on_comm(stream_);  // then()'s kernels queue behind the sum
       then();
@@ -132,8 +137,11 @@ class NcclCommunicator final : public Communicator {
     throw_if_failed();
     const Device dev = Device::cuda(device_);
     stream_.wait_stream(current_stream(dev));
-    nccl_reduce_scatter(comm_, in.data_ptr(), out.data_ptr(), out.numel(), dtype_int(in),
-                        op_int(op), stream_.handle);
+    {
+      ProfileScope prof(OpKind::kComm, stream_);
+      nccl_reduce_scatter(comm_, in.data_ptr(), out.data_ptr(), out.numel(), dtype_int(in),
+                          op_int(op), stream_.handle);
+    }
     {
       StreamGuard on_comm(stream_);
       then();
@@ -222,8 +230,11 @@ class NcclCommunicator final : public Communicator {
     // The gather queues behind the caller's work so far; the caller's stream does not wait for
     // it until wait(), so the kernels it queues meanwhile overlap the transfer.
     stream_.wait_stream(current_stream(dev));
-    nccl_all_gather(comm_, in.data_ptr(), out.data_ptr(), in.numel(), dtype_int(in),
-                    stream_.handle);
+    {
+      ProfileScope prof(OpKind::kComm, stream_);
+      nccl_all_gather(comm_, in.data_ptr(), out.data_ptr(), in.numel(), dtype_int(in),
+                      stream_.handle);
+    }
     auto done = std::make_shared<Event>(dev);
     done->record(stream_);
     {
@@ -328,7 +339,10 @@ class NcclCommunicator final : public Communicator {
   void issue(const char* what, F&& enqueue) {
     throw_if_failed();
     stream_.wait_stream(current_stream(Device::cuda(device_)));
-    enqueue(stream_.handle);
+    {
+      ProfileScope prof(OpKind::kComm, stream_);
+      enqueue(stream_.handle);
+    }
     finish_issue(what);
   }
 
@@ -373,6 +387,9 @@ class NcclCommunicator final : public Communicator {
     check(x, what);
     LT_CHECK(peer >= 0 && peer < size(), what, ": peer ", peer, " outside 0..", size() - 1);
     const bool alone = group_depth_ == 0;
+    // Inside a group nothing is queued until group_end(): only a lone send/recv is timed.
+    std::optional<ProfileScope> prof;
+    if (alone) prof.emplace(OpKind::kComm, stream_);
     if (alone) group_start();
     if (is_send)
       nccl_send(comm_, x.data_ptr(), x.nbytes(), peer, stream_.handle);

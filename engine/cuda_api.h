@@ -41,5 +41,9 @@ void cuda_memset_async(void* dst, int value, size_t bytes, void* stream);
 void cuda_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes);
 // Name of the device ("NVIDIA H100 80GB HBM3").
 std::string cuda_device_name(int device);
+// An NVTX range (engine/profile.h's op names), seen by Nsight Systems; nested ranges nest. NVTX
+// returns no error to check: without a tool attached both calls do nothing.
+void nvtx_range_push(const char* name);
+void nvtx_range_pop();
 
 }  // namespace leantune

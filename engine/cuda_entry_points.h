@@ -39,6 +39,8 @@
   X(void, leantune, cuda_mem_get_info, (int device, size_t* free_bytes, size_t* total_bytes),     \
     (device, free_bytes, total_bytes))                                                            \
   X(std::string, leantune, cuda_device_name, (int device), (device))                              \
+  X(void, leantune, nvtx_range_push, (const char* name), (name))                                  \
+  X(void, leantune, nvtx_range_pop, (), ())                                                       \
   X(void, leantune::cuda_ops, copy, (const Tensor& dst, const Tensor& src), (dst, src))           \
   X(void, leantune::cuda_ops, fill, (const Tensor& t, double value), (t, value))                  \
   X(Tensor, leantune::cuda_ops, add, (const Tensor& a, const Tensor& b, double alpha),            \
@@ -105,7 +107,7 @@
 
 namespace leantune {
 
-inline constexpr uint32_t kEngineCudaAbiVersion = 2;
+inline constexpr uint32_t kEngineCudaAbiVersion = 3;
 inline constexpr const char* kEngineCudaTableSymbol = LT_CUDA_STR(LT_ENGINE_CUDA_TABLE);
 
 struct EngineCudaTable {

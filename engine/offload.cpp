@@ -25,6 +25,7 @@
 #include "engine/check.h"
 #include "engine/cuda_api.h"
 #include "engine/mem_phase.h"
+#include "engine/profile.h"
 #include "engine/stream.h"
 #include "engine/tensor.h"
 
@@ -263,8 +264,11 @@ std::shared_ptr<HostCopy> OffloadState::offload(const Tensor& t, int64_t lo, int
   const Stream copy = copy_stream();
   // The producer kernel of the activation was queued on the compute stream.
   if (copy != compute) copy.wait_stream(compute);
-  copy_bytes_async(c->host->data(), static_cast<const char*>(source->data()) + begin, c->nbytes,
-             opt_.device, CopyKind::kDeviceToHost, copy);
+  {
+    ProfileScope prof(OpKind::kCopy, copy);
+    copy_bytes_async(c->host->data(), static_cast<const char*>(source->data()) + begin, c->nbytes,
+                     opt_.device, CopyKind::kDeviceToHost, copy);
+  }
   // However the references are dropped (stash retired, graph freed, scope closed), neither block
   // is handed out again before the copy has finished.
   source->record_stream(copy);
@@ -307,7 +311,11 @@ void OffloadState::restore(HostCopy& c) {
   // Ordered already when both copies ran on the copy stream; not when the compute stream
   // changed in between.
   if (c.written) c.written->wait(copy);
-  copy_bytes_async(buf->data(), c.host->data(), c.nbytes, c.device, CopyKind::kHostToDevice, copy);
+  {
+    ProfileScope prof(OpKind::kCopy, copy);
+    copy_bytes_async(buf->data(), c.host->data(), c.nbytes, c.device, CopyKind::kHostToDevice,
+                     copy);
+  }
   buf->record_stream(copy);
   c.host->record_stream(copy);
   c.ready = std::make_unique<Event>(c.device);

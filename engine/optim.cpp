@@ -84,6 +84,8 @@ void AdamW::ensure_state(size_t i) {
 }
 
 void Optimizer::step(double lr, double grad_scale) {
+  ProfileScope prof(OpKind::kOptimizer,
+                    num_params() > 0 ? param(0).tensor.device() : Device::cpu());
   ++step_;
   std::vector<size_t> all;
   for (size_t i = 0; i < num_params(); ++i)

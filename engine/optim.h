@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
+#include "engine/profile.h"
 #include "engine/tensor.h"
 
 namespace leantune {
@@ -71,7 +72,10 @@ class Optimizer {
   // update, then update_param(i, ...) applies it to parameter i (index into the constructor's
   // list) from its .grad(). Per element the arithmetic is step()'s.
   void begin_step() { ++step_; }
-  void update_param(size_t i, double lr, double grad_scale = 1.0) { update({i}, lr, grad_scale); }
+  void update_param(size_t i, double lr, double grad_scale = 1.0) {
+    ProfileScope prof(OpKind::kOptimizer, param(i).tensor.device());
+    update({i}, lr, grad_scale);
+  }
   // Rows [row0, row0 + n) of parameter i (along its first dimension) from grad_rows, shaped as
   // those rows, at step_count() with grad_scale 1: per element the arithmetic of update_param.
   // For the LM head updated block by block inside the fused loss, whose whole gradient never

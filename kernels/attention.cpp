@@ -38,6 +38,7 @@
 #include "engine/autograd.h"
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "engine/profile.h"
 #include "kernels/softmax_cpu.h"
 
 namespace leantune::kernels {
@@ -413,6 +414,7 @@ void check_options(const char* op, const AttentionOptions& opt) {
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
                    const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& out,
                    const Tensor& lse) {
+  ProfileScope prof(OpKind::kAttentionFwd, q.device());
   const Dims dm = check_qkv("attention_fwd", q, k, v);
   check_options("attention_fwd", opt);
   LT_CHECK(out.shape() == q.shape() && out.dtype() == q.dtype() && out.is_contiguous(),
@@ -441,6 +443,7 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
                    const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens_q,
                    const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv) {
+  ProfileScope prof(OpKind::kAttentionBwd, q.device());
   const Dims dm = check_qkv("attention_bwd", q, k, v);
   check_options("attention_bwd", opt);
   LT_CHECK(dout.shape() == q.shape() && dout.dtype() == q.dtype() && out.shape() == q.shape() &&

@@ -17,6 +17,7 @@
 #include "engine/autograd.h"
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "engine/profile.h"
 #include "kernels/softmax_cpu.h"
 
 namespace leantune::kernels {
@@ -98,6 +99,7 @@ class CrossEntropyBackward final : public Node {
 
 void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor& loss_rows,
                        const Tensor& lse) {
+  ProfileScope prof(OpKind::kLoss, logits.device());
   check_inputs("cross_entropy_fwd", logits, targets);
   const int64_t rows = logits.size(0), v = logits.size(1);
   const DType sd = stat_dtype(logits.dtype());
@@ -130,6 +132,7 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& targets, const Tensor
 
 void cross_entropy_row_stats(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                              const Tensor& entropy, const Tensor& top1) {
+  ProfileScope prof(OpKind::kLoss, logits.device());
   check_inputs("cross_entropy_row_stats", logits, targets);
   const int64_t rows = logits.size(0), v = logits.size(1);
   const DType sd = stat_dtype(logits.dtype());
@@ -171,6 +174,7 @@ void cross_entropy_row_stats(const Tensor& logits, const Tensor& targets, const 
 
 void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
                        const Tensor& dlogits) {
+  ProfileScope prof(OpKind::kLoss, logits.device());
   check_inputs("cross_entropy_bwd", logits, targets);
   const int64_t rows = logits.size(0), v = logits.size(1);
   LT_CHECK(lse.shape() == (Shape{rows}) && lse.dtype() == stat_dtype(logits.dtype()),

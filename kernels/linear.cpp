@@ -16,6 +16,7 @@
 #include "engine/autograd.h"
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "engine/profile.h"
 
 namespace leantune::kernels {
 
@@ -98,6 +99,7 @@ class LinearBackward final : public Node {
 }  // namespace
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+  ProfileScope prof(OpKind::kLinearFwd, x.device());
   check_shapes("linear_fwd", x, w, b);
   LT_CHECK(
       y.shape() == (Shape{x.size(0), w.size(0)}) && y.dtype() == x.dtype() && y.is_contiguous(),
@@ -143,7 +145,11 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor
     return;
   }
   const Tensor g = ops::contiguous_workspace(dy);
-  if (dx.defined()) ops::gemm(g, false, ops::contiguous_workspace(w), false, dx, 1.0, 0.0);
+  if (dx.defined()) {
+    ProfileScope prof(OpKind::kLinearDx, dy.device());
+    ops::gemm(g, false, ops::contiguous_workspace(w), false, dx, 1.0, 0.0);
+  }
+  ProfileScope prof(OpKind::kLinearDw, dy.device());
   if (dw.defined()) ops::gemm(g, true, ops::contiguous_workspace(x), false, dw, 1.0, 0.0);
   if (db.defined()) bias_grad(g.dtype() == db.dtype() ? g : as(g, db.dtype()), db);
 }

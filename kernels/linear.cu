@@ -14,6 +14,7 @@
 //   dW^T[in,out] = x^T[in,T] * (dy^T[out,T])^T    (A = x, B = dy transposed)
 #include "engine/cuda_blas.cuh"
 #include "engine/cuda_utils.cuh"
+#include "engine/profile.h"
 #include "kernels/linear.h"
 
 namespace leantune::kernels {
@@ -143,6 +144,7 @@ void linear_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const T
   cudaStream_t s = cu::stream_of(d);
   const Rows gr = as_rows(dy, dt);
   if (dx.defined()) {
+    ProfileScope prof(OpKind::kLinearDx, dy.device());
     const int64_t in = w.size(1);
     if (t > 0 && in > 0) {
       if (out == 0) {
@@ -154,6 +156,8 @@ void linear_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const T
       }
     }
   }
+  // dW and db: the weight-side gradients.
+  ProfileScope prof(OpKind::kLinearDw, dy.device());
   if (dw.defined()) {
     const int64_t in = x.size(1);
     if (out > 0 && in > 0) {

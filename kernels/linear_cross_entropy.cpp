@@ -37,6 +37,7 @@
 #include "engine/autograd.h"
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "engine/profile.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/softmax_cpu.h"
 
@@ -286,6 +287,7 @@ class LinearCrossEntropyBackward final : public Node {
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor()};
+    ProfileScope prof(OpKind::kLoss, grads[0].device());
     const double dl = grads[0].item();
     Tensor dh = needs_input_grad(0) ? dhidden.unpack() : Tensor();
     Tensor dw = needs_input_grad(1) ? dweight.unpack() : Tensor();
@@ -334,6 +336,7 @@ class LinearTokenLogprobsBackward final : public Node {
 double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,
                                     const Tensor& targets, double grad_scale, const Tensor& dhidden,
                                     const Tensor& dweight, const LinearCrossEntropyOptions& opt) {
+  ProfileScope prof(OpKind::kLoss, hidden.device());
   check_inputs("linear_cross_entropy", hidden, weight, targets, opt);
   if (dhidden.defined())
     LT_CHECK(dhidden.shape() == hidden.shape() && dtype_is_floating(dhidden.dtype()) &&
@@ -366,6 +369,7 @@ double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,
 
 Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                             double normalizer, const LinearCrossEntropyOptions& opt) {
+  ProfileScope prof(OpKind::kLoss, hidden.device());
   check_inputs("linear_cross_entropy", hidden, weight, targets, opt);
   LT_CHECK(normalizer > 0, "linear_cross_entropy: normalizer ", normalizer,
            " must be positive (the number of valid targets in the accumulated batch)");
@@ -394,6 +398,7 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
 void linear_cross_entropy_rows(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                                const Tensor& coef, const Tensor& nll, const Tensor& dhidden,
                                const Tensor& dweight, const LinearCrossEntropyOptions& opt) {
+  ProfileScope prof(OpKind::kLoss, hidden.device());
   check_inputs("linear_cross_entropy_rows", hidden, weight, targets, opt);
   LT_CHECK(hidden.device().is_cpu(), "linear_cross_entropy_rows: ", hidden.str(),
            " is on a CUDA device; only the CPU path exists for per-row outputs");

@@ -24,6 +24,7 @@
 
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "engine/profile.h"
 #include "kernels/linear.h"
 
 namespace leantune::kernels {
@@ -530,6 +531,7 @@ void quant_linear_fwd(const char* op, const Tensor& x, const Shape& ws, Device w
   LT_CHECK(ws.size() == 2, op, ": the quantized weight has shape ", shape_str(ws),
            "; a linear needs [out, in]");
   check_linear_x(op, x, ws[1], wd);
+  ProfileScope prof(OpKind::kLinearFwd, wd);  // the dequantization is part of the linear
   ScratchLease lease(wd, ws[0] * ws[1] * static_cast<int64_t>(dtype_size(x.dtype())));
   const Tensor w = lease.view(ws, x.dtype());
   deq(w);
@@ -541,6 +543,7 @@ template <typename Deq>
 void quant_linear_bwd(const char* op, const Tensor& dy, const Shape& ws, Device wd,
                       const Tensor& dx, const Tensor& db, Deq&& deq) {
   LT_CHECK(ws.size() == 2, op, ": the quantized weight has shape ", shape_str(ws));
+  ProfileScope prof(OpKind::kLinearDx, wd);  // a frozen base: dx (and db), no dW
   LT_CHECK(dy.defined() && dy.dim() == 2 && dy.size(1) == ws[0] && dy.device() == wd, op, ": dy ",
            dy.defined() ? dy.str() : "undefined", " for a weight of shape ", shape_str(ws), " on ",
            wd.str());

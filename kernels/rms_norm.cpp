@@ -18,6 +18,7 @@
 #include "engine/autograd.h"
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "engine/profile.h"
 
 namespace leantune::kernels {
 
@@ -69,6 +70,7 @@ class RmsNormBackward final : public Node {
 
 void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd,
                   bool unit_offset) {
+  ProfileScope prof(OpKind::kNorm, x.device());
   const auto [rows, h] = rows_cols("rms_norm_fwd", x, w);
   LT_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.is_contiguous(),
            "rms_norm_fwd: y ", y.str(), " for x ", x.str());
@@ -112,6 +114,7 @@ void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
 
 void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                   const Tensor& dx, const Tensor& dw, bool unit_offset) {
+  ProfileScope prof(OpKind::kNorm, x.device());
   const auto [rows, h] = rows_cols("rms_norm_bwd", x, w);
   LT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), "rms_norm_bwd: dy ", dy.str(),
            " for x ", x.str());

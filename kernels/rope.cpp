@@ -23,6 +23,7 @@
 #include "engine/autograd.h"
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "engine/profile.h"
 
 namespace leantune::kernels {
 
@@ -133,6 +134,7 @@ std::vector<double> rope_inv_freq(const RopeConfig& cfg) {
 
 void rope_apply(const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq, bool inverse,
                 const Tensor& y, double scale) {
+  ProfileScope prof(OpKind::kRope, x.device());
   LT_CHECK(x.dim() >= 2 && dtype_is_floating(x.dtype()), "rope: x ", x.str(),
            " must be [T, ..., D] float");
   const int64_t t = x.size(0), d = x.size(-1), half = inv_freq.numel();

@@ -12,6 +12,7 @@
 #include "engine/autograd.h"
 #include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "engine/profile.h"
 
 namespace leantune::kernels {
 
@@ -112,6 +113,7 @@ void gated_bwd_cpu(const Tensor& dy, const Tensor& gate, const Tensor& up, const
 }
 
 void gated_fwd(Act act, const Tensor& gate, const Tensor& up, const Tensor& y) {
+  ProfileScope prof(OpKind::kActivation, gate.device());
   const char* op = act == Act::kSilu ? "swiglu_fwd" : "geglu_fwd";
   check_pair(op, gate, up);
   check_out(op, gate, y, "y");
@@ -125,6 +127,7 @@ void gated_fwd(Act act, const Tensor& gate, const Tensor& up, const Tensor& y) {
 
 void gated_bwd(Act act, const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,
                const Tensor& dup) {
+  ProfileScope prof(OpKind::kActivation, gate.device());
   const char* op = act == Act::kSilu ? "swiglu_bwd" : "geglu_bwd";
   check_pair(op, gate, up);
   LT_CHECK(dy.shape() == gate.shape() && dy.dtype() == gate.dtype(), op, ": dy ", dy.str(),

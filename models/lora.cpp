@@ -9,6 +9,7 @@
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "engine/profile.h"
 #include "kernels/dropout.h"
 
 namespace leantune {
@@ -42,13 +43,17 @@ class LoraLinearBackward final : public Node {
     const Tensor dy2 = as_rows(dy, out_f);
     const int64_t t = dy2.size(0);
     if (need_b) {
+      ProfileScope prof(OpKind::kLinearDw, device);
       Tensor db = Tensor::empty({out_f, r}, dtype, device);
       ops::gemm(dy2, true, u.unpack(), false, db, scaling);
       out[3] = db;
     }
     if (!need_x && !need_a) return out;
     Tensor du = Tensor::empty({t, r}, dtype, device);
-    ops::gemm(dy2, false, b.unpack(), false, du, scaling);
+    {
+      ProfileScope prof(OpKind::kLinearDx, device);
+      ops::gemm(dy2, false, b.unpack(), false, du, scaling);
+    }
     if (need_a) {
       Tensor xd = as_rows(x.unpack(), in);
       if (p > 0.0) {
@@ -56,11 +61,13 @@ class LoraLinearBackward final : public Node {
         kernels::dropout_fwd(xd, dropped, p, params);
         xd = dropped;
       }
+      ProfileScope prof(OpKind::kLinearDw, device);
       Tensor da = Tensor::empty({r, in}, dtype, device);
       ops::gemm(du, true, xd, false, da);
       out[2] = da;
     }
     if (need_x) {
+      ProfileScope prof(OpKind::kLinearDx, device);
       Tensor dx = Tensor::empty({t, in}, dtype, device);
       ops::gemm(du, false, a.unpack(), false, dx);
       if (p > 0.0) kernels::dropout_bwd(dx, dx, p, params);
@@ -131,6 +138,7 @@ void register_dropout_generator(const std::shared_ptr<Generator>& gen) {
 
 Tensor lora_linear(const Tensor& x, const Tensor& base_out, const Tensor& A, const Tensor& B,
                    double scaling, double dropout_p, Generator* gen) {
+  ProfileScope prof(OpKind::kLinearFwd, x.device());
   LT_CHECK(A.defined() && B.defined() && A.dim() == 2 && B.dim() == 2 && B.size(1) == A.size(0),
            "lora_linear: A ", A.str(), ", B ", B.str());
   const int64_t in = A.size(1), r = A.size(0), out_f = B.size(0);

@@ -17,82 +17,18 @@
 #include "loaders/safetensors.h"
 #include "trainers/checkpoint.h"
 #include "trainers/dist_options.h"
+#include "trainers/memory_trace_scope.h"
 #include "trainers/model_io.h"
 #include "trainers/offload_options.h"
 #include "trainers/optim_options.h"
 #include "trainers/output_path.h"
 #include "trainers/peft_options.h"
+#include "trainers/step_profile.h"
 #include "trainers/zero.h"
 
 namespace leantune {
 
 namespace {
-// Records the device allocator's trace from construction until `until_step` updates are done
-// and writes it to `path`; also written when training stops early or throws (the trace of an
-// out-of-memory step is the one most wanted). Besides the events, the file holds the baseline
-// (bytes already allocated per tag and reserved when recording began: parameters, for one) and
-// the updates recorded, so that trainer_bin memviz can show absolute figures.
-class MemoryTraceScope {
- public:
-  MemoryTraceScope(std::string path, int64_t first_step, int64_t until_step, Allocator& alloc)
-      : path_(std::move(path)),
-        first_(first_step),
-        last_(first_step),
-        until_(until_step),
-        alloc_(alloc) {
-    if (path_.empty()) return;
-    const AllocatorStats st = alloc_.stats();
-    baseline_ = {{"allocated", st.allocated.current},
-                 {"reserved", st.reserved.current},
-                 {"segments", st.segments},
-                 {"by_tag", nlohmann::json::object()}};
-    for (int i = 0; i < kNumMemTags; ++i)
-      baseline_["by_tag"][mem_tag_name(static_cast<MemTag>(i))] = st.by_tag[i].current;
-    alloc_.clear_trace();
-    alloc_.set_trace_enabled(true);
-  }
-  ~MemoryTraceScope() {
-    try {
-      if (!path_.empty()) write();
-    } catch (...) {
-      // Already unwinding from the error that matters; the trace is lost.
-    }
-  }
-  void after_step(int64_t step, MetricsLogger& log) {
-    last_ = step;
-    if (path_.empty() || step < until_) return;
-    write();
-    log.message("memory trace written to " + written_);
-  }
-  // Training ended before until_step (or stopped early): recording stops with the last step, and
-  // finish() writes the trace of the steps taken once the model is saved (a full disk then
-  // costs the trace, not the model), a failed write an error like any other output's.
-  void stop() {
-    if (!path_.empty()) alloc_.set_trace_enabled(false);
-  }
-  void finish(MetricsLogger& log) {
-    if (path_.empty()) return;
-    write();
-    log.message("memory trace written to " + written_);
-  }
-
- private:
-  void write() {
-    alloc_.set_trace_enabled(false);
-    written_ = path_;
-    path_.clear();
-    nlohmann::json j = nlohmann::json::parse(alloc_.trace_json());
-    alloc_.clear_trace();
-    j["baseline"] = baseline_;
-    j["steps"] = {first_ + 1, last_};
-    write_text_atomic(written_, j.dump());
-  }
-  std::string path_, written_;
-  int64_t first_, last_, until_;
-  Allocator& alloc_;
-  nlohmann::json baseline_;
-};
-
 bool no_decay(const std::string& name) {
   return name.find("norm") != std::string::npos ||
          (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
@@ -173,6 +109,10 @@ void add_training_options(Options& o) {
                "time and phase) of the first memory_trace_steps updates to this JSON file; "
                "view it with trainer_bin memviz");
   o.add_int("memory_trace_steps", d.memory_trace_steps, "updates recorded by memory_trace", 1);
+  o.add_int("profile_steps", d.profile_steps,
+            "print the time per op kind of this many updates (2..N+1) and write "
+            "output_dir/profile.json (0 = off)",
+            0);
 }
 
 TrainingArguments training_arguments(const Options& o) {
@@ -221,6 +161,7 @@ TrainingArguments training_arguments(const Options& o) {
   a.resume_from_checkpoint = o.get_string("resume_from_checkpoint");
   a.memory_trace = o.get_string("memory_trace");
   a.memory_trace_steps = o.get_int("memory_trace_steps");
+  a.profile_steps = o.get_int("profile_steps");
   if (!a.memory_trace.empty()) {
     std::vector<CommandInput> inputs;
     for (const char* k : {"model_name_or_path", "dataset", "eval_dataset"})
@@ -547,6 +488,8 @@ TrainResult Trainer::train() {
   allocator(model_->device()).reset_peak_stats();
   MemoryTraceScope trace(args_.memory_trace, step_, step_ + args_.memory_trace_steps,
                          allocator(model_->device()));
+  StepProfileRun profile(args_.profile_steps, step_ + 1, total_steps_, model_->device(),
+                         writes_files() ? args_.output_dir + "/profile.json" : "");
 
   // The logging window: losses and norms of the applied updates (a skipped one's are not finite),
   // and the skipped count.
@@ -561,6 +504,7 @@ TrainResult Trainer::train() {
   while (step_ < total_steps_) {
     const int64_t update = step_ + 1;
     const auto update_start = std::chrono::steady_clock::now();
+    profile.begin_update(update);
     // What a stop in the middle of this update saves: the state after the last completed one.
     const ResumePoint before = resume_point();
     bool abandoned = false;
@@ -741,6 +685,7 @@ TrainResult Trainer::train() {
       window_norm += norm;
       ++window_steps;
     }
+    profile.end_update(step_, log);
     trace.after_step(step_, log);
     bool callback_stop = false;
     if (step_callback_) {
@@ -798,6 +743,7 @@ TrainResult Trainer::train() {
     }
   }
   trace.stop();
+  profile.finish(log);
   if (deferred_signals() > 0)
     log.message(std::to_string(deferred_signals()) +
                 " more stop signal(s) arrived during the stop and were deferred until it was done");
