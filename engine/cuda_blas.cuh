@@ -56,7 +56,8 @@ void lt_gemm(const LtGemm& g, Device dev, cudaStream_t stream, int rank = kLtAut
 // each of them to find the best).
 int lt_gemm_algo_count(const LtGemm& g, Device dev, int max);
 // The rank lt_gemm(g, dev, stream) runs: the autotuned choice (tuning on `stream` when the
-// problem is new), or 0 without tuning. Benchmarks report it.
+// problem is new; with beta == 0 the timing writes g.d), or 0 without tuning. Benchmarks
+// report it.
 int lt_gemm_tuned_rank(const LtGemm& g, Device dev, cudaStream_t stream);
 
 // f64 through cublasDgemm (column-major, same meaning as LtGemm without bias).
