@@ -5,7 +5,8 @@
 //   GemmTuningCuda.*: the GPU tier (skipped without a device): a tuned product equals the
 //     heuristic's first choice and the CPU within the GPU tolerance table, at awkward sizes and
 //     with beta != 0 (the real output accumulates exactly once); the second use is a cache hit;
-//     a choice written to disk is reused by a fresh cache without timing.
+//     an accumulating output too large for a scratch copy stays on rank 0 (untimed); a choice
+//     written to disk is reused by a fresh cache without timing.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -327,6 +328,31 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmTuningCuda,
                                            Problem{256, 512, 1024, DType::kBF16, 0.0},
                                            Problem{256, 512, 1024, DType::kBF16, 1.0}),
                          problem_name);
+
+TEST_F(GemmTuningTest, LargeAccumulationKeepsRankZeroCuda) {
+  LT_SKIP_WITHOUT_CUDA();
+  // An f32 output of 8200 x 8192 (262 MiB) accumulated with beta != 0: its scratch copy would
+  // pass the 256 MiB cap, so the problem is left on rank 0, untimed, and accumulates once.
+  const int64_t m = 8200, n = 8192, k = 16;
+  const Tensor a = testing::randn({m, k}, DType::kF32, 31),
+               b = testing::randn({k, n}, DType::kF32, 32),
+               c0 = Tensor::full({m, n}, 0.5, DType::kF32);
+  const Tensor rank0 = gpu_gemm(a, b, c0, 1.0, gt::Mode::kOff);
+  const Tensor kept = gpu_gemm(a, b, c0, 1.0, gt::Mode::kMemory);
+  gt::Stats s = gt::stats();
+  EXPECT_EQ(s.tunings, 0);
+  EXPECT_EQ(s.untimed, 1);
+  EXPECT_EQ(testing::bytes_of(kept), testing::bytes_of(rank0));
+  gpu_gemm(a, b, c0, 1.0, gt::Mode::kMemory);
+  s = gt::stats();
+  EXPECT_EQ(s.untimed, 1);
+  EXPECT_EQ(s.hits, 1);
+  // One accumulation: row 7 of c0 + a b, against the host's product of that row.
+  Tensor row = Tensor::full({1, n}, 0.5, DType::kF32);
+  ops::gemm(a.narrow(0, 7, 1), false, b, false, row, 1.0, 1.0);
+  EXPECT_TRUE(testing::all_close(kept.narrow(0, 7, 1), row,
+                                 testing::backend_sum_tol(DType::kF32, static_cast<double>(k))));
+}
 
 TEST_F(GemmTuningTest, DiskCacheIsReusedCuda) {
   LT_SKIP_WITHOUT_CUDA();
