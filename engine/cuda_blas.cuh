@@ -38,14 +38,27 @@ struct LtGemm {
 // cudaDataType_t of a float dtype (f32, f64, bf16, f16).
 cudaDataType_t cuda_data_type(DType dt);
 
+// lt_gemm's rank that asks for the autotuned choice (engine/gemm_tuning.h).
+inline constexpr int kLtAutoRank = -1;
+// How many of cuBLASLt's heuristic candidates the autotune times (those whose workspace fits
+// the 32 MiB limit); explicit ranks index the same list.
+inline constexpr int kLtTuneCandidates = 16;
+
 // Runs the product with cuBLASLt's heuristic algorithm number `rank` (0 = its first choice; the
-// heuristic is queried once per problem shape and cached). f32 inputs compute in strict f32 (no
-// TF32), 16-bit inputs accumulate in f32, f64 in f64. Workspace (at most 32 MiB) comes from the
-// caching allocator on the current stream of `dev`. Throws when cuBLASLt has no algorithm.
-void lt_gemm(const LtGemm& g, Device dev, cudaStream_t stream, int rank = 0);
+// heuristic is queried once per problem and cached), or with the autotuned one (kLtAutoRank:
+// on the problem's first use its candidates are timed on `stream`, unless the stream is
+// capturing a graph or LEANTUNE_GEMM_AUTOTUNE=0; then rank 0). f32 inputs compute in strict
+// f32 (no TF32), 16-bit inputs accumulate in f32, f64 in f64. Workspace (at most 32 MiB) comes
+// from the caching allocator on the current stream of `dev`. Throws when cuBLASLt has no
+// algorithm.
+void lt_gemm(const LtGemm& g, Device dev, cudaStream_t stream, int rank = kLtAutoRank);
 // How many heuristic algorithms cuBLASLt offers for the problem, up to `max` (benchmarks time
 // each of them to find the best).
 int lt_gemm_algo_count(const LtGemm& g, Device dev, int max);
+// The rank lt_gemm(g, dev, stream) runs: the autotuned choice (tuning on `stream` when the
+// problem is new; with beta == 0 the timing writes g.d), or 0 without tuning. Benchmarks
+// report it.
+int lt_gemm_tuned_rank(const LtGemm& g, Device dev, cudaStream_t stream);
 
 // f64 through cublasDgemm (column-major, same meaning as LtGemm without bias).
 void dgemm(const LtGemm& g, Device dev, cudaStream_t stream);

@@ -1,8 +1,13 @@
-// cuBLASLt / cuBLAS behind engine/cuda_blas.cuh (handles, cached heuristics, workspace), the
-// column reduction, and cuda_ops::gemm (contract in engine/ops_cuda_internal.cuh).
+// cuBLASLt / cuBLAS behind engine/cuda_blas.cuh (handles, cached heuristics, the autotune's
+// timing of the heuristic's candidates, workspace), the column reduction, and cuda_ops::gemm
+// (contract in engine/ops_cuda_internal.cuh).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <optional>
+#include <string>
+
+#include "engine/gemm_tuning.h"
 #include "engine/ops_cuda_internal.cuh"
 
 // ================================================================ cuBLASLt / cuBLAS
@@ -167,6 +172,161 @@ std::vector<LtAlgo> lt_heuristics(const LtGemm& g, const LtDescs& x, int device,
   return algos;
 }
 
+// ---------------------------------------------------------------- autotune (gemm_tuning.h)
+
+constexpr int kTuneReps = 5;  // timed calls per candidate, after one warm-up call
+// Largest scratch copy of an accumulating (beta != 0) output the tuning allocates; larger ones
+// (e.g. the fused loss's f32 dW of a 150k vocabulary, about 1 GiB) keep rank 0 rather than
+// raise the step's peak memory.
+constexpr size_t kTuneScratchMaxBytes = size_t{256} << 20;
+
+size_t lt_type_bytes(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_64F:
+      return 8;
+    case CUDA_R_32F:
+      return 4;
+    case CUDA_R_16BF:
+    case CUDA_R_16F:
+      return 2;
+    default:
+      LT_THROW(ErrorKind::kInternal, "gemm: output type ", static_cast<int>(t));
+  }
+}
+
+// Bytes from D's first element to its last (column-major m x n, leading dimension ldd).
+size_t lt_output_span_bytes(const LtGemm& g) {
+  return static_cast<size_t>((g.n - 1) * g.ldd + g.m) * lt_type_bytes(g.d_type);
+}
+
+// The problem as the tuning cache names it: everything lt_key holds except the device.
+std::string lt_problem_key(const LtGemm& g) {
+  return ::leantune::detail::str_cat(
+      "m", g.m, " n", g.n, " k", g.k, " t", g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N', " types",
+      static_cast<int>(g.a_type), ",", static_cast<int>(g.b_type), ",", static_cast<int>(g.d_type),
+      " ld", g.lda, ",", g.ldb, ",", g.ldd, " align", pointer_alignment(g.a), ",",
+      pointer_alignment(g.b), ",", pointer_alignment(g.d), g.bias ? " bias" : "",
+      g.beta != 0.0 ? " beta" : "");
+}
+
+// The GPU model and library version a choice holds for: name, compute capability, SM count
+// and cuBLASLt's version (not the UUID: a choice measured on one H200 holds on another).
+std::string device_identity(int device) {
+  static std::mutex mu;
+  static std::string ids[kMaxDevices];
+  LT_CHECK(device >= 0 && device < kMaxDevices, "device index ", device);
+  std::lock_guard<std::mutex> lk(mu);
+  if (ids[device].empty()) {
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    ids[device] =
+        ::leantune::detail::str_cat(p.name, "|sm_", p.major, p.minor, "|", p.multiProcessorCount,
+                                    " SMs|cuBLASLt ", cublasLtGetVersion());
+  }
+  return ids[device];
+}
+
+// One CUDA event, destroyed on scope exit.
+struct Event {
+  cudaEvent_t e = nullptr;
+  Event() { CUDA_CHECK(cudaEventCreate(&e)); }
+  ~Event() {
+    if (e) cudaEventDestroy(e);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+};
+
+// One cublasLtMatmul of g with output `d` (g.d or a scratch copy) and heuristic choice `r`.
+cublasStatus_t lt_matmul(const LtGemm& g, const LtDescs& x, void* d, const LtAlgo& r, void* ws,
+                         cudaStream_t stream, int device) {
+  const float alpha_f = static_cast<float>(g.alpha), beta_f = static_cast<float>(g.beta);
+  const void* alpha = is_64f(g) ? static_cast<const void*>(&g.alpha) : &alpha_f;
+  const void* beta = is_64f(g) ? static_cast<const void*>(&g.beta) : &beta_f;
+  return cublasLtMatmul(lt_handle(device), x.op, alpha, g.a, x.a, g.b, x.b, beta, d, x.d, d, x.d,
+                        &r.algo, ws, r.workspace, stream);
+}
+
+// Times each candidate on output `d`: one warm-up call, then kTuneReps calls between two events
+// on `stream`. The fastest rank, but rank 0 when it is within 1% of the fastest (fewer changes
+// of rounding for no gain); nullopt when no candidate ran.
+std::optional<gemm_tuning::Choice> lt_time_candidates(const LtGemm& g, const LtDescs& x,
+                                                      const std::vector<LtAlgo>& algos, void* d,
+                                                      Device dev, cudaStream_t stream) {
+  size_t ws_bytes = 0;
+  for (const LtAlgo& a : algos) ws_bytes = std::max(ws_bytes, a.workspace);
+  Tensor ws;
+  if (ws_bytes > 0) ws = workspace(ws_bytes, dev);
+  void* wsp = ws.defined() ? ws.data_ptr() : nullptr;
+  Event start, stop;
+  std::vector<double> ms(algos.size(), -1.0);
+  for (size_t r = 0; r < algos.size(); ++r) {
+    bool ok = lt_matmul(g, x, d, algos[r], wsp, stream, dev.index) == CUBLAS_STATUS_SUCCESS;
+    if (ok) {
+      CUDA_CHECK(cudaEventRecord(start.e, stream));
+      for (int i = 0; i < kTuneReps && ok; ++i)
+        ok = lt_matmul(g, x, d, algos[r], wsp, stream, dev.index) == CUBLAS_STATUS_SUCCESS;
+      CUDA_CHECK(cudaEventRecord(stop.e, stream));
+      CUDA_CHECK(cudaEventSynchronize(stop.e));
+    }
+    if (!ok) {
+      // An algorithm the heuristic offered may still refuse the problem; clear what its failed
+      // launch may have left so that the next check does not report it.
+      (void)cudaGetLastError();
+      continue;
+    }
+    float t = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&t, start.e, stop.e));
+    ms[r] = static_cast<double>(t) / kTuneReps;
+  }
+  std::optional<gemm_tuning::Choice> best;
+  for (size_t r = 0; r < ms.size(); ++r)
+    if (ms[r] >= 0.0 && (!best || ms[r] < best->ms))
+      best = gemm_tuning::Choice{static_cast<int>(r), ms[r]};
+  if (best && ms[0] >= 0.0 && ms[0] <= best->ms * 1.01) best = gemm_tuning::Choice{0, ms[0]};
+  return best;
+}
+
+// The rank lt_gemm runs for kLtAutoRank: the cached choice, else the candidates' timing (on the
+// real output when beta == 0, since every call overwrites it and lt_gemm's own call follows; on
+// a scratch copy when beta != 0, since every call accumulates), else 0.
+int lt_choose_rank(const LtGemm& g, const LtDescs& x, const std::vector<LtAlgo>& algos, Device dev,
+                   cudaStream_t stream) {
+  if (algos.empty() || gemm_tuning::mode() == gemm_tuning::Mode::kOff) return 0;
+  const std::string device = device_identity(dev.index), problem = lt_problem_key(g);
+  if (const auto c = gemm_tuning::lookup(device, problem, static_cast<int>(algos.size())))
+    return c->rank;
+  // Timing synchronises the stream, which a graph capture forbids.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    gemm_tuning::note_capture_fallback();
+    return 0;
+  }
+  void* d = g.d;
+  Tensor scratch;
+  if (g.beta != 0.0) {
+    const size_t bytes = lt_output_span_bytes(g);
+    if (bytes <= kTuneScratchMaxBytes) {
+      try {
+        scratch = workspace(bytes, dev);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kOutOfMemory) throw;
+      }
+    }
+    if (!scratch.defined()) {
+      gemm_tuning::record(device, problem, gemm_tuning::Choice{0, 0.0}, /*timed=*/false);
+      return 0;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(scratch.data_ptr(), g.d, bytes, cudaMemcpyDeviceToDevice, stream));
+    d = scratch.data_ptr();
+  }
+  const auto c = lt_time_candidates(g, x, algos, d, dev, stream);
+  if (!c) return 0;  // nothing ran: lt_gemm's own call of rank 0 reports why
+  gemm_tuning::record(device, problem, *c, /*timed=*/true);
+  return c->rank;
+}
+
 void check_gemm_args(const LtGemm& g) {
   LT_CHECK(g.m > 0 && g.n > 0 && g.k > 0, "gemm: empty problem ", g.m, "x", g.n, "x", g.k);
   LT_CHECK(g.a && g.b && g.d, "gemm: null operand");
@@ -194,26 +354,45 @@ cudaDataType_t cuda_data_type(DType dt) {
   }
 }
 
-void lt_gemm(const LtGemm& g, Device dev, cudaStream_t stream, int rank) {
-  check_gemm_args(g);
-  LT_CHECK(rank >= 0 && rank < 64, "lt_gemm: algorithm rank ", rank);
-  DeviceGuard guard(dev);
+namespace {
+
+// Descriptors, candidate list (kLtTuneCandidates, or rank + 1 when more) and the rank to run.
+struct LtPlan {
   LtDescs x;
-  lt_build(g, &x);
-  const auto res = lt_heuristics(g, x, dev.index, rank + 1);
-  LT_CHECK(static_cast<int>(res.size()) > rank, "cuBLASLt has no algorithm (rank ", rank,
+  std::vector<LtAlgo> algos;
+  int rank = 0;
+};
+
+void lt_plan(const LtGemm& g, Device dev, cudaStream_t stream, int rank, LtPlan* p) {
+  check_gemm_args(g);
+  LT_CHECK(rank == kLtAutoRank || (rank >= 0 && rank < 64), "lt_gemm: algorithm rank ", rank);
+  lt_build(g, &p->x);
+  p->algos = lt_heuristics(g, p->x, dev.index, std::max(kLtTuneCandidates, rank + 1));
+  p->rank = rank == kLtAutoRank ? lt_choose_rank(g, p->x, p->algos, dev, stream) : rank;
+  LT_CHECK(static_cast<int>(p->algos.size()) > p->rank, "cuBLASLt has no algorithm (rank ", p->rank,
            ") for a ", g.m, "x", g.n, "x", g.k, " product of types ", static_cast<int>(g.a_type),
            "/", static_cast<int>(g.b_type), "->", static_cast<int>(g.d_type),
            g.bias ? " with bias" : "");
-  const LtAlgo& r = res[static_cast<size_t>(rank)];
+}
+
+}  // namespace
+
+void lt_gemm(const LtGemm& g, Device dev, cudaStream_t stream, int rank) {
+  DeviceGuard guard(dev);
+  LtPlan p;
+  lt_plan(g, dev, stream, rank, &p);
+  const LtAlgo& r = p.algos[static_cast<size_t>(p.rank)];
   Tensor ws;
   if (r.workspace > 0) ws = workspace(r.workspace, dev);
-  const float alpha_f = static_cast<float>(g.alpha), beta_f = static_cast<float>(g.beta);
-  const void* alpha = is_64f(g) ? static_cast<const void*>(&g.alpha) : &alpha_f;
-  const void* beta = is_64f(g) ? static_cast<const void*>(&g.beta) : &beta_f;
-  CUBLAS_CHECK(cublasLtMatmul(lt_handle(dev.index), x.op, alpha, g.a, x.a, g.b, x.b, beta, g.d, x.d,
-                              g.d, x.d, &r.algo, ws.defined() ? ws.data_ptr() : nullptr,
-                              r.workspace, stream));
+  CUBLAS_CHECK(
+      lt_matmul(g, p.x, g.d, r, ws.defined() ? ws.data_ptr() : nullptr, stream, dev.index));
+}
+
+int lt_gemm_tuned_rank(const LtGemm& g, Device dev, cudaStream_t stream) {
+  DeviceGuard guard(dev);
+  LtPlan p;
+  lt_plan(g, dev, stream, kLtAutoRank, &p);
+  return p.rank;
 }
 
 int lt_gemm_algo_count(const LtGemm& g, Device dev, int max) {

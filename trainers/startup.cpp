@@ -10,6 +10,7 @@
 
 #include "engine/blas_kernels.h"
 #include "engine/check.h"
+#include "engine/gemm_tuning.h"
 
 namespace leantune {
 
@@ -24,6 +25,9 @@ int prepare_process(char** argv) {
   }
   BlasRestart blas = BlasRestart::kNone;
   try {
+    // A mistyped LEANTUNE_GEMM_AUTOTUNE fails here, not at the first CUDA product after the
+    // model has loaded.
+    (void)gemm_tuning::mode();
     blas = prepare_blas_kernels();
   } catch (const Error& e) {
     std::fprintf(stderr, "trainer_bin: %s\n", e.what());

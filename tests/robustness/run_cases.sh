@@ -10,7 +10,8 @@
 #            (this case's folder), $SRC; '@TERM<seconds> ' first sends SIGTERM that long after the
 #            start (each further '@TERM<seconds> ' one more, that long after the previous step);
 #            '@WAIT<path> ' before them waits (up to 60 s) until $W/<path> is a non-empty file;
-#            '@ULIMIT_F<blocks> ' first sets ulimit -f.
+#            '@ULIMIT_F<blocks> ' first sets ulimit -f; '@ENV<NAME>=<value> ' sets an environment
+#            variable for the run.
 # A failing run must print exactly one error line ("trainer_bin: ..."). After the run, a
 # function named check_<name> (when defined) checks files. Add a row for each future bug.
 # Exit 0 rows look for the fragment anywhere in stdout and stderr.
@@ -218,13 +219,14 @@ while IFS=$'\t' read -r name setup want frag args; do
       continue
     fi
   fi
-  steps=() ulimit_f=""
+  steps=() ulimit_f="" envs=()
   while [[ "$args" == @* ]]; do
     word=${args%% *}
     args=${args#* }
     case $word in
       @TERM* | @WAIT*) steps+=("$word") ;;
       @ULIMIT_F*) ulimit_f=${word#@ULIMIT_F} ;;
+      @ENV*) envs+=("${word#@ENV}") ;;
     esac
   done
   eval "set -- $args"
@@ -232,6 +234,7 @@ while IFS=$'\t' read -r name setup want frag args; do
   start=$(date +%s.%N)
   (
     [ -n "$ulimit_f" ] && ulimit -f "$ulimit_f"
+    for e in "${envs[@]+"${envs[@]}"}"; do export "${e?}"; done
     export LT_ROBUSTNESS_RUN="$marker"
     cd "$W" && exec timeout -s KILL 120 "$BIN" "$@"
   ) >"$W/out.txt" 2>"$W/err" &

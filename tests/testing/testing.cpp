@@ -14,9 +14,11 @@
 namespace leantune::testing {
 
 namespace {
-// Before any allocator exists (static initialisation, before main): poison blocks in tests.
-const bool g_poison = [] {
+// Before any allocator exists (static initialisation, before main): poison blocks in tests, and
+// keep the GEMM autotune's choices in memory rather than in the user's cache directory.
+const bool g_env = [] {
   ::setenv("LEANTUNE_ALLOC_POISON", "1", 0);
+  ::setenv("LEANTUNE_GEMM_AUTOTUNE", "memory", 0);
   return true;
 }();
 }  // namespace
