@@ -8,8 +8,9 @@
 // beta != 0, device) times the heuristic's candidates once and keeps the fastest one's rank.
 // Different algorithms round differently (split-K, accumulation order), so a tuned product may
 // differ from the heuristic's first choice in the last bits, within the op table's tolerance,
-// and two processes may choose differently: LEANTUNE_GEMM_AUTOTUNE=0 runs the first choice
-// always; the disk cache makes later processes on the same GPU reuse the first one's choices.
+// and two processes may choose differently: LEANTUNE_GEMM_AUTOTUNE=0 (and every trainer under
+// --deterministic_comm) runs the first choice always; the disk cache makes later processes on
+// the same GPU reuse the first one's choices.
 //
 // LEANTUNE_GEMM_AUTOTUNE: "1" (default) tune, keep choices in memory and in the disk cache;
 // "memory" tune without the disk cache; "0" no tuning. Read once per process.

@@ -10,6 +10,7 @@
 
 #include "engine/autograd.h"
 #include "engine/blas_kernels.h"
+#include "engine/gemm_tuning.h"
 #include "engine/host_memory.h"
 #include "engine/mem_phase.h"
 #include "engine/ops.h"
@@ -179,6 +180,9 @@ Trainer::~Trainer() = default;
 Trainer::Trainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options)
     : model_(std::move(model)), args_(std::move(args)), options_(std::move(options)) {
   model_->set_sequence_tiling(args_.tiling);
+  // Bit-identical to one process means the same GEMM algorithms in every process: ranks that
+  // tuned on their own could choose differently (engine/gemm_tuning.h).
+  if (args_.comm.deterministic) gemm_tuning::set_mode(gemm_tuning::Mode::kOff);
 }
 
 void prepare_run(const TrainingArguments& args) {
