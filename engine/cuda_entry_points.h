@@ -4,8 +4,8 @@
 // libleantune through EngineCudaTable. Changing the list or a signature: bump the ABI version.
 #pragma once
 
-#include "engine/cuda_api.h"
 #include "engine/comm_nccl.h"
+#include "engine/cuda_api.h"
 #include "engine/cuda_backend.h"
 #include "engine/ops_cuda.h"
 #include "engine/optim.h"

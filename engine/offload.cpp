@@ -51,7 +51,6 @@ class SequenceProbe final : public Node {
 };
 uint64_t next_sequence_nr() { return SequenceProbe().sequence_nr(); }
 
-
 Tensor view_over(std::shared_ptr<Storage> storage, const Shape& shape, const Shape& strides,
                  int64_t offset, DType dtype) {
   auto impl = std::make_shared<TensorImpl>();

@@ -327,9 +327,8 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"chunk_tokens", chunk},
         {"largest_micro_batch_tokens", rows},
         {"intermediate_size", mc.intermediate_size},
-        {"mlp_bytes_not_materialised",
-         3 * (rows - chunk) * mc.intermediate_size *
-             static_cast<int64_t>(dtype_size(model_->dtype()))}};
+        {"mlp_bytes_not_materialised", 3 * (rows - chunk) * mc.intermediate_size *
+                                           static_cast<int64_t>(dtype_size(model_->dtype()))}};
   }
   {
     // Streaming weight loading (loaders/safetensors.h): one tensor's host copy at a time.

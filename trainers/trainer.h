@@ -84,7 +84,7 @@ struct TrainingArguments {
   std::string memory_trace;   // allocator trace of the first memory_trace_steps updates (JSON)
   int64_t memory_trace_steps = 3;
   int64_t profile_steps = 0;  // per-op step profile of this many updates (trainers/step_profile.h)
-  CommOptions comm;  // --comm_backend, --deterministic_comm, --comm_timeout
+  CommOptions comm;           // --comm_backend, --deterministic_comm, --comm_timeout
   int zero_stage = 0;
   int64_t reduce_bucket_size = 25'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;
