@@ -163,11 +163,15 @@ void MetricsLogger::print_progress(const nlohmann::json& r) {
   char loss[32] = "-", norm[32] = "-";
   if (r.contains("loss")) std::snprintf(loss, sizeof loss, "%.4f", r.value("loss", 0.0));
   if (r.contains("grad_norm")) std::snprintf(norm, sizeof norm, "%.3f", r.value("grad_norm", 0.0));
+  // On a GPU of the peak table (engine/device_peaks.h), the model FLOPs utilisation.
+  char mfu[32] = "";
+  if (r.contains("mfu"))
+    std::snprintf(mfu, sizeof mfu, " (MFU %.1f%%)", 100.0 * r.value("mfu", 0.0));
   char line[512];
   std::snprintf(line, sizeof line,
-                "step %lld/%lld  loss %s  grad_norm %s  lr %.2e  %.0f tok/s  peak %s  ETA %s",
+                "step %lld/%lld  loss %s  grad_norm %s  lr %.2e  %.0f tok/s%s  peak %s  ETA %s",
                 static_cast<long long>(step), static_cast<long long>(total_steps_), loss, norm,
-                r.value("learning_rate", 0.0), r.value("tokens_per_second", 0.0),
+                r.value("learning_rate", 0.0), r.value("tokens_per_second", 0.0), mfu,
                 format_bytes(static_cast<int64_t>(peak)).c_str(), fmt_duration(eta).c_str());
   if (r.contains("rewards/accuracies")) {
     // Preference trainers: TRL's reward metrics after the common ones.

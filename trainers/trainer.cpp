@@ -10,6 +10,8 @@
 
 #include "engine/autograd.h"
 #include "engine/blas_kernels.h"
+#include "engine/cuda_api.h"
+#include "engine/device_peaks.h"
 #include "engine/gemm_tuning.h"
 #include "engine/host_memory.h"
 #include "engine/mem_phase.h"
@@ -33,6 +35,20 @@ namespace {
 bool no_decay(const std::string& name) {
   return name.find("norm") != std::string::npos ||
          (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
+}
+
+// Model FLOPs utilisation of this rank's GPU at `tokens_per_second` (engine/device_peaks.h); 0 on
+// the CPU, in f32, or on a GPU whose peak is not in the table.
+double mfu(const DecoderModel& model, const std::vector<Optimizer::Param>& trainable,
+           double tokens_per_second) {
+  const Device dev = model.device();
+  if (dev.is_cpu() || (model.dtype() != DType::kBF16 && model.dtype() != DType::kF16)) return 0.0;
+  const double peak = peak_bf16_flops(cuda_device_name(dev.index));
+  if (peak <= 0) return 0.0;
+  double n_trainable = 0;
+  for (const auto& p : trainable) n_trainable += static_cast<double>(p.tensor.numel());
+  return tokens_per_second *
+         training_flops_per_token(static_cast<double>(model.num_parameters()), n_trainable) / peak;
 }
 }  // namespace
 
@@ -707,11 +723,12 @@ TrainResult Trainer::train() {
     if (step_ % args_.logging_steps == 0 || step_ == total_steps_) {
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+      const double tokens_per_second = secs > 0 ? window_tokens / secs : 0.0;
       nlohmann::json rec = {
           {"step", step_},
           {"epoch", epoch_progress()},
           {"learning_rate", lr_used},
-          {"tokens_per_second", secs > 0 ? window_tokens / secs : 0.0},
+          {"tokens_per_second", tokens_per_second},
           {"num_tokens", num_tokens_},
           {"padding_efficiency",
            window_total > 0 ? static_cast<double>(window_real) / window_total : 1.0},
@@ -722,6 +739,7 @@ TrainResult Trainer::train() {
         rec["grad_norm"] = window_norm / static_cast<double>(window_steps);
       }
       if (window_skipped > 0) rec["nonfinite_steps"] = window_skipped;
+      if (const double u = mfu(*model_, trainable_, tokens_per_second); u > 0) rec["mfu"] = u;
       rec.update(log_metrics());
       log.log(rec);
       window_loss = window_norm = 0;
