@@ -212,8 +212,11 @@ Trainer::Trainer(Model& model, const std::string& config_json, const TrainerSetu
       LT_CHECK_INPUT(now.value(k, nlohmann::json()) == loaded.value(k, nlohmann::json()),
                      "Trainer config: option ", k, " belongs to the model (Model::load), which ",
                      "was loaded with ", loaded.value(k, nlohmann::json()).dump());
-    apply_embedded_defaults(impl->options);
     SftRunInputs in;
+    if (setup.dataset_rows)
+      in.dataset_rows = std::make_shared<const std::vector<std::string>>(*setup.dataset_rows);
+    else
+      apply_embedded_defaults(impl->options);
     if (setup.communicator)
       in.comm = make_communicator_from_mpi(setup.communicator->fortran_handle,
                                            training_arguments(impl->options).comm);

@@ -503,7 +503,11 @@ SftRun make_sft_run(const Options& o, const SftModel& m, const SftRunInputs& in)
   run.setup = m.setup;
   SftSetup& setup = run.setup;
   setup.dataset = o.get_string("dataset");
-  if (setup.dataset.empty()) {
+  if (in.dataset_rows) {
+    LT_CHECK_INPUT(setup.dataset.empty(), "option dataset ", setup.dataset,
+                   ": the training rows are also given in memory; give one of them");
+    setup.dataset = "dataset_rows";
+  } else if (setup.dataset.empty()) {
     LT_CHECK_INPUT(setup.embedded, "sft: --dataset is required when --model_name_or_path is given");
     setup.dataset = setup.tokenizer_dir + "/stories.jsonl";
   }
@@ -528,7 +532,7 @@ SftRun make_sft_run(const Options& o, const SftModel& m, const SftRunInputs& in)
   dc.seed = args.seed;
   validate_data_config(dc);
 
-  SftData train = load_sft_data(setup.dataset, encoder.get(), dc);
+  SftData train = load_sft_data(JsonlSource(setup.dataset, in.dataset_rows), encoder.get(), dc);
   auto train_examples = std::make_shared<TokenizedDataset>(std::move(train.examples));
   // Data parallel: every rank takes its own shard of the micro-batches (data_loader.h); the
   // ranks of a context-parallel group share theirs.

@@ -1,6 +1,7 @@
 // What an HPC pipeline needs from the public API besides training (include/leantune/leantune.h):
-// a log sink with a minimum level instead of stderr, and running without leantune's signal
-// handlers while still stopping a run from the embedder's own (request_stop). Only the public
+// a log sink with a minimum level instead of stderr, training rows given in memory (equal to the
+// same rows in a file, bad rows named by index), and running without leantune's signal handlers
+// while still stopping a run from the embedder's own (request_stop). Only the public
 // header is included, as in a pipeline. (The MPI communicator is tested under mpirun:
 // api_mpi_main.cpp.)
 #include <gtest/gtest.h>
@@ -83,6 +84,73 @@ TEST(ApiEmbedding, LogLevelFiltersMessages) {
   lt::Trainer(m, cfg).train();
   EXPECT_EQ(warnings.count(lt::LogLevel::kWarning, "gradient_accumulation_steps 8"), 1);
   EXPECT_EQ(warnings.lines.size(), 1u);  // no progress line below the level
+}
+
+// Rows given in memory train exactly as the same rows in a JSONL file.
+std::vector<double> losses_of(lt::Model& m, const std::string& cfg, const lt::TrainerSetup& setup) {
+  return lt::Trainer(m, cfg, setup).train().losses;
+}
+
+TEST(ApiEmbedding, RowsInMemoryTrainAsTheSameFile) {
+  const std::string dir = leantune::testing::temp_dir("api_rows");
+  std::filesystem::create_directories(dir);
+  const std::vector<std::vector<std::string>> datasets = {
+      {R"({"text": "One day a cat sat on the mat."})",
+       R"({"text": "The sun was warm and bright."})", "", R"({"text": "Mia ran home to her mom."})",
+       R"({"text": "It rained all day long."})"},
+      {R"({"input_ids": [5, 17, 42, 9, 3, 88], "completion_mask": [0, 0, 1, 1, 1, 1]})",
+       R"({"input_ids": [7, 7, 12, 30], "completion_mask": [0, 1, 1, 1]})",
+       R"({"input_ids": [11, 2, 19, 64, 21], "completion_mask": [1, 1, 1, 1, 1]})"}};
+  for (size_t d = 0; d < datasets.size(); ++d) {
+    const std::string file = dir + "/rows" + std::to_string(d) + ".jsonl";
+    {
+      std::ofstream f(file);
+      for (const std::string& row : datasets[d]) f << row << "\n";
+    }
+    const std::string cfg = R"(, "logging_steps": 100, "seed": 3)";
+    lt::Model a = lt::Model::load("");
+    const std::vector<double> from_file = losses_of(
+        a,
+        quick_config(dir + "/file" + std::to_string(d), 3, cfg + R"(, "dataset": ")" + file + "\""),
+        {});
+    lt::Model b = lt::Model::load("");
+    lt::TrainerSetup setup;
+    setup.dataset_rows = datasets[d];
+    const std::vector<double> from_rows =
+        losses_of(b, quick_config(dir + "/rows" + std::to_string(d), 3, cfg), setup);
+    ASSERT_EQ(from_file.size(), 3u) << "dataset " << d;
+    EXPECT_EQ(from_rows, from_file) << "dataset " << d;
+  }
+}
+
+TEST(ApiEmbedding, BadRowsInMemoryAreNamedByIndex) {
+  const std::string dir = leantune::testing::temp_dir("api_bad_rows");
+  lt::Model m = lt::Model::load("");
+  lt::TrainerSetup setup;
+  setup.dataset_rows = {R"({"text": "fine"})", R"({"text": "fine too"})", R"({"txt": "no"})"};
+  try {
+    lt::Trainer(m, quick_config(dir, 2), setup);
+    ADD_FAILURE() << "a bad row was accepted";
+  } catch (const lt::Error& e) {
+    EXPECT_EQ(e.category(), lt::ErrorCategory::kInput);
+    EXPECT_NE(std::string(e.what()).find("dataset_rows:3: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'text'"), std::string::npos) << e.what();
+  }
+  setup.dataset_rows = {R"({"text": "fine"})", "{not json"};
+  try {
+    lt::Trainer(m, quick_config(dir, 2), setup);
+    ADD_FAILURE() << "a row that is not JSON was accepted";
+  } catch (const lt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dataset_rows:2: "), std::string::npos) << e.what();
+  }
+  // Rows and a dataset file at once: one of them must go.
+  setup.dataset_rows = {R"({"text": "fine"})"};
+  try {
+    lt::Trainer(m, quick_config(dir, 2, R"(, "dataset": "x.jsonl")"), setup);
+    ADD_FAILURE() << "rows and a dataset file were both accepted";
+  } catch (const lt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("option dataset x.jsonl"), std::string::npos) << e.what();
+  }
 }
 
 void embedder_on_term(int) { lt::request_stop(); }
