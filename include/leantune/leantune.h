@@ -22,13 +22,16 @@
 // trainer stops within a micro-batch, saves its last completed update as a checkpoint and
 // returns (docs/trainers.md).
 //
-// Threads: one train() at a time per process (the stop flag, the allocators' peak counters and
-// the OpenMP pool are process-wide; a second train() running at once on another thread is not
-// supported). Model and Trainer objects are not thread-safe: use each from one thread at a time
-// (Model::generate while its Trainer trains is a data race). Loading and building models and
-// trainers on one thread while no train() runs is fine. set_log_sink: at any time from any
-// thread; the sink is called on the training thread, one message at a time. request_stop: from
-// any thread or a signal handler.
+// Threads: one train() at a time per process. The stop flag, the allocators' peak counters
+// (reset when train() begins) and memory trace, the step profiler and the OpenMP pool are
+// process-wide, so a second train() running at once on another thread is not supported (random
+// streams are per trainer: Philox keyed by seed and purpose, no global state). Model and
+// Trainer objects are not thread-safe: any thread may use one, one thread at a time, and a Model
+// is in use while a Trainer of it trains (Model::generate from a step callback, on the training
+// thread, is fine). Loading models and building trainers while another thread trains is not
+// supported either (their allocations would count in that training's peaks and memory trace).
+// set_log_sink: from any thread at any time; the sink is called on the thread that logs, one message at a time. request_stop:
+// from any thread or a signal handler.
 #pragma once
 
 #include <cstdint>
@@ -51,7 +54,8 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 using LogSink = std::function<void(LogLevel, const std::string&)>;
 // Sends every message at min_level or above to `sink` (an empty sink: back to stderr); messages
 // below min_level are dropped. Process-wide. The sink is called one message at a time, under a
-// lock: it must not call set_log_sink itself; an exception it throws is dropped.
+// lock: it must not call into leantune (set_log_sink included); an exception it throws is
+// dropped.
 void set_log_sink(LogSink sink, LogLevel min_level = LogLevel::kInfo);
 
 // Asks the running train() to stop as a first SIGTERM does: at the next update it saves a
