@@ -30,8 +30,8 @@
 // is in use while a Trainer of it trains (Model::generate from a step callback, on the training
 // thread, is fine). Loading models and building trainers while another thread trains is not
 // supported either (their allocations would count in that training's peaks and memory trace).
-// set_log_sink: from any thread at any time; the sink is called on the thread that logs, one message at a time. request_stop:
-// from any thread or a signal handler.
+// set_log_sink: from any thread at any time; the sink is called on the thread that logs, one
+// message at a time. request_stop: from any thread or a signal handler.
 #pragma once
 
 #include <cstdint>
