@@ -11,12 +11,15 @@
 #include "engine/allocator.h"
 #include "engine/blas_kernels.h"
 #include "engine/check.h"
+#include "engine/comm.h"
+#include "engine/log.h"
 #include "leantune/leantune.h"
 #include "loaders/text_encoder.h"
 #include "models/generate.h"
 #include "trainers/model_io.h"
 #include "trainers/peft_options.h"
 #include "trainers/sft.h"
+#include "trainers/stop_signal.h"
 
 #ifndef LEANTUNE_VERSION
 #error "LEANTUNE_VERSION is defined by the build (CMakeLists.txt)"
@@ -67,6 +70,23 @@ bool is_model_option(const std::string& key) {
 }  // namespace
 
 const char* version() { return LEANTUNE_VERSION; }
+
+void set_log_sink(LogSink sink, LogLevel min_level) {
+  leantune::LogSink inner;
+  if (sink)
+    inner = [sink = std::move(sink)](leantune::LogLevel level, const std::string& text) {
+      try {
+        sink(static_cast<LogLevel>(level), text);
+      } catch (...) {
+        // Documented: a sink's exception is dropped (it would otherwise cross a training step).
+      }
+    };
+  leantune::set_log_sink(std::move(inner), static_cast<leantune::LogLevel>(min_level));
+}
+
+static_assert(static_cast<int>(LogLevel::kError) == static_cast<int>(leantune::LogLevel::kError));
+
+void request_stop() noexcept { leantune::request_stop(); }
 
 struct Model::Impl {
   Options options = sft_options();
@@ -181,7 +201,7 @@ struct Trainer::Impl {
   bool trained = false;
 };
 
-Trainer::Trainer(Model& model, const std::string& config_json) {
+Trainer::Trainer(Model& model, const std::string& config_json, const TrainerSetup& setup) {
   impl_ = guarded([&] {
     auto impl = std::make_unique<Impl>();
     const Options& model_options = model.impl_->options;
@@ -192,8 +212,16 @@ Trainer::Trainer(Model& model, const std::string& config_json) {
       LT_CHECK_INPUT(now.value(k, nlohmann::json()) == loaded.value(k, nlohmann::json()),
                      "Trainer config: option ", k, " belongs to the model (Model::load), which ",
                      "was loaded with ", loaded.value(k, nlohmann::json()).dump());
-    apply_embedded_defaults(impl->options);
-    impl->run = make_sft_run(impl->options, model.impl_->m);
+    SftRunInputs in;
+    if (setup.dataset_rows)
+      in.dataset_rows = std::make_shared<const std::vector<std::string>>(*setup.dataset_rows);
+    else
+      apply_embedded_defaults(impl->options);
+    if (setup.communicator)
+      in.comm = make_communicator_from_mpi(setup.communicator->fortran_handle,
+                                           training_arguments(impl->options).comm);
+    impl->run = make_sft_run(impl->options, model.impl_->m, in);
+    impl->run.trainer->set_install_signal_handlers(setup.install_signal_handlers);
     return impl;
   });
 }

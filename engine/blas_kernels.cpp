@@ -23,6 +23,7 @@
 #include "engine/blas_self_check.h"
 #include "engine/check.h"
 #include "engine/host_memory.h"
+#include "engine/log.h"
 
 extern "C" {
 char* openblas_get_corename(void) __attribute__((weak));
@@ -285,11 +286,11 @@ void warn_once_about_blas_kernels() {
     if (g_startup_ran) return;
     const BlasReport r = blas_report();
     if (r.better.empty()) return;
-    std::fprintf(stderr,
-                 "leantune: %s %s runs its %s kernels on this CPU (%s), which runs %s kernels, "
-                 "faster: set OPENBLAS_CORETYPE=%s before starting the program\n",
-                 r.library.c_str(), r.version.c_str(), r.kernels.c_str(),
-                 cpu_features().summary().c_str(), r.better.c_str(), r.better.c_str());
+    log_message(LogLevel::kWarning, "leantune: " + r.library + " " + r.version + " runs its " +
+                                        r.kernels + " kernels on this CPU (" +
+                                        cpu_features().summary() + "), which runs " + r.better +
+                                        " kernels, faster: set OPENBLAS_CORETYPE=" + r.better +
+                                        " before starting the program");
   });
 }
 

@@ -117,7 +117,36 @@ int env_int(const char* name) {
   return v ? std::atoi(v) : 0;
 }
 
+// The MPI communicator make_mpi() returns, or with --comm_backend nccl the NCCL one bootstrapped
+// over it. One process per GPU: the node-local rank picks the device (a launcher that pins one
+// GPU per task leaves one visible device).
+template <typename MakeMpi>
+std::unique_ptr<Communicator> over_mpi(MakeMpi&& make_mpi, const CommOptions& options) {
+  if (options.backend != "nccl") return make_mpi();
+  LT_CHECK_INPUT(cuda_backend_device_count() > 0, "--comm_backend nccl: no CUDA device (",
+                 cuda_backend_error().empty() ? "none visible" : cuda_backend_error(), ")");
+  std::unique_ptr<Communicator> mpi = make_mpi();
+  const int count = cuda_backend_device_count();
+  const int device = count == 1 ? 0 : mpi->local_rank();
+  LT_CHECK_INPUT(device < count, "--comm_backend nccl: node-local rank ", mpi->local_rank(),
+                 " but only ", count, " CUDA devices on this node (one rank per GPU)");
+  return comm_detail::make_nccl_communicator(std::move(mpi), device, options);
+}
+
 }  // namespace
+
+std::unique_ptr<Communicator> make_communicator_from_mpi(int64_t mpi_fortran_handle,
+                                                         const CommOptions& options) {
+  const std::string& b = options.backend;
+  LT_CHECK_INPUT(b == "auto" || b == "mpi" || b == "nccl", "comm_backend ", b,
+                 ": an MPI communicator was given (expected auto, mpi or nccl)");
+  LT_CHECK_INPUT(options.timeout_seconds > 0, "--comm_timeout ", options.timeout_seconds,
+                 ": must be positive (seconds)");
+  LT_CHECK_INPUT(comm_detail::mpi_available(),
+                 "an MPI communicator was given, but this build of leantune has no MPI");
+  return over_mpi([&] { return comm_detail::make_mpi_from_handle(mpi_fortran_handle, options); },
+                  options);
+}
 
 bool launched_distributed() {
   for (const char* n : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"})
@@ -171,20 +200,7 @@ Communicator& world_communicator(const CommOptions& options) {
   if (want_mpi) {
     LT_CHECK_INPUT(comm_detail::mpi_available(), "--comm_backend ", b,
                    ": this build of leantune has no MPI (install libopenmpi-dev and rebuild)");
-    if (b == "nccl") {
-      // One process per GPU: the node-local rank picks the device (a launcher that pins one GPU
-      // per task leaves one visible device).
-      LT_CHECK_INPUT(cuda_backend_device_count() > 0, "--comm_backend nccl: no CUDA device (",
-                     cuda_backend_error().empty() ? "none visible" : cuda_backend_error(), ")");
-      std::unique_ptr<Communicator> mpi = comm_detail::make_mpi_world(options);
-      const int count = cuda_backend_device_count();
-      const int device = count == 1 ? 0 : mpi->local_rank();
-      LT_CHECK_INPUT(device < count, "--comm_backend nccl: node-local rank ", mpi->local_rank(),
-                     " but only ", count, " CUDA devices on this node (one rank per GPU)");
-      g_world = comm_detail::make_nccl_communicator(std::move(mpi), device, options);
-    } else {
-      g_world = comm_detail::make_mpi_world(options);
-    }
+    g_world = over_mpi([&] { return comm_detail::make_mpi_world(options); }, options);
   } else {
     g_world = make_single_communicator(options);
   }

@@ -121,6 +121,13 @@ class Communicator {
 // started by mpirun/srun (or LEANTUNE_BACKEND asks for it); otherwise the single-process one.
 // Options apply to the first call; later calls return the same object.
 Communicator& world_communicator(const CommOptions& options = {});
+// The communicator of an embedder (public API): its MPI_Comm, given as the Fortran handle
+// MPI_Comm_c2f returns (so that no caller of this header needs mpi.h), duplicated (MPI_Comm_dup)
+// so that leantune's traffic never mixes with the caller's. options.backend: auto or mpi (CPU
+// tensors), nccl (one GPU per rank, bootstrapped over it); single is refused. Collective over the
+// given communicator; MPI stays the caller's to initialise and finalise.
+std::unique_ptr<Communicator> make_communicator_from_mpi(int64_t mpi_fortran_handle,
+                                                         const CommOptions& options);
 // True when this process runs under a launcher with more than one rank.
 bool launched_distributed();
 // Whether world_communicator() has been created in this process.

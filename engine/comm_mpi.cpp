@@ -39,6 +39,10 @@ bool mpi_available() { return false; }
 std::unique_ptr<Communicator> make_mpi_world(const CommOptions&) {
   LT_THROW(ErrorKind::kInput, "this build of leantune has no MPI");
 }
+std::unique_ptr<Communicator> make_mpi_from_handle(int64_t, const CommOptions&) {
+  LT_THROW(ErrorKind::kInput,
+           "an MPI communicator was given, but this build of leantune has no MPI");
+}
 void mpi_abort_if_initialized(int) {}
 void mpi_finalize_if_initialized() {}
 
@@ -461,6 +465,22 @@ std::unique_ptr<Communicator> make_mpi_world(const CommOptions& options) {
     MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
   }
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, options);
+}
+
+std::unique_ptr<Communicator> make_mpi_from_handle(int64_t fortran_handle,
+                                                   const CommOptions& options) {
+  LT_CHECK_INPUT(mpi_running(),
+                 "an MPI communicator was given, but MPI is not initialised (the "
+                 "caller calls MPI_Init before handing one over, and MPI_Finalize after)");
+  LT_CHECK_INPUT(fortran_handle >= INT_MIN && fortran_handle <= INT_MAX, "MPI communicator handle ",
+                 fortran_handle, ": not an MPI_Fint (MPI_Comm_c2f)");
+  const MPI_Comm given = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
+  LT_CHECK_INPUT(given != MPI_COMM_NULL, "the MPI communicator given is MPI_COMM_NULL");
+  // A duplicate: leantune's messages never match the caller's, whatever tags either uses. The
+  // MpiCommunicator owns it and frees it.
+  MPI_Comm mine = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_dup(given, &mine));
+  return std::make_unique<MpiCommunicator>(mine, options);
 }
 
 void mpi_abort_if_initialized(int exit_code) {

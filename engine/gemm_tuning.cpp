@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "engine/check.h"
+#include "engine/log.h"
 
 namespace leantune::gemm_tuning {
 namespace {
@@ -117,10 +118,9 @@ std::map<std::pair<std::string, std::string>, Choice> load_locked(
   } catch (const std::exception& e) {
     if (!s.warned_corrupt) {
       s.warned_corrupt = true;
-      std::fprintf(stderr,
-                   "leantune: warning: ignoring the GEMM tuning cache %s: %s (it is rewritten "
-                   "with this run's choices)\n",
-                   path.string().c_str(), e.what());
+      log_message(LogLevel::kWarning, "leantune: warning: ignoring the GEMM tuning cache " +
+                                          path.string() + ": " + e.what() +
+                                          " (it is rewritten with this run's choices)");
     }
     return {};
   }
@@ -160,10 +160,9 @@ void write_locked(State& s, const std::string& device, const std::string& proble
   }
   if (!why.empty()) {
     s.write_failed = true;
-    std::fprintf(stderr,
-                 "leantune: warning: the GEMM tuning cache %s is not written (%s); this run keeps "
-                 "its choices in memory\n",
-                 path.string().c_str(), why.c_str());
+    log_message(LogLevel::kWarning, "leantune: warning: the GEMM tuning cache " + path.string() +
+                                        " is not written (" + why +
+                                        "); this run keeps its choices in memory");
   }
 }
 

@@ -327,8 +327,8 @@ std::optional<LineProblem> check_row_format(const DatasetFormat& format, int64_t
   return std::nullopt;
 }
 
-DatasetReader::DatasetReader(std::string path, DatasetReaderOptions options)
-    : reader_(std::move(path)), options_(std::move(options)) {}
+DatasetReader::DatasetReader(JsonlSource source, DatasetReaderOptions options)
+    : reader_(std::move(source)), options_(std::move(options)) {}
 
 bool DatasetReader::convert(const json& obj, Record* r, LineProblem* problem) {
   try {

@@ -134,7 +134,7 @@ void extract_prompt(TextField* chosen, TextField* rejected, TextField* prompt, b
 
 class DatasetReader {
  public:
-  DatasetReader(std::string path, DatasetReaderOptions options = {});
+  DatasetReader(JsonlSource source, DatasetReaderOptions options = {});
 
   // Reads the next valid record; false at end of file. Throws Error(kInput) on a bad line
   // unless skip_bad_lines, and at the end when the file held no valid line at all.

@@ -143,9 +143,9 @@ DatasetReaderOptions reader_options(const DataConfig& cfg, const TextEncoder* en
 // loader cannot use), then every record to `take(record, guard)`, whose tokenizer errors `guard`
 // turns into bad lines. Bad lines are thrown, or counted into `stats` with skip_bad_lines.
 template <typename Check, typename Take>
-void read_records(const std::string& path, const DatasetReaderOptions& options, DataStats* stats,
+void read_records(const JsonlSource& source, const DatasetReaderOptions& options, DataStats* stats,
                   Check&& check, Take&& take) {
-  DatasetReader reader(path, options);
+  DatasetReader reader(source, options);
   BadLineCounts tokenizer_bad;
   RecordGuard guard(reader.path(), options.skip_bad_lines, &tokenizer_bad);
   Record rec;
@@ -311,7 +311,9 @@ void tokenize_sft_record(const Record& r, const DatasetFormat& f, const TextEnco
   }
 }
 
-SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const DataConfig& cfg) {
+SftData load_sft_data(const JsonlSource& source, const TextEncoder* encoder,
+                      const DataConfig& cfg) {
+  const std::string& path = source.path;
   validate_data_config(cfg);
   const TruncationMode mode = parse_truncation_mode(cfg.truncation_mode);
   const bool bfd_cut =
@@ -368,7 +370,7 @@ SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const
     st.tokens += static_cast<int64_t>(kept_ids.size());
     st.label_tokens += count_label_tokens(kept_mask);
   };
-  read_records(path, reader_options(cfg, encoder), &st, check, take);
+  read_records(source, reader_options(cfg, encoder), &st, check, take);
   LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
   return out;
 }

@@ -136,7 +136,8 @@ void tokenize_sft_record(const Record& record, const DatasetFormat& format,
 // Loads, tokenises, truncates and filters a whole JSONL file (streamed). encoder may be null
 // only for tokenized data. Throws Error(kInput) on bad lines (unless skip_bad_lines), on a
 // format SFT cannot use, and when no example is left.
-SftData load_sft_data(const std::string& path, const TextEncoder* encoder, const DataConfig& cfg);
+// `source`: a JSONL file or rows in memory (loaders/jsonl.h).
+SftData load_sft_data(const JsonlSource& source, const TextEncoder* encoder, const DataConfig& cfg);
 
 struct PreferenceExample {
   std::vector<int32_t> prompt_ids;

@@ -201,7 +201,9 @@ bool parse_json_line(std::string_view line, nlohmann::json* out, LineProblem* pr
   return true;
 }
 
-JsonlReader::JsonlReader(std::string path) : path_(std::move(path)) {
+JsonlReader::JsonlReader(JsonlSource source)
+    : path_(std::move(source.path)), rows_(std::move(source.rows)) {
+  if (rows_) return;
   file_ = std::fopen(path_.c_str(), "rb");
   LT_CHECK_INPUT(file_ != nullptr, path_, ": cannot open dataset: ", std::strerror(errno));
   // A large stdio buffer: lines are usually short, and getline copies out of it.
@@ -214,6 +216,16 @@ JsonlReader::~JsonlReader() {
 }
 
 bool JsonlReader::next_line(std::string_view* line) {
+  while (rows_) {
+    if (line_number_ >= static_cast<int64_t>(rows_->size())) return false;
+    const std::string& row = (*rows_)[static_cast<size_t>(line_number_++)];
+    if (row.find_first_not_of(" \t\r\n") == std::string::npos) {
+      ++blank_lines_;
+      continue;
+    }
+    *line = row;
+    return true;
+  }
   while (true) {
     errno = 0;
     const ssize_t n = getline(&buf_, &cap_, file_);

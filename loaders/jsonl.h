@@ -13,6 +13,8 @@
 // format_mismatch (a row whose keys make another format than the file's first row), and
 // tokenisation (examples.h) tokenizer_error.
 // Blank lines (only spaces, tabs, \r) are not data: they are skipped and counted.
+// Rows given in memory (an embedder's, public API) are read as the lines of a file named by the
+// source's name: row i is line i + 1, and gets the same checks.
 //
 // API
 //   JsonlReader r(path);                     // throws Error(kInput) when it cannot be opened
@@ -25,6 +27,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -78,9 +81,19 @@ size_t find_lone_surrogate_escape(std::string_view s);
 // Validates and parses one line. On failure returns false and describes the problem.
 bool parse_json_line(std::string_view line, nlohmann::json* out, LineProblem* problem);
 
+// Where JSONL rows come from: a file, or rows in memory (one JSON text each) named `path` in
+// messages.
+struct JsonlSource {
+  JsonlSource(std::string file) : path(std::move(file)) {}  // NOLINT: a path is a source
+  JsonlSource(std::string name, std::shared_ptr<const std::vector<std::string>> in_memory)
+      : path(std::move(name)), rows(std::move(in_memory)) {}
+  std::string path;
+  std::shared_ptr<const std::vector<std::string>> rows;  // set: read these, not a file
+};
+
 class JsonlReader {
  public:
-  explicit JsonlReader(std::string path);
+  explicit JsonlReader(JsonlSource source);
   ~JsonlReader();
   JsonlReader(const JsonlReader&) = delete;
   JsonlReader& operator=(const JsonlReader&) = delete;
@@ -96,6 +109,7 @@ class JsonlReader {
 
  private:
   std::string path_;
+  std::shared_ptr<const std::vector<std::string>> rows_;
   FILE* file_ = nullptr;
   char* buf_ = nullptr;
   size_t cap_ = 0;

@@ -70,7 +70,7 @@ void Trainer::write_rank_files(const std::string& dir, int rank, const ResumePoi
 }
 
 void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoint& at) {
-  Communicator& comm = world_communicator(args_.comm);
+  Communicator& comm = this->comm();
   const bool distributed = comm.size() > 1;
   const AllUnitsGathered gathered(units_whole_for_save(false));
   saved_step_ = step;

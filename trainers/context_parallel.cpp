@@ -117,7 +117,8 @@ int64_t context_parallel_label_tokens(const Batch& global, int cp_size, int cp_r
 }
 
 std::shared_ptr<ContextParallelGroups> context_parallel_for(const DecoderModel& model, int cp_size,
-                                                            const CommOptions& comm) {
+                                                            const CommOptions& comm,
+                                                            Communicator* world) {
   const Device dev = model.device();
   const DType dt = model.dtype();
   if (cp_size > 1 && dev.is_cpu()) {
@@ -135,7 +136,7 @@ std::shared_ptr<ContextParallelGroups> context_parallel_for(const DecoderModel& 
                    dtype_name(dt));
   }
   return std::make_shared<ContextParallelGroups>(
-      make_context_parallel_groups(world_communicator(comm), cp_size));
+      make_context_parallel_groups(world ? *world : world_communicator(comm), cp_size));
 }
 
 namespace {

@@ -62,11 +62,12 @@ ContextParallelBatch split_context_parallel(const Batch& global, int cp_size, in
 int64_t context_parallel_label_tokens(const Batch& global, int cp_size, int cp_rank);
 
 // The groups a trainer splits its micro-batches over (Trainer::set_context_parallel), made from
-// the world communicator of `comm`: Error(kInput) naming option cp_size when `model` cannot run
-// the ring (the CPU ring takes f32; on CUDA it takes f32, bf16 or f16 over the nccl backend),
-// then make_context_parallel_groups. Collective when cp_size > 1.
+// `world` (null: the world communicator of `comm`): Error(kInput) naming option cp_size when
+// `model` cannot run the ring (the CPU ring takes f32; on CUDA it takes f32, bf16 or f16 over the
+// nccl backend), then make_context_parallel_groups. Collective when cp_size > 1.
 std::shared_ptr<ContextParallelGroups> context_parallel_for(const DecoderModel& model, int cp_size,
-                                                            const CommOptions& comm);
+                                                            const CommOptions& comm,
+                                                            Communicator* world = nullptr);
 
 // The sum of `x` over the cp group, differentiable. Each rank's x is a partial sum over its own
 // rows (e.g. per-sequence log-probabilities), and every rank then computes the same loss from

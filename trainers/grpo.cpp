@@ -87,7 +87,7 @@ OnlineTrainer::OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderMode
                cfg_.completions_per_micro_batch * cfg_.steps_per_generation / cfg_.num_generations,
                args_.seed, true, "prompts", /*drop_last=*/true) {
   tokenizer_dir_ = std::move(tokenizer_dir);
-  Communicator& comm = world_communicator(args_.comm);
+  Communicator& comm = this->comm();
   const int64_t per_generation =
       cfg_.completions_per_micro_batch * cfg_.steps_per_generation / cfg_.num_generations;
   LT_CHECK_INPUT(prompts_.per_epoch(comm) > 0, data_.path, ": ", data_.rows.size(),
@@ -106,13 +106,10 @@ void OnlineTrainer::set_reference(RefModelConfig cfg) {
 }
 
 int64_t OnlineTrainer::micro_batches_per_epoch() const {
-  return prompts_.per_epoch(world_communicator(args_.comm)) * cfg_.steps_per_generation *
-         cfg_.num_iterations;
+  return prompts_.per_epoch(comm()) * cfg_.steps_per_generation * cfg_.num_iterations;
 }
 
-double OnlineTrainer::epoch_progress() const {
-  return prompts_.progress(world_communicator(args_.comm));
-}
+double OnlineTrainer::epoch_progress() const { return prompts_.progress(comm()); }
 
 Batch OnlineTrainer::collate(const std::vector<Rollout>& rs) const {
   std::vector<int64_t> ids, pos, labels;
@@ -178,9 +175,9 @@ void OnlineTrainer::generate_batch() {
   // while a reward command is awaited (StopRequested; the trainer saves its last completed update).
   // Data parallel: the ranks finish the phase together and stop between micro-batches.
   std::function<bool()> should_stop;
-  if (world_communicator(args_.comm).size() == 1) should_stop = [] { return stop_requested(); };
+  if (comm().size() == 1) should_stop = [] { return stop_requested(); };
   if (generations_ > 0) optimization_s_ = std::chrono::duration<double>(start - phase_end_).count();
-  const std::vector<int64_t> idx = prompts_.next(world_communicator(args_.comm));
+  const std::vector<int64_t> idx = prompts_.next(comm());
   const int64_t g = cfg_.num_generations;
   std::vector<Rollout> all;
   std::vector<std::vector<int32_t>> prompts;
@@ -207,8 +204,7 @@ void OnlineTrainer::generate_batch() {
     GenerationConfig gc = cfg_.generation;
     gc.seed = args_.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(generations_ + 1);
     // Data parallel: completions are numbered across the ranks, as one process numbers them.
-    gc.first_sequence =
-        static_cast<int64_t>(prompts.size()) * world_communicator(args_.comm).rank();
+    gc.first_sequence = static_cast<int64_t>(prompts.size()) * comm().rank();
     gc.should_stop = should_stop;
     // ZeRO-3: the whole model for the phase, or each layer for each step (models/decoder.h
     // ParamUse inside the engine); the same tokens either way.
@@ -297,7 +293,7 @@ void OnlineTrainer::generate_batch() {
   // Advantages and metrics over the whole generation batch: data parallel, every rank holds
   // whole groups, and the ranks' values are gathered in rank order (TRL gathers them too), so
   // the batch std and every metric are the single-process ones; each rank keeps its slice.
-  Communicator& comm = world_communicator(args_.comm);
+  Communicator& comm = this->comm();
   const size_t n_local = all.size(), first = n_local * static_cast<size_t>(comm.rank());
   std::vector<double> lengths, eos, kl(n_local, 0.0), kl_tok(n_local, 0.0);
   for (size_t k = 0; k < n_local; ++k) {
@@ -478,7 +474,7 @@ Tensor OnlineTrainer::policy_loss(const Batch& b, const std::vector<Rollout>& rs
   const std::vector<double> rows = pol.logps.to_f64();
   // TRL's per-process loss; the ranks' gradients are summed here where DDP averages them, so
   // each rank's loss is divided by the world size (dapo's normaliser is already global).
-  const double world = static_cast<double>(world_communicator(args_.comm).size());
+  const double world = static_cast<double>(comm().size());
   const double gas = static_cast<double>(accumulation_steps());
   std::vector<GrpoSequence> seqs(rs.size());
   GrpoLossConfig lc = cfg_.loss;
@@ -538,8 +534,7 @@ Tensor OnlineTrainer::online_dpo_loss(const Batch& b, const std::vector<Rollout>
   const std::vector<double> lp = pol.logps.to_f64();
   // Mean over pairs, over accumulation, over ranks (the ranks' gradients are summed).
   const double beta = cfg_.loss.beta,
-               gas = static_cast<double>(accumulation_steps()) *
-                     static_cast<double>(world_communicator(args_.comm).size());
+               gas = static_cast<double>(accumulation_steps()) * static_cast<double>(comm().size());
   const size_t pairs = rs.size() / 2;
   std::vector<double> grad(lp.size(), 0.0);
   double loss = 0, lc = 0, lr = 0, rc = 0, rr = 0, acc = 0, kl = 0, rlhf = 0;
@@ -601,7 +596,7 @@ nlohmann::json OnlineTrainer::data_state() const {
 }
 
 void OnlineTrainer::set_data_state(const nlohmann::json& s) {
-  prompts_.set_state(s, world_communicator(args_.comm));
+  prompts_.set_state(s, comm());
   // The buffered generation batch is not checkpointed: the next micro-batch generates afresh.
   micro_step_ = s.value("micro_step", int64_t{0});
   generations_ = s.value("generations", int64_t{0});

@@ -14,6 +14,7 @@
 
 #include "engine/check.h"
 #include "engine/cuda_api.h"
+#include "engine/log.h"
 #include "loaders/fs_util.h"
 
 namespace leantune {
@@ -107,8 +108,9 @@ void MetricsLogger::write_record(const std::string& line) {
   ++lost_;
   if ((lost_ & (lost_ - 1)) == 0 || !cut)
     message("warning: " + path_ + ": cannot write a metrics record (" + std::strerror(err) + "); " +
-            std::to_string(lost_) + " record(s) lost so far" +
-            (cut ? "" : "; the last line may be torn (truncation failed)"));
+                std::to_string(lost_) + " record(s) lost so far" +
+                (cut ? "" : "; the last line may be torn (truncation failed)"),
+            LogLevel::kWarning);
 }
 
 namespace {
@@ -180,24 +182,26 @@ void MetricsLogger::print_progress(const nlohmann::json& r) {
                   "  rewards/accuracies %.3f  rewards/margins %.4f",
                   r.value("rewards/accuracies", 0.0), r.value("rewards/margins", 0.0));
   }
-  if (tty_) {
+  if (!log_enabled(LogLevel::kInfo)) return;
+  if (tty_ && !log_sink_set()) {
     const int width = 24;
     const int filled = total_steps_ > 0 ? static_cast<int>(width * step / total_steps_) : 0;
     std::string bar(filled, '#');
     bar += std::string(width - filled, '.');
     std::fprintf(stderr, "\r[%s] %s\x1b[K", bar.c_str(), line);
     bar_shown_ = true;
+    std::fflush(stderr);
   } else {
-    std::fprintf(stderr, "%s\n", line);
+    log_message(LogLevel::kInfo, line);
   }
-  std::fflush(stderr);
 }
 
-void MetricsLogger::message(const std::string& text) {
-  if (bar_shown_) std::fprintf(stderr, "\n");
-  bar_shown_ = false;
-  std::fprintf(stderr, "%s\n", text.c_str());
-  std::fflush(stderr);
+void MetricsLogger::message(const std::string& text, LogLevel level) {
+  if (bar_shown_ && log_enabled(level)) {
+    std::fprintf(stderr, "\n");
+    bar_shown_ = false;
+  }
+  log_message(level, text);
 }
 
 void MetricsLogger::finish() {
@@ -205,7 +209,8 @@ void MetricsLogger::finish() {
   bar_shown_ = false;
   if (lost_ > 0)
     message("warning: " + path_ + ": " + std::to_string(lost_) +
-            " metrics record(s) could not be written and are missing from it");
+                " metrics record(s) could not be written and are missing from it",
+            LogLevel::kWarning);
 }
 
 void MetricWindow::add(const nlohmann::json& metrics) {

@@ -1,6 +1,7 @@
 // Training output: output_dir/metrics.jsonl (one JSON object per logged step, appended and
-// flushed), a progress bar on a terminal or plain log lines otherwise, and memory snapshots
-// from the caching allocator of the training device.
+// flushed), a progress bar on a terminal or plain log lines otherwise (through engine/log.h: an
+// embedder's log sink gets the lines, never the bar), and memory snapshots from the caching
+// allocator of the training device.
 //
 // A record that cannot be written (a full disk) is cut back out of the file, so no torn line
 // remains, and counted: a warning names the file and the count of lost records when the first
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "engine/allocator.h"
+#include "engine/log.h"
 
 namespace leantune {
 
@@ -61,7 +63,8 @@ class MetricsLogger {
   ~MetricsLogger();
   // Writes one line (without non-finite numbers); prints progress or a log line.
   void log(const nlohmann::json& record);
-  void message(const std::string& text);  // a line on stderr that does not break the bar
+  // A line on stderr (or the log sink) that does not break the bar.
+  void message(const std::string& text, LogLevel level = LogLevel::kInfo);
   void finish();
   int64_t lost_records() const { return lost_; }
 

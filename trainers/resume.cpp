@@ -26,7 +26,7 @@ std::string Trainer::load_checkpoint(const std::string& dir) {
   // The small state file first: a corrupt one fails before the weights are read.
   const std::string state_path = dir + "/trainer_state.json";
   const TrainerState st = parse_trainer_state(read_text_file(state_path), state_path);
-  Communicator& comm = world_communicator(args_.comm);
+  Communicator& comm = this->comm();
   const int64_t zero_stage = zero_ ? args_.zero_stage : 0;
   const bool single = st.world_size == 1;
   LT_CHECK_INPUT(single || (st.world_size == comm.size() && st.zero_stage == zero_stage), dir,

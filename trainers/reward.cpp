@@ -121,12 +121,10 @@ RewardTrainer::RewardTrainer(TrainingArguments args, std::shared_ptr<DecoderMode
   tokenizer_dir_ = std::move(tokenizer_dir);
 }
 
-int64_t RewardTrainer::micro_batches_per_epoch() const {
-  return batches_.per_epoch(world_communicator(args_.comm));
-}
+int64_t RewardTrainer::micro_batches_per_epoch() const { return batches_.per_epoch(comm()); }
 
 Batch RewardTrainer::next_micro_batch(BatchReport* report) {
-  const std::vector<int64_t> idx = batches_.next(world_communicator(args_.comm));
+  const std::vector<int64_t> idx = batches_.next(comm());
   RewardBatch rb = collate_reward_pairs(train_.pairs, idx, collate_);
   if (collate_.padding_free) {
     const int64_t longest = rb.batch.max_seqlen;
@@ -199,15 +197,11 @@ std::optional<double> RewardTrainer::evaluate() {
 
 nlohmann::json RewardTrainer::log_metrics() { return window_.take(); }
 
-double RewardTrainer::epoch_progress() const {
-  return batches_.progress(world_communicator(args_.comm));
-}
+double RewardTrainer::epoch_progress() const { return batches_.progress(comm()); }
 
 nlohmann::json RewardTrainer::data_state() const { return batches_.state(); }
 
-void RewardTrainer::set_data_state(const nlohmann::json& s) {
-  batches_.set_state(s, world_communicator(args_.comm));
-}
+void RewardTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s, comm()); }
 
 void RewardTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());

@@ -209,7 +209,7 @@ nlohmann::json SftTrainer::technique_savings() const {
         fused_loss_, 0, model_->device().is_cpu(), max_micro_tokens_, longest);
     ec.resident_before_training = resident_before_training_;
     ec.attention_seqlen = max_sequence_tokens_;
-    ec.world_size = world_communicator(args_.comm).size();
+    ec.world_size = comm().size();
     ec.row_block_updates = args_.optimizer_in_backward && optim_updates_rows(args_.optim);
     s["estimate"] = estimate_memory(ec).to_json();
   }
@@ -496,14 +496,18 @@ SftModel load_sft_model(const Options& o) {
   return m;
 }
 
-SftRun make_sft_run(const Options& o, const SftModel& m) {
+SftRun make_sft_run(const Options& o, const SftModel& m, const SftRunInputs& in) {
   TrainingArguments args = training_arguments(o);
   prepare_run(args);
   SftRun run;
   run.setup = m.setup;
   SftSetup& setup = run.setup;
   setup.dataset = o.get_string("dataset");
-  if (setup.dataset.empty()) {
+  if (in.dataset_rows) {
+    LT_CHECK_INPUT(setup.dataset.empty(), "option dataset ", setup.dataset,
+                   ": the training rows are also given in memory; give one of them");
+    setup.dataset = "dataset_rows";
+  } else if (setup.dataset.empty()) {
     LT_CHECK_INPUT(setup.embedded, "sft: --dataset is required when --model_name_or_path is given");
     setup.dataset = setup.tokenizer_dir + "/stories.jsonl";
   }
@@ -528,13 +532,13 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
   dc.seed = args.seed;
   validate_data_config(dc);
 
-  SftData train = load_sft_data(setup.dataset, encoder.get(), dc);
+  SftData train = load_sft_data(JsonlSource(setup.dataset, in.dataset_rows), encoder.get(), dc);
   auto train_examples = std::make_shared<TokenizedDataset>(std::move(train.examples));
   // Data parallel: every rank takes its own shard of the micro-batches (data_loader.h); the
   // ranks of a context-parallel group share theirs.
   // The ring attention (kernels/ring_attention.h) runs on CPU ranks over MPI in f32, and on CUDA
   // ranks over NCCL in f32, bf16 or f16 (the CUDA path has not run on a GPU yet).
-  auto cp_groups = context_parallel_for(*run.model, args.cp_size, args.comm);
+  auto cp_groups = context_parallel_for(*run.model, args.cp_size, args.comm, in.comm.get());
   auto loader = std::make_shared<DataLoader>(train_examples, dc, encoder->pad_token_id(),
                                              cp_groups->dp_rank, cp_groups->dp_size);
   std::shared_ptr<DataLoader> eval;
@@ -549,6 +553,7 @@ SftRun make_sft_run(const Options& o, const SftModel& m) {
   run.trainer =
       std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer, setup.tokenizer_dir, loader,
                                    eval, train.stats, o.get_bool("use_liger_kernel"));
+  run.trainer->set_communicator(in.comm);
   run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
   run.trainer->set_context_parallel(cp_groups, encoder->pad_token_id());
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);

@@ -100,8 +100,15 @@ std::string adapter_base_name(const SftModel& m, bool use_peft, const std::strin
                               uint64_t seed);
 // Builds the run from parsed options (Error(kInput) for any bad option, file or data); the
 // second form trains an already loaded model (its model options must be those in `o`).
+// What an embedder hands a run besides options (public API): the communicator it spans (null:
+// the world communicator), and the training rows in memory instead of option dataset (JSONL
+// lines, named "dataset_rows" in messages: row i is line i + 1; null: the file).
+struct SftRunInputs {
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<const std::vector<std::string>> dataset_rows;
+};
 SftRun make_sft_run(const Options& o);
-SftRun make_sft_run(const Options& o, const SftModel& m);
+SftRun make_sft_run(const Options& o, const SftModel& m, const SftRunInputs& in = {});
 // For the embedded demo when no model and no dataset are given: the demo's settings for
 // options the user did not set.
 void apply_embedded_defaults(Options& o);

@@ -41,19 +41,23 @@ void on_signal(int sig) {
 
 bool stop_requested() { return g_stop.load(); }
 
+static_assert(std::atomic<bool>::is_always_lock_free, "request_stop must be async-signal-safe");
+void request_stop() { g_stop.store(true); }
+
 int64_t deferred_signals() { return g_deferred.load(); }
 
 void throw_if_stop_requested() {
   if (stop_requested()) throw StopRequested();
 }
 
-StopSignalScope::StopSignalScope() {
+StopSignalScope::StopSignalScope(bool install_handlers) : installed_(install_handlers) {
   // Only the outermost scope starts afresh: a signal received while the data was loading still
   // counts once training begins.
   if (g_scopes.fetch_add(1) == 0) {
     g_stop.store(false);
     g_deferred.store(0);
   }
+  if (!installed_) return;
   for (int i = 0; i < 3; ++i) {
     prev_[i] = std::signal(kSignals[i], on_signal);
     // Under nohup a hangup stays ignored.
@@ -62,7 +66,8 @@ StopSignalScope::StopSignalScope() {
 }
 
 StopSignalScope::~StopSignalScope() {
-  for (int i = 0; i < 3; ++i) std::signal(kSignals[i], prev_[i]);
+  if (installed_)
+    for (int i = 0; i < 3; ++i) std::signal(kSignals[i], prev_[i]);
   g_scopes.fetch_sub(1);
 }
 

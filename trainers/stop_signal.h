@@ -19,22 +19,28 @@
 
 namespace leantune {
 
-// Set by a stop signal while a StopSignalScope is alive.
+// Set by a stop signal while a StopSignalScope is alive, or by request_stop().
 bool stop_requested();
+// Asks for the stop a first signal asks for (no escalation on repeated calls): for an embedder
+// that handles the signals itself (StopSignalScope without handlers). Async-signal-safe: it only
+// stores to a lock-free atomic. The outermost StopSignalScope clears the request when it begins.
+void request_stop();
 // Stop signals received after the first while a SignalsDeferredScope was alive.
 int64_t deferred_signals();
 
 // Installs the handlers of SIGTERM, SIGINT and SIGHUP (SIGHUP not where it is ignored, as under
-// nohup) for its lifetime. Scopes nest; the outermost one clears the flag.
+// nohup) for its lifetime; with install_handlers false it leaves every handler as it is, and only
+// request_stop() sets the flag. Scopes nest; the outermost one clears the flag.
 class StopSignalScope {
  public:
-  StopSignalScope();
+  explicit StopSignalScope(bool install_handlers = true);
   ~StopSignalScope();
   StopSignalScope(const StopSignalScope&) = delete;
   StopSignalScope& operator=(const StopSignalScope&) = delete;
 
  private:
-  void (*prev_[3])(int);
+  bool installed_;
+  void (*prev_[3])(int) = {};
 };
 
 // While alive, a stop signal after the first is counted, not fatal. Nests.

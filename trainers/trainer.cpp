@@ -14,6 +14,7 @@
 #include "engine/device_peaks.h"
 #include "engine/gemm_tuning.h"
 #include "engine/host_memory.h"
+#include "engine/log.h"
 #include "engine/mem_phase.h"
 #include "engine/ops.h"
 #include "loaders/fs_util.h"
@@ -205,7 +206,7 @@ void prepare_run(const TrainingArguments& args) {
   prepare_output_dir(args.output_dir, "output_dir");
   warn_once_about_blas_kernels();
   const HostMemoryPlan host = prepare_host_memory(args.max_memory_gib);
-  if (host.cap > 0) std::fprintf(stderr, "%s\n", host.summary().c_str());
+  if (host.cap > 0) log_message(LogLevel::kInfo, host.summary());
 }
 
 void Trainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter) {
@@ -257,9 +258,7 @@ void Trainer::set_context_parallel(std::shared_ptr<ContextParallelGroups> groups
 
 bool Trainer::context_parallel() const { return cp_groups_ && cp_groups_->cp_size > 1; }
 
-Communicator& Trainer::data_comm() const {
-  return context_parallel() ? *cp_groups_->dp : world_communicator(args_.comm);
-}
+Communicator& Trainer::data_comm() const { return context_parallel() ? *cp_groups_->dp : comm(); }
 
 Zero3Params* Trainer::units_whole_for_save(bool final_output) const {
   if (!zero3_ || !peft_.active()) return nullptr;
@@ -282,7 +281,7 @@ void Trainer::build_optimizer() {
   const OptimArguments oa{args_.optim, args_.optimizer_in_backward, args_.offload_optimizer};
   const AdamWConfig cfg{args_.learning_rate, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon,
                         args_.weight_decay};
-  Communicator& comm = world_communicator(args_.comm);
+  Communicator& comm = this->comm();
   zero_ = nullptr;
   buckets_.reset();
   if (comm.size() > 1 && args_.zero_stage == 0) {
@@ -318,7 +317,9 @@ double Trainer::grad_norm() const {
   return std::sqrt(s);
 }
 
-bool Trainer::writes_files() const { return world_communicator(args_.comm).rank() == 0; }
+Communicator& Trainer::comm() const { return comm_ ? *comm_ : world_communicator(args_.comm); }
+
+bool Trainer::writes_files() const { return comm().rank() == 0; }
 
 void Trainer::zero_grads() {
   for (auto& p : trainable_) p.tensor.zero_grad();
@@ -380,7 +381,7 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
     r["peak_by_tag"][it.key()] = it.value()["peak"];
     r["at_peak_by_tag"][it.key()] = it.value()["at_peak"];
   }
-  Communicator& comm = world_communicator(args_.comm);
+  Communicator& comm = this->comm();
   if (comm.size() > 1 && timed_updates_ > 0) {
     // This rank's time per update. The CPU collectives block the rank, so all of it is exposed;
     // stage 2's reductions inside backward are counted as communication, not compute.
@@ -401,16 +402,14 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
 }
 
 void Trainer::warn(const std::string& text) const {
-  if (log_) {
-    log_->message(text);
-  } else {
-    std::fprintf(stderr, "%s\n", text.c_str());
-    std::fflush(stderr);
-  }
+  if (log_)
+    log_->message(text, LogLevel::kWarning);
+  else
+    log_message(LogLevel::kWarning, text);
 }
 
 bool Trainer::stop_before_micro_batch(size_t micro_batches) const {
-  Communicator& comm = world_communicator(args_.comm);
+  Communicator& comm = this->comm();
   if (comm.size() == 1) return stop_requested();
   // One micro-batch per update: the stop agreed at the end of each update is as early.
   if (micro_batches == 1) return false;
@@ -421,26 +420,26 @@ int64_t accumulation_for_epoch(int64_t gradient_accumulation_steps, int64_t micr
                                bool warn) {
   if (gradient_accumulation_steps <= micro_batches_per_epoch) return gradient_accumulation_steps;
   if (warn)
-    std::fprintf(stderr,
-                 "warning: gradient_accumulation_steps %lld is more than the %lld micro-batch(es) "
-                 "of an epoch (per rank): each update accumulates the whole epoch's %lld, as "
-                 "transformers' Trainer does\n",
-                 static_cast<long long>(gradient_accumulation_steps),
-                 static_cast<long long>(micro_batches_per_epoch),
-                 static_cast<long long>(micro_batches_per_epoch));
+    log_message(LogLevel::kWarning,
+                "warning: gradient_accumulation_steps " +
+                    std::to_string(gradient_accumulation_steps) + " is more than the " +
+                    std::to_string(micro_batches_per_epoch) +
+                    " micro-batch(es) of an epoch (per rank): each update accumulates the whole "
+                    "epoch's " +
+                    std::to_string(micro_batches_per_epoch) + ", as transformers' Trainer does");
   return micro_batches_per_epoch;
 }
 
 TrainResult Trainer::train() {
-  StopSignalScope signals;
+  StopSignalScope signals(install_signal_handlers_);
   // From here on a second stop signal is noted, not fatal: the first one leads to a save within
   // about a second, and that save must not be torn.
   SignalsDeferredScope deferred;
   TrainResult result;
   const int64_t per_epoch = micro_batches_per_epoch();
   LT_CHECK_INPUT(per_epoch > 0, "the training data yields no micro-batch");
-  accumulation_ = accumulation_for_epoch(args_.gradient_accumulation_steps, per_epoch,
-                                         world_communicator(args_.comm).rank() == 0);
+  accumulation_ =
+      accumulation_for_epoch(args_.gradient_accumulation_steps, per_epoch, comm().rank() == 0);
   const int64_t updates_per_epoch =
       std::max<int64_t>(1, (per_epoch + accumulation_ - 1) / accumulation_);
   total_steps_ = args_.max_steps > 0
@@ -449,7 +448,7 @@ TrainResult Trainer::train() {
   LT_CHECK_INPUT(total_steps_ > 0, "no training steps (num_train_epochs too small)");
   scheduler_ = LrScheduler::make(args_.lr_scheduler_type, args_.learning_rate, total_steps_,
                                  args_.warmup_steps, args_.warmup_ratio);
-  Communicator& comm = world_communicator(args_.comm);
+  Communicator& comm = this->comm();
   const bool distributed = comm.size() > 1;
   LT_CHECK_INPUT(!distributed || !args_.optimizer_in_backward,
                  "option optimizer_in_backward: not supported with data parallel (", comm.size(),
@@ -467,11 +466,10 @@ TrainResult Trainer::train() {
   const StaleCleanup cleaned =
       writes_files() ? clean_stale_checkpoint_files(args_.output_dir) : StaleCleanup{};
   if (cleaned.removed > 0 || cleaned.restored > 0)
-    std::fprintf(stderr,
-                 "%s: removed %lld temporary checkpoint folder(s) of interrupted saves (%s), "
-                 "restored %lld checkpoint(s)\n",
-                 args_.output_dir.c_str(), static_cast<long long>(cleaned.removed),
-                 format_bytes(cleaned.bytes).c_str(), static_cast<long long>(cleaned.restored));
+    log_message(LogLevel::kInfo, args_.output_dir + ": removed " + std::to_string(cleaned.removed) +
+                                     " temporary checkpoint folder(s) of interrupted saves (" +
+                                     format_bytes(cleaned.bytes) + "), restored " +
+                                     std::to_string(cleaned.restored) + " checkpoint(s)");
   bool resumed = false;
   std::string resume_note;
   if (!args_.resume_from_checkpoint.empty()) {

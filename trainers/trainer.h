@@ -140,6 +140,9 @@ class Trainer {
   // num_tokens, skipped, allocated}; returning false stops as set_stop_after does.
   using StepCallback = std::function<bool(const nlohmann::json& record)>;
   void set_step_callback(StepCallback cb) { step_callback_ = std::move(cb); }
+  // false: train() leaves the process's SIGTERM/SIGINT/SIGHUP handlers alone (an embedder that
+  // handles signals itself stops the run with request_stop(), trainers/stop_signal.h).
+  void set_install_signal_handlers(bool install) { install_signal_handlers_ = install; }
   // Test hooks: called before each micro-batch's forward (update 1-based, micro-batch 0-based),
   // and inside every checkpoint save with its temporary folder, after its files are written.
   void set_micro_batch_hook(std::function<void(int64_t update, size_t micro_batch)> hook) {
@@ -161,6 +164,10 @@ class Trainer {
   // whose supports_context_parallel() is true: its micro-batches are split over groups.cp; pads
   // added by the split take pad_token_id.
   void set_context_parallel(std::shared_ptr<ContextParallelGroups> groups, int64_t pad_token_id);
+  // The communicator the run spans (an embedder's, public API); unset: the process's world
+  // communicator (world_communicator(args.comm)).
+  void set_communicator(std::shared_ptr<Communicator> comm) { comm_ = std::move(comm); }
+  Communicator& comm() const;
 
  protected:
   bool context_parallel() const;
@@ -171,6 +178,7 @@ class Trainer {
   // and value go into the world-wide sums on cp rank 0 only (true without context parallelism).
   bool counts_replicated_loss() const;
   std::shared_ptr<ContextParallelGroups> cp_groups_;
+  std::shared_ptr<Communicator> comm_;
   int64_t cp_pad_token_id_ = 0;
   // Micro-batches per epoch of this rank (for num_train_epochs -> total steps).
   virtual int64_t micro_batches_per_epoch() const = 0;
@@ -286,6 +294,7 @@ class Trainer {
   std::set<int64_t> nan_steps_;
   RowGradSink row_grad_sink_;
   int64_t stop_after_ = -1;
+  bool install_signal_handlers_ = true;
   StepCallback step_callback_;
   std::function<void(int64_t update, size_t micro_batch)> micro_batch_hook_;
   std::function<void(const std::string& dir)> save_hook_;

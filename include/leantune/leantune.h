@@ -18,8 +18,20 @@
 // Several models and trainers can live in one process: they share nothing but the
 // per-device caching allocator (its statistics are per device, so memory_stats() of two
 // models on the same device describe that device), the CUDA streams and the OpenMP pool.
-// SIGINT/SIGTERM/SIGHUP are caught while train() runs: the trainer stops within a micro-batch,
-// saves its last completed update as a checkpoint and returns (docs/trainers.md).
+// SIGINT/SIGTERM/SIGHUP are caught while train() runs (unless TrainerSetup says not to): the
+// trainer stops within a micro-batch, saves its last completed update as a checkpoint and
+// returns (docs/trainers.md).
+//
+// Threads: one train() at a time per process. The stop flag, the allocators' peak counters
+// (reset when train() begins) and memory trace, the step profiler and the OpenMP pool are
+// process-wide, so a second train() running at once on another thread is not supported (random
+// streams are per trainer: Philox keyed by seed and purpose, no global state). Model and
+// Trainer objects are not thread-safe: any thread may use one, one thread at a time, and a Model
+// is in use while a Trainer of it trains (Model::generate from a step callback, on the training
+// thread, is fine). Loading models and building trainers while another thread trains is not
+// supported either (their allocations would count in that training's peaks and memory trace).
+// set_log_sink: from any thread at any time; the sink is called on the thread that logs, one
+// message at a time. request_stop: from any thread or a signal handler.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +47,31 @@ namespace leantune::api {
 
 // The library's version (the project version of the build), e.g. "0.3.0".
 const char* version();
+
+// Where leantune's messages (progress lines, warnings, notes) go. Default: stderr, kInfo and up.
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+// (level, one message without a line terminator).
+using LogSink = std::function<void(LogLevel, const std::string&)>;
+// Sends every message at min_level or above to `sink` (an empty sink: back to stderr); messages
+// below min_level are dropped. Process-wide. The sink is called one message at a time, under a
+// lock: it must not call into leantune (set_log_sink included); an exception it throws is
+// dropped.
+void set_log_sink(LogSink sink, LogLevel min_level = LogLevel::kInfo);
+
+// Asks the running train() to stop as a first SIGTERM does: at the next update it saves a
+// checkpoint of its last completed update and returns with stopped_early. Async-signal-safe (an
+// embedder's own signal handler may call it); a request made while no train() runs is dropped
+// when the next train() begins.
+void request_stop() noexcept;
+
+// An MPI communicator, as its Fortran handle (MPI_Comm_c2f), so that this header needs no mpi.h.
+// With mpi.h included before this header, mpi_comm(comm) makes one.
+struct MpiComm {
+  int64_t fortran_handle = 0;
+};
+#ifdef MPI_VERSION
+inline MpiComm mpi_comm(MPI_Comm comm) { return MpiComm{MPI_Comm_c2f(comm)}; }
+#endif
 
 // trainer_bin's exit codes, one per kind of failure.
 enum class ErrorCategory {
@@ -153,12 +190,31 @@ struct TrainSummary {
 // Return false to stop after this step (a checkpoint is saved, as on SIGTERM).
 using StepCallback = std::function<bool(const StepMetrics&)>;
 
+// What a pipeline hands a trainer besides its options.
+struct TrainerSetup {
+  // false: train() leaves the process's SIGTERM/SIGINT/SIGHUP handlers as they are; the
+  // embedder stops a run with request_stop().
+  bool install_signal_handlers = true;
+  // The ranks the run spans (e.g. a sub-communicator of a larger job) instead of MPI_COMM_WORLD.
+  // The caller initialises MPI (MPI_Init_thread, MPI_THREAD_SERIALIZED or more) and finalises it
+  // after the trainer is destroyed; leantune works on a duplicate (MPI_Comm_dup), so its messages
+  // never match the caller's. Every rank of it constructs its Trainer (collective). comm_backend
+  // auto or mpi (CPU), nccl (one GPU per rank).
+  std::optional<MpiComm> communicator;
+  // The training rows in memory instead of config option `dataset`: each the JSON object a line
+  // of a JSONL file holds (any format `trainer_bin sft --dataset` reads, token ids included:
+  // {"input_ids": [...]}), read and checked as a file's lines. A bad row is named
+  // "dataset_rows:N" with N its index + 1 (as a file's line number). The demo's defaults do not
+  // apply to a run given rows.
+  std::optional<std::vector<std::string>> dataset_rows;
+};
+
 class Trainer {
  public:
   // A supervised fine-tuning run of `model` (which must outlive the trainer) configured by a
   // JSON object with trainer_bin sft's keys (dataset, max_steps, learning_rate, output_dir,
   // memory_trace, ...). Without a dataset, the embedded demo's data and settings are used.
-  Trainer(Model& model, const std::string& config_json);
+  Trainer(Model& model, const std::string& config_json, const TrainerSetup& setup = {});
   Trainer(Trainer&&) noexcept;
   Trainer& operator=(Trainer&&) noexcept;
   ~Trainer();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The installed package end to end: `cmake --install` into a temporary prefix, then the
 # out-of-tree project in examples/ configured with find_package(leantune) against that prefix,
-# built and run for a few steps; the same example built once more with pkg-config's flags.
+# built and run for a few steps (finetune_demo, and hpc_pipeline as one rank when MPI is found);
+# finetune_demo built once more with pkg-config's flags.
 #   install_example.sh BUILD_DIR SOURCE_DIR VERSION
 set -euo pipefail
 build=$(cd "$1" && pwd) src=$(cd "$2" && pwd) version=$3
@@ -32,6 +33,15 @@ echo "$out"
 echo "$out" | grep -q "^leantune $version: 3 steps, loss" || fail "unexpected output"
 echo "$out" | grep -q "^step 3/3 loss" || fail "the step callback did not run"
 [ -f "$tmp/out/model.safetensors" ] || fail "no model written"
+# With MPI: the pipeline example (its own communicator, log sink, signal handler, rows in memory)
+# as one rank; its log lines come through its sink.
+if [ -x "$tmp/build/hpc_pipeline" ]; then
+  hpc=$("$tmp/build/hpc_pipeline" 2 "$tmp/hpc" 2>&1) || fail "hpc_pipeline exited $?: $hpc"
+  echo "$hpc"
+  grep -q "^\[run 0 info\] dataset_rows: 32 examples" <<<"$hpc" || fail "hpc_pipeline: no log line"
+  grep -q "^run 0: 2 steps, loss" <<<"$hpc" || fail "hpc_pipeline: unexpected output"
+  [ -f "$tmp/hpc/run0/model.safetensors" ] || fail "hpc_pipeline: no model written"
+fi
 # The library that ran is the installed one.
 libs=$(ldd "$tmp/build/finetune_demo")
 grep -q "$p/lib/libleantune.so.$major" <<<"$libs" || fail "not linked to the prefix"
