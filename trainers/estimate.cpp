@@ -143,8 +143,7 @@ I attention_workspace(const EstimateConfig& c, I t, bool backward) {
 // [c x (q + 2 kv)] output, whose gradient is assembled in one buffer; a fused gate_up_proj
 // keeps its [c x 2 inter] output beside the contiguous gate and up (and in backward their
 // assembled gradient); the sandwich norms (Gemma 3) keep the attention and MLP outputs they
-// normalise (in backward the
-// block's one [c x hidden] row set more). GeGLU keeps what SwiGLU keeps.
+// normalise (in backward one [c x hidden] set more). GeGLU keeps what SwiGLU keeps.
 // A trained weight's gradient is summed over the blocks: one block's gradient of the largest
 // weight in flight, and for 16-bit weights the f32 sums of the region's weights.
 struct TiledLayer {
@@ -169,7 +168,7 @@ TiledLayer tiled_layer(const EstimateConfig& c, I t, I chunk, I ring_fwd, I ring
   if (!c.use_peft) {
     const I wa = qkv_cols * h, wbc = nq * h + 3 * inter * h;
     const I largest_a = m.fused_qkv ? qkv_cols * h : std::max(nq, nkv) * h;
-    grads_a = b == 2 ? 4 * wa + largest_a * (4 + b) : nq * h * b;
+    grads_a = b == 2 ? 4 * wa + largest_a * (4 + b) : largest_a * b;
     grads_bc = b == 2 ? 4 * wbc + gu_cols * h * (4 + b) : gu_cols * h * b;
   }
   // The families' additions to one block (above).
