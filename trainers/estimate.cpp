@@ -137,6 +137,13 @@ I attention_workspace(const EstimateConfig& c, I t, bool backward) {
 //             dV and its workspace; the region before it: dQ, dK, dV, the two gradients of the
 //             layer input and one block's normed input, q/k/v before and after rope and their
 //             gradients.
+// What the families add inside a block, as the untiled walk counts it for the whole sequence:
+// q/k norms (Qwen3, Gemma 3) keep q and k before the norm and an f32 rstd per head, and
+// backward passes their gradients through the norm; a fused qkv_proj (Phi-3) keeps its whole
+// [c x (q + 2 kv)] output, whose gradient is assembled in one buffer; a fused gate_up_proj
+// keeps its [c x 2 inter] output beside the contiguous gate and up (and in backward their
+// assembled gradient); the sandwich norms (Gemma 3) keep the attention and MLP outputs they
+// normalise (in backward one [c x hidden] set more). GeGLU keeps what SwiGLU keeps.
 // A trained weight's gradient is summed over the blocks: one block's gradient of the largest
 // weight in flight, and for 16-bit weights the f32 sums of the region's weights.
 struct TiledLayer {
@@ -147,27 +154,41 @@ TiledLayer tiled_layer(const EstimateConfig& c, I t, I chunk, I ring_fwd, I ring
   const ModelConfig& m = c.model;
   const I b = static_cast<I>(dtype_size(c.dtype));
   const I h = m.hidden_size, inter = m.intermediate_size, d = m.head_dim;
-  const I nq = m.num_attention_heads * d, nkv = m.num_key_value_heads * d;
-  const I th = t * h * b, qkv = t * (nq + 2 * nkv) * b, attn = t * nq * b;
+  const I nq = m.num_attention_heads * d, nkv = m.num_key_value_heads * d, qkv_cols = nq + 2 * nkv;
+  const I th = t * h * b, qkv = t * qkv_cols * b, attn = t * nq * b;
   const I lse = (c.dtype == DType::kF64 ? 8 : 4) * m.num_attention_heads * t;
   // 16-bit products on the CPU: f32 copies of a block's operands and of the weight.
   auto gemm = [&](I in, I out) {
     return c.cpu && b == 2 ? chunk * (in + out) * 4 + in * out * 4 : 0;
   };
-  const I gemm_a = gemm(h, nq), gemm_bc = std::max(gemm(h, inter), gemm(inter, h));
+  const I gu_cols = m.fused_gate_up ? 2 * inter : inter;
+  const I gemm_a = gemm(h, m.fused_qkv ? qkv_cols : nq);
+  const I gemm_bc = std::max(gemm(h, gu_cols), gemm(inter, h));
   I grads_a = 0, grads_bc = 0;
   if (!c.use_peft) {
-    const I wa = (nq + 2 * nkv) * h, wbc = nq * h + 3 * inter * h;
-    grads_a = b == 2 ? 4 * wa + std::max(nq, nkv) * h * (4 + b) : nq * h * b;
-    grads_bc = b == 2 ? 4 * wbc + inter * h * (4 + b) : inter * h * b;
+    const I wa = qkv_cols * h, wbc = nq * h + 3 * inter * h;
+    const I largest_a = m.fused_qkv ? qkv_cols * h : std::max(nq, nkv) * h;
+    grads_a = b == 2 ? 4 * wa + largest_a * (4 + b) : largest_a * b;
+    grads_bc = b == 2 ? 4 * wbc + gu_cols * h * (4 + b) : gu_cols * h * b;
   }
+  // The families' additions to one block (above).
+  const I qk_norm_block =
+      m.qk_norm
+          ? chunk * (nq + nkv) * b + 4 * chunk * (m.num_attention_heads + m.num_key_value_heads)
+          : 0;
+  const I fused_qkv_block = m.fused_qkv ? chunk * qkv_cols * b : 0;
+  const I fused_mlp_block = m.fused_gate_up ? 2 * chunk * inter * b : 0;
+  const I sandwich_block = m.sandwich_norms ? 2 * chunk * h * b : 0;
   TiledLayer r;
   r.saved = qkv + attn + lse;
-  const I block_bc_fwd = chunk * (3 * inter + 4 * h) * b + gemm_bc;
+  const I block_bc_fwd =
+      chunk * (3 * inter + 4 * h) * b + gemm_bc + fused_mlp_block + sandwich_block;
   r.forward =
       std::max(r.saved + attention_workspace(c, t, false) + ring_fwd, r.saved + th + block_bc_fwd);
-  const I block_bc_bwd = chunk * (5 * inter + 3 * h) * b + gemm_bc + grads_bc;
-  const I block_a_bwd = chunk * (2 * h + 3 * (nq + 2 * nkv)) * b + gemm_a + grads_a;
+  const I block_bc_bwd =
+      chunk * (5 * inter + 3 * h) * b + gemm_bc + grads_bc + fused_mlp_block + sandwich_block / 2;
+  const I block_a_bwd =
+      chunk * (2 * h + 3 * qkv_cols) * b + gemm_a + grads_a + 2 * qk_norm_block + fused_qkv_block;
   const I at_mlp = r.saved + th + attn + th + block_bc_bwd;
   const I at_attention = r.saved + attn + th + qkv + attention_workspace(c, t, true) + ring_bwd;
   const I at_inputs = th + qkv + th + block_a_bwd;
