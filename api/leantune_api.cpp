@@ -16,10 +16,11 @@
 #include "leantune/leantune.h"
 #include "loaders/text_encoder.h"
 #include "models/generate.h"
-#include "trainers/model_io.h"
-#include "trainers/peft_options.h"
-#include "trainers/sft.h"
-#include "trainers/stop_signal.h"
+#include "trainers/common/model_io.h"
+#include "trainers/common/peft_options.h"
+#include "trainers/common/stop_signal.h"
+#include "trainers/common/trainer_spec.h"
+#include "trainers/sft/sft.h"
 
 #ifndef LEANTUNE_VERSION
 #error "LEANTUNE_VERSION is defined by the build (CMakeLists.txt)"
@@ -216,7 +217,7 @@ Trainer::Trainer(Model& model, const std::string& config_json, const TrainerSetu
     if (setup.dataset_rows)
       in.dataset_rows = std::make_shared<const std::vector<std::string>>(*setup.dataset_rows);
     else
-      apply_embedded_defaults(impl->options);
+      apply_demo_defaults(sft_spec(), impl->options);
     if (setup.communicator)
       in.comm = make_communicator_from_mpi(setup.communicator->fortran_handle,
                                            training_arguments(impl->options).comm);

@@ -22,8 +22,8 @@
 #include "kernels/cross_entropy.h"
 #include "loaders/model_config.h"
 #include "models/decoder.h"
-#include "trainers/preference_loss.h"
-#include "trainers/ref_model.h"
+#include "models/ref_model.h"
+#include "trainers/dpo/preference_loss.h"
 
 namespace {
 

@@ -70,7 +70,7 @@ using LayerAttention =
 // OptimizerInBackward::apply_rows; kernels/weight_grad_sink.h).
 using RowGradSink = std::function<void(const Tensor& param, int64_t row0, const Tensor& grad_rows)>;
 
-// Context parallelism (trainers/context_parallel.h): the batch holds this rank's zigzag rows of
+// Context parallelism (dist/context_parallel.h): the batch holds this rank's zigzag rows of
 // a longer global batch, and attention is the zigzag ring over `comm` (every rank of the ring
 // runs the same layers in the same order, forward, checkpoint recompute and backward alike).
 // `comm` must outlive the backward.
@@ -97,7 +97,7 @@ struct ForwardOptions {
   bool labels_shifted = false;
 };
 
-// Where the weights live between uses: under ZeRO-3 (trainers/zero3.h) each rank keeps 1/N of
+// Where the weights live between uses: under ZeRO-3 (dist/zero3.h) each rank keeps 1/N of
 // them and a unit is gathered for each use. The model brackets every use of a unit's weights
 // with acquire/release (ParamUse): unit i is decoder layer i, kOuterUnit the token embedding, the
 // final norm and the LM head. Uses nest (the residency counts them); in backward the residency

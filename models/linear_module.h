@@ -29,7 +29,7 @@ class LinearBase {
   virtual std::string kind() const = 0;  // "nf4", "int8", ...
   // The tensors that hold the stored form, named after the module's weight as bitsandbytes names
   // them ("weight", "weight.absmax", ...), each the sole user of its storage: ZeRO-3 shards them
-  // (trainers/zero3.h). A base that lists none stays whole on every rank.
+  // (dist/zero3.h). A base that lists none stays whole on every rank.
   virtual std::vector<std::pair<std::string, Tensor>> stored_tensors() const { return {}; }
 };
 

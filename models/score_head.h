@@ -26,7 +26,7 @@
 //
 // RewardModel: a loaded classifier with num_labels 1, for the trainers that score completions
 // (GRPO's reward model): score(batch) or score_sequences(ids) -> one reward per sequence, under
-// no-grad (adapter dropout off). trainers/reward.h open_reward_model also opens PEFT adapter
+// no-grad (adapter dropout off). trainers/reward/reward.h open_reward_model also opens PEFT adapter
 // folders.
 #pragma once
 

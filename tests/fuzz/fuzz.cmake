@@ -2,7 +2,7 @@
 # wired in tests/loaders/):
 #   fuzz_jsonl             the JSONL dataset reader (loaders/dataset.h)
 #   fuzz_options           --config files: parse_config_json + Options::apply_config_text
-#   fuzz_checkpoint_state  trainer_state.json: parse_trainer_state (trainers/checkpoint.h)
+#   fuzz_checkpoint_state  trainer_state.json: parse_trainer_state (trainers/common/checkpoint.h)
 # Each has a plain corpus driver, <name>_corpus, that ctest runs over tests/fuzz/corpus/<dir>
 # (good_* accepted, bad_* rejected), and, with LEANTUNE_FUZZ=ON and clang, a libFuzzer build with
 # ASan + UBSan compiled from the sources it needs:
@@ -14,8 +14,8 @@ set(_lt_fuzz_dir ${PROJECT_SOURCE_DIR}/tests/fuzz)
 set(_lt_fuzz_common ${PROJECT_SOURCE_DIR}/engine/check.cpp ${PROJECT_SOURCE_DIR}/loaders/fs_util.cpp)
 set(_lt_fuzz_jsonl_src ${PROJECT_SOURCE_DIR}/loaders/dataset.cpp
     ${PROJECT_SOURCE_DIR}/loaders/jsonl.cpp)
-set(_lt_fuzz_options_src ${PROJECT_SOURCE_DIR}/trainers/options.cpp)
-set(_lt_fuzz_checkpoint_state_src ${PROJECT_SOURCE_DIR}/trainers/checkpoint.cpp)
+set(_lt_fuzz_options_src ${PROJECT_SOURCE_DIR}/loaders/options.cpp)
+set(_lt_fuzz_checkpoint_state_src ${PROJECT_SOURCE_DIR}/trainers/common/checkpoint.cpp)
 
 foreach(name jsonl options checkpoint_state)
   add_executable(fuzz_${name}_corpus ${_lt_fuzz_dir}/fuzz_${name}.cpp)

@@ -1,15 +1,15 @@
 // Fuzz target for the checkpoint state reader: arbitrary bytes are a trainer_state.json, parsed
-// by parse_trainer_state (trainers/checkpoint.h). A rejection must be an Error of kind kInput;
-// anything else (a crash, a sanitizer report, another exception, an internal Error) aborts. An
-// accepted state has non-negative counters and an object data_state.
-// Builds: fuzz_checkpoint_state_corpus (ctest, over tests/fuzz/corpus/checkpoint_state) and,
-// with clang and LEANTUNE_FUZZ=ON, the libFuzzer target fuzz_checkpoint_state (fuzz.cmake).
+// by parse_trainer_state (trainers/common/checkpoint.h). A rejection must be an Error of kind
+// kInput; anything else (a crash, a sanitizer report, another exception, an internal Error) aborts.
+// An accepted state has non-negative counters and an object data_state. Builds:
+// fuzz_checkpoint_state_corpus (ctest, over tests/fuzz/corpus/checkpoint_state) and, with clang and
+// LEANTUNE_FUZZ=ON, the libFuzzer target fuzz_checkpoint_state (fuzz.cmake).
 #include <cstdlib>
 #include <string_view>
 
 #include "engine/check.h"
 #include "tests/fuzz/fuzz_corpus_main.h"
-#include "trainers/checkpoint.h"
+#include "trainers/common/checkpoint.h"
 
 bool fuzz_accepts(const uint8_t* data, size_t size) {
   try {

@@ -9,8 +9,8 @@
 #include <string_view>
 
 #include "engine/check.h"
+#include "loaders/options.h"
 #include "tests/fuzz/fuzz_corpus_main.h"
-#include "trainers/options.h"
 
 bool fuzz_accepts(const uint8_t* data, size_t size) {
   leantune::Options o("fuzz");

@@ -36,7 +36,7 @@ if(NOT LEANTUNE_SANITIZE)
     set(_lt_link_below lt_layer_link_${layer})
   endforeach()
   add_test(NAME layers_link_downward_only
-           COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target lt_layer_link_trainers)
+           COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target lt_layer_link_cli)
   set_tests_properties(layers_link_downward_only PROPERTIES
     LABELS "cpu;layers" TIMEOUT 600 RESOURCE_LOCK lt_build_tree)
 endif()

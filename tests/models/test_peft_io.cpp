@@ -1,5 +1,5 @@
-// PEFT adapter files (models/peft_io.h, trainers/peft_options.h) against PEFT itself, with the
-// fixtures of tests/fixtures/gen_peft_fixtures.py:
+// PEFT adapter files (models/peft_io.h, trainers/common/peft_options.h) against PEFT itself, with
+// the fixtures of tests/fixtures/gen_peft_fixtures.py:
 //   - an adapter PEFT wrote loads here and gives PEFT's logits, loss and adapter gradients;
 //   - what our writer produces for it has PEFT's key names, shapes, dtypes, bytes and
 //     adapter_config.json fields, and loads back to the same logits;
@@ -20,7 +20,7 @@
 #include "loaders/safetensors.h"
 #include "models/peft_io.h"
 #include "testing/testing.h"
-#include "trainers/peft_options.h"
+#include "trainers/common/peft_options.h"
 
 namespace leantune {
 namespace {

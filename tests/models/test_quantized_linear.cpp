@@ -8,7 +8,7 @@
 //     backward dequantizes again, and a stack of layers uses one scratch of the largest layer;
 //   - quantize_model / load_quantized on the tiny HF fixtures: which modules, forward and
 //     gradients equal a dense model holding the dequantized weights, load == load + quantize;
-//   - the trainer options (trainers/quant_options.h) and their errors.
+//   - the trainer options (trainers/common/quant_options.h) and their errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,7 +26,7 @@
 #include "models/quantized_linear.h"
 #include "testing/gradcheck.h"
 #include "testing/testing.h"
-#include "trainers/quant_options.h"
+#include "trainers/common/quant_options.h"
 
 namespace leantune {
 namespace {

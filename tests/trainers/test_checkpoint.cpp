@@ -5,7 +5,7 @@
 
 #include "engine/check.h"
 #include "testing/testing.h"
-#include "trainers/checkpoint.h"
+#include "trainers/common/checkpoint.h"
 
 namespace leantune {
 namespace {

@@ -15,8 +15,8 @@
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
 #include "testing/testing.h"
-#include "trainers/dpo.h"
-#include "trainers/estimate_pref.h"
+#include "trainers/dpo/dpo.h"
+#include "trainers/estimate/estimate_pref.h"
 #include "trainers/trainer_test_util.h"
 
 namespace leantune {

@@ -13,8 +13,9 @@
 #include "engine/ops.h"
 #include "kernels/cross_entropy.h"
 #include "testing/testing.h"
-#include "trainers/estimate_online.h"
-#include "trainers/grpo.h"
+#include "trainers/common/trainer_spec.h"
+#include "trainers/estimate/estimate_online.h"
+#include "trainers/online/grpo.h"
 #include "trainers/trainer_test_util.h"
 
 namespace leantune {
@@ -160,7 +161,7 @@ OnlineOutcome run_online(const std::string& out, std::vector<std::string> extra)
                                    "--logging_steps", "1",   "--output_dir", out};
   args.insert(args.end(), extra.begin(), extra.end());
   EXPECT_TRUE(o.parse(args));
-  apply_online_embedded_defaults(o);
+  apply_demo_defaults(grpo_spec(), o);
   OnlineOutcome res;
   res.estimate =
       estimate_online_from_options(o, "grpo", embedded_data_dir() + "/config.json", true);

@@ -1,5 +1,5 @@
-// GRPO/RLOO advantages and the GRPO loss family (trainers/grpo_loss.h) against the anchors of
-// trl_semantics.md (section 17/18: group advantages of [1,0,1,0], a constant group, the clip
+// GRPO/RLOO advantages and the GRPO loss family (trainers/online/grpo_loss.h) against the anchors
+// of trl_semantics.md (section 17/18: group advantages of [1,0,1,0], a constant group, the clip
 // cases, k3, RLOO's leave-one-out), NaN rewards, batch scaling, each aggregation on a hand case,
 // the clip metrics, and the gradient against central finite differences for every loss type,
 // with and without beta, with tokens on both sides of the clip range.
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/check.h"
-#include "trainers/grpo_loss.h"
+#include "trainers/online/grpo_loss.h"
 
 namespace leantune {
 namespace {
@@ -143,8 +143,7 @@ TEST_P(GrpoLossTypes, AggregationAndGradientMatchFiniteDifferences) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, GrpoLossTypes,
-                         ::testing::Values("grpo", "bnpo", "dr_grpo", "dapo"),
+INSTANTIATE_TEST_SUITE_P(Types, GrpoLossTypes, ::testing::Values("grpo", "bnpo", "dr_grpo", "dapo"),
                          [](const auto& info) { return info.param; });
 
 TEST(GrpoLoss, ClipMetrics) {

@@ -11,7 +11,7 @@
 
 #include "loaders/fs_util.h"
 #include "testing/testing.h"
-#include "trainers/grpo_loss.h"
+#include "trainers/online/grpo_loss.h"
 
 namespace leantune {
 namespace {

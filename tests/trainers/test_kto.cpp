@@ -7,7 +7,7 @@
 
 #include "loaders/fs_util.h"
 #include "testing/testing.h"
-#include "trainers/kto.h"
+#include "trainers/kto/kto.h"
 #include "trainers/trainer_test_util.h"
 
 namespace leantune {

@@ -13,10 +13,10 @@
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
 #include "models/decoder.h"
+#include "models/ref_model.h"
 #include "testing/testing.h"
-#include "trainers/kto.h"
-#include "trainers/kto_loss.h"
-#include "trainers/ref_model.h"
+#include "trainers/kto/kto.h"
+#include "trainers/kto/kto_loss.h"
 
 namespace leantune {
 namespace {

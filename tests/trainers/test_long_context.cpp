@@ -20,7 +20,7 @@
 #include "loaders/model_config.h"
 #include "testing/testing.h"
 #include "trainer_test_util.h"
-#include "trainers/max_context.h"
+#include "trainers/estimate/max_context.h"
 
 namespace leantune {
 namespace {

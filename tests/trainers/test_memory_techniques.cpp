@@ -10,9 +10,9 @@
 #include "models/decoder.h"
 #include "testing/testing.h"
 #include "trainer_test_util.h"
-#include "trainers/estimate.h"
-#include "trainers/model_io.h"
-#include "trainers/sft.h"
+#include "trainers/common/model_io.h"
+#include "trainers/estimate/estimate.h"
+#include "trainers/sft/sft.h"
 
 namespace leantune {
 namespace {

@@ -13,7 +13,7 @@
 #include "engine/optim.h"
 #include "kernels/optim_8bit.h"
 #include "testing/testing.h"
-#include "trainers/optim_options.h"
+#include "trainers/common/optim_options.h"
 
 namespace leantune {
 namespace {

@@ -13,10 +13,10 @@
 #include "models/decoder.h"
 #include "testing/testing.h"
 #include "trainer_test_util.h"
-#include "trainers/estimate.h"
-#include "trainers/model_io.h"
-#include "trainers/optim_options.h"
-#include "trainers/sft.h"
+#include "trainers/common/model_io.h"
+#include "trainers/common/optim_options.h"
+#include "trainers/estimate/estimate.h"
+#include "trainers/sft/sft.h"
 
 namespace leantune {
 namespace {

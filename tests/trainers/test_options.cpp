@@ -3,8 +3,8 @@
 #include <fstream>
 
 #include "engine/check.h"
+#include "loaders/options.h"
 #include "testing/testing.h"
-#include "trainers/options.h"
 
 namespace leantune {
 namespace {

@@ -1,4 +1,4 @@
-// The output rules of trainers/output_path.h: an output is never an input, inside an input
+// The output rules of trainers/common/output_path.h: an output is never an input, inside an input
 // folder, or a folder holding an input (symlinks and hard links resolved); a tool command's
 // output folder is written whole or not at all, and a non-empty one is replaced only with
 // overwrite, once the new one is complete.
@@ -10,7 +10,7 @@
 
 #include "engine/check.h"
 #include "testing/testing.h"
-#include "trainers/output_path.h"
+#include "trainers/common/output_path.h"
 
 namespace leantune {
 namespace {

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "engine/check.h"
-#include "trainers/preference_loss.h"
+#include "trainers/dpo/preference_loss.h"
 
 namespace leantune {
 namespace {

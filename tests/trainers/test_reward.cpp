@@ -22,9 +22,9 @@
 #include "loaders/tokenizer.h"
 #include "models/score_head.h"
 #include "testing/testing.h"
-#include "trainers/estimate_reward.h"
-#include "trainers/peft_options.h"
-#include "trainers/reward.h"
+#include "trainers/common/peft_options.h"
+#include "trainers/estimate/estimate_reward.h"
+#include "trainers/reward/reward.h"
 #include "trainers/trainer_test_util.h"
 
 namespace leantune {

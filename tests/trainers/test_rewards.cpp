@@ -1,5 +1,5 @@
-// Verifiable rewards and the external reward command (trainers/rewards.h): final answers from
-// \boxed{} (nested, the last one), GSM8K's "####" and the last number; numeric comparison with
+// Verifiable rewards and the external reward command (trainers/online/rewards.h): final answers
+// from \boxed{} (nested, the last one), GSM8K's "####" and the last number; numeric comparison with
 // commas, '$' and trailing dots; format patterns as re.match with DOTALL/MULTILINE (TRL's
 // think_format_reward pattern on its own examples); DAPO's soft overlong punishment (TRL's
 // docstring example); and a command that answers, answers null, prints garbage or too many
@@ -19,8 +19,8 @@
 
 #include "engine/check.h"
 #include "testing/testing.h"
-#include "trainers/rewards.h"
-#include "trainers/stop_signal.h"
+#include "trainers/common/stop_signal.h"
+#include "trainers/online/rewards.h"
 
 namespace leantune {
 namespace {

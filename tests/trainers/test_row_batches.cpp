@@ -1,5 +1,5 @@
-// RowBatches (trainers/row_batches.h) on one rank: every row once per epoch in batches of the
-// given size (the last one short), a shuffled order that is the same for the same seed and
+// RowBatches (trainers/common/row_batches.h) on one rank: every row once per epoch in batches of
+// the given size (the last one short), a shuffled order that is the same for the same seed and
 // epoch and differs between epochs, file order without shuffling, progress, and the data state:
 // a round trip resumes at the same micro-batch, a state of another dataset size is refused;
 // with drop_last only whole batches, and fewer rows than one batch is an input error.
@@ -10,7 +10,7 @@
 
 #include "engine/check.h"
 #include "engine/comm.h"
-#include "trainers/row_batches.h"
+#include "trainers/common/row_batches.h"
 
 namespace leantune {
 namespace {

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "engine/check.h"
-#include "trainers/schedule.h"
+#include "trainers/common/schedule.h"
 
 namespace leantune {
 namespace {

@@ -14,8 +14,8 @@
 #include "loaders/safetensors.h"
 #include "testing/testing.h"
 #include "trainer_test_util.h"
-#include "trainers/checkpoint.h"
-#include "trainers/sft.h"
+#include "trainers/common/checkpoint.h"
+#include "trainers/sft/sft.h"
 
 namespace leantune {
 namespace {

@@ -11,8 +11,8 @@
 #include "loaders/model_config.h"
 #include "models/decoder.h"
 #include "testing/testing.h"
-#include "trainers/model_io.h"
-#include "trainers/sft.h"
+#include "trainers/common/model_io.h"
+#include "trainers/sft/sft.h"
 
 namespace leantune::testing {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "trainers/options.h"
+#include "loaders/options.h"
 
 namespace leantune::testing {
 

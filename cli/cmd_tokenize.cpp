@@ -1,0 +1,181 @@
+// `trainer_bin tokenize`: encode text, render+encode a chat, or decode ids with a tokenizer.json.
+//
+//   trainer_bin tokenize --tokenizer PATH (--text S | --file F) [--add_special_tokens]
+//   trainer_bin tokenize --tokenizer PATH (--text S | --file F) --chat [--add_generation_prompt]
+//                        [--chat_template NAME|FILE.jinja] [--chat_template_kwargs JSON]
+//                        [--date_string "26 Jul 2024"] [--assistant_mask]
+//   trainer_bin tokenize --tokenizer PATH (--text S | --file F) --decode [--skip_special_tokens]
+//
+// Encoding prints the ids as one JSON array line. --chat reads a JSON list of messages, or a
+// dataset row {"messages": [...], "tools": [...], "chat_template_kwargs": {...}} (TRL's
+// conversational format with tools), and prints the ids apply_chat_template(tokenize=True)
+// gives (with --assistant_mask, a JSON object {"ids": [...], "assistant_mask": [...]}). --decode
+// reads a JSON array of ids and prints the text followed by a newline. Nothing else goes to stdout.
+// --file - reads stdin. Bad input or usage throws Error(kInput) (exit 2 through main.cpp), with one
+// line naming it.
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "engine/check.h"
+#include "loaders/chat_template.h"
+#include "loaders/fs_util.h"
+#include "loaders/options.h"
+#include "loaders/tokenizer.h"
+#include "trainers/common/data_options.h"
+
+namespace leantune {
+namespace {
+
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+std::string read_input(const std::string& text, const std::string& file, bool have_text) {
+  if (have_text) return text;
+  if (file == "-") {
+    return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  }
+  return read_text_file(file);
+}
+
+json parse_input_json(const std::string& input, const std::string& what) {
+  try {
+    return json::parse(input);
+  } catch (const json::exception& e) {
+    LT_THROW(ErrorKind::kInput, "tokenize: the input is not ", what, ": ", e.what());
+  }
+}
+
+std::vector<int32_t> parse_ids(const std::string& input) {
+  const json j = parse_input_json(input, "a JSON array of token ids");
+  LT_CHECK_INPUT(j.is_array(), "tokenize --decode: the input must be a JSON array of ids");
+  std::vector<int32_t> ids;
+  ids.reserve(j.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    LT_CHECK_INPUT(j[i].is_number_integer(), "tokenize --decode: element ", i, " (", j[i].dump(),
+                   ") is not an integer id");
+    const auto v = j[i].get<int64_t>();
+    LT_CHECK_INPUT(
+        v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+        "tokenize --decode: element ", i, " (", v, ") is out of range");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+// --chat input: a JSON list of messages, or a dataset row {"messages": [...], "tools": [...],
+// "chat_template_kwargs": {...}} as in TRL's conversational datasets with tools.
+ChatRequest parse_chat(const std::string& input) {
+  ojson j;
+  try {
+    j = ojson::parse(input);
+  } catch (const ojson::exception& e) {
+    LT_THROW(ErrorKind::kInput,
+             "tokenize --chat: the input is not a JSON list of messages or a {\"messages\": "
+             "[...]} row: ",
+             e.what());
+  }
+  ChatRequest r;
+  if (j.is_object()) {
+    LT_CHECK_INPUT(j.contains("messages") && j["messages"].is_array(),
+                   "tokenize --chat: a row needs a \"messages\" list");
+    r.messages = j["messages"];
+    if (j.contains("tools") && !j["tools"].is_null()) {
+      LT_CHECK_INPUT(j["tools"].is_array(), "tokenize --chat: \"tools\" must be a list");
+      r.tools = j["tools"];
+    }
+    if (j.contains("chat_template_kwargs")) {
+      LT_CHECK_INPUT(j["chat_template_kwargs"].is_object(),
+                     "tokenize --chat: \"chat_template_kwargs\" must be an object");
+      r.kwargs = j["chat_template_kwargs"];
+      check_chat_template_kwargs(r.kwargs, "tokenize --chat: \"chat_template_kwargs\"");
+    }
+  } else {
+    LT_CHECK_INPUT(j.is_array(),
+                   "tokenize --chat: the input must be a JSON list of messages or a "
+                   "{\"messages\": [...]} row");
+    r.messages = j;
+  }
+  for (size_t i = 0; i < r.messages.size(); ++i) {
+    const ojson& m = r.messages[i];
+    LT_CHECK_INPUT(m.is_object() && m.contains("role") && m["role"].is_string(),
+                   "tokenize --chat: message ", i, " must be an object with a string \"role\"");
+  }
+  return r;
+}
+
+int run_tokenize(const std::vector<std::string>& args) {
+  Options o("tokenize");
+  o.add_string("tokenizer", "",
+               "a model folder with tokenizer.json (+ tokenizer_config.json), or a tokenizer.json");
+  o.add_string("text", "", "the input");
+  o.add_string("file", "", "read the input from this file ('-': stdin)");
+  o.add_bool("add_special_tokens", false,
+             "let the post-processor add its special tokens (e.g. Llama-3's BOS)");
+  o.add_bool("chat", false,
+             "the input is a JSON list of messages or a {\"messages\", \"tools\"} row");
+  add_chat_options(o);
+  o.add_bool("add_generation_prompt", false, "with --chat: end with the assistant header");
+  o.add_string("date_string", "", "with --chat: the template's date_string (Llama-3.1/3.2)");
+  o.add_bool("assistant_mask", false, "with --chat: print {\"ids\", \"assistant_mask\"}");
+  o.add_bool("decode", false, "the input is a JSON array of ids; print the text");
+  o.add_bool("skip_special_tokens", false, "with --decode: drop special tokens");
+  if (!o.parse(args)) {
+    std::printf("%s", o.help().c_str());
+    return 0;
+  }
+  LT_CHECK_INPUT(!o.get_string("tokenizer").empty(), "tokenize: --tokenizer PATH is required");
+  const bool have_text = o.is_set("text"), have_file = o.is_set("file");
+  LT_CHECK_INPUT(!(have_text && have_file), "tokenize: --text excludes --file");
+  LT_CHECK_INPUT(have_text || have_file, "tokenize: give the input with --text or --file");
+  const bool chat = o.get_bool("chat"), decode = o.get_bool("decode");
+  LT_CHECK_INPUT(!(chat && decode), "tokenize: --chat and --decode exclude each other");
+  LT_CHECK_INPUT(chat || (!o.is_set("chat_template") && !o.is_set("chat_template_kwargs") &&
+                          !o.is_set("date_string") && !o.get_bool("assistant_mask") &&
+                          !o.get_bool("add_generation_prompt")),
+                 "tokenize: --chat_template, --chat_template_kwargs, --date_string, "
+                 "--add_generation_prompt and --assistant_mask need --chat");
+  LT_CHECK_INPUT(decode || !o.get_bool("skip_special_tokens"),
+                 "tokenize: --skip_special_tokens needs --decode");
+
+  const std::string input = read_input(o.get_string("text"), o.get_string("file"), have_text);
+  auto tok = Tokenizer::load(o.get_string("tokenizer"));
+  if (decode) {
+    const std::string out = tok->decode(parse_ids(input), o.get_bool("skip_special_tokens"));
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fputc('\n', stdout);
+    return 0;
+  }
+  if (chat) {
+    ChatRequest request = parse_chat(input);
+    request.add_generation_prompt = o.get_bool("add_generation_prompt");
+    apply_chat_options(o, *tok);
+    ChatTemplate tmpl = tok->chat_template();
+    if (!o.get_string("date_string").empty()) tmpl.set_date_string(o.get_string("date_string"));
+    const ChatEncoding enc = tmpl.encode_request(*tok, request);
+    if (o.get_bool("assistant_mask")) {
+      LT_CHECK_INPUT(enc.assistant_mask.size() == enc.ids.size(), "tokenize --assistant_mask: ",
+                     tmpl.has_assistant_mask()
+                         ? "the template's training variant renders this conversation differently"
+                         : tmpl.assistant_mask_error());
+      const json out{{"ids", enc.ids}, {"assistant_mask", enc.assistant_mask}};
+      std::printf("%s\n", out.dump().c_str());
+    } else {
+      std::printf("%s\n", json(enc.ids).dump().c_str());
+    }
+    return 0;
+  }
+  std::printf("%s\n", json(tok->encode(input, o.get_bool("add_special_tokens"))).dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int cmd_tokenize(const std::vector<std::string>& args) { return run_tokenize(args); }
+
+}  // namespace leantune

@@ -1,0 +1,123 @@
+// Trainer::save_checkpoint: a checkpoint-N folder of the state after update N (its counterpart,
+// Trainer::load_checkpoint, is trainers/common/resume.cpp).
+//
+// What a checkpoint holds besides the weights and the optimizer (the data position, the token
+// count, the random streams' offsets) is a ResumePoint taken when an update begins: a stop in the
+// middle of an update (a signal between micro-batches or during a generation) abandons that update
+// and saves the point taken before it, so the resumed run repeats it exactly.
+//
+// Data parallel: rank 0 writes the model, trainer_state.json and its own rank files; every
+// other rank first stages its own files (its data position and random streams, and under ZeRO its
+// optimizer shard) in `.checkpoint-N.tmp-rank-R`, which rank 0 moves into the checkpoint before
+// the rename that completes it. A killed save leaves only temporary folders, removed at the next
+// start.
+#include <filesystem>
+#include <string>
+
+#include "dist/consolidate.h"
+#include "dist/zero.h"
+#include "loaders/fs_util.h"
+#include "loaders/safetensors.h"
+#include "trainers/common/checkpoint.h"
+#include "trainers/common/trainer.h"
+
+namespace leantune {
+
+namespace {
+
+std::string rank_staging_dir(const std::string& output_dir, int64_t step, int rank) {
+  return output_dir + "/.checkpoint-" + std::to_string(step) + ".tmp-rank-" + std::to_string(rank);
+}
+
+constexpr const char* kLoraDropout = "lora_dropout";
+
+}  // namespace
+
+nlohmann::json Trainer::rng_state() const {
+  nlohmann::json s = nlohmann::json::object();
+  if (peft_.active() && peft_.runtime->dropout_gen)
+    s[kLoraDropout] = peft_.runtime->dropout_gen->offset();
+  return s;
+}
+
+std::string Trainer::set_rng_state(const nlohmann::json& s) {
+  if (!peft_.active() || !peft_.runtime->dropout_gen) return "";
+  auto it = s.find(kLoraDropout);
+  if (it == s.end())
+    return "the checkpoint holds no LoRA dropout offset (written before checkpoints saved it): "
+           "the dropout masks start afresh, so this run is not bit-identical to an uninterrupted "
+           "one";
+  peft_.runtime->dropout_gen->set_offset(it->get<uint64_t>());
+  return "";
+}
+
+Trainer::ResumePoint Trainer::resume_point() const {
+  return {data_state(), epoch_progress(), num_tokens_, rng_state()};
+}
+
+void Trainer::write_rank_files(const std::string& dir, int rank, const ResumePoint& at) const {
+  std::filesystem::create_directories(dir);
+  write_text_atomic(
+      dir + "/" + rank_state_name(rank),
+      nlohmann::json{{"rank", rank}, {"data_state", at.data_state}, {"rng", at.rng}}.dump(1));
+  if (!zero_) return;
+  // The parameters' shapes let `trainer_bin consolidate` put the pieces back together.
+  nlohmann::json shapes = nlohmann::json::array();
+  for (const auto& p : trainable_) shapes.push_back({p.name, p.tensor.shape()});
+  save_safetensors(
+      dir + "/" + rank_optimizer_name(rank), optimizer_->state_tensors(),
+      {{"step", std::to_string(optimizer_->step_count())}, {kParamShapesKey, shapes.dump()}});
+}
+
+void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoint& at) {
+  Communicator& comm = this->comm();
+  const bool distributed = comm.size() > 1;
+  const AllUnitsGathered gathered(units_whole_for_save(false));
+  saved_step_ = step;
+  if (distributed && comm.rank() != 0) {
+    write_rank_files(rank_staging_dir(args_.output_dir, step, comm.rank()), comm.rank(), at);
+    comm.barrier();  // staged
+    take_part_in_save();
+    comm.barrier();  // rank 0 has completed the checkpoint
+    return;
+  }
+  if (distributed) comm.barrier();  // every rank has staged its files
+  const std::string path = write_checkpoint(args_.output_dir, step, [&](const std::string& dir) {
+    save_model(dir, false);
+    if (!zero_)
+      save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_tensors(),
+                       {{"step", std::to_string(optimizer_->step_count())}});
+    if (distributed) {
+      write_rank_files(dir, 0, at);
+      for (int r = 1; r < comm.size(); ++r) {
+        const std::string staged = rank_staging_dir(args_.output_dir, step, r);
+        for (const std::string& name : {rank_state_name(r), rank_optimizer_name(r)})
+          if (std::filesystem::exists(staged + "/" + name))
+            std::filesystem::rename(staged + "/" + name, dir + "/" + name);
+        std::filesystem::remove_all(staged);
+      }
+    }
+    nlohmann::json st = {{"global_step", step},
+                         {"epoch", at.epoch},
+                         {"num_tokens", at.num_tokens},
+                         {"consecutive_nonfinite", consecutive_nonfinite_},
+                         {"skipped_steps", skipped_steps_},
+                         {"optimizer_step", optimizer_->step_count()},
+                         {"optim", args_.optim},
+                         {"offload_optimizer", args_.offload_optimizer},
+                         {"world_size", comm.size()},
+                         {"zero_stage", zero_ ? args_.zero_stage : 0},
+                         {"cp_size", args_.cp_size},
+                         {"total_steps", total_steps_},
+                         {"data_state", at.data_state},
+                         {"rng", at.rng},
+                         {"options", options_.to_json()}};
+    write_text_atomic(dir + "/trainer_state.json", st.dump(1));
+    if (save_hook_) save_hook_(dir);
+  });
+  rotate_checkpoints(args_.output_dir, args_.save_total_limit);
+  log.message("saved " + path);
+  if (distributed) comm.barrier();
+}
+
+}  // namespace leantune

@@ -1,0 +1,28 @@
+// The data options sft, pack, lengths, tokenize and generate share, declared once here so their
+// names, help and accepted values cannot drift apart:
+//   chat group:    --chat_template NAME|FILE.jinja (a bundled template name or a template file
+//                  instead of the tokenizer's), --chat_template_kwargs JSON (extra template
+//                  variables, TRL's chat_template_kwargs, e.g. '{"enable_thinking": false}')
+//   dataset group: --dataset_text_field, --completion_only_loss, --assistant_only_loss,
+//                  --skip_bad_lines (TRL's names and defaults)
+#pragma once
+
+#include "loaders/data_config.h"
+#include "loaders/options.h"
+#include "trainers/common/output_path.h"
+
+namespace leantune {
+
+class Tokenizer;
+
+void add_chat_options(Options& o);
+// Applies --chat_template / --chat_template_kwargs to the tokenizer's chat template (Error
+// kInput for an unknown name, an unreadable file, bad JSON, or kwargs without a template).
+void apply_chat_options(const Options& o, Tokenizer& tok);
+// --chat_template as an input of the command (output_path.h), when it names a file.
+CommandInput chat_template_input(const Options& o);
+
+void add_dataset_options(Options& o);
+void read_dataset_options(const Options& o, DataConfig* cfg);
+
+}  // namespace leantune

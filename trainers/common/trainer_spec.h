@@ -1,0 +1,74 @@
+// One TrainerSpec per training algorithm: what the command line, the estimate and the demo need
+// to know about it, declared once beside the algorithm (trainers/<algorithm>/) and listed once in
+// trainers/registry.cpp. trainer_bin builds its list of trainer commands from trainer_specs(),
+// runs each through one driver (cli/cmd_train.cpp), fills in the built-in demo's settings with
+// apply_demo_defaults and dispatches `trainer_bin estimate <algorithm>` to the spec's estimate.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loaders/options.h"
+#include "models/decoder.h"
+#include "trainers/common/trainer.h"
+
+namespace leantune {
+
+// A run built from options: the model it trains and its trainer (train(), the data report, the
+// logged metrics, the memory report).
+struct TrainRun {
+  std::shared_ptr<DecoderModel> model;
+  std::unique_ptr<Trainer> trainer;
+  // After the model's path in the command's first line (reward: " as <architecture> (new score
+  // head)"); empty for most.
+  std::string model_note;
+};
+
+struct TrainerSpec {
+  std::string name;           // the command: trainer_bin <name>
+  std::string summary;        // its line in trainer_bin --help
+  std::string examples_word;  // what the data report counts: "pairs", "examples", "prompts"
+  // The command's options (`command` names the usage line: estimate reuses them).
+  std::function<Options(const std::string& command)> options;
+  // The built-in demo (no --model_name_or_path and no --dataset): the settings it takes for
+  // options the user did not set; output_dir defaults to trainer_output/embedded_<name>.
+  std::vector<std::pair<std::string, nlohmann::json>> demo_defaults;
+  // Refuses bad options, loads the model and the data, builds the trainer (Error kInput, one
+  // line, for any bad option, file or row).
+  std::function<TrainRun(const Options&)> make_run;
+  // The end of the command's last line from the last logged metrics (", rewards/margins 0.12").
+  std::function<std::string(const nlohmann::json& last)> final_metrics;
+  // trainer_bin estimate <name> ARGS (empty: estimate's own sft front-end).
+  std::function<int(const std::vector<std::string>& args)> estimate;
+};
+
+// Every algorithm, in the order trainer_bin --help lists them.
+const std::vector<const TrainerSpec*>& trainer_specs();
+// The spec named `name`, or nullptr.
+const TrainerSpec* find_trainer_spec(const std::string& name);
+
+// The demo's settings for the options the user did not set, when neither model_name_or_path nor
+// dataset is given.
+void apply_demo_defaults(const TrainerSpec& spec, Options& o);
+
+// The preference trainers' demo (dpo, kto, reward): 128 tokens, 8 rows a micro-batch, 40 updates
+// at a constant 1e-3, logged every 5, no checkpoints, output_dir trainer_output/embedded_<name>.
+std::vector<std::pair<std::string, nlohmann::json>> small_demo_defaults(const std::string& name);
+
+// Refuses --dataset without --model_name_or_path (the demo's data fits the demo's model only).
+void check_model_for_dataset(const std::string& command, const Options& o);
+
+// The specs, each defined in its algorithm's folder.
+const TrainerSpec& sft_spec();
+const TrainerSpec& dpo_spec();
+const TrainerSpec& kto_spec();
+const TrainerSpec& reward_spec();
+const TrainerSpec& grpo_spec();
+const TrainerSpec& rloo_spec();
+const TrainerSpec& online_dpo_spec();
+
+}  // namespace leantune

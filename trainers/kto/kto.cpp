@@ -1,0 +1,293 @@
+// KTO trainer: unpaired batches with their KL sequences, the loss hook and its metrics. See
+// kto.h.
+#include "trainers/kto/kto.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "engine/autograd.h"
+#include "kernels/cross_entropy.h"
+#include "loaders/host_batch.h"
+#include "loaders/text_encoder.h"
+#include "trainers/common/data_options.h"
+#include "trainers/common/model_io.h"
+#include "trainers/common/peft_options.h"
+#include "trainers/common/quant_options.h"
+#include "trainers/common/trainer_spec.h"
+#include "trainers/estimate/estimate_pref.h"
+
+namespace leantune {
+
+namespace fs = std::filesystem;
+
+Options kto_options(const std::string& command) {
+  Options o(command);
+  o.add_string("model_name_or_path", "",
+               "HF model folder to train (empty with no dataset: the built-in demo model)");
+  o.add_string("dataset", "",
+               "unpaired preference data: JSONL with prompt, completion and a boolean label, "
+               "standard or conversational");
+  o.add_int_or_none("max_length", 1024,
+                    "cut prompt + completion to this many tokens; none = no limit", 1);
+  // TRL's KTO collator keeps the start of a too-long sequence (KTOConfig has no such option).
+  o.add_string("truncation_mode", "keep_start", "which end of a too-long sequence is kept",
+               {"keep_start", "keep_end"});
+  o.add_bool("use_liger_loss", true,
+             "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
+             "exist (off: full logits)");
+  add_kto_loss_options(o);
+  add_ref_model_options(o);
+  add_dataset_options(o);
+  add_chat_options(o);
+  add_peft_options(o);
+  add_quant_options(o);
+  add_training_options(o);
+  o.set_default("learning_rate", 1e-6);  // KTOConfig's default
+  return o;
+}
+
+namespace {
+
+Batch flat_batch(const std::vector<std::vector<int32_t>>& seqs,
+                 const std::vector<std::vector<uint8_t>>& masks) {
+  std::vector<int64_t> ids, pos, labels;
+  std::vector<int32_t> cu{0};
+  int64_t longest = 0;
+  BatchStats st;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t n = static_cast<int64_t>(seqs[s].size());
+    for (int64_t t = 0; t < n; ++t) {
+      ids.push_back(seqs[s][t]);
+      pos.push_back(t);
+      labels.push_back(masks[s][t] ? seqs[s][t] : kernels::kIgnoreIndex);
+      if (masks[s][t] && t >= 1) ++st.label_tokens;
+    }
+    st.real_tokens += n;
+    longest = std::max(longest, n);
+    cu.push_back(cu.back() + static_cast<int32_t>(n));
+  }
+  st.sequences = static_cast<int64_t>(seqs.size());
+  return host_batch(ids, pos, labels, cu, longest, st);
+}
+
+}  // namespace
+
+UnpairedBatch collate_unpaired(const std::vector<UnpairedExample>& data,
+                               const std::vector<int64_t>& idx, int64_t max_length,
+                               const std::string& truncation_mode, bool with_kl) {
+  const TruncationMode mode = parse_truncation_mode(truncation_mode);
+  UnpairedBatch ub;
+  ub.idx = idx;
+  for (int kind = 0; kind < (with_kl ? 2 : 1); ++kind) {
+    std::vector<std::vector<int32_t>> seqs;
+    std::vector<std::vector<uint8_t>> masks;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const UnpairedExample& ex = data[static_cast<size_t>(idx[k])];
+      // KL: this prompt with the completion of the example before it (the first: the last).
+      const UnpairedExample& comp =
+          kind == 0 ? ex : data[static_cast<size_t>(idx[(k + idx.size() - 1) % idx.size()])];
+      std::vector<int32_t> ids;
+      std::vector<uint8_t> cm;
+      build_preference_sequence(ex.prompt_ids, comp.completion_ids, max_length, mode, &ids, &cm);
+      seqs.push_back(std::move(ids));
+      masks.push_back(std::move(cm));
+      (kind == 0 ? ub.matched_keys : ub.kl_keys).push_back(2 * idx[k] + kind);
+    }
+    (kind == 0 ? ub.matched : ub.kl) = flat_batch(seqs, masks);
+  }
+  return ub;
+}
+
+KtoTrainer::KtoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
+                       std::string tokenizer_dir, UnpairedData train, int64_t max_length,
+                       std::string truncation_mode, KtoLossConfig loss, SequenceLogpsOptions logps)
+    : Trainer(std::move(args), std::move(model), std::move(options)),
+      train_(std::move(train)),
+      max_length_(max_length),
+      truncation_mode_(std::move(truncation_mode)),
+      loss_(std::move(loss)),
+      logps_(logps),
+      batches_(static_cast<int64_t>(train_.examples.size()), args_.per_device_train_batch_size,
+               args_.seed, false, "examples") {
+  tokenizer_dir_ = std::move(tokenizer_dir);
+  logps_.gradient_checkpointing = args_.gradient_checkpointing;
+  LT_CHECK_INPUT(!kto_uses_kl(loss_) || args_.per_device_train_batch_size > 1,
+                 "option per_device_train_batch_size 1: loss_type kto estimates its KL term from "
+                 "the other completions of a micro-batch and needs at least 2 (as TRL)");
+}
+
+void KtoTrainer::set_reference(RefModelConfig cfg) {
+  ref_ = std::make_unique<ReferenceModel>(std::move(cfg), model_, &peft_);
+  if (ref_->mode() != RefMode::kPrecomputed) return;
+  // The training micro-batches themselves (their KL rotation depends on them): matched
+  // sequences for even b, KL sequences for odd b.
+  const bool kl = kto_uses_kl(loss_);
+  ref_->precompute(
+      batches_.global_per_epoch() * (kl ? 2 : 1),
+      [&](int64_t b) {
+        UnpairedBatch ub = collate_unpaired(train_.examples, batches_.rows_of(0, kl ? b / 2 : b),
+                                            max_length_, truncation_mode_, kl);
+        if (kl && b % 2 == 1) return std::make_pair(std::move(ub.kl), std::move(ub.kl_keys));
+        return std::make_pair(std::move(ub.matched), std::move(ub.matched_keys));
+      },
+      logps_);
+}
+
+int64_t KtoTrainer::micro_batches_per_epoch() const { return batches_.per_epoch(data_comm()); }
+
+int64_t KtoTrainer::loss_tokens(const Batch& b) const {
+  // The examples; under context parallelism the cp group's replicated loss counts once.
+  return counts_replicated_loss() ? b.stats.sequences : 0;
+}
+
+Batch KtoTrainer::next_micro_batch(BatchReport* report) {
+  UnpairedBatch ub = collate_unpaired(train_.examples, batches_.next(data_comm()), max_length_,
+                                      truncation_mode_, kto_uses_kl(loss_));
+  if (report) {
+    report->real_tokens = ub.matched.stats.real_tokens;
+    report->pad_tokens = 0;
+  }
+  Batch b = ub.matched;
+  pending_.push_back(std::move(ub));
+  return b;
+}
+
+Tensor KtoTrainer::compute_loss(const Batch& b, double normalizer) {
+  LT_CHECK(!pending_.empty(), "kto: compute_loss without a fetched micro-batch");
+  UnpairedBatch ub = std::move(pending_.front());
+  pending_.pop_front();
+  ub.matched = b;
+  const double scale = static_cast<double>(ub.idx.size()) / normalizer;
+  KtoLossResult r;
+  Tensor loss = batch_loss(ub, scale, &r);
+  window_.add(r.metrics);
+  return loss;
+}
+
+Tensor KtoTrainer::batch_loss(const UnpairedBatch& ub, double scale, KtoLossResult* result) {
+  const bool kl = kto_uses_kl(loss_);
+  // Under context parallelism this rank scores its zigzag rows through the ring; the reference
+  // first (its activations are gone before the policy's graph is built).
+  const CpScoring matched(ub.matched, cp_groups_.get(), cp_pad_token_id_);
+  const std::vector<double> ref = matched.reference(*ref_, ub.matched_keys, logps_, *model_);
+  std::vector<double> ref_kl, pol_kl;
+  if (kl) {
+    const CpScoring mismatched(ub.kl, cp_groups_.get(), cp_pad_token_id_);
+    ref_kl = mismatched.reference(*ref_, ub.kl_keys, logps_, *model_);
+    NoGradGuard ng;  // TRL scores the KL sequences without gradient
+    pol_kl = mismatched.policy(*model_, logps_).logps.to_f64();
+  }
+  std::optional<double> kl_override;
+  // TRL gathers the data-parallel ranks' estimates and takes their mean (the ranks of a cp
+  // group share one micro-batch, hence one estimate).
+  Communicator& dp = data_comm();
+  if (kl && dp.size() > 1)
+    kl_override = dp.all_reduce_scalar(kto_batch_kl(pol_kl, ref_kl)) / dp.size();
+  SequenceLogpsOptions po = logps_;
+  po.logit_sums = true;
+  po.row_stats = true;
+  kernels::SequenceLogprobs pol = matched.policy(*model_, po);
+  const std::vector<double> lp = pol.logps.to_f64();
+  std::vector<KtoExampleTerms> terms;
+  for (size_t i = 0; i < lp.size(); ++i)
+    terms.push_back({lp[i], ref[i], train_.examples[static_cast<size_t>(ub.idx[i])].label,
+                     pol.tokens[i], pol.logit_sums[i], pol.entropy_sums[i]});
+  KtoLossResult r = kto_loss(loss_, terms, pol_kl, ref_kl, kl_override);
+  std::vector<double> grad = r.dlogp;
+  for (double& g : grad) g *= scale;
+  const double value = counts_replicated_loss() ? r.loss * scale : 0.0;
+  if (result) *result = std::move(r);
+  return loss_from_sequence_gradient(pol.logps, value, std::move(grad));
+}
+
+nlohmann::json KtoTrainer::log_metrics() { return window_.take(); }
+
+double KtoTrainer::epoch_progress() const { return batches_.progress(data_comm()); }
+
+nlohmann::json KtoTrainer::data_state() const { return batches_.state(); }
+
+void KtoTrainer::set_data_state(const nlohmann::json& s) {
+  batches_.set_state(s, data_comm());
+  pending_.clear();  // fetched by an update that a stop abandoned
+}
+
+void KtoTrainer::on_train_begin(MetricsLogger& log) {
+  log.message(train_.stats.summary());
+  log.message(std::string("kto: reference ") + ref_mode_name(ref_->mode()) + ", loss " +
+              loss_.loss_type + ", beta " + std::to_string(loss_.beta));
+}
+
+nlohmann::json KtoTrainer::technique_savings() const {
+  nlohmann::json s = nlohmann::json::object();
+  s["reference_model"] = ref_->memory_json();
+  if (args_.gradient_checkpointing)
+    s["gradient_checkpointing"] = {
+        {"note", "only each layer's input is kept between forward and backward"}};
+  add_adapter_savings(s, *model_, peft_, quant_config_, quant_report_);
+  return s;
+}
+
+KtoRun make_kto_run(const Options& o) {
+  check_model_for_dataset("kto", o);
+  LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
+                 "options --completion_only_loss / --assistant_only_loss are SFT options; KTO "
+                 "always scores the completions only");
+  TrainingArguments args = training_arguments(o);
+  const RefModelConfig ref_cfg = ref_model_config(o);
+  const KtoLossConfig loss = kto_loss_config(o);
+  KtoRun run;
+  run.model = load_sft_model(o);
+  prepare_run(args);
+  const SftModel& m = run.model;
+  std::string dataset = o.get_string("dataset");
+  if (dataset.empty()) dataset = m.setup.tokenizer_dir + "/unpaired.jsonl";
+  std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
+  DataConfig dc;
+  read_dataset_options(o, &dc);
+  dc.max_length = o.get_int_or_none("max_length").value_or(0);
+  dc.truncation_mode = o.get_string("truncation_mode");
+  dc.per_device_train_batch_size = args.per_device_train_batch_size;
+  dc.seed = args.seed;
+  validate_data_config(dc);
+  UnpairedData data = load_unpaired_data(dataset, *encoder, dc);
+  SequenceLogpsOptions lo;
+  lo.fused = o.get_bool("use_liger_loss");
+  const std::string base_name =
+      adapter_base_name(m, o.get_bool("use_peft"), args.output_dir, args.seed);
+  run.trainer =
+      std::make_unique<KtoTrainer>(args, m.model, o, m.setup.tokenizer_dir, std::move(data),
+                                   dc.max_length, dc.truncation_mode, loss, lo);
+  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
+  run.trainer->set_context_parallel(context_parallel_for(*m.model, args.cp_size, args.comm),
+                                    encoder->pad_token_id());
+  RefModelConfig rc = ref_cfg;
+  rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
+  run.trainer->set_reference(rc);
+  return run;
+}
+
+const TrainerSpec& kto_spec() {
+  static const TrainerSpec spec{
+      "kto",
+      "Kahneman-Tversky optimisation on unpaired preferences (TRL KTOTrainer options); no "
+      "options: the built-in demo",
+      "examples",
+      kto_options,
+      small_demo_defaults("kto"),
+      [](const Options& o) {
+        KtoRun r = make_kto_run(o);
+        return TrainRun{r.model.model, std::move(r.trainer), ""};
+      },
+      [](const nlohmann::json& last) {
+        char s[96];
+        std::snprintf(s, sizeof s, ", rewards/margins %.4f, kl %.4f",
+                      last.value("rewards/margins", 0.0), last.value("kl", 0.0));
+        return std::string(s);
+      },
+      [](const std::vector<std::string>& args) { return run_estimate_preference(args, "kto"); }};
+  return spec;
+}
+
+}  // namespace leantune

@@ -1,0 +1,752 @@
+// The online trainer (grpo, rloo, online_dpo): generation batches, rewards, advantages and the
+// loss hook. See grpo.h.
+#include "trainers/online/grpo.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <numeric>
+
+#include "engine/allocator.h"
+#include "engine/autograd.h"
+#include "engine/checked_int.h"
+#include "engine/ops.h"
+#include "kernels/cross_entropy.h"
+#include "loaders/host_batch.h"
+#include "trainers/common/model_io.h"
+#include "trainers/common/peft_options.h"
+
+namespace leantune {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The completion's text as transformers decodes it (skip_special_tokens): ids the tokenizer does
+// not know (a model's vocabulary padded past the tokenizer's) decode to nothing, as the Rust
+// tokenizers' decode drops them.
+std::string decode_completion(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+  std::vector<int32_t> known;
+  for (int32_t id : ids)
+    if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
+  return tok.decode(known, true);
+}
+
+// Every rank's `local` values (all ranks hold as many) in rank order; `local` on one process.
+std::vector<double> gather_ranks(Communicator& comm, const std::vector<double>& local) {
+  if (comm.size() == 1) return local;
+  const size_t n = local.size();
+  std::vector<double> all(n * static_cast<size_t>(comm.size()), 0.0);
+  std::copy(local.begin(), local.end(), all.begin() + static_cast<int64_t>(n) * comm.rank());
+  // A sum where every other rank adds zeros: exact, NaN included.
+  Tensor t = Tensor::from_doubles(all, {static_cast<int64_t>(all.size())}, DType::kF64);
+  comm.all_reduce(t);
+  return t.to_f64();
+}
+
+// Adapter dropout off for its lifetime (generation and the no-grad scoring passes), restored
+// after, also when an error leaves the scope.
+class AdapterEvalScope {
+ public:
+  explicit AdapterEvalScope(PeftSetup& peft)
+      : peft_(peft), was_training_(peft.active() && peft.runtime->training) {
+    if (peft_.active()) peft_.set_training(false);
+  }
+  ~AdapterEvalScope() {
+    if (peft_.active()) peft_.set_training(was_training_);
+  }
+  AdapterEvalScope(const AdapterEvalScope&) = delete;
+  AdapterEvalScope& operator=(const AdapterEvalScope&) = delete;
+
+ private:
+  PeftSetup& peft_;
+  bool was_training_;
+};
+
+// A metric value for JSON: NaN is logged as null, as TRL's logger leaves None.
+nlohmann::json metric(double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); }
+
+}  // namespace
+
+OnlineTrainer::OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model,
+                             Options options, std::shared_ptr<Tokenizer> tokenizer,
+                             std::string tokenizer_dir, OnlinePrompts data, OnlineConfig cfg,
+                             std::unique_ptr<RewardSources> rewards)
+    : Trainer(std::move(args), std::move(model), std::move(options)),
+      tokenizer_(std::move(tokenizer)),
+      data_(std::move(data)),
+      cfg_(std::move(cfg)),
+      rewards_(std::move(rewards)),
+      prompts_(static_cast<int64_t>(data_.rows.size()),
+               cfg_.completions_per_micro_batch * cfg_.steps_per_generation / cfg_.num_generations,
+               args_.seed, true, "prompts", /*drop_last=*/true) {
+  tokenizer_dir_ = std::move(tokenizer_dir);
+  Communicator& comm = this->comm();
+  const int64_t per_generation =
+      cfg_.completions_per_micro_batch * cfg_.steps_per_generation / cfg_.num_generations;
+  LT_CHECK_INPUT(prompts_.per_epoch(comm) > 0, data_.path, ": ", data_.rows.size(),
+                 " prompts, fewer than one generation batch of ", per_generation * comm.size(),
+                 " (", per_generation, " per rank x ", comm.size(), " ranks)");
+  cfg_.logps.gradient_checkpointing = args_.gradient_checkpointing;
+  kv_blocks_ = plan_kv_blocks();
+  stats_.path = data_.path;
+  stats_.format = data_.conversational ? "prompt_only (conversational)" : "prompt_only";
+  stats_.records = stats_.examples = static_cast<int64_t>(data_.rows.size());
+}
+
+void OnlineTrainer::set_reference(RefModelConfig cfg) {
+  if (cfg_.loss.beta == 0.0) return;  // no KL term: TRL loads no reference model either
+  ref_ = std::make_unique<ReferenceModel>(std::move(cfg), model_, &peft_);
+}
+
+int64_t OnlineTrainer::micro_batches_per_epoch() const {
+  return prompts_.per_epoch(comm()) * cfg_.steps_per_generation * cfg_.num_iterations;
+}
+
+double OnlineTrainer::epoch_progress() const { return prompts_.progress(comm()); }
+
+Batch OnlineTrainer::collate(const std::vector<Rollout>& rs) const {
+  std::vector<int64_t> ids, pos, labels;
+  std::vector<int32_t> cu{0};
+  BatchStats st;
+  int64_t longest = 0;
+  for (const Rollout& r : rs) {
+    const std::vector<int32_t>& whole = data_.rows[static_cast<size_t>(r.prompt)].ids;
+    // online_dpo's max_length: the prompt loses its first tokens (TRL truncates left), keeping
+    // at least the one that scores the completion's first token.
+    const size_t cut = prompt_cut(whole.size(), r.completion.size());
+    const std::vector<int32_t> p(whole.begin() + static_cast<int64_t>(cut), whole.end());
+    const int64_t n = static_cast<int64_t>(p.size() + r.completion.size());
+    for (size_t t = 0; t < p.size(); ++t) {
+      ids.push_back(p[t]);
+      labels.push_back(kernels::kIgnoreIndex);
+    }
+    for (size_t j = 0; j < r.completion.size(); ++j) {
+      ids.push_back(r.completion[j]);
+      labels.push_back(r.mask[j] ? r.completion[j] : kernels::kIgnoreIndex);
+      st.label_tokens += r.mask[j];
+    }
+    for (int64_t t = 0; t < n; ++t) pos.push_back(t);
+    cu.push_back(cu.back() + static_cast<int32_t>(n));
+    st.real_tokens += n;
+    longest = std::max(longest, n);
+  }
+  st.sequences = static_cast<int64_t>(rs.size());
+  return host_batch(ids, pos, labels, cu, longest, st);
+}
+
+size_t OnlineTrainer::prompt_cut(size_t prompt, size_t completion) const {
+  if (cfg_.max_length <= 0 || static_cast<int64_t>(prompt + completion) <= cfg_.max_length)
+    return 0;
+  const int64_t keep = std::max<int64_t>(1, cfg_.max_length - static_cast<int64_t>(completion));
+  return prompt - static_cast<size_t>(std::min<int64_t>(keep, static_cast<int64_t>(prompt)));
+}
+
+std::vector<std::vector<double>> OnlineTrainer::completion_values(
+    const std::vector<Rollout>& rs, const std::vector<double>& rows) const {
+  // Completion token j of sequence i sits at offset + prompt_len + j and is scored by the row
+  // before it.
+  std::vector<std::vector<double>> out;
+  size_t offset = 0;
+  for (const Rollout& r : rs) {
+    const size_t whole = data_.rows[static_cast<size_t>(r.prompt)].ids.size();
+    const size_t p = whole - prompt_cut(whole, r.completion.size());
+    std::vector<double> v(r.completion.size());
+    for (size_t j = 0; j < v.size(); ++j) {
+      const size_t row = offset + p + j - 1;
+      LT_CHECK(row < rows.size(), "online trainer: row ", row, " outside ", rows.size());
+      v[j] = r.mask[j] ? rows[row] : 0.0;
+    }
+    offset += p + r.completion.size();
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+void OnlineTrainer::generate_batch() {
+  const auto start = std::chrono::steady_clock::now();
+  // One process: a stop signal ends the phase between decode steps, between reference batches and
+  // while a reward command is awaited (StopRequested; the trainer saves its last completed update).
+  // Data parallel: the ranks finish the phase together and stop between micro-batches.
+  std::function<bool()> should_stop;
+  if (comm().size() == 1) should_stop = [] { return stop_requested(); };
+  if (generations_ > 0) optimization_s_ = std::chrono::duration<double>(start - phase_end_).count();
+  const std::vector<int64_t> idx = prompts_.next(comm());
+  const int64_t g = cfg_.num_generations;
+  std::vector<Rollout> all;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t i : idx)
+    for (int64_t k = 0; k < g; ++k) {
+      prompts.push_back(data_.rows[static_cast<size_t>(i)].ids);
+      all.push_back(Rollout{});
+      all.back().prompt = i;
+    }
+  // Generation: no gradient, adapter dropout off, a seed of its own per generation batch (each
+  // completion then draws from its own Philox stream, models/generate.h).
+  GenerationResult gen;
+  {
+    StepPhaseGuard phase("generation");
+    NoGradGuard ng;
+    AdapterEvalScope eval(peft_);
+    Allocator& al = allocator(model_->device());
+    if (generations_ > 0) close_optimizer_window(optimizer_peak_);
+    al.begin_window();
+    if (!kv_pool_)
+      kv_pool_ =
+          std::make_unique<PagedKVCache>(model_->config(), model_->num_layers(), model_->dtype(),
+                                         model_->device(), cfg_.kv_block_size, kv_blocks_);
+    GenerationConfig gc = cfg_.generation;
+    gc.seed = args_.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(generations_ + 1);
+    // Data parallel: completions are numbered across the ranks, as one process numbers them.
+    gc.first_sequence = static_cast<int64_t>(prompts.size()) * comm().rank();
+    gc.should_stop = should_stop;
+    // ZeRO-3: the whole model for the phase, or each layer for each step (models/decoder.h
+    // ParamUse inside the engine); the same tokens either way.
+    Zero3Params* z3 = zero3();
+    const bool gather_all = z3 && cfg_.ds3_gather_for_generation;
+    if (gather_all) z3->acquire_all();
+    gen = generate(*model_, prompts, gc, kv_pool_.get());
+    if (gather_all) z3->release_all();
+    if (cfg_.sleep_mode) {
+      const int64_t before = al.stats().reserved.current;
+      kv_pool_->sleep();
+      sleep_released_ = std::max(sleep_released_, before - al.stats().reserved.current);
+    }
+    const AllocatorStats st = al.stats();
+    generation_peak_.allocated = std::max(generation_peak_.allocated, st.window_allocated.peak);
+    generation_peak_.reserved = std::max(generation_peak_.reserved, st.window_reserved.peak);
+    al.begin_window();
+  }
+  if (gen.interrupted) throw StopRequested();
+  const double gen_s = seconds_since(start);
+
+  // Rewards.
+  const auto reward_start = std::chrono::steady_clock::now();
+  std::vector<CompletionToScore> to_score;
+  for (size_t k = 0; k < all.size(); ++k) {
+    Rollout& r = all[k];
+    r.completion = gen.tokens[k];
+    const bool eos = gen.finished_by_eos[k];
+    r.mask.assign(r.completion.size(), (cfg_.mask_truncated_completions && !eos) ? 0 : 1);
+    const int64_t n = static_cast<int64_t>(r.completion.size());
+    to_score.push_back({&data_.rows[static_cast<size_t>(r.prompt)].row,
+                        decode_completion(*tokenizer_, r.completion), n});
+  }
+  const std::vector<std::vector<double>> per_source = rewards_->score(to_score, should_stop);
+  std::vector<double> rewards(all.size());
+  for (size_t k = 0; k < all.size(); ++k) rewards[k] = rewards_->total(per_source[k]);
+  const double reward_s = seconds_since(reward_start);
+
+  // Old and reference log-probabilities, micro-batch by micro-batch, before shuffling.
+  const auto ref_start = std::chrono::steady_clock::now();
+  const bool rloo = cfg_.algorithm == "rloo", dpo = cfg_.algorithm == "online_dpo";
+  const bool per_token = !rloo && !dpo;  // grpo scores tokens; rloo and online_dpo sequences
+  const bool need_old =
+      rloo ||
+      (per_token && (cfg_.num_iterations > 1 || cfg_.steps_per_generation > accumulation_steps()));
+  const bool need_ref = cfg_.loss.beta != 0.0 || dpo;
+  if (need_old || need_ref) {
+    StepPhaseGuard phase("reference");
+    NoGradGuard ng;
+    SequenceLogpsOptions lo = cfg_.logps;
+    lo.per_token = per_token;
+    lo.gradient_checkpointing = false;
+    const size_t mb = static_cast<size_t>(cfg_.completions_per_micro_batch);
+    for (size_t b0 = 0; b0 < all.size(); b0 += mb) {
+      if (should_stop && should_stop()) throw StopRequested();
+      std::vector<Rollout> part(all.begin() + static_cast<int64_t>(b0),
+                                all.begin() + static_cast<int64_t>(std::min(all.size(), b0 + mb)));
+      const Batch batch = collate(part);
+      std::vector<double> old_rows, ref_rows;
+      if (need_old) {
+        AdapterEvalScope eval(peft_);
+        old_rows = sequence_logps(*model_, batch, lo).logps.to_f64();
+      }
+      if (need_ref) ref_rows = ref_->logps(batch, {}, lo);
+      for (size_t i = 0; i < part.size(); ++i) {
+        Rollout& r = all[b0 + i];
+        if (!per_token) {
+          if (need_old) r.old_sum = old_rows[i];
+          if (need_ref) r.ref_sum = ref_rows[i];
+        }
+      }
+      if (per_token) {
+        const auto old_v =
+            need_old ? completion_values(part, old_rows) : std::vector<std::vector<double>>();
+        const auto ref_v =
+            need_ref ? completion_values(part, ref_rows) : std::vector<std::vector<double>>();
+        for (size_t i = 0; i < part.size(); ++i) {
+          if (need_old) all[b0 + i].old_logp = old_v[i];
+          if (need_ref) all[b0 + i].ref_logp = ref_v[i];
+        }
+      }
+    }
+  }
+  const double ref_s = seconds_since(ref_start);
+
+  // Advantages and metrics over the whole generation batch: data parallel, every rank holds
+  // whole groups, and the ranks' values are gathered in rank order (TRL gathers them too), so
+  // the batch std and every metric are the single-process ones; each rank keeps its slice.
+  Communicator& comm = this->comm();
+  const size_t n_local = all.size(), first = n_local * static_cast<size_t>(comm.rank());
+  std::vector<double> lengths, eos, kl(n_local, 0.0), kl_tok(n_local, 0.0);
+  for (size_t k = 0; k < n_local; ++k) {
+    lengths.push_back(static_cast<double>(all[k].completion.size()));
+    eos.push_back(gen.finished_by_eos[k] ? 1.0 : 0.0);
+    if (rloo && need_ref) {
+      kl[k] = all[k].old_sum - all[k].ref_sum;
+      for (uint8_t x : all[k].mask) kl_tok[k] += x;
+    }
+  }
+  const std::vector<double> rewards_g = gather_ranks(comm, rewards),
+                            lengths_g = gather_ranks(comm, lengths),
+                            eos_g = gather_ranks(comm, eos), kl_g = gather_ranks(comm, kl),
+                            kl_tok_g = gather_ranks(comm, kl_tok);
+  check_rewards(rewards_g, all);
+  // RLOO: the KL penalty enters the reward first.
+  std::vector<double> adv_rewards = rewards_g;
+  if (rloo && need_ref)
+    for (size_t k = 0; k < adv_rewards.size(); ++k) adv_rewards[k] -= cfg_.loss.beta * kl_g[k];
+  // online_dpo: missing_eos_penalty first, then the better of each two is chosen.
+  std::vector<double> judged = rewards_g;
+  if (dpo) {
+    for (size_t k = 0; k < judged.size(); ++k)
+      if (cfg_.missing_eos_penalty > 0 && eos_g[k] == 0.0) judged[k] -= cfg_.missing_eos_penalty;
+    for (size_t k = 0; k < n_local; ++k) {
+      const size_t a = first + (k & ~size_t{1}), b = a + 1;
+      all[k].reward = judged[first + k];
+      // TRL compares with >=: a NaN on either side makes the second one chosen.
+      all[k].chosen = (k % 2 == 0) == (judged[a] >= judged[b]);
+    }
+  } else {
+    const std::vector<double> adv = rloo
+                                        ? rloo_advantages(adv_rewards, g, cfg_.normalize_advantages)
+                                        : grpo_advantages(adv_rewards, g, cfg_.scale_rewards);
+    for (size_t k = 0; k < n_local; ++k) all[k].advantage = adv[first + k];
+  }
+
+  // The generation batch's metrics (TRL's names; the rewards as the sources gave them, before
+  // RLOO's KL penalty).
+  nlohmann::json m = nlohmann::json::object();
+  const double mean = nan_mean_std(rewards_g, 0, rewards_g.size()).first;
+  m["reward"] = metric(mean);
+  // reward_std and frac_reward_zero_std over the stds the advantages used: each group's, or the
+  // whole batch's under scale_rewards batch (a NaN std, from one scorable reward, counts as 0).
+  std::vector<double> stds;
+  if (cfg_.scale_rewards == "batch" && !rloo && !dpo) {
+    stds.push_back(nan_mean_std(rewards_g, 0, rewards_g.size()).second);
+  } else {
+    for (size_t b = 0; b < rewards_g.size(); b += static_cast<size_t>(g))
+      stds.push_back(nan_mean_std(rewards_g, b, b + static_cast<size_t>(g)).second);
+  }
+  double std_sum = 0;
+  int64_t zero_std = 0;
+  for (double v : stds) {
+    const double x = std::isnan(v) ? 0.0 : v;
+    std_sum += x;
+    zero_std += std::abs(x) < 1e-8 ? 1 : 0;
+  }
+  const double n_std = static_cast<double>(stds.size());
+  m["reward_std"] = std_sum / n_std;
+  m["frac_reward_zero_std"] = static_cast<double>(zero_std) / n_std;
+  for (size_t f = 0; f < rewards_->names().size(); ++f) {
+    std::vector<double> col;
+    for (const auto& row : per_source) col.push_back(row[f]);
+    const std::vector<double> all_col = gather_ranks(comm, col);
+    const auto [fm, fs] = nan_mean_std(all_col, 0, all_col.size());
+    m["rewards/" + rewards_->names()[f] + "/mean"] = metric(fm);
+    m["rewards/" + rewards_->names()[f] + "/std"] = metric(fs);
+  }
+  const double n_all = static_cast<double>(lengths_g.size());
+  double len_sum = 0, len_min = 1e300, len_max = 0, terminated = 0, terminated_sum = 0;
+  for (size_t k = 0; k < lengths_g.size(); ++k) {
+    len_sum += lengths_g[k];
+    len_min = std::min(len_min, lengths_g[k]);
+    len_max = std::max(len_max, lengths_g[k]);
+    terminated += eos_g[k];
+    terminated_sum += eos_g[k] * lengths_g[k];
+  }
+  m["completions/mean_length"] = len_sum / n_all;
+  m["completions/min_length"] = len_min;
+  m["completions/max_length"] = len_max;
+  m["completions/clipped_ratio"] = (n_all - terminated) / n_all;
+  m["completions/mean_terminated_length"] = terminated > 0 ? terminated_sum / terminated : 0.0;
+  if (rloo && need_ref) {
+    double kl_sum = 0, kl_tokens = 0;
+    for (size_t k = 0; k < kl_g.size(); ++k) {
+      kl_sum += kl_g[k];
+      kl_tokens += kl_tok_g[k];
+    }
+    m["kl"] = kl_tokens > 0 ? kl_sum / kl_tokens : 0.0;
+  }
+  if (dpo) {
+    double scores = 0, margin = 0;
+    for (size_t k = 0; k < judged.size(); k += 2) {
+      scores += judged[k] + judged[k + 1];
+      margin += std::abs(judged[k] - judged[k + 1]);  // chosen minus rejected
+    }
+    m["objective/scores"] = metric(scores / n_all);
+    m["objective/scores_margin"] = metric(margin / (n_all / 2));
+    m["val/contain_eos_token"] = terminated / n_all;
+    // Not a TRL metric: the share of sequences whose prompt max_length cut (counted, not silent).
+    double cut = 0;
+    for (const Rollout& r : all)
+      cut +=
+          prompt_cut(data_.rows[static_cast<size_t>(r.prompt)].ids.size(), r.completion.size()) > 0
+              ? 1.0
+              : 0.0;
+    m["val/prompt_truncated_ratio"] = comm.all_reduce_scalar(cut) / n_all;
+  }
+  m["timing/generation_s"] = gen_s;
+  m["timing/reward_s"] = reward_s;
+  m["timing/reference_s"] = ref_s;
+  if (generations_ > 0) m["timing/optimization_s"] = optimization_s_;
+  gen_metrics_ = std::move(m);
+
+  // Shuffle (TRL shuffles the generation batch) and cut into micro-batches.
+  std::mt19937_64 rng(args_.seed * 1000003ULL + static_cast<uint64_t>(generations_));
+  if (!dpo) std::shuffle(all.begin(), all.end(), rng);  // online_dpo keeps its pairs adjacent
+  gen_tokens_ = 0;
+  for (const Rollout& r : all)
+    for (uint8_t x : r.mask) gen_tokens_ += x;
+  gen_tokens_ = comm.all_reduce_int(gen_tokens_);  // the dapo normaliser counts every rank's
+  buffer_.clear();
+  const size_t mb = static_cast<size_t>(cfg_.completions_per_micro_batch);
+  for (size_t b0 = 0; b0 < all.size(); b0 += mb)
+    buffer_.emplace_back(all.begin() + static_cast<int64_t>(b0),
+                         all.begin() + static_cast<int64_t>(std::min(all.size(), b0 + mb)));
+  ++generations_;
+  phase_end_ = std::chrono::steady_clock::now();
+}
+
+Batch OnlineTrainer::next_micro_batch(BatchReport* report) {
+  const int64_t every = cfg_.steps_per_generation * cfg_.num_iterations;
+  if (micro_step_ % every == 0 || buffer_.empty()) generate_batch();
+  const std::vector<Rollout>& rs =
+      buffer_[static_cast<size_t>(micro_step_ % cfg_.steps_per_generation)];
+  ++micro_step_;
+  Batch b = collate(rs);
+  if (report) {
+    report->real_tokens = b.stats.real_tokens;
+    report->pad_tokens = 0;
+  }
+  pending_.push_back(rs);
+  return b;
+}
+
+void OnlineTrainer::check_rewards(const std::vector<double>& rewards_g, std::vector<Rollout>& all) {
+  int64_t unscored = 0;
+  for (double r : rewards_g) unscored += std::isnan(r) ? 1 : 0;
+  const std::string batch = "generation batch " + std::to_string(generations_ + 1) + ": ";
+  if (unscored > 0)
+    warn("warning: " + batch + std::to_string(unscored) + " of " +
+         std::to_string(rewards_g.size()) +
+         " completions got no reward (every source answered null); their advantage is 0");
+  const std::string why = nonfinite_rewards(rewards_g, cfg_.num_generations);
+  if (why.empty()) return;
+  warn("warning: " + batch + "the rewards are not finite (" + why +
+       "); its updates are skipped as non-finite");
+  for (Rollout& r : all) r.nonfinite_reward = true;
+}
+
+Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
+  (void)normalizer;  // the loss types carry their own normalisers (grpo_loss.h)
+  LT_CHECK(!pending_.empty(), "online trainer: compute_loss without a fetched micro-batch");
+  const std::vector<Rollout> rs = std::move(pending_.front());
+  pending_.pop_front();
+  Tensor loss = cfg_.algorithm == "online_dpo" ? online_dpo_loss(b, rs) : policy_loss(b, rs);
+  if (!rs.empty() && rs.front().nonfinite_reward) loss = ops::scale(loss, std::nan(""));
+  return loss;
+}
+
+Tensor OnlineTrainer::policy_loss(const Batch& b, const std::vector<Rollout>& rs) {
+  const bool rloo = cfg_.algorithm == "rloo";
+  SequenceLogpsOptions lo = cfg_.logps;
+  lo.per_token = !rloo;
+  lo.row_stats = true;
+  kernels::SequenceLogprobs pol = sequence_logps(*model_, b, lo);
+  const std::vector<double> rows = pol.logps.to_f64();
+  // TRL's per-process loss; the ranks' gradients are summed here where DDP averages them, so
+  // each rank's loss is divided by the world size (dapo's normaliser is already global).
+  const double world = static_cast<double>(comm().size());
+  const double gas = static_cast<double>(accumulation_steps());
+  std::vector<GrpoSequence> seqs(rs.size());
+  GrpoLossConfig lc = cfg_.loss;
+  double entropy = 0;
+  int64_t counted = 0;
+  for (size_t i = 0; i < pol.entropy_sums.size(); ++i) {
+    entropy += pol.entropy_sums[i];
+    counted += pol.tokens[i];
+  }
+  if (rloo) {
+    lc.loss_type = "grpo";  // one "token" per sequence: the mean over sequences
+    lc.beta = 0.0;          // RLOO's KL is in the reward
+    for (size_t i = 0; i < rs.size(); ++i) {
+      seqs[i].logp = {rows[i]};
+      seqs[i].old_logp = {rs[i].old_sum};
+      seqs[i].mask = {1};
+      seqs[i].advantage = rs[i].advantage;
+    }
+  } else {
+    const auto v = completion_values(rs, rows);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      seqs[i].logp = v[i];
+      seqs[i].old_logp = rs[i].old_logp.empty() ? v[i] : rs[i].old_logp;
+      seqs[i].ref_logp = rs[i].ref_logp;
+      seqs[i].mask = rs[i].mask;
+      seqs[i].advantage = rs[i].advantage;
+    }
+  }
+  // dapo: the generation batch's loss tokens, rescaled to one accumulation window.
+  const double dapo = std::max<double>(1.0, static_cast<double>(gen_tokens_)) * gas /
+                      static_cast<double>(cfg_.steps_per_generation);
+  GrpoLossResult res = grpo_loss(lc, seqs, gas * world, dapo);
+  std::vector<double> grad(rows.size(), 0.0);
+  if (rloo) {
+    for (size_t i = 0; i < rs.size(); ++i) grad[i] = res.dlogp[i][0];
+  } else {
+    size_t offset = 0;
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const size_t whole = data_.rows[static_cast<size_t>(rs[i].prompt)].ids.size();
+      const size_t p = whole - prompt_cut(whole, rs[i].completion.size());
+      for (size_t j = 0; j < rs[i].completion.size(); ++j)
+        grad[offset + p + j - 1] = res.dlogp[i][j];
+      offset += p + rs[i].completion.size();
+    }
+  }
+  nlohmann::json metrics = gen_metrics_;
+  for (auto it = res.metrics.begin(); it != res.metrics.end(); ++it) metrics[it.key()] = it.value();
+  metrics["entropy"] = counted > 0 ? entropy / static_cast<double>(counted) : 0.0;
+  window_.add(metrics);
+  return loss_from_sequence_gradient(pol.logps, res.loss, std::move(grad));
+}
+
+Tensor OnlineTrainer::online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs) {
+  SequenceLogpsOptions lo = cfg_.logps;
+  lo.per_token = false;
+  kernels::SequenceLogprobs pol = sequence_logps(*model_, b, lo);
+  const std::vector<double> lp = pol.logps.to_f64();
+  // Mean over pairs, over accumulation, over ranks (the ranks' gradients are summed).
+  const double beta = cfg_.loss.beta,
+               gas = static_cast<double>(accumulation_steps()) * static_cast<double>(comm().size());
+  const size_t pairs = rs.size() / 2;
+  std::vector<double> grad(lp.size(), 0.0);
+  double loss = 0, lc = 0, lr = 0, rc = 0, rr = 0, acc = 0, kl = 0, rlhf = 0;
+  for (size_t k = 0; k + 1 < rs.size(); k += 2) {
+    const size_t c = rs[k].chosen ? k : k + 1, r = rs[k].chosen ? k + 1 : k;
+    // x = (pi_c - pi_r) - (ref_c - ref_r); sigmoid: -log sigmoid(beta x); ipo: (x - 1/(2 beta))^2.
+    const double x = (lp[c] - lp[r]) - (rs[c].ref_sum - rs[r].ref_sum);
+    double l, dx;
+    if (cfg_.dpo_loss_type == "ipo") {
+      const double d = x - 1.0 / (2.0 * beta);
+      l = d * d;
+      dx = 2.0 * d;
+    } else {
+      const double z = beta * x;
+      l = z > 0 ? std::log1p(std::exp(-z)) : -z + std::log1p(std::exp(z));
+      dx = -beta / (1.0 + std::exp(z));
+    }
+    const double scale = 1.0 / (static_cast<double>(pairs) * gas);
+    loss += l * scale;
+    grad[c] += dx * scale;
+    grad[r] -= dx * scale;
+    lc += lp[c];
+    lr += lp[r];
+    rc += beta * (lp[c] - rs[c].ref_sum);
+    rr += beta * (lp[r] - rs[r].ref_sum);
+    acc += (lp[c] - rs[c].ref_sum) - (lp[r] - rs[r].ref_sum) > 0 ? 1.0 : 0.0;
+  }
+  double entropy = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    kl += lp[i] - rs[i].ref_sum;
+    rlhf += rs[i].reward - beta * (lp[i] - rs[i].ref_sum);
+    entropy -= lp[i];
+  }
+  const double np = static_cast<double>(pairs), ns = static_cast<double>(rs.size());
+  // TRL's names (OnlineDPOTrainer.training_step); sums over the completion mask.
+  nlohmann::json m = gen_metrics_;
+  m["logps/chosen"] = lc / np;
+  m["logps/rejected"] = lr / np;
+  m["objective/kl"] = kl / ns;
+  m["objective/non_score_reward"] = -beta * kl / ns;
+  m["objective/rlhf_reward"] = metric(rlhf / ns);
+  m["objective/entropy"] = entropy / ns;
+  m["rewards/chosen"] = rc / np;
+  m["rewards/rejected"] = rr / np;
+  m["rewards/margins"] = (rc - rr) / np;
+  m["rewards/accuracies"] = acc / np;
+  m["beta"] = beta;
+  window_.add(m);
+  return loss_from_sequence_gradient(pol.logps, loss, std::move(grad));
+}
+
+nlohmann::json OnlineTrainer::log_metrics() { return window_.take(); }
+
+nlohmann::json OnlineTrainer::data_state() const {
+  nlohmann::json s = prompts_.state();
+  s["micro_step"] = micro_step_;
+  s["generations"] = generations_;
+  return s;
+}
+
+void OnlineTrainer::set_data_state(const nlohmann::json& s) {
+  prompts_.set_state(s, comm());
+  // The buffered generation batch is not checkpointed: the next micro-batch generates afresh.
+  micro_step_ = s.value("micro_step", int64_t{0});
+  generations_ = s.value("generations", int64_t{0});
+  buffer_.clear();
+  pending_.clear();
+}
+
+void OnlineTrainer::on_train_begin(MetricsLogger& log) {
+  check_generation_memory();
+  log.message(data_.summary());
+  std::string sources;
+  for (size_t f = 0; f < rewards_->names().size(); ++f)
+    sources +=
+        (f ? ", " : "") + rewards_->names()[f] + " x" + std::to_string(rewards_->weights()[f]);
+  log.message(cfg_.algorithm + ": " + std::to_string(cfg_.num_generations) +
+              " completions per prompt, up to " + std::to_string(cfg_.generation.max_new_tokens) +
+              " tokens; rewards " + sources +
+              (ref_ ? std::string("; reference ") + ref_mode_name(ref_->mode()) : ""));
+}
+
+void OnlineTrainer::close_optimizer_window(PhasePeaks& into) const {
+  const AllocatorStats st = allocator(model_->device()).stats();
+  into.allocated = std::max(into.allocated, st.window_allocated.peak);
+  into.reserved = std::max(into.reserved, st.window_reserved.peak);
+}
+
+nlohmann::json OnlineTrainer::technique_savings() const {
+  nlohmann::json s = nlohmann::json::object();
+  if (ref_) s["reference_model"] = ref_->memory_json();
+  // The last optimizer phase runs up to now (the report is made at the end of training).
+  PhasePeaks optimizer = optimizer_peak_;
+  if (generations_ > 0) close_optimizer_window(optimizer);
+  s["generation"] = {{"kv_cache_pool_bytes", kv_pool_ ? kv_pool_->bytes() : 0},
+                     {"kv_cache_blocks", kv_pool_ ? kv_pool_->num_blocks() : 0},
+                     {"kv_block_size", cfg_.kv_block_size},
+                     {"kv_blocks_peak_used", kv_pool_ ? kv_pool_->peak_blocks_used() : 0},
+                     {"sleep_mode", cfg_.sleep_mode},
+                     {"sleep_released_bytes", sleep_released_},
+                     {"generation_phase_peak_allocated", generation_peak_.allocated},
+                     {"generation_phase_peak_reserved", generation_peak_.reserved},
+                     {"optimizer_phase_peak_allocated", optimizer.allocated},
+                     {"optimizer_phase_peak_reserved", optimizer.reserved}};
+  if (args_.gradient_checkpointing)
+    s["gradient_checkpointing"] = {
+        {"note", "only each layer's input is kept between forward and backward"}};
+  add_adapter_savings(s, *model_, peft_, quant_config_, quant_report_);
+  return s;
+}
+
+namespace {
+// a x b completions, refused (exit 2) past 2^63.
+int64_t checked_batch(const std::string& algorithm, const char* a_name, int64_t a,
+                      const char* b_name, int64_t b) {
+  try {
+    return (CheckedInt(a) * b).get();
+  } catch (const OverflowError&) {
+    LT_THROW(ErrorKind::kInput, algorithm, ": the generation batch (", a_name, " ", a, " x ",
+             b_name, " ", b, ") passes 2^63 completions");
+  }
+}
+}  // namespace
+
+OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
+  LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
+                 algorithm, ": --model_name_or_path is required when --dataset is given");
+  TrainingArguments args = training_arguments(o);
+  LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for sft, dpo and kto");
+  const RefModelConfig ref_cfg = ref_model_config(o);
+  LT_CHECK_INPUT(!ref_cfg.precompute,
+                 "option --precompute_ref_log_probs: the online trainers "
+                 "score fresh completions; nothing can be precomputed");
+  OnlineConfig cfg;
+  cfg.algorithm = algorithm;
+  const bool dpo = algorithm == "online_dpo";
+  cfg.loss.beta = o.get_float("beta");
+  LT_CHECK_INPUT(cfg.loss.beta != 0.0 || dpo || ref_cfg.ref_model.empty(),
+                 "option --ref_model: beta is 0, so no reference model is used");
+  if (dpo) {
+    // Two completions per prompt, generated for every micro-batch of prompts.
+    cfg.num_generations = 2;
+    cfg.completions_per_micro_batch =
+        checked_batch(algorithm, "per_device_train_batch_size", args.per_device_train_batch_size,
+                      "completions per prompt", 2);
+    cfg.steps_per_generation = 1;
+    cfg.num_iterations = 1;
+    cfg.generation.max_new_tokens = o.get_int("max_new_tokens");
+    cfg.dpo_loss_type = o.get_string("loss_type");
+    cfg.missing_eos_penalty = o.get_float("missing_eos_penalty");
+    cfg.max_length = o.get_int("max_length");
+    LT_CHECK_INPUT(cfg.dpo_loss_type != "ipo" || cfg.loss.beta > 0,
+                   "option --beta: the ipo loss needs beta > 0");
+  } else {
+    cfg.num_generations = o.get_int("num_generations");
+    cfg.completions_per_micro_batch = args.per_device_train_batch_size;
+    cfg.steps_per_generation =
+        o.get_int_or_none("steps_per_generation").value_or(args.gradient_accumulation_steps);
+    cfg.num_iterations = o.get_int("num_iterations");
+    const int64_t gen_batch =
+        checked_batch(algorithm, "per_device_train_batch_size", args.per_device_train_batch_size,
+                      "steps_per_generation", cfg.steps_per_generation);
+    LT_CHECK_INPUT(gen_batch % cfg.num_generations == 0, algorithm,
+                   ": the generation batch (per_device_train_batch_size x steps_per_generation = ",
+                   gen_batch, ") must be a multiple of num_generations ", cfg.num_generations);
+    cfg.generation.max_new_tokens = o.get_int("max_completion_length");
+    cfg.loss.epsilon_low = o.get_float("epsilon");
+    cfg.loss.epsilon_high =
+        o.get_float("epsilon_high") < 0 ? cfg.loss.epsilon_low : o.get_float("epsilon_high");
+    cfg.loss.max_completion_length = cfg.generation.max_new_tokens;
+    if (algorithm == "grpo") {
+      cfg.loss.loss_type = o.get_string("loss_type");
+      cfg.scale_rewards = o.get_string("scale_rewards");
+    } else {
+      cfg.normalize_advantages = o.get_bool("normalize_advantages");
+    }
+    cfg.mask_truncated_completions = o.get_bool("mask_truncated_completions");
+  }
+  cfg.kv_cache_blocks = o.get_int("kv_cache_blocks");
+  cfg.kv_block_size = o.get_int("kv_block_size");
+  cfg.sleep_mode = o.get_bool("vllm_enable_sleep_mode");
+  cfg.ds3_gather_for_generation = o.get_bool("ds3_gather_for_generation");
+  cfg.generation.temperature = o.get_float("temperature");
+  cfg.generation.top_p = o.get_float("top_p");
+  cfg.generation.top_k = o.get_int("top_k");
+  cfg.generation.min_p = o.get_float("min_p");
+  cfg.generation.repetition_penalty = o.get_float("repetition_penalty");
+  cfg.logps.fused = o.get_bool("use_liger_loss");
+  // GRPO and RLOO score under the sampling temperature; OnlineDPOTrainer's forward does not.
+  cfg.logps.temperature = dpo ? 1.0 : cfg.generation.temperature;
+  prepare_run(args);
+  OnlineRun run;
+  run.model = load_sft_model(o);
+  const SftModel& m = run.model;
+  auto rewards = std::make_unique<RewardSources>(o, cfg.generation.max_new_tokens,
+                                                 m.model->device(), m.model->dtype());
+  std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
+  const std::string dataset = o.get_string("dataset");
+  OnlinePrompts data = dataset.empty()
+                           ? builtin_online_prompts(*encoder)
+                           : load_online_prompts(dataset, *encoder, rewards->needs_solution());
+  const std::string base_name =
+      adapter_base_name(m, o.get_bool("use_peft"), args.output_dir, args.seed);
+  run.trainer =
+      std::make_unique<OnlineTrainer>(args, m.model, o, m.tokenizer, m.setup.tokenizer_dir,
+                                      std::move(data), cfg, std::move(rewards));
+  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
+  RefModelConfig rc = ref_cfg;
+  rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
+  run.trainer->set_reference(rc);
+  return run;
+}
+
+}  // namespace leantune

@@ -1,0 +1,220 @@
+// The online trainers trainer_bin grpo, rloo and online_dpo, one OnlineTrainer (TRL GRPOTrainer /
+// RLOOTrainer / OnlineDPOTrainer option names and defaults): generate from the policy being
+// trained, score, and update on the scored completions. The generation engine is models/generate.h,
+// run on the very weights being trained (LoRA applied on the fly, no merged copy, no weight sync).
+//
+// Data: JSONL rows with a "prompt" column (a string, or a message list rendered with the chat
+// template and an assistant generation prompt); every other column goes to the reward sources
+// (trainers/online/reward_sources.h). No dataset and no model: the built-in task (below).
+//
+// Batches, as TRL's RepeatSampler lays them out: per_device_train_batch_size completions per
+// micro-batch; one generation batch = per_device_train_batch_size x steps_per_generation
+// (default: gradient_accumulation_steps) completions = that / num_generations prompts, each
+// completed num_generations times. The generation batch is scored, its advantages formed
+// (trainers/online/grpo_loss.h), shuffled and cut into steps_per_generation micro-batches, which
+// are used num_iterations times before the next generation. A micro-batch is a flat varlen Batch of
+// prompt + completion sequences, labels = the completion tokens under the completion mask (up to
+// and including the first eos; with mask_truncated_completions, nothing of a completion that hit
+// max_completion_length).
+//
+// grpo: per-token log-probabilities (logits / temperature), old log-probabilities kept from
+//   generation when num_iterations > 1 or steps_per_generation > gradient_accumulation_steps
+//   (else the detached current ones), the reference's (beta != 0; adapters off, a policy copy or
+//   --ref_model: models/ref_model.h) taken at generation, loss_type grpo|bnpo|dr_grpo|dapo.
+// rloo: per-sequence sums; the reward less beta x (old - ref) summed over the completion, the
+//   leave-one-out baseline (normalize_advantages optional), and the sequence-level clipped
+//   ratio, mean over sequences, over gradient accumulation.
+// online_dpo (TRL's experimental OnlineDPOTrainer): per_device_train_batch_size prompts per
+//   micro-batch, two completions each, generated for every micro-batch; the one with the higher
+//   reward (ties: the first) is chosen; the DPO loss (sigmoid or ipo) on the summed
+//   log-probabilities against the reference, mean over pairs.
+// Rewards that are not finite (an infinite weighted sum, or a group's mean or std beyond a
+// double) make every update on their generation batch a non-finite step: a warning, skipped,
+// counted, and the run stops with exit 4 after max_consecutive_nonfinite in a row (trainer.h).
+// Completions that no source scored (all null) are a warning each generation batch; their
+// advantage is 0 (TRL's).
+// Metrics (metrics.jsonl): reward, reward_std, rewards/<source>/{mean,std}, frac_reward_zero_std,
+// completions/{mean,min,max}_length, completions/clipped_ratio, completions/
+// mean_terminated_length, clip_ratio/*, kl (beta != 0), entropy, and the time of each phase
+// (timing/{generation,reward,reference,optimization}_s).
+//
+// Built-in task (no --dataset): "Add a and b." prompts with a, b in [0, 9] (100 prompts) and their
+// sum in "answer"; rewards format_reward (^ *[0-9]) and accuracy_reward on the built-in demo model.
+//
+// Data parallel (mpirun): each rank completes its share of the generation batch's prompts (whole
+// groups; completions numbered across the ranks), rewards and lengths are gathered in rank
+// order for the advantages and metrics, dapo's normaliser counts every rank's tokens, and each
+// rank's loss is divided by the world size (the trainer sums gradients where DDP averages).
+// Only whole generation batches are used in an epoch (TRL's RepeatSampler drops the rest).
+// Memory between phases: the generation engine's paged KV-cache pool (kv_cache_blocks of
+// kv_block_size tokens) is made once and kept; with vllm_enable_sleep_mode (alias
+// generation_sleep) it is freed after every generation phase together with the allocator's cached
+// blocks, and made again at the next. The memory report gives each phase's peak.
+// ZeRO-3 (zero_stage 3): with ds3_gather_for_generation (default) the whole model is gathered
+// once for each generation phase; without, the engine gathers each layer for each step.
+// Not built yet: online_dpo's pairwise judges.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "loaders/text_encoder.h"
+#include "loaders/tokenizer.h"
+#include "models/generate.h"
+#include "models/ref_model.h"
+#include "trainers/common/row_batches.h"
+#include "trainers/common/trainer.h"
+#include "trainers/online/grpo_loss.h"
+#include "trainers/online/reward_sources.h"
+#include "trainers/sft/sft.h"
+
+namespace leantune {
+
+// "grpo" or "rloo": the options of that command (TRL's defaults differ: num_generations 8 / 2,
+// beta 0 / 0.05).
+Options online_options(const std::string& algorithm);
+
+struct PromptRow {
+  int64_t line = 0;
+  nlohmann::json row;        // every column
+  std::vector<int32_t> ids;  // the prompt's tokens
+};
+struct OnlinePrompts {
+  std::string path;
+  std::vector<PromptRow> rows;
+  bool conversational = false;
+  std::string summary() const;
+};
+// Error(kInput) (exit 2) naming the file and line for a row without a prompt, or without the
+// solution column when `need_solution`.
+OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& enc,
+                                  bool need_solution);
+// The built-in task's rows: every "Add a and b." with a, b in [0, 9], and its answer.
+std::vector<nlohmann::json> builtin_task_rows();
+OnlinePrompts builtin_online_prompts(const TextEncoder& enc);
+
+struct OnlineConfig {
+  std::string algorithm = "grpo";  // grpo | rloo | online_dpo
+  int64_t completions_per_micro_batch = 8;
+  int64_t num_generations = 8;
+  int64_t steps_per_generation = 1;
+  int64_t num_iterations = 1;
+  GenerationConfig generation;  // max_new_tokens = max_completion_length
+  GrpoLossConfig loss;          // loss_type, epsilons, beta, max_completion_length
+  std::string scale_rewards = "group";
+  bool normalize_advantages = false;  // rloo
+  bool mask_truncated_completions = false;
+  SequenceLogpsOptions logps;  // fused (use_liger_loss), temperature
+  // online_dpo: the DPO loss on each prompt's two completions (loss.beta is its beta).
+  std::string dpo_loss_type = "sigmoid";  // sigmoid | ipo
+  double missing_eos_penalty = 0;
+  int64_t max_length = 0;  // online_dpo: prompt + completion scored (0 = all)
+  // The generation engine's KV-cache pool (models/kv_cache.h), kept between generation phases.
+  int64_t kv_cache_blocks = 0;  // 0: a whole generation batch at the longest prompt
+  int64_t kv_block_size = 16;
+  bool sleep_mode = false;  // vllm_enable_sleep_mode: the pool sleeps outside generation
+  bool ds3_gather_for_generation = true;  // zero_stage 3: the whole model for each generation
+};
+
+// One scored completion of the current generation batch.
+struct Rollout {
+  int64_t prompt = 0;  // index into OnlinePrompts::rows
+  std::vector<int32_t> completion;
+  std::vector<uint8_t> mask;        // per completion token
+  std::vector<double> old_logp;     // per completion token (grpo; empty: current, detached)
+  std::vector<double> ref_logp;     // per completion token (grpo with beta)
+  double old_sum = 0, ref_sum = 0;  // rloo, online_dpo (ref)
+  double advantage = 0;
+  double reward = 0;    // online_dpo: the total reward (after missing_eos_penalty)
+  bool chosen = false;  // online_dpo: the better of its prompt's two completions
+  // Its generation batch's rewards are not finite (nonfinite_rewards): the loss is made NaN, so
+  // that the trainer skips the update, warns and counts it (max_consecutive_nonfinite).
+  bool nonfinite_reward = false;
+};
+
+class OnlineTrainer final : public Trainer {
+ public:
+  OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
+                std::shared_ptr<Tokenizer> tokenizer, std::string tokenizer_dir, OnlinePrompts data,
+                OnlineConfig cfg, std::unique_ptr<RewardSources> rewards);
+  void set_reference(RefModelConfig cfg);
+  const DataStats& train_stats() const override { return stats_; }
+  const std::vector<nlohmann::json>& logged_metrics() const override { return window_.logged(); }
+
+ protected:
+  int64_t micro_batches_per_epoch() const override;
+  Batch next_micro_batch(BatchReport* report) override;
+  int64_t loss_tokens(const Batch& b) const override { return b.stats.label_tokens; }
+  Tensor compute_loss(const Batch& b, double normalizer) override;
+  double epoch_progress() const override;
+  nlohmann::json data_state() const override;
+  void set_data_state(const nlohmann::json& s) override;
+  void on_train_begin(MetricsLogger& log) override;
+  nlohmann::json technique_savings() const override;
+  nlohmann::json log_metrics() override;
+
+ private:
+  void generate_batch();
+  // trainers/online/online_memory.cpp: the KV-cache pool's blocks (refused when one completion
+  // cannot fit), and the check that a generation batch fits the device and the host (exit 3 naming
+  // the options and the numbers), made before the first generation.
+  int64_t plan_kv_blocks() const;
+  void check_generation_memory() const;
+  std::string generation_batch_options() const;
+  Batch collate(const std::vector<Rollout>& rs) const;
+  // Prompt tokens dropped from the front so that prompt + completion fit cfg_.max_length.
+  size_t prompt_cut(size_t prompt, size_t completion) const;
+  // Per completion token log-probabilities of the rollouts' tokens in `b` from per-row values.
+  std::vector<std::vector<double>> completion_values(const std::vector<Rollout>& rs,
+                                                     const std::vector<double>& rows) const;
+  // grpo's and rloo's loss of one micro-batch.
+  Tensor policy_loss(const Batch& b, const std::vector<Rollout>& rs);
+  // online_dpo's loss of one micro-batch (pairs adjacent, one chosen and one rejected each).
+  Tensor online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs);
+  // Warns about the generation batch's rewards: completions without any, or rewards that are
+  // not finite (then flagged, see Rollout::nonfinite_reward).
+  void check_rewards(const std::vector<double>& rewards_g, std::vector<Rollout>& all);
+
+  std::shared_ptr<Tokenizer> tokenizer_;
+  OnlinePrompts data_;
+  OnlineConfig cfg_;
+  std::unique_ptr<RewardSources> rewards_;
+  std::unique_ptr<ReferenceModel> ref_;
+  RowBatches prompts_;
+  int64_t micro_step_ = 0;                    // micro-batches taken so far
+  int64_t generations_ = 0;                   // generation batches made so far
+  int64_t gen_tokens_ = 0;                    // loss tokens of the current generation batch
+  std::vector<std::vector<Rollout>> buffer_;  // the generation batch's micro-batches
+  std::deque<std::vector<Rollout>> pending_;  // fetched, not yet through compute_loss
+  MetricWindow window_;
+  nlohmann::json gen_metrics_;  // the current generation batch's metrics
+  // Wall seconds from the end of one generation phase to the start of the next: the updates.
+  double optimization_s_ = 0;
+  std::chrono::steady_clock::time_point phase_end_;
+  // The KV-cache pool, made at the first generation, and each phase's peaks (allocator windows):
+  // the generation phase is the generate() call, the optimizer phase everything from its end to
+  // the next one (rewards, reference scoring, updates).
+  std::unique_ptr<PagedKVCache> kv_pool_;
+  int64_t kv_blocks_ = 0;  // the pool's blocks (plan_kv_blocks)
+  struct PhasePeaks {
+    int64_t allocated = 0, reserved = 0;
+  };
+  PhasePeaks generation_peak_, optimizer_peak_;
+  int64_t sleep_released_ = 0;  // reserved bytes one sleep gave back, at most
+  void close_optimizer_window(PhasePeaks& into) const;
+  DataStats stats_;
+};
+
+struct OnlineRun {
+  SftModel model;
+  std::unique_ptr<OnlineTrainer> trainer;
+};
+OnlineRun make_online_run(const std::string& algorithm, const Options& o);
+
+}  // namespace leantune

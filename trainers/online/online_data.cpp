@@ -1,0 +1,266 @@
+// The online trainers' options, prompt data and built-in task (see grpo.h).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "engine/check.h"
+#include "loaders/dataset.h"
+#include "trainers/common/data_options.h"
+#include "trainers/common/optim_options.h"
+#include "trainers/common/peft_options.h"
+#include "trainers/common/quant_options.h"
+#include "trainers/common/trainer_spec.h"
+#include "trainers/estimate/estimate_online.h"
+#include "trainers/online/grpo.h"
+
+namespace leantune {
+
+namespace {
+
+// One row -> its prompt tokens; `where` names the file and line in errors.
+PromptRow prompt_row(nlohmann::json row, int64_t line, const TextEncoder& enc, bool need_solution,
+                     const std::string& where, bool* conversational) {
+  LT_CHECK_INPUT(row.is_object(), where, ": a row must be a JSON object");
+  LT_CHECK_INPUT(row.contains("prompt"), where,
+                 ": no \"prompt\" column (the online trainers complete prompts)");
+  const nlohmann::json& p = row["prompt"];
+  PromptRow r;
+  r.line = line;
+  if (p.is_string()) {
+    r.ids = enc.encode(p.get<std::string>(), true);
+    *conversational = false;
+  } else {
+    r.ids = enc.encode_chat(prompt_messages(p, where), true).ids;
+    *conversational = true;
+  }
+  LT_CHECK_INPUT(!r.ids.empty(), where, ": the prompt tokenizes to nothing");
+  LT_CHECK_INPUT(!need_solution || !row_solution(row).empty(), where,
+                 ": accuracy_reward needs a \"solution\" or \"answer\" column");
+  r.row = std::move(row);
+  return r;
+}
+
+}  // namespace
+
+Options online_options(const std::string& algorithm) {
+  const bool grpo = algorithm == "grpo", dpo = algorithm == "online_dpo";
+  Options o(algorithm);
+  o.add_string(
+      "model_name_or_path", "",
+      "HF model folder to train (empty with no dataset: the built-in demo model and task)");
+  o.add_string("dataset", "",
+               "prompts: JSONL rows with \"prompt\" (a string or a message list); the other "
+               "columns reach the reward sources");
+  if (dpo) {
+    // OnlineDPOConfig: two completions per prompt, one micro-batch per generation.
+    o.add_int("max_new_tokens", 64, "most tokens generated per completion", 1);
+    o.add_float("temperature", 0.9, "sampling temperature", 1e-6);
+  } else {
+    o.add_int("num_generations", grpo ? 8 : 2, "completions per prompt", 2);
+    o.add_int("max_completion_length", 512, "most tokens generated per completion", 1);
+    o.add_int_or_none("steps_per_generation", std::nullopt,
+                      "micro-batches per generation batch (none: gradient_accumulation_steps)", 1);
+    o.add_float("temperature", 1.0, "sampling temperature (the loss scores under it too)", 1e-6);
+  }
+  o.add_float("top_p", 1.0, "nucleus sampling mass", 1e-9, 1.0);
+  o.add_int("top_k", 0, "sample among the k most likely tokens (0 = off)", 0);
+  o.add_float("min_p", 0.0, "drop tokens below min_p times the most likely one's probability", 0.0,
+              1.0);
+  o.add_float("repetition_penalty", 1.0, "transformers' repetition penalty (1 = off)", 1e-6);
+  if (dpo) {
+    o.add_float("beta", 0.1, "DPO's beta (IPO's tau)", 0.0);
+    o.add_string("loss_type", "sigmoid", "DPO loss on the judged pairs", {"sigmoid", "ipo"});
+    o.add_int("max_length", 512,
+              "prompt + completion tokens scored: longer prompts lose their first tokens (the "
+              "completion is kept; at least one prompt token stays)",
+              2);
+    o.add_float("missing_eos_penalty", 0.0,
+                "subtracted from the reward of a completion with no eos token (0 = none)", 0.0);
+  } else {
+    o.add_float("beta", grpo ? 0.0 : 0.05,
+                grpo ? "KL coefficient (0: no reference model)"
+                     : "KL coefficient of the reward penalty (0: no reference model)",
+                0.0);
+    o.add_int("num_iterations", 1, "updates per generation batch (old log-probs kept)", 1);
+    o.add_float("epsilon", 0.2, "lower clipping bound of the ratio", 0.0);
+    o.add_float("epsilon_high", -1.0, "upper clipping bound (negative: epsilon)");
+    if (grpo) {
+      o.add_string("loss_type", "dapo", "loss aggregation", {"grpo", "bnpo", "dr_grpo", "dapo"});
+      o.add_string("scale_rewards", "group", "divide advantages by the std of the",
+                   {"group", "batch", "none"});
+    } else {
+      o.add_bool("normalize_advantages", false, "normalise the advantages over the batch");
+    }
+    o.add_bool("mask_truncated_completions", false,
+               "completions that hit max_completion_length take no part in the loss");
+  }
+  o.add_bool("vllm_enable_sleep_mode", false,
+             "after each generation phase give the KV-cache pool and the allocator's cached "
+             "blocks back, so the optimizer phase does not hold them; they return at the next "
+             "generation");
+  o.add_alias("generation_sleep", "vllm_enable_sleep_mode");
+  o.add_int("kv_cache_blocks", 0,
+            "KV-cache pool, in blocks (0: enough for a whole generation batch at the longest "
+            "prompt; fewer: continuous batching runs what fits)",
+            0);
+  o.add_int("kv_block_size", 16, "tokens per KV-cache block", 1, 4096);
+  o.add_bool("ds3_gather_for_generation", true,
+             "zero_stage 3: gather the whole model once for each generation phase (false: layer "
+             "by layer at every step, slower, for models larger than one device; the same tokens)");
+  o.add_bool("use_liger_loss", true,
+             "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist");
+  add_reward_source_options(o);
+  add_ref_model_options(o);
+  add_chat_options(o);
+  add_peft_options(o);
+  add_quant_options(o);
+  add_training_options(o);
+  // GRPOConfig's and RLOOConfig's default; OnlineDPOConfig's.
+  o.set_default("learning_rate", dpo ? 5e-7 : 1e-6);
+  return o;
+}
+
+std::string OnlinePrompts::summary() const {
+  return path + ": " + std::to_string(rows.size()) + " prompts" +
+         (conversational ? " (conversational)" : "");
+}
+
+OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& enc,
+                                  bool need_solution) {
+  std::ifstream in(path);
+  LT_CHECK_INPUT(in.good(), path, ": cannot open the dataset");
+  OnlinePrompts d;
+  d.path = path;
+  std::string text;
+  int64_t line = 0;
+  bool first = true;
+  DatasetFormat format;  // of the first row: a file has one schema (dataset.h)
+  int64_t format_line = 0;
+  while (std::getline(in, text)) {
+    ++line;
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(line);
+    nlohmann::json row;
+    try {
+      row = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      LT_THROW(ErrorKind::kInput, where, ": not JSON (", e.what(), ")");
+    }
+    bool conv = false;
+    d.rows.push_back(prompt_row(std::move(row), line, enc, need_solution, where, &conv));
+    const nlohmann::json& r = d.rows.back().row;
+    if (first) {
+      format = detect_format(r, "text");
+      format_line = line;
+    } else if (auto p = check_row_format(format, format_line, r, "text")) {
+      LT_THROW(ErrorKind::kInput, where, ": ", p->message,
+               p->kind == BadLineKind::kMissingKey ? format_note(format, format_line) : "");
+    }
+    LT_CHECK_INPUT(first || conv == d.conversational, where,
+                   ": rows mix string prompts and message-list prompts");
+    d.conversational = conv;
+    first = false;
+  }
+  LT_CHECK_INPUT(!d.rows.empty(), path, ": no prompt rows");
+  return d;
+}
+
+std::vector<nlohmann::json> builtin_task_rows() {
+  std::vector<nlohmann::json> rows;
+  for (int a = 0; a <= 9; ++a)
+    for (int b = 0; b <= 9; ++b)
+      rows.push_back({{"prompt", "Add " + std::to_string(a) + " and " + std::to_string(b) + "."},
+                      {"answer", std::to_string(a + b)}});
+  return rows;
+}
+
+OnlinePrompts builtin_online_prompts(const TextEncoder& enc) {
+  OnlinePrompts d;
+  d.path = "built-in task";
+  int64_t i = 0;
+  bool conv = false;
+  for (nlohmann::json& row : builtin_task_rows()) {
+    ++i;
+    d.rows.push_back(prompt_row(std::move(row), i, enc, true, d.path, &conv));
+  }
+  return d;
+}
+
+namespace {
+
+// The built-in arithmetic task's settings. online_dpo: prompts, 64 completions; ties (most pairs
+// early on) still pull one way or the other, so it takes a larger step for longer than grpo's.
+std::vector<std::pair<std::string, nlohmann::json>> online_demo_defaults(
+    const std::string& algorithm) {
+  const bool dpo = algorithm == "online_dpo";
+  std::vector<std::pair<std::string, nlohmann::json>> d;
+  if (dpo)
+    d = {{"max_new_tokens", 4}, {"temperature", 1.0}};
+  else
+    d = {{"num_generations", 8}, {"max_completion_length", 4}};
+  const std::vector<std::pair<std::string, nlohmann::json>> shared = {
+      {"per_device_train_batch_size", 32},
+      {"learning_rate", dpo ? 1e-2 : 3e-3},
+      {"max_steps", dpo ? 60 : 40},
+      {"lr_scheduler_type", "constant"},
+      {"logging_steps", 5},
+      {"save_steps", 0},
+      {"reward_funcs", nlohmann::json::array({"format_reward", "accuracy_reward"})},
+      {"format_pattern", "^ *[0-9]"},
+      {"output_dir", "trainer_output/embedded_" + algorithm}};
+  d.insert(d.end(), shared.begin(), shared.end());
+  return d;
+}
+
+TrainerSpec online_spec(const std::string& algorithm, const std::string& summary) {
+  return TrainerSpec{algorithm,
+                     summary,
+                     "prompts",
+                     online_options,
+                     online_demo_defaults(algorithm),
+                     [algorithm](const Options& o) {
+                       OnlineRun r = make_online_run(algorithm, o);
+                       return TrainRun{r.model.model, std::move(r.trainer), ""};
+                     },
+                     [algorithm](const nlohmann::json& last) {
+                       char s[96];
+                       if (algorithm == "online_dpo") {
+                         std::snprintf(s, sizeof s, ", rewards/accuracies %.3f",
+                                       last.value("rewards/accuracies", 0.0));
+                       } else {
+                         const nlohmann::json r = last.value("reward", nlohmann::json());
+                         std::snprintf(s, sizeof s, ", reward %.3f",
+                                       r.is_number() ? r.get<double>() : 0.0);
+                       }
+                       return std::string(s);
+                     },
+                     [algorithm](const std::vector<std::string>& args) {
+                       return run_estimate_online(args, algorithm);
+                     }};
+}
+
+}  // namespace
+
+const TrainerSpec& grpo_spec() {
+  static const TrainerSpec spec = online_spec(
+      "grpo",
+      "group relative policy optimisation on in-process generations (TRL GRPOTrainer options); no "
+      "options: the built-in demo task");
+  return spec;
+}
+
+const TrainerSpec& rloo_spec() {
+  static const TrainerSpec spec = online_spec(
+      "rloo", "REINFORCE leave-one-out on in-process generations (TRL RLOOTrainer options)");
+  return spec;
+}
+
+const TrainerSpec& online_dpo_spec() {
+  static const TrainerSpec spec = online_spec(
+      "online_dpo",
+      "online DPO: two completions per prompt judged by the reward sources (TRL OnlineDPOTrainer "
+      "options)");
+  return spec;
+}
+
+}  // namespace leantune

@@ -1,0 +1,120 @@
+// SFT: causal-LM fine-tuning on TRL-format JSONL data (trainer_bin sft).
+//
+// Data: loaders/examples.h (tokenisation, loss masks, truncation) -> loaders/data_loader.h
+// (packing, padding-free collation, shuffling) -> flat varlen Batches. Loss: the decoder's
+// chunked linear cross-entropy over shifted labels, normalised by the label tokens of the whole
+// accumulated batch.
+//
+// Also what the other trainers share with sft: the model side of a run (SftModel, load_sft_model:
+// tokenizer, model, LoRA adapters, quantized base; used by dpo, kto and the online trainers), the
+// adapter's base name (adapter_base_name) and the end-of-run memory report (format_memory_report).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/context_parallel.h"
+#include "loaders/data_loader.h"
+#include "loaders/tokenizer.h"
+#include "models/peft_io.h"
+#include "models/quantize_model.h"
+#include "trainers/common/trainer.h"
+
+namespace leantune {
+
+// Options of `trainer_bin sft` (model, data and training options, TRL names).
+// The sft command's options; `command` names the usage line (estimate takes the same options).
+Options sft_options(const std::string& command = "sft");
+
+struct SftSetup {
+  std::string model_name_or_path;  // empty = the built-in embedded model
+  std::string tokenizer_dir;
+  std::string model_config;  // embedded: the config.json of the random-init model
+  std::string dataset;
+  bool embedded = false;
+};
+
+class SftTrainer final : public Trainer {
+ public:
+  SftTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
+             std::shared_ptr<Tokenizer> tokenizer, std::string tokenizer_dir,
+             std::shared_ptr<DataLoader> train, std::shared_ptr<DataLoader> eval,
+             DataStats train_stats, bool fused_loss);
+
+  const DataStats& train_stats() const override { return train_stats_; }
+
+ protected:
+  int64_t micro_batches_per_epoch() const override { return train_->batches_per_epoch(); }
+  Batch next_micro_batch(BatchReport* report) override;
+  int64_t loss_tokens(const Batch& b) const override;
+  Tensor compute_loss(const Batch& b, double normalizer) override;
+  std::optional<double> evaluate() override;
+  double epoch_progress() const override;
+  nlohmann::json data_state() const override;
+  void set_data_state(const nlohmann::json& s) override;
+  void on_train_begin(MetricsLogger& log) override;
+  nlohmann::json technique_savings() const override;
+  bool supports_context_parallel() const override { return true; }
+
+ private:
+  std::shared_ptr<Tokenizer> tokenizer_;
+  std::shared_ptr<DataLoader> train_;
+  std::shared_ptr<DataLoader> eval_;
+  DataStats train_stats_;
+  bool fused_loss_;
+  int64_t padded_tokens_avoided_ = 0;
+  int64_t max_micro_tokens_ = 0;
+  int64_t max_sequence_tokens_ = 0;  // the longest sequence (document) of any micro-batch
+};
+
+// Everything `trainer_bin sft` builds before training: model, tokenizer, data, trainer.
+struct SftRun {
+  SftSetup setup;
+  std::shared_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<DecoderModel> model;
+  std::unique_ptr<SftTrainer> trainer;
+  int32_t eos_token_id = 0;
+};
+// The model side of a run, loaded from the model options alone (sft_model_option_names):
+// tokenizer, model, LoRA adapters, quantized base. Empty model_name_or_path: the embedded demo.
+struct SftModel {
+  SftSetup setup;  // without the dataset
+  std::shared_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<DecoderModel> model;
+  PeftSetup peft;         // shares the adapters with the model (inactive without use_peft)
+  std::string base_name;  // base_model_name_or_path for adapter_config.json
+  QuantConfig quant;      // enabled(): the base is quantized
+  QuantizeReport quant_report;
+};
+// The sft options that describe the model rather than the training run (the chat group among
+// them: the tokenizer and its chat template are loaded with the model).
+const std::vector<std::string>& sft_model_option_names();
+SftModel load_sft_model(const Options& o);
+// base_model_name_or_path for the adapter a run writes: m.base_name, except for the demo with
+// use_peft, whose base exists only in memory: it is initialised again from the seed (dense, as
+// before any quantization), written to output_dir/base_model with the tokenizer files, and named
+// relative to the output folder's parent, as PEFT-style loaders resolve it, so that the adapter
+// loads again.
+std::string adapter_base_name(const SftModel& m, bool use_peft, const std::string& output_dir,
+                              uint64_t seed);
+// Builds the run from parsed options (Error(kInput) for any bad option, file or data); the
+// second form trains an already loaded model (its model options must be those in `o`).
+// What an embedder hands a run besides options (public API): the communicator it spans (null:
+// the world communicator), and the training rows in memory instead of option dataset (JSONL
+// lines, named "dataset_rows" in messages: row i is line i + 1; null: the file).
+struct SftRunInputs {
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<const std::vector<std::string>> dataset_rows;
+};
+SftRun make_sft_run(const Options& o);
+SftRun make_sft_run(const Options& o, const SftModel& m, const SftRunInputs& in = {});
+
+// Prints the end-of-run memory report (peak by category and the savings of each technique).
+std::string format_memory_report(const nlohmann::json& report);
+
+// Where the embedded default run's files live (data/embedded in the source tree, or
+// $LEANTUNE_DATA_DIR/embedded).
+std::string embedded_data_dir();
+
+}  // namespace leantune
