@@ -217,7 +217,7 @@ Trainer::Trainer(Model& model, const std::string& config_json, const TrainerSetu
     if (setup.dataset_rows)
       in.dataset_rows = std::make_shared<const std::vector<std::string>>(*setup.dataset_rows);
     else
-      apply_demo_defaults(sft_spec(), impl->options);
+      apply_demo_defaults(*find_trainer_spec("sft"), impl->options);
     if (setup.communicator)
       in.comm = make_communicator_from_mpi(setup.communicator->fortran_handle,
                                            training_arguments(impl->options).comm);

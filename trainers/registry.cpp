@@ -1,16 +1,30 @@
 // The list of training algorithms (trainers/common/trainer_spec.h): adding one is its own folder
-// plus its line here. Also the spec-driven pieces every algorithm shares: the demo's defaults
-// and the model-for-dataset rule.
+// (which defines `const TrainerSpec& <name>_spec()`) plus its line in LT_TRAINERS. Also the
+// spec-driven pieces every algorithm shares: the demo's defaults, the model-for-dataset rule and
+// the names of the context-parallel trainers.
 #include "engine/check.h"
 #include "trainers/common/trainer_spec.h"
 
+// In the order trainer_bin --help lists them.
+#define LT_TRAINERS(X) \
+  X(sft)               \
+  X(dpo)               \
+  X(kto)               \
+  X(reward)            \
+  X(grpo)              \
+  X(rloo)              \
+  X(online_dpo)
+
 namespace leantune {
 
+#define LT_DECLARE_SPEC(name) const TrainerSpec& name##_spec();
+LT_TRAINERS(LT_DECLARE_SPEC)
+#undef LT_DECLARE_SPEC
+
 const std::vector<const TrainerSpec*>& trainer_specs() {
-  static const std::vector<const TrainerSpec*> specs = {
-      &sft_spec(),  &dpo_spec(),  &kto_spec(),        &reward_spec(),
-      &grpo_spec(), &rloo_spec(), &online_dpo_spec(),
-  };
+#define LT_SPEC_ADDRESS(name) &name##_spec(),
+  static const std::vector<const TrainerSpec*> specs = {LT_TRAINERS(LT_SPEC_ADDRESS)};
+#undef LT_SPEC_ADDRESS
   return specs;
 }
 
@@ -18,6 +32,16 @@ const TrainerSpec* find_trainer_spec(const std::string& name) {
   for (const TrainerSpec* s : trainer_specs())
     if (s->name == name) return s;
   return nullptr;
+}
+
+std::string context_parallel_trainer_names() {
+  std::vector<std::string> names;
+  for (const TrainerSpec* s : trainer_specs())
+    if (s->context_parallel) names.push_back(s->name);
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return out;
 }
 
 void apply_demo_defaults(const TrainerSpec& spec, Options& o) {

@@ -161,7 +161,7 @@ OnlineOutcome run_online(const std::string& out, std::vector<std::string> extra)
                                    "--logging_steps", "1",   "--output_dir", out};
   args.insert(args.end(), extra.begin(), extra.end());
   EXPECT_TRUE(o.parse(args));
-  apply_demo_defaults(grpo_spec(), o);
+  apply_demo_defaults(*find_trainer_spec("grpo"), o);
   OnlineOutcome res;
   res.estimate =
       estimate_online_from_options(o, "grpo", embedded_data_dir() + "/config.json", true);

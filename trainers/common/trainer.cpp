@@ -29,6 +29,7 @@
 #include "trainers/common/output_path.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/step_profile.h"
+#include "trainers/common/trainer_spec.h"
 
 namespace leantune {
 
@@ -339,9 +340,8 @@ TrainResult Trainer::train() {
                  "data parallel on ", model_->device().str(), " needs --comm_backend nccl (the ",
                  comm.backend_name(), " backend moves host memory)");
   LT_CHECK_INPUT(args_.cp_size == 1 || supports_context_parallel(), "option cp_size ",
-                 args_.cp_size,
-                 ": this trainer does not split sequences over ranks (sft, dpo and kto have "
-                 "context parallelism)");
+                 args_.cp_size, ": this trainer does not split sequences over ranks (",
+                 context_parallel_trainer_names(), " have context parallelism)");
   build_optimizer();
   // Before anything else writes: killed saves may have left the disk full of temporary folders.
   const StaleCleanup cleaned =

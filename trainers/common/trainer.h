@@ -218,8 +218,8 @@ class Trainer {
   virtual void load_model(const std::string& dir);
   // Called once before the loop, after resuming.
   virtual void on_train_begin(MetricsLogger& log) {}
-  // Whether this trainer splits its micro-batches over --cp_size ranks (sft, dpo and kto do;
-  // the others refuse cp_size > 1).
+  // Whether this trainer splits its micro-batches over --cp_size ranks (the specs with
+  // context_parallel: sft, dpo and kto; the others refuse cp_size > 1).
   virtual bool supports_context_parallel() const { return false; }
   // Memory-report lines a trainer adds (what its techniques saved).
   virtual nlohmann::json technique_savings() const { return nlohmann::json::object(); }

@@ -44,6 +44,8 @@ struct TrainerSpec {
   std::function<std::string(const nlohmann::json& last)> final_metrics;
   // trainer_bin estimate <name> ARGS (empty: estimate's own sft front-end).
   std::function<int(const std::vector<std::string>& args)> estimate;
+  // Whether its trainer splits sequences over --cp_size ranks (supports_context_parallel()).
+  bool context_parallel = false;
 };
 
 // Every algorithm, in the order trainer_bin --help lists them.
@@ -59,16 +61,10 @@ void apply_demo_defaults(const TrainerSpec& spec, Options& o);
 // at a constant 1e-3, logged every 5, no checkpoints, output_dir trainer_output/embedded_<name>.
 std::vector<std::pair<std::string, nlohmann::json>> small_demo_defaults(const std::string& name);
 
+// "sft, dpo and kto": the algorithms whose spec says context_parallel, for messages.
+std::string context_parallel_trainer_names();
+
 // Refuses --dataset without --model_name_or_path (the demo's data fits the demo's model only).
 void check_model_for_dataset(const std::string& command, const Options& o);
-
-// The specs, each defined in its algorithm's folder.
-const TrainerSpec& sft_spec();
-const TrainerSpec& dpo_spec();
-const TrainerSpec& kto_spec();
-const TrainerSpec& reward_spec();
-const TrainerSpec& grpo_spec();
-const TrainerSpec& rloo_spec();
-const TrainerSpec& online_dpo_spec();
 
 }  // namespace leantune

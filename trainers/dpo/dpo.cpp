@@ -402,7 +402,9 @@ const TrainerSpec& dpo_spec() {
                       last.value("rewards/accuracies", 0.0), last.value("rewards/margins", 0.0));
         return std::string(s);
       },
-      [](const std::vector<std::string>& args) { return run_estimate_preference(args, "dpo"); }};
+      [](const std::vector<std::string>& args) { return run_estimate_preference(args, "dpo"); },
+      true};
+  ;
   return spec;
 }
 

@@ -8,6 +8,7 @@
 #include "trainers/common/peft_options.h"
 #include "trainers/common/quant_options.h"
 #include "trainers/common/trainer.h"
+#include "trainers/common/trainer_spec.h"
 #include "trainers/reward/reward.h"
 #include "trainers/sft/sft.h"
 
@@ -16,8 +17,8 @@ namespace leantune {
 EstimateConfig reward_estimate_config(const Options& o, const ModelConfig& model, bool cpu) {
   const TrainingArguments args = training_arguments(o);
   LT_CHECK_INPUT(args.cp_size == 1, "option cp_size ", args.cp_size,
-                 ": this trainer does not split sequences over ranks (sft, dpo and kto have "
-                 "context parallelism)");
+                 ": this trainer does not split sequences over ranks (",
+                 context_parallel_trainer_names(), " have context parallelism)");
   PeftConfig peft = peft_config_from_options(o);
   peft.modules_to_save.push_back("score");
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);

@@ -286,7 +286,9 @@ const TrainerSpec& kto_spec() {
                       last.value("rewards/margins", 0.0), last.value("kl", 0.0));
         return std::string(s);
       },
-      [](const std::vector<std::string>& args) { return run_estimate_preference(args, "kto"); }};
+      [](const std::vector<std::string>& args) { return run_estimate_preference(args, "kto"); },
+      true};
+  ;
   return spec;
 }
 

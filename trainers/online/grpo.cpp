@@ -17,6 +17,7 @@
 #include "loaders/host_batch.h"
 #include "trainers/common/model_io.h"
 #include "trainers/common/peft_options.h"
+#include "trainers/common/trainer_spec.h"
 
 namespace leantune {
 
@@ -660,10 +661,10 @@ int64_t checked_batch(const std::string& algorithm, const char* a_name, int64_t 
 }  // namespace
 
 OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
-  LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
-                 algorithm, ": --model_name_or_path is required when --dataset is given");
+  check_model_for_dataset(algorithm, o);
   TrainingArguments args = training_arguments(o);
-  LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for sft, dpo and kto");
+  LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for ",
+                 context_parallel_trainer_names());
   const RefModelConfig ref_cfg = ref_model_config(o);
   LT_CHECK_INPUT(!ref_cfg.precompute,
                  "option --precompute_ref_log_probs: the online trainers "

@@ -589,7 +589,8 @@ const TrainerSpec& sft_spec() {
         return TrainRun{r.model, std::move(r.trainer), ""};
       },
       nullptr,
-      nullptr};
+      nullptr,
+      true};
   return spec;
 }
 
