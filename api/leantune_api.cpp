@@ -1,5 +1,6 @@
 // The public C++ API (include/leantune/leantune.h) over the trainers layer: a Model is what
-// load_sft_model() builds from the model options, a Trainer is make_sft_run() on that model
+// load_sft_model() builds from the model options, a Trainer is an algorithm's TrainerSpec run
+// on that model (make_run_on_model; sft's make_sft_run with in-memory rows and a communicator)
 // with the rest of the options from a JSON config. Every internal error leaves as
 // leantune::api::Error with the exit-code category of its ErrorKind.
 #include <exception>
@@ -198,30 +199,60 @@ MemoryStats Model::memory_stats() const {
 
 struct Trainer::Impl {
   Options options = sft_options();
-  SftRun run;
+  TrainRun run;
   bool trained = false;
 };
 
 Trainer::Trainer(Model& model, const std::string& config_json, const TrainerSetup& setup) {
   impl_ = guarded([&] {
+    const TrainerSpec* spec = find_trainer_spec(setup.algorithm);
+    LT_CHECK_INPUT(spec != nullptr, "TrainerSetup::algorithm '", setup.algorithm,
+                   "': not an algorithm (sft, dpo, kto, grpo, rloo, online_dpo)");
+    LT_CHECK_INPUT(spec->make_run_on_model != nullptr, "TrainerSetup::algorithm '", setup.algorithm,
+                   "': trains a model of its own kind, which Model::load does ",
+                   "not load; use trainer_bin ", setup.algorithm);
+    LT_CHECK_INPUT(!setup.dataset_rows || spec->name == "sft",
+                   "TrainerSetup::dataset_rows: ", "in-memory rows are read by sft only; give ",
+                   spec->name, " a dataset file (config key dataset)");
     auto impl = std::make_unique<Impl>();
     const Options& model_options = model.impl_->options;
-    impl->options = model_options;
+    impl->options = spec->options(spec->name);
+    // The model's options (and its seed, which also orders the data) carry over to the run.
+    const nlohmann::json model_json = model_options.to_json();
+    nlohmann::json carried = nlohmann::json::object();
+    std::vector<std::string> keys = sft_model_option_names();
+    keys.push_back("seed");
+    for (const std::string& k : keys)
+      if (model_options.is_set(k)) carried[k] = model_json.at(k);
+    impl->options.apply_json(carried, "ModelOptions");
     impl->options.apply_json(parse_object(config_json, "Trainer config"), "Trainer config");
-    const nlohmann::json now = impl->options.to_json(), loaded = model_options.to_json();
-    for (const std::string& k : sft_model_option_names())
-      LT_CHECK_INPUT(now.value(k, nlohmann::json()) == loaded.value(k, nlohmann::json()),
+    const nlohmann::json now = impl->options.to_json();
+    for (const std::string& k : sft_model_option_names()) {
+      const nlohmann::json was = model_json.value(k, nlohmann::json());
+      LT_CHECK_INPUT(!impl->options.is_set(k) || now.value(k, nlohmann::json()) == was,
                      "Trainer config: option ", k, " belongs to the model (Model::load), which ",
-                     "was loaded with ", loaded.value(k, nlohmann::json()).dump());
-    SftRunInputs in;
-    if (setup.dataset_rows)
-      in.dataset_rows = std::make_shared<const std::vector<std::string>>(*setup.dataset_rows);
-    else
-      apply_demo_defaults(*find_trainer_spec("sft"), impl->options);
+                     "was loaded with ", was.dump());
+    }
+    if (!setup.dataset_rows) apply_demo_defaults(*spec, impl->options);
+    std::shared_ptr<Communicator> comm;
     if (setup.communicator)
-      in.comm = make_communicator_from_mpi(setup.communicator->fortran_handle,
-                                           training_arguments(impl->options).comm);
-    impl->run = make_sft_run(impl->options, model.impl_->m, in);
+      comm = make_communicator_from_mpi(setup.communicator->fortran_handle,
+                                        training_arguments(impl->options).comm);
+    if (spec->name == "sft") {
+      SftRunInputs in;
+      in.comm = comm;
+      if (setup.dataset_rows)
+        in.dataset_rows = std::make_shared<const std::vector<std::string>>(*setup.dataset_rows);
+      SftRun r = make_sft_run(impl->options, model.impl_->m, in);
+      impl->run = TrainRun{r.model, std::move(r.trainer), ""};
+    } else {
+      LT_CHECK_INPUT(!comm || training_arguments(impl->options).cp_size == 1,
+                     "TrainerSetup::communicator: context parallelism (cp_size > 1) runs on the "
+                     "world communicator for ",
+                     spec->name);
+      impl->run = spec->make_run_on_model(impl->options, model.impl_->m);
+      if (comm) impl->run.trainer->set_communicator(comm);
+    }
     impl->run.trainer->set_install_signal_handlers(setup.install_signal_handlers);
     return impl;
   });
@@ -266,7 +297,8 @@ TrainSummary Trainer::train(const StepCallback& on_step) {
     s.nothing_to_do = r.nothing_to_do;
     s.resumed_from = r.resumed_from;
     s.total_steps = r.total_steps;
-    if (!r.interrupted && !impl_->options.get_string("eval_dataset").empty())
+    if (!r.interrupted && impl_->options.declared("eval_dataset") &&
+        !impl_->options.get_string("eval_dataset").empty())
       s.eval_loss = r.final_eval_loss;
     if (!r.nothing_to_do) s.memory_report = format_memory_report(r.memory);
     return s;

@@ -192,6 +192,10 @@ using StepCallback = std::function<bool(const StepMetrics&)>;
 
 // What a pipeline hands a trainer besides its options.
 struct TrainerSetup {
+  // The algorithm, by its trainer_bin command name: sft, dpo, kto, grpo, rloo or online_dpo (the
+  // config takes that command's options). reward trains a sequence classifier, which Model::load
+  // does not load: use trainer_bin reward.
+  std::string algorithm = "sft";
   // false: train() leaves the process's SIGTERM/SIGINT/SIGHUP handlers as they are; the
   // embedder stops a run with request_stop().
   bool install_signal_handlers = true;
@@ -211,9 +215,10 @@ struct TrainerSetup {
 
 class Trainer {
  public:
-  // A supervised fine-tuning run of `model` (which must outlive the trainer) configured by a
-  // JSON object with trainer_bin sft's keys (dataset, max_steps, learning_rate, output_dir,
-  // memory_trace, ...). Without a dataset, the embedded demo's data and settings are used.
+  // A run of setup.algorithm (sft unless set) on `model` (which must outlive the trainer),
+  // configured by a JSON object with that trainer_bin command's keys (dataset, max_steps,
+  // learning_rate, output_dir, beta, ...). Without a dataset, the embedded demo's data and
+  // settings are used.
   Trainer(Model& model, const std::string& config_json, const TrainerSetup& setup = {});
   Trainer(Trainer&&) noexcept;
   Trainer& operator=(Trainer&&) noexcept;

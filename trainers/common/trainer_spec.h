@@ -15,6 +15,7 @@
 #include "loaders/options.h"
 #include "models/decoder.h"
 #include "trainers/common/trainer.h"
+#include "trainers/sft/sft.h"
 
 namespace leantune {
 
@@ -40,6 +41,10 @@ struct TrainerSpec {
   // Refuses bad options, loads the model and the data, builds the trainer (Error kInput, one
   // line, for any bad option, file or row).
   std::function<TrainRun(const Options&)> make_run;
+  // The same on a model already loaded from the same model options (sft_model_option_names), as
+  // the public API's Trainer runs it; empty where the algorithm loads a model of its own kind
+  // (reward: a sequence classifier).
+  std::function<TrainRun(const Options&, SftModel)> make_run_on_model;
   // The end of the command's last line from the last logged metrics (", rewards/margins 0.12").
   std::function<std::string(const nlohmann::json& last)> final_metrics;
   // trainer_bin estimate <name> ARGS (empty: estimate's own sft front-end).

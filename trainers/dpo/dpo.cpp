@@ -396,6 +396,10 @@ const TrainerSpec& dpo_spec() {
         DpoRun r = make_dpo_run(o);
         return TrainRun{r.model.model, std::move(r.trainer), ""};
       },
+      [](const Options& o, SftModel m) {
+        DpoRun r = make_dpo_run(o, std::move(m));
+        return TrainRun{r.model.model, std::move(r.trainer), ""};
+      },
       [](const nlohmann::json& last) {
         char s[96];
         std::snprintf(s, sizeof s, ", rewards/accuracies %.3f, rewards/margins %.4f",

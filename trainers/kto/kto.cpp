@@ -228,7 +228,7 @@ nlohmann::json KtoTrainer::technique_savings() const {
   return s;
 }
 
-KtoRun make_kto_run(const Options& o) {
+KtoRun make_kto_run(const Options& o, std::optional<SftModel> model) {
   check_model_for_dataset("kto", o);
   LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
                  "options --completion_only_loss / --assistant_only_loss are SFT options; KTO "
@@ -237,7 +237,7 @@ KtoRun make_kto_run(const Options& o) {
   const RefModelConfig ref_cfg = ref_model_config(o);
   const KtoLossConfig loss = kto_loss_config(o);
   KtoRun run;
-  run.model = load_sft_model(o);
+  run.model = model ? std::move(*model) : load_sft_model(o);
   prepare_run(args);
   const SftModel& m = run.model;
   std::string dataset = o.get_string("dataset");
@@ -278,6 +278,10 @@ const TrainerSpec& kto_spec() {
       small_demo_defaults("kto"),
       [](const Options& o) {
         KtoRun r = make_kto_run(o);
+        return TrainRun{r.model.model, std::move(r.trainer), ""};
+      },
+      [](const Options& o, SftModel m) {
+        KtoRun r = make_kto_run(o, std::move(m));
         return TrainRun{r.model.model, std::move(r.trainer), ""};
       },
       [](const nlohmann::json& last) {

@@ -20,6 +20,7 @@
 #include <deque>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,8 @@ struct KtoRun {
   SftModel model;
   std::unique_ptr<KtoTrainer> trainer;
 };
-KtoRun make_kto_run(const Options& o);
+// Loads model, data and reference per the options; with `model` given, trains that already
+// loaded model (its model options, sft_model_option_names, must be those in `o`).
+KtoRun make_kto_run(const Options& o, std::optional<SftModel> model = std::nullopt);
 
 }  // namespace leantune

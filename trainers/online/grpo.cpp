@@ -660,7 +660,8 @@ int64_t checked_batch(const std::string& algorithm, const char* a_name, int64_t 
 }
 }  // namespace
 
-OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
+OnlineRun make_online_run(const std::string& algorithm, const Options& o,
+                          std::optional<SftModel> model) {
   check_model_for_dataset(algorithm, o);
   TrainingArguments args = training_arguments(o);
   LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for ",
@@ -728,7 +729,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o) {
   cfg.logps.temperature = dpo ? 1.0 : cfg.generation.temperature;
   prepare_run(args);
   OnlineRun run;
-  run.model = load_sft_model(o);
+  run.model = model ? std::move(*model) : load_sft_model(o);
   const SftModel& m = run.model;
   auto rewards = std::make_unique<RewardSources>(o, cfg.generation.max_new_tokens,
                                                  m.model->device(), m.model->dtype());

@@ -60,6 +60,7 @@
 #include <deque>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -215,6 +216,9 @@ struct OnlineRun {
   SftModel model;
   std::unique_ptr<OnlineTrainer> trainer;
 };
-OnlineRun make_online_run(const std::string& algorithm, const Options& o);
+// Loads model, data, reward sources and reference per the options; with `model` given, trains
+// that already loaded model (its model options must be those in `o`).
+OnlineRun make_online_run(const std::string& algorithm, const Options& o,
+                          std::optional<SftModel> model = std::nullopt);
 
 }  // namespace leantune

@@ -222,6 +222,10 @@ TrainerSpec online_spec(const std::string& algorithm, const std::string& summary
                        OnlineRun r = make_online_run(algorithm, o);
                        return TrainRun{r.model.model, std::move(r.trainer), ""};
                      },
+                     [algorithm](const Options& o, SftModel m) {
+                       OnlineRun r = make_online_run(algorithm, o, std::move(m));
+                       return TrainRun{r.model.model, std::move(r.trainer), ""};
+                     },
                      [algorithm](const nlohmann::json& last) {
                        char s[96];
                        if (algorithm == "online_dpo") {

@@ -358,6 +358,7 @@ const TrainerSpec& reward_spec() {
                                  (r.model.converted ? " (new score head)" : "");
         return TrainRun{r.model.model, std::move(r.trainer), note};
       },
+      nullptr,
       [](const nlohmann::json& last) {
         char s[96];
         std::snprintf(s, sizeof s, ", accuracy %.3f, margin %.4f", last.value("accuracy", 0.0),

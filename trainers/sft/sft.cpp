@@ -588,6 +588,10 @@ const TrainerSpec& sft_spec() {
         SftRun r = make_sft_run(o);
         return TrainRun{r.model, std::move(r.trainer), ""};
       },
+      [](const Options& o, SftModel m) {
+        SftRun r = make_sft_run(o, m);
+        return TrainRun{r.model, std::move(r.trainer), ""};
+      },
       nullptr,
       nullptr,
       true};
