@@ -36,22 +36,17 @@
 #include <vector>
 
 #include "engine/autograd.h"
-#include "engine/cpu_kernels.h"
 #include "engine/ops.h"
 #include "engine/profile.h"
+#include "kernels/attention_dims.h"
+#include "kernels/cpu_common.h"
 #include "kernels/softmax_cpu.h"
 
 namespace leantune::kernels {
 
-using cpu::acc_t;
-using cpu::load;
-using cpu::store;
-
 namespace {
 
 constexpr int64_t kBlockQ = 64;
-
-DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 // Row-major C = alpha op(A) op(B) + beta C on raw buffers.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -95,20 +90,6 @@ Seqs read_seqs(const Tensor& cu_q, const Tensor& cu_k, int64_t tq, int64_t tk) {
   return s;
 }
 
-struct Dims {
-  int64_t tq, tk, hq, hk, d, group;
-};
-
-Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
-  LT_CHECK(q.dim() == 3 && k.dim() == 3 && v.shape() == k.shape() && q.size(2) == k.size(2) &&
-               q.size(2) > 0 && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
-           op, ": q ", q.str(), ", k ", k.str(), ", v ", v.str(),
-           " (want q [Tq,Hq,D], k and v [Tk,Hk,D], Hq % Hk == 0)");
-  LT_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && dtype_is_floating(q.dtype()), op,
-           ": q ", q.str(), ", k ", k.str(), ", v ", v.str(), " need one float dtype");
-  return {q.size(0), k.size(0), q.size(1), k.size(1), q.size(2), q.size(1) / k.size(1)};
-}
-
 // A [T,H,D] tensor whose heads and head_dim are dense (any row stride); copies otherwise.
 Tensor rows_dense(const Tensor& t) {
   const Shape& st = t.strides();
@@ -125,9 +106,24 @@ int64_t row_stride(const Tensor& t) {
   return t.size(0) <= 1 ? t.size(1) * t.size(2) : t.strides()[0];
 }
 
-// Copies rows [r0, r0+n) of head h of a [T,H,D] tensor into dst [n, D] (accumulation type).
+// A [T,H,D] input as the gathers read it: its data and row stride.
+template <typename T>
+struct HeadRows {
+  const T* p;
+  int64_t stride;
+};
+template <typename T>
+HeadRows<T> head_rows(const Tensor& t) {
+  return {static_cast<const T*>(t.data_ptr()), row_stride(t)};
+}
+
+// Copies rows [r0, r0+n) of head h of the sequence that starts at row `start` of x into dst
+// [n, D] (accumulation type).
 template <typename T, typename A>
-void gather(const T* base, int64_t stride, int64_t h, int64_t d, int64_t r0, int64_t n, A* dst) {
+void gather(const HeadRows<T>& x, int64_t start, int64_t h, int64_t d, int64_t r0, int64_t n,
+            A* dst) {
+  const T* base = x.p + start * x.stride;
+  const int64_t stride = x.stride;
   for (int64_t r = 0; r < n; ++r) {
     const T* src = base + (r0 + r) * stride + h * d;
     for (int64_t j = 0; j < d; ++j) dst[r * d + j] = static_cast<A>(load(src, j));
@@ -186,7 +182,7 @@ void for_tasks(int64_t n, int threads, F&& f) {
 }
 
 // Multiply-adds of one pass over all (sequence, query head) score blocks.
-double score_work(const Seqs& s, const Dims& dm) {
+double score_work(const Seqs& s, const AttentionDims& dm) {
   double w = 0;
   for (int64_t b = 0; b < s.batch; ++b)
     w += static_cast<double>(s.q[b + 1] - s.q[b]) * static_cast<double>(s.k[b + 1] - s.k[b]);
@@ -194,8 +190,9 @@ double score_work(const Seqs& s, const Dims& dm) {
 }
 
 template <typename T>
-void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs& s, const Dims& dm,
-                  double scale_d, const Mask& mk, const Tensor& out, const Tensor& lse) {
+void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs& s,
+                  const AttentionDims& dm, double scale_d, const Mask& mk, const Tensor& out,
+                  const Tensor& lse) {
   const bool causal = mk.causal;
   const int64_t window = mk.window;
   using A = acc_t<T>;
@@ -205,12 +202,9 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs&
   Tensor ws =
       Tensor::empty({threads * slab}, stat_dtype(q.dtype()), q.device(), MemTag::kWorkspace);
   A* wsp = static_cast<A*>(ws.data_ptr());
-  const T* pq = static_cast<const T*>(q.data_ptr());
-  const T* pk = static_cast<const T*>(k.data_ptr());
-  const T* pv = static_cast<const T*>(v.data_ptr());
+  const HeadRows<T> rq = head_rows<T>(q), rk = head_rows<T>(k), rv = head_rows<T>(v);
   T* po = static_cast<T*>(out.data_ptr());
   A* pl = static_cast<A*>(lse.data_ptr());
-  const int64_t sq = row_stride(q), sk = row_stride(k), sv = row_stride(v);
   const int64_t so = dm.hq * d;
   const A scale = static_cast<A>(scale_d);
   const A cap = static_cast<A>(mk.softcap);
@@ -225,8 +219,8 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs&
     A* qb = vb + lk_max * d;
     A* ob = qb + bq * d;
     A* sb = ob + bq * d;
-    gather(pk + k0 * sk, sk, hk, d, 0, lk, kb);
-    gather(pv + k0 * sv, sv, hk, d, 0, lk, vb);
+    gather(rk, k0, hk, d, 0, lk, kb);
+    gather(rv, k0, hk, d, 0, lk, vb);
     for (int64_t i0 = 0; i0 < lq; i0 += bq) {
       const int64_t nb = std::min(bq, lq - i0);
       const int64_t kmax = visible(causal, i0 + nb - 1, lq, lk);
@@ -237,7 +231,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs&
         continue;
       }
       const int64_t kmin = first_visible(causal, window, i0, lq, lk), kw = kmax - kmin;
-      gather(pq + q0 * sq, sq, h, d, i0, nb, qb);
+      gather(rq, q0, h, d, i0, nb, qb);
       gemm(false, true, nb, kw, d, scale, qb, d, kb + kmin * d, d, A(0), sb, kw);
       for (int64_t r = 0; r < nb; ++r) {
         A* row = sb + r * kw;
@@ -265,7 +259,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Seqs&
 
 template <typename T>
 void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& out, const Tensor& lse, const Seqs& s, const Dims& dm,
+                   const Tensor& out, const Tensor& lse, const Seqs& s, const AttentionDims& dm,
                    double scale_d, const Mask& mk, const Tensor& dq, const Tensor& dk,
                    const Tensor& dv) {
   using A = acc_t<T>;
@@ -278,18 +272,15 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   Tensor ws =
       Tensor::empty({threads * slab}, stat_dtype(q.dtype()), q.device(), MemTag::kWorkspace);
   A* wsp = static_cast<A*>(ws.data_ptr());
-  const T* pq = static_cast<const T*>(q.data_ptr());
-  const T* pk = static_cast<const T*>(k.data_ptr());
-  const T* pv = static_cast<const T*>(v.data_ptr());
+  const HeadRows<T> rq = head_rows<T>(q), rk = head_rows<T>(k), rv = head_rows<T>(v);
+  const HeadRows<T> rg = head_rows<T>(dout);
   const T* po = static_cast<const T*>(out.data_ptr());
-  const T* pg = static_cast<const T*>(dout.data_ptr());
   const A* pl = static_cast<const A*>(lse.data_ptr());
   T* pdq = dq.defined() ? static_cast<T*>(dq.data_ptr()) : nullptr;
   T* pdk = dk.defined() ? static_cast<T*>(dk.data_ptr()) : nullptr;
   T* pdv = dv.defined() ? static_cast<T*>(dv.data_ptr()) : nullptr;
   const bool need_kv = pdk || pdv;
-  const int64_t sq = row_stride(q), sk = row_stride(k), sv = row_stride(v);
-  const int64_t so = row_stride(out), sg = row_stride(dout), sdq = dm.hq * d, sdk = dm.hk * d;
+  const int64_t so = row_stride(out), sdq = dm.hq * d, sdk = dm.hk * d;
   const A scale = static_cast<A>(scale_d);
 
   for_tasks(s.batch * dm.hk, threads, [&](int64_t task, int thread) {
@@ -307,8 +298,8 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     A* di = dpb + bq * lk_max;
     A* lb = di + bq;
     A* tb = lb + bq;  // tanh of the soft-capped scores (soft-capping only)
-    gather(pk + k0 * sk, sk, hk, d, 0, lk, kb);
-    gather(pv + k0 * sv, sv, hk, d, 0, lk, vb);
+    gather(rk, k0, hk, d, 0, lk, kb);
+    gather(rv, k0, hk, d, 0, lk, vb);
     std::fill(dkb, dkb + lk * d, A(0));
     std::fill(dvb, dvb + lk * d, A(0));
     for (int64_t h = hk * dm.group; h < (hk + 1) * dm.group; ++h) {
@@ -325,8 +316,8 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
         const int64_t kmin = first_visible(causal, window, i0, lq, lk), kw = kmax - kmin;
         A* kbw = kb + kmin * d;
         A* vbw = vb + kmin * d;
-        gather(pq + q0 * sq, sq, h, d, i0, nb, qb);
-        gather(pg + q0 * sg, sg, h, d, i0, nb, gb);
+        gather(rq, q0, h, d, i0, nb, qb);
+        gather(rg, q0, h, d, i0, nb, gb);
         for (int64_t r = 0; r < nb; ++r) {
           const T* orow = po + (q0 + i0 + r) * so + h * d;
           A acc = 0;
@@ -415,7 +406,7 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& out,
                    const Tensor& lse) {
   ProfileScope prof(OpKind::kAttentionFwd, q.device());
-  const Dims dm = check_qkv("attention_fwd", q, k, v);
+  const AttentionDims dm = check_qkv_shapes("attention_fwd", q, k, v);
   check_options("attention_fwd", opt);
   LT_CHECK(out.shape() == q.shape() && out.dtype() == q.dtype() && out.is_contiguous(),
            "attention_fwd: out ", out.str(), " for q ", q.str());
@@ -444,7 +435,7 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
                    const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv) {
   ProfileScope prof(OpKind::kAttentionBwd, q.device());
-  const Dims dm = check_qkv("attention_bwd", q, k, v);
+  const AttentionDims dm = check_qkv_shapes("attention_bwd", q, k, v);
   check_options("attention_bwd", opt);
   LT_CHECK(dout.shape() == q.shape() && dout.dtype() == q.dtype() && out.shape() == q.shape() &&
                out.dtype() == q.dtype(),
@@ -480,7 +471,7 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                           const AttentionOptions& opt) {
-  const Dims dm = check_qkv("attention", q, k, v);
+  const AttentionDims dm = check_qkv_shapes("attention", q, k, v);
   AttentionOutput r;
   r.out = Tensor::empty(q.shape(), q.dtype(), q.device());
   r.lse = Tensor::empty({dm.hq, dm.tq}, stat_dtype(q.dtype()), q.device());

@@ -67,7 +67,10 @@
 
 #include "kernels/attention.h"
 #include "kernels/attention_common.cuh"
+#include "kernels/attention_dims.h"
 #include "kernels/attention_rows.h"
+#include "kernels/cuda_device.cuh"
+#include "kernels/stat_dtype.h"
 
 namespace leantune::kernels {
 namespace {
@@ -171,28 +174,16 @@ void attention_dq_convert_launch(const float* acc, T* dq, int64_t n, float scale
 
 // ---------------------------------------------------------------- adapters
 
-DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
-
-struct Dims {
-  int64_t tq, tk, hq, hk, d, group;
-};
-
-Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+AttentionDims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   LT_CHECK(q.defined() && k.defined() && v.defined(), op, ": q, k and v must be defined");
-  LT_CHECK(q.dim() == 3 && k.dim() == 3 && v.shape() == k.shape() && q.size(2) == k.size(2) &&
-               q.size(2) > 0 && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
-           op, ": q ", q.str(), ", k ", k.str(), ", v ", v.str(),
-           " (want q [Tq,Hq,D], k and v [Tk,Hk,D], Hq % Hk == 0)");
-  LT_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && dtype_is_floating(q.dtype()), op,
-           ": q ", q.str(), ", k ", k.str(), ", v ", v.str(), " need one float dtype");
-  const Device d = q.device();
-  LT_CHECK(d.is_cuda(), op, ": q ", q.str(), " is not on a CUDA device");
+  const AttentionDims dims = check_qkv_shapes(op, q, k, v);
+  const Device d = cuda_device_of(q, op, "q");
   cu::check_on(k, d, op, "k");
   cu::check_on(v, d, op, "v");
   LT_CHECK(q.size(0) < (int64_t{1} << 31) && k.size(0) < (int64_t{1} << 31) &&
                q.size(1) * q.size(2) < (int64_t{1} << 31),
            op, ": q ", q.str(), ", k ", k.str(), " exceed the kernels' 32-bit row indices");
-  return {q.size(0), k.size(0), q.size(1), k.size(1), q.size(2), q.size(1) / k.size(1)};
+  return dims;
 }
 
 // A [T,H,D] operand whose heads and head_dim are dense, with its row stride; other layouts (and,
@@ -260,7 +251,7 @@ Tensor cu_on_device(const Tensor& cu, Device d) {
   return out;
 }
 
-Seqs prepare_seqs(const Tensor& cu_q, const Tensor& cu_k, const Dims& dm,
+Seqs prepare_seqs(const Tensor& cu_q, const Tensor& cu_k, const AttentionDims& dm,
                   const AttentionOptions& opt, Device d, const char* op) {
   LT_CHECK(cu_q.defined() && cu_k.defined() && cu_q.dim() == 1 && cu_k.dim() == 1 &&
                cu_q.numel() == cu_k.numel() && cu_q.numel() >= 1,
@@ -335,7 +326,7 @@ void check_simple_head_dim(const char* op, int64_t d) {
 // q/k/v rows, the sequence layout, the head counts and causality.
 template <typename P>
 void set_layout(P& p, const RowsOperand& qr, const RowsOperand& kr, const RowsOperand& vr,
-                const Seqs& s, const Dims& dm, const AttentionOptions& opt) {
+                const Seqs& s, const AttentionDims& dm, const AttentionOptions& opt) {
   p.q = qr.ptr;
   p.k = kr.ptr;
   p.v = vr.ptr;
@@ -360,7 +351,7 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                         const AttentionOptions& opt, const Tensor& out, const Tensor& lse) {
   const char* op = "attention_fwd_cuda";
-  const Dims dm = check_qkv(op, q, k, v);
+  const AttentionDims dm = check_qkv(op, q, k, v);
   const Device d = q.device();
   cu::check_operand(out, d, op, "out");
   cu::check_operand(lse, d, op, "lse");
@@ -419,7 +410,7 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& dq,
                         const Tensor& dk, const Tensor& dv) {
   const char* op = "attention_bwd_cuda";
-  const Dims dm = check_qkv(op, q, k, v);
+  const AttentionDims dm = check_qkv(op, q, k, v);
   const Device d = q.device();
   cu::check_on(dout, d, op, "dout");
   cu::check_on(out, d, op, "out");

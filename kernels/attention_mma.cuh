@@ -76,6 +76,41 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
   }
 }
 
+// The products of the kernels' k16 steps, B read as 16-column ldmatrix.x4 fragments: pair np's
+// fragment b (load_b(np, b)) feeds columns 16 np..16 np + 15, its n8 halves b[0..1] and b[2..3]
+// into tiles 2 np and 2 np + 1.
+//   mma_rows: c[mt][n] += a[mt] b for every A fragment mt (a row block of kMT x 16 rows).
+//   mma_rows2: c1[n] += a1 b1 and c2[n] += a2 b2, load_b(np, b1, b2) reading both fragments
+//   before the four products (two GEMMs interleaved).
+template <typename T, int kMT, int kNT, typename LoadB>
+__device__ __forceinline__ void mma_rows(float (&c)[kMT][kNT][4], const uint32_t (&a)[kMT][4],
+                                         LoadB load_b) {
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    uint32_t b[4];
+    load_b(np, b);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      mma_16816<T>(c[mt][2 * np], a[mt], b[0], b[1]);
+      mma_16816<T>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
+template <typename T, int kNT, typename LoadB>
+__device__ __forceinline__ void mma_rows2(float (&c1)[kNT][4], const uint32_t (&a1)[4],
+                                          float (&c2)[kNT][4], const uint32_t (&a2)[4],
+                                          LoadB load_b) {
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    uint32_t b1[4], b2[4];
+    load_b(np, b1, b2);
+    mma_16816<T>(c1[2 * np], a1, b1[0], b1[1]);
+    mma_16816<T>(c1[2 * np + 1], a1, b1[2], b1[3]);
+    mma_16816<T>(c2[2 * np], a2, b2[0], b2[1]);
+    mma_16816<T>(c2[2 * np + 1], a2, b2[2], b2[3]);
+  }
+}
+
 // Two floats rounded to T, lo in the low half (the element with the smaller column).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

@@ -123,17 +123,11 @@ __device__ __forceinline__ void bwd_tile(const BwdParams& p, const SeqBounds& s,
       uint32_t ak[4], av[4];
       ldmatrix_x4(ak, k_s + kv_a + ks * 32);
       ldmatrix_x4(av, v_s + kv_a + ks * 32);
-#pragma unroll
-      for (int np = 0; np < C::kNT / 2; ++np) {
+      mma_rows2<T>(st, ak, dpt, av, [&](int np, uint32_t(&bq)[4], uint32_t(&bd)[4]) {
         const uint32_t off = np * 16 * C::kRowBytes + ks * 32;
-        uint32_t bq[4], bd[4];
         ldmatrix_x4(bq, qb + off);
         ldmatrix_x4(bd, dob + off);
-        mma_16816<T>(st[2 * np], ak, bq[0], bq[1]);
-        mma_16816<T>(st[2 * np + 1], ak, bq[2], bq[3]);
-        mma_16816<T>(dpt[2 * np], av, bd[0], bd[1]);
-        mma_16816<T>(dpt[2 * np + 1], av, bd[2], bd[3]);
-      }
+      });
     }
 
     // P^T from the saved statistics, masked to exact zeros; dS^T = P^T (dP^T - Dsum).
@@ -163,17 +157,11 @@ __device__ __forceinline__ void bwd_tile(const BwdParams& p, const SeqBounds& s,
       uint32_t ap[4], as[4];
       acc_to_a<T>(ap, st[2 * kk], st[2 * kk + 1]);
       acc_to_a<T>(as, dpt[2 * kk], dpt[2 * kk + 1]);
-#pragma unroll
-      for (int dp = 0; dp < C::kDT / 2; ++dp) {
+      mma_rows2<T>(dv, ap, dk, as, [&](int dp, uint32_t(&bd)[4], uint32_t(&bq)[4]) {
         const uint32_t off = kk * 16 * C::kRowBytes + dp * 32;
-        uint32_t bd[4], bq[4];
         ldmatrix_x4_trans(bd, dot + off);
         ldmatrix_x4_trans(bq, qt + off);
-        mma_16816<T>(dv[2 * dp], ap, bd[0], bd[1]);
-        mma_16816<T>(dv[2 * dp + 1], ap, bd[2], bd[3]);
-        mma_16816<T>(dk[2 * dp], as, bq[0], bq[1]);
-        mma_16816<T>(dk[2 * dp + 1], as, bq[2], bq[3]);
-      }
+      });
     }
 
     // dS^T (rounded to T) into shared memory: [kBc keys][kBr queries].

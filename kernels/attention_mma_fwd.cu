@@ -94,16 +94,9 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const SeqBounds& s,
       uint32_t a[C::kMT][4];
 #pragma unroll
       for (int mt = 0; mt < C::kMT; ++mt) ldmatrix_x4(a[mt], qa + mt * 16 * C::kRowBytes + ks * 32);
-#pragma unroll
-      for (int np = 0; np < C::kNT / 2; ++np) {
-        uint32_t b[4];
+      mma_rows<T>(sacc, a, [&](int np, uint32_t(&b)[4]) {
         ldmatrix_x4(b, kb + np * 16 * C::kRowBytes + ks * 32);
-#pragma unroll
-        for (int mt = 0; mt < C::kMT; ++mt) {
-          mma_16816<T>(sacc[mt][2 * np], a[mt], b[0], b[1]);
-          mma_16816<T>(sacc[mt][2 * np + 1], a[mt], b[2], b[3]);
-        }
-      }
+      });
     }
 
     // Scale into the log2 domain; mask keys beyond the sequence, above the diagonal and before
@@ -166,16 +159,9 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const SeqBounds& s,
 #pragma unroll
       for (int mt = 0; mt < C::kMT; ++mt)
         acc_to_a<T>(a[mt], sacc[mt][2 * kk], sacc[mt][2 * kk + 1]);
-#pragma unroll
-      for (int dp = 0; dp < C::kDT / 2; ++dp) {
-        uint32_t b[4];
+      mma_rows<T>(o, a, [&](int dp, uint32_t(&b)[4]) {
         ldmatrix_x4_trans(b, vb + kk * 16 * C::kRowBytes + dp * 32);
-#pragma unroll
-        for (int mt = 0; mt < C::kMT; ++mt) {
-          mma_16816<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
-          mma_16816<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
-        }
-      }
+      });
     }
   }
 

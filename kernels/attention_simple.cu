@@ -2,6 +2,7 @@
 // scores; design in kernels/attention.cu): one warp per (row, head), keys one at a time with an
 // online softmax; backward one warp per query row (dQ) and per key row (dK, dV summed over the
 // group). A sliding window narrows each row's key range (and each key's query range).
+#include "kernels/acc_math.cuh"
 #include "kernels/attention_common.cuh"
 
 namespace leantune::kernels::attention_detail {
@@ -35,20 +36,6 @@ __device__ __forceinline__ A dot_row(const T* src, int d, int lane, const A (&x)
   }
   return cu::warp_sum(acc);
 }
-template <typename A>
-__device__ __forceinline__ A exp_a(A x) {
-  if constexpr (std::is_same_v<A, float>)
-    return expf(x);
-  else
-    return exp(x);
-}
-template <typename A>
-__device__ __forceinline__ A log_a(A x) {
-  if constexpr (std::is_same_v<A, float>)
-    return logf(x);
-  else
-    return log(x);
-}
 
 // Number of keys query i (of lq) sees out of lk: the end of its range.
 __device__ __forceinline__ int visible_keys(bool causal, int i, int lq, int lk) {
@@ -59,20 +46,24 @@ __device__ __forceinline__ int first_key(bool causal, int window, int i, int lq,
   return causal && window > 0 ? max(visible_keys(causal, i, lq, lk) - window, 0) : 0;
 }
 
+// The score scale and soft-cap, in A. The host passes 1 / cap: a division in the key loop calls
+// the IEEE slow path, whose call spills.
 template <typename A>
-__device__ __forceinline__ A tanh_a(A x) {
-  if constexpr (std::is_same_v<A, float>)
-    return tanhf(x);
-  else
-    return tanh(x);
+struct ScoreParams {
+  A scale, cap, inv_cap;
+};
+template <typename A>
+__device__ __forceinline__ ScoreParams<A> score_params(const SimpleParams& p) {
+  return {static_cast<A>(p.scale), static_cast<A>(p.softcap), static_cast<A>(p.softcap_inv)};
 }
-// The scaled score as the softmax sees it (soft-capped when cap > 0); *t receives the tanh. The
-// host passes 1 / cap: a division in the key loop calls the IEEE slow path, whose call spills.
+// The scaled score dot * scale as the softmax sees it (soft-capped when cap > 0); *t receives
+// the tanh.
 template <typename A>
-__device__ __forceinline__ A score(A s, A cap, A inv_cap, A* t) {
-  if (cap > A(0)) {
-    *t = tanh_a(s * inv_cap);
-    return cap * *t;
+__device__ __forceinline__ A score(const ScoreParams<A>& sp, A dot, A* t) {
+  const A s = dot * sp.scale;
+  if (sp.cap > A(0)) {
+    *t = libm_tanh(s * sp.inv_cap);
+    return sp.cap * *t;
   }
   *t = A(0);
   return s;
@@ -103,21 +94,20 @@ __global__ void __launch_bounds__(kSimpleThreads)
              lane, q);
     const T* kb = static_cast<const T*>(p.k) + s.k0 * p.k_stride + static_cast<int64_t>(hk) * p.d;
     const T* vb = static_cast<const T*>(p.v) + s.k0 * p.v_stride + static_cast<int64_t>(hk) * p.d;
-    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap),
-            inv_cap = static_cast<A>(p.softcap_inv);
+    const ScoreParams<A> sp = score_params<A>(p);
     for (int j = first; j < vis; ++j) {
       A t;
-      const A sc = score(dot_row(kb + j * p.k_stride, p.d, lane, q) * scale, cap, inv_cap, &t);
+      const A sc = score(sp, dot_row(kb + j * p.k_stride, p.d, lane, q), &t);
       A v[kSimplePer];
       load_row(vb + j * p.v_stride, p.d, lane, v);
       if (sc > m) {
-        const A alpha = m == -INFINITY ? A(0) : exp_a(m - sc);
+        const A alpha = m == -INFINITY ? A(0) : libm_exp(m - sc);
         l = l * alpha + 1;
 #pragma unroll
         for (int e = 0; e < kSimplePer; ++e) o[e] = o[e] * alpha + v[e];
         m = sc;
       } else {
-        const A pj = exp_a(sc - m);
+        const A pj = libm_exp(sc - m);
         l += pj;
 #pragma unroll
         for (int e = 0; e < kSimplePer; ++e) o[e] += pj * v[e];
@@ -126,7 +116,7 @@ __global__ void __launch_bounds__(kSimpleThreads)
   }
   const bool empty = !(l > 0);
   store_row(orow, p.d, lane, o, empty ? A(0) : A(1) / l);
-  if (lane == 0) *lse = empty ? A(-INFINITY) : m + log_a(l);
+  if (lane == 0) *lse = empty ? A(-INFINITY) : m + libm_log(l);
 }
 
 // dq for one (query row, head) per warp: dq = scale sum_j p_ij (dO_i . v_j - Dsum_i) k_j.
@@ -157,14 +147,13 @@ __global__ void __launch_bounds__(kSimpleThreads)
              lane, g);
     const T* kb = static_cast<const T*>(p.k) + s.k0 * p.k_stride + static_cast<int64_t>(hk) * p.d;
     const T* vb = static_cast<const T*>(p.v) + s.k0 * p.v_stride + static_cast<int64_t>(hk) * p.d;
-    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap),
-            inv_cap = static_cast<A>(p.softcap_inv);
+    const ScoreParams<A> sp = score_params<A>(p);
     for (int j = first; j < vis; ++j) {
       const T* kr = kb + j * p.k_stride;
       A t;
-      const A pj = exp_a(score(dot_row(kr, p.d, lane, q) * scale, cap, inv_cap, &t) - lse);
+      const A pj = libm_exp(score(sp, dot_row(kr, p.d, lane, q), &t) - lse);
       A ds = pj * (dot_row(vb + j * p.v_stride, p.d, lane, g) - dsum);
-      if (cap > A(0)) ds *= A(1) - t * t;
+      if (sp.cap > A(0)) ds *= A(1) - t * t;
       A kv[kSimplePer];
       load_row(kr, p.d, lane, kv);
 #pragma unroll
@@ -202,8 +191,7 @@ __global__ void __launch_bounds__(kSimpleThreads)
              lane, kr);
     load_row(static_cast<const T*>(p.v) + row * p.v_stride + static_cast<int64_t>(hk) * p.d, p.d,
              lane, vr);
-    const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap),
-            inv_cap = static_cast<A>(p.softcap_inv);
+    const ScoreParams<A> sp = score_params<A>(p);
     const A* lse = static_cast<const A*>(p.lse_in);
     const A* dsum = static_cast<const A*>(p.dsum);
     for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
@@ -217,9 +205,9 @@ __global__ void __launch_bounds__(kSimpleThreads)
         const T* gp =
             static_cast<const T*>(p.dout) + qrow * p.do_stride + static_cast<int64_t>(h) * p.d;
         A t;
-        const A pj = exp_a(score(dot_row(qp, p.d, lane, kr) * scale, cap, inv_cap, &t) - l);
+        const A pj = libm_exp(score(sp, dot_row(qp, p.d, lane, kr), &t) - l);
         A ds = pj * (dot_row(gp, p.d, lane, vr) - dsum[stat]);
-        if (cap > A(0)) ds *= A(1) - t * t;
+        if (sp.cap > A(0)) ds *= A(1) - t * t;
         A qv[kSimplePer], gv[kSimplePer];
         load_row(qp, p.d, lane, qv);
         load_row(gp, p.d, lane, gv);

@@ -15,21 +15,14 @@
 #include <type_traits>
 
 #include "engine/autograd.h"
-#include "engine/cpu_kernels.h"
 #include "engine/ops.h"
 #include "engine/profile.h"
+#include "kernels/cpu_common.h"
 #include "kernels/softmax_cpu.h"
 
 namespace leantune::kernels {
 
-using cpu::acc_t;
-using cpu::load;
-using cpu::parallel_for;
-using cpu::store;
-
 namespace {
-
-DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 // sum_j exp(z[j] - m): the vectorised row exp when the row is already in the math type.
 template <typename T, typename A>

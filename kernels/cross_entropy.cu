@@ -14,6 +14,7 @@
 #include "engine/cuda_utils.cuh"
 #include "kernels/cross_entropy.h"
 #include "kernels/online_softmax.cuh"
+#include "kernels/stat_dtype.h"
 
 namespace leantune::kernels {
 namespace {
@@ -215,9 +216,13 @@ void cross_entropy_row_stats_launch(const void* logits, const int64_t* targets, 
   });
 }
 
-DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
+// The logits' device and [rows, v] shape, after checking logits and targets.
+struct Inputs {
+  Device d;
+  int64_t rows, v;
+};
 
-void check_inputs(const char* op, const Tensor& logits, const Tensor& targets) {
+Inputs check_inputs(const char* op, const Tensor& logits, const Tensor& targets) {
   LT_CHECK(logits.device().is_cuda() && logits.dim() == 2 && logits.size(1) > 0 &&
                dtype_is_floating(logits.dtype()),
            op, ": logits ", logits.str(), " must be [T, V] float on a CUDA device, V > 0");
@@ -227,6 +232,7 @@ void check_inputs(const char* op, const Tensor& logits, const Tensor& targets) {
   LT_CHECK(targets.device().is_cpu() || targets.device() == logits.device(), op, ": targets ",
            targets.str(), " for logits on ", logits.device().str());
   LT_CHECK(logits.size(0) < (int64_t{1} << 31), op, ": too many rows in ", logits.str());
+  return {logits.device(), logits.size(0), logits.size(1)};
 }
 
 // Targets checked on the host with the CPU path's message, then as i64 on the device.
@@ -247,9 +253,7 @@ Tensor checked_targets(const Tensor& targets, int64_t v, Device d, const char* o
 void cross_entropy_fwd_cuda(const Tensor& logits, const Tensor& targets, const Tensor& loss_rows,
                             const Tensor& lse) {
   const char* op = "cross_entropy";
-  check_inputs(op, logits, targets);
-  const Device d = logits.device();
-  const int64_t rows = logits.size(0), v = logits.size(1);
+  const auto [d, rows, v] = check_inputs(op, logits, targets);
   const DType sd = stat_dtype(logits.dtype());
   cu::check_operand(loss_rows, d, op, "loss_rows");
   cu::check_operand(lse, d, op, "lse");
@@ -266,9 +270,7 @@ void cross_entropy_fwd_cuda(const Tensor& logits, const Tensor& targets, const T
 void cross_entropy_bwd_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             double scale, const Tensor& dlogits) {
   const char* op = "cross_entropy_bwd";
-  check_inputs(op, logits, targets);
-  const Device d = logits.device();
-  const int64_t rows = logits.size(0), v = logits.size(1);
+  const auto [d, rows, v] = check_inputs(op, logits, targets);
   cu::check_on(lse, d, op, "lse");
   LT_CHECK(lse.shape() == (Shape{rows}) && lse.dtype() == stat_dtype(logits.dtype()), op, ": lse ",
            lse.str(), " for logits ", logits.str());
@@ -285,9 +287,7 @@ void cross_entropy_bwd_cuda(const Tensor& logits, const Tensor& targets, const T
 void cross_entropy_row_stats_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                                   const Tensor& entropy, const Tensor& top1) {
   const char* op = "cross_entropy_row_stats";
-  check_inputs(op, logits, targets);
-  const Device d = logits.device();
-  const int64_t rows = logits.size(0), v = logits.size(1);
+  const auto [d, rows, v] = check_inputs(op, logits, targets);
   const DType sd = stat_dtype(logits.dtype());
   cu::check_on(lse, d, op, "lse");
   cu::check_operand(entropy, d, op, "entropy");

@@ -4,14 +4,10 @@
 #include "kernels/dropout.h"
 
 #include "engine/autograd.h"
-#include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "kernels/cpu_common.h"
 
 namespace leantune::kernels {
-
-using cpu::acc_t;
-using cpu::load;
-using cpu::store;
 
 namespace {
 

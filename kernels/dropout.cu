@@ -6,6 +6,7 @@
 // an explicit __fmul_rn/__dmul_rn, one rounding to the output dtype, as on the host.
 // x and y are contiguous (the host entry point copies strided inputs); y may alias x.
 #include "engine/cuda_utils.cuh"
+#include "kernels/cuda_device.cuh"
 #include "kernels/dropout.h"
 
 namespace leantune::kernels {
@@ -35,8 +36,7 @@ __global__ void dropout_kernel(const T* x, T* y, int64_t n, PhiloxParams p, floa
 
 void dropout_apply_cuda(const Tensor& x, const Tensor& y, double p, const PhiloxParams& params) {
   const char* op = "dropout_apply_cuda";
-  const Device d = y.device();
-  LT_CHECK(d.is_cuda(), op, ": y ", y.str(), " is not on a CUDA device");
+  const Device d = cuda_device_of(y, op, "y");
   cu::check_operand(x, d, op, "x");
   cu::check_contiguous(y, op, "y");
   LT_CHECK(x.shape() == y.shape() && x.dtype() == y.dtype() && dtype_is_floating(x.dtype()), op,

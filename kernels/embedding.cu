@@ -15,6 +15,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "engine/cuda_utils.cuh"
+#include "kernels/acc_math.cuh"
 #include "kernels/embedding.h"
 
 namespace leantune::kernels {
@@ -62,11 +63,7 @@ __global__ void embedding_bwd_kernel(const T* __restrict__ dy, const uint32_t* _
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const T* src = dy + static_cast<int64_t>(pos[r + q]) * h + c * V;
-          if constexpr (V > 1) {
-            cu::load_vec<T, V>(src, v[q]);
-          } else {
-            v[q][0] = cu::to_acc(src[0]);
-          }
+          load_n<T, V>(src, v[q]);
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q)
@@ -76,20 +73,12 @@ __global__ void embedding_bwd_kernel(const T* __restrict__ dy, const uint32_t* _
       for (; r < end; ++r) {
         const T* src = dy + static_cast<int64_t>(pos[r]) * h + c * V;
         A v[V];
-        if constexpr (V > 1) {
-          cu::load_vec<T, V>(src, v);
-        } else {
-          v[0] = cu::to_acc(src[0]);
-        }
+        load_n<T, V>(src, v);
 #pragma unroll
         for (int e = 0; e < V; ++e) acc[e] = cu::add_rn(acc[e], v[e]);
       }
       T* dst = dweight + static_cast<int64_t>(key) * h + c * V;
-      if constexpr (V > 1) {
-        cu::store_vec<T, V>(dst, acc);
-      } else {
-        dst[0] = cu::from_acc<T>(acc[0]);
-      }
+      store_n<T, V>(dst, acc);
     }
   }
 }

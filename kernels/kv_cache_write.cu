@@ -5,6 +5,7 @@
 // when the row size and both pointers allow, else as words of the element size. Rows are bytes
 // here: no conversion. Distinct slots mean no two blocks write the same row.
 #include "engine/cuda_utils.cuh"
+#include "kernels/cuda_device.cuh"
 #include "kernels/kv_cache_write.h"
 
 namespace leantune::kernels {
@@ -52,8 +53,7 @@ void kv_cache_write_launch(void* pool, const int64_t* slots, const void* rows, i
 
 void kv_cache_write_cuda(const Tensor& pool, const Tensor& slots, const Tensor& rows) {
   const char* op = "kv_cache_write_cuda";
-  const Device d = pool.device();
-  LT_CHECK(d.is_cuda(), op, ": pool ", pool.str(), " is not on a CUDA device");
+  const Device d = cuda_device_of(pool, op, "pool");
   const std::vector<int64_t> s = kv_cache_checked_slots(pool, slots, rows, op);
   const int64_t n = static_cast<int64_t>(s.size());
   if (n == 0 || pool.size(1) == 0) return;

@@ -15,6 +15,7 @@
 #include "engine/cuda_blas.cuh"
 #include "engine/cuda_utils.cuh"
 #include "engine/profile.h"
+#include "kernels/cuda_gemm.cuh"
 #include "kernels/linear.h"
 
 namespace leantune::kernels {
@@ -48,26 +49,8 @@ Rows as_rows(const Tensor& t, DType want) {
 void gemm_launch(const Rows& a, bool ta, const Rows& b, bool tb, void* d, DType d_type, int64_t m,
                  int64_t n, int64_t k, const void* bias, DType in_type, Device dev,
                  cudaStream_t stream) {
-  cu::LtGemm g;
-  g.a = a.ptr;
-  g.a_type = cu::cuda_data_type(in_type);
-  g.lda = a.ld;
-  g.trans_a = ta;
-  g.b = b.ptr;
-  g.b_type = g.a_type;
-  g.ldb = b.ld;
-  g.trans_b = tb;
-  g.d = d;
-  g.d_type = cu::cuda_data_type(d_type);
-  g.ldd = m;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.bias = bias;
-  if (in_type == DType::kF64)
-    cu::dgemm(g, dev, stream);
-  else
-    cu::lt_gemm(g, dev, stream);
+  gemm_cm(a.ptr, a.ld, ta, b.ptr, b.ld, tb, d, m, m, n, k, 1.0, 0.0, in_type, d_type, bias, dev,
+          stream);
 }
 
 void check_grad_out(const Tensor& t, const Shape& s, DType dt, Device d, const char* op,

@@ -35,18 +35,25 @@
 #include <vector>
 
 #include "engine/autograd.h"
-#include "engine/cpu_kernels.h"
 #include "engine/ops.h"
 #include "engine/profile.h"
+#include "kernels/cpu_common.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/softmax_cpu.h"
 
 namespace leantune::kernels {
 
-using cpu::acc_t;
-using cpu::load;
-using cpu::parallel_for;
-using cpu::store;
+void linear_cross_entropy_check_operands(const char* op, const Tensor& hidden, const Tensor& weight,
+                                         const Tensor& targets) {
+  LT_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1) &&
+               weight.size(0) > 0,
+           op, ": hidden ", hidden.str(), ", weight ", weight.str());
+  LT_CHECK(hidden.dtype() == weight.dtype() && dtype_is_floating(hidden.dtype()), op, ": hidden ",
+           hidden.str(), " and weight ", weight.str(), " need one float dtype");
+  LT_CHECK(targets.dim() == 1 && targets.numel() == hidden.size(0) &&
+               (targets.dtype() == DType::kI32 || targets.dtype() == DType::kI64),
+           op, ": targets ", targets.str(), " for hidden ", hidden.str());
+}
 
 namespace {
 
@@ -62,14 +69,7 @@ Tensor as(const Tensor& t, DType dt) {
 
 void check_inputs(const char* op, const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                   const LinearCrossEntropyOptions& opt) {
-  LT_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1) &&
-               weight.size(0) > 0,
-           op, ": hidden ", hidden.str(), ", weight ", weight.str());
-  LT_CHECK(hidden.dtype() == weight.dtype() && dtype_is_floating(hidden.dtype()), op, ": hidden ",
-           hidden.str(), " and weight ", weight.str(), " need one float dtype");
-  LT_CHECK(targets.dim() == 1 && targets.numel() == hidden.size(0) &&
-               (targets.dtype() == DType::kI32 || targets.dtype() == DType::kI64),
-           op, ": targets ", targets.str(), " for hidden ", hidden.str());
+  linear_cross_entropy_check_operands(op, hidden, weight, targets);
   LT_CHECK(opt.chunk_tokens > 0, op, ": chunk_tokens ", opt.chunk_tokens, " must be positive");
   LT_CHECK(opt.softcap >= 0, op, ": softcap ", opt.softcap, " must be >= 0");
 }

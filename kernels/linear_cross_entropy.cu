@@ -47,7 +47,10 @@
 
 #include "engine/cuda_blas.cuh"
 #include "engine/cuda_utils.cuh"
+#include "kernels/acc_math.cuh"
 #include "kernels/cross_entropy.h"
+#include "kernels/cuda_device.cuh"
+#include "kernels/cuda_gemm.cuh"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/linear_cross_entropy_grad.h"
 #include "kernels/online_softmax.cuh"
@@ -59,8 +62,6 @@ constexpr int64_t kChunkBudgetBytes = int64_t{768} << 20;
 constexpr int64_t kChunkRowQuantum = 128;
 
 using online::exp_acc;
-using online::load_n;
-using online::store_n;
 
 // One block per chunk row r: lse by an online max/sum over z[r, :] (one read), nll[r] =
 // lse - z[r, y_r]; when `grads`, z[r, :] is overwritten by G = softmax - onehot, unscaled (a
@@ -72,12 +73,7 @@ __global__ void linear_ce_softcap_kernel(T* z, int64_t n, cu::acc_of<T> cap) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const A x = cu::to_acc(z[i]) / cap;
-    A t;
-    if constexpr (std::is_same_v<A, float>)
-      t = tanhf(x);
-    else
-      t = tanh(x);
-    z[i] = cu::from_acc<T>(cap * t);
+    z[i] = cu::from_acc<T>(cap * libm_tanh(x));
   }
 }
 
@@ -232,33 +228,6 @@ Rows2d as_rows(const Tensor& t) {
   return r;
 }
 
-// Column-major D[m,n] (ld ldd) = alpha op(A) op(B) + beta D, inputs of dtype `in`, D of `out`.
-void gemm(const void* a, int64_t lda, bool ta, const void* b, int64_t ldb, bool tb, void* d,
-          int64_t ldd, int64_t m, int64_t n, int64_t k, double alpha, double beta, DType in,
-          DType out, Device dev, cudaStream_t stream) {
-  cu::LtGemm g;
-  g.a = a;
-  g.a_type = cu::cuda_data_type(in);
-  g.lda = lda;
-  g.trans_a = ta;
-  g.b = b;
-  g.b_type = g.a_type;
-  g.ldb = ldb;
-  g.trans_b = tb;
-  g.d = d;
-  g.d_type = cu::cuda_data_type(out);
-  g.ldd = ldd;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.alpha = alpha;
-  g.beta = beta;
-  if (in == DType::kF64)
-    cu::dgemm(g, dev, stream);
-  else
-    cu::lt_gemm(g, dev, stream);
-}
-
 DType work_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 // Rows per chunk for the memory budget (multiple of kChunkRowQuantum when that many fit).
@@ -278,17 +247,9 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
   const char* op = "linear_cross_entropy_cuda";
   LT_CHECK(hidden.defined() && weight.defined() && targets.defined(), op,
            ": hidden, weight and targets must be defined");
-  const Device d = hidden.device();
-  LT_CHECK(d.is_cuda(), op, ": hidden ", hidden.str(), " is not on a CUDA device");
+  const Device d = cuda_device_of(hidden, op, "hidden");
   cu::check_on(weight, d, op, "weight");
-  LT_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1) &&
-               weight.size(0) > 0,
-           op, ": hidden ", hidden.str(), ", weight ", weight.str());
-  LT_CHECK(hidden.dtype() == weight.dtype() && dtype_is_floating(hidden.dtype()), op, ": hidden ",
-           hidden.str(), " and weight ", weight.str(), " need one float dtype");
-  LT_CHECK(targets.dim() == 1 && targets.numel() == hidden.size(0) &&
-               (targets.dtype() == DType::kI32 || targets.dtype() == DType::kI64),
-           op, ": targets ", targets.str(), " for hidden ", hidden.str());
+  linear_cross_entropy_check_operands(op, hidden, weight, targets);
   LT_CHECK(targets.device().is_cpu() || targets.device() == d, op, ": targets ", targets.str(),
            " for hidden on ", d.str());
   LT_CHECK(opt.chunk_tokens > 0, op, ": chunk_tokens ", opt.chunk_tokens, " must be positive");
@@ -414,8 +375,8 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
       ldx = h;
     }
     // Z^T[V,c] = W X_c^T: column-major A = W ([H,V] stored, transposed), B = X_c ([H,c]).
-    gemm(wr.ptr, wr.ld, true, xc, ldx, false, zbuf.data_ptr(), v, v, c, h, 1.0, 0.0, in, logit_dt,
-         d, stream);
+    gemm_cm(wr.ptr, wr.ld, true, xc, ldx, false, zbuf.data_ptr(), v, v, c, h, 1.0, 0.0, in,
+            logit_dt, nullptr, d, stream);
     linear_ce_rows_launch(zbuf.data_ptr(), logit_dt, c, v, ptgt + c0,
                           static_cast<char*>(nll.data_ptr()) + c0 * dtype_size(wdt), grads,
                           opt.softcap, d, stream);
@@ -424,16 +385,16 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
       // dX_c^T[H,c] = W^T G^T: A = W ([H,V] stored), B = G ([V,c] stored).
       const bool direct = dx_in_place(c0, c);
       void* dx = direct ? dx_view(c0) : dxbuf.data_ptr();
-      gemm(wr.ptr, wr.ld, false, zbuf.data_ptr(), v, false, dx, h, h, c, v, alpha, 0.0, in, dx_dt,
-           d, stream);
+      gemm_cm(wr.ptr, wr.ld, false, zbuf.data_ptr(), v, false, dx, h, h, c, v, alpha, 0.0, in,
+              dx_dt, nullptr, d, stream);
       if (!direct)
         linear_ce_scatter_launch(dxbuf.data_ptr(), dx_dt, prow + c0, dhidden.data_ptr(),
                                  dhidden.dtype(), c, h, d, stream);
     }
     if (dw_acc.defined()) {
       // dW^T[H,V] += X_c^T G: A = X_c ([H,c] stored), B = G ([V,c] stored, transposed).
-      gemm(xc, ldx, false, zbuf.data_ptr(), v, true, dw_acc.data_ptr(), h, h, v, c, alpha, 1.0, in,
-           dw_acc.dtype(), d, stream);
+      gemm_cm(xc, ldx, false, zbuf.data_ptr(), v, true, dw_acc.data_ptr(), h, h, v, c, alpha, 1.0,
+              in, dw_acc.dtype(), nullptr, d, stream);
     }
   }
   if (dweight.defined() && !dw_acc.shares_storage(dweight)) ops::copy(dweight, dw_acc);

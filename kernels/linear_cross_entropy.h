@@ -50,6 +50,11 @@ Tensor linear_cross_entropy_weight_blocks(const Tensor& hidden, const Tensor& we
                                           const LinearCrossEntropyOptions& opt = {},
                                           int64_t block_rows = 0);
 
+// The operand checks the CPU and CUDA entry points share: hidden [T,H] and weight [V,H] (V > 0)
+// of one float dtype, targets [T] i32|i64.
+void linear_cross_entropy_check_operands(const char* op, const Tensor& hidden, const Tensor& weight,
+                                         const Tensor& targets);
+
 // Raw entry point: loss value (sum of nll over valid rows, not normalised), and when dhidden /
 // dweight are defined, the gradients of (sum nll) * grad_scale. dweight is accumulated into.
 double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,

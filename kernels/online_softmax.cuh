@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "engine/cuda_utils.cuh"
+#include "kernels/acc_math.cuh"
 
 namespace leantune::kernels::online {
 
@@ -22,14 +23,6 @@ __device__ __forceinline__ A exp_acc(A v) {
     return exp2f(v * 1.4426950408889634f);
   else
     return exp(v);
-}
-
-template <typename A>
-__device__ __forceinline__ A log_acc(A v) {
-  if constexpr (std::is_same_v<A, float>)
-    return logf(v);
-  else
-    return log(v);
 }
 
 template <typename A>
@@ -62,22 +55,6 @@ __device__ __forceinline__ void add(State<A>& st, const A (&v)[N]) {
 #pragma unroll
   for (int j = 0; j < N; ++j) sum += exp_acc(v[j] - st.m);
   st.s += sum;
-}
-
-template <typename T, int N, typename A>
-__device__ __forceinline__ void load_n(const T* p, A (&x)[N]) {
-  if constexpr (N > 1)
-    cu::load_vec<T, N>(p, x);
-  else
-    x[0] = cu::to_acc(p[0]);
-}
-
-template <typename T, int N, typename A>
-__device__ __forceinline__ void store_n(T* p, const A (&x)[N]) {
-  if constexpr (N > 1)
-    cu::store_vec<T, N>(p, x);
-  else
-    p[0] = cu::from_acc<T>(x[0]);
 }
 
 // The log-sum-exp of z[0, v) by the whole block (blockDim.x a multiple of 32, at most 1024).
@@ -125,7 +102,7 @@ __device__ __forceinline__ cu::acc_of<T> block_row_lse(const T* z, int64_t v, cu
   if (threadIdx.x != 0) return A(NAN);
   State<A> t{A(-INFINITY), A(0)};
   for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) t = merge(t, State<A>{sm[w], ss[w]});
-  return t.m == -INFINITY ? A(NAN) : t.m + log_acc(t.s);
+  return t.m == -INFINITY ? A(NAN) : t.m + libm_log(t.s);
 }
 
 }  // namespace leantune::kernels::online

@@ -306,9 +306,7 @@ float quantize_block(const float* x, int64_t len, bool full, const Midpoints& mi
   return full ? absmax : clamped;
 }
 
-struct Consts {
-  float b1, omb1, b2, omb2, c2, eps, step_size, gs;
-  float eps_c2, step_size32;  // the 32-bit update
+struct Consts : AdamScalars {
   int64_t step;
 };
 
@@ -326,21 +324,7 @@ inline void store_param(P* p, int64_t i, float w, const Adam8Tensor& t, int64_t 
   cpu::store(p, i, w);
 }
 
-Consts consts_of(const AdamWStepArgs& a) {
-  const double c1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
-  const double c2 = std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step)));
-  return Consts{static_cast<float>(a.beta1),
-                static_cast<float>(1.0 - a.beta1),
-                static_cast<float>(a.beta2),
-                static_cast<float>(1.0 - a.beta2),
-                static_cast<float>(c2),
-                static_cast<float>(a.eps),
-                static_cast<float>(-a.lr / c1),
-                static_cast<float>(a.grad_scale),
-                static_cast<float>(a.eps * c2),
-                static_cast<float>(-a.lr * c2 / c1),
-                a.step};
-}
+Consts consts_of(const AdamWStepArgs& a) { return Consts{adam_scalars(a), a.step}; }
 
 template <typename P, typename G>
 void step_8bit(const Adam8Tensor& t, const Consts& c, float decay) {

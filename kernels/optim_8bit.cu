@@ -20,8 +20,10 @@ namespace {
 
 constexpr int kBlock = static_cast<int>(kOptim8bitBlock);
 
-struct Consts {
-  float b1, omb1, b2, omb2, c2, eps, step_size, gs, eps_c2, step_size32, decay;
+// The kernels' parameter block: the step's scalars (the CPU path's, kernels/optim_8bit.h), then
+// the tensor's own.
+struct Consts : AdamScalars {
+  float decay;
   int wd;
   int sr;  // stochastic rounding of a bf16 param (kernels/optim_8bit.h)
   unsigned long long seed;
@@ -170,22 +172,11 @@ void adamw8bit_step_cuda(const std::vector<Adam8Tensor>& tensors, const AdamWSte
                                      cudaMemcpyHostToDevice, stream));
   CUDA_CHECK(cudaMemcpyToSymbolAsync(c_map2, kDynamicMapUnsigned, sizeof(float) * 256, 0,
                                      cudaMemcpyHostToDevice, stream));
-  // The constants exactly as the CPU path forms them (double, then one rounding to f32).
-  const double c1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
-  const double c2 = std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step)));
+  const AdamScalars scalars = adam_scalars(a);
   for (const Adam8Tensor& t : tensors) {
     const int64_t n = t.param.numel();
     if (n == 0) continue;
-    const Consts c{static_cast<float>(a.beta1),
-                   static_cast<float>(1.0 - a.beta1),
-                   static_cast<float>(a.beta2),
-                   static_cast<float>(1.0 - a.beta2),
-                   static_cast<float>(c2),
-                   static_cast<float>(a.eps),
-                   static_cast<float>(-a.lr / c1),
-                   static_cast<float>(a.grad_scale),
-                   static_cast<float>(a.eps * c2),
-                   static_cast<float>(-a.lr * c2 / c1),
+    const Consts c{scalars,
                    static_cast<float>(1.0 - a.lr * t.weight_decay),
                    t.weight_decay > 0.0 ? 1 : 0,
                    t.stochastic_round ? 1 : 0,

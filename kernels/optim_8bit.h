@@ -31,6 +31,7 @@
 // elements), same operations and rounding.
 #pragma once
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +90,24 @@ LT_HD uint32_t optim_random_bits(uint64_t seed, int64_t step, int64_t i) {
 LT_HD uint16_t bf16_stochastic_from_bits32(uint32_t u, uint32_t r) {
   if ((u & 0x7f800000u) == 0x7f800000u) return bf16_from_bits32(u);
   return static_cast<uint16_t>((u + (r & 0xffffu)) >> 16);
+}
+
+// The step's scalars in f32, shared by the CPU and CUDA paths: each formed in double, then
+// rounded once. c1 = 1 - beta1^step, c2 = sqrt(1 - beta2^step); omb = 1 - beta; step_size =
+// -lr / c1 (8-bit update); eps_c2 = eps c2 and step_size32 = -lr c2 / c1 (32-bit update); gs the
+// gradient scale.
+struct AdamScalars {
+  float b1, omb1, b2, omb2, c2, eps, step_size, gs, eps_c2, step_size32;
+};
+
+inline AdamScalars adam_scalars(const AdamWStepArgs& a) {
+  const double c1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
+  const double c2 = std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step)));
+  return AdamScalars{static_cast<float>(a.beta1),    static_cast<float>(1.0 - a.beta1),
+                     static_cast<float>(a.beta2),    static_cast<float>(1.0 - a.beta2),
+                     static_cast<float>(c2),         static_cast<float>(a.eps),
+                     static_cast<float>(-a.lr / c1), static_cast<float>(a.grad_scale),
+                     static_cast<float>(a.eps * c2), static_cast<float>(-a.lr * c2 / c1)};
 }
 
 void adamw8bit_step(const std::vector<Adam8Tensor>& tensors, const AdamWStepArgs& args);

@@ -136,18 +136,21 @@ __global__ void int8_dequant_kernel(const int8_t* __restrict__ q, const float* _
 
 bool aligned8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7u) == 0; }
 
+// An operand on device d with dtype dt.
+void check_typed(const Tensor& t, DType dt, Device d, const char* op, const char* name) {
+  cu::check_operand(t, d, op, name);
+  cu::check_dtype(t, dt, op, name);
+}
+
 }  // namespace
 
 void nf4_block_absmax_cuda(const Tensor& qabsmax, const Tensor& absmax2, float offset,
                            const Tensor& out) {
   const char* op = "nf4_block_absmax_cuda";
   const Device d = out.device();
-  cu::check_operand(out, d, op, "out");
-  cu::check_dtype(out, DType::kF32, op, "out");
-  cu::check_operand(qabsmax, d, op, "qabsmax");
-  cu::check_dtype(qabsmax, DType::kU8, op, "qabsmax");
-  cu::check_operand(absmax2, d, op, "absmax2");
-  cu::check_dtype(absmax2, DType::kF32, op, "absmax2");
+  check_typed(out, DType::kF32, d, op, "out");
+  check_typed(qabsmax, DType::kU8, d, op, "qabsmax");
+  check_typed(absmax2, DType::kF32, d, op, "absmax2");
   const int64_t blocks = out.numel();
   LT_CHECK(qabsmax.numel() == blocks &&
                absmax2.numel() == (blocks + kNestedBlockSize - 1) / kNestedBlockSize,
@@ -168,10 +171,8 @@ void nf4_dequantize_cuda(const Tensor& packed, const Tensor& absmax, int64_t n, 
   const char* op = "nf4_dequantize_cuda";
   const Device d = out.device();
   cu::check_operand(out, d, op, "out");
-  cu::check_operand(packed, d, op, "packed");
-  cu::check_dtype(packed, DType::kU8, op, "packed");
-  cu::check_operand(absmax, d, op, "absmax");
-  cu::check_dtype(absmax, DType::kF32, op, "absmax");
+  check_typed(packed, DType::kU8, d, op, "packed");
+  check_typed(absmax, DType::kF32, d, op, "absmax");
   LT_CHECK(out.numel() == n && packed.numel() == (n + 1) / 2 &&
                absmax.numel() == (n + kNf4BlockSize - 1) / kNf4BlockSize,
            op, ": out ", out.str(), ", packed ", packed.str(), ", absmax ", absmax.str(), " for ",
@@ -195,10 +196,8 @@ void int8_dequantize_cuda(const Tensor& q, const Tensor& absmax, const Tensor& o
   const char* op = "int8_dequantize_cuda";
   const Device d = out.device();
   cu::check_operand(out, d, op, "out");
-  cu::check_operand(q, d, op, "q");
-  cu::check_dtype(q, DType::kI8, op, "q");
-  cu::check_operand(absmax, d, op, "absmax");
-  cu::check_dtype(absmax, DType::kF32, op, "absmax");
+  check_typed(q, DType::kI8, d, op, "q");
+  check_typed(absmax, DType::kF32, d, op, "absmax");
   LT_CHECK(q.dim() == 2 && absmax.numel() == q.size(0) && out.numel() == q.numel(), op, ": q ",
            q.str(), ", absmax ", absmax.str(), ", out ", out.str());
   const int64_t rows = q.size(0), cols = q.size(1), n = rows * cols;

@@ -5,15 +5,10 @@
 #include "kernels/residual.h"
 
 #include "engine/autograd.h"
-#include "engine/cpu_kernels.h"
 #include "engine/ops.h"
+#include "kernels/cpu_common.h"
 
 namespace leantune::kernels {
-
-using cpu::acc_t;
-using cpu::load;
-using cpu::parallel_for;
-using cpu::store;
 
 namespace {
 

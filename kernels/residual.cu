@@ -4,6 +4,7 @@
 //   Strided a or b are copied to contiguous scratch first; y must be contiguous.
 // One pass: 16-byte loads of a and b, 16-byte stores of y, grid-stride.
 #include "engine/cuda_utils.cuh"
+#include "kernels/cuda_device.cuh"
 #include "kernels/residual.h"
 
 namespace leantune::kernels {
@@ -51,8 +52,7 @@ void residual_add_fwd_launch(const void* a, const void* b, void* y, int64_t n, D
 
 void residual_add_fwd_cuda(const Tensor& a, const Tensor& b, const Tensor& y) {
   const char* op = "residual_add_fwd_cuda";
-  const Device d = y.device();
-  LT_CHECK(d.is_cuda(), op, ": y ", y.str(), " is not on a CUDA device");
+  const Device d = cuda_device_of(y, op, "y");
   cu::check_on(a, d, op, "a");
   cu::check_on(b, d, op, "b");
   cu::check_contiguous(y, op, "y");

@@ -16,6 +16,7 @@
 #include "engine/autograd.h"
 #include "engine/check.h"
 #include "engine/ops.h"
+#include "kernels/stat_dtype.h"
 
 namespace leantune::kernels {
 namespace {
@@ -132,8 +133,6 @@ void add_runs(const Tensor& dst, const std::vector<int64_t>& starts, const Tenso
   else
     add_runs_impl<float>(dst, starts, src, lens);
 }
-
-DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 // Row ids as an [n] i64 tensor on `d`, checked here against `limit` (the CUDA kernels trust them).
 Tensor device_ids(const std::vector<int64_t>& ids, int64_t limit, Device d) {

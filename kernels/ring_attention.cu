@@ -12,6 +12,7 @@
 // Row ids come from the ring's layout and are distinct (no two threads write one row) and
 // range-checked on the host when built; the kernels still skip an id outside [0, T).
 #include "engine/cuda_utils.cuh"
+#include "kernels/cuda_device.cuh"
 #include "kernels/ring_attention.h"
 
 namespace leantune::kernels {
@@ -111,8 +112,7 @@ int64_t row_width(const Tensor& t) { return t.size(0) == 0 ? 0 : t.numel() / t.s
 
 void ring_gather_cuda(const Tensor& src, const Tensor& rows, const Tensor& dst) {
   const char* op = "ring_gather_cuda";
-  const Device d = src.device();
-  LT_CHECK(d.is_cuda(), op, ": src ", src.str(), " is not on a CUDA device");
+  const Device d = cuda_device_of(src, op, "src");
   cu::check_operand(src, d, op, "src");
   cu::check_operand(dst, d, op, "dst");
   LT_CHECK(src.dim() >= 1 && dst.dim() == src.dim() && dst.dtype() == src.dtype(), op, ": dst ",
@@ -136,8 +136,7 @@ void ring_gather_cuda(const Tensor& src, const Tensor& rows, const Tensor& dst) 
 
 void ring_add_rows_cuda(const Tensor& dst, const Tensor& rows, const Tensor& src) {
   const char* op = "ring_add_rows_cuda";
-  const Device d = dst.device();
-  LT_CHECK(d.is_cuda(), op, ": dst ", dst.str(), " is not on a CUDA device");
+  const Device d = cuda_device_of(dst, op, "dst");
   cu::check_operand(dst, d, op, "dst");
   cu::check_operand(src, d, op, "src");
   const DType acc = src.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
@@ -161,8 +160,7 @@ void ring_add_rows_cuda(const Tensor& dst, const Tensor& rows, const Tensor& src
 void ring_lse_merge_cuda(const Tensor& out, const Tensor& lse, const Tensor& out_b,
                          const Tensor& lse_b, const Tensor& rows) {
   const char* op = "ring_lse_merge_cuda";
-  const Device d = out.device();
-  LT_CHECK(d.is_cuda(), op, ": out ", out.str(), " is not on a CUDA device");
+  const Device d = cuda_device_of(out, op, "out");
   cu::check_operand(out, d, op, "out");
   cu::check_operand(lse, d, op, "lse");
   cu::check_operand(out_b, d, op, "out_b");

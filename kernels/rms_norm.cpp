@@ -16,22 +16,15 @@
 #include <cmath>
 
 #include "engine/autograd.h"
-#include "engine/cpu_kernels.h"
 #include "engine/ops.h"
 #include "engine/profile.h"
+#include "kernels/cpu_common.h"
 
 namespace leantune::kernels {
-
-using cpu::acc_t;
-using cpu::load;
-using cpu::parallel_for;
-using cpu::store;
 
 namespace {
 
 constexpr int64_t kRowsPerBlock = 32;
-
-DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 // Rows and hidden size of x, after checking x and w.
 std::pair<int64_t, int64_t> rows_cols(const char* op, const Tensor& x, const Tensor& w) {

@@ -19,7 +19,10 @@
 // are copied first. dx may alias dy (same thread reads before it writes); y may alias x.
 #include "engine/cuda_blas.cuh"
 #include "engine/cuda_utils.cuh"
+#include "kernels/acc_math.cuh"
+#include "kernels/cuda_device.cuh"
 #include "kernels/rms_norm.h"
+#include "kernels/stat_dtype.h"
 
 namespace leantune::kernels {
 namespace {
@@ -31,21 +34,6 @@ constexpr int kMaxIters = 4;       // vectors per thread per row
 constexpr int kMaxTpr = 256;       // threads per row (and per block)
 constexpr int kRowThreads = 256;   // target threads per block when rows are short
 constexpr int kLoopThreads = 256;  // loop kernels
-
-template <typename A>
-__device__ __forceinline__ A div_rn(A a, A b) {
-  if constexpr (std::is_same_v<A, float>)
-    return __fdiv_rn(a, b);
-  else
-    return __ddiv_rn(a, b);
-}
-template <typename A>
-__device__ __forceinline__ A sqrt_rn(A a) {
-  if constexpr (std::is_same_v<A, float>)
-    return __fsqrt_rn(a);
-  else
-    return __dsqrt_rn(a);
-}
 
 // Round through T (the rounding Hugging Face applies to x * rstd).
 template <typename T, typename A>
@@ -77,6 +65,25 @@ __device__ __forceinline__ A row_sum(A v, A (*red)[32]) {
   return cu::warp_sum(lane < wpr ? red[threadIdx.y][lane] : A(0));
 }
 
+// One output row from the weights: out[j] = f(k, e, w[j]) for element e of this thread's vector k
+// (column j = (threadIdx.x + k blockDim.x) V + e, vectors past nvec skipped).
+template <typename T, int V, typename F>
+__device__ __forceinline__ void write_weighted_row(const T* __restrict__ w, T* out_row,
+                                                   int64_t nvec, F f) {
+  using A = cu::acc_of<T>;
+#pragma unroll
+  for (int k = 0; k < kMaxIters; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (j < nvec) {
+      A wv[V], out[V];
+      load_n<T, V>(w + j * V, wv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) out[e] = f(k, e, wv[e]);
+      store_n<T, V>(out_row + j * V, out);
+    }
+  }
+}
+
 template <typename T, int V>
 __global__ void __launch_bounds__(kMaxTpr)
     rms_norm_fwd_kernel(const T* x, const T* __restrict__ w, T* y, cu::acc_of<T>* __restrict__ rstd,
@@ -93,11 +100,7 @@ __global__ void __launch_bounds__(kMaxTpr)
   for (int k = 0; k < kMaxIters; ++k) {
     const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
     if (valid && j < nvec) {
-      if constexpr (V > 1) {
-        cu::load_vec<T, V>(xr + j * V, xv[k]);
-      } else {
-        xv[k][0] = cu::to_acc(xr[j]);
-      }
+      load_n<T, V>(xr + j * V, xv[k]);
 #pragma unroll
       for (int e = 0; e < V; ++e) ss = add_rn(ss, mul_rn(xv[k][e], xv[k][e]));
     }
@@ -106,28 +109,10 @@ __global__ void __launch_bounds__(kMaxTpr)
   const A rs = div_rn(A(1), sqrt_rn(add_rn(div_rn(ss, static_cast<A>(h)), eps)));
   if (!valid) return;  // no barrier follows
   if (threadIdx.x == 0) rstd[row] = rs;
-  T* yr = y + row * h;
-#pragma unroll
-  for (int k = 0; k < kMaxIters; ++k) {
-    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    if (j < nvec) {
-      A wv[V], out[V];
-      if constexpr (V > 1) {
-        cu::load_vec<T, V>(w + j * V, wv);
-      } else {
-        wv[0] = cu::to_acc(w[j]);
-      }
-#pragma unroll
-      for (int e = 0; e < V; ++e)
-        out[e] = offset ? mul_rn(mul_rn(xv[k][e], rs), eff_w(wv[e], true))
-                        : mul_rn(wv[e], round_through<T>(mul_rn(xv[k][e], rs)));
-      if constexpr (V > 1) {
-        cu::store_vec<T, V>(yr + j * V, out);
-      } else {
-        yr[j] = cu::from_acc<T>(out[0]);
-      }
-    }
-  }
+  write_weighted_row<T, V>(w, y + row * h, nvec, [&](int k, int e, A wv) {
+    return offset ? mul_rn(mul_rn(xv[k][e], rs), eff_w(wv, true))
+                  : mul_rn(wv, round_through<T>(mul_rn(xv[k][e], rs)));
+  });
 }
 
 // Persistent over row groups (blockDim.y rows each). partial: [gridDim.x, h] or null; dx may be
@@ -160,20 +145,11 @@ __global__ void __launch_bounds__(kMaxTpr, 2)
     for (int k = 0; k < kMaxIters; ++k) {
       const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
       if (valid && j < nvec) {
-        if constexpr (V > 1) {
-          cu::load_vec<T, V>(x + row * h + j * V, xv[k]);
-          cu::load_vec<T, V>(dy + row * h + j * V, gv[k]);
-        } else {
-          xv[k][0] = cu::to_acc(x[row * h + j]);
-          gv[k][0] = cu::to_acc(dy[row * h + j]);
-        }
+        load_n<T, V>(x + row * h + j * V, xv[k]);
+        load_n<T, V>(dy + row * h + j * V, gv[k]);
         if (dx) {
           A wv[V];
-          if constexpr (V > 1) {
-            cu::load_vec<T, V>(w + j * V, wv);
-          } else {
-            wv[0] = cu::to_acc(w[j]);
-          }
+          load_n<T, V>(w + j * V, wv);
 #pragma unroll
           for (int e = 0; e < V; ++e)
             dot = add_rn(dot, mul_rn(mul_rn(mul_rn(gv[k][e], eff_w(wv[e], offset)), xv[k][e]), rs));
@@ -188,29 +164,11 @@ __global__ void __launch_bounds__(kMaxTpr, 2)
     if (dx) {
       dot = row_sum(dot, red);
       const A m = div_rn(dot, static_cast<A>(h));
-      if (valid) {
-#pragma unroll
-        for (int k = 0; k < kMaxIters; ++k) {
-          const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-          if (j < nvec) {
-            A wv[V], out[V];
-            if constexpr (V > 1) {
-              cu::load_vec<T, V>(w + j * V, wv);
-            } else {
-              wv[0] = cu::to_acc(w[j]);
-            }
-#pragma unroll
-            for (int e = 0; e < V; ++e)
-              out[e] = mul_rn(rs, add_rn(mul_rn(gv[k][e], eff_w(wv[e], offset)),
-                                         -mul_rn(mul_rn(xv[k][e], rs), m)));
-            if constexpr (V > 1) {
-              cu::store_vec<T, V>(dx + row * h + j * V, out);
-            } else {
-              dx[row * h + j] = cu::from_acc<T>(out[0]);
-            }
-          }
-        }
-      }
+      if (valid)
+        write_weighted_row<T, V>(w, dx + row * h, nvec, [&](int k, int e, A wv) {
+          return mul_rn(
+              rs, add_rn(mul_rn(gv[k][e], eff_w(wv, offset)), -mul_rn(mul_rn(xv[k][e], rs), m)));
+        });
     }
   }
   if (!partial) return;
@@ -425,15 +383,12 @@ int64_t rows_of(const char* op, const Tensor& x, const Tensor& w) {
   return w.size(0) == 0 ? 0 : x.numel() / w.size(0);
 }
 
-DType stat_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
-
 }  // namespace
 
 void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, bool unit_offset,
                        const Tensor& y, const Tensor& rstd) {
   const char* op = "rms_norm_fwd_cuda";
-  const Device d = x.device();
-  LT_CHECK(d.is_cuda(), op, ": x ", x.str(), " is not on a CUDA device");
+  const Device d = cuda_device_of(x, op, "x");
   cu::check_on(w, d, op, "w");
   const int64_t rows = rows_of(op, x, w);
   cu::check_operand(y, d, op, "y");
@@ -451,8 +406,7 @@ void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, bool unit_o
 void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                        bool unit_offset, const Tensor& dx, const Tensor& dw) {
   const char* op = "rms_norm_bwd_cuda";
-  const Device d = x.device();
-  LT_CHECK(d.is_cuda(), op, ": x ", x.str(), " is not on a CUDA device");
+  const Device d = cuda_device_of(x, op, "x");
   cu::check_on(w, d, op, "w");
   cu::check_on(dy, d, op, "dy");
   cu::check_on(rstd, d, op, "rstd");

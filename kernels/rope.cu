@@ -12,6 +12,7 @@
 // and rotates those pairs in every head of the token, with 16-byte accesses when D/2 is a
 // multiple of V = 16/sizeof(T), D too, and x, y are 16-byte aligned.
 #include "engine/cuda_utils.cuh"
+#include "kernels/acc_math.cuh"
 #include "kernels/rope.h"
 
 namespace leantune::kernels {
@@ -21,14 +22,6 @@ using cu::add_rn;
 using cu::mul_rn;
 
 constexpr int kThreads = 256;
-
-template <typename A>
-__device__ __forceinline__ void sincos_acc(A angle, A* s, A* c) {
-  if constexpr (std::is_same_v<A, float>)
-    sincosf(angle, s, c);
-  else
-    sincos(angle, s, c);
-}
 
 // x, y: [T, heads, D] contiguous; pos: i32 (pos32) or i64 (pos64), one of them non-null.
 template <typename T, int V>
@@ -47,7 +40,7 @@ __global__ void rope_apply_kernel(const T* x, T* y, const int32_t* pos32, const 
     A c[V], s[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      sincos_acc(mul_rn(p, inv_freq[i0 + j]), &s[j], &c[j]);
+      libm_sincos(mul_rn(p, inv_freq[i0 + j]), &s[j], &c[j]);
       if (scale != A(1)) {
         s[j] = mul_rn(s[j], scale);
         c[j] = mul_rn(c[j], scale);
@@ -62,25 +55,15 @@ __global__ void rope_apply_kernel(const T* x, T* y, const int32_t* pos32, const 
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t off = base + h * d;
       A a[V], b[V], ya[V], yb[V];
-      if constexpr (V > 1) {
-        cu::load_vec<T, V>(x + off, a);
-        cu::load_vec<T, V>(x + off + half, b);
-      } else {
-        a[0] = cu::to_acc(x[off]);
-        b[0] = cu::to_acc(x[off + half]);
-      }
+      load_n<T, V>(x + off, a);
+      load_n<T, V>(x + off + half, b);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         ya[j] = add_rn(mul_rn(a[j], c[j]), -mul_rn(b[j], s[j]));
         yb[j] = add_rn(mul_rn(b[j], c[j]), mul_rn(a[j], s[j]));
       }
-      if constexpr (V > 1) {
-        cu::store_vec<T, V>(y + off, ya);
-        cu::store_vec<T, V>(y + off + half, yb);
-      } else {
-        y[off] = cu::from_acc<T>(ya[0]);
-        y[off + half] = cu::from_acc<T>(yb[0]);
-      }
+      store_n<T, V>(y + off, ya);
+      store_n<T, V>(y + off + half, yb);
     }
   }
 }

@@ -106,6 +106,53 @@ Tensor logps_tensor(const std::vector<double>& sums, DType d, Device dev) {
   return Tensor::from_doubles(sums, {static_cast<int64_t>(sums.size())}, d).to(dev);
 }
 
+// The per-row values a chunk adds to its sequences: the nll rows and, per option, the logit
+// sums, entropies and top-1 flags. nll and lse hold cross_entropy_fwd's output for z; ent and
+// top are scratch rows (defined when opt.row_stats).
+struct RowValues {
+  std::vector<double> nll, zsum, entropy, top1;
+};
+
+RowValues row_values(const Tensor& z, const Tensor& y, const Tensor& nll, const Tensor& lse,
+                     const Tensor& ent, const Tensor& top, const SequenceLogprobsOptions& opt) {
+  RowValues rv;
+  rv.nll = nll.to_f64();
+  if (opt.logit_sums) rv.zsum = ops::sum_dim(z, 1).to_f64();
+  if (opt.row_stats) {
+    cross_entropy_row_stats(z, y, lse, ent, top);
+    rv.entropy = ent.to_f64();
+    rv.top1 = top.to_f64();
+  }
+  return rv;
+}
+
+// The result before any row is added: token counts, zero sums for the options asked for.
+SequenceLogprobs empty_result(const Layout& layout, const SequenceLogprobsOptions& opt,
+                              std::vector<double>* sums) {
+  SequenceLogprobs r;
+  r.tokens = layout.tokens;
+  sums->assign(static_cast<size_t>(layout.num_seqs), 0.0);
+  if (opt.logit_sums) r.logit_sums.assign(sums->size(), 0.0);
+  if (opt.row_stats) {
+    r.entropy_sums.assign(sums->size(), 0.0);
+    r.top1_counts.assign(sums->size(), 0);
+  }
+  return r;
+}
+
+// Adds rows [at, at + len) of rv (vocabulary v) to sequence seq: logp -= nll, in row order.
+void add_rows(const RowValues& rv, int64_t at, int64_t len, int64_t seq, int64_t v,
+              const SequenceLogprobsOptions& opt, std::vector<double>& sums, SequenceLogprobs& r) {
+  for (int64_t i = 0; i < len; ++i) {
+    sums[seq] -= rv.nll[at + i];
+    if (opt.logit_sums) r.logit_sums[seq] += rv.zsum[at + i] / static_cast<double>(v);
+    if (opt.row_stats) {
+      r.entropy_sums[seq] += rv.entropy[at + i];
+      r.top1_counts[seq] += rv.top1[at + i] > 0.5 ? 1 : 0;
+    }
+  }
+}
+
 class LinearSequenceLogprobsBackward final : public Node {
  public:
   SavedTensor hidden, weight;
@@ -215,14 +262,8 @@ SequenceLogprobs linear_sequence_logprobs(const Tensor& hidden, const Tensor& we
   const Device dev = hidden.device();
   const int64_t h = hidden.size(1), v = weight.size(0);
   std::vector<Tensor> tgt = chunk_targets(layout, targets, dev);
-  SequenceLogprobs r;
-  r.tokens = layout.tokens;
-  std::vector<double> sums(static_cast<size_t>(layout.num_seqs), 0.0);
-  if (opt.logit_sums) r.logit_sums.assign(sums.size(), 0.0);
-  if (opt.row_stats) {
-    r.entropy_sums.assign(sums.size(), 0.0);
-    r.top1_counts.assign(sums.size(), 0);
-  }
+  std::vector<double> sums;
+  SequenceLogprobs r = empty_result(layout, opt, &sums);
   if (!layout.chunks.empty()) {
     const Tensor x = hidden.detach();
     Tensor w = weight.detach();
@@ -247,24 +288,10 @@ SequenceLogprobs linear_sequence_logprobs(const Tensor& hidden, const Tensor& we
       move_rows(xc, x, pieces, false);
       ops::gemm(xc, false, w, true, zc, opt.logit_scale, 0.0);
       cross_entropy_fwd(zc, tgt[c], nc, lse.narrow(0, 0, n));
-      const std::vector<double> rows = nc.to_f64();
-      std::vector<double> zsum, es, ts;
-      if (opt.logit_sums) zsum = ops::sum_dim(zc, 1).to_f64();
-      if (opt.row_stats) {
-        cross_entropy_row_stats(zc, tgt[c], lse.narrow(0, 0, n), ent.narrow(0, 0, n),
-                                top.narrow(0, 0, n));
-        es = ent.narrow(0, 0, n).to_f64();
-        ts = top.narrow(0, 0, n).to_f64();
-      }
-      for (const Piece& p : pieces)
-        for (int64_t i = 0; i < p.len; ++i) {
-          sums[p.seq] -= rows[p.at + i];
-          if (opt.logit_sums) r.logit_sums[p.seq] += zsum[p.at + i] / static_cast<double>(v);
-          if (opt.row_stats) {
-            r.entropy_sums[p.seq] += es[p.at + i];
-            r.top1_counts[p.seq] += ts[p.at + i] > 0.5 ? 1 : 0;
-          }
-        }
+      const RowValues rv = row_values(zc, tgt[c], nc, lse.narrow(0, 0, n),
+                                      opt.row_stats ? ent.narrow(0, 0, n) : Tensor(),
+                                      opt.row_stats ? top.narrow(0, 0, n) : Tensor(), opt);
+      for (const Piece& p : pieces) add_rows(rv, p.at, p.len, p.seq, v, opt, sums, r);
     }
   }
   r.logps = logps_tensor(sums, d, dev);
@@ -300,34 +327,16 @@ SequenceLogprobs logits_sequence_logprobs(const Tensor& logits, const Tensor& ta
   Tensor nll = Tensor::empty({t}, d, dev, MemTag::kActivation);
   Tensor lse = Tensor::empty({t}, d, dev, MemTag::kActivation);
   cross_entropy_fwd(z, y, nll, lse);
-  const std::vector<double> rows = nll.to_f64();
-  std::vector<double> zsum, es, ts;
-  if (opt.logit_sums) zsum = ops::sum_dim(z, 1).to_f64();
+  Tensor ent, top;
   if (opt.row_stats) {
-    Tensor ent = Tensor::empty({t}, d, dev, MemTag::kWorkspace);
-    Tensor top = Tensor::empty({t}, d, dev, MemTag::kWorkspace);
-    cross_entropy_row_stats(z, y, lse, ent, top);
-    es = ent.to_f64();
-    ts = top.to_f64();
+    ent = Tensor::empty({t}, d, dev, MemTag::kWorkspace);
+    top = Tensor::empty({t}, d, dev, MemTag::kWorkspace);
   }
-  SequenceLogprobs r;
-  r.tokens = layout.tokens;
-  std::vector<double> sums(static_cast<size_t>(layout.num_seqs), 0.0);
-  if (opt.logit_sums) r.logit_sums.assign(sums.size(), 0.0);
-  if (opt.row_stats) {
-    r.entropy_sums.assign(sums.size(), 0.0);
-    r.top1_counts.assign(sums.size(), 0);
-  }
+  const RowValues rv = row_values(z, y, nll, lse, ent, top, opt);
+  std::vector<double> sums;
+  SequenceLogprobs r = empty_result(layout, opt, &sums);
   for (const auto& chunk : layout.chunks)
-    for (const Piece& p : chunk)
-      for (int64_t i = 0; i < p.len; ++i) {
-        sums[p.seq] -= rows[p.start + i];
-        if (opt.logit_sums) r.logit_sums[p.seq] += zsum[p.start + i] / static_cast<double>(v);
-        if (opt.row_stats) {
-          r.entropy_sums[p.seq] += es[p.start + i];
-          r.top1_counts[p.seq] += ts[p.start + i] > 0.5 ? 1 : 0;
-        }
-      }
+    for (const Piece& p : chunk) add_rows(rv, p.start, p.len, p.seq, v, opt, sums, r);
   r.logps = logps_tensor(sums, d, dev);
   if (node_needed({logits})) {
     auto node = std::make_shared<LogitsSequenceLogprobsBackward>();

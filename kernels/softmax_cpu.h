@@ -56,8 +56,10 @@ constexpr int64_t kFlush = 1024;
 
 inline float lane_sum(V4f acc) { return (acc[0] + acc[1]) + (acc[2] + acc[3]); }
 
-// row[j] = exp(row[j] - shift) for j < n; returns the sum of the new values.
-inline float exp_shift_sum(float* row, int64_t n, float shift) {
+// sum_j exp(in[j] - shift) over j < n; with kWrite each term is also stored to out[j] (out may
+// be in: every vector is read before it is written).
+template <bool kWrite>
+inline float exp_shift_sum_impl(const float* in, float* out, int64_t n, float shift) {
   V4f acc = {0.0f, 0.0f, 0.0f, 0.0f};
   double total = 0;
   int64_t j = 0;
@@ -66,43 +68,33 @@ inline float exp_shift_sum(float* row, int64_t n, float shift) {
       total += lane_sum(acc);
       acc = V4f{0.0f, 0.0f, 0.0f, 0.0f};
     }
-    const V4f e = exp4(load4(row + j) - shift);
-    store4(row + j, e);
+    const V4f e = exp4(load4(in + j) - shift);
+    if constexpr (kWrite) store4(out + j, e);
     acc += e;
   }
   if (j < n) {
     // The tail through one padded vector; padding lanes contribute exp(-87-) ~ 0, masked out.
     float tmp[4] = {-1e30f, -1e30f, -1e30f, -1e30f};
-    std::memcpy(tmp, row + j, static_cast<size_t>(n - j) * sizeof(float));
+    std::memcpy(tmp, in + j, static_cast<size_t>(n - j) * sizeof(float));
     V4f e = exp4(load4(tmp) - shift);
     for (int64_t k = n - j; k < 4; ++k) e[k] = 0.0f;
-    store4(tmp, e);
-    std::memcpy(row + j, tmp, static_cast<size_t>(n - j) * sizeof(float));
+    if constexpr (kWrite) {
+      store4(tmp, e);
+      std::memcpy(out + j, tmp, static_cast<size_t>(n - j) * sizeof(float));
+    }
     acc += e;
   }
   return static_cast<float>(total + lane_sum(acc));
 }
 
+// row[j] = exp(row[j] - shift) for j < n; returns the sum of the new values.
+inline float exp_shift_sum(float* row, int64_t n, float shift) {
+  return exp_shift_sum_impl<true>(row, row, n, shift);
+}
+
 // sum_j exp(row[j] - shift), row unchanged.
 inline float sum_exp_shift(const float* row, int64_t n, float shift) {
-  V4f acc = {0.0f, 0.0f, 0.0f, 0.0f};
-  double total = 0;
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    if (j > 0 && j % kFlush == 0) {
-      total += lane_sum(acc);
-      acc = V4f{0.0f, 0.0f, 0.0f, 0.0f};
-    }
-    acc += exp4(load4(row + j) - shift);
-  }
-  if (j < n) {
-    float tmp[4] = {-1e30f, -1e30f, -1e30f, -1e30f};
-    std::memcpy(tmp, row + j, static_cast<size_t>(n - j) * sizeof(float));
-    V4f e = exp4(load4(tmp) - shift);
-    for (int64_t k = n - j; k < 4; ++k) e[k] = 0.0f;
-    acc += e;
-  }
-  return static_cast<float>(total + lane_sum(acc));
+  return exp_shift_sum_impl<false>(row, nullptr, n, shift);
 }
 
 inline double exp_shift_sum(double* row, int64_t n, double shift) {

@@ -12,6 +12,7 @@
 // Strided inputs are copied to contiguous scratch; outputs must be contiguous. Outputs may alias
 // inputs (elementwise: each element is read before it is written, by the same thread).
 #include "engine/cuda_utils.cuh"
+#include "kernels/acc_math.cuh"
 #include "kernels/swiglu.h"
 
 namespace leantune::kernels {
@@ -35,14 +36,6 @@ __device__ __forceinline__ A sigmoid(A x) {
   }
 }
 
-template <typename A>
-__device__ __forceinline__ A tanh_acc(A x) {
-  if constexpr (std::is_same_v<A, float>)
-    return tanhf(x);
-  else
-    return tanh(x);
-}
-
 // act(g) * u in the CPU path's order.
 template <bool kGelu, typename A>
 __device__ __forceinline__ A gated_value(A g, A u) {
@@ -50,7 +43,7 @@ __device__ __forceinline__ A gated_value(A g, A u) {
     return mul_rn(mul_rn(g, sigmoid(g)), u);
   } else {
     const A beta = A(0.7978845608028654), kappa = A(0.044715);
-    const A t = tanh_acc(mul_rn(beta, add_rn(g, mul_rn(kappa, mul_rn(mul_rn(g, g), g)))));
+    const A t = libm_tanh(mul_rn(beta, add_rn(g, mul_rn(kappa, mul_rn(mul_rn(g, g), g)))));
     return mul_rn(mul_rn(mul_rn(A(0.5), g), add_rn(A(1), t)), u);
   }
 }
@@ -81,7 +74,7 @@ __device__ __forceinline__ void swiglu_grads(A g, A u, A d, A* dg, A* du) {
     *du = mul_rn(mul_rn(d, g), s);
   } else {
     const A beta = A(0.7978845608028654), kappa = A(0.044715);
-    const A t = tanh_acc(mul_rn(beta, add_rn(g, mul_rn(kappa, mul_rn(mul_rn(g, g), g)))));
+    const A t = libm_tanh(mul_rn(beta, add_rn(g, mul_rn(kappa, mul_rn(mul_rn(g, g), g)))));
     const A half_g = mul_rn(A(0.5), g);
     const A slope = add_rn(mul_rn(A(0.5), add_rn(A(1), t)),
                            mul_rn(mul_rn(mul_rn(half_g, add_rn(A(1), -mul_rn(t, t))), beta),

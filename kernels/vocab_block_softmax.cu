@@ -5,6 +5,7 @@
 // gradient reads z once and writes dz once (dz may alias z: each element is read before it is
 // written by the same thread). Rows are validated on the host by the caller's adapter below.
 #include "engine/cuda_utils.cuh"
+#include "kernels/acc_math.cuh"
 #include "kernels/cross_entropy.h"
 #include "kernels/online_softmax.cuh"
 #include "kernels/vocab_block_softmax.h"
@@ -13,7 +14,6 @@ namespace leantune::kernels {
 namespace {
 
 using online::exp_acc;
-using online::log_acc;
 
 template <typename A>
 __global__ void lse_update_kernel(const A* __restrict__ z, const int64_t* __restrict__ targets,
@@ -27,7 +27,7 @@ __global__ void lse_update_kernel(const A* __restrict__ z, const int64_t* __rest
   if (threadIdx.x == 0) {
     const A a = lse[row];
     const A hi = fmax(a, b), lo = fmin(a, b);
-    lse[row] = lo == A(-INFINITY) ? hi : hi + log_acc(A(1) + exp_acc(lo - hi));
+    lse[row] = lo == A(-INFINITY) ? hi : hi + libm_log(A(1) + exp_acc(lo - hi));
     if (y >= v0 && y < v0 + nb) zy[row] = zr[y - v0];
   }
 }
