@@ -46,12 +46,11 @@ int run_trainer_command(const TrainerSpec& spec, const std::vector<std::string>&
     return 0;
   }
   const auto& logged = run.trainer->logged_metrics();
-  std::printf(
-      "%s: %lld steps, loss %.4f -> %.4f%s; model written to %s\n", name,
-      static_cast<long long>(r.steps), r.losses.empty() ? 0.0 : r.losses.front(),
-      r.losses.empty() ? 0.0 : r.losses.back(),
-      logged.empty() || !spec.final_metrics ? "" : spec.final_metrics(logged.back()).c_str(),
-      run.trainer->args().output_dir.c_str());
+  std::printf("%s: %lld steps, loss %.4f -> %.4f%s; model written to %s\n", name,
+              static_cast<long long>(r.steps), r.losses.empty() ? 0.0 : r.losses.front(),
+              r.losses.empty() ? 0.0 : r.losses.back(),
+              logged.empty() ? "" : summary_line(spec, logged.back()).c_str(),
+              run.trainer->args().output_dir.c_str());
   std::printf("%s", format_memory_report(r.memory).c_str());
   return 0;
 }

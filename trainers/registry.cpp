@@ -2,6 +2,8 @@
 // (which defines `const TrainerSpec& <name>_spec()`) plus its line in LT_TRAINERS. Also the
 // spec-driven pieces every algorithm shares: the demo's defaults, the model-for-dataset rule and
 // the names of the context-parallel trainers.
+#include <cstdio>
+
 #include "engine/check.h"
 #include "trainers/common/trainer_spec.h"
 
@@ -55,6 +57,17 @@ std::vector<std::pair<std::string, nlohmann::json>> small_demo_defaults(const st
           {"learning_rate", 1e-3}, {"lr_scheduler_type", "constant"},
           {"max_steps", 40},       {"logging_steps", 5},
           {"save_steps", 0},       {"output_dir", "trainer_output/embedded_" + name}};
+}
+
+std::string summary_line(const TrainerSpec& spec, const nlohmann::json& last) {
+  std::string out;
+  for (const auto& [name, decimals] : spec.summary_metrics) {
+    const nlohmann::json v = last.value(name, nlohmann::json());
+    char value[64];
+    std::snprintf(value, sizeof value, "%.*f", decimals, v.is_number() ? v.get<double>() : 0.0);
+    out += ", " + name + " " + value;
+  }
+  return out;
 }
 
 void check_model_for_dataset(const std::string& command, const Options& o) {

@@ -29,6 +29,12 @@ struct TrainRun {
   std::string model_note;
 };
 
+// An algorithm's run struct (a `model` SftModel and a `trainer`) as a TrainRun.
+template <typename Run>
+TrainRun train_run(Run r, std::string model_note = "") {
+  return TrainRun{r.model.model, std::move(r.trainer), std::move(model_note)};
+}
+
 struct TrainerSpec {
   std::string name;           // the command: trainer_bin <name>
   std::string summary;        // its line in trainer_bin --help
@@ -45,8 +51,9 @@ struct TrainerSpec {
   // the public API's Trainer runs it; empty where the algorithm loads a model of its own kind
   // (reward: a sequence classifier).
   std::function<TrainRun(const Options&, SftModel)> make_run_on_model;
-  // The end of the command's last line from the last logged metrics (", rewards/margins 0.12").
-  std::function<std::string(const nlohmann::json& last)> final_metrics;
+  // The last logged metrics the command's last line ends with, each with its decimals
+  // (", rewards/margins 0.1234"); a metric that is not a number prints as 0.
+  std::vector<std::pair<std::string, int>> summary_metrics;
   // trainer_bin estimate <name> ARGS (empty: estimate's own sft front-end).
   std::function<int(const std::vector<std::string>& args)> estimate;
   // Whether its trainer splits sequences over --cp_size ranks (supports_context_parallel()).
@@ -68,6 +75,9 @@ std::vector<std::pair<std::string, nlohmann::json>> small_demo_defaults(const st
 
 // "sft, dpo and kto": the algorithms whose spec says context_parallel, for messages.
 std::string context_parallel_trainer_names();
+
+// ", name value, ..." of the spec's summary_metrics in `last` (the command's last line).
+std::string summary_line(const TrainerSpec& spec, const nlohmann::json& last);
 
 // Refuses --dataset without --model_name_or_path (the demo's data fits the demo's model only).
 void check_model_for_dataset(const std::string& command, const Options& o);

@@ -392,23 +392,11 @@ const TrainerSpec& dpo_spec() {
       "pairs",
       dpo_options,
       small_demo_defaults("dpo"),
-      [](const Options& o) {
-        DpoRun r = make_dpo_run(o);
-        return TrainRun{r.model.model, std::move(r.trainer), ""};
-      },
-      [](const Options& o, SftModel m) {
-        DpoRun r = make_dpo_run(o, std::move(m));
-        return TrainRun{r.model.model, std::move(r.trainer), ""};
-      },
-      [](const nlohmann::json& last) {
-        char s[96];
-        std::snprintf(s, sizeof s, ", rewards/accuracies %.3f, rewards/margins %.4f",
-                      last.value("rewards/accuracies", 0.0), last.value("rewards/margins", 0.0));
-        return std::string(s);
-      },
+      [](const Options& o) { return train_run(make_dpo_run(o)); },
+      [](const Options& o, SftModel m) { return train_run(make_dpo_run(o, std::move(m))); },
+      {{"rewards/accuracies", 3}, {"rewards/margins", 4}},
       [](const std::vector<std::string>& args) { return run_estimate_preference(args, "dpo"); },
       true};
-  ;
   return spec;
 }
 

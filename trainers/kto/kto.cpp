@@ -276,23 +276,11 @@ const TrainerSpec& kto_spec() {
       "examples",
       kto_options,
       small_demo_defaults("kto"),
-      [](const Options& o) {
-        KtoRun r = make_kto_run(o);
-        return TrainRun{r.model.model, std::move(r.trainer), ""};
-      },
-      [](const Options& o, SftModel m) {
-        KtoRun r = make_kto_run(o, std::move(m));
-        return TrainRun{r.model.model, std::move(r.trainer), ""};
-      },
-      [](const nlohmann::json& last) {
-        char s[96];
-        std::snprintf(s, sizeof s, ", rewards/margins %.4f, kl %.4f",
-                      last.value("rewards/margins", 0.0), last.value("kl", 0.0));
-        return std::string(s);
-      },
+      [](const Options& o) { return train_run(make_kto_run(o)); },
+      [](const Options& o, SftModel m) { return train_run(make_kto_run(o, std::move(m))); },
+      {{"rewards/margins", 4}, {"kl", 4}},
       [](const std::vector<std::string>& args) { return run_estimate_preference(args, "kto"); },
       true};
-  ;
   return spec;
 }
 

@@ -213,34 +213,22 @@ std::vector<std::pair<std::string, nlohmann::json>> online_demo_defaults(
 }
 
 TrainerSpec online_spec(const std::string& algorithm, const std::string& summary) {
-  return TrainerSpec{algorithm,
-                     summary,
-                     "prompts",
-                     online_options,
-                     online_demo_defaults(algorithm),
-                     [algorithm](const Options& o) {
-                       OnlineRun r = make_online_run(algorithm, o);
-                       return TrainRun{r.model.model, std::move(r.trainer), ""};
-                     },
-                     [algorithm](const Options& o, SftModel m) {
-                       OnlineRun r = make_online_run(algorithm, o, std::move(m));
-                       return TrainRun{r.model.model, std::move(r.trainer), ""};
-                     },
-                     [algorithm](const nlohmann::json& last) {
-                       char s[96];
-                       if (algorithm == "online_dpo") {
-                         std::snprintf(s, sizeof s, ", rewards/accuracies %.3f",
-                                       last.value("rewards/accuracies", 0.0));
-                       } else {
-                         const nlohmann::json r = last.value("reward", nlohmann::json());
-                         std::snprintf(s, sizeof s, ", reward %.3f",
-                                       r.is_number() ? r.get<double>() : 0.0);
-                       }
-                       return std::string(s);
-                     },
-                     [algorithm](const std::vector<std::string>& args) {
-                       return run_estimate_online(args, algorithm);
-                     }};
+  return TrainerSpec{
+      algorithm,
+      summary,
+      "prompts",
+      online_options,
+      online_demo_defaults(algorithm),
+      [algorithm](const Options& o) { return train_run(make_online_run(algorithm, o)); },
+      [algorithm](const Options& o, SftModel m) {
+        return train_run(make_online_run(algorithm, o, std::move(m)));
+      },
+      algorithm == "online_dpo"
+          ? std::vector<std::pair<std::string, int>>{{"rewards/accuracies", 3}}
+          : std::vector<std::pair<std::string, int>>{{"reward", 3}},
+      [algorithm](const std::vector<std::string>& args) {
+        return run_estimate_online(args, algorithm);
+      }};
 }
 
 }  // namespace

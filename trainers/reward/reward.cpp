@@ -359,12 +359,7 @@ const TrainerSpec& reward_spec() {
         return TrainRun{r.model.model, std::move(r.trainer), note};
       },
       nullptr,
-      [](const nlohmann::json& last) {
-        char s[96];
-        std::snprintf(s, sizeof s, ", accuracy %.3f, margin %.4f", last.value("accuracy", 0.0),
-                      last.value("margin", 0.0));
-        return std::string(s);
-      },
+      {{"accuracy", 3}, {"margin", 4}},
       run_estimate_reward};
   return spec;
 }

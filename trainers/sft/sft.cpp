@@ -592,7 +592,7 @@ const TrainerSpec& sft_spec() {
         SftRun r = make_sft_run(o, m);
         return TrainRun{r.model, std::move(r.trainer), ""};
       },
-      nullptr,
+      {},
       nullptr,
       true};
   return spec;
