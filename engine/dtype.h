@@ -125,48 +125,26 @@ struct f16_t {
 inline float to_f32(bf16_t v) { return bf16_to_f32(v.bits); }
 inline float to_f32(f16_t v) { return f16_to_f32(v.bits); }
 
+// DTypeOf<T>::value: the DType of host element type T (undefined for other types, so a wrong
+// element type fails to compile).
 template <typename T>
 struct DTypeOf;
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::kF32;
-};
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::kF64;
-};
-template <>
-struct DTypeOf<bf16_t> {
-  static constexpr DType value = DType::kBF16;
-};
-template <>
-struct DTypeOf<f16_t> {
-  static constexpr DType value = DType::kF16;
-};
-template <>
-struct DTypeOf<int64_t> {
-  static constexpr DType value = DType::kI64;
-};
-template <>
-struct DTypeOf<int32_t> {
-  static constexpr DType value = DType::kI32;
-};
-template <>
-struct DTypeOf<int16_t> {
-  static constexpr DType value = DType::kI16;
-};
-template <>
-struct DTypeOf<int8_t> {
-  static constexpr DType value = DType::kI8;
-};
-template <>
-struct DTypeOf<uint8_t> {
-  static constexpr DType value = DType::kU8;
-};
-template <>
-struct DTypeOf<bool> {
-  static constexpr DType value = DType::kBool;
-};
+#define LT_DEFINE_DTYPE_OF(type, enum_value)          \
+  template <>                                         \
+  struct DTypeOf<type> {                              \
+    static constexpr DType value = DType::enum_value; \
+  }
+LT_DEFINE_DTYPE_OF(float, kF32);
+LT_DEFINE_DTYPE_OF(double, kF64);
+LT_DEFINE_DTYPE_OF(bf16_t, kBF16);
+LT_DEFINE_DTYPE_OF(f16_t, kF16);
+LT_DEFINE_DTYPE_OF(int64_t, kI64);
+LT_DEFINE_DTYPE_OF(int32_t, kI32);
+LT_DEFINE_DTYPE_OF(int16_t, kI16);
+LT_DEFINE_DTYPE_OF(int8_t, kI8);
+LT_DEFINE_DTYPE_OF(uint8_t, kU8);
+LT_DEFINE_DTYPE_OF(bool, kBool);
+#undef LT_DEFINE_DTYPE_OF
 
 }  // namespace leantune
 
