@@ -9,6 +9,7 @@
 
 #include "engine/cpu_kernels.h"
 #include "engine/ops_cuda.h"
+#include "engine/ops_shapes.h"
 
 namespace leantune::ops {
 
@@ -21,11 +22,6 @@ namespace {
 constexpr int64_t kGrain = 1 << 14;
 
 bool any_cuda(const Tensor& a) { return a.device().is_cuda(); }
-
-void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
-  LT_CHECK(a.device() == b.device(), op, ": tensors on ", a.device().str(), " and ",
-           b.device().str());
-}
 
 // Iterates over a strided tensor: calls f(linear_index, element_offset) in row-major order.
 template <typename F>
@@ -100,18 +96,6 @@ void cpu_copy(const Tensor& dst, const Tensor& src) {
   });
 }
 
-enum class Bcast { kSame, kScalar, kRow };
-Bcast broadcast_kind(const Tensor& a, const Tensor& b, const char* op) {
-  if (a.shape() == b.shape()) return Bcast::kSame;
-  if (b.numel() == 1) return Bcast::kScalar;
-  const auto& as = a.shape();
-  const auto& bs = b.shape();
-  if (bs.size() <= as.size() && std::equal(bs.begin(), bs.end(), as.end() - bs.size()))
-    return Bcast::kRow;
-  LT_THROW(ErrorKind::kInternal, op, ": shapes ", shape_str(a.shape()), " and ",
-           shape_str(b.shape()), " do not match");
-}
-
 // out[i] = f(a[i], b[j]) with b broadcast per `kind`; all contiguous, same dtype.
 template <typename F>
 void cpu_binary(const Tensor& out, const Tensor& a, const Tensor& b, Bcast kind, F f) {
@@ -136,29 +120,18 @@ void cpu_binary(const Tensor& out, const Tensor& a, const Tensor& b, Bcast kind,
   });
 }
 
-Tensor prep(const Tensor& b, const Tensor& a) {
-  Tensor r = b.dtype() == a.dtype() ? b : b.to(a.dtype());
-  return r.is_contiguous() ? r : r.contiguous();
-}
-
 template <typename F>
 Tensor binary_op(const Tensor& a0, const Tensor& b0, const char* name, F f) {
-  check_same_device(a0, b0, name);
-  Tensor a = a0.is_contiguous() ? a0 : a0.contiguous();
-  Tensor b = prep(b0, a);
-  Bcast kind = broadcast_kind(a, b, name);
-  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device(), current_mem_tag());
-  cpu_binary(out, a, b, kind, f);
+  const BinaryOperands o = binary_operands(a0, b0, name, /*in_place=*/false);
+  Tensor out = Tensor::empty(o.a.shape(), o.a.dtype(), o.a.device(), current_mem_tag());
+  cpu_binary(out, o.a, o.b, o.kind, f);
   return out;
 }
 
 template <typename F>
 void binary_inplace(const Tensor& a, const Tensor& b0, const char* name, F f) {
-  check_same_device(a, b0, name);
-  LT_CHECK(a.is_contiguous(), name, " in place on non-contiguous ", a.str());
-  Tensor b = prep(b0, a);
-  Bcast kind = broadcast_kind(a, b, name);
-  cpu_binary(a, a, b, kind, f);
+  const BinaryOperands o = binary_operands(a, b0, name, /*in_place=*/true);
+  cpu_binary(a, a, o.b, o.kind, f);
 }
 
 template <typename F>
@@ -311,19 +284,9 @@ Tensor sum(const Tensor& x0) {
 Tensor sum_dim(const Tensor& x0, int64_t dim, bool keepdim) {
   if (any_cuda(x0)) return cuda_ops::sum_dim(x0, dim, keepdim);
   Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
-  const int64_t nd = x.dim();
-  if (dim < 0) dim += nd;
-  LT_CHECK(dim >= 0 && dim < nd, "sum_dim: dim out of range for ", x.str());
-  int64_t outer = 1, inner = 1;
-  const int64_t n = x.shape()[dim];
-  for (int64_t i = 0; i < dim; ++i) outer *= x.shape()[i];
-  for (int64_t i = dim + 1; i < nd; ++i) inner *= x.shape()[i];
-  Shape os = x.shape();
-  if (keepdim)
-    os[dim] = 1;
-  else
-    os.erase(os.begin() + dim);
-  Tensor out = Tensor::empty(os, x.dtype(), x.device(), current_mem_tag());
+  const DimReduction r = dim_reduction(x, dim, keepdim, "sum_dim");
+  const int64_t outer = r.outer, n = r.n, inner = r.inner;
+  Tensor out = Tensor::empty(r.shape, x.dtype(), x.device(), current_mem_tag());
   LT_DISPATCH_FLOAT(x.dtype(), T, {
     const T* p = static_cast<const T*>(x.data_ptr());
     T* po = static_cast<T*>(out.data_ptr());
@@ -340,9 +303,9 @@ Tensor sum_dim(const Tensor& x0, int64_t dim, bool keepdim) {
 Tensor max_last(const Tensor& x0) {
   if (any_cuda(x0)) return cuda_ops::max_last(x0);
   Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
-  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
-  Shape os(x.shape().begin(), x.shape().end() - 1);
-  Tensor out = Tensor::empty(os, x.dtype(), x.device(), current_mem_tag());
+  const LastDimRows last = last_dim_rows(x);
+  const int64_t n = last.n, rows = last.rows;
+  Tensor out = Tensor::empty(last.shape, x.dtype(), x.device(), current_mem_tag());
   LT_DISPATCH_FLOAT(x.dtype(), T, {
     const T* p = static_cast<const T*>(x.data_ptr());
     T* po = static_cast<T*>(out.data_ptr());
@@ -358,9 +321,9 @@ Tensor max_last(const Tensor& x0) {
 Tensor argmax_last(const Tensor& x0) {
   if (any_cuda(x0)) return cuda_ops::argmax_last(x0);
   Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
-  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
-  Shape os(x.shape().begin(), x.shape().end() - 1);
-  Tensor out = Tensor::empty(os, DType::kI64, x.device(), MemTag::kOther);
+  const LastDimRows last = last_dim_rows(x);
+  const int64_t n = last.n, rows = last.rows;
+  Tensor out = Tensor::empty(last.shape, DType::kI64, x.device(), MemTag::kOther);
   int64_t* po = out.data<int64_t>();
   LT_DISPATCH_FLOAT(x.dtype(), T, {
     const T* p = static_cast<const T*>(x.data_ptr());
@@ -446,14 +409,7 @@ Tensor as_f32(const Tensor& t) {
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
           double beta) {
-  LT_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm needs 2-D tensors: ", a.str(), ", ",
-           b.str(), ", ", c.str());
-  const int64_t m = ta ? a.size(1) : a.size(0);
-  const int64_t k = ta ? a.size(0) : a.size(1);
-  const int64_t kb = tb ? b.size(1) : b.size(0);
-  const int64_t n = tb ? b.size(0) : b.size(1);
-  LT_CHECK(k == kb && c.size(0) == m && c.size(1) == n, "gemm shapes: op(a) ", m, "x", k,
-           ", op(b) ", kb, "x", n, ", c ", shape_str(c.shape()));
+  const auto [m, k, n] = gemm_dims(a, ta, b, tb, c);
   check_same_device(a, b, "gemm");
   check_same_device(a, c, "gemm");
   if (any_cuda(a)) return cuda_ops::gemm(a, ta, b, tb, c, alpha, beta);
