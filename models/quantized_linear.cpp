@@ -17,25 +17,21 @@ namespace leantune {
 namespace {
 
 // Per-format entry points, so that one forward and one node serve both formats.
-struct Nf4Ops {
-  using Weight = kernels::Nf4Weight;
-  static constexpr const char* kNode = "Nf4LinearBackward";
+template <typename W, auto kFwd, auto kBwd>
+struct QuantOps {
+  using Weight = W;
   static void fwd(const Tensor& x, const Weight& w, const Tensor& b, const Tensor& y) {
-    kernels::nf4_linear_fwd(x, w, b, y);
+    kFwd(x, w, b, y);
   }
   static void bwd(const Tensor& dy, const Weight& w, const Tensor& dx, const Tensor& db) {
-    kernels::nf4_linear_bwd(dy, w, dx, db);
+    kBwd(dy, w, dx, db);
   }
 };
-struct Int8Ops {
-  using Weight = kernels::Int8Weight;
+struct Nf4Ops : QuantOps<kernels::Nf4Weight, kernels::nf4_linear_fwd, kernels::nf4_linear_bwd> {
+  static constexpr const char* kNode = "Nf4LinearBackward";
+};
+struct Int8Ops : QuantOps<kernels::Int8Weight, kernels::int8_linear_fwd, kernels::int8_linear_bwd> {
   static constexpr const char* kNode = "Int8LinearBackward";
-  static void fwd(const Tensor& x, const Weight& w, const Tensor& b, const Tensor& y) {
-    kernels::int8_linear_fwd(x, w, b, y);
-  }
-  static void bwd(const Tensor& dy, const Weight& w, const Tensor& dx, const Tensor& db) {
-    kernels::int8_linear_bwd(dy, w, dx, db);
-  }
 };
 
 template <typename Ops>
@@ -93,6 +89,18 @@ Tensor quant_forward(const typename Ops::Weight& w, int64_t out, int64_t in, con
   return y;
 }
 
+// Quantizes a dense [out, in] weight: quantize(host weight, tag) runs on the host, then the result
+// moves to `device` as a kParam (the host form is the parameter itself when `device` is the host).
+template <typename Linear, typename Quantize>
+std::shared_ptr<Linear> quantize_dense(const Tensor& w, Device device, const char* what,
+                                       Quantize quantize) {
+  LT_CHECK(w.defined() && w.dim() == 2, what, ": weight ", w.defined() ? w.str() : "undefined",
+           " is not [out, in]");
+  auto q = quantize(w.device().is_cpu() ? w : w.detach().to(Device::cpu()),
+                    device.is_cpu() ? MemTag::kParam : MemTag::kOther);
+  return std::make_shared<Linear>(device.is_cpu() ? q : q.to(device, MemTag::kParam));
+}
+
 }  // namespace
 
 Nf4Linear::Nf4Linear(kernels::Nf4Weight w) : w_(std::move(w)) {
@@ -102,12 +110,10 @@ Nf4Linear::Nf4Linear(kernels::Nf4Weight w) : w_(std::move(w)) {
 }
 
 std::shared_ptr<Nf4Linear> Nf4Linear::quantize(const Tensor& w, Device device, bool double_quant) {
-  LT_CHECK(w.defined() && w.dim() == 2, "Nf4Linear::quantize: weight ",
-           w.defined() ? w.str() : "undefined", " is not [out, in]");
-  kernels::Nf4Weight q =
-      kernels::nf4_quantize(w.device().is_cpu() ? w : w.detach().to(Device::cpu()), double_quant,
-                            device.is_cpu() ? MemTag::kParam : MemTag::kOther);
-  return std::make_shared<Nf4Linear>(device.is_cpu() ? q : q.to(device, MemTag::kParam));
+  return quantize_dense<Nf4Linear>(w, device, "Nf4Linear::quantize",
+                                   [&](const Tensor& host, MemTag tag) {
+                                     return kernels::nf4_quantize(host, double_quant, tag);
+                                   });
 }
 
 Tensor Nf4Linear::forward(const Tensor& x, const Tensor& bias) const {
@@ -127,12 +133,7 @@ Int8Linear::Int8Linear(kernels::Int8Weight w) : w_(std::move(w)) {
 }
 
 std::shared_ptr<Int8Linear> Int8Linear::quantize(const Tensor& w, Device device) {
-  LT_CHECK(w.defined() && w.dim() == 2, "Int8Linear::quantize: weight ",
-           w.defined() ? w.str() : "undefined", " is not [out, in]");
-  kernels::Int8Weight q =
-      kernels::int8_quantize(w.device().is_cpu() ? w : w.detach().to(Device::cpu()),
-                             device.is_cpu() ? MemTag::kParam : MemTag::kOther);
-  return std::make_shared<Int8Linear>(device.is_cpu() ? q : q.to(device, MemTag::kParam));
+  return quantize_dense<Int8Linear>(w, device, "Int8Linear::quantize", kernels::int8_quantize);
 }
 
 Tensor Int8Linear::forward(const Tensor& x, const Tensor& bias) const {
