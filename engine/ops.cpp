@@ -47,27 +47,30 @@ void for_each_strided(const Shape& shape, const Shape& strides, int64_t base, F&
   });
 }
 
+// dst[i] = convert(src[i]) when dst and src are contiguous of dtypes dt and st (words D and S);
+// false, with nothing done, otherwise. The f32 <-> bf16 copies of training take this path.
+template <typename D, typename S, typename Convert>
+bool convert_contiguous(const Tensor& dst, const Tensor& src, DType dt, DType st, Convert convert) {
+  if (dst.dtype() != dt || src.dtype() != st || !dst.is_contiguous() || !src.is_contiguous())
+    return false;
+  auto* d = static_cast<D*>(dst.data_ptr());
+  const auto* s = static_cast<const S*>(src.data_ptr());
+  parallel_for(dst.numel(), kGrain, [&](int64_t i) { d[i] = convert(s[i]); });
+  return true;
+}
+
 void cpu_copy(const Tensor& dst, const Tensor& src) {
-  const int64_t n = dst.numel();
-  if (n == 0) return;
+  if (dst.numel() == 0) return;
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
     return;
   }
-  if (dst.dtype() == DType::kBF16 && src.dtype() == DType::kF32 && dst.is_contiguous() &&
-      src.is_contiguous()) {
-    auto* d = static_cast<uint16_t*>(dst.data_ptr());
-    const auto* s = static_cast<const float*>(src.data_ptr());
-    parallel_for(n, kGrain, [&](int64_t i) { d[i] = f32_to_bf16(s[i]); });
+  if (convert_contiguous<uint16_t, float>(dst, src, DType::kBF16, DType::kF32,
+                                          [](float v) { return f32_to_bf16(v); }))
     return;
-  }
-  if (dst.dtype() == DType::kF32 && src.dtype() == DType::kBF16 && dst.is_contiguous() &&
-      src.is_contiguous()) {
-    auto* d = static_cast<float*>(dst.data_ptr());
-    const auto* s = static_cast<const uint16_t*>(src.data_ptr());
-    parallel_for(n, kGrain, [&](int64_t i) { d[i] = bf16_to_f32(s[i]); });
+  if (convert_contiguous<float, uint16_t>(dst, src, DType::kF32, DType::kBF16,
+                                          [](uint16_t v) { return bf16_to_f32(v); }))
     return;
-  }
   // General path: gather src into a contiguous buffer of dst's dtype, then scatter.
   (void)src.data_ptr();  // Errors for released memory
   (void)dst.data_ptr();
@@ -300,47 +303,50 @@ Tensor sum_dim(const Tensor& x0, int64_t dim, bool keepdim) {
   return out;
 }
 
-Tensor max_last(const Tensor& x0) {
-  if (any_cuda(x0)) return cuda_ops::max_last(x0);
+namespace {
+// max_last and argmax_last on the host: x (made contiguous) as [rows, n];
+// reduce_row(p, r, n, out) writes row r's result, p being x's data as its element type. The
+// output, of out_dt, drops x's last dimension.
+template <typename ReduceRow>
+Tensor last_dim_reduce(const Tensor& x0, DType out_dt, MemTag tag, ReduceRow reduce_row) {
   Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
   const LastDimRows last = last_dim_rows(x);
-  const int64_t n = last.n, rows = last.rows;
-  Tensor out = Tensor::empty(last.shape, x.dtype(), x.device(), current_mem_tag());
+  Tensor out = Tensor::empty(last.shape, out_dt, x.device(), tag);
+  void* po = out.data_ptr();
   LT_DISPATCH_FLOAT(x.dtype(), T, {
     const T* p = static_cast<const T*>(x.data_ptr());
-    T* po = static_cast<T*>(out.data_ptr());
-    parallel_for(rows, 64, [&](int64_t r) {
-      auto m = -std::numeric_limits<acc_t<T>>::infinity();
-      for (int64_t k = 0; k < n; ++k) m = std::max(m, load(p, r * n + k));
-      store(po, r, m);
-    });
+    parallel_for(last.rows, 64, [&](int64_t r) { reduce_row(p, r, last.n, po); });
   });
   return out;
+}
+}  // namespace
+
+Tensor max_last(const Tensor& x0) {
+  if (any_cuda(x0)) return cuda_ops::max_last(x0);
+  return last_dim_reduce(x0, x0.dtype(), current_mem_tag(),
+                         [](const auto* p, int64_t r, int64_t n, void* out) {
+                           using T = std::remove_cv_t<std::remove_pointer_t<decltype(p)>>;
+                           auto m = -std::numeric_limits<acc_t<T>>::infinity();
+                           for (int64_t k = 0; k < n; ++k) m = std::max(m, load(p, r * n + k));
+                           store(static_cast<T*>(out), r, m);
+                         });
 }
 
 Tensor argmax_last(const Tensor& x0) {
   if (any_cuda(x0)) return cuda_ops::argmax_last(x0);
-  Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
-  const LastDimRows last = last_dim_rows(x);
-  const int64_t n = last.n, rows = last.rows;
-  Tensor out = Tensor::empty(last.shape, DType::kI64, x.device(), MemTag::kOther);
-  int64_t* po = out.data<int64_t>();
-  LT_DISPATCH_FLOAT(x.dtype(), T, {
-    const T* p = static_cast<const T*>(x.data_ptr());
-    parallel_for(rows, 64, [&](int64_t r) {
-      int64_t best = 0;
-      auto m = load(p, r * n);
-      for (int64_t k = 1; k < n; ++k) {
-        auto v = load(p, r * n + k);
-        if (v > m) {  // first maximum wins, like torch.argmax
-          m = v;
-          best = k;
-        }
-      }
-      po[r] = best;
-    });
-  });
-  return out;
+  return last_dim_reduce(x0, DType::kI64, MemTag::kOther,
+                         [](const auto* p, int64_t r, int64_t n, void* out) {
+                           int64_t best = 0;
+                           auto m = load(p, r * n);
+                           for (int64_t k = 1; k < n; ++k) {
+                             auto v = load(p, r * n + k);
+                             if (v > m) {  // first maximum wins, like torch.argmax
+                               m = v;
+                               best = k;
+                             }
+                           }
+                           static_cast<int64_t*>(out)[r] = best;
+                         });
 }
 
 double sum_squares(const Tensor& x0) {
