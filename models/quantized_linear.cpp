@@ -103,10 +103,10 @@ std::shared_ptr<Linear> quantize_dense(const Tensor& w, Device device, const cha
 
 }  // namespace
 
-Nf4Linear::Nf4Linear(kernels::Nf4Weight w) : w_(std::move(w)) {
-  LT_CHECK(w_.shape.size() == 2, "Nf4Linear: weight shape ", shape_str(w_.shape),
-           " is not [out, in]");
-  kernels::check_nf4(w_, "Nf4Linear");
+Nf4Linear::Nf4Linear(kernels::Nf4Weight w) : QuantizedLinear(std::move(w)) {
+  const Shape& shape = weight().shape;
+  LT_CHECK(shape.size() == 2, "Nf4Linear: weight shape ", shape_str(shape), " is not [out, in]");
+  kernels::check_nf4(weight(), "Nf4Linear");
 }
 
 std::shared_ptr<Nf4Linear> Nf4Linear::quantize(const Tensor& w, Device device, bool double_quant) {
@@ -117,19 +117,19 @@ std::shared_ptr<Nf4Linear> Nf4Linear::quantize(const Tensor& w, Device device, b
 }
 
 Tensor Nf4Linear::forward(const Tensor& x, const Tensor& bias) const {
-  return quant_forward<Nf4Ops>(w_, out_features(), in_features(), x, bias);
+  return quant_forward<Nf4Ops>(weight(), out_features(), in_features(), x, bias);
 }
 
-Tensor Nf4Linear::dequantize(DType dtype) const { return kernels::nf4_dequantize(w_, dtype); }
+Tensor Nf4Linear::dequantize(DType dtype) const { return kernels::nf4_dequantize(weight(), dtype); }
 
 std::vector<std::pair<std::string, Tensor>> Nf4Linear::stored_tensors() const {
-  if (!w_.nested()) return {{"weight", w_.packed}, {"weight.absmax", w_.absmax}};
-  return {
-      {"weight", w_.packed}, {"weight.absmax", w_.qabsmax}, {"weight.nested_absmax", w_.absmax2}};
+  const kernels::Nf4Weight& w = weight();
+  if (!w.nested()) return {{"weight", w.packed}, {"weight.absmax", w.absmax}};
+  return {{"weight", w.packed}, {"weight.absmax", w.qabsmax}, {"weight.nested_absmax", w.absmax2}};
 }
 
-Int8Linear::Int8Linear(kernels::Int8Weight w) : w_(std::move(w)) {
-  kernels::check_int8(w_, "Int8Linear");
+Int8Linear::Int8Linear(kernels::Int8Weight w) : QuantizedLinear(std::move(w)) {
+  kernels::check_int8(weight(), "Int8Linear");
 }
 
 std::shared_ptr<Int8Linear> Int8Linear::quantize(const Tensor& w, Device device) {
@@ -137,13 +137,15 @@ std::shared_ptr<Int8Linear> Int8Linear::quantize(const Tensor& w, Device device)
 }
 
 Tensor Int8Linear::forward(const Tensor& x, const Tensor& bias) const {
-  return quant_forward<Int8Ops>(w_, out_features(), in_features(), x, bias);
+  return quant_forward<Int8Ops>(weight(), out_features(), in_features(), x, bias);
 }
 
-Tensor Int8Linear::dequantize(DType dtype) const { return kernels::int8_dequantize(w_, dtype); }
+Tensor Int8Linear::dequantize(DType dtype) const {
+  return kernels::int8_dequantize(weight(), dtype);
+}
 
 std::vector<std::pair<std::string, Tensor>> Int8Linear::stored_tensors() const {
-  return {{"weight", w_.q}, {"SCB", w_.absmax}};
+  return {{"weight", weight().q}, {"SCB", weight().absmax}};
 }
 
 }  // namespace leantune
