@@ -11,6 +11,7 @@
 #include "engine/check.h"
 #include "engine/comm_nccl.h"
 #include "engine/dtype.h"
+#include "engine/enum_names.h"
 
 #ifdef LEANTUNE_WITH_NCCL
 #include <nccl.h>
@@ -129,17 +130,9 @@ ncclDataType_t nccl_type(int dtype) {
 }
 
 ncclRedOp_t nccl_op(int op) {
-  switch (static_cast<ReduceOp>(op)) {
-    case ReduceOp::kSum:
-      return ncclSum;
-    case ReduceOp::kAvg:
-      return ncclAvg;
-    case ReduceOp::kMax:
-      return ncclMax;
-    case ReduceOp::kMin:
-      return ncclMin;
-  }
-  return ncclSum;
+  static constexpr ncclRedOp_t kOps[] = {ncclSum, ncclAvg, ncclMax, ncclMin};
+  static_assert(std::size(kOps) == static_cast<size_t>(ReduceOp::kMin) + 1);
+  return enum_lookup(static_cast<ReduceOp>(op), kOps, ncclSum);
 }
 
 // Non-blocking communicators may answer ncclInProgress: that is not an error.

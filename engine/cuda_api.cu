@@ -8,6 +8,7 @@
 
 #include "engine/check.h"
 #include "engine/cuda_api.h"
+#include "engine/enum_names.h"
 
 namespace leantune {
 namespace {
@@ -105,17 +106,10 @@ class CudaPinnedBacking final : public CudaEventBacking {
 };
 
 cudaMemcpyKind to_cuda(CopyKind k) {
-  switch (k) {
-    case CopyKind::kHostToDevice:
-      return cudaMemcpyHostToDevice;
-    case CopyKind::kDeviceToHost:
-      return cudaMemcpyDeviceToHost;
-    case CopyKind::kDeviceToDevice:
-      return cudaMemcpyDeviceToDevice;
-    case CopyKind::kHostToHost:
-      return cudaMemcpyHostToHost;
-  }
-  return cudaMemcpyDefault;
+  static constexpr cudaMemcpyKind kKinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                              cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost};
+  static_assert(std::size(kKinds) == static_cast<size_t>(CopyKind::kHostToHost) + 1);
+  return enum_lookup(k, kKinds, cudaMemcpyDefault);
 }
 
 }  // namespace
