@@ -15,15 +15,7 @@
 namespace leantune::cpu {
 
 template <typename T>
-struct AccType {
-  using type = float;
-};
-template <>
-struct AccType<double> {
-  using type = double;
-};
-template <typename T>
-using acc_t = typename AccType<T>::type;
+using acc_t = float_acc_t<T>;
 
 inline float load(const float* p, int64_t i) { return p[i]; }
 inline double load(const double* p, int64_t i) { return p[i]; }

@@ -161,15 +161,7 @@ class BadIndexFlag {
 // ---------------------------------------------------------------- dtype dispatch
 
 template <typename T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
-template <typename T>
-using acc_of = typename AccOf<T>::type;
+using acc_of = float_acc_t<T>;
 
 }  // namespace leantune::cu
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define LT_HD __host__ __device__ __forceinline__
@@ -124,6 +125,11 @@ struct f16_t {
 };
 inline float to_f32(bf16_t v) { return bf16_to_f32(v.bits); }
 inline float to_f32(f16_t v) { return f16_to_f32(v.bits); }
+
+// The type float arithmetic on elements of type T runs in, on the host and on the device: double
+// for double, float for f32 and for every 16-bit float storage type.
+template <typename T>
+using float_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // DTypeOf<T>::value: the DType of host element type T (undefined for other types, so a wrong
 // element type fails to compile).
