@@ -168,10 +168,7 @@ using acc_of = float_acc_t<T>;
 // Binds T to the CUDA storage type of a floating dtype.
 #define LT_CU_DISPATCH_FLOAT(dtype, T, ...)                                           \
   switch (dtype) {                                                                    \
-    LT_DTYPE_CASE(kF32, T, float, __VA_ARGS__)                                        \
-    LT_DTYPE_CASE(kF64, T, double, __VA_ARGS__)                                       \
-    LT_DTYPE_CASE(kBF16, T, __nv_bfloat16, __VA_ARGS__)                               \
-    LT_DTYPE_CASE(kF16, T, __half, __VA_ARGS__)                                       \
+    LT_FLOAT_DTYPE_CASES(T, __nv_bfloat16, __half, __VA_ARGS__)                       \
     default:                                                                          \
       LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",                \
                ::leantune::dtype_name(dtype), " on CUDA (expected a floating type)"); \

@@ -162,3 +162,11 @@ LT_DEFINE_DTYPE_OF(bool, kBool);
     __VA_ARGS__;                                \
     break;                                      \
   }
+
+// The four floating cases of a dtype switch, binding T to float, double and the given 16-bit
+// storage types (the host's bf16_t/f16_t, or CUDA's __nv_bfloat16/__half).
+#define LT_FLOAT_DTYPE_CASES(T, bf16_type, f16_type, ...) \
+  LT_DTYPE_CASE(kF32, T, float, __VA_ARGS__)              \
+  LT_DTYPE_CASE(kF64, T, double, __VA_ARGS__)             \
+  LT_DTYPE_CASE(kBF16, T, bf16_type, __VA_ARGS__)         \
+  LT_DTYPE_CASE(kF16, T, f16_type, __VA_ARGS__)
