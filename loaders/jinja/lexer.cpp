@@ -8,6 +8,7 @@
 
 #include "engine/check.h"
 #include "loaders/jinja/value.h"
+#include "loaders/unicode.h"
 
 namespace leantune::jinja {
 
@@ -301,7 +302,7 @@ class Lexer {
           }
           if (cp > 0x10FFFF) fail(l, c, "escape out of the Unicode range");
           k += n;
-          append_utf8(out, cp);
+          unicode::append_utf8(out, cp);
           break;
         }
         default:
@@ -312,24 +313,6 @@ class Lexer {
     if (k >= src_.size()) fail(l, c, "unterminated string literal");
     out_.push_back({Tok::kString, out, l, c});
     advance_to(k + 1);
-  }
-
-  static void append_utf8(std::string& s, uint32_t cp) {
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      s.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      s.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
   }
 
   const std::string& src_;
