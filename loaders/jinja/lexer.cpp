@@ -5,6 +5,7 @@
 #include "loaders/jinja/lexer.h"
 
 #include <cctype>
+#include <iterator>
 
 #include "engine/check.h"
 #include "loaders/jinja/value.h"
@@ -244,6 +245,17 @@ class Lexer {
     advance_to(k);
   }
 
+  // The character a one-letter escape (\n \t \r \0 \b \f \v \a) stands for; nullptr for
+  // any other letter.
+  static const char* simple_escape(char e) {
+    static constexpr char kLetters[] = {'n', 't', 'r', '0', 'b', 'f', 'v', 'a'};
+    static constexpr char kChars[] = {'\n', '\t', '\r', '\0', '\b', '\f', '\v', '\a'};
+    for (size_t i = 0; i < std::size(kLetters); ++i) {
+      if (kLetters[i] == e) return &kChars[i];
+    }
+    return nullptr;
+  }
+
   void lex_string(int l, int c) {
     const char q = src_[pos_];
     std::string out;
@@ -254,31 +266,11 @@ class Lexer {
         continue;
       }
       const char e = src_[++k];
+      if (const char* simple = simple_escape(e)) {
+        out.push_back(*simple);
+        continue;
+      }
       switch (e) {
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case '0':
-          out.push_back('\0');
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'v':
-          out.push_back('\v');
-          break;
-        case 'a':
-          out.push_back('\a');
-          break;
         case '\\':
         case '\'':
         case '"':
