@@ -324,23 +324,17 @@ void Allocator::free_block(Block* b) {
   if (poison_) std::memset(b->ptr, 0xff, b->size);
   Pool& pool = b->small ? *small_ : *large_;
   auto mergeable = [](const Block* n) { return n && !n->allocated && n->event_count == 0; };
-  if (mergeable(b->prev)) {
-    Block* p = b->prev;
-    pool.blocks.erase(p);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next) b->next->prev = p;
-    delete b;
-    b = p;
-  }
-  if (mergeable(b->next)) {
-    Block* n = b->next;
-    pool.blocks.erase(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next) n->next->prev = b;
-    delete n;
-  }
+  // `left` absorbs its neighbour `right`; `free_one` (one of the two) leaves the free pool first.
+  auto absorb = [&pool](Block* left, Block* right, Block* free_one) {
+    pool.blocks.erase(free_one);
+    left->size += right->size;
+    left->next = right->next;
+    if (right->next) right->next->prev = left;
+    delete right;
+    return left;
+  };
+  if (mergeable(b->prev)) b = absorb(b->prev, b, b->prev);
+  if (mergeable(b->next)) absorb(b, b->next, b->next);
   pool.blocks.insert(b);
 }
 

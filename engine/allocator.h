@@ -29,6 +29,7 @@
 
 #include "engine/device.h"
 #include "engine/mem_phase.h"
+#include "engine/scope_guard.h"
 #include "engine/stream.h"
 
 namespace leantune {
@@ -49,12 +50,10 @@ const char* mem_tag_name(MemTag tag);
 // The tag new tensors get when none is given: kActivation unless a MemTagGuard says otherwise
 // (the optimizer step runs under kOptimizer, generation under kKVCache, ...). Per thread.
 MemTag current_mem_tag();
-class MemTagGuard {
+class MemTagGuard : ScopeGuard {
  public:
   explicit MemTagGuard(MemTag tag);
   ~MemTagGuard();
-  MemTagGuard(const MemTagGuard&) = delete;
-  MemTagGuard& operator=(const MemTagGuard&) = delete;
 
  private:
   MemTag prev_;
@@ -69,12 +68,10 @@ class MemTagGuard {
 // load per new peak.
 void set_step_phase(const char* phase);
 const char* step_phase();
-class StepPhaseGuard {
+class StepPhaseGuard : ScopeGuard {
  public:
   explicit StepPhaseGuard(const char* phase);
   ~StepPhaseGuard();
-  StepPhaseGuard(const StepPhaseGuard&) = delete;
-  StepPhaseGuard& operator=(const StepPhaseGuard&) = delete;
 
  private:
   const char* prev_;

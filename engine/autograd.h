@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "engine/mem_phase.h"
+#include "engine/scope_guard.h"
 #include "engine/tensor.h"
 
 namespace leantune {
@@ -124,14 +125,12 @@ void push_saved_tensor_hooks(std::shared_ptr<SavedTensorHooks> hooks);
 void pop_saved_tensor_hooks();
 std::shared_ptr<SavedTensorHooks> current_saved_tensor_hooks();
 
-class SavedTensorHooksGuard {
+class SavedTensorHooksGuard : ScopeGuard {
  public:
   explicit SavedTensorHooksGuard(std::shared_ptr<SavedTensorHooks> hooks) {
     push_saved_tensor_hooks(std::move(hooks));
   }
   ~SavedTensorHooksGuard() { pop_saved_tensor_hooks(); }
-  SavedTensorHooksGuard(const SavedTensorHooksGuard&) = delete;
-  SavedTensorHooksGuard& operator=(const SavedTensorHooksGuard&) = delete;
 };
 
 class SavedTensor {
@@ -169,12 +168,10 @@ void backward_from_edges(const std::vector<Edge>& roots, std::vector<Tensor> gra
 // Gradients for one leaf over several backward passes are summed: in the leaf's dtype for
 // f32/f64, in f32 for 16-bit leaves (one rounding when taken). Captures nest (the innermost one
 // captures).
-class LeafGradCapture {
+class LeafGradCapture : ScopeGuard {
  public:
   LeafGradCapture();
   ~LeafGradCapture();
-  LeafGradCapture(const LeafGradCapture&) = delete;
-  LeafGradCapture& operator=(const LeafGradCapture&) = delete;
   // Adds g to what was captured for `leaf`.
   void add(const TensorImpl* leaf, Tensor g);
   // The sum captured for `leaf` (undefined when none arrived), removed from the capture. With

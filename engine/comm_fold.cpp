@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/check.h"
+#include "engine/enum_names.h"
 
 namespace leantune::comm_detail {
 namespace {
@@ -93,17 +94,9 @@ void check_gather_blocks(const Tensor& in, const Tensor& out, int size, const ch
 }
 
 const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kMin:
-      return "min";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"sum", "avg", "max", "min"};
+  static_assert(std::size(kNames) == static_cast<size_t>(ReduceOp::kMin) + 1);
+  return enum_name(op, kNames, "?");
 }
 
 void fold_rank_order(const void* in, int64_t num_ranks, int64_t n, DType dtype, ReduceOp op,

@@ -11,6 +11,7 @@
 #include "engine/check.h"
 #include "engine/comm_nccl.h"
 #include "engine/dtype.h"
+#include "engine/enum_names.h"
 
 #ifdef LEANTUNE_WITH_NCCL
 #include <nccl.h>
@@ -19,26 +20,13 @@
 namespace leantune {
 namespace {
 
+// Integers fold in 64 bits, floats as float arithmetic does (engine/dtype.h).
 template <typename T>
-struct FoldAcc {
-  using type = float;
-};
-template <>
-struct FoldAcc<double> {
-  using type = double;
-};
-template <>
-struct FoldAcc<int32_t> {
-  using type = long long;
-};
-template <>
-struct FoldAcc<long long> {
-  using type = long long;
-};
+using fold_acc_t = std::conditional_t<std::is_integral_v<T>, long long, float_acc_t<T>>;
 
 template <typename T>
-__device__ typename FoldAcc<T>::type fold_load(T v) {
-  return static_cast<typename FoldAcc<T>::type>(v);
+__device__ fold_acc_t<T> fold_load(T v) {
+  return static_cast<fold_acc_t<T>>(v);
 }
 template <>
 __device__ float fold_load<__nv_bfloat16>(__nv_bfloat16 v) {
@@ -65,7 +53,7 @@ __device__ __half fold_store<__half, float>(float v) {
 template <typename T>
 __global__ void fold_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t num_ranks,
                             int64_t n, int op) {
-  using A = typename FoldAcc<T>::type;
+  using A = fold_acc_t<T>;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   A acc = fold_load<T>(in[i]);
@@ -129,17 +117,9 @@ ncclDataType_t nccl_type(int dtype) {
 }
 
 ncclRedOp_t nccl_op(int op) {
-  switch (static_cast<ReduceOp>(op)) {
-    case ReduceOp::kSum:
-      return ncclSum;
-    case ReduceOp::kAvg:
-      return ncclAvg;
-    case ReduceOp::kMax:
-      return ncclMax;
-    case ReduceOp::kMin:
-      return ncclMin;
-  }
-  return ncclSum;
+  static constexpr ncclRedOp_t kOps[] = {ncclSum, ncclAvg, ncclMax, ncclMin};
+  static_assert(std::size(kOps) == static_cast<size_t>(ReduceOp::kMin) + 1);
+  return enum_lookup(static_cast<ReduceOp>(op), kOps, ncclSum);
 }
 
 // Non-blocking communicators may answer ncclInProgress: that is not an error.

@@ -15,15 +15,7 @@
 namespace leantune::cpu {
 
 template <typename T>
-struct AccType {
-  using type = float;
-};
-template <>
-struct AccType<double> {
-  using type = double;
-};
-template <typename T>
-using acc_t = typename AccType<T>::type;
+using acc_t = float_acc_t<T>;
 
 inline float load(const float* p, int64_t i) { return p[i]; }
 inline double load(const double* p, int64_t i) { return p[i]; }
@@ -76,34 +68,28 @@ inline void parallel_for(int64_t n, int64_t grain, F&& f) {
 }  // namespace leantune::cpu
 
 // Dispatch over floating dtypes: binds T to float, double, bf16_t or f16_t.
-#define LT_DISPATCH_FLOAT(dtype, T, ...)                                      \
-  switch (dtype) {                                                            \
-    LT_DTYPE_CASE(kF32, T, float, __VA_ARGS__)                                \
-    LT_DTYPE_CASE(kF64, T, double, __VA_ARGS__)                               \
-    LT_DTYPE_CASE(kBF16, T, ::leantune::bf16_t, __VA_ARGS__)                  \
-    LT_DTYPE_CASE(kF16, T, ::leantune::f16_t, __VA_ARGS__)                    \
-    default:                                                                  \
-      LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",        \
-               ::leantune::dtype_name(dtype), " (expected a floating type)"); \
+#define LT_DISPATCH_FLOAT(dtype, T, ...)                                        \
+  switch (dtype) {                                                              \
+    LT_FLOAT_DTYPE_CASES(T, ::leantune::bf16_t, ::leantune::f16_t, __VA_ARGS__) \
+    default:                                                                    \
+      LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",          \
+               ::leantune::dtype_name(dtype), " (expected a floating type)");   \
   }
 
 // Dispatch over every numeric dtype copies can convert between.
-#define LT_DISPATCH_ALL(dtype, T, ...)                                 \
-  switch (dtype) {                                                     \
-    LT_DTYPE_CASE(kF32, T, float, __VA_ARGS__)                         \
-    LT_DTYPE_CASE(kF64, T, double, __VA_ARGS__)                        \
-    LT_DTYPE_CASE(kBF16, T, ::leantune::bf16_t, __VA_ARGS__)           \
-    LT_DTYPE_CASE(kF16, T, ::leantune::f16_t, __VA_ARGS__)             \
-    LT_DTYPE_CASE(kI64, T, int64_t, __VA_ARGS__)                       \
-    LT_DTYPE_CASE(kI32, T, int32_t, __VA_ARGS__)                       \
-    LT_DTYPE_CASE(kI16, T, int16_t, __VA_ARGS__)                       \
-    LT_DTYPE_CASE(kI8, T, int8_t, __VA_ARGS__)                         \
-    LT_DTYPE_CASE(kU8, T, uint8_t, __VA_ARGS__)                        \
-    LT_DTYPE_CASE(kU16, T, uint16_t, __VA_ARGS__)                      \
-    LT_DTYPE_CASE(kU32, T, uint32_t, __VA_ARGS__)                      \
-    LT_DTYPE_CASE(kU64, T, uint64_t, __VA_ARGS__)                      \
-    LT_DTYPE_CASE(kBool, T, bool, __VA_ARGS__)                         \
-    default:                                                           \
-      LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ", \
-               ::leantune::dtype_name(dtype), " for conversion");      \
+#define LT_DISPATCH_ALL(dtype, T, ...)                                          \
+  switch (dtype) {                                                              \
+    LT_FLOAT_DTYPE_CASES(T, ::leantune::bf16_t, ::leantune::f16_t, __VA_ARGS__) \
+    LT_DTYPE_CASE(kI64, T, int64_t, __VA_ARGS__)                                \
+    LT_DTYPE_CASE(kI32, T, int32_t, __VA_ARGS__)                                \
+    LT_DTYPE_CASE(kI16, T, int16_t, __VA_ARGS__)                                \
+    LT_DTYPE_CASE(kI8, T, int8_t, __VA_ARGS__)                                  \
+    LT_DTYPE_CASE(kU8, T, uint8_t, __VA_ARGS__)                                 \
+    LT_DTYPE_CASE(kU16, T, uint16_t, __VA_ARGS__)                               \
+    LT_DTYPE_CASE(kU32, T, uint32_t, __VA_ARGS__)                               \
+    LT_DTYPE_CASE(kU64, T, uint64_t, __VA_ARGS__)                               \
+    LT_DTYPE_CASE(kBool, T, bool, __VA_ARGS__)                                  \
+    default:                                                                    \
+      LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",          \
+               ::leantune::dtype_name(dtype), " for conversion");               \
   }

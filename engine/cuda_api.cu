@@ -8,6 +8,7 @@
 
 #include "engine/check.h"
 #include "engine/cuda_api.h"
+#include "engine/enum_names.h"
 
 namespace leantune {
 namespace {
@@ -44,41 +45,42 @@ cudaEvent_t record_on(const Stream& s) {
   return ev;
 }
 
-class CudaDeviceBacking final : public MemoryBacking {
+// What an allocation call returns: the block, or nullptr when the device or host is out of
+// memory (the caching allocator then frees cached blocks and retries); other errors throw.
+void* allocated_or_null(cudaError_t err, void* p) {
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear the sticky-free error so later checks are not confused
+    return nullptr;
+  }
+  CUDA_CHECK(err);
+  return p;
+}
+
+// The events both backings share: a freed block is reused only after the CUDA streams that use
+// it are done. The stream may belong to another device (a peer reading this memory).
+class CudaEventBacking : public MemoryBacking {
+ public:
+  void* event_record(const Stream& s) override {
+    if (!s.device.is_cuda()) return nullptr;
+    return record_on(s);
+  }
+  bool event_query(void* ev) override { return cuda_event_query(ev); }
+  void event_destroy(void* ev) override { cuda_event_destroy(ev); }
+};
+
+class CudaDeviceBacking final : public CudaEventBacking {
  public:
   explicit CudaDeviceBacking(int device) : device_(device) {}
   Device device() const override { return Device::cuda(device_); }
   void* raw_alloc(size_t bytes) override {
     DeviceGuard g(device_);
     void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, bytes);
-    if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // clear the sticky-free error so later checks are not confused
-      return nullptr;
-    }
-    CUDA_CHECK(err);
-    return p;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    return allocated_or_null(err, p);
   }
   void raw_free(void* ptr, size_t) override {
     DeviceGuard g(device_);
     CUDA_CHECK(cudaFree(ptr));
-  }
-  // The stream may belong to another device (a peer reading this memory).
-  void* event_record(const Stream& s) override {
-    if (!s.device.is_cuda()) return nullptr;
-    return record_on(s);
-  }
-  bool event_query(void* ev) override {
-    cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(ev));
-    if (err == cudaErrorNotReady) {
-      cudaGetLastError();
-      return false;
-    }
-    CUDA_CHECK(err);
-    return true;
-  }
-  void event_destroy(void* ev) override {
-    CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(ev)));
   }
   void synchronize() override {
     DeviceGuard g(device_);
@@ -90,53 +92,24 @@ class CudaDeviceBacking final : public MemoryBacking {
   int device_;
 };
 
-class CudaPinnedBacking final : public MemoryBacking {
+class CudaPinnedBacking final : public CudaEventBacking {
  public:
   Device device() const override { return Device::cpu(); }
   void* raw_alloc(size_t bytes) override {
     void* p = nullptr;
-    cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
-    if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    CUDA_CHECK(err);
-    return p;
+    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    return allocated_or_null(err, p);
   }
   void raw_free(void* ptr, size_t) override { CUDA_CHECK(cudaFreeHost(ptr)); }
-  // Pinned blocks are reused only after the device streams that read them are done.
-  void* event_record(const Stream& s) override {
-    if (!s.device.is_cuda()) return nullptr;
-    return record_on(s);
-  }
-  bool event_query(void* ev) override {
-    cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(ev));
-    if (err == cudaErrorNotReady) {
-      cudaGetLastError();
-      return false;
-    }
-    CUDA_CHECK(err);
-    return true;
-  }
-  void event_destroy(void* ev) override {
-    CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(ev)));
-  }
   void synchronize() override { CUDA_CHECK(cudaDeviceSynchronize()); }
   std::string name() const override { return "pinned host"; }
 };
 
 cudaMemcpyKind to_cuda(CopyKind k) {
-  switch (k) {
-    case CopyKind::kHostToDevice:
-      return cudaMemcpyHostToDevice;
-    case CopyKind::kDeviceToHost:
-      return cudaMemcpyDeviceToHost;
-    case CopyKind::kDeviceToDevice:
-      return cudaMemcpyDeviceToDevice;
-    case CopyKind::kHostToHost:
-      return cudaMemcpyHostToHost;
-  }
-  return cudaMemcpyDefault;
+  static constexpr cudaMemcpyKind kKinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                              cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost};
+  static_assert(std::size(kKinds) == static_cast<size_t>(CopyKind::kHostToHost) + 1);
+  return enum_lookup(k, kKinds, cudaMemcpyDefault);
 }
 
 }  // namespace

@@ -161,25 +161,14 @@ class BadIndexFlag {
 // ---------------------------------------------------------------- dtype dispatch
 
 template <typename T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
-template <typename T>
-using acc_of = typename AccOf<T>::type;
+using acc_of = float_acc_t<T>;
 
 }  // namespace leantune::cu
 
 // Binds T to the CUDA storage type of a floating dtype.
 #define LT_CU_DISPATCH_FLOAT(dtype, T, ...)                                           \
   switch (dtype) {                                                                    \
-    LT_DTYPE_CASE(kF32, T, float, __VA_ARGS__)                                        \
-    LT_DTYPE_CASE(kF64, T, double, __VA_ARGS__)                                       \
-    LT_DTYPE_CASE(kBF16, T, __nv_bfloat16, __VA_ARGS__)                               \
-    LT_DTYPE_CASE(kF16, T, __half, __VA_ARGS__)                                       \
+    LT_FLOAT_DTYPE_CASES(T, __nv_bfloat16, __half, __VA_ARGS__)                       \
     default:                                                                          \
       LT_THROW(::leantune::ErrorKind::kInternal, "unsupported dtype ",                \
                ::leantune::dtype_name(dtype), " on CUDA (expected a floating type)"); \

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define LT_HD __host__ __device__ __forceinline__
@@ -125,48 +126,31 @@ struct f16_t {
 inline float to_f32(bf16_t v) { return bf16_to_f32(v.bits); }
 inline float to_f32(f16_t v) { return f16_to_f32(v.bits); }
 
+// The type float arithmetic on elements of type T runs in, on the host and on the device: double
+// for double, float for f32 and for every 16-bit float storage type.
+template <typename T>
+using float_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// DTypeOf<T>::value: the DType of host element type T (undefined for other types, so a wrong
+// element type fails to compile).
 template <typename T>
 struct DTypeOf;
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::kF32;
-};
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::kF64;
-};
-template <>
-struct DTypeOf<bf16_t> {
-  static constexpr DType value = DType::kBF16;
-};
-template <>
-struct DTypeOf<f16_t> {
-  static constexpr DType value = DType::kF16;
-};
-template <>
-struct DTypeOf<int64_t> {
-  static constexpr DType value = DType::kI64;
-};
-template <>
-struct DTypeOf<int32_t> {
-  static constexpr DType value = DType::kI32;
-};
-template <>
-struct DTypeOf<int16_t> {
-  static constexpr DType value = DType::kI16;
-};
-template <>
-struct DTypeOf<int8_t> {
-  static constexpr DType value = DType::kI8;
-};
-template <>
-struct DTypeOf<uint8_t> {
-  static constexpr DType value = DType::kU8;
-};
-template <>
-struct DTypeOf<bool> {
-  static constexpr DType value = DType::kBool;
-};
+#define LT_DEFINE_DTYPE_OF(type, enum_value)          \
+  template <>                                         \
+  struct DTypeOf<type> {                              \
+    static constexpr DType value = DType::enum_value; \
+  }
+LT_DEFINE_DTYPE_OF(float, kF32);
+LT_DEFINE_DTYPE_OF(double, kF64);
+LT_DEFINE_DTYPE_OF(bf16_t, kBF16);
+LT_DEFINE_DTYPE_OF(f16_t, kF16);
+LT_DEFINE_DTYPE_OF(int64_t, kI64);
+LT_DEFINE_DTYPE_OF(int32_t, kI32);
+LT_DEFINE_DTYPE_OF(int16_t, kI16);
+LT_DEFINE_DTYPE_OF(int8_t, kI8);
+LT_DEFINE_DTYPE_OF(uint8_t, kU8);
+LT_DEFINE_DTYPE_OF(bool, kBool);
+#undef LT_DEFINE_DTYPE_OF
 
 }  // namespace leantune
 
@@ -178,3 +162,11 @@ struct DTypeOf<bool> {
     __VA_ARGS__;                                \
     break;                                      \
   }
+
+// The four floating cases of a dtype switch, binding T to float, double and the given 16-bit
+// storage types (the host's bf16_t/f16_t, or CUDA's __nv_bfloat16/__half).
+#define LT_FLOAT_DTYPE_CASES(T, bf16_type, f16_type, ...) \
+  LT_DTYPE_CASE(kF32, T, float, __VA_ARGS__)              \
+  LT_DTYPE_CASE(kF64, T, double, __VA_ARGS__)             \
+  LT_DTYPE_CASE(kBF16, T, bf16_type, __VA_ARGS__)         \
+  LT_DTYPE_CASE(kF16, T, f16_type, __VA_ARGS__)

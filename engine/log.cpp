@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <mutex>
 
+#include "engine/enum_names.h"
+
 namespace leantune {
 namespace {
 
@@ -16,17 +18,9 @@ std::atomic<bool> g_sink_set{false};
 }  // namespace
 
 const char* log_level_name(LogLevel level) {
-  switch (level) {
-    case LogLevel::kDebug:
-      return "debug";
-    case LogLevel::kInfo:
-      return "info";
-    case LogLevel::kWarning:
-      return "warning";
-    case LogLevel::kError:
-      return "error";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"debug", "info", "warning", "error"};
+  static_assert(std::size(kNames) == static_cast<size_t>(LogLevel::kError) + 1);
+  return enum_name(level, kNames, "?");
 }
 
 void set_log_sink(LogSink sink, LogLevel min_level) {

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/scope_guard.h"
+
 namespace leantune {
 
 enum class MemPhaseKind : uint8_t {
@@ -36,13 +38,11 @@ std::string mem_phase_name(MemPhase phase);
 // The backward phase matching a forward phase (other phases are returned unchanged).
 MemPhase backward_phase_of(MemPhase forward);
 
-class MemPhaseGuard {
+class MemPhaseGuard : ScopeGuard {
  public:
   explicit MemPhaseGuard(MemPhase phase);
   MemPhaseGuard(MemPhaseKind kind, int32_t layer = -1) : MemPhaseGuard(MemPhase{kind, layer}) {}
   ~MemPhaseGuard();
-  MemPhaseGuard(const MemPhaseGuard&) = delete;
-  MemPhaseGuard& operator=(const MemPhaseGuard&) = delete;
 
  private:
   MemPhase prev_;

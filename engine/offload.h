@@ -56,6 +56,7 @@
 #include <memory>
 
 #include "engine/device.h"
+#include "engine/scope_guard.h"
 
 namespace leantune {
 
@@ -118,12 +119,10 @@ class ActivationOffloader {
 
 // Tags what is saved inside with decoder layer `layer` (for prefetch in backward). Costs a
 // thread-local write when no offloader is active.
-class OffloadLayerScope {
+class OffloadLayerScope : ScopeGuard {
  public:
   explicit OffloadLayerScope(int64_t layer);
   ~OffloadLayerScope();
-  OffloadLayerScope(const OffloadLayerScope&) = delete;
-  OffloadLayerScope& operator=(const OffloadLayerScope&) = delete;
 
  private:
   int64_t prev_layer_;
@@ -132,12 +131,10 @@ class OffloadLayerScope {
 };
 
 // Nothing saved inside is offloaded (the LM head and the loss). Nests.
-class NoOffloadScope {
+class NoOffloadScope : ScopeGuard {
  public:
   NoOffloadScope();
   ~NoOffloadScope();
-  NoOffloadScope(const NoOffloadScope&) = delete;
-  NoOffloadScope& operator=(const NoOffloadScope&) = delete;
 };
 
 // The layer of the innermost OffloadLayerScope on this thread (-1 outside any).

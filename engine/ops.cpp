@@ -9,6 +9,7 @@
 
 #include "engine/cpu_kernels.h"
 #include "engine/ops_cuda.h"
+#include "engine/ops_shapes.h"
 
 namespace leantune::ops {
 
@@ -21,11 +22,6 @@ namespace {
 constexpr int64_t kGrain = 1 << 14;
 
 bool any_cuda(const Tensor& a) { return a.device().is_cuda(); }
-
-void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
-  LT_CHECK(a.device() == b.device(), op, ": tensors on ", a.device().str(), " and ",
-           b.device().str());
-}
 
 // Iterates over a strided tensor: calls f(linear_index, element_offset) in row-major order.
 template <typename F>
@@ -51,27 +47,30 @@ void for_each_strided(const Shape& shape, const Shape& strides, int64_t base, F&
   });
 }
 
+// dst[i] = convert(src[i]) when dst and src are contiguous of dtypes dt and st (words D and S);
+// false, with nothing done, otherwise. The f32 <-> bf16 copies of training take this path.
+template <typename D, typename S, typename Convert>
+bool convert_contiguous(const Tensor& dst, const Tensor& src, DType dt, DType st, Convert convert) {
+  if (dst.dtype() != dt || src.dtype() != st || !dst.is_contiguous() || !src.is_contiguous())
+    return false;
+  auto* d = static_cast<D*>(dst.data_ptr());
+  const auto* s = static_cast<const S*>(src.data_ptr());
+  parallel_for(dst.numel(), kGrain, [&](int64_t i) { d[i] = convert(s[i]); });
+  return true;
+}
+
 void cpu_copy(const Tensor& dst, const Tensor& src) {
-  const int64_t n = dst.numel();
-  if (n == 0) return;
+  if (dst.numel() == 0) return;
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
     return;
   }
-  if (dst.dtype() == DType::kBF16 && src.dtype() == DType::kF32 && dst.is_contiguous() &&
-      src.is_contiguous()) {
-    auto* d = static_cast<uint16_t*>(dst.data_ptr());
-    const auto* s = static_cast<const float*>(src.data_ptr());
-    parallel_for(n, kGrain, [&](int64_t i) { d[i] = f32_to_bf16(s[i]); });
+  if (convert_contiguous<uint16_t, float>(dst, src, DType::kBF16, DType::kF32,
+                                          [](float v) { return f32_to_bf16(v); }))
     return;
-  }
-  if (dst.dtype() == DType::kF32 && src.dtype() == DType::kBF16 && dst.is_contiguous() &&
-      src.is_contiguous()) {
-    auto* d = static_cast<float*>(dst.data_ptr());
-    const auto* s = static_cast<const uint16_t*>(src.data_ptr());
-    parallel_for(n, kGrain, [&](int64_t i) { d[i] = bf16_to_f32(s[i]); });
+  if (convert_contiguous<float, uint16_t>(dst, src, DType::kF32, DType::kBF16,
+                                          [](uint16_t v) { return bf16_to_f32(v); }))
     return;
-  }
   // General path: gather src into a contiguous buffer of dst's dtype, then scatter.
   (void)src.data_ptr();  // Errors for released memory
   (void)dst.data_ptr();
@@ -100,18 +99,6 @@ void cpu_copy(const Tensor& dst, const Tensor& src) {
   });
 }
 
-enum class Bcast { kSame, kScalar, kRow };
-Bcast broadcast_kind(const Tensor& a, const Tensor& b, const char* op) {
-  if (a.shape() == b.shape()) return Bcast::kSame;
-  if (b.numel() == 1) return Bcast::kScalar;
-  const auto& as = a.shape();
-  const auto& bs = b.shape();
-  if (bs.size() <= as.size() && std::equal(bs.begin(), bs.end(), as.end() - bs.size()))
-    return Bcast::kRow;
-  LT_THROW(ErrorKind::kInternal, op, ": shapes ", shape_str(a.shape()), " and ",
-           shape_str(b.shape()), " do not match");
-}
-
 // out[i] = f(a[i], b[j]) with b broadcast per `kind`; all contiguous, same dtype.
 template <typename F>
 void cpu_binary(const Tensor& out, const Tensor& a, const Tensor& b, Bcast kind, F f) {
@@ -136,29 +123,18 @@ void cpu_binary(const Tensor& out, const Tensor& a, const Tensor& b, Bcast kind,
   });
 }
 
-Tensor prep(const Tensor& b, const Tensor& a) {
-  Tensor r = b.dtype() == a.dtype() ? b : b.to(a.dtype());
-  return r.is_contiguous() ? r : r.contiguous();
-}
-
 template <typename F>
 Tensor binary_op(const Tensor& a0, const Tensor& b0, const char* name, F f) {
-  check_same_device(a0, b0, name);
-  Tensor a = a0.is_contiguous() ? a0 : a0.contiguous();
-  Tensor b = prep(b0, a);
-  Bcast kind = broadcast_kind(a, b, name);
-  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device(), current_mem_tag());
-  cpu_binary(out, a, b, kind, f);
+  const BinaryOperands o = binary_operands(a0, b0, name, /*in_place=*/false);
+  Tensor out = Tensor::empty(o.a.shape(), o.a.dtype(), o.a.device(), current_mem_tag());
+  cpu_binary(out, o.a, o.b, o.kind, f);
   return out;
 }
 
 template <typename F>
 void binary_inplace(const Tensor& a, const Tensor& b0, const char* name, F f) {
-  check_same_device(a, b0, name);
-  LT_CHECK(a.is_contiguous(), name, " in place on non-contiguous ", a.str());
-  Tensor b = prep(b0, a);
-  Bcast kind = broadcast_kind(a, b, name);
-  cpu_binary(a, a, b, kind, f);
+  const BinaryOperands o = binary_operands(a, b0, name, /*in_place=*/true);
+  cpu_binary(a, a, o.b, o.kind, f);
 }
 
 template <typename F>
@@ -311,19 +287,9 @@ Tensor sum(const Tensor& x0) {
 Tensor sum_dim(const Tensor& x0, int64_t dim, bool keepdim) {
   if (any_cuda(x0)) return cuda_ops::sum_dim(x0, dim, keepdim);
   Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
-  const int64_t nd = x.dim();
-  if (dim < 0) dim += nd;
-  LT_CHECK(dim >= 0 && dim < nd, "sum_dim: dim out of range for ", x.str());
-  int64_t outer = 1, inner = 1;
-  const int64_t n = x.shape()[dim];
-  for (int64_t i = 0; i < dim; ++i) outer *= x.shape()[i];
-  for (int64_t i = dim + 1; i < nd; ++i) inner *= x.shape()[i];
-  Shape os = x.shape();
-  if (keepdim)
-    os[dim] = 1;
-  else
-    os.erase(os.begin() + dim);
-  Tensor out = Tensor::empty(os, x.dtype(), x.device(), current_mem_tag());
+  const DimReduction r = dim_reduction(x, dim, keepdim, "sum_dim");
+  const int64_t outer = r.outer, n = r.n, inner = r.inner;
+  Tensor out = Tensor::empty(r.shape, x.dtype(), x.device(), current_mem_tag());
   LT_DISPATCH_FLOAT(x.dtype(), T, {
     const T* p = static_cast<const T*>(x.data_ptr());
     T* po = static_cast<T*>(out.data_ptr());
@@ -337,47 +303,50 @@ Tensor sum_dim(const Tensor& x0, int64_t dim, bool keepdim) {
   return out;
 }
 
-Tensor max_last(const Tensor& x0) {
-  if (any_cuda(x0)) return cuda_ops::max_last(x0);
+namespace {
+// max_last and argmax_last on the host: x (made contiguous) as [rows, n];
+// reduce_row(p, r, n, out) writes row r's result, p being x's data as its element type. The
+// output, of out_dt, drops x's last dimension.
+template <typename ReduceRow>
+Tensor last_dim_reduce(const Tensor& x0, DType out_dt, MemTag tag, ReduceRow reduce_row) {
   Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
-  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
-  Shape os(x.shape().begin(), x.shape().end() - 1);
-  Tensor out = Tensor::empty(os, x.dtype(), x.device(), current_mem_tag());
+  const LastDimRows last = last_dim_rows(x);
+  Tensor out = Tensor::empty(last.shape, out_dt, x.device(), tag);
+  void* po = out.data_ptr();
   LT_DISPATCH_FLOAT(x.dtype(), T, {
     const T* p = static_cast<const T*>(x.data_ptr());
-    T* po = static_cast<T*>(out.data_ptr());
-    parallel_for(rows, 64, [&](int64_t r) {
-      auto m = -std::numeric_limits<acc_t<T>>::infinity();
-      for (int64_t k = 0; k < n; ++k) m = std::max(m, load(p, r * n + k));
-      store(po, r, m);
-    });
+    parallel_for(last.rows, 64, [&](int64_t r) { reduce_row(p, r, last.n, po); });
   });
   return out;
+}
+}  // namespace
+
+Tensor max_last(const Tensor& x0) {
+  if (any_cuda(x0)) return cuda_ops::max_last(x0);
+  return last_dim_reduce(x0, x0.dtype(), current_mem_tag(),
+                         [](const auto* p, int64_t r, int64_t n, void* out) {
+                           using T = std::remove_cv_t<std::remove_pointer_t<decltype(p)>>;
+                           auto m = -std::numeric_limits<acc_t<T>>::infinity();
+                           for (int64_t k = 0; k < n; ++k) m = std::max(m, load(p, r * n + k));
+                           store(static_cast<T*>(out), r, m);
+                         });
 }
 
 Tensor argmax_last(const Tensor& x0) {
   if (any_cuda(x0)) return cuda_ops::argmax_last(x0);
-  Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
-  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
-  Shape os(x.shape().begin(), x.shape().end() - 1);
-  Tensor out = Tensor::empty(os, DType::kI64, x.device(), MemTag::kOther);
-  int64_t* po = out.data<int64_t>();
-  LT_DISPATCH_FLOAT(x.dtype(), T, {
-    const T* p = static_cast<const T*>(x.data_ptr());
-    parallel_for(rows, 64, [&](int64_t r) {
-      int64_t best = 0;
-      auto m = load(p, r * n);
-      for (int64_t k = 1; k < n; ++k) {
-        auto v = load(p, r * n + k);
-        if (v > m) {  // first maximum wins, like torch.argmax
-          m = v;
-          best = k;
-        }
-      }
-      po[r] = best;
-    });
-  });
-  return out;
+  return last_dim_reduce(x0, DType::kI64, MemTag::kOther,
+                         [](const auto* p, int64_t r, int64_t n, void* out) {
+                           int64_t best = 0;
+                           auto m = load(p, r * n);
+                           for (int64_t k = 1; k < n; ++k) {
+                             auto v = load(p, r * n + k);
+                             if (v > m) {  // first maximum wins, like torch.argmax
+                               m = v;
+                               best = k;
+                             }
+                           }
+                           static_cast<int64_t*>(out)[r] = best;
+                         });
 }
 
 double sum_squares(const Tensor& x0) {
@@ -446,14 +415,7 @@ Tensor as_f32(const Tensor& t) {
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
           double beta) {
-  LT_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm needs 2-D tensors: ", a.str(), ", ",
-           b.str(), ", ", c.str());
-  const int64_t m = ta ? a.size(1) : a.size(0);
-  const int64_t k = ta ? a.size(0) : a.size(1);
-  const int64_t kb = tb ? b.size(1) : b.size(0);
-  const int64_t n = tb ? b.size(0) : b.size(1);
-  LT_CHECK(k == kb && c.size(0) == m && c.size(1) == n, "gemm shapes: op(a) ", m, "x", k,
-           ", op(b) ", kb, "x", n, ", c ", shape_str(c.shape()));
+  const auto [m, k, n] = gemm_dims(a, ta, b, tb, c);
   check_same_device(a, b, "gemm");
   check_same_device(a, c, "gemm");
   if (any_cuda(a)) return cuda_ops::gemm(a, ta, b, tb, c, alpha, beta);

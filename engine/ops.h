@@ -6,6 +6,7 @@
 // bias).
 #pragma once
 
+#include "engine/scope_guard.h"
 #include "engine/tensor.h"
 
 namespace leantune::ops {
@@ -65,12 +66,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
 // samples the same tokens for a prompt in any batch. Training does not need it and runs whole
 // products.
 inline constexpr int64_t kBatchInvariantRows = 16;
-class BatchInvariantGemmGuard {
+class BatchInvariantGemmGuard : ScopeGuard {
  public:
   BatchInvariantGemmGuard();
   ~BatchInvariantGemmGuard();
-  BatchInvariantGemmGuard(const BatchInvariantGemmGuard&) = delete;
-  BatchInvariantGemmGuard& operator=(const BatchInvariantGemmGuard&) = delete;
 
  private:
   bool prev_;

@@ -554,16 +554,10 @@ RowMajor as_row_major(const Tensor& x, DType want) {
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
           double beta) {
-  LT_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm needs 2-D tensors: ", a.str(), ", ",
-           b.str(), ", ", c.str());
+  const ops::GemmDims dims = ops::gemm_dims(a, ta, b, tb, c);
+  const int64_t m = dims.m, k = dims.k, n = dims.n;
   const Device d = c.device();
   LT_CHECK(a.device() == d && b.device() == d, "gemm: tensors on different devices");
-  const int64_t m = ta ? a.size(1) : a.size(0);
-  const int64_t k = ta ? a.size(0) : a.size(1);
-  const int64_t n = tb ? b.size(0) : b.size(1);
-  LT_CHECK((tb ? b.size(1) : b.size(0)) == k && c.size(0) == m && c.size(1) == n,
-           "gemm shapes: ", a.str(), ta ? "^T" : "", " x ", b.str(), tb ? "^T" : "", " -> ",
-           c.str());
   if (m == 0 || n == 0) return;
   cu::DeviceGuard g(d);
   cudaStream_t s = cu::stream_of(d);

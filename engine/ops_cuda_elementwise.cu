@@ -7,18 +7,7 @@ namespace {
 
 // ---------------------------------------------------------------- elementwise
 
-enum class Bcast : int { kSame = 0, kScalar = 1, kRow = 2 };
-
-Bcast broadcast_kind(const Tensor& a, const Tensor& b, const char* op) {
-  if (a.shape() == b.shape()) return Bcast::kSame;
-  if (b.numel() == 1) return Bcast::kScalar;
-  const auto& as = a.shape();
-  const auto& bs = b.shape();
-  if (bs.size() <= as.size() && std::equal(bs.begin(), bs.end(), as.end() - bs.size()))
-    return Bcast::kRow;
-  LT_THROW(ErrorKind::kInternal, op, ": shapes ", shape_str(a.shape()), " and ",
-           shape_str(b.shape()), " do not match");
-}
+using ops::Bcast;
 
 enum class BinOp : int { kAdd, kMul, kDiv };
 
@@ -100,30 +89,18 @@ void binary_launch(const Tensor& out, const Tensor& a, const Tensor& b, Bcast ki
   });
 }
 
-// b in a's dtype, contiguous (the host does the same conversion first).
-Tensor prep_b(const Tensor& b, const Tensor& a) {
-  Tensor r = b.dtype() == a.dtype() ? b : b.to(a.dtype());
-  return r.is_contiguous() ? r : r.contiguous();
-}
-
 template <BinOp kOp>
 Tensor binary_out(const Tensor& a0, const Tensor& b0, double alpha, const char* name) {
-  check_same_device(a0, b0, name);
-  Tensor a = a0.is_contiguous() ? a0 : a0.contiguous();
-  Tensor b = prep_b(b0, a);
-  const Bcast kind = broadcast_kind(a, b, name);
-  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device(), current_mem_tag());
-  binary_launch<kOp>(out, a, b, kind, alpha);
+  const ops::BinaryOperands o = ops::binary_operands(a0, b0, name, /*in_place=*/false);
+  Tensor out = Tensor::empty(o.a.shape(), o.a.dtype(), o.a.device(), current_mem_tag());
+  binary_launch<kOp>(out, o.a, o.b, o.kind, alpha);
   return out;
 }
 
 template <BinOp kOp>
 void binary_inplace(const Tensor& a, const Tensor& b0, double alpha, const char* name) {
-  check_same_device(a, b0, name);
-  LT_CHECK(a.is_contiguous(), name, " in place on non-contiguous ", a.str());
-  Tensor b = prep_b(b0, a);
-  const Bcast kind = broadcast_kind(a, b, name);
-  binary_launch<kOp>(a, a, b, kind, alpha);
+  const ops::BinaryOperands o = ops::binary_operands(a, b0, name, /*in_place=*/true);
+  binary_launch<kOp>(a, a, o.b, o.kind, alpha);
 }
 
 // Unary ops: ops::Unary values, then affine (x * alpha + beta) and scale (x * alpha).

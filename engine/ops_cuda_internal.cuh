@@ -41,6 +41,7 @@
 #include "engine/cuda_blas.cuh"
 #include "engine/cuda_utils.cuh"
 #include "engine/ops_cuda.h"
+#include "engine/ops_shapes.h"
 
 namespace leantune::cuda_ops {
 namespace detail {
@@ -51,36 +52,20 @@ using cu::mul_rn;
 
 constexpr int kThreads = 256;
 
-// Raw element words moved by the byte-copying kernels.
+// Raw element words moved by the byte-copying kernels: the unsigned word of kBytes bytes.
 template <int kBytes>
-struct RawOf;
-template <>
-struct RawOf<1> {
-  using type = uint8_t;
-};
-template <>
-struct RawOf<2> {
-  using type = uint16_t;
-};
-template <>
-struct RawOf<4> {
-  using type = uint32_t;
-};
-template <>
-struct RawOf<8> {
-  using type = uint64_t;
-};
-template <>
-struct RawOf<16> {
-  using type = uint4;
+struct RawOf {
+  static_assert(kBytes == 1 || kBytes == 2 || kBytes == 4 || kBytes == 8 || kBytes == 16);
+  using type = std::conditional_t<
+      kBytes == 1, uint8_t,
+      std::conditional_t<kBytes == 2, uint16_t,
+                         std::conditional_t<kBytes == 4, uint32_t,
+                                            std::conditional_t<kBytes == 8, uint64_t, uint4>>>>;
 };
 
 inline unsigned blocks_for(int64_t n, Device d) { return cu::grid_blocks(n, kThreads, d.index); }
 
-inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
-  LT_CHECK(a.device() == b.device(), op, ": tensors on ", a.device().str(), " and ",
-           b.device().str());
-}
+using ops::check_same_device;
 
 // dst = src on one device (ops_cuda_copy.cu).
 void same_device_copy(const Tensor& dst, const Tensor& src);

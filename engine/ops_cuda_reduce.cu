@@ -261,19 +261,9 @@ Tensor sum_dim(const Tensor& x0, int64_t dim, bool keepdim) {
   cu::DeviceGuard g(d);
   cudaStream_t s = cu::stream_of(d);
   Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
-  const int64_t nd = x.dim();
-  if (dim < 0) dim += nd;
-  LT_CHECK(dim >= 0 && dim < nd, "sum_dim: dim out of range for ", x.str());
-  int64_t outer = 1, inner = 1;
-  const int64_t n = x.shape()[dim];
-  for (int64_t i = 0; i < dim; ++i) outer *= x.shape()[i];
-  for (int64_t i = dim + 1; i < nd; ++i) inner *= x.shape()[i];
-  Shape os = x.shape();
-  if (keepdim)
-    os[dim] = 1;
-  else
-    os.erase(os.begin() + dim);
-  Tensor out = Tensor::empty(os, x.dtype(), d, current_mem_tag());
+  const ops::DimReduction r = ops::dim_reduction(x, dim, keepdim, "sum_dim");
+  const int64_t outer = r.outer, n = r.n, inner = r.inner;
+  Tensor out = Tensor::empty(r.shape, x.dtype(), d, current_mem_tag());
   const int64_t cols = outer * inner;
   if (cols == 0) return out;
   if (n == 0) {
@@ -314,36 +304,46 @@ Tensor sum_dim(const Tensor& x0, int64_t dim, bool keepdim) {
   return out;
 }
 
-Tensor max_last(const Tensor& x0) {
+namespace {
+
+// max_last and argmax_last: x (made contiguous) as [rows, n], one warp per row;
+// launch(px, rows, n, out, stream) starts the kernel for px's element type. The output, of
+// out_dt, drops x's last dimension.
+template <typename Launch>
+Tensor last_dim_reduce(const Tensor& x0, DType out_dt, MemTag tag, Launch launch) {
   const Device d = x0.device();
   cu::DeviceGuard g(d);
   Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
-  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
-  Shape os(x.shape().begin(), x.shape().end() - 1);
-  Tensor out = Tensor::empty(os, x.dtype(), d, current_mem_tag());
-  if (rows == 0 || n == 0) return out;
+  const ops::LastDimRows last = ops::last_dim_rows(x);
+  Tensor out = Tensor::empty(last.shape, out_dt, d, tag);
+  if (last.rows == 0 || last.n == 0) return out;
   LT_CU_DISPATCH_FLOAT(x.dtype(), T, {
-    max_last_kernel<T><<<warp_rows_blocks(rows), kThreads, 0, cu::stream_of(d)>>>(
-        static_cast<const T*>(x.data_ptr()), rows, n, static_cast<T*>(out.data_ptr()));
+    launch(static_cast<const T*>(x.data_ptr()), last.rows, last.n, out, cu::stream_of(d));
     CUDA_CHECK_LAUNCH();
   });
   return out;
 }
 
+}  // namespace
+
+Tensor max_last(const Tensor& x0) {
+  return last_dim_reduce(
+      x0, x0.dtype(), current_mem_tag(),
+      [](const auto* px, int64_t rows, int64_t n, const Tensor& out, cudaStream_t s) {
+        using T = std::remove_cv_t<std::remove_pointer_t<decltype(px)>>;
+        max_last_kernel<T><<<warp_rows_blocks(rows), kThreads, 0, s>>>(
+            px, rows, n, static_cast<T*>(out.data_ptr()));
+      });
+}
+
 Tensor argmax_last(const Tensor& x0) {
-  const Device d = x0.device();
-  cu::DeviceGuard g(d);
-  Tensor x = x0.is_contiguous() ? x0 : x0.contiguous();
-  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
-  Shape os(x.shape().begin(), x.shape().end() - 1);
-  Tensor out = Tensor::empty(os, DType::kI64, d, MemTag::kOther);
-  if (rows == 0 || n == 0) return out;
-  LT_CU_DISPATCH_FLOAT(x.dtype(), T, {
-    argmax_last_kernel<T><<<warp_rows_blocks(rows), kThreads, 0, cu::stream_of(d)>>>(
-        static_cast<const T*>(x.data_ptr()), rows, n, out.data<int64_t>());
-    CUDA_CHECK_LAUNCH();
-  });
-  return out;
+  return last_dim_reduce(
+      x0, DType::kI64, MemTag::kOther,
+      [](const auto* px, int64_t rows, int64_t n, const Tensor& out, cudaStream_t s) {
+        using T = std::remove_cv_t<std::remove_pointer_t<decltype(px)>>;
+        argmax_last_kernel<T>
+            <<<warp_rows_blocks(rows), kThreads, 0, s>>>(px, rows, n, out.data<int64_t>());
+      });
 }
 
 double sum_squares(const Tensor& x) { return reduce_to_host(x, RMode::kSumSq); }

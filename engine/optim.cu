@@ -62,6 +62,19 @@ __device__ __forceinline__ void adamw_element(const TensorArgs& t, const Scalars
   w = __fsub_rn(w, __fdiv_rn(__fmul_rn(s.step_size, m), denom));
 }
 
+// Element k of tensor t, read and written back one value at a time.
+template <typename P, typename G>
+__device__ __forceinline__ void adamw_at(const TensorArgs& t, const Scalars& s, P* param,
+                                         const G* grad, int64_t k) {
+  float m = t.m[k], v = t.v[k];
+  float w = t.master ? t.master[k] : cu::to_acc(param[k]);
+  adamw_element<P, G>(t, s, static_cast<float>(cu::to_acc(grad[k])), m, v, w);
+  t.m[k] = m;
+  t.v[k] = v;
+  if (t.master) t.master[k] = w;
+  param[k] = cu::from_acc<P>(w);
+}
+
 template <typename P, typename G>
 __global__ void __launch_bounds__(kThreads)
     adamw_kernel(const __grid_constant__ LaunchArgs args, Scalars s) {
@@ -95,27 +108,11 @@ __global__ void __launch_bounds__(kThreads)
       cu::store_vec<P, kVec>(param + i, w);
     }
     // The tail of a chunk that is not a multiple of kVec (only a tensor's last chunk).
-    if (i < end) {
-      for (int64_t k = i; k < end; ++k) {
-        float m = t.m[k], v = t.v[k];
-        float w = t.master ? t.master[k] : cu::to_acc(param[k]);
-        adamw_element<P, G>(t, s, static_cast<float>(cu::to_acc(grad[k])), m, v, w);
-        t.m[k] = m;
-        t.v[k] = v;
-        if (t.master) t.master[k] = w;
-        param[k] = cu::from_acc<P>(w);
-      }
-    }
+    for (int64_t k = i; k < end; ++k) adamw_at<P, G>(t, s, param, grad, k);
     return;
   }
   for (int64_t k = start + threadIdx.x; k < end; k += blockDim.x) {
-    float m = t.m[k], v = t.v[k];
-    float w = t.master ? t.master[k] : cu::to_acc(param[k]);
-    adamw_element<P, G>(t, s, static_cast<float>(cu::to_acc(grad[k])), m, v, w);
-    t.m[k] = m;
-    t.v[k] = v;
-    if (t.master) t.master[k] = w;
-    param[k] = cu::from_acc<P>(w);
+    adamw_at<P, G>(t, s, param, grad, k);
   }
 }
 

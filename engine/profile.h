@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/scope_guard.h"
 #include "engine/stream.h"
 
 namespace leantune {
@@ -63,7 +64,7 @@ extern std::atomic<uint32_t> g_flags;
 }  // namespace profile_detail
 
 // Marks one op. Construct it at the op's entry point, on the device (or stream) it runs on.
-class ProfileScope {
+class ProfileScope : ScopeGuard {
  public:
   ProfileScope(OpKind kind, Device device) {
     if (profile_detail::g_flags.load(std::memory_order_relaxed) != 0) open(kind, device, nullptr);
@@ -75,8 +76,6 @@ class ProfileScope {
   ~ProfileScope() {
     if (state_ != 0) close();
   }
-  ProfileScope(const ProfileScope&) = delete;
-  ProfileScope& operator=(const ProfileScope&) = delete;
 
  private:
   void open(OpKind kind, Device device, const Stream* stream);

@@ -8,6 +8,7 @@
 
 #include "engine/autograd.h"
 #include "engine/philox.h"
+#include "engine/scope_guard.h"
 #include "engine/tensor.h"
 
 namespace leantune {
@@ -35,12 +36,10 @@ struct RowTileDraws {
 };
 // The innermost RowTileDrawsScope of this thread, or nullptr.
 const RowTileDraws* current_row_tile_draws();
-class RowTileDrawsScope {
+class RowTileDrawsScope : ScopeGuard {
  public:
   explicit RowTileDrawsScope(const RowTileDraws& d);
   ~RowTileDrawsScope();
-  RowTileDrawsScope(const RowTileDrawsScope&) = delete;
-  RowTileDrawsScope& operator=(const RowTileDrawsScope&) = delete;
 
  private:
   RowTileDraws d_;

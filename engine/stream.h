@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "engine/device.h"
+#include "engine/scope_guard.h"
 
 namespace leantune {
 
@@ -35,12 +36,10 @@ Stream new_stream(Device device);
 // so a stream per use would leak one each time.
 Stream copy_stream(Device device);
 
-class StreamGuard {
+class StreamGuard : ScopeGuard {
  public:
   explicit StreamGuard(const Stream& s);
   ~StreamGuard();
-  StreamGuard(const StreamGuard&) = delete;
-  StreamGuard& operator=(const StreamGuard&) = delete;
 
  private:
   Stream prev_;

@@ -6,27 +6,18 @@
 #include <limits>
 
 #include "engine/check.h"
+#include "engine/enum_names.h"
 
 namespace leantune {
 
 using nlohmann::json;
 
 const char* dataset_kind_name(DatasetKind kind) {
-  switch (kind) {
-    case DatasetKind::kLanguageModeling:
-      return "language_modeling";
-    case DatasetKind::kPromptOnly:
-      return "prompt_only";
-    case DatasetKind::kPromptCompletion:
-      return "prompt_completion";
-    case DatasetKind::kPreference:
-      return "preference";
-    case DatasetKind::kUnpairedPreference:
-      return "unpaired_preference";
-    case DatasetKind::kTokenized:
-      return "tokenized";
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"language_modeling",   "prompt_only",
+                                           "prompt_completion",   "preference",
+                                           "unpaired_preference", "tokenized"};
+  static_assert(std::size(kNames) == static_cast<size_t>(DatasetKind::kTokenized) + 1);
+  return enum_name(kind, kNames, "unknown");
 }
 
 std::string DatasetFormat::name() const {

@@ -130,6 +130,12 @@ void finish_stats(const DatasetReader& reader, const BadLineCounts& tokenizer_ba
   stats->bad_lines.merge(tokenizer_bad);
 }
 
+// validate_data_config, then the truncation mode the config names.
+TruncationMode validated_truncation_mode(const DataConfig& cfg) {
+  validate_data_config(cfg);
+  return parse_truncation_mode(cfg.truncation_mode);
+}
+
 DatasetReaderOptions reader_options(const DataConfig& cfg, const TextEncoder* encoder) {
   DatasetReaderOptions o;
   o.dataset_text_field = cfg.dataset_text_field;
@@ -139,12 +145,14 @@ DatasetReaderOptions reader_options(const DataConfig& cfg, const TextEncoder* en
 }
 
 // The loop every loader shares: the file is read one record at a time (one schema per file,
-// dataset.h); the first record's format goes to `check(format, line)` (which refuses a format the
-// loader cannot use), then every record to `take(record, guard)`, whose tokenizer errors `guard`
-// turns into bad lines. Bad lines are thrown, or counted into `stats` with skip_bad_lines.
+// dataset.h); the first record's format goes to *format and to `check(format, line)` (which
+// refuses a format the loader cannot use), then every record to `take(record, guard)`, whose
+// tokenizer errors `guard` turns into bad lines. Bad lines are thrown, or counted into `stats`
+// with skip_bad_lines. A file that leaves no example is an input error: "<path>: no <what>: ...".
 template <typename Check, typename Take>
-void read_records(const JsonlSource& source, const DatasetReaderOptions& options, DataStats* stats,
-                  Check&& check, Take&& take) {
+void read_records(const JsonlSource& source, const DatasetReaderOptions& options,
+                  DatasetFormat* format, DataStats* stats, const char* what, Check&& check,
+                  Take&& take) {
   DatasetReader reader(source, options);
   BadLineCounts tokenizer_bad;
   RecordGuard guard(reader.path(), options.skip_bad_lines, &tokenizer_bad);
@@ -152,12 +160,30 @@ void read_records(const JsonlSource& source, const DatasetReaderOptions& options
   bool first = true;
   while (reader.next(&rec)) {
     if (first) {
-      check(reader.format(), rec.line);
+      *format = reader.format();
+      check(*format, rec.line);
       first = false;
     }
     take(rec, guard);
   }
   finish_stats(reader, tokenizer_bad, stats);
+  LT_CHECK_INPUT(stats->examples > 0, source.path, ": no ", what, ": ", stats->summary());
+}
+
+// An example dropped with its n tokens: nothing in it is left to train on.
+void count_dropped(DataStats* st, int64_t n) {
+  ++st->dropped_examples;
+  st->dropped_tokens += n;
+}
+
+// An example kept with n tokens, after `cut` of its tokens were truncated away.
+void count_kept(DataStats* st, int64_t n, int64_t cut) {
+  if (cut > 0) {
+    ++st->truncated_examples;
+    st->truncated_tokens += cut;
+  }
+  ++st->examples;
+  st->tokens += n;
 }
 
 void truncate_keep_last(std::vector<int32_t>* v, int64_t n, int64_t* cut) {
@@ -174,23 +200,25 @@ void truncate_keep_first(std::vector<int32_t>* v, int64_t n, int64_t* cut) {
   }
 }
 
-// Rendered prompt for a conversational prompt (TRL's apply_chat_template on "prompt").
-std::string render_prompt(const TextEncoder& enc, const std::vector<Message>& prompt) {
+// A conversational prompt is followed by the generation prompt, so it cannot be empty or end
+// with an assistant message.
+void check_prompt_messages(const std::vector<Message>& prompt) {
   LT_CHECK_INPUT(!prompt.empty(), "the prompt is an empty message list");
-  const std::string& last = prompt.back().role;
-  LT_CHECK_INPUT(last != "assistant",
+  LT_CHECK_INPUT(prompt.back().role != "assistant",
                  "a prompt that ends with an assistant message (TRL's continue_final_message) "
                  "is not supported");
+}
+
+// Rendered prompt for a conversational prompt (TRL's apply_chat_template on "prompt").
+std::string render_prompt(const TextEncoder& enc, const std::vector<Message>& prompt) {
+  check_prompt_messages(prompt);
   return enc.render_chat(prompt, /*add_generation_prompt=*/true);
 }
 
 std::vector<int32_t> prompt_ids_of(const TextField& prompt, bool conversational,
                                    const TextEncoder& enc) {
   if (conversational) {
-    LT_CHECK_INPUT(!prompt.messages.empty(), "the prompt is an empty message list");
-    LT_CHECK_INPUT(prompt.messages.back().role != "assistant",
-                   "a prompt that ends with an assistant message (TRL's "
-                   "continue_final_message) is not supported");
+    check_prompt_messages(prompt.messages);
     return enc.encode_chat(prompt.messages, /*add_generation_prompt=*/true).ids;
   }
   return enc.encode(prompt.text, /*add_special_tokens=*/false);
@@ -314,8 +342,7 @@ void tokenize_sft_record(const Record& r, const DatasetFormat& f, const TextEnco
 SftData load_sft_data(const JsonlSource& source, const TextEncoder* encoder,
                       const DataConfig& cfg) {
   const std::string& path = source.path;
-  validate_data_config(cfg);
-  const TruncationMode mode = parse_truncation_mode(cfg.truncation_mode);
+  const TruncationMode mode = validated_truncation_mode(cfg);
   const bool bfd_cut =
       cfg.packing && parse_packing_strategy(cfg.packing_strategy) == PackingStrategy::kBfd;
   const int64_t max_len = cfg.max_length;
@@ -325,7 +352,6 @@ SftData load_sft_data(const JsonlSource& source, const TextEncoder* encoder,
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
   auto check = [&](const DatasetFormat& f, int64_t line) {
-    out.format = f;
     check_sft_format(f, encoder, cfg, path + ":" + std::to_string(line));
     out.completion_only_loss = resolve_completion_only_loss(cfg, f);
   };
@@ -357,21 +383,15 @@ SftData load_sft_data(const JsonlSource& source, const TextEncoder* encoder,
         cfg.packing ? has_any(kept_mask, bfd_cut ? static_cast<size_t>(max_len) : kept_mask.size())
                     : has_trainable(kept_mask, kept_mask.size());
     if (!trainable) {
-      ++st.dropped_examples;
-      st.dropped_tokens += n;
+      count_dropped(&st, n);
       return;
     }
-    if (cut > 0) {
-      ++st.truncated_examples;
-      st.truncated_tokens += cut;
-    }
     out.examples.add(kept_ids, kept_mask, rec.line, cut);
-    ++st.examples;
-    st.tokens += static_cast<int64_t>(kept_ids.size());
+    count_kept(&st, static_cast<int64_t>(kept_ids.size()), cut);
     st.label_tokens += count_label_tokens(kept_mask);
   };
-  read_records(source, reader_options(cfg, encoder), &st, check, take);
-  LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
+  read_records(source, reader_options(cfg, encoder), &out.format, &st, "example left to train on",
+               check, take);
   return out;
 }
 
@@ -431,25 +451,22 @@ bool completion_survives(const std::vector<int32_t>& prompt, const std::vector<i
 }  // namespace
 
 namespace {
-// The first line decides the format: dpo and reward need chosen/rejected rows.
-void require_preference_format(const DatasetFormat& format, const std::string& path, int64_t line) {
-  LT_CHECK_INPUT(format.kind == DatasetKind::kPreference, path, ":", line, ": dataset format ",
-                 format.name(),
-                 " is not a preference format ('prompt'+'chosen'+'rejected' or "
-                 "'chosen'+'rejected')");
+// The `check` of read_records for dpo and reward, which need chosen/rejected rows.
+auto preference_format_check(const std::string& path) {
+  return [&path](const DatasetFormat& format, int64_t line) {
+    LT_CHECK_INPUT(format.kind == DatasetKind::kPreference, path, ":", line, ": dataset format ",
+                   format.name(),
+                   " is not a preference format ('prompt'+'chosen'+'rejected' or "
+                   "'chosen'+'rejected')");
+  };
 }
 }  // namespace
 
 PreferenceData load_preference_data(const std::string& path, const TextEncoder& enc,
                                     const DataConfig& cfg) {
-  validate_data_config(cfg);
-  const TruncationMode mode = parse_truncation_mode(cfg.truncation_mode);
+  const TruncationMode mode = validated_truncation_mode(cfg);
   PreferenceData out;
   DataStats& st = out.stats;
-  auto check = [&](const DatasetFormat& f, int64_t line) {
-    out.format = f;
-    require_preference_format(f, path, line);
-  };
   auto take = [&](const Record& rec, RecordGuard& guard) {
     PreferenceExample ex;
     ex.line = rec.line;
@@ -468,20 +485,14 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
     const bool ok = completion_survives(ex.prompt_ids, ex.chosen_ids, cfg, mode, &cut) &
                     completion_survives(ex.prompt_ids, ex.rejected_ids, cfg, mode, &cut);
     if (!ok) {
-      ++st.dropped_examples;
-      st.dropped_tokens += n;
+      count_dropped(&st, n);
       return;
     }
-    if (cut > 0) {
-      ++st.truncated_examples;
-      st.truncated_tokens += cut;
-    }
-    ++st.examples;
-    st.tokens += n;
+    count_kept(&st, n, cut);
     out.examples.push_back(std::move(ex));
   };
-  read_records(path, reader_options(cfg, &enc), &st, check, take);
-  LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
+  read_records(path, reader_options(cfg, &enc), &out.format, &st, "example left to train on",
+               preference_format_check(path), take);
   return out;
 }
 
@@ -504,10 +515,6 @@ RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
   ro.extract_implicit_prompt = false;
   RewardData out;
   DataStats& st = out.stats;
-  auto check = [&](const DatasetFormat& f, int64_t line) {
-    out.format = f;
-    require_preference_format(f, path, line);
-  };
   auto take = [&](const Record& rec, RecordGuard& guard) {
     RewardPair p;
     p.line = rec.line;
@@ -530,23 +537,20 @@ RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
       st.too_long_tokens += nc + nr;
       return;
     }
-    ++st.examples;
-    st.tokens += nc + nr;
+    count_kept(&st, nc + nr, 0);
     out.pairs.push_back(std::move(p));
   };
-  read_records(path, ro, &st, check, take);
-  LT_CHECK_INPUT(st.examples > 0, path, ": no pair left to train on: ", st.summary());
+  read_records(path, ro, &out.format, &st, "pair left to train on", preference_format_check(path),
+               take);
   return out;
 }
 
 UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
                                 const DataConfig& cfg) {
-  validate_data_config(cfg);
-  const TruncationMode mode = parse_truncation_mode(cfg.truncation_mode);
+  const TruncationMode mode = validated_truncation_mode(cfg);
   UnpairedData out;
   DataStats& st = out.stats;
   auto check = [&](const DatasetFormat& f, int64_t line) {
-    out.format = f;
     LT_CHECK_INPUT(f.kind == DatasetKind::kUnpairedPreference || f.kind == DatasetKind::kPreference,
                    path, ":", line, ": dataset format ", f.name(),
                    " is not an unpaired preference format ('prompt'+'completion'+'label', or a "
@@ -576,21 +580,15 @@ UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
       const int64_t n = static_cast<int64_t>(prompt_ids.size() + comps[k].size());
       int64_t seq_cut = k == 0 ? cut : 0;
       if (!completion_survives(prompt_ids, comps[k], cfg, mode, &seq_cut)) {
-        ++st.dropped_examples;
-        st.dropped_tokens += n;
+        count_dropped(&st, n);
         continue;
       }
-      if (seq_cut > 0) {
-        ++st.truncated_examples;
-        st.truncated_tokens += seq_cut;
-      }
-      ++st.examples;
-      st.tokens += n;
+      count_kept(&st, n, seq_cut);
       out.examples.push_back({prompt_ids, std::move(comps[k]), labels[k], rec.line});
     }
   };
-  read_records(path, reader_options(cfg, &enc), &st, check, take);
-  LT_CHECK_INPUT(st.examples > 0, path, ": no example left to train on: ", st.summary());
+  read_records(path, reader_options(cfg, &enc), &out.format, &st, "example left to train on", check,
+               take);
   return out;
 }
 
@@ -600,7 +598,6 @@ PromptData load_prompt_data(const std::string& path, const TextEncoder& enc,
   PromptData out;
   DataStats& st = out.stats;
   auto check = [&](const DatasetFormat& f, int64_t line) {
-    out.format = f;
     LT_CHECK_INPUT(f.kind != DatasetKind::kLanguageModeling && f.kind != DatasetKind::kTokenized,
                    path, ":", line, ": dataset format ", f.name(), " has no 'prompt'");
   };
@@ -614,15 +611,13 @@ PromptData load_prompt_data(const std::string& path, const TextEncoder& enc,
       return;
     }
     if (ex.prompt_ids.empty()) {
-      ++st.dropped_examples;
+      count_dropped(&st, 0);
       return;
     }
-    ++st.examples;
-    st.tokens += static_cast<int64_t>(ex.prompt_ids.size());
+    count_kept(&st, static_cast<int64_t>(ex.prompt_ids.size()), 0);
     out.examples.push_back(std::move(ex));
   };
-  read_records(path, reader_options(cfg, &enc), &st, check, take);
-  LT_CHECK_INPUT(st.examples > 0, path, ": no example left: ", st.summary());
+  read_records(path, reader_options(cfg, &enc), &out.format, &st, "example left", check, take);
   return out;
 }
 

@@ -139,6 +139,15 @@ void tokenize_sft_record(const Record& record, const DatasetFormat& format,
 // `source`: a JSONL file or rows in memory (loaders/jsonl.h).
 SftData load_sft_data(const JsonlSource& source, const TextEncoder* encoder, const DataConfig& cfg);
 
+// What the loaders of preference, unpaired and prompt-only data return: the examples kept, the
+// file's format (detected on its first record) and the counts.
+template <typename Example>
+struct LoadedExamples {
+  std::vector<Example> examples;
+  DatasetFormat format;
+  DataStats stats;
+};
+
 struct PreferenceExample {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> chosen_ids;  // completion only, eos included, after max_completion_length
@@ -146,11 +155,7 @@ struct PreferenceExample {
   int64_t line = 0;
 };
 
-struct PreferenceData {
-  std::vector<PreferenceExample> examples;
-  DatasetFormat format;
-  DataStats stats;
-};
+using PreferenceData = LoadedExamples<PreferenceExample>;
 
 struct RewardPair {
   std::vector<int32_t> chosen_ids;  // whole sequence (prompt included)
@@ -172,11 +177,7 @@ struct UnpairedExample {
   int64_t line = 0;
 };
 
-struct UnpairedData {
-  std::vector<UnpairedExample> examples;
-  DatasetFormat format;
-  DataStats stats;
-};
+using UnpairedData = LoadedExamples<UnpairedExample>;
 
 struct PromptExample {
   TextField prompt;  // as read (text or messages), for reward functions
@@ -184,11 +185,7 @@ struct PromptExample {
   int64_t line = 0;
 };
 
-struct PromptData {
-  std::vector<PromptExample> examples;
-  DatasetFormat format;
-  DataStats stats;
-};
+using PromptData = LoadedExamples<PromptExample>;
 
 // prompt + completion cut to max_length (0 = none) by mode; completion_mask 0 on the prompt.
 void build_preference_sequence(std::span<const int32_t> prompt, std::span<const int32_t> completion,

@@ -6,35 +6,16 @@
 #include <cstring>
 
 #include "engine/check.h"
+#include "engine/enum_names.h"
 
 namespace leantune {
 
 const char* bad_line_kind_name(BadLineKind kind) {
-  switch (kind) {
-    case BadLineKind::kInvalidUtf8:
-      return "invalid_utf8";
-    case BadLineKind::kLoneSurrogate:
-      return "lone_surrogate";
-    case BadLineKind::kInvalidJson:
-      return "invalid_json";
-    case BadLineKind::kNotObject:
-      return "not_object";
-    case BadLineKind::kMissingKey:
-      return "missing_key";
-    case BadLineKind::kWrongType:
-      return "wrong_type";
-    case BadLineKind::kEmptyText:
-      return "empty_text";
-    case BadLineKind::kOutOfRange:
-      return "out_of_range";
-    case BadLineKind::kFormatMismatch:
-      return "format_mismatch";
-    case BadLineKind::kTokenizer:
-      return "tokenizer_error";
-    case BadLineKind::kCount:
-      break;
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {
+      "invalid_utf8", "lone_surrogate", "invalid_json", "not_object",      "missing_key",
+      "wrong_type",   "empty_text",     "out_of_range", "format_mismatch", "tokenizer_error"};
+  static_assert(std::size(kNames) == kNumBadLineKinds);
+  return enum_name(kind, kNames, "unknown");
 }
 
 void BadLineCounts::add(BadLineKind kind, const std::string& where_and_what) {

@@ -5,27 +5,24 @@
 #include <bit>
 
 #include "engine/check.h"
+#include "engine/enum_names.h"
 
 namespace leantune {
 
+namespace {
+constexpr const char* kStrategyNames[] = {"bfd", "bfd_split", "wrapped"};
+static_assert(std::size(kStrategyNames) == static_cast<size_t>(PackingStrategy::kWrapped) + 1);
+}  // namespace
+
 PackingStrategy parse_packing_strategy(std::string_view name) {
-  if (name == "bfd") return PackingStrategy::kBfd;
-  if (name == "bfd_split") return PackingStrategy::kBfdSplit;
-  if (name == "wrapped") return PackingStrategy::kWrapped;
+  PackingStrategy s;
+  if (enum_from_name(name, kStrategyNames, &s)) return s;
   LT_THROW(ErrorKind::kInput, "packing_strategy: unknown value '", name,
            "' (expected bfd, bfd_split or wrapped)");
 }
 
 const char* packing_strategy_name(PackingStrategy s) {
-  switch (s) {
-    case PackingStrategy::kBfd:
-      return "bfd";
-    case PackingStrategy::kBfdSplit:
-      return "bfd_split";
-    case PackingStrategy::kWrapped:
-      return "wrapped";
-  }
-  return "unknown";
+  return enum_name(s, kStrategyNames, "unknown");
 }
 
 std::vector<int32_t> Packing::seq_lengths(int64_t b) const {

@@ -232,6 +232,18 @@ void Tokenizer::Impl::run_pretokenizers(size_t step, const Piece& piece, const S
           : s.behavior;
   std::vector<std::pair<size_t, size_t>> spans;
   spans.reserve(marks.size());
+  // Spans in order, each mark joining the span before it when joins(match, previous match).
+  auto join_forward = [&](auto joins) {
+    bool prev_match = false;
+    for (const auto& [b, e, m] : marks) {
+      if (joins(m, prev_match) && !spans.empty()) {
+        spans.back().second = e;
+      } else {
+        spans.emplace_back(b, e);
+      }
+      prev_match = m;
+    }
+  };
   switch (behavior) {
     case SplitBehavior::kIsolated:
       for (const auto& [b, e, m] : marks) spans.emplace_back(b, e);
@@ -241,30 +253,12 @@ void Tokenizer::Impl::run_pretokenizers(size_t step, const Piece& piece, const S
         if (!m) spans.emplace_back(b, e);
       }
       break;
-    case SplitBehavior::kContiguous: {
-      bool prev_match = false;
-      for (const auto& [b, e, m] : marks) {
-        if (m == prev_match && !spans.empty()) {
-          spans.back().second = e;
-        } else {
-          spans.emplace_back(b, e);
-        }
-        prev_match = m;
-      }
+    case SplitBehavior::kContiguous:
+      join_forward([](bool m, bool prev_match) { return m == prev_match; });
       break;
-    }
-    case SplitBehavior::kMergedWithPrevious: {
-      bool prev_match = false;
-      for (const auto& [b, e, m] : marks) {
-        if (m && !prev_match && !spans.empty()) {
-          spans.back().second = e;
-        } else {
-          spans.emplace_back(b, e);
-        }
-        prev_match = m;
-      }
+    case SplitBehavior::kMergedWithPrevious:
+      join_forward([](bool m, bool prev_match) { return m && !prev_match; });
       break;
-    }
     case SplitBehavior::kMergedWithNext: {
       bool prev_match = false;
       for (auto it = marks.rbegin(); it != marks.rend(); ++it) {

@@ -46,7 +46,25 @@ inline char32_t next_code_point(std::string_view s, size_t& i) {
 }
 // Start offset of the code point that ends at s[end-1] (s valid UTF-8, end > 0).
 size_t previous_code_point_start(std::string_view s, size_t end);
-void append_utf8(std::string& out, char32_t c);
+// Appends code point c (at most U+10FFFF) as UTF-8: the inverse of next_code_point. Inline, so
+// that the jinja lexer (also built alone, for fuzzing) uses it without this file's .cpp.
+inline void append_utf8(std::string& out, char32_t c) {
+  if (c < 0x80) {
+    out.push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+}
 
 // GPT-2's reversible byte <-> printable-character map used by ByteLevel.
 const std::array<char32_t, 256>& byte_to_char();

@@ -17,25 +17,21 @@ namespace leantune {
 namespace {
 
 // Per-format entry points, so that one forward and one node serve both formats.
-struct Nf4Ops {
-  using Weight = kernels::Nf4Weight;
-  static constexpr const char* kNode = "Nf4LinearBackward";
+template <typename W, auto kFwd, auto kBwd>
+struct QuantOps {
+  using Weight = W;
   static void fwd(const Tensor& x, const Weight& w, const Tensor& b, const Tensor& y) {
-    kernels::nf4_linear_fwd(x, w, b, y);
+    kFwd(x, w, b, y);
   }
   static void bwd(const Tensor& dy, const Weight& w, const Tensor& dx, const Tensor& db) {
-    kernels::nf4_linear_bwd(dy, w, dx, db);
+    kBwd(dy, w, dx, db);
   }
 };
-struct Int8Ops {
-  using Weight = kernels::Int8Weight;
+struct Nf4Ops : QuantOps<kernels::Nf4Weight, kernels::nf4_linear_fwd, kernels::nf4_linear_bwd> {
+  static constexpr const char* kNode = "Nf4LinearBackward";
+};
+struct Int8Ops : QuantOps<kernels::Int8Weight, kernels::int8_linear_fwd, kernels::int8_linear_bwd> {
   static constexpr const char* kNode = "Int8LinearBackward";
-  static void fwd(const Tensor& x, const Weight& w, const Tensor& b, const Tensor& y) {
-    kernels::int8_linear_fwd(x, w, b, y);
-  }
-  static void bwd(const Tensor& dy, const Weight& w, const Tensor& dx, const Tensor& db) {
-    kernels::int8_linear_bwd(dy, w, dx, db);
-  }
 };
 
 template <typename Ops>
@@ -93,56 +89,63 @@ Tensor quant_forward(const typename Ops::Weight& w, int64_t out, int64_t in, con
   return y;
 }
 
+// Quantizes a dense [out, in] weight: quantize(host weight, tag) runs on the host, then the result
+// moves to `device` as a kParam (the host form is the parameter itself when `device` is the host).
+template <typename Linear, typename Quantize>
+std::shared_ptr<Linear> quantize_dense(const Tensor& w, Device device, const char* what,
+                                       Quantize quantize) {
+  LT_CHECK(w.defined() && w.dim() == 2, what, ": weight ", w.defined() ? w.str() : "undefined",
+           " is not [out, in]");
+  auto q = quantize(w.device().is_cpu() ? w : w.detach().to(Device::cpu()),
+                    device.is_cpu() ? MemTag::kParam : MemTag::kOther);
+  return std::make_shared<Linear>(device.is_cpu() ? q : q.to(device, MemTag::kParam));
+}
+
 }  // namespace
 
-Nf4Linear::Nf4Linear(kernels::Nf4Weight w) : w_(std::move(w)) {
-  LT_CHECK(w_.shape.size() == 2, "Nf4Linear: weight shape ", shape_str(w_.shape),
-           " is not [out, in]");
-  kernels::check_nf4(w_, "Nf4Linear");
+Nf4Linear::Nf4Linear(kernels::Nf4Weight w) : QuantizedLinear(std::move(w)) {
+  const Shape& shape = weight().shape;
+  LT_CHECK(shape.size() == 2, "Nf4Linear: weight shape ", shape_str(shape), " is not [out, in]");
+  kernels::check_nf4(weight(), "Nf4Linear");
 }
 
 std::shared_ptr<Nf4Linear> Nf4Linear::quantize(const Tensor& w, Device device, bool double_quant) {
-  LT_CHECK(w.defined() && w.dim() == 2, "Nf4Linear::quantize: weight ",
-           w.defined() ? w.str() : "undefined", " is not [out, in]");
-  kernels::Nf4Weight q =
-      kernels::nf4_quantize(w.device().is_cpu() ? w : w.detach().to(Device::cpu()), double_quant,
-                            device.is_cpu() ? MemTag::kParam : MemTag::kOther);
-  return std::make_shared<Nf4Linear>(device.is_cpu() ? q : q.to(device, MemTag::kParam));
+  return quantize_dense<Nf4Linear>(w, device, "Nf4Linear::quantize",
+                                   [&](const Tensor& host, MemTag tag) {
+                                     return kernels::nf4_quantize(host, double_quant, tag);
+                                   });
 }
 
 Tensor Nf4Linear::forward(const Tensor& x, const Tensor& bias) const {
-  return quant_forward<Nf4Ops>(w_, out_features(), in_features(), x, bias);
+  return quant_forward<Nf4Ops>(weight(), out_features(), in_features(), x, bias);
 }
 
-Tensor Nf4Linear::dequantize(DType dtype) const { return kernels::nf4_dequantize(w_, dtype); }
+Tensor Nf4Linear::dequantize(DType dtype) const { return kernels::nf4_dequantize(weight(), dtype); }
 
 std::vector<std::pair<std::string, Tensor>> Nf4Linear::stored_tensors() const {
-  if (!w_.nested()) return {{"weight", w_.packed}, {"weight.absmax", w_.absmax}};
-  return {
-      {"weight", w_.packed}, {"weight.absmax", w_.qabsmax}, {"weight.nested_absmax", w_.absmax2}};
+  const kernels::Nf4Weight& w = weight();
+  if (!w.nested()) return {{"weight", w.packed}, {"weight.absmax", w.absmax}};
+  return {{"weight", w.packed}, {"weight.absmax", w.qabsmax}, {"weight.nested_absmax", w.absmax2}};
 }
 
-Int8Linear::Int8Linear(kernels::Int8Weight w) : w_(std::move(w)) {
-  kernels::check_int8(w_, "Int8Linear");
+Int8Linear::Int8Linear(kernels::Int8Weight w) : QuantizedLinear(std::move(w)) {
+  kernels::check_int8(weight(), "Int8Linear");
 }
 
 std::shared_ptr<Int8Linear> Int8Linear::quantize(const Tensor& w, Device device) {
-  LT_CHECK(w.defined() && w.dim() == 2, "Int8Linear::quantize: weight ",
-           w.defined() ? w.str() : "undefined", " is not [out, in]");
-  kernels::Int8Weight q =
-      kernels::int8_quantize(w.device().is_cpu() ? w : w.detach().to(Device::cpu()),
-                             device.is_cpu() ? MemTag::kParam : MemTag::kOther);
-  return std::make_shared<Int8Linear>(device.is_cpu() ? q : q.to(device, MemTag::kParam));
+  return quantize_dense<Int8Linear>(w, device, "Int8Linear::quantize", kernels::int8_quantize);
 }
 
 Tensor Int8Linear::forward(const Tensor& x, const Tensor& bias) const {
-  return quant_forward<Int8Ops>(w_, out_features(), in_features(), x, bias);
+  return quant_forward<Int8Ops>(weight(), out_features(), in_features(), x, bias);
 }
 
-Tensor Int8Linear::dequantize(DType dtype) const { return kernels::int8_dequantize(w_, dtype); }
+Tensor Int8Linear::dequantize(DType dtype) const {
+  return kernels::int8_dequantize(weight(), dtype);
+}
 
 std::vector<std::pair<std::string, Tensor>> Int8Linear::stored_tensors() const {
-  return {{"weight", w_.q}, {"SCB", w_.absmax}};
+  return {{"weight", weight().q}, {"SCB", weight().absmax}};
 }
 
 }  // namespace leantune

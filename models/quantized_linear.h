@@ -12,13 +12,28 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "kernels/quant.h"
 #include "models/linear_module.h"
 
 namespace leantune {
 
-class Nf4Linear final : public LinearBase {
+// What both formats share: the quantized weight (W) and its storage.
+template <typename Weight>
+class QuantizedLinear : public LinearBase {
+ public:
+  const Weight& weight() const { return w_; }
+  int64_t storage_bytes() const override { return w_.storage_bytes(); }
+
+ protected:
+  explicit QuantizedLinear(Weight w) : w_(std::move(w)) {}
+
+ private:
+  Weight w_;
+};
+
+class Nf4Linear final : public QuantizedLinear<kernels::Nf4Weight> {
  public:
   // w.shape must be [out, in].
   explicit Nf4Linear(kernels::Nf4Weight w);
@@ -28,38 +43,28 @@ class Nf4Linear final : public LinearBase {
 
   Tensor forward(const Tensor& x, const Tensor& bias) const override;
   Tensor dequantize(DType dtype) const override;
-  int64_t storage_bytes() const override { return w_.storage_bytes(); }
   std::string kind() const override { return "nf4"; }
   // packed as "weight"; absmax, or when nested qabsmax as "weight.absmax" and absmax2 as
   // "weight.nested_absmax" (the offset is a host scalar, kept on every rank).
   std::vector<std::pair<std::string, Tensor>> stored_tensors() const override;
 
-  const kernels::Nf4Weight& weight() const { return w_; }
-  int64_t out_features() const { return w_.shape[0]; }
-  int64_t in_features() const { return w_.shape[1]; }
-
- private:
-  kernels::Nf4Weight w_;
+  int64_t out_features() const { return weight().shape[0]; }
+  int64_t in_features() const { return weight().shape[1]; }
 };
 
-class Int8Linear final : public LinearBase {
+class Int8Linear final : public QuantizedLinear<kernels::Int8Weight> {
  public:
   explicit Int8Linear(kernels::Int8Weight w);
   static std::shared_ptr<Int8Linear> quantize(const Tensor& w, Device device);
 
   Tensor forward(const Tensor& x, const Tensor& bias) const override;
   Tensor dequantize(DType dtype) const override;
-  int64_t storage_bytes() const override { return w_.storage_bytes(); }
   std::string kind() const override { return "int8"; }
   // q as "weight", absmax as "SCB".
   std::vector<std::pair<std::string, Tensor>> stored_tensors() const override;
 
-  const kernels::Int8Weight& weight() const { return w_; }
-  int64_t out_features() const { return w_.rows(); }
-  int64_t in_features() const { return w_.cols(); }
-
- private:
-  kernels::Int8Weight w_;
+  int64_t out_features() const { return weight().rows(); }
+  int64_t in_features() const { return weight().cols(); }
 };
 
 }  // namespace leantune

@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/scope_guard.h"
+
 namespace leantune::jinja {
 
 // A failed evaluation: the interpreter turns it into Error(kInput) with the template position
@@ -44,12 +46,10 @@ inline void charge_scan(uint64_t bytes) { charge_work(bytes / kBytesPerUnit); }
 void charge_bytes(uint64_t bytes);
 
 // The budget of one rendering, current on this thread while it lives.
-class RenderBudget {
+class RenderBudget : ScopeGuard {
  public:
   RenderBudget();
   ~RenderBudget();
-  RenderBudget(const RenderBudget&) = delete;
-  RenderBudget& operator=(const RenderBudget&) = delete;
   uint64_t work() const { return work_; }
   uint64_t built_bytes() const { return bytes_; }
 

@@ -245,23 +245,7 @@ class Renderer {
       fail(*n.args[0], e);
     }
     auto saved = frame_;
-    auto bind = [&](const Value& item) {
-      if (n.targets.size() == 1) {
-        frame_->set(n.targets[0], item);
-        return;
-      }
-      List parts;
-      try {
-        parts = iterate(item);
-      } catch (const EvalError& e) {
-        fail(n, "cannot unpack: " + e.what, e.limit);
-      }
-      if (parts.size() != n.targets.size()) {
-        fail(n, "cannot unpack " + std::to_string(parts.size()) + " values into " +
-                    std::to_string(n.targets.size()) + " names");
-      }
-      for (size_t k = 0; k < parts.size(); ++k) frame_->set(n.targets[k], parts[k]);
-    };
+    auto bind = [&](const Value& item) { bind_targets(n, item, /*for_loop=*/true); };
     if (n.args[1]) {
       List kept;
       for (const Value& item : items) {
@@ -326,6 +310,12 @@ class Renderer {
       target.set(n.name, std::move(v));
       return;
     }
+    bind_targets(n, std::move(v), /*for_loop=*/false);
+  }
+
+  // Binds n.targets (of a for or a set) to v: one name takes v, several take its items in
+  // order. A count mismatch names both counts in a for loop, the names' count in a set.
+  void bind_targets(const Node& n, Value v, bool for_loop) {
     if (n.targets.size() == 1) {
       frame_->set(n.targets[0], std::move(v));
       return;
@@ -336,8 +326,11 @@ class Renderer {
     } catch (const EvalError& e) {
       fail(n, "cannot unpack: " + e.what, e.limit);
     }
-    if (parts.size() != n.targets.size())
-      fail(n, "cannot unpack into " + std::to_string(n.targets.size()) + " names");
+    if (parts.size() != n.targets.size()) {
+      const std::string names = std::to_string(n.targets.size()) + " names";
+      fail(n, for_loop ? "cannot unpack " + std::to_string(parts.size()) + " values into " + names
+                       : "cannot unpack into " + names);
+    }
     for (size_t k = 0; k < parts.size(); ++k) frame_->set(n.targets[k], parts[k]);
   }
 

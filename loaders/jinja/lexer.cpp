@@ -5,9 +5,11 @@
 #include "loaders/jinja/lexer.h"
 
 #include <cctype>
+#include <iterator>
 
 #include "engine/check.h"
 #include "loaders/jinja/value.h"
+#include "loaders/unicode.h"
 
 namespace leantune::jinja {
 
@@ -243,6 +245,17 @@ class Lexer {
     advance_to(k);
   }
 
+  // The character a one-letter escape (\n \t \r \0 \b \f \v \a) stands for; nullptr for
+  // any other letter.
+  static const char* simple_escape(char e) {
+    static constexpr char kLetters[] = {'n', 't', 'r', '0', 'b', 'f', 'v', 'a'};
+    static constexpr char kChars[] = {'\n', '\t', '\r', '\0', '\b', '\f', '\v', '\a'};
+    for (size_t i = 0; i < std::size(kLetters); ++i) {
+      if (kLetters[i] == e) return &kChars[i];
+    }
+    return nullptr;
+  }
+
   void lex_string(int l, int c) {
     const char q = src_[pos_];
     std::string out;
@@ -253,31 +266,11 @@ class Lexer {
         continue;
       }
       const char e = src_[++k];
+      if (const char* simple = simple_escape(e)) {
+        out.push_back(*simple);
+        continue;
+      }
       switch (e) {
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case '0':
-          out.push_back('\0');
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'v':
-          out.push_back('\v');
-          break;
-        case 'a':
-          out.push_back('\a');
-          break;
         case '\\':
         case '\'':
         case '"':
@@ -301,7 +294,7 @@ class Lexer {
           }
           if (cp > 0x10FFFF) fail(l, c, "escape out of the Unicode range");
           k += n;
-          append_utf8(out, cp);
+          unicode::append_utf8(out, cp);
           break;
         }
         default:
@@ -312,24 +305,6 @@ class Lexer {
     if (k >= src_.size()) fail(l, c, "unterminated string literal");
     out_.push_back({Tok::kString, out, l, c});
     advance_to(k + 1);
-  }
-
-  static void append_utf8(std::string& s, uint32_t cp) {
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      s.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      s.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
   }
 
   const std::string& src_;

@@ -328,21 +328,23 @@ class Parser {
     return n;
   }
 
-  NodePtr parse_or() {
-    NodePtr l = parse_and();
-    while (is_name("or")) {
+  // One left-associative level: operands parsed by `operand`, joined by the operator token
+  // while at_operator() holds.
+  template <typename AtOperator>
+  NodePtr left_assoc(NodePtr (Parser::*operand)(), AtOperator at_operator) {
+    NodePtr l = (this->*operand)();
+    while (at_operator()) {
       const Token& at = next();
-      l = binary(at, "or", std::move(l), parse_and());
+      l = binary(at, at.value, std::move(l), (this->*operand)());
     }
     return l;
   }
+
+  NodePtr parse_or() {
+    return left_assoc(&Parser::parse_and, [this] { return is_name("or"); });
+  }
   NodePtr parse_and() {
-    NodePtr l = parse_not();
-    while (is_name("and")) {
-      const Token& at = next();
-      l = binary(at, "and", std::move(l), parse_not());
-    }
-    return l;
+    return left_assoc(&Parser::parse_not, [this] { return is_name("and"); });
   }
   NodePtr parse_not() {
     if (is_name("not")) {
@@ -380,28 +382,14 @@ class Parser {
     }
   }
   NodePtr parse_math1() {
-    NodePtr l = parse_concat();
-    while (is_op("+") || is_op("-")) {
-      const Token& at = next();
-      l = binary(at, at.value, std::move(l), parse_concat());
-    }
-    return l;
+    return left_assoc(&Parser::parse_concat, [this] { return is_op("+") || is_op("-"); });
   }
   NodePtr parse_concat() {
-    NodePtr l = parse_math2();
-    while (is_op("~")) {
-      const Token& at = next();
-      l = binary(at, "~", std::move(l), parse_math2());
-    }
-    return l;
+    return left_assoc(&Parser::parse_math2, [this] { return is_op("~"); });
   }
   NodePtr parse_math2() {
-    NodePtr l = parse_pow();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      const Token& at = next();
-      l = binary(at, at.value, std::move(l), parse_pow());
-    }
-    return l;
+    return left_assoc(&Parser::parse_pow,
+                      [this] { return is_op("*") || is_op("/") || is_op("//") || is_op("%"); });
   }
   NodePtr parse_pow() {
     NodePtr l = parse_unary(true);

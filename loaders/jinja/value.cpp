@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
+
+#include "engine/enum_names.h"
 
 namespace leantune::jinja {
 
@@ -206,6 +209,20 @@ void check_output(const std::string& out) {
   if (out.size() > kMaxStringBytes) limit_fail(string_limit_message());
 }
 
+// The elements of a list or dict, serialised in order by item(element) with `sep` between them;
+// their work is charged first and the output's size checked after each.
+template <typename Range, typename Item>
+void serialise_items(const Range& items, std::string_view sep, std::string& out, Item&& item) {
+  charge_work(1 + items.size());
+  bool first = true;
+  for (const auto& e : items) {
+    if (!first) out += sep;
+    first = false;
+    item(e);
+    check_output(out);
+  }
+}
+
 void json_value(const Value& v, int indent, int depth, const std::string& item_sep,
                 const std::string& key_sep, std::string& out) {
   auto newline = [&](int d) {
@@ -237,14 +254,11 @@ void json_value(const Value& v, int indent, int depth, const std::string& item_s
         out += "[]";
         return;
       }
-      charge_work(1 + v.list->size());
       out += '[';
-      for (size_t k = 0; k < v.list->size(); ++k) {
-        if (k) out += item_sep;
+      serialise_items(*v.list, item_sep, out, [&](const Value& e) {
         newline(depth + 1);
-        json_value((*v.list)[k], indent, depth + 1, item_sep, key_sep, out);
-        check_output(out);
-      }
+        json_value(e, indent, depth + 1, item_sep, key_sep, out);
+      });
       newline(depth);
       out += ']';
       return;
@@ -255,18 +269,13 @@ void json_value(const Value& v, int indent, int depth, const std::string& item_s
         out += "{}";
         return;
       }
-      charge_work(1 + v.dict->size());
       out += '{';
-      bool first = true;
-      for (const auto& [k, e] : *v.dict) {
-        if (!first) out += item_sep;
-        first = false;
+      serialise_items(*v.dict, item_sep, out, [&](const auto& entry) {
         newline(depth + 1);
-        json_string(k, out);
+        json_string(entry.first, out);
         out += key_sep;
-        json_value(e, indent, depth + 1, item_sep, key_sep, out);
-        check_output(out);
-      }
+        json_value(entry.second, indent, depth + 1, item_sep, key_sep, out);
+      });
       newline(depth);
       out += '}';
       return;
@@ -302,27 +311,18 @@ namespace {
 void repr_into(const Value& v, std::string& out) {
   switch (v.type) {
     case Type::kList: {
-      charge_work(1 + v.list->size());
       out += v.tuple ? "(" : "[";
-      for (size_t k = 0; k < v.list->size(); ++k) {
-        if (k) out += ", ";
-        repr_into((*v.list)[k], out);
-        check_output(out);
-      }
+      serialise_items(*v.list, ", ", out, [&](const Value& e) { repr_into(e, out); });
       if (v.tuple && v.list->size() == 1) out += ",";
       out += v.tuple ? ")" : "]";
       return;
     }
     case Type::kDict: {
-      charge_work(1 + v.dict->size());
       out += "{";
-      bool first = true;
-      for (const auto& [k, e] : *v.dict) {
-        out += (first ? "" : ", ") + py_repr_string(k) + ": ";
-        repr_into(e, out);
-        check_output(out);
-        first = false;
-      }
+      serialise_items(*v.dict, ", ", out, [&](const auto& entry) {
+        out += py_repr_string(entry.first) + ": ";
+        repr_into(entry.second, out);
+      });
       out += "}";
       return;
     }
@@ -361,29 +361,11 @@ std::string Value::repr() const {
 }
 
 std::string Value::type_name() const {
-  switch (type) {
-    case Type::kUndefined:
-      return "undefined";
-    case Type::kNone:
-      return "NoneType";
-    case Type::kBool:
-      return "bool";
-    case Type::kInt:
-      return "int";
-    case Type::kFloat:
-      return "float";
-    case Type::kString:
-      return "str";
-    case Type::kList:
-      return "list";
-    case Type::kDict:
-      return "dict";
-    case Type::kNamespace:
-      return "Namespace";
-    case Type::kFunction:
-      return "function";
-  }
-  return "";
+  static constexpr const char* kNames[] = {"undefined", "NoneType", "bool", "int",
+                                           "float",     "str",      "list", "dict",
+                                           "Namespace", "function"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Type::kFunction) + 1);
+  return enum_name(type, kNames, "");
 }
 
 bool equal(const Value& a, const Value& b) {
