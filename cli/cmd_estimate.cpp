@@ -129,14 +129,11 @@ int run_estimate_command(const std::vector<std::string>& args) {
              "micro-batch unless --per_device_train_batch_size is given) and the options that "
              "would raise it");
   add_world_size_option(o);
-  if (!o.parse(args)) {
-    std::printf("%s", o.help().c_str());
-    return 0;
-  }
-  std::string path = o.get_string("model_name_or_path");
-  if (path.empty()) path = embedded_data_dir() + "/config.json";
-  const ModelConfig model = ModelConfig::load(path);
-  const Device device = Device::parse(o.get_string("device"));
+  const std::optional<EstimateTarget> t = parse_estimate_target(o, args);
+  if (!t) return 0;
+  const std::string& path = t->path;
+  const ModelConfig& model = t->model;
+  const Device& device = t->device;
   EstimateConfig cfg = estimate_config_from_options(o, model, device.is_cpu());
   // Context parallelism: the world is at least the cp group (one data shard by default).
   cfg.world_size = o.is_set("world_size") ? o.get_int("world_size") : cfg.cp_size;

@@ -75,15 +75,7 @@ int run_inspect(const std::vector<std::string>& args) {
                  "a .safetensors file, model.safetensors.index.json, config.json, or a model "
                  "folder")
       ->required();
-  try {
-    std::vector<std::string> rev(args.rbegin(), args.rend());
-    app.parse(rev);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    LT_THROW(ErrorKind::kInput, "inspect: ", e.what(), " (run 'trainer_bin inspect --help')");
-  }
+  if (!parse_tool_args(app, args, "inspect")) return 0;
 
   namespace fs = std::filesystem;
   std::error_code ec;

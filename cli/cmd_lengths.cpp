@@ -44,12 +44,7 @@ int run_lengths(const std::vector<std::string>& args) {
   read_dataset_options(o, &cfg);
   cfg.max_length = 0;  // measure whole examples
   validate_data_config(cfg);
-  std::unique_ptr<TextEncoder> encoder;
-  if (!o.get_string("tokenizer").empty()) {
-    std::shared_ptr<Tokenizer> tok = Tokenizer::load(o.get_string("tokenizer"));
-    apply_chat_options(o, *tok);
-    encoder = make_text_encoder(tok);
-  }
+  const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(o);
   // The plot path is checked before the (possibly long) tokenisation so a bad path fails fast;
   // it is written at the end, whole or not at all, and never over an input.
   if (!plot.empty())

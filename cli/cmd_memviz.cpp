@@ -24,15 +24,7 @@ int run_memviz(const std::vector<std::string>& args) {
   app.add_option("-o,--output", out, "the HTML file to write");
   app.add_option("--max_points", max_points, "timeline points kept (the peak always is)")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
-  try {
-    std::vector<std::string> rev(args.rbegin(), args.rend());
-    app.parse(rev);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    LT_THROW(ErrorKind::kInput, "memviz: ", e.what(), " (run 'trainer_bin memviz --help')");
-  }
+  if (!parse_tool_args(app, args, "memviz")) return 0;
   check_output_file(out, "output", {{trace_path, "TRACE"}});
   const nlohmann::json a = analyse_memory_trace_file(trace_path, max_points);
   write_text_atomic(out, memory_trace_html(a));

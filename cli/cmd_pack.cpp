@@ -71,12 +71,7 @@ int run_pack(const std::vector<std::string>& args) {
   cfg.packing_window = o.get_int("packing_window");
   validate_data_config(cfg);
 
-  std::unique_ptr<TextEncoder> encoder;
-  if (!o.get_string("tokenizer").empty()) {
-    std::shared_ptr<Tokenizer> tok = Tokenizer::load(o.get_string("tokenizer"));
-    apply_chat_options(o, *tok);
-    encoder = make_text_encoder(tok);
-  }
+  const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(o);
   const SftData data = load_sft_data(dataset, encoder.get(), cfg);
   const TokenizedDataset& ex = data.examples;
   const Packing packing =

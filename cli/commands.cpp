@@ -2,10 +2,15 @@
 // first (one per TrainerSpec, trainers/registry.cpp), then the tools.
 #include "cli/commands.h"
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <functional>
 
 #include "engine/check.h"
+#include "loaders/options.h"
+#include "loaders/text_encoder.h"
+#include "loaders/tokenizer.h"
+#include "trainers/common/data_options.h"
 #include "trainers/common/trainer_spec.h"
 
 namespace leantune {
@@ -61,6 +66,27 @@ void print_usage() {
 }
 
 }  // namespace
+
+bool parse_tool_args(CLI::App& app, const std::vector<std::string>& args, const char* command) {
+  try {
+    std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes them reversed
+    app.parse(rev);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return false;
+  } catch (const CLI::ParseError& e) {
+    LT_THROW(ErrorKind::kInput, command, ": ", e.what(), " (run 'trainer_bin ", command,
+             " --help')");
+  }
+  return true;
+}
+
+std::unique_ptr<TextEncoder> tokenizer_option_encoder(const Options& o) {
+  if (o.get_string("tokenizer").empty()) return nullptr;
+  std::shared_ptr<Tokenizer> tok = Tokenizer::load(o.get_string("tokenizer"));
+  apply_chat_options(o, *tok);
+  return make_text_encoder(tok);
+}
 
 int run_command_line(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);

@@ -62,6 +62,14 @@ std::string stopped_line(const std::string& command, int64_t steps) {
 
 Trainer::~Trainer() = default;
 
+nlohmann::json Trainer::chunked_loss_saving(int64_t tokens) const {
+  const int64_t v = model_->config().vocab_size;
+  return {{"largest_micro_batch_tokens", tokens},
+          {"vocab_size", v},
+          {"logits_bytes_not_materialised", tokens * v * 4 * 2},
+          {"note", "f32 logits and their gradient for the largest micro-batch"}};
+}
+
 const std::vector<nlohmann::json>& Trainer::logged_metrics() const {
   static const std::vector<nlohmann::json> none;
   return none;
@@ -217,6 +225,9 @@ nlohmann::json Trainer::memory_report(const nlohmann::json& savings) const {
         {"tensors_offloaded", offload_totals_.tensors_offloaded},
         {"bytes_offloaded", offload_totals_.bytes_offloaded},
         {"prefetches", offload_totals_.prefetches}};
+  if (args_.gradient_checkpointing)
+    all_savings["gradient_checkpointing"] = {
+        {"note", "only each layer's input is kept between forward and backward"}};
   // Sequence tiling at the longest tiled forward: the MLP's [tokens x intermediate] gate, up and
   // activation never existed whole (models/sequence_tiling.h).
   if (const int64_t rows = model_->largest_tiled_rows(); rows > 0) {

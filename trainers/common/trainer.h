@@ -223,6 +223,9 @@ class Trainer {
   virtual bool supports_context_parallel() const { return false; }
   // Memory-report lines a trainer adds (what its techniques saved).
   virtual nlohmann::json technique_savings() const { return nlohmann::json::object(); }
+  // The chunked loss's line for technique_savings: the f32 [tokens x vocab] logits and their
+  // gradient of the largest micro-batch (`tokens`) that never existed.
+  nlohmann::json chunked_loss_saving(int64_t tokens) const;
   // A line on stderr that keeps the progress bar intact (through the run's MetricsLogger while
   // train() runs).
   void warn(const std::string& text) const;

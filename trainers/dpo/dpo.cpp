@@ -108,14 +108,13 @@ PairBatch collate_pairs(const std::vector<PreferenceExample>& data, const std::v
 DpoTrainer::DpoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
                        std::string tokenizer_dir, PreferenceData train, DpoDataConfig data,
                        PreferenceLossConfig loss, SequenceLogpsOptions logps)
-    : Trainer(std::move(args), std::move(model), std::move(options)),
+    : RowBatchTrainer(std::move(args), std::move(model), std::move(options),
+                      std::move(tokenizer_dir), static_cast<int64_t>(train.examples.size()), true,
+                      "pairs"),
       train_(std::move(train)),
       data_(std::move(data)),
       loss_(std::move(loss)),
-      logps_(logps),
-      batches_(static_cast<int64_t>(train_.examples.size()), args_.per_device_train_batch_size,
-               args_.seed, true, "pairs") {
-  tokenizer_dir_ = std::move(tokenizer_dir);
+      logps_(logps) {
   logps_.gradient_checkpointing = args_.gradient_checkpointing;
 }
 
@@ -142,25 +141,10 @@ int64_t DpoTrainer::loss_tokens(const Batch& b) const {
   return b.stats.sequences / 2;
 }
 
-int64_t DpoTrainer::micro_batches_per_epoch() const { return batches_.per_epoch(data_comm()); }
-
 Batch DpoTrainer::next_micro_batch(BatchReport* report) {
   const std::vector<int64_t> idx = batches_.next(data_comm());
   PairBatch pb = collate_pairs(train_.examples, idx, data_);
-  if (data_.padding_free) {
-    int64_t longest = 0;
-    const std::vector<int64_t> cu = pb.batch.cu_seqlens.to_i64();
-    for (size_t i = 1; i < cu.size(); ++i) longest = std::max(longest, cu[i] - cu[i - 1]);
-    padded_tokens_avoided_ += longest * pb.batch.stats.sequences - pb.batch.stats.real_tokens;
-  }
-  max_micro_tokens_ = std::max(max_micro_tokens_, pb.batch.num_tokens());
-  if (report) {
-    report->real_tokens = pb.batch.stats.real_tokens;
-    report->pad_tokens = pb.batch.stats.pad_tokens;
-  }
-  Batch b = pb.batch;
-  pending_.push_back(std::move(pb));
-  return b;
+  return queue_micro_batch(std::move(pb), &PairBatch::batch, data_.padding_free, report);
 }
 
 namespace {
@@ -262,17 +246,6 @@ PreferenceLossResult DpoTrainer::evaluate_pairs(const std::vector<int64_t>& idx)
   return r;
 }
 
-nlohmann::json DpoTrainer::log_metrics() { return window_.take(); }
-
-double DpoTrainer::epoch_progress() const { return batches_.progress(data_comm()); }
-
-nlohmann::json DpoTrainer::data_state() const { return batches_.state(); }
-
-void DpoTrainer::set_data_state(const nlohmann::json& s) {
-  batches_.set_state(s, data_comm());
-  pending_.clear();  // fetched by an update that a stop abandoned
-}
-
 void DpoTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());
   log.message(std::string("dpo: reference ") + ref_mode_name(ref_->mode()) +
@@ -295,16 +268,7 @@ nlohmann::json DpoTrainer::technique_savings() const {
     s["padding_free"] = {
         {"pad_tokens_avoided", padded_tokens_avoided_},
         {"note", "tokens that padding each sequence to the batch's longest would have added"}};
-  if (logps_.fused) {
-    const int64_t v = model_->config().vocab_size;
-    s["chunked_loss"] = {{"largest_micro_batch_tokens", max_micro_tokens_},
-                         {"vocab_size", v},
-                         {"logits_bytes_not_materialised", max_micro_tokens_ * v * 4 * 2},
-                         {"note", "f32 logits and their gradient for the largest micro-batch"}};
-  }
-  if (args_.gradient_checkpointing)
-    s["gradient_checkpointing"] = {
-        {"note", "only each layer's input is kept between forward and backward"}};
+  if (logps_.fused) s["chunked_loss"] = chunked_loss_saving(max_micro_tokens_);
   {
     // The planning estimate for this run's largest micro-batch, beside the measured peak.
     int64_t longest = 0;

@@ -36,7 +36,7 @@
 #include "loaders/examples.h"
 #include "loaders/tokenizer.h"
 #include "models/ref_model.h"
-#include "trainers/common/row_batches.h"
+#include "trainers/common/row_batch_trainer.h"
 #include "trainers/common/trainer.h"
 #include "trainers/dpo/preference_loss.h"
 #include "trainers/sft/sft.h"
@@ -64,7 +64,7 @@ struct PairBatch {
 PairBatch collate_pairs(const std::vector<PreferenceExample>& data, const std::vector<int64_t>& idx,
                         const DpoDataConfig& cfg);
 
-class DpoTrainer final : public Trainer {
+class DpoTrainer final : public RowBatchTrainer<PairBatch> {
  public:
   DpoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
              std::string tokenizer_dir, PreferenceData train, DpoDataConfig data,
@@ -75,7 +75,6 @@ class DpoTrainer final : public Trainer {
   ReferenceModel& reference() { return *ref_; }
   const DataStats& train_stats() const override { return train_.stats; }
   // Every logged record's DPO metrics, in order (for tests and the command's summary).
-  const std::vector<nlohmann::json>& logged_metrics() const override { return window_.logged(); }
   // Loss and metrics of the given pairs with the current weights (no update, no dropout).
   PreferenceLossResult evaluate_pairs(const std::vector<int64_t>& idx);
   // The loss of one collated micro-batch times `scale`, differentiable with respect to the
@@ -84,17 +83,12 @@ class DpoTrainer final : public Trainer {
                     nlohmann::json* metrics);
 
  protected:
-  int64_t micro_batches_per_epoch() const override;
   Batch next_micro_batch(BatchReport* report) override;
   int64_t loss_tokens(const Batch& b) const override;
   bool supports_context_parallel() const override { return true; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
-  double epoch_progress() const override;
-  nlohmann::json data_state() const override;
-  void set_data_state(const nlohmann::json& s) override;
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
-  nlohmann::json log_metrics() override;
 
  private:
   PreferenceData train_;
@@ -102,11 +96,6 @@ class DpoTrainer final : public Trainer {
   PreferenceLossConfig loss_;
   SequenceLogpsOptions logps_;
   std::unique_ptr<ReferenceModel> ref_;
-  RowBatches batches_;
-  std::deque<PairBatch> pending_;  // fetched micro-batches not yet through compute_loss
-  MetricWindow window_;
-  int64_t padded_tokens_avoided_ = 0;
-  int64_t max_micro_tokens_ = 0;
 };
 
 struct DpoRun {

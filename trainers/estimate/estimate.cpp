@@ -612,6 +612,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
 #include "trainers/common/peft_options.h"
 #include "trainers/common/quant_options.h"
 #include "trainers/common/trainer.h"
+#include "trainers/sft/sft.h"
 
 namespace leantune {
 
@@ -672,6 +673,18 @@ void add_world_size_option(Options& o) {
             "ranks of the run (data parallel; with --zero_stage, the per-rank peak of the "
             "sharded states)",
             1);
+}
+
+std::optional<EstimateTarget> parse_estimate_target(Options& o,
+                                                    const std::vector<std::string>& args) {
+  if (!o.parse(args)) {
+    std::printf("%s", o.help().c_str());
+    return std::nullopt;
+  }
+  std::string path = o.get_string("model_name_or_path");
+  if (path.empty()) path = embedded_data_dir() + "/config.json";
+  ModelConfig model = ModelConfig::load(path);
+  return EstimateTarget{path, std::move(model), Device::parse(o.get_string("device"))};
 }
 
 }  // namespace leantune

@@ -58,6 +58,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -170,6 +171,16 @@ EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments
                                int64_t max_seqlen = 0);
 // The same from a parsed set of sft options, read through those arguments' own readers.
 EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu);
+
+// The front of every `trainer_bin estimate` variant: parses `args` into `o` (nullopt: --help was
+// printed), then the model to plan for: --model_name_or_path, or the demo's config.json.
+struct EstimateTarget {
+  std::string path;  // the model folder or config.json read
+  ModelConfig model;
+  Device device;
+};
+std::optional<EstimateTarget> parse_estimate_target(Options& o,
+                                                    const std::vector<std::string>& args);
 // `estimate`'s --world_size (the ranks whose per-rank peak is predicted), for every trainer's
 // estimate.
 void add_world_size_option(Options& o);

@@ -99,14 +99,11 @@ int run_estimate_preference(const std::vector<std::string>& args, const std::str
   const bool dpo = trainer == "dpo";
   const int64_t per_example = dpo ? 2 : 1;
   Options o = dpo ? dpo_options("estimate dpo") : kto_options("estimate kto");
-  if (!o.parse(args)) {
-    std::printf("%s", o.help().c_str());
-    return 0;
-  }
-  std::string path = o.get_string("model_name_or_path");
-  if (path.empty()) path = embedded_data_dir() + "/config.json";
-  const ModelConfig model = ModelConfig::load(path);
-  const bool cpu = Device::parse(o.get_string("device")).is_cpu();
+  const std::optional<EstimateTarget> t = parse_estimate_target(o, args);
+  if (!t) return 0;
+  const std::string& path = t->path;
+  const ModelConfig& model = t->model;
+  const bool cpu = t->device.is_cpu();
   const PreferenceEstimate e = estimate_preference_from_options(o, model, cpu, per_example);
   std::printf("%s estimate for %s (%lld parameters) on %s, %lld tokens per micro-batch (%s):\n",
               trainer.c_str(), path.c_str(), static_cast<long long>(e.policy.total_parameters),

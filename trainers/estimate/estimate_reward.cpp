@@ -33,14 +33,11 @@ EstimateConfig reward_estimate_config(const Options& o, const ModelConfig& model
 
 int run_estimate_reward(const std::vector<std::string>& args) {
   Options o = reward_options("estimate reward");
-  if (!o.parse(args)) {
-    std::printf("%s", o.help().c_str());
-    return 0;
-  }
-  std::string path = o.get_string("model_name_or_path");
-  if (path.empty()) path = embedded_data_dir() + "/config.json";
-  const ModelConfig model = ModelConfig::load(path);
-  const bool cpu = Device::parse(o.get_string("device")).is_cpu();
+  const std::optional<EstimateTarget> t = parse_estimate_target(o, args);
+  if (!t) return 0;
+  const std::string& path = t->path;
+  const ModelConfig& model = t->model;
+  const bool cpu = t->device.is_cpu();
   const EstimateConfig c = reward_estimate_config(o, model, cpu);
   const MemoryEstimate e = estimate_memory(c);
   std::printf(

@@ -102,15 +102,14 @@ UnpairedBatch collate_unpaired(const std::vector<UnpairedExample>& data,
 KtoTrainer::KtoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
                        std::string tokenizer_dir, UnpairedData train, int64_t max_length,
                        std::string truncation_mode, KtoLossConfig loss, SequenceLogpsOptions logps)
-    : Trainer(std::move(args), std::move(model), std::move(options)),
+    : RowBatchTrainer(std::move(args), std::move(model), std::move(options),
+                      std::move(tokenizer_dir), static_cast<int64_t>(train.examples.size()), false,
+                      "examples"),
       train_(std::move(train)),
       max_length_(max_length),
       truncation_mode_(std::move(truncation_mode)),
       loss_(std::move(loss)),
-      logps_(logps),
-      batches_(static_cast<int64_t>(train_.examples.size()), args_.per_device_train_batch_size,
-               args_.seed, false, "examples") {
-  tokenizer_dir_ = std::move(tokenizer_dir);
+      logps_(logps) {
   logps_.gradient_checkpointing = args_.gradient_checkpointing;
   LT_CHECK_INPUT(!kto_uses_kl(loss_) || args_.per_device_train_batch_size > 1,
                  "option per_device_train_batch_size 1: loss_type kto estimates its KL term from "
@@ -133,8 +132,6 @@ void KtoTrainer::set_reference(RefModelConfig cfg) {
       },
       logps_);
 }
-
-int64_t KtoTrainer::micro_batches_per_epoch() const { return batches_.per_epoch(data_comm()); }
 
 int64_t KtoTrainer::loss_tokens(const Batch& b) const {
   // The examples; under context parallelism the cp group's replicated loss counts once.
@@ -201,17 +198,6 @@ Tensor KtoTrainer::batch_loss(const UnpairedBatch& ub, double scale, KtoLossResu
   return loss_from_sequence_gradient(pol.logps, value, std::move(grad));
 }
 
-nlohmann::json KtoTrainer::log_metrics() { return window_.take(); }
-
-double KtoTrainer::epoch_progress() const { return batches_.progress(data_comm()); }
-
-nlohmann::json KtoTrainer::data_state() const { return batches_.state(); }
-
-void KtoTrainer::set_data_state(const nlohmann::json& s) {
-  batches_.set_state(s, data_comm());
-  pending_.clear();  // fetched by an update that a stop abandoned
-}
-
 void KtoTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());
   log.message(std::string("kto: reference ") + ref_mode_name(ref_->mode()) + ", loss " +
@@ -221,9 +207,6 @@ void KtoTrainer::on_train_begin(MetricsLogger& log) {
 nlohmann::json KtoTrainer::technique_savings() const {
   nlohmann::json s = nlohmann::json::object();
   s["reference_model"] = ref_->memory_json();
-  if (args_.gradient_checkpointing)
-    s["gradient_checkpointing"] = {
-        {"note", "only each layer's input is kept between forward and backward"}};
   add_adapter_savings(s, *model_, peft_, quant_config_, quant_report_);
   return s;
 }

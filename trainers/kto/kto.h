@@ -26,7 +26,7 @@
 
 #include "loaders/examples.h"
 #include "models/ref_model.h"
-#include "trainers/common/row_batches.h"
+#include "trainers/common/row_batch_trainer.h"
 #include "trainers/common/trainer.h"
 #include "trainers/kto/kto_loss.h"
 #include "trainers/sft/sft.h"
@@ -45,7 +45,7 @@ UnpairedBatch collate_unpaired(const std::vector<UnpairedExample>& data,
                                const std::vector<int64_t>& idx, int64_t max_length,
                                const std::string& truncation_mode, bool with_kl);
 
-class KtoTrainer final : public Trainer {
+class KtoTrainer final : public RowBatchTrainer<UnpairedBatch> {
  public:
   KtoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
              std::string tokenizer_dir, UnpairedData train, int64_t max_length,
@@ -53,22 +53,16 @@ class KtoTrainer final : public Trainer {
 
   void set_reference(RefModelConfig cfg);
   const DataStats& train_stats() const override { return train_.stats; }
-  const std::vector<nlohmann::json>& logged_metrics() const override { return window_.logged(); }
   // The loss of one micro-batch times `scale`, differentiable with respect to the policy.
   Tensor batch_loss(const UnpairedBatch& ub, double scale, KtoLossResult* result);
 
  protected:
-  int64_t micro_batches_per_epoch() const override;
   Batch next_micro_batch(BatchReport* report) override;
   int64_t loss_tokens(const Batch& b) const override;
   bool supports_context_parallel() const override { return true; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
-  double epoch_progress() const override;
-  nlohmann::json data_state() const override;
-  void set_data_state(const nlohmann::json& s) override;
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
-  nlohmann::json log_metrics() override;
 
  private:
   UnpairedData train_;
@@ -77,9 +71,6 @@ class KtoTrainer final : public Trainer {
   KtoLossConfig loss_;
   SequenceLogpsOptions logps_;
   std::unique_ptr<ReferenceModel> ref_;
-  RowBatches batches_;  // in file order
-  std::deque<UnpairedBatch> pending_;
-  MetricWindow window_;
 };
 
 struct KtoRun {

@@ -640,9 +640,6 @@ nlohmann::json OnlineTrainer::technique_savings() const {
                      {"generation_phase_peak_reserved", generation_peak_.reserved},
                      {"optimizer_phase_peak_allocated", optimizer.allocated},
                      {"optimizer_phase_peak_reserved", optimizer.reserved}};
-  if (args_.gradient_checkpointing)
-    s["gradient_checkpointing"] = {
-        {"note", "only each layer's input is kept between forward and backward"}};
   add_adapter_savings(s, *model_, peft_, quant_config_, quant_report_);
   return s;
 }

@@ -113,34 +113,19 @@ RewardTrainer::RewardTrainer(TrainingArguments args, std::shared_ptr<DecoderMode
                              Options options, std::string tokenizer_dir, RewardData train,
                              std::optional<RewardData> eval, RewardCollateConfig collate,
                              double center_rewards_coefficient, bool disable_dropout)
-    : Trainer(std::move(args), std::move(model), std::move(options)),
+    : RowBatchTrainer(std::move(args), std::move(model), std::move(options),
+                      std::move(tokenizer_dir), static_cast<int64_t>(train.pairs.size()), true,
+                      "pairs"),
       train_(std::move(train)),
       eval_(std::move(eval)),
       collate_(collate),
       center_(center_rewards_coefficient),
-      disable_dropout_(disable_dropout),
-      batches_(static_cast<int64_t>(train_.pairs.size()), args_.per_device_train_batch_size,
-               args_.seed, true, "pairs") {
-  tokenizer_dir_ = std::move(tokenizer_dir);
-}
-
-int64_t RewardTrainer::micro_batches_per_epoch() const { return batches_.per_epoch(comm()); }
+      disable_dropout_(disable_dropout) {}
 
 Batch RewardTrainer::next_micro_batch(BatchReport* report) {
   const std::vector<int64_t> idx = batches_.next(comm());
   RewardBatch rb = collate_reward_pairs(train_.pairs, idx, collate_);
-  if (collate_.padding_free) {
-    const int64_t longest = rb.batch.max_seqlen;
-    padded_tokens_avoided_ += longest * rb.batch.stats.sequences - rb.batch.stats.real_tokens;
-  }
-  max_micro_tokens_ = std::max(max_micro_tokens_, rb.batch.num_tokens());
-  if (report) {
-    report->real_tokens = rb.batch.stats.real_tokens;
-    report->pad_tokens = rb.batch.stats.pad_tokens;
-  }
-  Batch b = rb.batch;
-  pending_.push_back(std::move(rb));
-  return b;
+  return queue_micro_batch(std::move(rb), &RewardBatch::batch, collate_.padding_free, report);
 }
 
 Tensor RewardTrainer::pairs_loss(const RewardBatch& rb, double scale, RewardLossResult* result) {
@@ -198,14 +183,6 @@ std::optional<double> RewardTrainer::evaluate() {
   return sum / static_cast<double>(std::max<int64_t>(n, 1));
 }
 
-nlohmann::json RewardTrainer::log_metrics() { return window_.take(); }
-
-double RewardTrainer::epoch_progress() const { return batches_.progress(comm()); }
-
-nlohmann::json RewardTrainer::data_state() const { return batches_.state(); }
-
-void RewardTrainer::set_data_state(const nlohmann::json& s) { batches_.set_state(s, comm()); }
-
 void RewardTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());
   if (eval_) log.message(eval_->stats.summary());
@@ -221,9 +198,6 @@ nlohmann::json RewardTrainer::technique_savings() const {
     s["padding_free"] = {
         {"pad_tokens_avoided", padded_tokens_avoided_},
         {"note", "tokens that padding each sequence to the batch's longest would have added"}};
-  if (args_.gradient_checkpointing)
-    s["gradient_checkpointing"] = {
-        {"note", "only each layer's input is kept between forward and backward"}};
   {
     int64_t longest = 0;
     for (const RewardPair& p : train_.pairs)

@@ -39,7 +39,7 @@
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
 #include "models/score_head.h"
-#include "trainers/common/row_batches.h"
+#include "trainers/common/row_batch_trainer.h"
 #include "trainers/common/trainer.h"
 
 namespace leantune {
@@ -72,7 +72,7 @@ struct RewardLossResult {
 RewardLossResult reward_loss(const std::vector<double>& chosen, const std::vector<double>& rejected,
                              const std::vector<double>& margins, double center);
 
-class RewardTrainer final : public Trainer {
+class RewardTrainer final : public RowBatchTrainer<RewardBatch> {
  public:
   RewardTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
                 std::string tokenizer_dir, RewardData train, std::optional<RewardData> eval,
@@ -80,23 +80,17 @@ class RewardTrainer final : public Trainer {
                 bool disable_dropout);
 
   const DataStats& train_stats() const override { return train_.stats; }
-  const std::vector<nlohmann::json>& logged_metrics() const override { return window_.logged(); }
   // The loss of one collated micro-batch times `scale`, differentiable with respect to the
   // model; the loss terms and metrics go to *result when given.
   Tensor pairs_loss(const RewardBatch& rb, double scale, RewardLossResult* result);
 
  protected:
-  int64_t micro_batches_per_epoch() const override;
   Batch next_micro_batch(BatchReport* report) override;
   int64_t loss_tokens(const Batch& b) const override { return b.stats.sequences / 2; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
   std::optional<double> evaluate() override;
-  double epoch_progress() const override;
-  nlohmann::json data_state() const override;
-  void set_data_state(const nlohmann::json& s) override;
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
-  nlohmann::json log_metrics() override;
 
  private:
   RewardData train_;
@@ -104,11 +98,6 @@ class RewardTrainer final : public Trainer {
   RewardCollateConfig collate_;
   double center_;
   bool disable_dropout_;
-  RowBatches batches_;
-  std::deque<RewardBatch> pending_;  // fetched micro-batches not yet through compute_loss
-  MetricWindow window_;
-  int64_t padded_tokens_avoided_ = 0;
-  int64_t max_micro_tokens_ = 0;
 };
 
 // The model side of a reward run, from the model options (model_name_or_path, device, bf16, the

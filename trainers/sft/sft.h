@@ -7,7 +7,8 @@
 //
 // Also what the other trainers share with sft: the model side of a run (SftModel, load_sft_model:
 // tokenizer, model, LoRA adapters, quantized base; used by dpo, kto and the online trainers), the
-// adapter's base name (adapter_base_name) and the end-of-run memory report (format_memory_report).
+// adapter's base name (adapter_base_name); the end-of-run memory report is
+// trainers/common/memory_report.h.
 #pragma once
 
 #include <memory>
@@ -19,6 +20,7 @@
 #include "loaders/tokenizer.h"
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
+#include "trainers/common/memory_report.h"
 #include "trainers/common/trainer.h"
 
 namespace leantune {
@@ -109,9 +111,6 @@ struct SftRunInputs {
 };
 SftRun make_sft_run(const Options& o);
 SftRun make_sft_run(const Options& o, const SftModel& m, const SftRunInputs& in = {});
-
-// Prints the end-of-run memory report (peak by category and the savings of each technique).
-std::string format_memory_report(const nlohmann::json& report);
 
 // Where the embedded default run's files live (data/embedded in the source tree, or
 // $LEANTUNE_DATA_DIR/embedded).
