@@ -211,9 +211,6 @@ Trainer::Trainer(Model& model, const std::string& config_json, const TrainerSetu
     LT_CHECK_INPUT(spec->make_run_on_model != nullptr, "TrainerSetup::algorithm '", setup.algorithm,
                    "': trains a model of its own kind, which Model::load does ",
                    "not load; use trainer_bin ", setup.algorithm);
-    LT_CHECK_INPUT(!setup.dataset_rows || spec->name == "sft",
-                   "TrainerSetup::dataset_rows: ", "in-memory rows are read by sft only; give ",
-                   spec->name, " a dataset file (config key dataset)");
     auto impl = std::make_unique<Impl>();
     const Options& model_options = model.impl_->options;
     impl->options = spec->options(spec->name);
@@ -234,25 +231,20 @@ Trainer::Trainer(Model& model, const std::string& config_json, const TrainerSetu
                      "was loaded with ", was.dump());
     }
     if (!setup.dataset_rows) apply_demo_defaults(*spec, impl->options);
-    std::shared_ptr<Communicator> comm;
-    if (setup.communicator)
-      comm = make_communicator_from_mpi(setup.communicator->fortran_handle,
-                                        training_arguments(impl->options).comm);
-    if (spec->name == "sft") {
-      SftRunInputs in;
-      in.comm = comm;
-      if (setup.dataset_rows)
-        in.dataset_rows = std::make_shared<const std::vector<std::string>>(*setup.dataset_rows);
-      SftRun r = make_sft_run(impl->options, model.impl_->m, in);
-      impl->run = TrainRun{r.model, std::move(r.trainer), ""};
-    } else {
-      LT_CHECK_INPUT(!comm || training_arguments(impl->options).cp_size == 1,
+    RunInputs in;
+    if (setup.dataset_rows)
+      in.dataset_rows = std::make_shared<const std::vector<std::string>>(*setup.dataset_rows);
+    if (setup.communicator) {
+      in.comm = make_communicator_from_mpi(setup.communicator->fortran_handle,
+                                           training_arguments(impl->options).comm);
+      LT_CHECK_INPUT(spec->name == "sft" || training_arguments(impl->options).cp_size == 1,
                      "TrainerSetup::communicator: context parallelism (cp_size > 1) runs on the "
                      "world communicator for ",
                      spec->name);
-      impl->run = spec->make_run_on_model(impl->options, model.impl_->m);
-      if (comm) impl->run.trainer->set_communicator(comm);
     }
+    impl->run = spec->make_run_on_model(impl->options, model.impl_->m, in);
+    // sft's data loader shards over in.comm as it is built; the others shard at run time.
+    if (in.comm) impl->run.trainer->set_communicator(in.comm);
     impl->run.trainer->set_install_signal_handlers(setup.install_signal_handlers);
     return impl;
   });

@@ -462,7 +462,7 @@ auto preference_format_check(const std::string& path) {
 }
 }  // namespace
 
-PreferenceData load_preference_data(const std::string& path, const TextEncoder& enc,
+PreferenceData load_preference_data(const JsonlSource& source, const TextEncoder& enc,
                                     const DataConfig& cfg) {
   const TruncationMode mode = validated_truncation_mode(cfg);
   PreferenceData out;
@@ -491,8 +491,8 @@ PreferenceData load_preference_data(const std::string& path, const TextEncoder& 
     count_kept(&st, n, cut);
     out.examples.push_back(std::move(ex));
   };
-  read_records(path, reader_options(cfg, &enc), &out.format, &st, "example left to train on",
-               preference_format_check(path), take);
+  read_records(source, reader_options(cfg, &enc), &out.format, &st, "example left to train on",
+               preference_format_check(source.path), take);
   return out;
 }
 
@@ -508,7 +508,7 @@ std::vector<int32_t> reward_sequence_ids(const TextField& prompt, const TextFiel
   return enc.encode(prompt.text + completion.text + (has_eos ? "" : eos), true);
 }
 
-RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
+RewardData load_reward_data(const JsonlSource& source, const TextEncoder& enc,
                             const DataConfig& cfg) {
   validate_data_config(cfg);
   DatasetReaderOptions ro = reader_options(cfg, &enc);
@@ -540,19 +540,19 @@ RewardData load_reward_data(const std::string& path, const TextEncoder& enc,
     count_kept(&st, nc + nr, 0);
     out.pairs.push_back(std::move(p));
   };
-  read_records(path, ro, &out.format, &st, "pair left to train on", preference_format_check(path),
-               take);
+  read_records(source, ro, &out.format, &st, "pair left to train on",
+               preference_format_check(source.path), take);
   return out;
 }
 
-UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
+UnpairedData load_unpaired_data(const JsonlSource& source, const TextEncoder& enc,
                                 const DataConfig& cfg) {
   const TruncationMode mode = validated_truncation_mode(cfg);
   UnpairedData out;
   DataStats& st = out.stats;
   auto check = [&](const DatasetFormat& f, int64_t line) {
     LT_CHECK_INPUT(f.kind == DatasetKind::kUnpairedPreference || f.kind == DatasetKind::kPreference,
-                   path, ":", line, ": dataset format ", f.name(),
+                   source.path, ":", line, ": dataset format ", f.name(),
                    " is not an unpaired preference format ('prompt'+'completion'+'label', or a "
                    "preference dataset to unpair)");
   };
@@ -587,19 +587,19 @@ UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& enc,
       out.examples.push_back({prompt_ids, std::move(comps[k]), labels[k], rec.line});
     }
   };
-  read_records(path, reader_options(cfg, &enc), &out.format, &st, "example left to train on", check,
-               take);
+  read_records(source, reader_options(cfg, &enc), &out.format, &st, "example left to train on",
+               check, take);
   return out;
 }
 
-PromptData load_prompt_data(const std::string& path, const TextEncoder& enc,
+PromptData load_prompt_data(const JsonlSource& source, const TextEncoder& enc,
                             const DataConfig& cfg) {
   validate_data_config(cfg);
   PromptData out;
   DataStats& st = out.stats;
   auto check = [&](const DatasetFormat& f, int64_t line) {
     LT_CHECK_INPUT(f.kind != DatasetKind::kLanguageModeling && f.kind != DatasetKind::kTokenized,
-                   path, ":", line, ": dataset format ", f.name(), " has no 'prompt'");
+                   source.path, ":", line, ": dataset format ", f.name(), " has no 'prompt'");
   };
   auto take = [&](const Record& rec, RecordGuard& guard) {
     PromptExample ex;
@@ -617,7 +617,7 @@ PromptData load_prompt_data(const std::string& path, const TextEncoder& enc,
     count_kept(&st, static_cast<int64_t>(ex.prompt_ids.size()), 0);
     out.examples.push_back(std::move(ex));
   };
-  read_records(path, reader_options(cfg, &enc), &out.format, &st, "example left", check, take);
+  read_records(source, reader_options(cfg, &enc), &out.format, &st, "example left", check, take);
   return out;
 }
 

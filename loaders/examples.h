@@ -48,8 +48,9 @@
 // API
 //   SftData load_sft_data(path, encoder*, cfg)         encoder may be null for tokenized data
 //   bool tokenize_sft_record(record, format, encoder*, cfg, &ids, &mask, &stats)
-//   PreferenceData load_preference_data(path, encoder, cfg); RewardData load_reward_data(...)
-//   UnpairedData load_unpaired_data(path, encoder, cfg); PromptData load_prompt_data(...)
+//   PreferenceData load_preference_data(source, encoder, cfg); RewardData load_reward_data(...)
+//   UnpairedData load_unpaired_data(source, encoder, cfg); PromptData load_prompt_data(...)
+//   (source: a JSONL file, or rows in memory named like one, loaders/jsonl.h)
 //   build_preference_sequence(prompt, completion, max_length, mode, &ids, &completion_mask)
 //   DataStats::summary()   one line: kept/dropped/truncated counts and bad lines
 #pragma once
@@ -192,18 +193,18 @@ void build_preference_sequence(std::span<const int32_t> prompt, std::span<const 
                                int64_t max_length, TruncationMode mode, std::vector<int32_t>* ids,
                                std::vector<uint8_t>* completion_mask);
 
-PreferenceData load_preference_data(const std::string& path, const TextEncoder& encoder,
+PreferenceData load_preference_data(const JsonlSource& source, const TextEncoder& encoder,
                                     const DataConfig& cfg);
 // One side of a reward pair (or any prompt + completion scored by a reward model) as
 // RewardTrainer tokenizes it (see "Reward pairs" above); prompt may be empty.
 std::vector<int32_t> reward_sequence_ids(const TextField& prompt, const TextField& completion,
                                          bool conversational, const TextEncoder& encoder);
 // cfg: max_length (0 = none), skip_bad_lines, dataset_text_field.
-RewardData load_reward_data(const std::string& path, const TextEncoder& encoder,
+RewardData load_reward_data(const JsonlSource& source, const TextEncoder& encoder,
                             const DataConfig& cfg);
-UnpairedData load_unpaired_data(const std::string& path, const TextEncoder& encoder,
+UnpairedData load_unpaired_data(const JsonlSource& source, const TextEncoder& encoder,
                                 const DataConfig& cfg);
-PromptData load_prompt_data(const std::string& path, const TextEncoder& encoder,
+PromptData load_prompt_data(const JsonlSource& source, const TextEncoder& encoder,
                             const DataConfig& cfg);
 
 }  // namespace leantune

@@ -203,11 +203,11 @@ struct TrainerSetup {
   // The caller initialises MPI (MPI_Init_thread, MPI_THREAD_SERIALIZED or more) and finalises it
   // after the trainer is destroyed; leantune works on a duplicate (MPI_Comm_dup), so its messages
   // never match the caller's. Every rank of it constructs its Trainer (collective). comm_backend
-  // auto or mpi (CPU), nccl (one GPU per rank).
+  // auto or mpi (CPU), nccl (one GPU per rank). cp_size > 1 with a communicator: sft only.
   std::optional<MpiComm> communicator;
   // The training rows in memory instead of config option `dataset`: each the JSON object a line
-  // of a JSONL file holds (any format `trainer_bin sft --dataset` reads, token ids included:
-  // {"input_ids": [...]}), read and checked as a file's lines. A bad row is named
+  // of a JSONL file holds (any format `trainer_bin <algorithm> --dataset` reads; for sft token
+  // ids too: {"input_ids": [...]}), read and checked as a file's lines. A bad row is named
   // "dataset_rows:N" with N its index + 1 (as a file's line number). The demo's defaults do not
   // apply to a run given rows.
   std::optional<std::vector<std::string>> dataset_rows;

@@ -1,7 +1,8 @@
 // The public API runs every algorithm whose model Model::load loads (TrainerSetup::algorithm):
 // each run's per-update losses equal, bit for bit, those `trainer_bin <algorithm>` writes to
-// metrics.jsonl for the same options (the same TrainerSpec behind both); the algorithms it cannot
-// run, unknown names and in-memory rows outside sft are one-line input errors.
+// metrics.jsonl for the same options (the same TrainerSpec behind both); rows in memory train as
+// the same rows in a file; the algorithm it cannot run and unknown names are one-line input
+// errors.
 #include <gtest/gtest.h>
 #include <leantune/leantune.h>
 
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,8 +43,7 @@ TEST_P(ApiAlgorithm, LossesEqualTheCommandsOnTheDemo) {
   setup.algorithm = algorithm;
   setup.install_signal_handlers = false;
   lt::Trainer trainer(
-      model, R"({"max_steps": 2, "logging_steps": 1, "output_dir": ")" + api_out + R"("})",
-      setup);
+      model, R"({"max_steps": 2, "logging_steps": 1, "output_dir": ")" + api_out + R"("})", setup);
   const lt::TrainSummary s = trainer.train();
   ASSERT_EQ(s.steps, 2);
   ASSERT_EQ(s.losses.size(), 2u);
@@ -74,7 +75,7 @@ lt::ErrorCategory setup_error(const lt::TrainerSetup& setup, std::string* messag
   return lt::ErrorCategory::kInternal;
 }
 
-TEST(ApiAlgorithm, UnknownRewardAndRowsOutsideSftAreOneLineInputErrors) {
+TEST(ApiAlgorithm, UnknownAndRewardAreOneLineInputErrors) {
   std::string msg;
   lt::TrainerSetup s;
   s.algorithm = "ppo";
@@ -83,11 +84,89 @@ TEST(ApiAlgorithm, UnknownRewardAndRowsOutsideSftAreOneLineInputErrors) {
   s.algorithm = "reward";
   EXPECT_EQ(setup_error(s, &msg), lt::ErrorCategory::kInput);
   EXPECT_NE(msg.find("trainer_bin reward"), std::string::npos) << msg;
-  s.algorithm = "dpo";
-  s.dataset_rows = std::vector<std::string>{R"({"prompt": "a", "chosen": "b", "rejected": "c"})"};
-  EXPECT_EQ(setup_error(s, &msg), lt::ErrorCategory::kInput);
-  EXPECT_NE(msg.find("dataset_rows"), std::string::npos) << msg;
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
 }
+
+// Rows in memory train exactly as the same rows in a file, for the preference and online
+// algorithms too; a bad row is named dataset_rows:N.
+class ApiRows : public ::testing::TestWithParam<std::string> {};
+
+std::vector<std::string> rows_for(const std::string& algorithm) {
+  std::vector<std::string> rows;
+  for (int i = 0; i < 12; ++i) {
+    const std::string a = std::to_string(i % 10), b = std::to_string((i * 7) % 10);
+    if (algorithm == "kto")
+      rows.push_back(R"({"prompt": "Tell me about )" + a + R"(.", "completion": " It is )" + b +
+                     R"(.", "label": )" + (i % 2 ? "true" : "false") + "}");
+    else if (algorithm == "dpo")
+      rows.push_back(R"({"prompt": "Tell me about )" + a + R"(.", "chosen": " It is )" + a +
+                     R"(.", "rejected": " No )" + b + R"(."})");
+    else
+      rows.push_back(R"({"prompt": "Add )" + a + " and " + b + R"(.", "answer": ")" +
+                     std::to_string(i % 10 + (i * 7) % 10) + R"("})");
+  }
+  return rows;
+}
+
+// Per update: the loss and the gradient norm (GRPO's loss is 0 on its first, on-policy updates:
+// the group-normalised advantages sum to zero; its gradient is not).
+std::vector<double> train_trace(const std::string& algorithm, const std::string& config,
+                                const std::optional<std::vector<std::string>>& rows) {
+  lt::Model model = lt::Model::load("", {});
+  lt::TrainerSetup setup;
+  setup.algorithm = algorithm;
+  setup.install_signal_handlers = false;
+  setup.dataset_rows = rows;
+  lt::Trainer t(model, config, setup);
+  std::vector<double> trace;
+  t.train([&](const lt::StepMetrics& m) {
+    trace.push_back(m.loss);
+    trace.push_back(m.grad_norm);
+    return true;
+  });
+  return trace;
+}
+
+TEST_P(ApiRows, RowsInMemoryTrainAsTheSameFile) {
+  const std::string algorithm = GetParam();
+  const std::vector<std::string> rows = rows_for(algorithm);
+  const std::string dir = leantune::testing::temp_dir("api_rows_" + algorithm);
+  const std::string file = dir + "/rows.jsonl";
+  {
+    std::ofstream out(file);
+    for (const std::string& r : rows) out << r << "\n";
+  }
+  std::string extra = R"(, "max_steps": 2, "per_device_train_batch_size": 4, "max_length": 64)";
+  if (algorithm == "grpo")
+    extra = R"(, "max_steps": 2, "per_device_train_batch_size": 16, "num_generations": 8, )"
+            R"("max_completion_length": 4, "format_pattern": "^ *[0-9]", )"
+            R"("reward_funcs": ["format_reward", "accuracy_reward"])";
+  const std::vector<double> from_rows =
+      train_trace(algorithm, R"({"output_dir": ")" + dir + R"(/a")" + extra + "}", rows);
+  const std::vector<double> from_file = train_trace(
+      algorithm, R"({"output_dir": ")" + dir + R"(/b", "dataset": ")" + file + "\"" + extra + "}",
+      std::nullopt);
+  ASSERT_EQ(from_rows.size(), 4u);
+  EXPECT_EQ(from_rows, from_file);
+  for (double v : from_rows) EXPECT_TRUE(std::isfinite(v));
+  EXPECT_GT(from_rows[1] + from_rows[3], 0.0) << "no gradient: the comparison would be empty";
+
+  std::vector<std::string> bad = rows;
+  bad[4] = R"({"prompt": 3})";
+  lt::Model model = lt::Model::load("", {});
+  lt::TrainerSetup setup;
+  setup.algorithm = algorithm;
+  setup.dataset_rows = bad;
+  try {
+    lt::Trainer t(model, R"({"output_dir": ")" + dir + R"(/c")" + extra + "}", setup);
+    ADD_FAILURE() << "a bad row was accepted";
+  } catch (const lt::Error& e) {
+    EXPECT_EQ(e.category(), lt::ErrorCategory::kInput);
+    EXPECT_NE(std::string(e.what()).find("dataset_rows:5"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, ApiRows, ::testing::Values("dpo", "kto", "grpo"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace

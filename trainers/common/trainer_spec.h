@@ -47,10 +47,11 @@ struct TrainerSpec {
   // Refuses bad options, loads the model and the data, builds the trainer (Error kInput, one
   // line, for any bad option, file or row).
   std::function<TrainRun(const Options&)> make_run;
-  // The same on a model already loaded from the same model options (sft_model_option_names), as
-  // the public API's Trainer runs it; empty where the algorithm loads a model of its own kind
+  // The same on a model already loaded from the same model options (sft_model_option_names),
+  // with an embedder's communicator and in-memory rows, as the public API's Trainer runs it; empty
+  // where the algorithm loads a model of its own kind
   // (reward: a sequence classifier).
-  std::function<TrainRun(const Options&, SftModel)> make_run_on_model;
+  std::function<TrainRun(const Options&, SftModel, const RunInputs&)> make_run_on_model;
   // The last logged metrics the command's last line ends with, each with its decimals
   // (", rewards/margins 0.1234"); a metric that is not a number prints as 0.
   std::vector<std::pair<std::string, int>> summary_metrics;

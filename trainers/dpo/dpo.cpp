@@ -303,7 +303,7 @@ void check_dpo_options(const Options& o) {
   (void)preference_loss_config(o);
 }
 
-DpoRun make_dpo_run(const Options& o, SftModel model) {
+DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
   check_dpo_options(o);
   TrainingArguments args = training_arguments(o);
   const RefModelConfig ref_cfg = ref_model_config(o);
@@ -312,8 +312,7 @@ DpoRun make_dpo_run(const Options& o, SftModel model) {
   DpoRun run;
   run.model = std::move(model);
   const SftModel& m = run.model;
-  std::string dataset = o.get_string("dataset");
-  if (dataset.empty()) dataset = m.setup.tokenizer_dir + "/preferences.jsonl";
+  const JsonlSource dataset = training_source(o, m, in, "preferences.jsonl");
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
 
   DataConfig dc;
@@ -357,7 +356,9 @@ const TrainerSpec& dpo_spec() {
       dpo_options,
       small_demo_defaults("dpo"),
       [](const Options& o) { return train_run(make_dpo_run(o)); },
-      [](const Options& o, SftModel m) { return train_run(make_dpo_run(o, std::move(m))); },
+      [](const Options& o, SftModel m, const RunInputs& in) {
+        return train_run(make_dpo_run(o, std::move(m), in));
+      },
       {{"rewards/accuracies", 3}, {"rewards/margins", 4}},
       [](const std::vector<std::string>& args) { return run_estimate_preference(args, "dpo"); },
       true};

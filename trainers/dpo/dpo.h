@@ -104,9 +104,9 @@ struct DpoRun {
 };
 // Loads model, data and reference per the options (Error(kInput) for any bad option or data).
 // The second form trains an already loaded model (its model options, sft_model_option_names,
-// must be those in `o`), as the public API's Trainer does for sft.
+// must be those in `o`) on the inputs an embedder gives (public API).
 DpoRun make_dpo_run(const Options& o);
-DpoRun make_dpo_run(const Options& o, SftModel model);
+DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in = {});
 // Refuses bad training, reference and loss options before anything loads.
 void check_dpo_options(const Options& o);
 

@@ -211,8 +211,10 @@ nlohmann::json KtoTrainer::technique_savings() const {
   return s;
 }
 
-KtoRun make_kto_run(const Options& o, std::optional<SftModel> model) {
-  check_model_for_dataset("kto", o);
+KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunInputs& in) {
+  // The demo model trains on the demo data only; a model given by the embedder (public API)
+  // trains on whatever it is given.
+  if (!model) check_model_for_dataset("kto", o);
   LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
                  "options --completion_only_loss / --assistant_only_loss are SFT options; KTO "
                  "always scores the completions only");
@@ -223,8 +225,7 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model) {
   run.model = model ? std::move(*model) : load_sft_model(o);
   prepare_run(args);
   const SftModel& m = run.model;
-  std::string dataset = o.get_string("dataset");
-  if (dataset.empty()) dataset = m.setup.tokenizer_dir + "/unpaired.jsonl";
+  const JsonlSource dataset = training_source(o, m, in, "unpaired.jsonl");
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
   DataConfig dc;
   read_dataset_options(o, &dc);
@@ -260,7 +261,9 @@ const TrainerSpec& kto_spec() {
       kto_options,
       small_demo_defaults("kto"),
       [](const Options& o) { return train_run(make_kto_run(o)); },
-      [](const Options& o, SftModel m) { return train_run(make_kto_run(o, std::move(m))); },
+      [](const Options& o, SftModel m, const RunInputs& in) {
+        return train_run(make_kto_run(o, std::move(m), in));
+      },
       {{"rewards/margins", 4}, {"kl", 4}},
       [](const std::vector<std::string>& args) { return run_estimate_preference(args, "kto"); },
       true};

@@ -78,7 +78,9 @@ struct KtoRun {
   std::unique_ptr<KtoTrainer> trainer;
 };
 // Loads model, data and reference per the options; with `model` given, trains that already
-// loaded model (its model options, sft_model_option_names, must be those in `o`).
-KtoRun make_kto_run(const Options& o, std::optional<SftModel> model = std::nullopt);
+// loaded model (its model options, sft_model_option_names, must be those in `o`) on the
+// inputs an embedder gives (public API).
+KtoRun make_kto_run(const Options& o, std::optional<SftModel> model = std::nullopt,
+                    const RunInputs& in = {});
 
 }  // namespace leantune

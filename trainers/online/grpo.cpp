@@ -658,8 +658,10 @@ int64_t checked_batch(const std::string& algorithm, const char* a_name, int64_t 
 }  // namespace
 
 OnlineRun make_online_run(const std::string& algorithm, const Options& o,
-                          std::optional<SftModel> model) {
-  check_model_for_dataset(algorithm, o);
+                          std::optional<SftModel> model, const RunInputs& in) {
+  // The demo model trains on the demo data only; a model given by the embedder (public API)
+  // trains on whatever it is given.
+  if (!model) check_model_for_dataset(algorithm, o);
   TrainingArguments args = training_arguments(o);
   LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for ",
                  context_parallel_trainer_names());
@@ -731,10 +733,11 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   auto rewards = std::make_unique<RewardSources>(o, cfg.generation.max_new_tokens,
                                                  m.model->device(), m.model->dtype());
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
-  const std::string dataset = o.get_string("dataset");
-  OnlinePrompts data = dataset.empty()
-                           ? builtin_online_prompts(*encoder)
-                           : load_online_prompts(dataset, *encoder, rewards->needs_solution());
+  // No dataset and no rows: the built-in task's prompts.
+  const bool builtin = !in.dataset_rows && o.get_string("dataset").empty();
+  OnlinePrompts data = builtin ? builtin_online_prompts(*encoder)
+                               : load_online_prompts(training_source(o, m, in, ""), *encoder,
+                                                     rewards->needs_solution());
   const std::string base_name =
       adapter_base_name(m, o.get_bool("use_peft"), args.output_dir, args.seed);
   run.trainer =

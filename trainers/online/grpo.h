@@ -94,7 +94,8 @@ struct OnlinePrompts {
 };
 // Error(kInput) (exit 2) naming the file and line for a row without a prompt, or without the
 // solution column when `need_solution`.
-OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& enc,
+// `source`: a JSONL file or rows in memory (loaders/jsonl.h).
+OnlinePrompts load_online_prompts(const JsonlSource& source, const TextEncoder& enc,
                                   bool need_solution);
 // The built-in task's rows: every "Add a and b." with a, b in [0, 9], and its answer.
 std::vector<nlohmann::json> builtin_task_rows();
@@ -217,8 +218,9 @@ struct OnlineRun {
   std::unique_ptr<OnlineTrainer> trainer;
 };
 // Loads model, data, reward sources and reference per the options; with `model` given, trains
-// that already loaded model (its model options must be those in `o`).
+// that already loaded model (its model options must be those in `o`) on the inputs an embedder
+// gives (public API).
 OnlineRun make_online_run(const std::string& algorithm, const Options& o,
-                          std::optional<SftModel> model = std::nullopt);
+                          std::optional<SftModel> model = std::nullopt, const RunInputs& in = {});
 
 }  // namespace leantune

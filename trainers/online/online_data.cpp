@@ -5,6 +5,7 @@
 
 #include "engine/check.h"
 #include "loaders/dataset.h"
+#include "loaders/jsonl.h"
 #include "trainers/common/data_options.h"
 #include "trainers/common/optim_options.h"
 #include "trainers/common/peft_options.h"
@@ -125,20 +126,18 @@ std::string OnlinePrompts::summary() const {
          (conversational ? " (conversational)" : "");
 }
 
-OnlinePrompts load_online_prompts(const std::string& path, const TextEncoder& enc,
+OnlinePrompts load_online_prompts(const JsonlSource& source, const TextEncoder& enc,
                                   bool need_solution) {
-  std::ifstream in(path);
-  LT_CHECK_INPUT(in.good(), path, ": cannot open the dataset");
+  JsonlReader in(source);
   OnlinePrompts d;
-  d.path = path;
-  std::string text;
-  int64_t line = 0;
+  d.path = source.path;
+  const std::string& path = d.path;
+  std::string_view text;
   bool first = true;
   DatasetFormat format;  // of the first row: a file has one schema (dataset.h)
   int64_t format_line = 0;
-  while (std::getline(in, text)) {
-    ++line;
-    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+  while (in.next_line(&text)) {
+    const int64_t line = in.line_number();
     const std::string where = path + ":" + std::to_string(line);
     nlohmann::json row;
     try {
@@ -220,8 +219,8 @@ TrainerSpec online_spec(const std::string& algorithm, const std::string& summary
       online_options,
       online_demo_defaults(algorithm),
       [algorithm](const Options& o) { return train_run(make_online_run(algorithm, o)); },
-      [algorithm](const Options& o, SftModel m) {
-        return train_run(make_online_run(algorithm, o, std::move(m)));
+      [algorithm](const Options& o, SftModel m, const RunInputs& in) {
+        return train_run(make_online_run(algorithm, o, std::move(m), in));
       },
       algorithm == "online_dpo"
           ? std::vector<std::pair<std::string, int>>{{"rewards/accuracies", 3}}

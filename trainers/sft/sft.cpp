@@ -291,21 +291,28 @@ SftModel load_sft_model(const Options& o) {
   return m;
 }
 
-SftRun make_sft_run(const Options& o, const SftModel& m, const SftRunInputs& in) {
+JsonlSource training_source(const Options& o, const SftModel& m, const RunInputs& in,
+                            const std::string& demo_file) {
+  const std::string dataset = o.get_string("dataset");
+  if (in.dataset_rows) {
+    LT_CHECK_INPUT(dataset.empty(), "option dataset ", dataset,
+                   ": the training rows are also given in memory; give one of them");
+    return JsonlSource("dataset_rows", in.dataset_rows);
+  }
+  if (!dataset.empty()) return JsonlSource(dataset);
+  LT_CHECK_INPUT(m.setup.embedded, o.command(),
+                 ": --dataset is required when --model_name_or_path is given");
+  return JsonlSource(m.setup.tokenizer_dir + "/" + demo_file);
+}
+
+SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in) {
   TrainingArguments args = training_arguments(o);
   prepare_run(args);
   SftRun run;
   run.setup = m.setup;
   SftSetup& setup = run.setup;
-  setup.dataset = o.get_string("dataset");
-  if (in.dataset_rows) {
-    LT_CHECK_INPUT(setup.dataset.empty(), "option dataset ", setup.dataset,
-                   ": the training rows are also given in memory; give one of them");
-    setup.dataset = "dataset_rows";
-  } else if (setup.dataset.empty()) {
-    LT_CHECK_INPUT(setup.embedded, "sft: --dataset is required when --model_name_or_path is given");
-    setup.dataset = setup.tokenizer_dir + "/stories.jsonl";
-  }
+  const JsonlSource source = training_source(o, m, in, "stories.jsonl");
+  setup.dataset = source.path;
   run.tokenizer = m.tokenizer;
   run.model = m.model;
   const std::string base_name =
@@ -327,7 +334,7 @@ SftRun make_sft_run(const Options& o, const SftModel& m, const SftRunInputs& in)
   dc.seed = args.seed;
   validate_data_config(dc);
 
-  SftData train = load_sft_data(JsonlSource(setup.dataset, in.dataset_rows), encoder.get(), dc);
+  SftData train = load_sft_data(source, encoder.get(), dc);
   auto train_examples = std::make_shared<TokenizedDataset>(std::move(train.examples));
   // Data parallel: every rank takes its own shard of the micro-batches (data_loader.h); the
   // ranks of a context-parallel group share theirs.
@@ -383,8 +390,8 @@ const TrainerSpec& sft_spec() {
         SftRun r = make_sft_run(o);
         return TrainRun{r.model, std::move(r.trainer), ""};
       },
-      [](const Options& o, SftModel m) {
-        SftRun r = make_sft_run(o, m);
+      [](const Options& o, SftModel m, const RunInputs& in) {
+        SftRun r = make_sft_run(o, m, in);
         return TrainRun{r.model, std::move(r.trainer), ""};
       },
       {},

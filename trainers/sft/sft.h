@@ -100,17 +100,22 @@ SftModel load_sft_model(const Options& o);
 // loads again.
 std::string adapter_base_name(const SftModel& m, bool use_peft, const std::string& output_dir,
                               uint64_t seed);
-// Builds the run from parsed options (Error(kInput) for any bad option, file or data); the
-// second form trains an already loaded model (its model options must be those in `o`).
 // What an embedder hands a run besides options (public API): the communicator it spans (null:
 // the world communicator), and the training rows in memory instead of option dataset (JSONL
 // lines, named "dataset_rows" in messages: row i is line i + 1; null: the file).
-struct SftRunInputs {
+struct RunInputs {
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<const std::vector<std::string>> dataset_rows;
 };
+// The training rows of a run: in.dataset_rows (refused beside option dataset), else option
+// dataset, else the demo's `demo_file` beside the embedded model (a model of one's own needs
+// --dataset or rows: Error kInput naming the command).
+JsonlSource training_source(const Options& o, const SftModel& m, const RunInputs& in,
+                            const std::string& demo_file);
+// Builds the run from parsed options (Error(kInput) for any bad option, file or data); the
+// second form trains an already loaded model (its model options must be those in `o`).
 SftRun make_sft_run(const Options& o);
-SftRun make_sft_run(const Options& o, const SftModel& m, const SftRunInputs& in = {});
+SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in = {});
 
 // Where the embedded default run's files live (data/embedded in the source tree, or
 // $LEANTUNE_DATA_DIR/embedded).
