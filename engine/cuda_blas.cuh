@@ -1,4 +1,4 @@
-// cuBLASLt / cuBLAS entry points shared by engine/ops_cuda_blas.cu (gemm) and kernels/linear.cu,
+// cuBLASLt / cuBLAS entry points shared by engine/ops_cuda_blas.cu (gemm) and the kernels' GEMMs,
 // and the deterministic column reduction used for bias and norm-weight gradients. Implemented
 // in engine/ops_cuda_blas.cu.
 //
@@ -62,6 +62,43 @@ int lt_gemm_tuned_rank(const LtGemm& g, Device dev, cudaStream_t stream);
 
 // f64 through cublasDgemm (column-major, same meaning as LtGemm without bias).
 void dgemm(const LtGemm& g, Device dev, cudaStream_t stream);
+
+// The product of `g` through the path its dtype takes: f64 through dgemm, every other float dtype
+// through cuBLASLt with the autotuned algorithm (the one GEMM call of ops::gemm, kernels/linear.cu
+// and kernels/linear_cross_entropy.cu).
+inline void gemm(const LtGemm& g, Device dev, cudaStream_t stream) {
+  if (g.a_type == CUDA_R_64F)
+    dgemm(g, dev, stream);
+  else
+    lt_gemm(g, dev, stream);
+}
+
+// gemm on column-major D[m,n] (ld ldd) = alpha op(A) op(B) + beta D (+ bias[m]): A and B of dtype
+// `in` (leading dimensions lda, ldb), D of dtype `out`.
+inline void gemm_cm(const void* a, int64_t lda, bool ta, const void* b, int64_t ldb, bool tb,
+                    void* d, int64_t ldd, int64_t m, int64_t n, int64_t k, double alpha,
+                    double beta, DType in, DType out, const void* bias, Device dev,
+                    cudaStream_t stream) {
+  LtGemm g;
+  g.a = a;
+  g.a_type = cuda_data_type(in);
+  g.lda = lda;
+  g.trans_a = ta;
+  g.b = b;
+  g.b_type = g.a_type;
+  g.ldb = ldb;
+  g.trans_b = tb;
+  g.d = d;
+  g.d_type = cuda_data_type(out);
+  g.ldd = ldd;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.alpha = alpha;
+  g.beta = beta;
+  g.bias = bias;
+  gemm(g, dev, stream);
+}
 
 // out[c] = sum over r of x[r * ld + c] for c < cols, in a fixed order (deterministic),
 // accumulated in f32 (f64 for f64 x). x: float dtype `x_type`; out: any float dtype (f64 only

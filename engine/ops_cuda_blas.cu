@@ -594,27 +594,9 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
   }
   const RowMajor ra = as_row_major(a, in_dt), rb = as_row_major(b, in_dt);
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our b.
-  cu::LtGemm gg;
-  gg.a = rb.ptr;
-  gg.a_type = cu::cuda_data_type(in_dt);
-  gg.lda = rb.ld;
-  gg.trans_a = tb != rb.flipped;
-  gg.b = ra.ptr;
-  gg.b_type = gg.a_type;
-  gg.ldb = ra.ld;
-  gg.trans_b = ta != ra.flipped;
-  gg.d = c_f32.defined() ? c_f32.data_ptr() : c.data_ptr();
-  gg.d_type = cu::cuda_data_type(c_f32.defined() ? DType::kF32 : c.dtype());
-  gg.ldd = c_f32.defined() ? n : ldc;
-  gg.m = n;
-  gg.n = m;
-  gg.k = k;
-  gg.alpha = alpha;
-  gg.beta = beta;
-  if (in_dt == DType::kF64)
-    cu::dgemm(gg, d, s);
-  else
-    cu::lt_gemm(gg, d, s);
+  cu::gemm_cm(rb.ptr, rb.ld, tb != rb.flipped, ra.ptr, ra.ld, ta != ra.flipped,
+              c_f32.defined() ? c_f32.data_ptr() : c.data_ptr(), c_f32.defined() ? n : ldc, n, m, k,
+              alpha, beta, in_dt, c_f32.defined() ? DType::kF32 : c.dtype(), nullptr, d, s);
   if (c_f32.defined()) same_device_copy(c, c_f32);
 }
 

@@ -15,7 +15,6 @@
 #include "engine/cuda_blas.cuh"
 #include "engine/cuda_utils.cuh"
 #include "engine/profile.h"
-#include "kernels/cuda_gemm.cuh"
 #include "kernels/linear.h"
 
 namespace leantune::kernels {
@@ -49,8 +48,8 @@ Rows as_rows(const Tensor& t, DType want) {
 void gemm_launch(const Rows& a, bool ta, const Rows& b, bool tb, void* d, DType d_type, int64_t m,
                  int64_t n, int64_t k, const void* bias, DType in_type, Device dev,
                  cudaStream_t stream) {
-  gemm_cm(a.ptr, a.ld, ta, b.ptr, b.ld, tb, d, m, m, n, k, 1.0, 0.0, in_type, d_type, bias, dev,
-          stream);
+  cu::gemm_cm(a.ptr, a.ld, ta, b.ptr, b.ld, tb, d, m, m, n, k, 1.0, 0.0, in_type, d_type, bias, dev,
+              stream);
 }
 
 void check_grad_out(const Tensor& t, const Shape& s, DType dt, Device d, const char* op,

@@ -50,7 +50,6 @@
 #include "kernels/acc_math.cuh"
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_device.cuh"
-#include "kernels/cuda_gemm.cuh"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/linear_cross_entropy_grad.h"
 #include "kernels/online_softmax.cuh"
@@ -375,8 +374,8 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
       ldx = h;
     }
     // Z^T[V,c] = W X_c^T: column-major A = W ([H,V] stored, transposed), B = X_c ([H,c]).
-    gemm_cm(wr.ptr, wr.ld, true, xc, ldx, false, zbuf.data_ptr(), v, v, c, h, 1.0, 0.0, in,
-            logit_dt, nullptr, d, stream);
+    cu::gemm_cm(wr.ptr, wr.ld, true, xc, ldx, false, zbuf.data_ptr(), v, v, c, h, 1.0, 0.0, in,
+                logit_dt, nullptr, d, stream);
     linear_ce_rows_launch(zbuf.data_ptr(), logit_dt, c, v, ptgt + c0,
                           static_cast<char*>(nll.data_ptr()) + c0 * dtype_size(wdt), grads,
                           opt.softcap, d, stream);
@@ -385,16 +384,16 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
       // dX_c^T[H,c] = W^T G^T: A = W ([H,V] stored), B = G ([V,c] stored).
       const bool direct = dx_in_place(c0, c);
       void* dx = direct ? dx_view(c0) : dxbuf.data_ptr();
-      gemm_cm(wr.ptr, wr.ld, false, zbuf.data_ptr(), v, false, dx, h, h, c, v, alpha, 0.0, in,
-              dx_dt, nullptr, d, stream);
+      cu::gemm_cm(wr.ptr, wr.ld, false, zbuf.data_ptr(), v, false, dx, h, h, c, v, alpha, 0.0, in,
+                  dx_dt, nullptr, d, stream);
       if (!direct)
         linear_ce_scatter_launch(dxbuf.data_ptr(), dx_dt, prow + c0, dhidden.data_ptr(),
                                  dhidden.dtype(), c, h, d, stream);
     }
     if (dw_acc.defined()) {
       // dW^T[H,V] += X_c^T G: A = X_c ([H,c] stored), B = G ([V,c] stored, transposed).
-      gemm_cm(xc, ldx, false, zbuf.data_ptr(), v, true, dw_acc.data_ptr(), h, h, v, c, alpha, 1.0,
-              in, dw_acc.dtype(), nullptr, d, stream);
+      cu::gemm_cm(xc, ldx, false, zbuf.data_ptr(), v, true, dw_acc.data_ptr(), h, h, v, c, alpha,
+                  1.0, in, dw_acc.dtype(), nullptr, d, stream);
     }
   }
   if (dweight.defined() && !dw_acc.shares_storage(dweight)) ops::copy(dweight, dw_acc);
