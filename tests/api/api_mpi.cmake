@@ -1,5 +1,6 @@
-# An embedder's MPI communicator (TrainerSetup::communicator) under mpirun (label mpi): two
-# halves of a 4-rank job train at once, each equal to a plain 2-rank run (api_mpi.sh).
+# An embedder's MPI communicator (TrainerSetup::communicator) under mpirun (label mpi), for sft
+# and dpo: two halves of a 4-rank job train at once, each equal to a plain 2-rank run
+# (api_mpi.sh).
 if(MPI_CXX_FOUND)
   find_program(LT_MPIRUN mpirun)
   add_executable(api_mpi_main ${CMAKE_CURRENT_LIST_DIR}/api_mpi_main.cpp)

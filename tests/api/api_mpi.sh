@@ -10,11 +10,17 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "api_mpi: $*" >&2; exit 1; }
 run=("$mpirun" --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS=1)
-"${run[@]}" -np 2 "$prog" world "$tmp" || fail "the plain 2-rank run failed"
-"${run[@]}" -np 4 "$prog" halves "$tmp" || fail "the split run failed"
-[ "$(wc -l <"$tmp/losses")" = 3 ] || fail "expected 3 losses, got: $(cat "$tmp/losses")"
-for h in 0 1; do
-  cmp "$tmp/losses" "$tmp/losses_half$h" ||
-    fail "half $h: $(tr '\n' ' ' <"$tmp/losses_half$h") vs plain $(tr '\n' ' ' <"$tmp/losses")"
+# sft (its data loader shards over the communicator as it is built) and dpo (its row batches
+# shard over the trainer's communicator, handed over after the run is built).
+for algo in sft dpo; do
+  out=$tmp/$algo
+  mkdir -p "$out"
+  "${run[@]}" -np 2 "$prog" world "$out" "$algo" || fail "$algo: the plain 2-rank run failed"
+  "${run[@]}" -np 4 "$prog" halves "$out" "$algo" || fail "$algo: the split run failed"
+  [ "$(wc -l <"$out/losses")" = 3 ] || fail "$algo: expected 3 losses, got: $(cat "$out/losses")"
+  for h in 0 1; do
+    cmp "$out/losses" "$out/losses_half$h" ||
+      fail "$algo half $h: $(tr '\n' ' ' <"$out/losses_half$h") vs plain $(tr '\n' ' ' <"$out/losses")"
+  done
+  echo "api_mpi: $algo: both halves equal the plain 2-rank run: $(tr '\n' ' ' <"$out/losses")"
 done
-echo "api_mpi: both halves equal the plain 2-rank run: $(tr '\n' ' ' <"$tmp/losses")"

@@ -1,8 +1,11 @@
 // An embedder's MPI communicator through the public API (TrainerSetup::communicator), run by
 // api_mpi.sh under mpirun:
-//   api_mpi_main world OUT   every rank of MPI_COMM_WORLD trains one run (no communicator given)
-//   api_mpi_main halves OUT  the world is split into two halves (ranks 0-1 and 2-3 of 4), each
-//                            half trains its own run over its sub-communicator at the same time
+//   api_mpi_main world OUT [ALGORITHM]   every rank of MPI_COMM_WORLD trains one run (no
+//                                        communicator given)
+//   api_mpi_main halves OUT [ALGORITHM]  the world is split into two halves (ranks 0-1 and 2-3
+//                                        of 4), each half trains its own run over its
+//                                        sub-communicator at the same time
+// ALGORITHM: TrainerSetup::algorithm (sft unless given), on the embedded demo.
 // Rank 0 of each run writes its losses (%.17g, one a line) to OUT/losses (world) or
 // OUT/losses_half<H> (halves). Only the public header is used, as a pipeline would; mpi.h first,
 // so that leantune::api::mpi_comm is declared.
@@ -17,11 +20,12 @@ namespace lt = leantune::api;
 
 namespace {
 
-int run(const std::string& mode, const std::string& out) {
+int run(const std::string& mode, const std::string& out, const std::string& algorithm) {
   int world_rank = 0, world_size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   lt::TrainerSetup setup;
+  setup.algorithm = algorithm;
   std::string run_dir = out + "/world", losses = out + "/losses";
   MPI_Comm half = MPI_COMM_NULL;
   if (mode == "halves") {
@@ -69,7 +73,7 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int code = 0;
   try {
-    code = argc == 3 ? run(argv[1], argv[2]) : 2;
+    code = argc == 3 || argc == 4 ? run(argv[1], argv[2], argc == 4 ? argv[3] : "sft") : 2;
   } catch (const lt::Error& e) {
     std::fprintf(stderr, "api_mpi_main: %s\n", e.what());
     code = e.exit_code();
