@@ -25,7 +25,7 @@
 #pragma once
 
 #include "engine/comm.h"
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 
 namespace leantune {
 
@@ -38,7 +38,11 @@ struct DistArguments {
   int64_t stage3_prefetch_bucket_size = 50'000'000;  // elements gathered ahead (DeepSpeed's)
 };
 
-void add_dist_options(Options& o);
-DistArguments dist_arguments(const Options& o);
+// The communicator's options (part of the dist table).
+const OptionTable<CommOptions>& comm_table();
+// Every option above (part of the training table).
+const OptionTable<DistArguments>& dist_table();
+// Error(kInput) for a comm_timeout that is not positive.
+void check_dist_arguments(const DistArguments& d);
 
 }  // namespace leantune

@@ -89,25 +89,29 @@ Tensor loss_from_sequence_gradient(const Tensor& logps, double value, std::vecto
   return out;
 }
 
-void add_ref_model_options(Options& o) {
-  o.add_string("ref_model", "",
-               "HF folder of a separate frozen reference model (empty: the policy's own weights "
-               "with adapters off under use_peft, else a frozen copy of the initial policy)");
-  o.add_bool("ref_load_in_4bit", false, "load --ref_model with NF4 weights (needs ref_model)");
-  o.add_bool("precompute_ref_log_probs", false,
-             "compute the reference log-probabilities once before training and keep no "
-             "reference model during training");
-  o.add_int_or_none("precompute_ref_batch_size", std::nullopt,
-                    "batch size of the precompute pass (none: per_device_eval_batch_size)", 1);
+const OptionTable<RefModelConfig>& ref_model_table() {
+  using C = RefModelConfig;
+  static const OptionTable<C> t =
+      OptionTable<C>()
+          .text("ref_model", &C::ref_model,
+                "HF folder of a separate frozen reference model (empty: the policy's own weights "
+                "with adapters off under use_peft, else a frozen copy of the initial policy)")
+          .flag("ref_load_in_4bit", &C::ref_load_in_4bit,
+                "load --ref_model with NF4 weights (needs ref_model)")
+          .flag("precompute_ref_log_probs", &C::precompute,
+                "compute the reference log-probabilities once before training and keep no "
+                "reference model during training")
+          .integer_or_none("precompute_ref_batch_size", &C::precompute_batch_size,
+                           "batch size of the precompute pass (none: per_device_eval_batch_size)",
+                           1);
+  return t;
 }
 
-RefModelConfig ref_model_config(const Options& o) {
-  RefModelConfig c;
-  c.ref_model = o.get_string("ref_model");
-  c.ref_load_in_4bit = o.get_bool("ref_load_in_4bit");
-  c.precompute = o.get_bool("precompute_ref_log_probs");
-  c.precompute_batch_size = o.get_int_or_none("precompute_ref_batch_size")
-                                .value_or(o.get_int("per_device_eval_batch_size"));
+void add_ref_model_options(Options& o) { ref_model_table().declare(o); }
+
+RefModelConfig ref_model_config(const Options& o, int64_t per_device_eval_batch_size) {
+  RefModelConfig c = ref_model_table().read(o);
+  if (!c.precompute_batch_size) c.precompute_batch_size = per_device_eval_batch_size;
   LT_CHECK_INPUT(!c.ref_load_in_4bit || !c.ref_model.empty(),
                  "option --ref_load_in_4bit needs --ref_model (the policy's own base is "
                  "quantized with --load_in_4bit)");

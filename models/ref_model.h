@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -40,7 +41,7 @@
 
 #include "kernels/sequence_logprobs.h"
 #include "loaders/batch.h"
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 #include "models/decoder.h"
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
@@ -85,13 +86,16 @@ struct RefModelConfig {
   std::string ref_model;  // empty: none
   bool ref_load_in_4bit = false;
   bool precompute = false;
-  int64_t precompute_batch_size = 0;  // 0: per_device_eval_batch_size
+  std::optional<int64_t> precompute_batch_size;  // none: per_device_eval_batch_size
   // The policy's adapters were loaded from an adapter folder (not freshly initialised): the
   // reference is the adapter as loaded rather than the bare base.
   bool adapter_loaded = false;
 };
-// Error(kInput) naming the option for ref_load_in_4bit without ref_model.
-RefModelConfig ref_model_config(const Options& o);
+// The options above (precompute_batch_size none there).
+const OptionTable<RefModelConfig>& ref_model_table();
+// ref_model_table().read with precompute_batch_size resolved; Error(kInput) naming the option for
+// ref_load_in_4bit without ref_model, or a ref_model that is not a folder.
+RefModelConfig ref_model_config(const Options& o, int64_t per_device_eval_batch_size);
 
 class ReferenceModel {
  public:

@@ -356,7 +356,7 @@ Options parsed(const std::vector<std::string>& args) {
 }
 
 TEST(PeftOptions, TrlDefaults) {
-  const PeftConfig c = peft_config_from_options(parsed({}));
+  const PeftConfig c = peft_table().read(parsed({})).config;
   EXPECT_EQ(c.r, 16);
   EXPECT_DOUBLE_EQ(c.lora_alpha, 32);
   EXPECT_DOUBLE_EQ(c.lora_dropout, 0.05);

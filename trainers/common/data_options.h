@@ -8,13 +8,21 @@
 #pragma once
 
 #include "loaders/data_config.h"
-#include "loaders/options.h"
+#include <string>
+
+#include "loaders/option_table.h"
 #include "trainers/common/output_path.h"
 
 namespace leantune {
 
 class Tokenizer;
 
+struct ChatArguments {
+  std::string chat_template;         // a bundled name or a .jinja file; empty: the tokenizer's
+  std::string chat_template_kwargs;  // a JSON object
+};
+
+const OptionTable<ChatArguments>& chat_table();
 void add_chat_options(Options& o);
 // Applies --chat_template / --chat_template_kwargs to the tokenizer's chat template (Error
 // kInput for an unknown name, an unreadable file, bad JSON, or kwargs without a template).
@@ -22,6 +30,8 @@ void apply_chat_options(const Options& o, Tokenizer& tok);
 // --chat_template as an input of the command (output_path.h), when it names a file.
 CommandInput chat_template_input(const Options& o);
 
+// dataset_text_field, completion_only_loss, assistant_only_loss, skip_bad_lines of DataConfig.
+const OptionTable<DataConfig>& dataset_table();
 void add_dataset_options(Options& o);
 void read_dataset_options(const Options& o, DataConfig* cfg);
 

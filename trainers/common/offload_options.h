@@ -23,7 +23,7 @@
 
 #include "engine/device.h"
 #include "engine/offload.h"
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 
 namespace leantune {
 
@@ -32,9 +32,8 @@ struct OffloadArguments {
   int64_t min_offload_size = 1024;
 };
 
-// Declares activation_offloading and min_offload_size.
-void add_offload_options(Options& o);
-OffloadArguments offload_arguments(const Options& o);
+// activation_offloading and min_offload_size (part of the training table).
+const OptionTable<OffloadArguments>& offload_table();
 
 // The offloader for one micro-batch on `device`, or nullptr when offloading is off.
 std::unique_ptr<ActivationOffloader> make_step_offloader(const OffloadArguments& a, Device device);

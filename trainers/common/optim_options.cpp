@@ -8,49 +8,45 @@
 
 namespace leantune {
 
-void add_optim_options(Options& o) {
-  OptimArguments d;
-  o.add_string(
-      "optim", d.optim,
-      "optimizer: adamw_torch (f32 states, 8 bytes/param + f32 master of 16-bit "
-      "weights), adamw_8bit = adamw_bnb_8bit (bitsandbytes 8-bit states, ~2 bytes/param, "
-      "no master), paged_adamw_8bit / paged_adamw_32bit (bitsandbytes' paged AdamW: states "
-      "in pinned host memory, paged through the device in slabs for the step), adafactor "
-      "(transformers' Adafactor: "
-      "factored second moment, no first "
-      "moment), sgd (no momentum, L2 weight decay)",
-      {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
-       "adafactor", "sgd"});
-  o.add_bool("optimizer_in_backward", d.optimizer_in_backward,
-             "update each parameter as soon as its gradient is complete and free the gradient "
-             "(no full-model gradient buffer; needs gradient_accumulation_steps 1 and "
-             "max_grad_norm 0)");
-  o.add_string("offload_optimizer", d.offload_optimizer,
-               "cpu: f32 master weights and optimizer states in host memory, step on the CPU "
-               "(the device keeps only the compute-dtype weights)",
-               {"none", "cpu"});
+const OptionTable<OptimArguments>& optim_table() {
+  using A = OptimArguments;
+  static const OptionTable<A> t =
+      OptionTable<A>()
+          .text("optim", &A::optim,
+                "optimizer: adamw_torch (f32 states, 8 bytes/param + f32 master of 16-bit "
+                "weights), adamw_8bit = adamw_bnb_8bit (bitsandbytes 8-bit states, ~2 "
+                "bytes/param, no master), paged_adamw_8bit / paged_adamw_32bit (bitsandbytes' "
+                "paged AdamW: states in pinned host memory, paged through the device in slabs "
+                "for the step), adafactor (transformers' Adafactor: factored second moment, no "
+                "first moment), sgd (no momentum, L2 weight decay)",
+                {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit",
+                 "paged_adamw_32bit", "adafactor", "sgd"})
+          .flag("optimizer_in_backward", &A::optimizer_in_backward,
+                "update each parameter as soon as its gradient is complete and free the "
+                "gradient (no full-model gradient buffer; needs gradient_accumulation_steps 1 "
+                "and max_grad_norm 0)")
+          .text("offload_optimizer", &A::offload_optimizer,
+                "cpu: f32 master weights and optimizer states in host memory, step on the CPU "
+                "(the device keeps only the compute-dtype weights)",
+                {"none", "cpu"});
+  return t;
 }
 
-OptimArguments optim_arguments(const Options& o) {
-  OptimArguments a;
-  a.optim = o.get_string("optim");
-  a.optimizer_in_backward = o.get_bool("optimizer_in_backward");
-  a.offload_optimizer = o.get_string("offload_optimizer");
+void check_optim_arguments(const OptimArguments& a, int64_t gradient_accumulation_steps,
+                           double max_grad_norm) {
   LT_CHECK_INPUT(a.offload_optimizer != "cpu" || a.optim.rfind("paged_", 0) != 0,
                  "options offload_optimizer cpu and optim ", a.optim,
                  " contradict: offloading already keeps the states on the host (use optim ",
                  a.optim == "paged_adamw_8bit" ? "adamw_8bit" : "adamw_torch", ")");
-  if (a.optimizer_in_backward) {
-    LT_CHECK_INPUT(o.get_int("gradient_accumulation_steps") == 1,
-                   "option optimizer_in_backward cannot combine with gradient_accumulation_steps ",
-                   o.get_int("gradient_accumulation_steps"),
-                   " (each gradient is applied as soon as it is complete)");
-    LT_CHECK_INPUT(o.get_float("max_grad_norm") == 0.0,
-                   "option optimizer_in_backward cannot combine with clipping by the global norm "
-                   "(max_grad_norm ",
-                   o.get_float("max_grad_norm"), "): pass --max_grad_norm 0");
-  }
-  return a;
+  if (!a.optimizer_in_backward) return;
+  LT_CHECK_INPUT(gradient_accumulation_steps == 1,
+                 "option optimizer_in_backward cannot combine with gradient_accumulation_steps ",
+                 gradient_accumulation_steps,
+                 " (each gradient is applied as soon as it is complete)");
+  LT_CHECK_INPUT(max_grad_norm == 0.0,
+                 "option optimizer_in_backward cannot combine with clipping by the global norm "
+                 "(max_grad_norm ",
+                 max_grad_norm, "): pass --max_grad_norm 0");
 }
 
 namespace {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "engine/optim.h"
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 
 namespace leantune {
 
@@ -33,10 +33,11 @@ struct OptimArguments {
   std::string offload_optimizer = "none";
 };
 
-// Declares optim, optimizer_in_backward and offload_optimizer.
-void add_optim_options(Options& o);
-// Also refuses contradictory combinations with the options of add_training_options.
-OptimArguments optim_arguments(const Options& o);
+// optim, optimizer_in_backward and offload_optimizer (part of the training table).
+const OptionTable<OptimArguments>& optim_table();
+// Refuses contradictory combinations, with the training options they meet.
+void check_optim_arguments(const OptimArguments& a, int64_t gradient_accumulation_steps,
+                           double max_grad_norm);
 
 // Whether the optimizer `optim` names updates blocks of rows (Optimizer::supports_row_updates):
 // under optimizer_in_backward, sft then updates an untied LM head block by block inside the

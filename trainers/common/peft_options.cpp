@@ -26,44 +26,61 @@ int64_t parse_token_id(const std::string& text) {
 
 }  // namespace
 
-void add_peft_options(Options& o) {
-  o.add_bool("use_peft", false, "train LoRA adapters (PEFT) instead of the whole model");
-  o.add_int("lora_r", 16, "LoRA rank", 1);
-  o.add_int("lora_alpha", 32, "LoRA alpha: the update is scaled by alpha / r", 1);
-  o.add_float("lora_dropout", 0.05, "dropout on the LoRA input while training", 0.0, 0.999999);
-  o.add_string_list("lora_target_modules", {},
-                    "modules that get LoRA (names such as q_proj,v_proj, or all-linear); "
-                    "default: q_proj,v_proj for llama and qwen2");
-  o.add_bool("use_rslora", false, "rank-stabilised LoRA: scale by alpha / sqrt(r)");
-  o.add_string_list("lora_modules_to_save", {},
-                    "modules trained whole and saved with the adapter (e.g. lm_head)");
-  o.add_string_list("trainable_token_indices", {},
-                    "token ids whose embedding rows train (a few new tokens), e.g. 5,7,9");
-  o.add_bool("merge_adapter", false,
-             "also write the model with the adapter merged in (an HF folder, in merged/)");
+const OptionTable<PeftConfig>& peft_config_table() {
+  using C = PeftConfig;
+  static const OptionTable<C> t =
+      OptionTable<C>()
+          .integer("lora_r", &C::r, "LoRA rank", 1)
+          .integer("lora_alpha", &C::lora_alpha, "LoRA alpha: the update is scaled by alpha / r",
+                   1)
+          .real("lora_dropout", &C::lora_dropout, "dropout on the LoRA input while training", 0.0,
+                0.999999)
+          .list("lora_target_modules", &C::target_modules,
+                "modules that get LoRA (names such as q_proj,v_proj, or all-linear); default: "
+                "q_proj,v_proj for llama and qwen2")
+          .flag("use_rslora", &C::use_rslora, "rank-stabilised LoRA: scale by alpha / sqrt(r)")
+          .list("lora_modules_to_save", &C::modules_to_save,
+                "modules trained whole and saved with the adapter (e.g. lm_head)")
+          .custom(
+              [](Options& o, const C&) {
+                o.add_string_list("trainable_token_indices", {},
+                                  "token ids whose embedding rows train (a few new tokens), e.g. "
+                                  "5,7,9");
+              },
+              [](const Options& o, C& c) {
+                c.trainable_token_indices.clear();
+                for (const std::string& s : o.get_string_list("trainable_token_indices"))
+                  c.trainable_token_indices.push_back(parse_token_id(s));
+              },
+              "trainable_token_indices");
+  return t;
 }
 
-PeftConfig peft_config_from_options(const Options& o) {
-  PeftConfig c;
-  c.r = o.get_int("lora_r");
-  c.lora_alpha = static_cast<double>(o.get_int("lora_alpha"));
-  c.lora_dropout = o.get_float("lora_dropout");
-  c.target_modules = o.get_string_list("lora_target_modules");
-  c.use_rslora = o.get_bool("use_rslora");
-  c.modules_to_save = o.get_string_list("lora_modules_to_save");
-  for (const std::string& s : o.get_string_list("trainable_token_indices"))
-    c.trainable_token_indices.push_back(parse_token_id(s));
-  return c;
+const OptionTable<PeftArguments>& peft_table() {
+  using A = PeftArguments;
+  static const OptionTable<A> t =
+      OptionTable<A>()
+          .flag("use_peft", &A::use_peft, "train LoRA adapters (PEFT) instead of the whole model")
+          .nested(&A::config, peft_config_table())
+          .flag("merge_adapter", &A::merge_adapter,
+                "also write the model with the adapter merged in (an HF folder, in merged/)");
+  return t;
+}
+
+void add_peft_options(Options& o) { peft_table().declare(o); }
+
+PeftArguments peft_arguments(const Options& o) {
+  const PeftArguments a = peft_table().read(o);
+  if (!a.use_peft)
+    for (const std::string& name : peft_config_table().names())
+      LT_CHECK_INPUT(!o.is_set(name), "option ", name, " needs use_peft");
+  return a;
 }
 
 PeftSetup apply_peft_options(const Options& o, DecoderModel& model, uint64_t seed) {
-  if (!o.get_bool("use_peft")) {
-    for (const char* name : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
-                             "use_rslora", "lora_modules_to_save", "trainable_token_indices"})
-      LT_CHECK_INPUT(!o.is_set(name), "option ", name, " needs use_peft");
-    return PeftSetup{};
-  }
-  return apply_peft(peft_config_from_options(o), model, seed);
+  const PeftArguments a = peft_arguments(o);
+  if (!a.use_peft) return PeftSetup{};
+  return apply_peft(a.config, model, seed);
 }
 
 void save_peft(const PeftSetup& setup, const DecoderModel& model, const std::string& dir,

@@ -28,16 +28,26 @@
 #include <memory>
 #include <string>
 
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 #include "models/decoder.h"
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
 
 namespace leantune {
 
+struct PeftArguments {
+  bool use_peft = false;
+  PeftConfig config;  // the lora_* options, use_rslora, trainable_token_indices
+  bool merge_adapter = false;
+};
+
+// The lora_* options, use_rslora and trainable_token_indices.
+const OptionTable<PeftConfig>& peft_config_table();
+// use_peft, the config's options, merge_adapter.
+const OptionTable<PeftArguments>& peft_table();
 void add_peft_options(Options& o);
-// The PEFT config the options describe (use_peft is not part of it).
-PeftConfig peft_config_from_options(const Options& o);
+// peft_table().read; Error(kInput) naming a config option set without use_peft.
+PeftArguments peft_arguments(const Options& o);
 // An inactive setup (PeftSetup::active() false) when use_peft is off; else the base is frozen
 // and the adapters attached (models/peft_io.h apply_peft).
 PeftSetup apply_peft_options(const Options& o, DecoderModel& model, uint64_t seed);

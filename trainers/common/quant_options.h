@@ -11,17 +11,32 @@
 #pragma once
 
 #include "engine/dtype.h"
-#include "loaders/options.h"
+#include <string>
+#include <vector>
+
+#include "loaders/option_table.h"
 #include "models/quantize_model.h"
 
 namespace leantune {
 
+struct QuantArguments {
+  bool load_in_4bit = false;
+  bool load_in_8bit = false;
+  std::string bnb_4bit_quant_type = "nf4";
+  bool bnb_4bit_use_double_quant = true;
+  std::string bnb_4bit_compute_dtype;  // empty: the model's dtype
+  std::vector<std::string> llm_int8_skip_modules = {"lm_head"};
+};
+
+const OptionTable<QuantArguments>& quant_table();
 void add_quant_options(Options& o);
 
 // Reads the options above. model_dtype is the dtype the model computes in (bf16 with --bf16).
 // Error(kInput) naming the option for: load_in_4bit together with load_in_8bit, a quant type
 // other than nf4, an unknown dtype name, a compute dtype that differs from the model's (with
 // load_in_4bit).
+QuantConfig quant_config(const QuantArguments& q, DType model_dtype);
+// quant_config(quant_table().read(o), model_dtype).
 QuantConfig quant_config_from_options(const Options& o, DType model_dtype);
 
 }  // namespace leantune

@@ -465,7 +465,7 @@ TrainResult Trainer::train() {
       }
       // One offloader per micro-batch, around its forward and backward.
       std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
-          OffloadArguments{args_.activation_offloading, args_.min_offload_size}, model_->device());
+          static_cast<const OffloadArguments&>(args_), model_->device());
       // ZeRO-3: a weight saved in forward is gathered again when backward unpacks it; every
       // other saved tensor goes to the offloader's hooks, if any.
       std::optional<SavedTensorHooksGuard> z3_hooks;

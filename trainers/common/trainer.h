@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "dist/context_parallel.h"
+#include "dist/dist_options.h"
 #include "dist/zero3.h"
 #include "engine/comm.h"
 #include "engine/offload.h"
@@ -35,11 +36,13 @@
 #include "loaders/batch.h"
 #include "loaders/collate.h"
 #include "loaders/examples.h"
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 #include "models/decoder.h"
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
 #include "trainers/common/metrics.h"
+#include "trainers/common/offload_options.h"
+#include "trainers/common/optim_options.h"
 #include "trainers/common/schedule.h"
 #include "trainers/common/stop_signal.h"
 
@@ -48,7 +51,9 @@ namespace leantune {
 class GradientBuckets;
 class ZeroOptimizer;
 
-struct TrainingArguments {
+// The options every trainer shares (training_table(): TRL/transformers names and defaults); the
+// optimizer, activation-offloading and distribution groups are its bases.
+struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments {
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
   int64_t per_device_eval_batch_size = 8;
@@ -61,9 +66,6 @@ struct TrainingArguments {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
-  std::string optim = "adamw_torch";
-  bool optimizer_in_backward = false;
-  std::string offload_optimizer = "none";
   double max_grad_norm = 1.0;
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;
@@ -76,8 +78,6 @@ struct TrainingArguments {
   bool gradient_checkpointing = false;
   // --tiled_mlp / --tiled_mlp_chunk_size (models/sequence_tiling.h): auto by default.
   SequenceTiling tiling{TilingMode::kAuto, 0};
-  bool activation_offloading = false;
-  int64_t min_offload_size = 1024;
   std::string device = "auto";
   std::string resume_from_checkpoint;
   int64_t max_consecutive_nonfinite = 10;
@@ -86,12 +86,6 @@ struct TrainingArguments {
   int64_t memory_trace_steps = 3;
   int64_t profile_steps =
       0;             // per-op step profile of this many updates (trainers/common/step_profile.h)
-  CommOptions comm;  // --comm_backend, --deterministic_comm, --comm_timeout
-  int zero_stage = 0;
-  int64_t reduce_bucket_size = 25'000'000;
-  int64_t stage3_param_persistence_threshold = 100'000;
-  int64_t stage3_prefetch_bucket_size = 50'000'000;
-  int cp_size = 1;  // --cp_size (dist/context_parallel.h)
 };
 
 // Before a run loads anything: output_dir checked and created (trainers/common/output_path.h), and
@@ -110,8 +104,10 @@ std::string stopped_line(const std::string& command, int64_t steps);
 int64_t accumulation_for_epoch(int64_t gradient_accumulation_steps, int64_t micro_batches_per_epoch,
                                bool warn);
 
-// Declares the options every trainer shares (TRL/transformers names and defaults).
+const OptionTable<TrainingArguments>& training_table();
+// Declares the options every trainer shares (training_table()).
 void add_training_options(Options& o);
+// training_table().read, with the checks that need no model.
 TrainingArguments training_arguments(const Options& o);
 
 struct TrainResult {

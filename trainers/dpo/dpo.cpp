@@ -120,7 +120,7 @@ DpoTrainer::DpoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> mod
 
 void DpoTrainer::set_reference(RefModelConfig cfg) {
   // One pass in data order with the precompute batch size, before any update.
-  const int64_t bs = std::max<int64_t>(1, cfg.precompute_batch_size);
+  const int64_t bs = std::max<int64_t>(1, cfg.precompute_batch_size.value_or(1));
   ref_ = std::make_unique<ReferenceModel>(std::move(cfg), model_, &peft_);
   if (ref_->mode() != RefMode::kPrecomputed) return;
   const int64_t n = static_cast<int64_t>(train_.examples.size());
@@ -299,14 +299,14 @@ void check_dpo_options(const Options& o) {
                  "options --completion_only_loss / --assistant_only_loss are SFT options; DPO "
                  "always scores the completions only");
   (void)training_arguments(o);
-  (void)ref_model_config(o);
+  (void)ref_model_config(o, 1);
   (void)preference_loss_config(o);
 }
 
 DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
   check_dpo_options(o);
   TrainingArguments args = training_arguments(o);
-  const RefModelConfig ref_cfg = ref_model_config(o);
+  const RefModelConfig ref_cfg = ref_model_config(o, args.per_device_eval_batch_size);
   const PreferenceLossConfig loss = preference_loss_config(o);
   prepare_run(args);
   DpoRun run;

@@ -659,7 +659,7 @@ EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments
 
 EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu) {
   const TrainingArguments args = training_arguments(o);
-  const PeftConfig peft = peft_config_from_options(o);
+  const PeftConfig peft = peft_table().read(o).config;
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
   EstimateConfig c = estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
                                      o.get_bool("use_liger_kernel"),

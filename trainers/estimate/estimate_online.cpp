@@ -149,7 +149,7 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
   if (dpo) length = std::min(length, o.get_int("max_length"));
   const int64_t per_micro =
       dpo ? 2 * args.per_device_train_batch_size : args.per_device_train_batch_size;
-  const PeftConfig peft = peft_config_from_options(o);
+  const PeftConfig peft = peft_table().read(o).config;
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
   EstimateConfig c = estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
                                      o.get_bool("use_liger_loss"), length, cpu,

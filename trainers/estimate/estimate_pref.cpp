@@ -74,7 +74,7 @@ PreferenceEstimate estimate_preference_from_options(const Options& o, const Mode
   LT_CHECK_INPUT(args.cp_size == 1, "option cp_size ", args.cp_size,
                  ": the preference estimate does not model the ring yet (trainer_bin dpo and kto "
                  "run it; trainer_bin estimate --cp_size models sft)");
-  const PeftConfig peft = peft_config_from_options(o);
+  const PeftConfig peft = peft_table().read(o).config;
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
   const int64_t max_length = o.get_int_or_none("max_length").value_or(0);
   const int64_t length = max_length > 0 ? max_length : model.max_position_embeddings;

@@ -19,7 +19,7 @@ EstimateConfig reward_estimate_config(const Options& o, const ModelConfig& model
   LT_CHECK_INPUT(args.cp_size == 1, "option cp_size ", args.cp_size,
                  ": this trainer does not split sequences over ranks (",
                  context_parallel_trainer_names(), " have context parallelism)");
-  PeftConfig peft = peft_config_from_options(o);
+  PeftConfig peft = peft_table().read(o).config;
   peft.modules_to_save.push_back("score");
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
   const ModelConfig cls =

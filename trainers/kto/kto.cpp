@@ -219,7 +219,7 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunIn
                  "options --completion_only_loss / --assistant_only_loss are SFT options; KTO "
                  "always scores the completions only");
   TrainingArguments args = training_arguments(o);
-  const RefModelConfig ref_cfg = ref_model_config(o);
+  const RefModelConfig ref_cfg = ref_model_config(o, args.per_device_eval_batch_size);
   const KtoLossConfig loss = kto_loss_config(o);
   KtoRun run;
   run.model = model ? std::move(*model) : load_sft_model(o);

@@ -665,7 +665,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   TrainingArguments args = training_arguments(o);
   LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for ",
                  context_parallel_trainer_names());
-  const RefModelConfig ref_cfg = ref_model_config(o);
+  const RefModelConfig ref_cfg = ref_model_config(o, args.per_device_eval_batch_size);
   LT_CHECK_INPUT(!ref_cfg.precompute,
                  "option --precompute_ref_log_probs: the online trainers "
                  "score fresh completions; nothing can be precomputed");

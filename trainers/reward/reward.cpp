@@ -254,7 +254,7 @@ RewardModelSetup load_reward_model(const Options& o) {
   }
   m.model->set_requires_grad(true);
   if (o.get_bool("use_peft")) {
-    PeftConfig pc = peft_config_from_options(o);
+    PeftConfig pc = peft_table().read(o).config;
     pc.task_type = "SEQ_CLS";
     if (std::find(pc.modules_to_save.begin(), pc.modules_to_save.end(), "score") ==
         pc.modules_to_save.end())
