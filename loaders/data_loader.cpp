@@ -11,19 +11,21 @@
 namespace leantune {
 
 EpochSampler::EpochSampler(int64_t units, int64_t batch_size, uint64_t seed, bool shuffle, int rank,
-                           int world_size)
+                           int world_size, bool drop_last)
     : units_(units),
       batch_size_(batch_size),
       seed_(seed),
       shuffle_(shuffle),
       rank_(rank),
-      world_(world_size) {
+      world_(world_size),
+      drop_last_(drop_last) {
   LT_CHECK_INPUT(batch_size >= 1, "per_device_train_batch_size must be >= 1, got ", batch_size);
   LT_CHECK_INPUT(world_size >= 1 && rank >= 0 && rank < world_size, "data sharding: rank ", rank,
                  " of world size ", world_size);
   LT_CHECK(units >= 0, "negative unit count");
-  global_batches_ = (units + batch_size - 1) / batch_size;
-  per_rank_ = (global_batches_ + world_size - 1) / world_size;
+  global_batches_ = drop_last ? units / batch_size : (units + batch_size - 1) / batch_size;
+  per_rank_ = drop_last ? global_batches_ / world_size
+                        : (global_batches_ + world_size - 1) / world_size;
 }
 
 void EpochSampler::ensure_order(int64_t epoch) const {
@@ -49,9 +51,14 @@ std::vector<int64_t> EpochSampler::order(int64_t epoch) const {
 
 std::vector<int64_t> EpochSampler::batch(int64_t epoch, int64_t j) const {
   LT_CHECK(j >= 0 && j < per_rank_, "batch ", j, " of ", per_rank_);
+  return global_batch(epoch, (j * world_ + rank_) % global_batches_);
+}
+
+std::vector<int64_t> EpochSampler::global_batch(int64_t epoch, int64_t g) const {
+  LT_CHECK(g >= 0 && (g < global_batches_ || (g == 0 && global_batches_ == 0)), "global batch ", g,
+           " of ", global_batches_);
   ensure_order(epoch);
-  const int64_t g = (j * world_ + rank_) % global_batches_;
-  const int64_t begin = g * batch_size_;
+  const int64_t begin = std::min(units_, g * batch_size_);
   const int64_t end = std::min(units_, begin + batch_size_);
   return std::vector<int64_t>(cached_order_.begin() + begin, cached_order_.begin() + end);
 }

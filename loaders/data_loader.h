@@ -6,7 +6,9 @@
 //             independent of how many epochs ran before); shuffle=false keeps the input order.
 //             Every rank computes the same order (the generator's rank is 0 for data order).
 //   batches   consecutive groups of per_device_train_batch_size units of that order; the last
-//             group may be smaller (no drop_last).
+//             group may be smaller, or with drop_last only whole groups are used (the rest of
+//             the units wait for a later epoch's order, as TRL's RepeatSampler drops incomplete
+//             chunks) and every rank takes floor(global / world_size) of them.
 //   sharding  global batch g goes to rank g % world_size ("every w-th micro-batch"). All ranks
 //             take the same number, ceil(global / world_size): when that does not divide, the
 //             missing slots of the last round wrap around to the first batches of the epoch
@@ -17,7 +19,9 @@
 //             into a loader built on the same data gives byte-identical next batches.
 //
 // API
-//   EpochSampler s(units, batch_size, seed, shuffle, rank, world);   // pure index logic
+//   EpochSampler s(units, batch_size, seed, shuffle, rank, world);   // pure index logic, the
+//                                     // one data order of every trainer (trainers/common/
+//                                     // row_batches.h keeps the others' position over it)
 //   s.batches_per_epoch(); s.batch(epoch, j) -> unit indices
 //   DataLoader loader(data, cfg, pad_token_id, rank, world);         // SFT micro-batches
 //   Batch b = loader.next(&report);   // moves to the next epoch after the last batch
@@ -41,22 +45,28 @@ namespace leantune {
 class EpochSampler {
  public:
   EpochSampler(int64_t units, int64_t batch_size, uint64_t seed, bool shuffle, int rank = 0,
-               int world_size = 1);
+               int world_size = 1, bool drop_last = false);
 
   int64_t units() const { return units_; }
   int64_t global_batches_per_epoch() const { return global_batches_; }
   int64_t batches_per_epoch() const { return per_rank_; }  // for this rank
-  int64_t repeated_batches_per_epoch() const { return per_rank_ * world_ - global_batches_; }
+  int64_t repeated_batches_per_epoch() const {
+    return per_rank_ * world_ > global_batches_ ? per_rank_ * world_ - global_batches_ : 0;
+  }
   // The unit order of an epoch (a permutation of 0..units-1).
   std::vector<int64_t> order(int64_t epoch) const;
   // Units of this rank's j-th micro-batch of `epoch` (0 <= j < batches_per_epoch()).
   std::vector<int64_t> batch(int64_t epoch, int64_t j) const;
+  // Units of global micro-batch g of `epoch` (0 <= g < global_batches_per_epoch(); g 0 of an
+  // empty epoch is empty).
+  std::vector<int64_t> global_batch(int64_t epoch, int64_t g) const;
 
   uint64_t seed() const { return seed_; }
   bool shuffle() const { return shuffle_; }
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   int64_t batch_size() const { return batch_size_; }
+  bool drop_last() const { return drop_last_; }
 
  private:
   void ensure_order(int64_t epoch) const;
@@ -67,6 +77,7 @@ class EpochSampler {
   bool shuffle_;
   int rank_;
   int world_;
+  bool drop_last_;
   int64_t global_batches_;
   int64_t per_rank_;
   mutable int64_t cached_epoch_ = -1;

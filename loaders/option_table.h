@@ -148,6 +148,11 @@ class OptionTable {
     return custom([&t](Options& o, const S& d) { t.declare(o, static_cast<const B&>(d)); },
                   [&t](const Options& o, S& s) { t.read_into(o, static_cast<B&>(s)); });
   }
+  // Declares another group's options at this point of the order (--help lists them here); that
+  // group's own table reads them.
+  OptionTable& also(std::function<void(Options&)> declare) {
+    return custom([declare](Options& o, const S&) { declare(o); }, [](const Options&, S&) {});
+  }
   // An alias (TRL's other name) of an option declared before it.
   OptionTable& alias(const char* alias_name, const char* name) {
     return custom([=](Options& o, const S&) { o.add_alias(alias_name, name); },

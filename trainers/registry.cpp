@@ -47,7 +47,8 @@ std::string context_parallel_trainer_names() {
 }
 
 void apply_demo_defaults(const TrainerSpec& spec, Options& o) {
-  if (!o.get_string("model_name_or_path").empty() || !o.get_string("dataset").empty()) return;
+  const ModelSource src = model_source(o);
+  if (!src.model_name_or_path.empty() || !src.dataset.empty()) return;
   for (const auto& [key, value] : spec.demo_defaults)
     if (!o.is_set(key)) o.set(key, value);
 }
@@ -71,8 +72,8 @@ std::string summary_line(const TrainerSpec& spec, const nlohmann::json& last) {
 }
 
 void check_model_for_dataset(const std::string& command, const Options& o) {
-  LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
-                 command, ": --model_name_or_path is required when --dataset is given");
+  const ModelSource src = model_source(o);
+  LT_CHECK_INPUT(!src.model_name_or_path.empty() || src.dataset.empty(), command, ": --model_name_or_path is required when --dataset is given");
 }
 
 }  // namespace leantune

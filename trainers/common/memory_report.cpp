@@ -59,7 +59,6 @@ std::string format_memory_report(const nlohmann::json& r) {
   }
   if (r.contains("distributed")) {
     const auto& d = r["distributed"];
-    char line[320];
     out += strf(
         "  data parallel: %d ranks (%s, zero_stage %d%s), per update %.1f ms: compute "
         "%.1f ms, communication %.1f ms, exposed %.1f ms\n",

@@ -2,7 +2,6 @@
 #include "trainers/common/row_batches.h"
 
 #include <algorithm>
-#include <random>
 
 #include "engine/check.h"
 
@@ -10,54 +9,39 @@ namespace leantune {
 
 RowBatches::RowBatches(int64_t rows, int64_t batch, uint64_t seed, bool shuffle, std::string what,
                        bool drop_last)
-    : rows_(rows),
-      batch_(batch),
-      seed_(seed),
-      shuffle_(shuffle),
-      what_(std::move(what)),
-      drop_last_(drop_last) {
+    : global_(rows, batch, seed, shuffle, 0, 1, drop_last),
+      local_(global_),
+      what_(std::move(what)) {
   LT_CHECK(rows >= 0 && batch > 0, "RowBatches: ", rows, " rows in batches of ", batch);
 }
 
-int64_t RowBatches::global_per_epoch() const {
-  return drop_last_ ? rows_ / batch_ : (rows_ + batch_ - 1) / batch_;
+const EpochSampler& RowBatches::sampler(const Communicator& comm) const {
+  if (local_.rank() != comm.rank() || local_.world_size() != comm.size())
+    local_ = EpochSampler(global_.units(), global_.batch_size(), global_.seed(), global_.shuffle(),
+                          comm.rank(), comm.size(), global_.drop_last());
+  return local_;
 }
+
+int64_t RowBatches::global_per_epoch() const { return global_.global_batches_per_epoch(); }
 
 int64_t RowBatches::per_epoch(const Communicator& comm) const {
-  const int64_t world = comm.size();
-  if (drop_last_) return rows_ / (batch_ * world);
-  return (global_per_epoch() + world - 1) / world;
-}
-
-std::vector<int64_t> RowBatches::order(int64_t epoch) const {
-  std::vector<int64_t> order(static_cast<size_t>(rows_));
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  if (!shuffle_) return order;
-  std::mt19937_64 gen(seed_ * 1000003ULL + static_cast<uint64_t>(epoch));
-  for (size_t i = order.size(); i > 1; --i) {
-    const size_t j = static_cast<size_t>(gen() % i);
-    std::swap(order[i - 1], order[j]);
-  }
-  return order;
+  return sampler(comm).batches_per_epoch();
 }
 
 std::vector<int64_t> RowBatches::rows_of(int64_t epoch, int64_t g) const {
-  const std::vector<int64_t> o = order(epoch);
-  const int64_t b = std::min(rows_, g * batch_), e = std::min(rows_, (g + 1) * batch_);
-  return {o.begin() + b, o.begin() + e};
+  return global_.global_batch(epoch, g);
 }
 
 std::vector<int64_t> RowBatches::next(const Communicator& comm) {
-  LT_CHECK_INPUT(per_epoch(comm) > 0, rows_, " ", what_, ": fewer than one batch of ",
-                 batch_ * comm.size(), " (", batch_, " per rank x ", comm.size(), " ranks)");
-  if (step_in_epoch_ >= per_epoch(comm)) {
+  const EpochSampler& s = sampler(comm);
+  LT_CHECK_INPUT(s.batches_per_epoch() > 0, s.units(), " ", what_, ": fewer than one batch of ",
+                 s.batch_size() * comm.size(), " (", s.batch_size(), " per rank x ", comm.size(),
+                 " ranks)");
+  if (step_in_epoch_ >= s.batches_per_epoch()) {
     ++epoch_;
     step_in_epoch_ = 0;
   }
-  const int64_t g =
-      (step_in_epoch_ * comm.size() + comm.rank()) % std::max<int64_t>(1, global_per_epoch());
-  ++step_in_epoch_;
-  return rows_of(epoch_, g);
+  return s.batch(epoch_, step_in_epoch_++);
 }
 
 double RowBatches::progress(const Communicator& comm) const {
@@ -70,16 +54,17 @@ nlohmann::json RowBatches::state() const {
   // (dist/consolidate.h).
   return {{"epoch", epoch_},
           {"step_in_epoch", step_in_epoch_},
-          {what_, rows_},
+          {what_, global_.units()},
           {"global_per_epoch", global_per_epoch()},
-          {"drop_last", drop_last_}};
+          {"drop_last", global_.drop_last()}};
 }
 
 void RowBatches::set_state(const nlohmann::json& s, const Communicator& comm) {
-  LT_CHECK_INPUT(s.is_object() && s.value(what_, int64_t{-1}) == rows_,
+  const int64_t rows = global_.units();
+  LT_CHECK_INPUT(s.is_object() && s.value(what_, int64_t{-1}) == rows,
                  "the checkpoint's data state does not belong to this dataset (",
                  s.is_object() ? s.value(what_, int64_t{-1}) : int64_t{-1}, " ", what_, " there, ",
-                 rows_, " here)");
+                 rows, " here)");
   auto count = [&](const char* key) {
     auto it = s.find(key);
     LT_CHECK_INPUT(it != s.end() && it->is_number_integer() && it->get<int64_t>() >= 0, "key '",

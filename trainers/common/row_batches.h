@@ -1,11 +1,12 @@
-// The micro-batches of the trainers that batch whole dataset rows (dpo, kto, reward, and the
-// prompts of the online trainers' generation batches): `batch` rows each, the epoch's rows in a
-// shuffled order (Fisher-Yates with a 64-bit Mersenne Twister keyed by (seed, epoch): the same
-// order on every machine and on resume) or in file order (kto, as TRL's KTOTrainer samples
-// sequentially). Data parallel: global micro-batch g of an epoch goes to rank g % world; every rank
-// takes ceil(global / world) of them, the last ranks wrapping to the epoch's first micro-batches,
-// as the SFT data loader does. The position (epoch, micro-batch within it), with the global
-// micro-batches per epoch, is the checkpoint's data state.
+// The position of the trainers that batch whole dataset rows (dpo, kto, reward, and the prompts
+// of the online trainers' generation batches) over the data order every trainer shares
+// (loaders/data_loader.h EpochSampler): `batch` rows each, the epoch's rows in the sampler's
+// shuffled order (Philox keyed by (seed, epoch): the same order on every machine and on resume)
+// or in file order (kto, as TRL's KTOTrainer samples sequentially). Data parallel: global
+// micro-batch g of an epoch goes to rank g % world; every rank takes ceil(global / world) of them,
+// the last ranks wrapping to the epoch's first micro-batches, as the SFT data loader does. The
+// position (epoch, micro-batch within it), with the global micro-batches per epoch, is the
+// checkpoint's data state.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "engine/comm.h"
+#include "loaders/data_loader.h"
 
 namespace leantune {
 
@@ -40,12 +42,11 @@ class RowBatches {
   void set_state(const nlohmann::json& s, const Communicator& comm);
 
  private:
-  std::vector<int64_t> order(int64_t epoch) const;
-  int64_t rows_, batch_;
-  uint64_t seed_;
-  bool shuffle_;
+  // The sampler of this rank (made again when the communicator changes).
+  const EpochSampler& sampler(const Communicator& comm) const;
+  EpochSampler global_;  // rank 0 of 1: the global micro-batches
+  mutable EpochSampler local_;
   std::string what_;
-  bool drop_last_;
   int64_t epoch_ = 0, step_in_epoch_ = 0;
 };
 

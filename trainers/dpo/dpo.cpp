@@ -21,38 +21,46 @@ namespace leantune {
 
 namespace fs = std::filesystem;
 
+const OptionTable<DpoArguments>& dpo_table() {
+  using A = DpoArguments;
+  static const OptionTable<ModelSource> source = model_source_table(
+      "HF model folder to train (empty with no dataset: the built-in demo model)",
+      "preference data: JSONL with prompt/chosen/rejected or chosen/rejected (implicit prompt), "
+      "standard or conversational");
+  static const OptionTable<A> t =
+      OptionTable<A>()
+          .base(source)
+          .integer_or_none("max_length", &A::max_length,
+                           "cut prompt + completion to this many tokens; none = no limit", 1)
+          .text("truncation_mode", &A::truncation_mode, "which end of a too-long sequence is kept",
+                {"keep_start", "keep_end"})
+          .integer_or_none(
+              "max_prompt_length", &A::max_prompt_length,
+              "the prompt keeps its last this many tokens, before max_length (none = all)", 1)
+          .integer_or_none("max_completion_length", &A::max_completion_length,
+                           "chosen and rejected keep their first this many tokens, before "
+                           "max_length (none = all)",
+                           1)
+          .flag("padding_free", &A::padding_free,
+                "chosen and rejected sequences flat in one varlen batch, no pad tokens")
+          .integer_or_none("pad_to_multiple_of", &A::pad_to_multiple_of,
+                           "pad each padded sequence to a multiple of this", 1)
+          .flag("use_liger_loss", &A::use_liger_loss,
+                "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
+                "exist (off: full logits)")
+          .also([](Options& o) { preference_loss_table().declare(o); })
+          .also(add_ref_model_options)
+          .also(add_dataset_options)
+          .also(add_chat_options)
+          .also(add_peft_options)
+          .also(add_quant_options)
+          .also(add_training_options);
+  return t;
+}
+
 Options dpo_options(const std::string& command) {
   Options o(command);
-  o.add_string("model_name_or_path", "",
-               "HF model folder to train (empty with no dataset: the built-in demo model)");
-  o.add_string("dataset", "",
-               "preference data: JSONL with prompt/chosen/rejected or chosen/rejected "
-               "(implicit prompt), standard or conversational");
-  o.add_int_or_none("max_length", 1024,
-                    "cut prompt + completion to this many tokens; none = no limit", 1);
-  o.add_string("truncation_mode", "keep_start", "which end of a too-long sequence is kept",
-               {"keep_start", "keep_end"});
-  o.add_int_or_none("max_prompt_length", std::nullopt,
-                    "the prompt keeps its last this many tokens, before max_length (none = all)",
-                    1);
-  o.add_int_or_none("max_completion_length", std::nullopt,
-                    "chosen and rejected keep their first this many tokens, before max_length "
-                    "(none = all)",
-                    1);
-  o.add_bool("padding_free", false,
-             "chosen and rejected sequences flat in one varlen batch, no pad tokens");
-  o.add_int_or_none("pad_to_multiple_of", std::nullopt,
-                    "pad each padded sequence to a multiple of this", 1);
-  o.add_bool("use_liger_loss", true,
-             "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
-             "exist (off: full logits)");
-  add_preference_loss_options(o);
-  add_ref_model_options(o);
-  add_dataset_options(o);
-  add_chat_options(o);
-  add_peft_options(o);
-  add_quant_options(o);
-  add_training_options(o);
+  dpo_table().declare(o);
   o.set_default("learning_rate", 1e-6);  // DPOConfig's default
   return o;
 }
@@ -308,6 +316,8 @@ DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
   TrainingArguments args = training_arguments(o);
   const RefModelConfig ref_cfg = ref_model_config(o, args.per_device_eval_batch_size);
   const PreferenceLossConfig loss = preference_loss_config(o);
+  const DpoArguments da = dpo_table().read(o);
+  const PeftArguments peft = peft_arguments(o);
   prepare_run(args);
   DpoRun run;
   run.model = std::move(model);
@@ -317,10 +327,10 @@ DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
 
   DataConfig dc;
   read_dataset_options(o, &dc);
-  dc.max_length = o.get_int_or_none("max_length").value_or(0);
-  dc.truncation_mode = o.get_string("truncation_mode");
-  dc.max_prompt_length = o.get_int_or_none("max_prompt_length").value_or(0);
-  dc.max_completion_length = o.get_int_or_none("max_completion_length").value_or(0);
+  dc.max_length = da.max_length.value_or(0);
+  dc.truncation_mode = da.truncation_mode;
+  dc.max_prompt_length = da.max_prompt_length.value_or(0);
+  dc.max_completion_length = da.max_completion_length.value_or(0);
   dc.per_device_train_batch_size = args.per_device_train_batch_size;
   dc.seed = args.seed;
   validate_data_config(dc);
@@ -329,17 +339,16 @@ DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
   DpoDataConfig dd;
   dd.max_length = dc.max_length;
   dd.truncation_mode = dc.truncation_mode;
-  dd.padding_free = o.get_bool("padding_free");
-  dd.pad_to_multiple_of = o.get_int_or_none("pad_to_multiple_of").value_or(0);
+  dd.padding_free = da.padding_free;
+  dd.pad_to_multiple_of = da.pad_to_multiple_of.value_or(0);
   dd.pad_token_id = encoder->pad_token_id();
   auto cp_groups = context_parallel_for(*m.model, args.cp_size, args.comm);
   SequenceLogpsOptions lo;
-  lo.fused = o.get_bool("use_liger_loss");
-  const std::string base_name =
-      adapter_base_name(m, o.get_bool("use_peft"), args.output_dir, args.seed);
+  lo.fused = da.use_liger_loss;
+  const std::string base_name = adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);
   run.trainer = std::make_unique<DpoTrainer>(args, m.model, o, m.setup.tokenizer_dir,
                                              std::move(data), dd, loss, lo);
-  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   run.trainer->set_context_parallel(cp_groups, dd.pad_token_id);
   RefModelConfig rc = ref_cfg;

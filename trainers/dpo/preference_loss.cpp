@@ -203,33 +203,41 @@ PreferenceLossResult preference_loss(const PreferenceLossConfig& c, const Prefer
   return r;
 }
 
-void add_preference_loss_options(Options& o) {
-  o.add_string_list("loss_type", {"sigmoid"},
-                    "DPO loss(es): sigmoid, hinge, ipo, exo_pair, nca_pair, robust, bco_pair, "
-                    "sppo_hard, apo_zero, apo_down, sft, sigmoid_norm; several are summed");
-  o.add_string_list("loss_weights", {}, "one weight per loss_type (none: 1 each)");
-  o.add_float("beta", 0.1, "temperature of the implicit reward (deviation from the reference)");
-  o.add_float("label_smoothing", 0.0,
-              "probability that a preference label is flipped (robust, exo_pair)", 0.0);
-  o.add_string("f_divergence_type", "reverse_kl", "the divergence that defines the scores",
-               {"reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"});
-  o.add_float("f_alpha_divergence_coef", 1.0, "alpha of alpha_divergence");
+const OptionTable<PreferenceLossConfig>& preference_loss_table() {
+  using C = PreferenceLossConfig;
+  static const OptionTable<C> t =
+      OptionTable<C>()
+          .list("loss_type", &C::loss_types,
+                "DPO loss(es): sigmoid, hinge, ipo, exo_pair, nca_pair, robust, bco_pair, "
+                "sppo_hard, apo_zero, apo_down, sft, sigmoid_norm; several are summed")
+          .custom(
+              [](Options& o, const C&) {
+                o.add_string_list("loss_weights", {}, "one weight per loss_type (none: 1 each)");
+              },
+              [](const Options& o, C& c) {
+                c.loss_weights.clear();
+                for (const std::string& s : o.get_string_list("loss_weights")) {
+                  char* end = nullptr;
+                  const double v = std::strtod(s.c_str(), &end);
+                  LT_CHECK_INPUT(!s.empty() && end && *end == '\0', "option --loss_weights: '", s,
+                                 "' is not a number");
+                  c.loss_weights.push_back(v);
+                }
+              },
+              "loss_weights")
+          .real("beta", &C::beta, "temperature of the implicit reward (deviation from the reference)")
+          .real("label_smoothing", &C::label_smoothing,
+                "probability that a preference label is flipped (robust, exo_pair)", 0.0)
+          .text("f_divergence_type", &C::f_divergence_type,
+                "the divergence that defines the scores",
+                {"reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"})
+          .real("f_alpha_divergence_coef", &C::f_alpha_divergence_coef,
+                "alpha of alpha_divergence");
+  return t;
 }
 
 PreferenceLossConfig preference_loss_config(const Options& o) {
-  PreferenceLossConfig c;
-  c.loss_types = o.get_string_list("loss_type");
-  for (const std::string& s : o.get_string_list("loss_weights")) {
-    char* end = nullptr;
-    const double v = std::strtod(s.c_str(), &end);
-    LT_CHECK_INPUT(!s.empty() && end && *end == '\0', "option --loss_weights: '", s,
-                   "' is not a number");
-    c.loss_weights.push_back(v);
-  }
-  c.beta = o.get_float("beta");
-  c.label_smoothing = o.get_float("label_smoothing");
-  c.f_divergence_type = o.get_string("f_divergence_type");
-  c.f_alpha_divergence_coef = o.get_float("f_alpha_divergence_coef");
+  const PreferenceLossConfig c = preference_loss_table().read(o);
   validate_preference_loss(c);
   return c;
 }

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 
 namespace leantune {
 
@@ -67,7 +67,8 @@ struct PreferenceLossResult {
 PreferenceLossResult preference_loss(const PreferenceLossConfig& cfg, const PreferencePairs& p);
 
 // Option declarations (TRL DPOConfig names and defaults) and their reading.
-void add_preference_loss_options(Options& o);
+const OptionTable<PreferenceLossConfig>& preference_loss_table();
+// preference_loss_table().read, validated (validate_preference_loss).
 PreferenceLossConfig preference_loss_config(const Options& o);
 
 }  // namespace leantune

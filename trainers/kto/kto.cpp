@@ -21,28 +21,37 @@ namespace leantune {
 
 namespace fs = std::filesystem;
 
+const OptionTable<KtoArguments>& kto_table() {
+  using A = KtoArguments;
+  static const OptionTable<ModelSource> source = model_source_table(
+      "HF model folder to train (empty with no dataset: the built-in demo model)",
+      "unpaired preference data: JSONL with prompt, completion and a boolean label, standard or "
+      "conversational");
+  static const OptionTable<A> t =
+      OptionTable<A>()
+          .base(source)
+          .integer_or_none("max_length", &A::max_length,
+                           "cut prompt + completion to this many tokens; none = no limit", 1)
+          // TRL's KTO collator keeps the start of a too-long sequence (KTOConfig has no such
+          // option).
+          .text("truncation_mode", &A::truncation_mode, "which end of a too-long sequence is kept",
+                {"keep_start", "keep_end"})
+          .flag("use_liger_loss", &A::use_liger_loss,
+                "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
+                "exist (off: full logits)")
+          .also([](Options& o) { kto_loss_table().declare(o); })
+          .also(add_ref_model_options)
+          .also(add_dataset_options)
+          .also(add_chat_options)
+          .also(add_peft_options)
+          .also(add_quant_options)
+          .also(add_training_options);
+  return t;
+}
+
 Options kto_options(const std::string& command) {
   Options o(command);
-  o.add_string("model_name_or_path", "",
-               "HF model folder to train (empty with no dataset: the built-in demo model)");
-  o.add_string("dataset", "",
-               "unpaired preference data: JSONL with prompt, completion and a boolean label, "
-               "standard or conversational");
-  o.add_int_or_none("max_length", 1024,
-                    "cut prompt + completion to this many tokens; none = no limit", 1);
-  // TRL's KTO collator keeps the start of a too-long sequence (KTOConfig has no such option).
-  o.add_string("truncation_mode", "keep_start", "which end of a too-long sequence is kept",
-               {"keep_start", "keep_end"});
-  o.add_bool("use_liger_loss", true,
-             "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
-             "exist (off: full logits)");
-  add_kto_loss_options(o);
-  add_ref_model_options(o);
-  add_dataset_options(o);
-  add_chat_options(o);
-  add_peft_options(o);
-  add_quant_options(o);
-  add_training_options(o);
+  kto_table().declare(o);
   o.set_default("learning_rate", 1e-6);  // KTOConfig's default
   return o;
 }
@@ -221,6 +230,8 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunIn
   TrainingArguments args = training_arguments(o);
   const RefModelConfig ref_cfg = ref_model_config(o, args.per_device_eval_batch_size);
   const KtoLossConfig loss = kto_loss_config(o);
+  const KtoArguments ka = kto_table().read(o);
+  const PeftArguments peft = peft_arguments(o);
   KtoRun run;
   run.model = model ? std::move(*model) : load_sft_model(o);
   prepare_run(args);
@@ -229,20 +240,19 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunIn
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
   DataConfig dc;
   read_dataset_options(o, &dc);
-  dc.max_length = o.get_int_or_none("max_length").value_or(0);
-  dc.truncation_mode = o.get_string("truncation_mode");
+  dc.max_length = ka.max_length.value_or(0);
+  dc.truncation_mode = ka.truncation_mode;
   dc.per_device_train_batch_size = args.per_device_train_batch_size;
   dc.seed = args.seed;
   validate_data_config(dc);
   UnpairedData data = load_unpaired_data(dataset, *encoder, dc);
   SequenceLogpsOptions lo;
-  lo.fused = o.get_bool("use_liger_loss");
-  const std::string base_name =
-      adapter_base_name(m, o.get_bool("use_peft"), args.output_dir, args.seed);
+  lo.fused = ka.use_liger_loss;
+  const std::string base_name = adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);
   run.trainer =
       std::make_unique<KtoTrainer>(args, m.model, o, m.setup.tokenizer_dir, std::move(data),
                                    dc.max_length, dc.truncation_mode, loss, lo);
-  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   run.trainer->set_context_parallel(context_parallel_for(*m.model, args.cp_size, args.comm),
                                     encoder->pad_token_id());

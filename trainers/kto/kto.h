@@ -33,6 +33,14 @@
 
 namespace leantune {
 
+// kto's own options (TRL's KTOConfig names and defaults); its table also declares the loss,
+// reference-model, dataset, chat, PEFT, quantization and training groups, in --help order.
+struct KtoArguments : ModelSource {
+  std::optional<int64_t> max_length = 1024;  // none: no limit
+  std::string truncation_mode = "keep_start";
+  bool use_liger_loss = true;
+};
+const OptionTable<KtoArguments>& kto_table();
 Options kto_options(const std::string& command = "kto");
 
 // The matched and KL sequences of examples `idx` (one micro-batch, in order). Keys: 2 * example

@@ -15,24 +15,24 @@ double sigmoid(double x) {
 
 }  // namespace
 
-void add_kto_loss_options(Options& o) {
-  const KtoLossConfig d;
-  o.add_string("loss_type", d.loss_type,
-               "kto (desirable and undesirable completions against a KL estimate from "
-               "mismatched pairs) or apo_zero_unpaired (no KL term)",
-               {"kto", "apo_zero_unpaired"});
-  o.add_float("beta", d.beta, "temperature of the implied reward beta * log(pi / pi_ref)", 0.0);
-  o.add_float("desirable_weight", d.desirable_weight, "weight of desirable examples' losses", 0.0);
-  o.add_float("undesirable_weight", d.undesirable_weight, "weight of undesirable examples' losses",
-              0.0);
+const OptionTable<KtoLossConfig>& kto_loss_table() {
+  using C = KtoLossConfig;
+  static const OptionTable<C> t =
+      OptionTable<C>()
+          .text("loss_type", &C::loss_type,
+                "kto (desirable and undesirable completions against a KL estimate from "
+                "mismatched pairs) or apo_zero_unpaired (no KL term)",
+                {"kto", "apo_zero_unpaired"})
+          .real("beta", &C::beta, "temperature of the implied reward beta * log(pi / pi_ref)", 0.0)
+          .real("desirable_weight", &C::desirable_weight, "weight of desirable examples' losses",
+                0.0)
+          .real("undesirable_weight", &C::undesirable_weight,
+                "weight of undesirable examples' losses", 0.0);
+  return t;
 }
 
 KtoLossConfig kto_loss_config(const Options& o) {
-  KtoLossConfig c;
-  c.loss_type = o.get_string("loss_type");
-  c.beta = o.get_float("beta");
-  c.desirable_weight = o.get_float("desirable_weight");
-  c.undesirable_weight = o.get_float("undesirable_weight");
+  const KtoLossConfig c = kto_loss_table().read(o);
   LT_CHECK_INPUT(c.beta > 0, "option beta ", c.beta, ": must be positive");
   return c;
 }

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 
 namespace leantune {
 
@@ -38,7 +38,7 @@ struct KtoLossConfig {
 };
 
 // loss_type, beta, desirable_weight, undesirable_weight (KTOConfig's names and defaults).
-void add_kto_loss_options(Options& o);
+const OptionTable<KtoLossConfig>& kto_loss_table();
 KtoLossConfig kto_loss_config(const Options& o);
 // Whether the loss needs the KL sequences.
 inline bool kto_uses_kl(const KtoLossConfig& c) { return c.loss_type == "kto"; }

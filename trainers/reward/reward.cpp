@@ -25,32 +25,42 @@ namespace leantune {
 
 namespace fs = std::filesystem;
 
+const OptionTable<RewardArguments>& reward_table() {
+  using A = RewardArguments;
+  static const OptionTable<ModelSource> source = model_source_table(
+      "HF model folder: a *ForSequenceClassification, or a causal LM given a new score head "
+      "(empty with no dataset: the built-in demo model)",
+      "preference data: JSONL with prompt/chosen/rejected or chosen/rejected, standard or "
+      "conversational, optionally a 'margin' number per row");
+  static const OptionTable<A> t =
+      OptionTable<A>()
+          .base(source)
+          .text("eval_dataset", &A::eval_dataset,
+                "evaluation preference data (JSONL), every eval_steps")
+          .integer_or_none("max_length", &A::max_length,
+                           "drop pairs whose chosen or rejected sequence is longer (TRL filters, "
+                           "it does not cut); none = no limit",
+                           1)
+          .integer_or_none("pad_to_multiple_of", &A::pad_to_multiple_of,
+                           "pad each padded sequence to a multiple of this", 1)
+          .flag("padding_free", &A::padding_free,
+                "chosen and rejected sequences flat in one varlen batch, no pad tokens")
+          .real("center_rewards_coefficient", &A::center_rewards_coefficient,
+                "add this times mean((r_chosen + r_rejected)^2) to the loss (0 = off, TRL's "
+                "None; 0.01 recommended)")
+          .flag("disable_dropout", &A::disable_dropout,
+                "no dropout in the model (LoRA dropout included)")
+          .also(add_dataset_options)
+          .also(add_chat_options)
+          .also(add_peft_options)
+          .also(add_quant_options)
+          .also(add_training_options);
+  return t;
+}
+
 Options reward_options(const std::string& command) {
   Options o(command);
-  o.add_string("model_name_or_path", "",
-               "HF model folder: a *ForSequenceClassification, or a causal LM given a new score "
-               "head (empty with no dataset: the built-in demo model)");
-  o.add_string("dataset", "",
-               "preference data: JSONL with prompt/chosen/rejected or chosen/rejected, standard "
-               "or conversational, optionally a 'margin' number per row");
-  o.add_string("eval_dataset", "", "evaluation preference data (JSONL), every eval_steps");
-  o.add_int_or_none("max_length", 1024,
-                    "drop pairs whose chosen or rejected sequence is longer (TRL filters, it does "
-                    "not cut); none = no limit",
-                    1);
-  o.add_int_or_none("pad_to_multiple_of", std::nullopt,
-                    "pad each padded sequence to a multiple of this", 1);
-  o.add_bool("padding_free", false,
-             "chosen and rejected sequences flat in one varlen batch, no pad tokens");
-  o.add_float("center_rewards_coefficient", 0.0,
-              "add this times mean((r_chosen + r_rejected)^2) to the loss (0 = off, TRL's None; "
-              "0.01 recommended)");
-  o.add_bool("disable_dropout", true, "no dropout in the model (LoRA dropout included)");
-  add_dataset_options(o);
-  add_chat_options(o);
-  add_peft_options(o);
-  add_quant_options(o);
-  add_training_options(o);
+  reward_table().declare(o);
   o.set_default("learning_rate", 1e-4);           // RewardConfig's default
   o.set_default("gradient_checkpointing", true);  // RewardConfig's default
   return o;
@@ -215,20 +225,22 @@ nlohmann::json RewardTrainer::technique_savings() const {
 
 RewardModelSetup load_reward_model(const Options& o) {
   RewardModelSetup m;
-  m.model_name_or_path = o.get_string("model_name_or_path");
+  m.model_name_or_path = model_source(o).model_name_or_path;
   m.embedded = m.model_name_or_path.empty();
   m.tokenizer_dir = m.embedded ? embedded_data_dir() : m.model_name_or_path;
   LT_CHECK_INPUT(m.embedded || !is_adapter_dir(m.model_name_or_path),
                  "reward: --model_name_or_path ", m.model_name_or_path,
                  " is a PEFT adapter folder; train from a model folder (the base, or a merged "
                  "reward model)");
-  const Device device = Device::parse(o.get_string("device"));
-  const DType dtype = o.get_bool("bf16") ? DType::kBF16 : DType::kF32;
-  const auto seed = static_cast<uint64_t>(o.get_int("seed"));
+  const TrainingArguments args = training_table().read(o);
+  const Device device = Device::parse(args.device);
+  const DType dtype = args.bf16 ? DType::kBF16 : DType::kF32;
+  const uint64_t seed = args.seed;
+  const PeftArguments peft = peft_arguments(o);
   m.tokenizer = Tokenizer::load(m.tokenizer_dir);
   apply_chat_options(o, *m.tokenizer);
   const QuantConfig quant = quant_config_from_options(o, dtype);
-  LT_CHECK_INPUT(!quant.enabled() || o.get_bool("use_peft"),
+  LT_CHECK_INPUT(!quant.enabled() || peft.use_peft,
                  "options load_in_4bit / load_in_8bit need use_peft: a quantized base is frozen, "
                  "only adapters (and the score head) train");
   m.base_name = m.model_name_or_path;
@@ -253,15 +265,13 @@ RewardModelSetup load_reward_model(const Options& o) {
     m.quant = quant;
   }
   m.model->set_requires_grad(true);
-  if (o.get_bool("use_peft")) {
-    PeftConfig pc = peft_table().read(o).config;
+  if (peft.use_peft) {
+    PeftConfig pc = peft.config;
     pc.task_type = "SEQ_CLS";
     if (std::find(pc.modules_to_save.begin(), pc.modules_to_save.end(), "score") ==
         pc.modules_to_save.end())
       pc.modules_to_save.push_back("score");
     m.peft = apply_peft(pc, *m.model, seed);
-  } else {
-    m.peft = apply_peft_options(o, *m.model, seed);  // refuses lora_* options without use_peft
   }
   return m;
 }
@@ -272,29 +282,30 @@ RewardRun make_reward_run(const Options& o) {
                  "options --completion_only_loss / --assistant_only_loss are SFT options; a "
                  "reward model scores whole sequences");
   TrainingArguments args = training_arguments(o);
+  const RewardArguments ra = reward_table().read(o);
+  const PeftArguments peft = peft_arguments(o);
   prepare_run(args);
   RewardRun run;
   run.model = load_reward_model(o);
   const RewardModelSetup& m = run.model;
-  std::string dataset = o.get_string("dataset");
+  std::string dataset = ra.dataset;
   if (dataset.empty()) dataset = m.tokenizer_dir + "/preferences.jsonl";
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
   DataConfig dc;
   read_dataset_options(o, &dc);
-  dc.max_length = o.get_int_or_none("max_length").value_or(0);
+  dc.max_length = ra.max_length.value_or(0);
   dc.per_device_train_batch_size = args.per_device_train_batch_size;
   dc.seed = args.seed;
   validate_data_config(dc);
   RewardData train = load_reward_data(dataset, *encoder, dc);
   std::optional<RewardData> eval;
-  if (!o.get_string("eval_dataset").empty())
-    eval = load_reward_data(o.get_string("eval_dataset"), *encoder, dc);
+  if (!ra.eval_dataset.empty()) eval = load_reward_data(ra.eval_dataset, *encoder, dc);
   RewardCollateConfig cc;
-  cc.padding_free = o.get_bool("padding_free");
-  cc.pad_to_multiple_of = o.get_int_or_none("pad_to_multiple_of").value_or(0);
+  cc.padding_free = ra.padding_free;
+  cc.pad_to_multiple_of = ra.pad_to_multiple_of.value_or(0);
   cc.pad_token_id = encoder->pad_token_id();
   std::string base_name = m.base_name;
-  if (m.embedded && o.get_bool("use_peft")) {
+  if (m.embedded && peft.use_peft) {
     // As for sft's demo: the in-memory base (the demo's causal LM, from the seed) is written
     // beside the adapter so that the adapter loads; the score head lives in the adapter.
     const fs::path out = fs::absolute(fs::path(args.output_dir)).lexically_normal();
@@ -308,8 +319,8 @@ RewardRun make_reward_run(const Options& o) {
   }
   run.trainer = std::make_unique<RewardTrainer>(
       args, m.model, o, m.tokenizer_dir, std::move(train), std::move(eval), cc,
-      o.get_float("center_rewards_coefficient"), o.get_bool("disable_dropout"));
-  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+      ra.center_rewards_coefficient, ra.disable_dropout);
+  run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   return run;
 }

@@ -39,11 +39,23 @@
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
 #include "models/score_head.h"
+#include "trainers/common/model_source.h"
 #include "trainers/common/row_batch_trainer.h"
 #include "trainers/common/trainer.h"
 
 namespace leantune {
 
+// reward's own options (TRL's RewardConfig names and defaults); its table also declares the
+// dataset, chat, PEFT, quantization and training groups, in --help order.
+struct RewardArguments : ModelSource {
+  std::string eval_dataset;
+  std::optional<int64_t> max_length = 1024;  // none: no limit
+  std::optional<int64_t> pad_to_multiple_of;
+  bool padding_free = false;
+  double center_rewards_coefficient = 0.0;  // 0: off (TRL's None)
+  bool disable_dropout = true;
+};
+const OptionTable<RewardArguments>& reward_table();
 // The reward command's options; `command` names the usage line (estimate reuses them).
 Options reward_options(const std::string& command = "reward");
 

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -44,31 +45,42 @@ std::string embedded_data_dir() {
            "repository's data/ folder, or pass --model_name_or_path and --dataset");
 }
 
+const OptionTable<SftArguments>& sft_table() {
+  using A = SftArguments;
+  static const OptionTable<ModelSource> source = model_source_table(
+      "HF model folder to fine-tune (empty with no dataset: the built-in demo model)",
+      "training data: a JSONL file in a TRL format");
+  static const OptionTable<A> t =
+      OptionTable<A>()
+          .base(source)
+          .text("eval_dataset", &A::eval_dataset,
+                "evaluation data (JSONL), evaluated every eval_steps")
+          .integer_or_none("max_length", &A::max_length,
+                           "truncate (or pack) sequences to this many tokens; none = no limit", 1)
+          .text("truncation_mode", &A::truncation_mode, "which end of a too-long sequence is kept",
+                {"keep_start", "keep_end"})
+          .flag("packing", &A::packing, "pack examples into sequences of max_length tokens")
+          .text("packing_strategy", &A::packing_strategy, "how examples are packed",
+                {"bfd", "bfd_split", "wrapped"})
+          .integer("packing_window", &A::packing_window,
+                   "examples packed together (0 = the whole dataset; 1000 = TRL's chunks)", 0)
+          .flag_or_none("padding_free", &A::padding_free,
+                        "flat varlen batches without pad tokens (default: on with bfd packing)")
+          .integer_or_none("pad_to_multiple_of", &A::pad_to_multiple_of,
+                           "pad each batch to a multiple of this", 1)
+          .also(add_dataset_options)
+          .also(add_chat_options)
+          .flag("use_liger_kernel", &A::use_liger_kernel,
+                "fused chunked linear cross-entropy: the [tokens x vocab] logits never exist")
+          .also(add_peft_options)
+          .also(add_quant_options)
+          .also(add_training_options);
+  return t;
+}
+
 Options sft_options(const std::string& command) {
   Options o(command);
-  o.add_string("model_name_or_path", "",
-               "HF model folder to fine-tune (empty with no dataset: the built-in demo model)");
-  o.add_string("dataset", "", "training data: a JSONL file in a TRL format");
-  o.add_string("eval_dataset", "", "evaluation data (JSONL), evaluated every eval_steps");
-  o.add_int_or_none("max_length", 1024,
-                    "truncate (or pack) sequences to this many tokens; none = no limit", 1);
-  o.add_string("truncation_mode", "keep_start", "which end of a too-long sequence is kept",
-               {"keep_start", "keep_end"});
-  o.add_bool("packing", false, "pack examples into sequences of max_length tokens");
-  o.add_string("packing_strategy", "bfd", "how examples are packed",
-               {"bfd", "bfd_split", "wrapped"});
-  o.add_int("packing_window", 0,
-            "examples packed together (0 = the whole dataset; 1000 = TRL's chunks)", 0);
-  o.add_bool_or_none("padding_free", std::nullopt,
-                     "flat varlen batches without pad tokens (default: on with bfd packing)");
-  o.add_int_or_none("pad_to_multiple_of", std::nullopt, "pad each batch to a multiple of this", 1);
-  add_dataset_options(o);
-  add_chat_options(o);
-  o.add_bool("use_liger_kernel", true,
-             "fused chunked linear cross-entropy: the [tokens x vocab] logits never exist");
-  add_peft_options(o);
-  add_quant_options(o);
-  add_training_options(o);
+  sft_table().declare(o);
   return o;
 }
 
@@ -209,32 +221,21 @@ nlohmann::json SftTrainer::technique_savings() const {
 }
 
 const std::vector<std::string>& sft_model_option_names() {
-  static const std::vector<std::string> names = {"model_name_or_path",
-                                                 "device",
-                                                 "bf16",
-                                                 "chat_template",
-                                                 "chat_template_kwargs",
-                                                 "use_peft",
-                                                 "lora_r",
-                                                 "lora_alpha",
-                                                 "lora_dropout",
-                                                 "lora_target_modules",
-                                                 "use_rslora",
-                                                 "lora_modules_to_save",
-                                                 "trainable_token_indices",
-                                                 "load_in_4bit",
-                                                 "load_in_8bit",
-                                                 "bnb_4bit_quant_type",
-                                                 "bnb_4bit_use_double_quant",
-                                                 "bnb_4bit_compute_dtype",
-                                                 "llm_int8_skip_modules"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n = {"model_name_or_path", "device", "bf16"};
+    for (const auto& group : {chat_table().names(), peft_table().names(),
+                              peft_config_table().names(), quant_table().names()})
+      n.insert(n.end(), group.begin(), group.end());
+    n.erase(std::find(n.begin(), n.end(), "merge_adapter"));  // a property of the run's output
+    return n;
+  }();
   return names;
 }
 
 SftModel load_sft_model(const Options& o) {
   SftModel m;
   SftSetup& setup = m.setup;
-  setup.model_name_or_path = o.get_string("model_name_or_path");
+  setup.model_name_or_path = model_source(o).model_name_or_path;
   setup.embedded = setup.model_name_or_path.empty();
   if (setup.embedded) {
     const std::string dir = embedded_data_dir();
@@ -247,9 +248,11 @@ SftModel load_sft_model(const Options& o) {
         !fs::exists(fs::path(setup.model_name_or_path) / "tokenizer.json"))
       setup.tokenizer_dir = resolve_base_model_path(setup.model_name_or_path);
   }
-  const Device device = Device::parse(o.get_string("device"));
-  const DType dtype = o.get_bool("bf16") ? DType::kBF16 : DType::kF32;
-  const auto seed = static_cast<uint64_t>(o.get_int("seed"));
+  // Read without training_arguments' checks: the API loads a model before any run is set up.
+  const TrainingArguments args = training_table().read(o);
+  const Device device = Device::parse(args.device);
+  const DType dtype = args.bf16 ? DType::kBF16 : DType::kF32;
+  const uint64_t seed = args.seed;
   m.tokenizer = Tokenizer::load(setup.tokenizer_dir);
   apply_chat_options(o, *m.tokenizer);
 
@@ -257,7 +260,7 @@ SftModel load_sft_model(const Options& o) {
   // nothing keeps the dense weights alive).
   const QuantConfig quant = quant_config_from_options(o, dtype);
   const bool adapter_dir = !setup.embedded && is_adapter_dir(setup.model_name_or_path);
-  LT_CHECK_INPUT(!quant.enabled() || o.get_bool("use_peft") || adapter_dir,
+  LT_CHECK_INPUT(!quant.enabled() || peft_table().read(o).use_peft || adapter_dir,
                  "options load_in_4bit / load_in_8bit need use_peft: a quantized base is frozen, "
                  "only adapters train");
   m.base_name = setup.model_name_or_path;
@@ -293,7 +296,7 @@ SftModel load_sft_model(const Options& o) {
 
 JsonlSource training_source(const Options& o, const SftModel& m, const RunInputs& in,
                             const std::string& demo_file) {
-  const std::string dataset = o.get_string("dataset");
+  const std::string dataset = model_source(o).dataset;
   if (in.dataset_rows) {
     LT_CHECK_INPUT(dataset.empty(), "option dataset ", dataset,
                    ": the training rows are also given in memory; give one of them");
@@ -307,6 +310,8 @@ JsonlSource training_source(const Options& o, const SftModel& m, const RunInputs
 
 SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in) {
   TrainingArguments args = training_arguments(o);
+  const SftArguments sa = sft_table().read(o);
+  const PeftArguments peft = peft_arguments(o);
   prepare_run(args);
   SftRun run;
   run.setup = m.setup;
@@ -316,20 +321,20 @@ SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in) {
   run.tokenizer = m.tokenizer;
   run.model = m.model;
   const std::string base_name =
-      adapter_base_name(m, o.get_bool("use_peft"), args.output_dir, args.seed);
+      adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(run.tokenizer);
   run.eos_token_id = encoder->eos_token_id();
 
   DataConfig dc;
   read_dataset_options(o, &dc);
-  dc.max_length = o.get_int_or_none("max_length").value_or(0);
-  dc.truncation_mode = o.get_string("truncation_mode");
-  dc.packing = o.get_bool("packing");
-  dc.packing_strategy = o.get_string("packing_strategy");
-  dc.packing_window = o.get_int("packing_window");
-  dc.padding_free = o.get_bool_or_none("padding_free");
-  dc.pad_to_multiple_of = context_parallel_pad_multiple(
-      args.cp_size, o.get_int_or_none("pad_to_multiple_of").value_or(0));
+  dc.max_length = sa.max_length.value_or(0);
+  dc.truncation_mode = sa.truncation_mode;
+  dc.packing = sa.packing;
+  dc.packing_strategy = sa.packing_strategy;
+  dc.packing_window = sa.packing_window;
+  dc.padding_free = sa.padding_free;
+  dc.pad_to_multiple_of =
+      context_parallel_pad_multiple(args.cp_size, sa.pad_to_multiple_of.value_or(0));
   dc.per_device_train_batch_size = args.per_device_train_batch_size;
   dc.seed = args.seed;
   validate_data_config(dc);
@@ -344,27 +349,26 @@ SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in) {
   auto loader = std::make_shared<DataLoader>(train_examples, dc, encoder->pad_token_id(),
                                              cp_groups->dp_rank, cp_groups->dp_size);
   std::shared_ptr<DataLoader> eval;
-  if (!o.get_string("eval_dataset").empty()) {
+  if (!sa.eval_dataset.empty()) {
     DataConfig ec = dc;
     ec.shuffle = false;
     ec.per_device_train_batch_size = args.per_device_eval_batch_size;
-    SftData ev = load_sft_data(o.get_string("eval_dataset"), encoder.get(), ec);
+    SftData ev = load_sft_data(sa.eval_dataset, encoder.get(), ec);
     eval = std::make_shared<DataLoader>(std::make_shared<TokenizedDataset>(std::move(ev.examples)),
                                         ec, encoder->pad_token_id());
   }
   run.trainer =
       std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer, setup.tokenizer_dir, loader,
-                                   eval, train.stats, o.get_bool("use_liger_kernel"));
+                                   eval, train.stats, sa.use_liger_kernel);
   run.trainer->set_communicator(in.comm);
-  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   run.trainer->set_context_parallel(cp_groups, encoder->pad_token_id());
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   return run;
 }
 
 SftRun make_sft_run(const Options& o) {
-  LT_CHECK_INPUT(!o.get_string("model_name_or_path").empty() || o.get_string("dataset").empty(),
-                 "sft: --model_name_or_path is required when --dataset is given");
+  check_model_for_dataset("sft", o);
   return make_sft_run(o, load_sft_model(o));
 }
 

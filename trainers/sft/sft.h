@@ -11,7 +11,9 @@
 // trainers/common/memory_report.h.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,11 +23,25 @@
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
 #include "trainers/common/memory_report.h"
+#include "trainers/common/model_source.h"
 #include "trainers/common/trainer.h"
 
 namespace leantune {
 
-// Options of `trainer_bin sft` (model, data and training options, TRL names).
+// sft's own options (TRL's SFTConfig names and defaults); its table also declares the dataset,
+// chat, PEFT, quantization and training groups, in --help order.
+struct SftArguments : ModelSource {
+  std::string eval_dataset;
+  std::optional<int64_t> max_length = 1024;  // none: no limit
+  std::string truncation_mode = "keep_start";
+  bool packing = false;
+  std::string packing_strategy = "bfd";
+  int64_t packing_window = 0;  // 0: the whole dataset
+  std::optional<bool> padding_free;  // none: on with bfd packing
+  std::optional<int64_t> pad_to_multiple_of;
+  bool use_liger_kernel = true;
+};
+const OptionTable<SftArguments>& sft_table();
 // The sft command's options; `command` names the usage line (estimate takes the same options).
 Options sft_options(const std::string& command = "sft");
 
