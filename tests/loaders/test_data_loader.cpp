@@ -3,6 +3,7 @@
 // packed micro-batches with their reports.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 #include <set>
@@ -78,6 +79,31 @@ TEST(EpochSampler, BatchesCoverTheEpoch) {
     seen.insert(seen.end(), b.begin(), b.end());
   }
   EXPECT_EQ(seen, s.order(2));
+}
+
+// drop_last: only whole global batches, floor(global / world) per rank, no batch on two ranks
+// and none repeated; the units left over are those past the last whole round of the order.
+TEST(EpochSampler, DropLastTakesWholeRoundsOnly) {
+  for (int world : {1, 2, 3}) {
+    std::vector<int64_t> seen;
+    for (int r = 0; r < world; ++r) {
+      const EpochSampler s(19, 4, 7, true, r, world, /*drop_last=*/true);
+      EXPECT_EQ(s.global_batches_per_epoch(), 4);
+      EXPECT_EQ(s.batches_per_epoch(), 4 / world) << "world " << world;
+      EXPECT_EQ(s.repeated_batches_per_epoch(), 0);
+      for (int64_t j = 0; j < s.batches_per_epoch(); ++j) {
+        const auto b = s.batch(0, j);
+        EXPECT_EQ(b.size(), 4u);
+        seen.insert(seen.end(), b.begin(), b.end());
+      }
+    }
+    const std::vector<int64_t> order = EpochSampler(19, 4, 7, true).order(0);
+    std::vector<int64_t> expected(order.begin(), order.begin() + 4 * (4 / world) * world);
+    std::sort(seen.begin(), seen.end());
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(seen, expected) << "world " << world;
+  }
+  EXPECT_EQ(EpochSampler(3, 4, 7, true, 0, 1, true).batches_per_epoch(), 0);
 }
 
 struct ShardCase {

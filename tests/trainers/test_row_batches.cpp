@@ -2,7 +2,8 @@
 // the given size (the last one short), a shuffled order that is the same for the same seed and
 // epoch and differs between epochs, file order without shuffling, progress, and the data state:
 // a round trip resumes at the same micro-batch, a state of another dataset size is refused;
-// with drop_last only whole batches, and fewer rows than one batch is an input error.
+// with drop_last only whole batches, and fewer rows than one batch is an input error. The order
+// is EpochSampler's (loaders/data_loader.h), the SFT loader's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "engine/check.h"
 #include "engine/comm.h"
+#include "loaders/data_loader.h"
 #include "trainers/common/row_batches.h"
 
 namespace leantune {
@@ -37,6 +39,10 @@ TEST(RowBatches, EveryRowOncePerEpochInBatches) {
       EXPECT_NE(epochs[0], epochs[1]);
       EXPECT_EQ(RowBatches(19, 4, 7, true, "pairs").rows_of(1, 2), b.rows_of(1, 2));
       EXPECT_NE(RowBatches(19, 4, 8, true, "pairs").rows_of(0, 0), b.rows_of(0, 0));
+      // The order is the SFT loader's (one data order for every trainer): rows 8..11 of the
+      // sampler's epoch-1 permutation.
+      const std::vector<int64_t> order = EpochSampler(19, 4, 7, true).order(1);
+      EXPECT_EQ(b.rows_of(1, 2), std::vector<int64_t>(order.begin() + 8, order.begin() + 12));
     } else {
       EXPECT_EQ(b.rows_of(0, 1), (std::vector<int64_t>{4, 5, 6, 7}));
       EXPECT_EQ(epochs[0], epochs[1]);

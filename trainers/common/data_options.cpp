@@ -57,4 +57,9 @@ void add_dataset_options(Options& o) { dataset_table().declare(o); }
 
 void read_dataset_options(const Options& o, DataConfig* cfg) { dataset_table().read_into(o, *cfg); }
 
+void refuse_sft_loss_options(const Options& o, const std::string& why) {
+  LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
+                 "options --completion_only_loss / --assistant_only_loss are SFT options; ", why);
+}
+
 }  // namespace leantune

@@ -34,5 +34,8 @@ CommandInput chat_template_input(const Options& o);
 const OptionTable<DataConfig>& dataset_table();
 void add_dataset_options(Options& o);
 void read_dataset_options(const Options& o, DataConfig* cfg);
+// Error(kInput) when completion_only_loss or assistant_only_loss is set for a trainer whose loss
+// does not take them (`why`: "DPO always scores the completions only").
+void refuse_sft_loss_options(const Options& o, const std::string& why);
 
 }  // namespace leantune

@@ -303,9 +303,7 @@ DpoRun make_dpo_run(const Options& o) {
 }
 
 void check_dpo_options(const Options& o) {
-  LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
-                 "options --completion_only_loss / --assistant_only_loss are SFT options; DPO "
-                 "always scores the completions only");
+  refuse_sft_loss_options(o, "DPO always scores the completions only");
   (void)training_arguments(o);
   (void)ref_model_config(o, 1);
   (void)preference_loss_config(o);

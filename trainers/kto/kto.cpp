@@ -224,9 +224,7 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunIn
   // The demo model trains on the demo data only; a model given by the embedder (public API)
   // trains on whatever it is given.
   if (!model) check_model_for_dataset("kto", o);
-  LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
-                 "options --completion_only_loss / --assistant_only_loss are SFT options; KTO "
-                 "always scores the completions only");
+  refuse_sft_loss_options(o, "KTO always scores the completions only");
   TrainingArguments args = training_arguments(o);
   const RefModelConfig ref_cfg = ref_model_config(o, args.per_device_eval_batch_size);
   const KtoLossConfig loss = kto_loss_config(o);

@@ -278,9 +278,7 @@ RewardModelSetup load_reward_model(const Options& o) {
 
 RewardRun make_reward_run(const Options& o) {
   check_model_for_dataset("reward", o);
-  LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
-                 "options --completion_only_loss / --assistant_only_loss are SFT options; a "
-                 "reward model scores whole sequences");
+  refuse_sft_loss_options(o, "a reward model scores whole sequences");
   TrainingArguments args = training_arguments(o);
   const RewardArguments ra = reward_table().read(o);
   const PeftArguments peft = peft_arguments(o);
