@@ -17,6 +17,7 @@
 #include "leantune/leantune.h"
 #include "loaders/text_encoder.h"
 #include "models/generate.h"
+#include "trainers/common/data_options.h"
 #include "trainers/common/model_io.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/stop_signal.h"
@@ -141,7 +142,8 @@ std::string Model::generate(const std::string& prompt, const GenerateOptions& go
     if (go.seed) g.seed = *go.seed;
     LT_CHECK_INPUT(g.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1");
     g.eos_token_ids = {
-        make_text_encoder(m.tokenizer, impl_->options.get_string("chat_template"))->eos_token_id()};
+        make_text_encoder(m.tokenizer, chat_table().read(impl_->options).chat_template)
+            ->eos_token_id()};
     m.peft.set_training(false);
     GenerationResult r = leantune::generate(*m.model, {m.tokenizer->encode(prompt, true)}, g);
     m.peft.set_training(true);

@@ -24,11 +24,12 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/tool_options.h"
 #include "dist/consolidate.h"
 #include "engine/allocator.h"
 #include "engine/check.h"
 #include "loaders/fs_util.h"
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 #include "loaders/safetensors.h"
 #include "trainers/common/checkpoint.h"
 #include "trainers/common/output_path.h"
@@ -152,18 +153,31 @@ TrainingState merge_training_state(const std::string& dir, const TrainerState& s
   return t;
 }
 
+struct ConsolidateArguments : OverwriteArguments {
+  std::string out;
+};
+
+const OptionTable<ConsolidateArguments>& consolidate_table() {
+  static const OptionTable<ConsolidateArguments> t =
+      OptionTable<ConsolidateArguments>()
+          .text("out", &ConsolidateArguments::out,
+                "folder for the result (created; must not exist or be empty)")
+          .base(overwrite_table());
+  return t;
+}
+
 int run_consolidate(const std::vector<std::string>& args) {
   Options o("consolidate");
   o.allow_positional("CHECKPOINT", "a checkpoint-N folder of a (data-parallel or ZeRO) run");
-  o.add_string("out", "", "folder for the result (created; must not exist or be empty)");
-  add_overwrite_option(o);
+  consolidate_table().declare(o);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;
   }
   LT_CHECK_INPUT(o.positional().size() == 1, "consolidate: expected one CHECKPOINT folder, got ",
                  o.positional().size());
-  const std::string out = o.get_string("out");
+  const ConsolidateArguments a = consolidate_table().read(o);
+  const std::string& out = a.out;
   LT_CHECK_INPUT(!out.empty(), "consolidate: option out is required");
   const std::string dir = o.positional()[0];
   LT_CHECK_INPUT(fs::is_directory(dir), "consolidate: ", dir, " is not a folder");
@@ -181,13 +195,13 @@ int run_consolidate(const std::vector<std::string>& args) {
   }
   validate_checkpoint_files(dir);
   const std::vector<CommandInput> inputs = {{dir, "CHECKPOINT"}};
-  check_output_folder(out, "out", o.get_bool("overwrite"), inputs);
+  check_output_folder(out, "out", a.overwrite, inputs);
   const TrainingState train = merge_training_state(dir, st);
   const bool sharded_optimizer = st.zero_stage > 0 && st.world_size > 1;
   if (train.why_not.empty() && !sharded_optimizer)
     LT_CHECK_INPUT(fs::exists(dir + "/optimizer.safetensors"), dir,
                    ": optimizer.safetensors is missing");
-  OutputFolder folder(out, "out", o.get_bool("overwrite"), inputs);
+  OutputFolder folder(out, "out", a.overwrite, inputs);
   const std::string tmp = folder.dir();
   int64_t files = 0, bytes = 0;
   for (const auto& e : fs::directory_iterator(dir)) {

@@ -12,8 +12,10 @@
 
 #include "cli/commands.h"
 #include "engine/checked_int.h"
+#include "loaders/option_table.h"
 #include "loaders/tokenizer.h"
 #include "trainers/common/metrics.h"
+#include "trainers/common/trainer.h"
 #include "trainers/common/trainer_spec.h"
 #include "trainers/estimate/estimate.h"
 #include "trainers/estimate/max_context.h"
@@ -117,34 +119,55 @@ int64_t resident_before_training(const std::string& model_path, const std::strin
   return base + tokenizer + (ec ? 0 : 2 * static_cast<int64_t>(data));
 }
 
+// estimate's own options, after sft's.
+struct EstimateToolArguments {
+  double budget_gib = 0.0;
+  bool max_context = false;
+  int64_t world_size = 1;
+};
+
+const OptionTable<EstimateToolArguments>& estimate_tool_table() {
+  using E = EstimateToolArguments;
+  static const OptionTable<E> t =
+      OptionTable<E>()
+          .real("budget_gib", &E::budget_gib, "device memory available (GiB); 0 = no budget check",
+                0.0)
+          .flag("max_context", &E::max_context,
+                "print the longest max_length whose peak fits --budget_gib (one sequence per "
+                "micro-batch unless --per_device_train_batch_size is given) and the options that "
+                "would raise it")
+          // Declared by the estimates (estimate.h), the online trainers' estimate as well.
+          .custom([](Options& o, const E&) { add_world_size_option(o); },
+                  [](const Options& o, E& e) { e.world_size = o.get_int("world_size"); },
+                  "world_size");
+  return t;
+}
+
 int run_estimate_command(const std::vector<std::string>& args) {
   // trainer_bin estimate <algorithm> ...: that algorithm's estimate (its TrainerSpec).
   if (!args.empty())
     if (const TrainerSpec* spec = find_trainer_spec(args[0]); spec && spec->estimate)
       return spec->estimate({args.begin() + 1, args.end()});
   Options o = sft_options("estimate");
-  o.add_float("budget_gib", 0.0, "device memory available (GiB); 0 = no budget check", 0.0);
-  o.add_bool("max_context", false,
-             "print the longest max_length whose peak fits --budget_gib (one sequence per "
-             "micro-batch unless --per_device_train_batch_size is given) and the options that "
-             "would raise it");
-  add_world_size_option(o);
+  estimate_tool_table().declare(o);
   const std::optional<EstimateTarget> t = parse_estimate_target(o, args);
   if (!t) return 0;
+  const EstimateToolArguments a = estimate_tool_table().read(o);
   const std::string& path = t->path;
   const ModelConfig& model = t->model;
   const Device& device = t->device;
   EstimateConfig cfg = estimate_config_from_options(o, model, device.is_cpu());
   // Context parallelism: the world is at least the cp group (one data shard by default).
-  cfg.world_size = o.is_set("world_size") ? o.get_int("world_size") : cfg.cp_size;
+  cfg.world_size = o.is_set("world_size") ? a.world_size : cfg.cp_size;
   LT_CHECK_INPUT(cfg.world_size % cfg.cp_size == 0, "option cp_size ", cfg.cp_size,
                  ": the world size ", cfg.world_size, " must be a multiple of it");
   cfg.resident_before_training =
       resident_before_training(path, setup_dataset(o.get_string("dataset"), path));
-  if (o.get_bool("max_context")) {
-    const int64_t batch =
-        o.is_set("per_device_train_batch_size") ? o.get_int("per_device_train_batch_size") : 1;
-    return print_max_context(cfg, o.get_float("budget_gib"), batch, path, model, device);
+  if (a.max_context) {
+    const int64_t batch = o.is_set("per_device_train_batch_size")
+                              ? training_table().read(o).per_device_train_batch_size
+                              : 1;
+    return print_max_context(cfg, a.budget_gib, batch, path, model, device);
   }
   const MemoryEstimate e = estimate_memory(cfg);
   std::printf(
@@ -156,7 +179,7 @@ int run_estimate_command(const std::vector<std::string>& args) {
       static_cast<long long>(cfg.cp_size), static_cast<long long>(cfg.world_size),
       static_cast<long long>(cfg.zero_stage));
   print_estimate(e);
-  const double budget = o.get_float("budget_gib");
+  const double budget = a.budget_gib;
   if (budget <= 0) return 0;
   const int64_t limit = budget_bytes(budget);
   std::printf("budget %.2f GiB: %s\n", budget, e.peak <= limit ? "fits" : "does not fit");

@@ -11,11 +11,12 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/tool_options.h"
 #include "engine/check.h"
 #include "loaders/examples.h"
 #include "loaders/fs_util.h"
 #include "loaders/length_stats.h"
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
 #include "trainers/common/data_options.h"
@@ -23,35 +24,48 @@
 namespace leantune {
 namespace {
 
+struct LengthsArguments : DataToolArguments {
+  std::string plot;
+  int64_t per_device_train_batch_size = 8;
+  int64_t seed = 42;
+  DataConfig data;  // the dataset group (dataset_text_field, completion_only_loss, ...)
+};
+
+const OptionTable<LengthsArguments>& lengths_table() {
+  using L = LengthsArguments;
+  static const OptionTable<L> t =
+      OptionTable<L>()
+          .base(data_tool_table())
+          .text("plot", &L::plot, "write an SVG histogram to this path")
+          .integer("per_device_train_batch_size", &L::per_device_train_batch_size,
+                   "batch size for the padded-efficiency estimate", 1)
+          .integer("seed", &L::seed, "shuffle seed for the padded-efficiency estimate", 0)
+          .nested(&L::data, dataset_table());
+  return t;
+}
+
 int run_lengths(const std::vector<std::string>& args) {
   Options o("lengths");
-  o.add_string("dataset", "", "JSONL dataset in a TRL format");
-  o.add_string("tokenizer", "", "tokenizer folder (not needed for a tokenized dataset)");
-  add_chat_options(o);
-  o.add_string("plot", "", "write an SVG histogram to this path");
-  o.add_int("per_device_train_batch_size", 8, "batch size for the padded-efficiency estimate", 1);
-  o.add_int("seed", 42, "shuffle seed for the padded-efficiency estimate", 0);
-  add_dataset_options(o);
+  lengths_table().declare(o);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;
   }
-  const std::string dataset = o.get_string("dataset");
+  const LengthsArguments a = lengths_table().read(o);
+  const std::string& dataset = a.dataset;
   LT_CHECK_INPUT(!dataset.empty(), "lengths: --dataset F.jsonl is required");
-  const std::string plot = o.get_string("plot");
+  const std::string& plot = a.plot;
 
-  DataConfig cfg;
-  read_dataset_options(o, &cfg);
+  DataConfig cfg = a.data;
   cfg.max_length = 0;  // measure whole examples
   validate_data_config(cfg);
-  const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(o);
+  const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(a, o);
   // The plot path is checked before the (possibly long) tokenisation so a bad path fails fast;
   // it is written at the end, whole or not at all, and never over an input.
   if (!plot.empty())
-    check_output_file(plot, "plot",
-                      {{dataset, "--dataset"},
-                       {o.get_string("tokenizer"), "--tokenizer"},
-                       chat_template_input(o)});
+    check_output_file(
+        plot, "plot",
+        {{dataset, "--dataset"}, {a.tokenizer, "--tokenizer"}, chat_template_input(o)});
 
   const SftData data = load_sft_data(dataset, encoder.get(), cfg);
   const std::vector<int64_t> lengths = data.examples.lengths();
@@ -78,12 +92,12 @@ int run_lengths(const std::vector<std::string>& args) {
       "whole, rounded up to a multiple of 64)\n\n",
       static_cast<long long>(rec));
 
-  const int64_t bs = o.get_int("per_device_train_batch_size");
+  const int64_t bs = a.per_device_train_batch_size;
   std::printf("efficiency at max_length %lld (real tokens / processed tokens; batch size %lld):\n",
               static_cast<long long>(rec), static_cast<long long>(bs));
   std::printf("  %-13s %10s %12s %10s\n", "strategy", "efficiency", "tokens_kept", "rows");
   for (const StrategyEfficiency& e :
-       strategy_efficiencies(lengths, rec, bs, static_cast<uint64_t>(o.get_int("seed")))) {
+       strategy_efficiencies(lengths, rec, bs, static_cast<uint64_t>(a.seed))) {
     std::printf("  %-13s %9.2f%% %11.2f%% %10lld %s\n", e.name.c_str(), 100.0 * e.efficiency,
                 100.0 * e.tokens_kept, static_cast<long long>(e.rows),
                 e.name == "padded" || e.name == "padding_free" ? "micro-batches" : "bins");

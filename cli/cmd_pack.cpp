@@ -15,10 +15,11 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/tool_options.h"
 #include "engine/check.h"
 #include "loaders/examples.h"
 #include "loaders/fs_util.h"
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 #include "loaders/pack.h"
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
@@ -39,39 +40,53 @@ void write_ints(std::string* out, const char* key, const int32_t* v, size_t n, b
   out->append("]");
 }
 
+struct PackArguments : DataToolArguments {
+  int64_t max_length = 0;  // required: is_set checks the user gave it
+  std::string packing_strategy = "bfd";
+  int64_t packing_window = 0;
+  std::string out;
+  DataConfig data;  // the dataset group (dataset_text_field, completion_only_loss, ...)
+};
+
+const OptionTable<PackArguments>& pack_table() {
+  using P = PackArguments;
+  static const OptionTable<P> t =
+      OptionTable<P>()
+          .base(data_tool_table())
+          .integer("max_length", &P::max_length, "bin size in tokens", 1)
+          .text("packing_strategy", &P::packing_strategy, "how examples are packed",
+                {"bfd", "bfd_split", "wrapped"})
+          .integer("packing_window", &P::packing_window,
+                   "examples packed together (0 = all; 1000 = TRL's chunks)", 0)
+          .text("out", &P::out, "output JSONL path")
+          .nested(&P::data, dataset_table());
+  return t;
+}
+
 int run_pack(const std::vector<std::string>& args) {
   Options o("pack");
-  o.add_string("dataset", "", "JSONL dataset in a TRL format");
-  o.add_string("tokenizer", "", "tokenizer folder (not needed for a tokenized dataset)");
-  add_chat_options(o);
-  o.add_int("max_length", 0, "bin size in tokens", 1);
-  o.add_string("packing_strategy", "bfd", "how examples are packed",
-               {"bfd", "bfd_split", "wrapped"});
-  o.add_int("packing_window", 0, "examples packed together (0 = all; 1000 = TRL's chunks)", 0);
-  o.add_string("out", "", "output JSONL path");
-  add_dataset_options(o);
+  pack_table().declare(o);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;
   }
-  const std::string dataset = o.get_string("dataset");
-  const std::string out_path = o.get_string("out");
+  const PackArguments a = pack_table().read(o);
+  const std::string& dataset = a.dataset;
+  const std::string& out_path = a.out;
   LT_CHECK_INPUT(!dataset.empty(), "pack: --dataset F.jsonl is required");
   LT_CHECK_INPUT(!out_path.empty(), "pack: --out OUT.jsonl is required");
   LT_CHECK_INPUT(o.is_set("max_length"), "pack: --max_length L is required");
-  check_output_file(
-      out_path, "out",
-      {{dataset, "--dataset"}, {o.get_string("tokenizer"), "--tokenizer"}, chat_template_input(o)});
+  check_output_file(out_path, "out",
+                    {{dataset, "--dataset"}, {a.tokenizer, "--tokenizer"}, chat_template_input(o)});
 
-  DataConfig cfg;
-  read_dataset_options(o, &cfg);
-  cfg.max_length = o.get_int("max_length");
+  DataConfig cfg = a.data;
+  cfg.max_length = a.max_length;
   cfg.packing = true;
-  cfg.packing_strategy = o.get_string("packing_strategy");
-  cfg.packing_window = o.get_int("packing_window");
+  cfg.packing_strategy = a.packing_strategy;
+  cfg.packing_window = a.packing_window;
   validate_data_config(cfg);
 
-  const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(o);
+  const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(a, o);
   const SftData data = load_sft_data(dataset, encoder.get(), cfg);
   const TokenizedDataset& ex = data.examples;
   const Packing packing =

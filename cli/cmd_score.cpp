@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/tool_options.h"
 #include "loaders/examples.h"
 #include "loaders/fs_util.h"
 #include "loaders/text_encoder.h"
@@ -30,27 +31,46 @@ struct PendingRow {
   bool pair = false;
 };
 
+struct ScoreArguments : DeviceArguments, ChatArguments {
+  std::string model;
+  std::string dataset;
+  std::string output;
+  int64_t batch_size = 8;
+  bool bf16 = false;
+  DataConfig data;  // the dataset group (dataset_text_field, skip_bad_lines, ...)
+};
+
+const OptionTable<ScoreArguments>& score_table() {
+  using S = ScoreArguments;
+  static const OptionTable<S> t =
+      OptionTable<S>()
+          .text("model", &S::model,
+                "a reward model folder (trainer_bin reward's output), or its adapter")
+          .text("dataset", &S::dataset,
+                "JSONL rows to score: text, messages, prompt+completion, preference pairs or "
+                "input_ids")
+          .text("output", &S::output, "JSONL file of rewards (empty: standard output)")
+          .integer("batch_size", &S::batch_size, "rows scored per forward pass", 1)
+          .base(device_table())
+          .flag("bf16", &S::bf16, "bf16 weights and activations")
+          .nested(&S::data, dataset_table())
+          .base(chat_table());
+  return t;
+}
+
 int score_command(const std::vector<std::string>& argv) {
   Options o("score");
-  o.add_string("model", "", "a reward model folder (trainer_bin reward's output), or its adapter");
-  o.add_string("dataset", "",
-               "JSONL rows to score: text, messages, prompt+completion, preference pairs or "
-               "input_ids");
-  o.add_string("output", "", "JSONL file of rewards (empty: standard output)");
-  o.add_int("batch_size", 8, "rows scored per forward pass", 1);
-  o.add_string("device", "auto", "cpu, cuda, cuda:N or auto");
-  o.add_bool("bf16", false, "bf16 weights and activations");
-  add_dataset_options(o);
-  add_chat_options(o);
+  score_table().declare(o);
   if (!o.parse(argv)) {
     std::printf("%s", o.help().c_str());
     return 0;
   }
-  const std::string path = o.get_string("model");
-  const std::string dataset = o.get_string("dataset");
+  const ScoreArguments a = score_table().read(o);
+  const std::string& path = a.model;
+  const std::string& dataset = a.dataset;
   LT_CHECK_INPUT(!path.empty(), "score: --model is required");
   LT_CHECK_INPUT(!dataset.empty(), "score: --dataset is required");
-  const std::string output = o.get_string("output");
+  const std::string& output = a.output;
   if (!output.empty())
     check_output_file(output, "output",
                       {{path, "--model"}, {dataset, "--dataset"}, chat_template_input(o)});
@@ -60,18 +80,15 @@ int score_command(const std::vector<std::string>& argv) {
   auto tokenizer = Tokenizer::load(tokenizer_dir);
   apply_chat_options(o, *tokenizer);
   const std::unique_ptr<TextEncoder> enc = make_text_encoder(tokenizer);
-  const RewardModel rm =
-      open_reward_model(path, Device::parse(o.get_string("device")),
-                        o.get_bool("bf16") ? DType::kBF16 : DType::kF32, enc->pad_token_id());
+  const RewardModel rm = open_reward_model(
+      path, Device::parse(a.device), a.bf16 ? DType::kBF16 : DType::kF32, enc->pad_token_id());
   LT_CHECK_INPUT(tokenizer->vocab_size() <= rm.model().config().vocab_size, tokenizer_dir,
                  ": the tokenizer has ", tokenizer->vocab_size(),
                  " tokens but the model's vocab_size is ", rm.model().config().vocab_size);
 
-  DataConfig dc;
-  read_dataset_options(o, &dc);
   DatasetReaderOptions ro;
-  ro.dataset_text_field = dc.dataset_text_field;
-  ro.skip_bad_lines = dc.skip_bad_lines;
+  ro.dataset_text_field = a.data.dataset_text_field;
+  ro.skip_bad_lines = a.data.skip_bad_lines;
   ro.vocab_size = rm.model().config().vocab_size;
   ro.extract_implicit_prompt = false;
   DatasetReader reader(dataset, ro);
@@ -129,7 +146,7 @@ int score_command(const std::vector<std::string>& argv) {
     for (size_t i = seqs.size() - (row.pair ? 2 : 1); i < seqs.size(); ++i)
       LT_CHECK_INPUT(!seqs[i].empty(), dataset, ":", rec.line, ": nothing to score (no tokens)");
     rows.push_back(row);
-    if (static_cast<int64_t>(rows.size()) >= o.get_int("batch_size")) flush();
+    if (static_cast<int64_t>(rows.size()) >= a.batch_size) flush();
   }
   flush();
   if (output.empty()) {

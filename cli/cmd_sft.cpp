@@ -46,9 +46,9 @@ int run_sft(const Options& o) {
     (model_key ? model_json : config)[it.key()] = it.value();
   }
   // Option combinations are refused before anything loads.
-  (void)training_arguments(o);
+  const TrainingArguments args = training_arguments(o);
   api::ModelOptions mo;
-  mo.seed = o.get_int("seed");
+  mo.seed = args.seed;
   mo.json = model_json.dump();
   const std::string path = o.get_string("model_name_or_path");
   api::Model model = api::Model::load(path, mo);

@@ -25,7 +25,7 @@
 #include "engine/check.h"
 #include "loaders/chat_template.h"
 #include "loaders/fs_util.h"
-#include "loaders/options.h"
+#include "loaders/option_table.h"
 #include "loaders/tokenizer.h"
 #include "trainers/common/data_options.h"
 
@@ -109,56 +109,82 @@ ChatRequest parse_chat(const std::string& input) {
   return r;
 }
 
+struct TokenizeArguments : ChatArguments {
+  std::string tokenizer;
+  std::string text;
+  std::string file;
+  bool add_special_tokens = false;
+  bool chat = false;
+  bool add_generation_prompt = false;
+  std::string date_string;
+  bool assistant_mask = false;
+  bool decode = false;
+  bool skip_special_tokens = false;
+};
+
+const OptionTable<TokenizeArguments>& tokenize_table() {
+  using T = TokenizeArguments;
+  static const OptionTable<T> t =
+      OptionTable<T>()
+          .text("tokenizer", &T::tokenizer,
+                "a model folder with tokenizer.json (+ tokenizer_config.json), or a tokenizer.json")
+          .text("text", &T::text, "the input")
+          .text("file", &T::file, "read the input from this file ('-': stdin)")
+          .flag("add_special_tokens", &T::add_special_tokens,
+                "let the post-processor add its special tokens (e.g. Llama-3's BOS)")
+          .flag("chat", &T::chat,
+                "the input is a JSON list of messages or a {\"messages\", \"tools\"} row")
+          .base(chat_table())
+          .flag("add_generation_prompt", &T::add_generation_prompt,
+                "with --chat: end with the assistant header")
+          .text("date_string", &T::date_string,
+                "with --chat: the template's date_string (Llama-3.1/3.2)")
+          .flag("assistant_mask", &T::assistant_mask,
+                "with --chat: print {\"ids\", \"assistant_mask\"}")
+          .flag("decode", &T::decode, "the input is a JSON array of ids; print the text")
+          .flag("skip_special_tokens", &T::skip_special_tokens,
+                "with --decode: drop special tokens");
+  return t;
+}
+
 int run_tokenize(const std::vector<std::string>& args) {
   Options o("tokenize");
-  o.add_string("tokenizer", "",
-               "a model folder with tokenizer.json (+ tokenizer_config.json), or a tokenizer.json");
-  o.add_string("text", "", "the input");
-  o.add_string("file", "", "read the input from this file ('-': stdin)");
-  o.add_bool("add_special_tokens", false,
-             "let the post-processor add its special tokens (e.g. Llama-3's BOS)");
-  o.add_bool("chat", false,
-             "the input is a JSON list of messages or a {\"messages\", \"tools\"} row");
-  add_chat_options(o);
-  o.add_bool("add_generation_prompt", false, "with --chat: end with the assistant header");
-  o.add_string("date_string", "", "with --chat: the template's date_string (Llama-3.1/3.2)");
-  o.add_bool("assistant_mask", false, "with --chat: print {\"ids\", \"assistant_mask\"}");
-  o.add_bool("decode", false, "the input is a JSON array of ids; print the text");
-  o.add_bool("skip_special_tokens", false, "with --decode: drop special tokens");
+  tokenize_table().declare(o);
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return 0;
   }
-  LT_CHECK_INPUT(!o.get_string("tokenizer").empty(), "tokenize: --tokenizer PATH is required");
+  const TokenizeArguments a = tokenize_table().read(o);
+  LT_CHECK_INPUT(!a.tokenizer.empty(), "tokenize: --tokenizer PATH is required");
+  // Given at all, even empty: --text "" is an empty input.
   const bool have_text = o.is_set("text"), have_file = o.is_set("file");
   LT_CHECK_INPUT(!(have_text && have_file), "tokenize: --text excludes --file");
   LT_CHECK_INPUT(have_text || have_file, "tokenize: give the input with --text or --file");
-  const bool chat = o.get_bool("chat"), decode = o.get_bool("decode");
-  LT_CHECK_INPUT(!(chat && decode), "tokenize: --chat and --decode exclude each other");
-  LT_CHECK_INPUT(chat || (!o.is_set("chat_template") && !o.is_set("chat_template_kwargs") &&
-                          !o.is_set("date_string") && !o.get_bool("assistant_mask") &&
-                          !o.get_bool("add_generation_prompt")),
-                 "tokenize: --chat_template, --chat_template_kwargs, --date_string, "
-                 "--add_generation_prompt and --assistant_mask need --chat");
-  LT_CHECK_INPUT(decode || !o.get_bool("skip_special_tokens"),
+  LT_CHECK_INPUT(!(a.chat && a.decode), "tokenize: --chat and --decode exclude each other");
+  LT_CHECK_INPUT(
+      a.chat || (!o.is_set("chat_template") && !o.is_set("chat_template_kwargs") &&
+                 !o.is_set("date_string") && !a.assistant_mask && !a.add_generation_prompt),
+      "tokenize: --chat_template, --chat_template_kwargs, --date_string, "
+      "--add_generation_prompt and --assistant_mask need --chat");
+  LT_CHECK_INPUT(a.decode || !a.skip_special_tokens,
                  "tokenize: --skip_special_tokens needs --decode");
 
-  const std::string input = read_input(o.get_string("text"), o.get_string("file"), have_text);
-  auto tok = Tokenizer::load(o.get_string("tokenizer"));
-  if (decode) {
-    const std::string out = tok->decode(parse_ids(input), o.get_bool("skip_special_tokens"));
+  const std::string input = read_input(a.text, a.file, have_text);
+  auto tok = Tokenizer::load(a.tokenizer);
+  if (a.decode) {
+    const std::string out = tok->decode(parse_ids(input), a.skip_special_tokens);
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fputc('\n', stdout);
     return 0;
   }
-  if (chat) {
+  if (a.chat) {
     ChatRequest request = parse_chat(input);
-    request.add_generation_prompt = o.get_bool("add_generation_prompt");
+    request.add_generation_prompt = a.add_generation_prompt;
     apply_chat_options(o, *tok);
     ChatTemplate tmpl = tok->chat_template();
-    if (!o.get_string("date_string").empty()) tmpl.set_date_string(o.get_string("date_string"));
+    if (!a.date_string.empty()) tmpl.set_date_string(a.date_string);
     const ChatEncoding enc = tmpl.encode_request(*tok, request);
-    if (o.get_bool("assistant_mask")) {
+    if (a.assistant_mask) {
       LT_CHECK_INPUT(enc.assistant_mask.size() == enc.ids.size(), "tokenize --assistant_mask: ",
                      tmpl.has_assistant_mask()
                          ? "the template's training variant renders this conversation differently"
@@ -170,7 +196,7 @@ int run_tokenize(const std::vector<std::string>& args) {
     }
     return 0;
   }
-  std::printf("%s\n", json(tok->encode(input, o.get_bool("add_special_tokens"))).dump().c_str());
+  std::printf("%s\n", json(tok->encode(input, a.add_special_tokens)).dump().c_str());
   return 0;
 }
 

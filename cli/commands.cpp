@@ -7,10 +7,6 @@
 #include <functional>
 
 #include "engine/check.h"
-#include "loaders/options.h"
-#include "loaders/text_encoder.h"
-#include "loaders/tokenizer.h"
-#include "trainers/common/data_options.h"
 #include "trainers/common/trainer_spec.h"
 
 namespace leantune {
@@ -79,13 +75,6 @@ bool parse_tool_args(CLI::App& app, const std::vector<std::string>& args, const 
              " --help')");
   }
   return true;
-}
-
-std::unique_ptr<TextEncoder> tokenizer_option_encoder(const Options& o) {
-  if (o.get_string("tokenizer").empty()) return nullptr;
-  std::shared_ptr<Tokenizer> tok = Tokenizer::load(o.get_string("tokenizer"));
-  apply_chat_options(o, *tok);
-  return make_text_encoder(tok);
 }
 
 int run_command_line(int argc, char** argv) {

@@ -3,7 +3,6 @@
 // tools, one function each (cli/cmd_<name>.cpp), listed once in commands.cpp's table.
 #pragma once
 
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,8 +13,6 @@ class App;
 namespace leantune {
 
 struct TrainerSpec;
-class TextEncoder;
-class Options;
 
 // Each runs one command on its arguments (argv after the command's name) and returns the exit
 // code; errors are leantune::Error, reported by cli/main.cpp.
@@ -36,10 +33,6 @@ int cmd_consolidate(const std::vector<std::string>& args);
 // Parses a tool's CLI11 command line (args in order; `command` names it in errors): false when
 // --help was printed, Error kInput (one line naming the command) for a bad one.
 bool parse_tool_args(CLI::App& app, const std::vector<std::string>& args, const char* command);
-
-// The text encoder of option --tokenizer (a tokenizer folder, with the chat options), or null
-// when it is empty (the dataset then holds token ids).
-std::unique_ptr<TextEncoder> tokenizer_option_encoder(const Options& o);
 
 // Dispatches argv[1] to its command; prints the list of commands for none/--help. Throws
 // leantune::Error.

@@ -1,0 +1,40 @@
+// The options several of trainer_bin's tools declare alike, one table each, so their names,
+// defaults and help cannot drift apart between tools:
+//   device_table      --device (generate, score)
+//   overwrite_table   --overwrite (init-model, consolidate; declared by output_path.h)
+//   data_tool_table   --dataset, --tokenizer and the chat options (pack, lengths), the data a
+//                     tool tokenizes as sft would
+// A tool's own table takes them with `base` (the tool's arguments struct derives from these).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "loaders/option_table.h"
+#include "trainers/common/data_options.h"
+
+namespace leantune {
+
+class TextEncoder;
+
+struct DeviceArguments {
+  std::string device = "auto";
+};
+const OptionTable<DeviceArguments>& device_table();
+
+struct OverwriteArguments {
+  bool overwrite = false;
+};
+const OptionTable<OverwriteArguments>& overwrite_table();
+
+struct DataToolArguments : ChatArguments {
+  std::string dataset;    // JSONL in a TRL format
+  std::string tokenizer;  // empty: the dataset holds token ids
+};
+const OptionTable<DataToolArguments>& data_tool_table();
+
+// The text encoder of --tokenizer (a tokenizer folder, with the chat options of `o`), or null
+// when it is empty (the dataset then holds token ids).
+std::unique_ptr<TextEncoder> tokenizer_option_encoder(const DataToolArguments& a, const Options& o);
+
+}  // namespace leantune
