@@ -181,7 +181,7 @@ int run_generate(const std::vector<std::string>& args) {
                       {{a.batch, "--batch"},
                        {a.model, "--model"},
                        {a.base_model, "--base_model"},
-                       chat_template_input(o)});
+                       chat_template_input(a)});
   const Device dev = Device::parse(a.device);
   DType dt;
   dtype_from_string(a.dtype, &dt);
@@ -206,7 +206,7 @@ int run_generate(const std::vector<std::string>& args) {
     model = DecoderModel::load(path, dev, dt);
   }
   auto tok = Tokenizer::load(tokenizer_dir);
-  apply_chat_options(o, *tok);
+  apply_chat_options(a, *tok);
   GenerationConfig g = generation_config(a);
   if (auto eos = tok->eos_token_id()) {
     g.eos_token_ids = model->config().eos_token_ids;

@@ -59,13 +59,13 @@ int run_lengths(const std::vector<std::string>& args) {
   DataConfig cfg = a.data;
   cfg.max_length = 0;  // measure whole examples
   validate_data_config(cfg);
-  const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(a, o);
+  const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(a);
   // The plot path is checked before the (possibly long) tokenisation so a bad path fails fast;
   // it is written at the end, whole or not at all, and never over an input.
   if (!plot.empty())
     check_output_file(
         plot, "plot",
-        {{dataset, "--dataset"}, {a.tokenizer, "--tokenizer"}, chat_template_input(o)});
+        {{dataset, "--dataset"}, {a.tokenizer, "--tokenizer"}, chat_template_input(a)});
 
   const SftData data = load_sft_data(dataset, encoder.get(), cfg);
   const std::vector<int64_t> lengths = data.examples.lengths();

@@ -77,7 +77,7 @@ int run_pack(const std::vector<std::string>& args) {
   LT_CHECK_INPUT(!out_path.empty(), "pack: --out OUT.jsonl is required");
   LT_CHECK_INPUT(o.is_set("max_length"), "pack: --max_length L is required");
   check_output_file(out_path, "out",
-                    {{dataset, "--dataset"}, {a.tokenizer, "--tokenizer"}, chat_template_input(o)});
+                    {{dataset, "--dataset"}, {a.tokenizer, "--tokenizer"}, chat_template_input(a)});
 
   DataConfig cfg = a.data;
   cfg.max_length = a.max_length;
@@ -86,7 +86,7 @@ int run_pack(const std::vector<std::string>& args) {
   cfg.packing_window = a.packing_window;
   validate_data_config(cfg);
 
-  const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(a, o);
+  const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(a);
   const SftData data = load_sft_data(dataset, encoder.get(), cfg);
   const TokenizedDataset& ex = data.examples;
   const Packing packing =

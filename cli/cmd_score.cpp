@@ -73,12 +73,12 @@ int score_command(const std::vector<std::string>& argv) {
   const std::string& output = a.output;
   if (!output.empty())
     check_output_file(output, "output",
-                      {{path, "--model"}, {dataset, "--dataset"}, chat_template_input(o)});
+                      {{path, "--model"}, {dataset, "--dataset"}, chat_template_input(a)});
   std::string tokenizer_dir = path;
   if (is_adapter_dir(path) && !std::filesystem::exists(path + "/tokenizer.json"))
     tokenizer_dir = resolve_base_model_path(path);
   auto tokenizer = Tokenizer::load(tokenizer_dir);
-  apply_chat_options(o, *tokenizer);
+  apply_chat_options(a, *tokenizer);
   const std::unique_ptr<TextEncoder> enc = make_text_encoder(tokenizer);
   const RewardModel rm = open_reward_model(
       path, Device::parse(a.device), a.bf16 ? DType::kBF16 : DType::kF32, enc->pad_token_id());

@@ -50,7 +50,8 @@ int run_sft(const Options& o) {
   api::ModelOptions mo;
   mo.seed = args.seed;
   mo.json = model_json.dump();
-  const std::string path = o.get_string("model_name_or_path");
+  const ModelSource src = model_source(o);
+  const std::string& path = src.model_name_or_path;
   api::Model model = api::Model::load(path, mo);
   api::Trainer trainer(model, config.dump());
   std::printf("sft: %s (%s, %lld parameters) on %s, %s\n",
@@ -83,7 +84,7 @@ int run_sft(const Options& o) {
               r.losses.empty() ? 0.0 : r.losses.back(), skipped.c_str(),
               trainer.output_dir().c_str());
   std::printf("%s", r.memory_report.c_str());
-  if (path.empty() && o.get_string("dataset").empty()) {
+  if (path.empty() && src.dataset.empty()) {
     const std::string prompt = "One sunny day, Mia";
     api::GenerateOptions g;
     g.max_new_tokens = 48;

@@ -180,7 +180,7 @@ int run_tokenize(const std::vector<std::string>& args) {
   if (a.chat) {
     ChatRequest request = parse_chat(input);
     request.add_generation_prompt = a.add_generation_prompt;
-    apply_chat_options(o, *tok);
+    apply_chat_options(a, *tok);
     ChatTemplate tmpl = tok->chat_template();
     if (!a.date_string.empty()) tmpl.set_date_string(a.date_string);
     const ChatEncoding enc = tmpl.encode_request(*tok, request);

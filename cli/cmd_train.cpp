@@ -22,7 +22,7 @@ int run_trainer_command(const TrainerSpec& spec, const std::vector<std::string>&
   apply_demo_defaults(spec, o);
   TrainRun run = spec.make_run(o);
   const char* name = spec.name.c_str();
-  const std::string path = o.get_string("model_name_or_path");
+  const std::string path = model_source(o).model_name_or_path;
   std::printf(
       "%s: %s%s (%lld parameters) on %s, %lld %s\n", name,
       path.empty() ? "built-in demo model" : path.c_str(), run.model_note.c_str(),

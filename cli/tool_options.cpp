@@ -13,15 +13,6 @@ const OptionTable<DeviceArguments>& device_table() {
   return t;
 }
 
-const OptionTable<OverwriteArguments>& overwrite_table() {
-  // Declared by output_path.h, whose folder checks it drives, with the trainers' help text.
-  static const OptionTable<OverwriteArguments> t = OptionTable<OverwriteArguments>().custom(
-      [](Options& o, const OverwriteArguments&) { add_overwrite_option(o); },
-      [](const Options& o, OverwriteArguments& a) { a.overwrite = o.get_bool("overwrite"); },
-      "overwrite");
-  return t;
-}
-
 const OptionTable<DataToolArguments>& data_tool_table() {
   using D = DataToolArguments;
   static const OptionTable<D> t =
@@ -32,11 +23,10 @@ const OptionTable<DataToolArguments>& data_tool_table() {
   return t;
 }
 
-std::unique_ptr<TextEncoder> tokenizer_option_encoder(const DataToolArguments& a,
-                                                      const Options& o) {
+std::unique_ptr<TextEncoder> tokenizer_option_encoder(const DataToolArguments& a) {
   if (a.tokenizer.empty()) return nullptr;
   std::shared_ptr<Tokenizer> tok = Tokenizer::load(a.tokenizer);
-  apply_chat_options(o, *tok);
+  apply_chat_options(a, *tok);
   return make_text_encoder(tok);
 }
 

@@ -22,19 +22,14 @@ struct DeviceArguments {
 };
 const OptionTable<DeviceArguments>& device_table();
 
-struct OverwriteArguments {
-  bool overwrite = false;
-};
-const OptionTable<OverwriteArguments>& overwrite_table();
-
 struct DataToolArguments : ChatArguments {
   std::string dataset;    // JSONL in a TRL format
   std::string tokenizer;  // empty: the dataset holds token ids
 };
 const OptionTable<DataToolArguments>& data_tool_table();
 
-// The text encoder of --tokenizer (a tokenizer folder, with the chat options of `o`), or null
-// when it is empty (the dataset then holds token ids).
-std::unique_ptr<TextEncoder> tokenizer_option_encoder(const DataToolArguments& a, const Options& o);
+// The text encoder of --tokenizer (a tokenizer folder, with a's chat options), or null when it
+// is empty (the dataset then holds token ids).
+std::unique_ptr<TextEncoder> tokenizer_option_encoder(const DataToolArguments& a);
 
 }  // namespace leantune

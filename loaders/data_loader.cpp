@@ -24,8 +24,8 @@ EpochSampler::EpochSampler(int64_t units, int64_t batch_size, uint64_t seed, boo
                  " of world size ", world_size);
   LT_CHECK(units >= 0, "negative unit count");
   global_batches_ = drop_last ? units / batch_size : (units + batch_size - 1) / batch_size;
-  per_rank_ = drop_last ? global_batches_ / world_size
-                        : (global_batches_ + world_size - 1) / world_size;
+  per_rank_ =
+      drop_last ? global_batches_ / world_size : (global_batches_ + world_size - 1) / world_size;
 }
 
 void EpochSampler::ensure_order(int64_t epoch) const {

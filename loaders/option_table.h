@@ -54,9 +54,9 @@ class OptionTable {
         [=](const Options& o, S& s) { s.*f = o.get_bool_or_none(name); });
   }
   template <class N>
-    requires std::is_arithmetic_v<N>
-  OptionTable& integer(const char* name, N S::*f, std::string help, int64_t min = INT64_MIN,
-                       int64_t max = INT64_MAX) {
+  requires std::is_arithmetic_v<N> OptionTable& integer(const char* name, N S::*f, std::string help,
+                                                        int64_t min = INT64_MIN,
+                                                        int64_t max = INT64_MAX) {
     return entry(
         name,
         [=](Options& o, const S& d) {
@@ -66,9 +66,10 @@ class OptionTable {
   }
   // An integer or none; std::nullopt in the field is none.
   template <class N>
-    requires std::is_integral_v<N>
-  OptionTable& integer_or_none(const char* name, std::optional<N> S::*f, std::string help,
-                               int64_t min = INT64_MIN) {
+  requires std::is_integral_v<N> OptionTable& integer_or_none(const char* name,
+                                                              std::optional<N> S::*f,
+                                                              std::string help,
+                                                              int64_t min = INT64_MIN) {
     return entry(
         name,
         [=](Options& o, const S& d) {
@@ -143,8 +144,7 @@ class OptionTable {
   }
   // The options of a base class, declared and read by the base's table.
   template <class B>
-    requires std::is_base_of_v<B, S>
-  OptionTable& base(const OptionTable<B>& t) {
+  requires std::is_base_of_v<B, S> OptionTable& base(const OptionTable<B>& t) {
     return custom([&t](Options& o, const S& d) { t.declare(o, static_cast<const B&>(d)); },
                   [&t](const Options& o, S& s) { t.read_into(o, static_cast<B&>(s)); });
   }

@@ -73,7 +73,8 @@ std::string summary_line(const TrainerSpec& spec, const nlohmann::json& last) {
 
 void check_model_for_dataset(const std::string& command, const Options& o) {
   const ModelSource src = model_source(o);
-  LT_CHECK_INPUT(!src.model_name_or_path.empty() || src.dataset.empty(), command, ": --model_name_or_path is required when --dataset is given");
+  LT_CHECK_INPUT(!src.model_name_or_path.empty() || src.dataset.empty(), command,
+                 ": --model_name_or_path is required when --dataset is given");
 }
 
 }  // namespace leantune

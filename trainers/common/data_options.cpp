@@ -25,15 +25,14 @@ const OptionTable<ChatArguments>& chat_table() {
 
 void add_chat_options(Options& o) { chat_table().declare(o); }
 
-void apply_chat_options(const Options& o, Tokenizer& tok) {
-  const ChatArguments c = chat_table().read(o);
+void apply_chat_options(const ChatArguments& c, Tokenizer& tok) {
   if (!c.chat_template.empty()) tok.set_chat_template(c.chat_template);
   if (!c.chat_template_kwargs.empty())
     tok.set_chat_template_kwargs(parse_chat_template_kwargs(c.chat_template_kwargs));
 }
 
-CommandInput chat_template_input(const Options& o) {
-  const std::string t = chat_table().read(o).chat_template;
+CommandInput chat_template_input(const ChatArguments& c) {
+  const std::string& t = c.chat_template;
   std::error_code ec;
   return {std::filesystem::is_regular_file(t, ec) ? t : std::string(), "--chat_template"};
 }

@@ -7,9 +7,9 @@
 //                  --skip_bad_lines (TRL's names and defaults)
 #pragma once
 
-#include "loaders/data_config.h"
 #include <string>
 
+#include "loaders/data_config.h"
 #include "loaders/option_table.h"
 #include "trainers/common/output_path.h"
 
@@ -26,9 +26,9 @@ const OptionTable<ChatArguments>& chat_table();
 void add_chat_options(Options& o);
 // Applies --chat_template / --chat_template_kwargs to the tokenizer's chat template (Error
 // kInput for an unknown name, an unreadable file, bad JSON, or kwargs without a template).
-void apply_chat_options(const Options& o, Tokenizer& tok);
+void apply_chat_options(const ChatArguments& c, Tokenizer& tok);
 // --chat_template as an input of the command (output_path.h), when it names a file.
-CommandInput chat_template_input(const Options& o);
+CommandInput chat_template_input(const ChatArguments& c);
 
 // dataset_text_field, completion_only_loss, assistant_only_loss, skip_bad_lines of DataConfig.
 const OptionTable<DataConfig>& dataset_table();

@@ -116,10 +116,12 @@ void check_output_file(const std::string& path, const std::string& option,
   check_writable(dir, path, option);
 }
 
-void add_overwrite_option(Options& o) {
-  o.add_bool("overwrite", false,
-             "replace an existing non-empty output folder (it is replaced only once the new one "
-             "is complete)");
+const OptionTable<OverwriteArguments>& overwrite_table() {
+  static const OptionTable<OverwriteArguments> t = OptionTable<OverwriteArguments>().flag(
+      "overwrite", &OverwriteArguments::overwrite,
+      "replace an existing non-empty output folder (it is replaced only once the new one is "
+      "complete)");
+  return t;
 }
 
 void check_output_folder(const std::string& path, const std::string& option, bool overwrite,

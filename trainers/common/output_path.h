@@ -7,7 +7,7 @@
 //     output folder never holds an input (check_output_not_input; symlinks and hard links are
 //     resolved, so a link to an input is that input);
 //   - a tool command (init-model --out, consolidate --out) refuses a non-empty output folder
-//     unless --overwrite (add_overwrite_option), and writes the folder whole or not at all
+//     unless --overwrite (overwrite_table), and writes the folder whole or not at all
 //     (OutputFolder);
 //   - every output file is written to a temporary name in its own folder and renamed on success,
 //     removed on failure (loaders/fs_util.h write_file_atomic), and a failed write is an error
@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-namespace leantune {
+#include "loaders/option_table.h"
 
-class Options;
+namespace leantune {
 
 // An input a command reads: its path and how the command line names it ("--dataset",
 // "CHECKPOINT"). An empty path is no input.
@@ -46,7 +46,10 @@ void check_output_not_input(const std::string& out, const std::string& option,
                             const std::vector<CommandInput>& inputs);
 
 // Declares --overwrite (a tool command whose output is a folder).
-void add_overwrite_option(Options& o);
+struct OverwriteArguments {
+  bool overwrite = false;
+};
+const OptionTable<OverwriteArguments>& overwrite_table();
 
 // A tool command's output folder, checked before any work: not a file, not an input (above), and
 // absent or empty unless `overwrite`.

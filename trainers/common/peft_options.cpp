@@ -31,8 +31,7 @@ const OptionTable<PeftConfig>& peft_config_table() {
   static const OptionTable<C> t =
       OptionTable<C>()
           .integer("lora_r", &C::r, "LoRA rank", 1)
-          .integer("lora_alpha", &C::lora_alpha, "LoRA alpha: the update is scaled by alpha / r",
-                   1)
+          .integer("lora_alpha", &C::lora_alpha, "LoRA alpha: the update is scaled by alpha / r", 1)
           .real("lora_dropout", &C::lora_dropout, "dropout on the LoRA input while training", 0.0,
                 0.999999)
           .list("lora_target_modules", &C::target_modules,

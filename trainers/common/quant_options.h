@@ -10,10 +10,10 @@
 //   llm_int8_skip_modules      modules kept dense (default: lm_head)
 #pragma once
 
-#include "engine/dtype.h"
 #include <string>
 #include <vector>
 
+#include "engine/dtype.h"
 #include "loaders/option_table.h"
 #include "models/quantize_model.h"
 

@@ -464,8 +464,8 @@ TrainResult Trainer::train() {
         break;
       }
       // One offloader per micro-batch, around its forward and backward.
-      std::unique_ptr<ActivationOffloader> offloader = make_step_offloader(
-          static_cast<const OffloadArguments&>(args_), model_->device());
+      std::unique_ptr<ActivationOffloader> offloader =
+          make_step_offloader(static_cast<const OffloadArguments&>(args_), model_->device());
       // ZeRO-3: a weight saved in forward is gathered again when backward unpacks it; every
       // other saved tensor goes to the offloader's hooks, if any.
       std::optional<SavedTensorHooksGuard> z3_hooks;

@@ -85,7 +85,7 @@ struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments {
   std::string memory_trace;   // allocator trace of the first memory_trace_steps updates (JSON)
   int64_t memory_trace_steps = 3;
   int64_t profile_steps =
-      0;             // per-op step profile of this many updates (trainers/common/step_profile.h)
+      0;  // per-op step profile of this many updates (trainers/common/step_profile.h)
 };
 
 // Before a run loads anything: output_dir checked and created (trainers/common/output_path.h), and

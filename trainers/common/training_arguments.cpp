@@ -21,13 +21,13 @@ const OptionTable<SequenceTiling>& tiling_table() {
   using T = SequenceTiling;
   static const OptionTable<T> t =
       OptionTable<T>()
-          .choice("tiled_mlp", &T::mode,
-                  "sequence tiling: each decoder layer's norms, projections, rope, MLP and "
-                  "residual adds run in blocks of tiled_mlp_chunk_size tokens, so no [tokens x "
-                  "intermediate] buffer exists (auto: for forwards over " +
-                      std::to_string(kTilingAutoMinTokens) + " tokens)",
-                  {{"auto", TilingMode::kAuto}, {"true", TilingMode::kOn},
-                   {"false", TilingMode::kOff}})
+          .choice(
+              "tiled_mlp", &T::mode,
+              "sequence tiling: each decoder layer's norms, projections, rope, MLP and "
+              "residual adds run in blocks of tiled_mlp_chunk_size tokens, so no [tokens x "
+              "intermediate] buffer exists (auto: for forwards over " +
+                  std::to_string(kTilingAutoMinTokens) + " tokens)",
+              {{"auto", TilingMode::kAuto}, {"true", TilingMode::kOn}, {"false", TilingMode::kOff}})
           .integer("tiled_mlp_chunk_size", &T::chunk_tokens,
                    "tokens per block of tiled_mlp (0 = max(hidden_size, 1024): each block's MLP "
                    "intermediates no larger than one MLP weight)",
@@ -52,17 +52,17 @@ const OptionTable<TrainingArguments>& training_table() {
           .real("learning_rate", &A::learning_rate, "peak learning rate of AdamW", 0.0)
           .text("lr_scheduler_type", &A::lr_scheduler_type, "learning-rate schedule after warmup",
                 {"linear", "cosine", "constant", "constant_with_warmup"})
-          .real("warmup_ratio", &A::warmup_ratio, "fraction of updates used for linear warmup",
-                0.0, 1.0)
+          .real("warmup_ratio", &A::warmup_ratio, "fraction of updates used for linear warmup", 0.0,
+                1.0)
           .integer("warmup_steps", &A::warmup_steps,
                    "updates of linear warmup (overrides warmup_ratio)", 0)
           .real("weight_decay", &A::weight_decay,
                 "decoupled weight decay (not applied to biases and norm weights)", 0.0)
           // torch.optim.AdamW's ranges: a beta of 1 never forgets and divides by 1 - beta^t = 0.
-          .real_below("adam_beta1", &A::adam_beta1, "beta1 of every AdamW variant, in [0, 1)",
-                      0.0, 1.0)
-          .real_below("adam_beta2", &A::adam_beta2, "beta2 of every AdamW variant, in [0, 1)",
-                      0.0, 1.0)
+          .real_below("adam_beta1", &A::adam_beta1, "beta1 of every AdamW variant, in [0, 1)", 0.0,
+                      1.0)
+          .real_below("adam_beta2", &A::adam_beta2, "beta2 of every AdamW variant, in [0, 1)", 0.0,
+                      1.0)
           .real("adam_epsilon", &A::adam_epsilon, "AdamW epsilon", 0.0)
           .base(optim_table())
           .real("max_grad_norm", &A::max_grad_norm,
@@ -73,13 +73,12 @@ const OptionTable<TrainingArguments>& training_table() {
                    "counted",
                    1)
           .real("num_train_epochs", &A::num_train_epochs, "epochs over the training data", 0.0)
-          .integer("max_steps", &A::max_steps,
-                   "total updates; overrides num_train_epochs when > 0")
+          .integer("max_steps", &A::max_steps, "total updates; overrides num_train_epochs when > 0")
           .integer("logging_steps", &A::logging_steps, "log every this many updates", 1)
           .integer("eval_steps", &A::eval_steps,
                    "evaluate every this many updates (0 = only at the end)", 0)
-          .integer("save_steps", &A::save_steps,
-                   "checkpoint every this many updates (0 = never)", 0)
+          .integer("save_steps", &A::save_steps, "checkpoint every this many updates (0 = never)",
+                   0)
           .integer("save_total_limit", &A::save_total_limit,
                    "keep at most this many checkpoints (0 = all)", 0)
           .integer("seed", &A::seed, "seed of data order, init and dropout", 0)
@@ -101,8 +100,8 @@ const OptionTable<TrainingArguments>& training_table() {
                 "write the allocator trace (alloc/free/segment events with tag, size, stream, "
                 "time and phase) of the first memory_trace_steps updates to this JSON file; "
                 "view it with trainer_bin memviz")
-          .integer("memory_trace_steps", &A::memory_trace_steps,
-                   "updates recorded by memory_trace", 1)
+          .integer("memory_trace_steps", &A::memory_trace_steps, "updates recorded by memory_trace",
+                   1)
           .integer("profile_steps", &A::profile_steps,
                    "print the time per op kind of this many updates (2..N+1) and write "
                    "output_dir/profile.json (0 = off)",

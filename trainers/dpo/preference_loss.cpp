@@ -225,7 +225,8 @@ const OptionTable<PreferenceLossConfig>& preference_loss_table() {
                 }
               },
               "loss_weights")
-          .real("beta", &C::beta, "temperature of the implicit reward (deviation from the reference)")
+          .real("beta", &C::beta,
+                "temperature of the implicit reward (deviation from the reference)")
           .real("label_smoothing", &C::label_smoothing,
                 "probability that a preference label is flipped (robust, exo_pair)", 0.0)
           .text("f_divergence_type", &C::f_divergence_type,

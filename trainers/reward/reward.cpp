@@ -238,7 +238,7 @@ RewardModelSetup load_reward_model(const Options& o) {
   const uint64_t seed = args.seed;
   const PeftArguments peft = peft_arguments(o);
   m.tokenizer = Tokenizer::load(m.tokenizer_dir);
-  apply_chat_options(o, *m.tokenizer);
+  apply_chat_options(chat_table().read(o), *m.tokenizer);
   const QuantConfig quant = quant_config_from_options(o, dtype);
   LT_CHECK_INPUT(!quant.enabled() || peft.use_peft,
                  "options load_in_4bit / load_in_8bit need use_peft: a quantized base is frozen, "
@@ -315,9 +315,9 @@ RewardRun make_reward_run(const Options& o) {
     copy_tokenizer_files(m.tokenizer_dir, (out_dir / "base_model").string());
     base_name = (out_dir.filename() / "base_model").string();
   }
-  run.trainer = std::make_unique<RewardTrainer>(
-      args, m.model, o, m.tokenizer_dir, std::move(train), std::move(eval), cc,
-      ra.center_rewards_coefficient, ra.disable_dropout);
+  run.trainer = std::make_unique<RewardTrainer>(args, m.model, o, m.tokenizer_dir, std::move(train),
+                                                std::move(eval), cc, ra.center_rewards_coefficient,
+                                                ra.disable_dropout);
   run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   return run;

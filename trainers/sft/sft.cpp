@@ -254,7 +254,7 @@ SftModel load_sft_model(const Options& o) {
   const DType dtype = args.bf16 ? DType::kBF16 : DType::kF32;
   const uint64_t seed = args.seed;
   m.tokenizer = Tokenizer::load(setup.tokenizer_dir);
-  apply_chat_options(o, *m.tokenizer);
+  apply_chat_options(chat_table().read(o), *m.tokenizer);
 
   // QLoRA: the base is quantized while loading (before adapters and the optimizer exist, so
   // nothing keeps the dense weights alive).
@@ -320,8 +320,7 @@ SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in) {
   setup.dataset = source.path;
   run.tokenizer = m.tokenizer;
   run.model = m.model;
-  const std::string base_name =
-      adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);
+  const std::string base_name = adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(run.tokenizer);
   run.eos_token_id = encoder->eos_token_id();
 
@@ -357,9 +356,8 @@ SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in) {
     eval = std::make_shared<DataLoader>(std::make_shared<TokenizedDataset>(std::move(ev.examples)),
                                         ec, encoder->pad_token_id());
   }
-  run.trainer =
-      std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer, setup.tokenizer_dir, loader,
-                                   eval, train.stats, sa.use_liger_kernel);
+  run.trainer = std::make_unique<SftTrainer>(args, run.model, o, run.tokenizer, setup.tokenizer_dir,
+                                             loader, eval, train.stats, sa.use_liger_kernel);
   run.trainer->set_communicator(in.comm);
   run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   run.trainer->set_context_parallel(cp_groups, encoder->pad_token_id());

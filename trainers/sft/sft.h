@@ -36,7 +36,7 @@ struct SftArguments : ModelSource {
   std::string truncation_mode = "keep_start";
   bool packing = false;
   std::string packing_strategy = "bfd";
-  int64_t packing_window = 0;  // 0: the whole dataset
+  int64_t packing_window = 0;        // 0: the whole dataset
   std::optional<bool> padding_free;  // none: on with bfd packing
   std::optional<int64_t> pad_to_multiple_of;
   bool use_liger_kernel = true;
