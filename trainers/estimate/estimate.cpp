@@ -659,10 +659,9 @@ EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments
 
 EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu) {
   const TrainingArguments args = training_arguments(o);
-  const PeftConfig peft = peft_table().read(o).config;
+  const PeftArguments peft = peft_table().read(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
-  const bool use_peft = peft_table().read(o).use_peft;
-  EstimateConfig c = estimate_config(model, args, use_peft ? &peft : nullptr, quant,
+  EstimateConfig c = estimate_config(model, args, peft.use_peft ? &peft.config : nullptr, quant,
                                      o.get_bool("use_liger_kernel"),
                                      o.get_int_or_none("max_length").value_or(0), cpu);
   c.row_block_updates = args.optimizer_in_backward && optim_updates_rows(args.optim);
