@@ -659,21 +659,25 @@ EstimateConfig estimate_config(const ModelConfig& model, const TrainingArguments
 
 EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig& model, bool cpu) {
   const TrainingArguments args = training_arguments(o);
-  const PeftConfig peft = peft_table().read(o).config;
+  const PeftArguments peft = peft_table().read(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
-  EstimateConfig c = estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
+  EstimateConfig c = estimate_config(model, args, peft.use_peft ? &peft.config : nullptr, quant,
                                      o.get_bool("use_liger_kernel"),
                                      o.get_int_or_none("max_length").value_or(0), cpu);
   c.row_block_updates = args.optimizer_in_backward && optim_updates_rows(args.optim);
   return c;
 }
 
-void add_world_size_option(Options& o) {
-  o.add_int("world_size", 1,
-            "ranks of the run (data parallel; with --zero_stage, the per-rank peak of the "
-            "sharded states)",
-            1);
+const OptionTable<EstimateRanks>& world_size_table() {
+  static const OptionTable<EstimateRanks> t = OptionTable<EstimateRanks>().integer(
+      "world_size", &EstimateRanks::world_size,
+      "ranks of the run (data parallel; with --zero_stage, the per-rank peak of the sharded "
+      "states)",
+      1);
+  return t;
 }
+
+void add_world_size_option(Options& o) { world_size_table().declare(o); }
 
 std::optional<EstimateTarget> parse_estimate_target(Options& o,
                                                     const std::vector<std::string>& args) {
@@ -684,7 +688,7 @@ std::optional<EstimateTarget> parse_estimate_target(Options& o,
   std::string path = o.get_string("model_name_or_path");
   if (path.empty()) path = embedded_data_dir() + "/config.json";
   ModelConfig model = ModelConfig::load(path);
-  return EstimateTarget{path, std::move(model), Device::parse(o.get_string("device"))};
+  return EstimateTarget{path, std::move(model), Device::parse(training_table().read(o).device)};
 }
 
 }  // namespace leantune

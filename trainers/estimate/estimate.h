@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "loaders/model_config.h"
+#include "loaders/option_table.h"
 #include "models/sequence_tiling.h"
 
 namespace leantune {
@@ -183,6 +184,10 @@ std::optional<EstimateTarget> parse_estimate_target(Options& o,
                                                     const std::vector<std::string>& args);
 // `estimate`'s --world_size (the ranks whose per-rank peak is predicted), for every trainer's
 // estimate.
+struct EstimateRanks {
+  int64_t world_size = 1;
+};
+const OptionTable<EstimateRanks>& world_size_table();
 void add_world_size_option(Options& o);
 
 }  // namespace leantune

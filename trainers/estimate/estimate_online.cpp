@@ -10,6 +10,7 @@
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
 #include "models/kv_cache.h"
+#include "trainers/common/data_options.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/quant_options.h"
 #include "trainers/common/trainer_spec.h"
@@ -98,8 +99,8 @@ OnlineEstimate estimate_online(const EstimateConfig& policy, const OnlineShape& 
 namespace {
 
 // The longest prompt the trainer would generate from, tokenized as it tokenizes.
-int64_t longest_prompt(const Options& o, const std::string& model_dir) {
-  const std::string dataset = o.get_string("dataset");
+int64_t longest_prompt(const std::string& dataset, const std::string& chat_template,
+                       const std::string& model_dir) {
   std::shared_ptr<Tokenizer> tok;
   try {
     tok = Tokenizer::load(model_dir);
@@ -107,7 +108,7 @@ int64_t longest_prompt(const Options& o, const std::string& model_dir) {
     LT_THROW(ErrorKind::kInput, "option --prompt_length: not given, and no tokenizer in ",
              model_dir, " to measure the prompts with (", err.what(), ")");
   }
-  const auto enc = make_text_encoder(tok, o.get_string("chat_template"));
+  const auto enc = make_text_encoder(tok, chat_template);
   const OnlinePrompts p =
       dataset.empty() ? builtin_online_prompts(*enc) : load_online_prompts(dataset, *enc, false);
   int64_t longest = 1;
@@ -126,58 +127,64 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
   const TrainingArguments args = training_arguments(o);
   LT_CHECK_INPUT(args.cp_size == 1, "option cp_size ", args.cp_size,
                  ": the online trainers do not split sequences over ranks");
+  const OnlineArguments oa = online_table(algorithm).read(o);
+  const OnlineEstimateArguments ea = online_estimate_table().read(o);
   OnlineShape s;
-  s.num_generations = dpo ? 2 : o.get_int("num_generations");
+  s.num_generations = dpo ? 2 : oa.num_generations;
   const int64_t steps_per_generation =
-      dpo ? 1
-          : o.get_int_or_none("steps_per_generation").value_or(args.gradient_accumulation_steps);
+      dpo ? 1 : oa.steps_per_generation.value_or(args.gradient_accumulation_steps);
   const int64_t completions =
       (CheckedInt(args.per_device_train_batch_size) * (dpo ? 2 : steps_per_generation)).get();
   LT_CHECK_INPUT(completions % s.num_generations == 0, algorithm, ": the generation batch (",
                  completions, " completions) must be a multiple of num_generations ",
                  s.num_generations);
   s.prompts_per_generation = completions / s.num_generations;
-  s.max_new_tokens = o.get_int(dpo ? "max_new_tokens" : "max_completion_length");
-  s.prompt_length =
-      o.get_int("prompt_length") > 0 ? o.get_int("prompt_length") : longest_prompt(o, dir);
-  s.kv_cache_blocks = o.get_int("kv_cache_blocks");
-  s.kv_block_size = o.get_int("kv_block_size");
-  s.sleep_mode = o.get_bool("vllm_enable_sleep_mode");
+  s.max_new_tokens = dpo ? oa.max_new_tokens : oa.max_completion_length;
+  s.prompt_length = ea.prompt_length > 0
+                        ? ea.prompt_length
+                        : longest_prompt(oa.dataset, chat_table().read(o).chat_template, dir);
+  s.kv_cache_blocks = oa.kv_cache_blocks;
+  s.kv_block_size = oa.kv_block_size;
+  s.sleep_mode = oa.vllm_enable_sleep_mode;
   // One micro-batch of prompt + completion sequences (online_dpo: both of each prompt's two,
   // cut to max_length).
   int64_t length = (CheckedInt(s.prompt_length) + s.max_new_tokens).get();
-  if (dpo) length = std::min(length, o.get_int("max_length"));
+  if (dpo) length = std::min(length, oa.max_length);
   const int64_t per_micro =
       dpo ? 2 * args.per_device_train_batch_size : args.per_device_train_batch_size;
-  const PeftConfig peft = peft_table().read(o).config;
+  const PeftArguments peft = peft_table().read(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
-  EstimateConfig c = estimate_config(model, args, o.get_bool("use_peft") ? &peft : nullptr, quant,
-                                     o.get_bool("use_liger_loss"), length, cpu,
-                                     (CheckedInt(per_micro) * length).get(), length);
-  c.world_size = o.get_int("world_size");
+  EstimateConfig c =
+      estimate_config(model, args, peft.use_peft ? &peft.config : nullptr, quant, oa.use_liger_loss,
+                      length, cpu, (CheckedInt(per_micro) * length).get(), length);
+  c.world_size = ea.ranks.world_size;
+  const RefModelConfig rc = ref_model_table().read(o);
   std::string mode = "none";
-  if (dpo || o.get_float("beta") != 0.0)
-    mode = !o.get_string("ref_model").empty() ? "ref_model"
-           : o.get_bool("use_peft")           ? "adapters_off"
-                                              : "policy_copy";
+  if (dpo || oa.beta != 0.0)
+    mode = !rc.ref_model.empty() ? "ref_model" : peft.use_peft ? "adapters_off" : "policy_copy";
   int64_t ref_bytes = 0;
   if (mode != "none") {
-    const std::string rdir = o.get_string("ref_model");
-    const fs::path rcfg = fs::path(rdir) / "config.json";
+    const fs::path rcfg = fs::path(rc.ref_model) / "config.json";
     const ModelConfig ref =
-        !rdir.empty() && fs::exists(rcfg) ? ModelConfig::load(rcfg.string()) : model;
-    ref_bytes = reference_param_bytes(mode, model, ref, args.bf16, o.get_bool("ref_load_in_4bit"));
+        !rc.ref_model.empty() && fs::exists(rcfg) ? ModelConfig::load(rcfg.string()) : model;
+    ref_bytes = reference_param_bytes(mode, model, ref, args.bf16, rc.ref_load_in_4bit);
   }
   return estimate_online(c, s, mode, ref_bytes);
 }
 
-void add_online_estimate_options(Options& o) {
-  o.add_int("prompt_length", 0,
-            "prompt tokens to plan for (0: the longest prompt of --dataset, or of the built-in "
-            "task, as the trainer tokenizes it)",
-            0);
-  add_world_size_option(o);
+const OptionTable<OnlineEstimateArguments>& online_estimate_table() {
+  using A = OnlineEstimateArguments;
+  static const OptionTable<A> t =
+      OptionTable<A>()
+          .integer("prompt_length", &A::prompt_length,
+                   "prompt tokens to plan for (0: the longest prompt of --dataset, or of the "
+                   "built-in task, as the trainer tokenizes it)",
+                   0)
+          .nested(&A::ranks, world_size_table());
+  return t;
 }
+
+void add_online_estimate_options(Options& o) { online_estimate_table().declare(o); }
 
 int run_estimate_online(const std::vector<std::string>& argv, const std::string& algorithm) {
   Options o = online_options(algorithm);
@@ -187,9 +194,9 @@ int run_estimate_online(const std::vector<std::string>& argv, const std::string&
     return 0;
   }
   apply_demo_defaults(*find_trainer_spec(algorithm), o);
-  std::string path = o.get_string("model_name_or_path");
+  std::string path = online_table(algorithm).read(o).model_name_or_path;
   if (path.empty()) path = embedded_data_dir() + "/config.json";
-  const bool cpu = Device::parse(o.get_string("device")).is_cpu();
+  const bool cpu = Device::parse(training_table().read(o).device).is_cpu();
   const OnlineEstimate e = estimate_online_from_options(o, algorithm, path, cpu);
   const EstimateConfig& c = e.config;
   const OnlineShape& s = e.shape;

@@ -62,8 +62,12 @@ int64_t kv_pool_bytes(const ModelConfig& m, DType dtype, int64_t blocks, int64_t
 OnlineEstimate estimate_online(const EstimateConfig& policy, const OnlineShape& shape,
                                const std::string& reference_mode, int64_t reference_params);
 
-class Options;
-// The estimate's own options (prompt_length, world_size) on top of online_options().
+// The estimate's own options on top of online_options().
+struct OnlineEstimateArguments {
+  int64_t prompt_length = 0;  // 0: the longest prompt, measured
+  EstimateRanks ranks;        // world_size
+};
+const OptionTable<OnlineEstimateArguments>& online_estimate_table();
 void add_online_estimate_options(Options& o);
 // From parsed options (those of online_options(algorithm) and add_online_estimate_options, with
 // the demo defaults applied); path: the model folder or config.json.

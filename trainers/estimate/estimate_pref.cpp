@@ -49,14 +49,14 @@ PreferenceEstimate estimate_preference(const EstimateConfig& policy, const std::
 
 namespace {
 
-std::string dpo_ref_mode(const Options& o) {
-  if (o.get_bool("precompute_ref_log_probs")) return "precomputed";
-  if (!o.get_string("ref_model").empty()) return "ref_model";
-  return o.get_bool("use_peft") ? "adapters_off" : "policy_copy";
+std::string dpo_ref_mode(const RefModelConfig& ref, bool use_peft) {
+  if (ref.precompute) return "precomputed";
+  if (!ref.ref_model.empty()) return "ref_model";
+  return use_peft ? "adapters_off" : "policy_copy";
 }
 
-ModelConfig ref_config(const Options& o, const ModelConfig& policy) {
-  const std::string dir = o.get_string("ref_model");
+// The --ref_model's config.json, else the policy's.
+ModelConfig ref_config(const std::string& dir, const ModelConfig& policy) {
   if (dir.empty()) return policy;
   const std::filesystem::path cfg = std::filesystem::path(dir) / "config.json";
   return std::filesystem::exists(cfg) ? ModelConfig::load(cfg.string()) : policy;
@@ -74,21 +74,22 @@ PreferenceEstimate estimate_preference_from_options(const Options& o, const Mode
   LT_CHECK_INPUT(args.cp_size == 1, "option cp_size ", args.cp_size,
                  ": the preference estimate does not model the ring yet (trainer_bin dpo and kto "
                  "run it; trainer_bin estimate --cp_size models sft)");
-  const PeftConfig peft = peft_table().read(o).config;
+  const PeftArguments peft = peft_table().read(o);
+  const RefModelConfig ref = ref_model_table().read(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
   const int64_t max_length = o.get_int_or_none("max_length").value_or(0);
   const int64_t length = max_length > 0 ? max_length : model.max_position_embeddings;
   // DPO: chosen and rejected of every pair in one micro-batch. KTO: the matched sequences (its
   // KL sequences run without gradient and keep nothing, below the policy's peak).
   const EstimateConfig c = estimate_config(
-      model, args, o.get_bool("use_peft") ? &peft : nullptr, quant, o.get_bool("use_liger_loss"),
+      model, args, peft.use_peft ? &peft.config : nullptr, quant, o.get_bool("use_liger_loss"),
       max_length, cpu,
       (CheckedInt(sequences_per_example) * args.per_device_train_batch_size * length).get(),
       length);
-  const std::string mode = dpo_ref_mode(o);
+  const std::string mode = dpo_ref_mode(ref, peft.use_peft);
   return estimate_preference(c, mode,
-                             reference_param_bytes(mode, model, ref_config(o, model), args.bf16,
-                                                   o.get_bool("ref_load_in_4bit")));
+                             reference_param_bytes(mode, model, ref_config(ref.ref_model, model),
+                                                   args.bf16, ref.ref_load_in_4bit));
 }
 
 int run_estimate_dpo(const std::vector<std::string>& args) {
@@ -105,11 +106,13 @@ int run_estimate_preference(const std::vector<std::string>& args, const std::str
   const ModelConfig& model = t->model;
   const bool cpu = t->device.is_cpu();
   const PreferenceEstimate e = estimate_preference_from_options(o, model, cpu, per_example);
+  const TrainingArguments training = training_table().read(o);
+  const bool use_peft = peft_table().read(o).use_peft;
   std::printf("%s estimate for %s (%lld parameters) on %s, %lld tokens per micro-batch (%s):\n",
               trainer.c_str(), path.c_str(), static_cast<long long>(e.policy.total_parameters),
               cpu ? "cpu" : "cuda",
               static_cast<long long>(
-                  (CheckedInt(per_example) * o.get_int("per_device_train_batch_size") *
+                  (CheckedInt(per_example) * training.per_device_train_batch_size *
                    o.get_int_or_none("max_length").value_or(model.max_position_embeddings))
                       .get()),
               dpo ? "chosen + rejected" : "the matched sequences; the KL ones run without grad");
@@ -125,12 +128,12 @@ int run_estimate_preference(const std::vector<std::string>& args, const std::str
               e.policy.peak_phase.c_str(), e.policy.peak_detail.c_str());
   // The other reference modes of the same run, for comparison.
   std::printf("reference modes:\n");
-  const ModelConfig ref = ref_config(o, model);
-  const bool bf16 = o.get_bool("bf16");
+  const ModelConfig ref = ref_config(ref_model_table().read(o).ref_model, model);
+  const bool bf16 = training.bf16;
   for (const char* mode : {"precomputed", "adapters_off", "policy_copy", "ref_model"}) {
     const std::string m = mode;
-    if (m == "adapters_off" && !o.get_bool("use_peft")) continue;
-    if (m == "policy_copy" && o.get_bool("use_peft")) continue;
+    if (m == "adapters_off" && !use_peft) continue;
+    if (m == "policy_copy" && use_peft) continue;
     const int64_t r = reference_param_bytes(m, model, ref, bf16, false);
     std::printf("  %-26s %12s reference, peak %s\n", mode, format_bytes(r).c_str(),
                 format_bytes((CheckedInt(e.policy.peak) + r).get()).c_str());

@@ -19,14 +19,14 @@ EstimateConfig reward_estimate_config(const Options& o, const ModelConfig& model
   LT_CHECK_INPUT(args.cp_size == 1, "option cp_size ", args.cp_size,
                  ": this trainer does not split sequences over ranks (",
                  context_parallel_trainer_names(), " have context parallelism)");
-  PeftConfig peft = peft_table().read(o).config;
-  peft.modules_to_save.push_back("score");
+  PeftArguments peft = peft_table().read(o);
+  peft.config.modules_to_save.push_back("score");
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
   const ModelConfig cls =
       model.sequence_classification ? model : model.as_sequence_classification(1);
   const int64_t max_length = o.get_int_or_none("max_length").value_or(0);
   const int64_t length = max_length > 0 ? max_length : cls.max_position_embeddings;
-  return estimate_config(cls, args, o.get_bool("use_peft") ? &peft : nullptr, quant, false,
+  return estimate_config(cls, args, peft.use_peft ? &peft.config : nullptr, quant, false,
                          max_length, cpu,
                          (CheckedInt(2) * args.per_device_train_batch_size * length).get(), length);
 }

@@ -669,10 +669,11 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   LT_CHECK_INPUT(!ref_cfg.precompute,
                  "option --precompute_ref_log_probs: the online trainers "
                  "score fresh completions; nothing can be precomputed");
+  const OnlineArguments oa = online_table(algorithm).read(o);
   OnlineConfig cfg;
   cfg.algorithm = algorithm;
   const bool dpo = algorithm == "online_dpo";
-  cfg.loss.beta = o.get_float("beta");
+  cfg.loss.beta = oa.beta;
   LT_CHECK_INPUT(cfg.loss.beta != 0.0 || dpo || ref_cfg.ref_model.empty(),
                  "option --ref_model: beta is 0, so no reference model is used");
   if (dpo) {
@@ -683,67 +684,65 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
                       "completions per prompt", 2);
     cfg.steps_per_generation = 1;
     cfg.num_iterations = 1;
-    cfg.generation.max_new_tokens = o.get_int("max_new_tokens");
-    cfg.dpo_loss_type = o.get_string("loss_type");
-    cfg.missing_eos_penalty = o.get_float("missing_eos_penalty");
-    cfg.max_length = o.get_int("max_length");
+    cfg.generation.max_new_tokens = oa.max_new_tokens;
+    cfg.dpo_loss_type = oa.loss_type;
+    cfg.missing_eos_penalty = oa.missing_eos_penalty;
+    cfg.max_length = oa.max_length;
     LT_CHECK_INPUT(cfg.dpo_loss_type != "ipo" || cfg.loss.beta > 0,
                    "option --beta: the ipo loss needs beta > 0");
   } else {
-    cfg.num_generations = o.get_int("num_generations");
+    cfg.num_generations = oa.num_generations;
     cfg.completions_per_micro_batch = args.per_device_train_batch_size;
-    cfg.steps_per_generation =
-        o.get_int_or_none("steps_per_generation").value_or(args.gradient_accumulation_steps);
-    cfg.num_iterations = o.get_int("num_iterations");
+    cfg.steps_per_generation = oa.steps_per_generation.value_or(args.gradient_accumulation_steps);
+    cfg.num_iterations = oa.num_iterations;
     const int64_t gen_batch =
         checked_batch(algorithm, "per_device_train_batch_size", args.per_device_train_batch_size,
                       "steps_per_generation", cfg.steps_per_generation);
     LT_CHECK_INPUT(gen_batch % cfg.num_generations == 0, algorithm,
                    ": the generation batch (per_device_train_batch_size x steps_per_generation = ",
                    gen_batch, ") must be a multiple of num_generations ", cfg.num_generations);
-    cfg.generation.max_new_tokens = o.get_int("max_completion_length");
-    cfg.loss.epsilon_low = o.get_float("epsilon");
-    cfg.loss.epsilon_high =
-        o.get_float("epsilon_high") < 0 ? cfg.loss.epsilon_low : o.get_float("epsilon_high");
+    cfg.generation.max_new_tokens = oa.max_completion_length;
+    cfg.loss.epsilon_low = oa.epsilon;
+    cfg.loss.epsilon_high = oa.epsilon_high < 0 ? cfg.loss.epsilon_low : oa.epsilon_high;
     cfg.loss.max_completion_length = cfg.generation.max_new_tokens;
     if (algorithm == "grpo") {
-      cfg.loss.loss_type = o.get_string("loss_type");
-      cfg.scale_rewards = o.get_string("scale_rewards");
+      cfg.loss.loss_type = oa.loss_type;
+      cfg.scale_rewards = oa.scale_rewards;
     } else {
-      cfg.normalize_advantages = o.get_bool("normalize_advantages");
+      cfg.normalize_advantages = oa.normalize_advantages;
     }
-    cfg.mask_truncated_completions = o.get_bool("mask_truncated_completions");
+    cfg.mask_truncated_completions = oa.mask_truncated_completions;
   }
-  cfg.kv_cache_blocks = o.get_int("kv_cache_blocks");
-  cfg.kv_block_size = o.get_int("kv_block_size");
-  cfg.sleep_mode = o.get_bool("vllm_enable_sleep_mode");
-  cfg.ds3_gather_for_generation = o.get_bool("ds3_gather_for_generation");
-  cfg.generation.temperature = o.get_float("temperature");
-  cfg.generation.top_p = o.get_float("top_p");
-  cfg.generation.top_k = o.get_int("top_k");
-  cfg.generation.min_p = o.get_float("min_p");
-  cfg.generation.repetition_penalty = o.get_float("repetition_penalty");
-  cfg.logps.fused = o.get_bool("use_liger_loss");
+  cfg.kv_cache_blocks = oa.kv_cache_blocks;
+  cfg.kv_block_size = oa.kv_block_size;
+  cfg.sleep_mode = oa.vllm_enable_sleep_mode;
+  cfg.ds3_gather_for_generation = oa.ds3_gather_for_generation;
+  cfg.generation.temperature = oa.temperature;
+  cfg.generation.top_p = oa.top_p;
+  cfg.generation.top_k = oa.top_k;
+  cfg.generation.min_p = oa.min_p;
+  cfg.generation.repetition_penalty = oa.repetition_penalty;
+  cfg.logps.fused = oa.use_liger_loss;
   // GRPO and RLOO score under the sampling temperature; OnlineDPOTrainer's forward does not.
   cfg.logps.temperature = dpo ? 1.0 : cfg.generation.temperature;
   prepare_run(args);
   OnlineRun run;
   run.model = model ? std::move(*model) : load_sft_model(o);
   const SftModel& m = run.model;
-  auto rewards = std::make_unique<RewardSources>(o, cfg.generation.max_new_tokens,
+  auto rewards = std::make_unique<RewardSources>(oa.rewards, cfg.generation.max_new_tokens,
                                                  m.model->device(), m.model->dtype());
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
   // No dataset and no rows: the built-in task's prompts.
-  const bool builtin = !in.dataset_rows && o.get_string("dataset").empty();
+  const bool builtin = !in.dataset_rows && oa.dataset.empty();
   OnlinePrompts data = builtin ? builtin_online_prompts(*encoder)
                                : load_online_prompts(training_source(o, m, in, ""), *encoder,
                                                      rewards->needs_solution());
-  const std::string base_name =
-      adapter_base_name(m, o.get_bool("use_peft"), args.output_dir, args.seed);
+  const PeftArguments peft = peft_table().read(o);
+  const std::string base_name = adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);
   run.trainer =
       std::make_unique<OnlineTrainer>(args, m.model, o, m.tokenizer, m.setup.tokenizer_dir,
                                       std::move(data), cfg, std::move(rewards));
-  run.trainer->set_peft(m.peft, base_name, o.get_bool("merge_adapter"));
+  run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   RefModelConfig rc = ref_cfg;
   rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);

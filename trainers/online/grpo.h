@@ -77,8 +77,48 @@
 
 namespace leantune {
 
-// "grpo" or "rloo": the options of that command (TRL's defaults differ: num_generations 8 / 2,
-// beta 0 / 0.05).
+// The options of grpo, rloo and online_dpo as given (TRL's names). Each command declares the
+// fields it has (online_table): online_dpo max_new_tokens, loss_type sigmoid|ipo, max_length and
+// missing_eos_penalty; grpo and rloo num_generations, max_completion_length,
+// steps_per_generation, num_iterations, the epsilons and mask_truncated_completions, and grpo
+// also loss_type and scale_rewards, rloo normalize_advantages. The member defaults are grpo's;
+// online_arguments_defaults gives each command's.
+struct OnlineArguments {
+  std::string model_name_or_path;  // empty with no dataset: the built-in demo
+  std::string dataset;
+  int64_t max_new_tokens = 64;
+  int64_t num_generations = 8;
+  int64_t max_completion_length = 512;
+  std::optional<int64_t> steps_per_generation;  // none: gradient_accumulation_steps
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;
+  double beta = 0.0;
+  std::string loss_type = "dapo";
+  int64_t max_length = 512;
+  double missing_eos_penalty = 0.0;
+  int64_t num_iterations = 1;
+  double epsilon = 0.2;
+  double epsilon_high = -1.0;  // negative: epsilon
+  std::string scale_rewards = "group";
+  bool normalize_advantages = false;
+  bool mask_truncated_completions = false;
+  bool vllm_enable_sleep_mode = false;
+  int64_t kv_cache_blocks = 0;
+  int64_t kv_block_size = 16;
+  bool ds3_gather_for_generation = true;
+  bool use_liger_loss = true;
+  RewardSourceArguments rewards;
+};
+// TRL's defaults of "grpo", "rloo" or "online_dpo" (GRPOConfig, RLOOConfig, OnlineDPOConfig:
+// num_generations 8 / 2, beta 0 / 0.05 / 0.1, online_dpo's temperature 0.9 and sigmoid loss).
+OnlineArguments online_arguments_defaults(const std::string& algorithm);
+// The options above that `algorithm` declares, in its --help order, then the reward sources'.
+const OptionTable<OnlineArguments>& online_table(const std::string& algorithm);
+// Every option of that command: online_table's, then the reference model's, chat, PEFT,
+// quantization and training options.
 Options online_options(const std::string& algorithm);
 
 struct PromptRow {

@@ -43,81 +43,119 @@ PromptRow prompt_row(nlohmann::json row, int64_t line, const TextEncoder& enc, b
 
 }  // namespace
 
-Options online_options(const std::string& algorithm) {
+OnlineArguments online_arguments_defaults(const std::string& algorithm) {
+  OnlineArguments a;
+  if (algorithm == "rloo") {
+    a.num_generations = 2;
+    a.beta = 0.05;
+  } else if (algorithm == "online_dpo") {
+    a.temperature = 0.9;
+    a.beta = 0.1;
+    a.loss_type = "sigmoid";
+  }
+  return a;
+}
+
+namespace {
+
+OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
+  using A = OnlineArguments;
   const bool grpo = algorithm == "grpo", dpo = algorithm == "online_dpo";
-  Options o(algorithm);
-  o.add_string(
-      "model_name_or_path", "",
-      "HF model folder to train (empty with no dataset: the built-in demo model and task)");
-  o.add_string("dataset", "",
-               "prompts: JSONL rows with \"prompt\" (a string or a message list); the other "
-               "columns reach the reward sources");
+  OptionTable<A> t(online_arguments_defaults(algorithm));
+  t.text("model_name_or_path", &A::model_name_or_path,
+         "HF model folder to train (empty with no dataset: the built-in demo model and task)")
+      .text("dataset", &A::dataset,
+            "prompts: JSONL rows with \"prompt\" (a string or a message list); the other "
+            "columns reach the reward sources");
   if (dpo) {
     // OnlineDPOConfig: two completions per prompt, one micro-batch per generation.
-    o.add_int("max_new_tokens", 64, "most tokens generated per completion", 1);
-    o.add_float("temperature", 0.9, "sampling temperature", 1e-6);
+    t.integer("max_new_tokens", &A::max_new_tokens, "most tokens generated per completion", 1)
+        .real("temperature", &A::temperature, "sampling temperature", 1e-6);
   } else {
-    o.add_int("num_generations", grpo ? 8 : 2, "completions per prompt", 2);
-    o.add_int("max_completion_length", 512, "most tokens generated per completion", 1);
-    o.add_int_or_none("steps_per_generation", std::nullopt,
-                      "micro-batches per generation batch (none: gradient_accumulation_steps)", 1);
-    o.add_float("temperature", 1.0, "sampling temperature (the loss scores under it too)", 1e-6);
+    t.integer("num_generations", &A::num_generations, "completions per prompt", 2)
+        .integer("max_completion_length", &A::max_completion_length,
+                 "most tokens generated per completion", 1)
+        .integer_or_none("steps_per_generation", &A::steps_per_generation,
+                         "micro-batches per generation batch (none: gradient_accumulation_steps)",
+                         1)
+        .real("temperature", &A::temperature, "sampling temperature (the loss scores under it too)",
+              1e-6);
   }
-  o.add_float("top_p", 1.0, "nucleus sampling mass", 1e-9, 1.0);
-  o.add_int("top_k", 0, "sample among the k most likely tokens (0 = off)", 0);
-  o.add_float("min_p", 0.0, "drop tokens below min_p times the most likely one's probability", 0.0,
-              1.0);
-  o.add_float("repetition_penalty", 1.0, "transformers' repetition penalty (1 = off)", 1e-6);
+  t.real("top_p", &A::top_p, "nucleus sampling mass", 1e-9, 1.0)
+      .integer("top_k", &A::top_k, "sample among the k most likely tokens (0 = off)", 0)
+      .real("min_p", &A::min_p, "drop tokens below min_p times the most likely one's probability",
+            0.0, 1.0)
+      .real("repetition_penalty", &A::repetition_penalty,
+            "transformers' repetition penalty (1 = off)", 1e-6);
   if (dpo) {
-    o.add_float("beta", 0.1, "DPO's beta (IPO's tau)", 0.0);
-    o.add_string("loss_type", "sigmoid", "DPO loss on the judged pairs", {"sigmoid", "ipo"});
-    o.add_int("max_length", 512,
-              "prompt + completion tokens scored: longer prompts lose their first tokens (the "
-              "completion is kept; at least one prompt token stays)",
-              2);
-    o.add_float("missing_eos_penalty", 0.0,
-                "subtracted from the reward of a completion with no eos token (0 = none)", 0.0);
+    t.real("beta", &A::beta, "DPO's beta (IPO's tau)", 0.0)
+        .text("loss_type", &A::loss_type, "DPO loss on the judged pairs", {"sigmoid", "ipo"})
+        .integer("max_length", &A::max_length,
+                 "prompt + completion tokens scored: longer prompts lose their first tokens (the "
+                 "completion is kept; at least one prompt token stays)",
+                 2)
+        .real("missing_eos_penalty", &A::missing_eos_penalty,
+              "subtracted from the reward of a completion with no eos token (0 = none)", 0.0);
   } else {
-    o.add_float("beta", grpo ? 0.0 : 0.05,
-                grpo ? "KL coefficient (0: no reference model)"
-                     : "KL coefficient of the reward penalty (0: no reference model)",
-                0.0);
-    o.add_int("num_iterations", 1, "updates per generation batch (old log-probs kept)", 1);
-    o.add_float("epsilon", 0.2, "lower clipping bound of the ratio", 0.0);
-    o.add_float("epsilon_high", -1.0, "upper clipping bound (negative: epsilon)");
+    t.real("beta", &A::beta,
+           grpo ? "KL coefficient (0: no reference model)"
+                : "KL coefficient of the reward penalty (0: no reference model)",
+           0.0)
+        .integer("num_iterations", &A::num_iterations,
+                 "updates per generation batch (old log-probs kept)", 1)
+        .real("epsilon", &A::epsilon, "lower clipping bound of the ratio", 0.0)
+        .real("epsilon_high", &A::epsilon_high, "upper clipping bound (negative: epsilon)");
     if (grpo) {
-      o.add_string("loss_type", "dapo", "loss aggregation", {"grpo", "bnpo", "dr_grpo", "dapo"});
-      o.add_string("scale_rewards", "group", "divide advantages by the std of the",
-                   {"group", "batch", "none"});
+      t.text("loss_type", &A::loss_type, "loss aggregation", {"grpo", "bnpo", "dr_grpo", "dapo"})
+          .text("scale_rewards", &A::scale_rewards, "divide advantages by the std of the",
+                {"group", "batch", "none"});
     } else {
-      o.add_bool("normalize_advantages", false, "normalise the advantages over the batch");
+      t.flag("normalize_advantages", &A::normalize_advantages,
+             "normalise the advantages over the batch");
     }
-    o.add_bool("mask_truncated_completions", false,
-               "completions that hit max_completion_length take no part in the loss");
+    t.flag("mask_truncated_completions", &A::mask_truncated_completions,
+           "completions that hit max_completion_length take no part in the loss");
   }
-  o.add_bool("vllm_enable_sleep_mode", false,
-             "after each generation phase give the KV-cache pool and the allocator's cached "
-             "blocks back, so the optimizer phase does not hold them; they return at the next "
-             "generation");
-  o.add_alias("generation_sleep", "vllm_enable_sleep_mode");
-  o.add_int("kv_cache_blocks", 0,
-            "KV-cache pool, in blocks (0: enough for a whole generation batch at the longest "
-            "prompt; fewer: continuous batching runs what fits)",
-            0);
-  o.add_int("kv_block_size", 16, "tokens per KV-cache block", 1, 4096);
-  o.add_bool("ds3_gather_for_generation", true,
-             "zero_stage 3: gather the whole model once for each generation phase (false: layer "
-             "by layer at every step, slower, for models larger than one device; the same tokens)");
-  o.add_bool("use_liger_loss", true,
-             "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist");
-  add_reward_source_options(o);
+  t.flag("vllm_enable_sleep_mode", &A::vllm_enable_sleep_mode,
+         "after each generation phase give the KV-cache pool and the allocator's cached blocks "
+         "back, so the optimizer phase does not hold them; they return at the next generation")
+      .alias("generation_sleep", "vllm_enable_sleep_mode")
+      .integer("kv_cache_blocks", &A::kv_cache_blocks,
+               "KV-cache pool, in blocks (0: enough for a whole generation batch at the longest "
+               "prompt; fewer: continuous batching runs what fits)",
+               0)
+      .integer("kv_block_size", &A::kv_block_size, "tokens per KV-cache block", 1, 4096)
+      .flag("ds3_gather_for_generation", &A::ds3_gather_for_generation,
+            "zero_stage 3: gather the whole model once for each generation phase (false: layer "
+            "by layer at every step, slower, for models larger than one device; the same tokens)")
+      .flag("use_liger_loss", &A::use_liger_loss,
+            "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist")
+      .nested(&A::rewards, reward_source_table());
+  return t;
+}
+
+}  // namespace
+
+const OptionTable<OnlineArguments>& online_table(const std::string& algorithm) {
+  static const OptionTable<OnlineArguments> grpo = make_online_table("grpo"),
+                                            rloo = make_online_table("rloo"),
+                                            dpo = make_online_table("online_dpo");
+  if (algorithm == "grpo") return grpo;
+  if (algorithm == "rloo") return rloo;
+  LT_CHECK(algorithm == "online_dpo", "online trainers: unknown algorithm '", algorithm, "'");
+  return dpo;
+}
+
+Options online_options(const std::string& algorithm) {
+  Options o(algorithm);
+  online_table(algorithm).declare(o);
   add_ref_model_options(o);
   add_chat_options(o);
   add_peft_options(o);
   add_quant_options(o);
   add_training_options(o);
   // GRPOConfig's and RLOOConfig's default; OnlineDPOConfig's.
-  o.set_default("learning_rate", dpo ? 5e-7 : 1e-6);
+  o.set_default("learning_rate", algorithm == "online_dpo" ? 5e-7 : 1e-6);
   return o;
 }
 

@@ -22,31 +22,35 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 }  // namespace
 
-void add_reward_source_options(Options& o) {
-  o.add_string_list("reward_funcs", {},
-                    "reward sources: accuracy_reward, format_reward, soft_overlong_punishment or "
-                    "a reward model folder (trainer_bin reward's output)");
-  o.add_string("reward_command", "",
-               "an external reward process (sh -c, kept for the whole run): one JSON line "
-               "{prompt, completion, columns} per completion on stdin, one answer per line on "
-               "stdout, in order: a finite number, or null for no reward. Exit 2 naming the "
-               "command and its output line for an answer that is not a finite number or null, "
-               "more answers than inputs, its exit, or fewer answers than inputs after "
-               "--reward_timeout; it runs in a process group of its own, which gets SIGTERM "
-               "and, 2 s later, SIGKILL when the run ends, fails or is stopped");
-  o.add_float("reward_timeout", 60.0,
-              "seconds the reward command may take to answer one batch of completions (then "
-              "exit 2)",
-              0.001);
-  o.add_string_list("reward_weights", {},
-                    "one weight per reward source, reward_funcs first, then reward_command "
-                    "(none: 1 each)");
-  o.add_string("format_pattern", "^<think>(?!.*<think>)(.*?)</think>.*$",
-               "format_reward's regular expression, matched from the completion's start");
-  o.add_int("soft_punish_cache", 256,
-            "soft_overlong_punishment: tokens before max_completion_length where the penalty "
-            "begins",
-            0);
+const OptionTable<RewardSourceArguments>& reward_source_table() {
+  using A = RewardSourceArguments;
+  static const OptionTable<A> t =
+      OptionTable<A>()
+          .list("reward_funcs", &A::reward_funcs,
+                "reward sources: accuracy_reward, format_reward, soft_overlong_punishment or a "
+                "reward model folder (trainer_bin reward's output)")
+          .text("reward_command", &A::reward_command,
+                "an external reward process (sh -c, kept for the whole run): one JSON line "
+                "{prompt, completion, columns} per completion on stdin, one answer per line on "
+                "stdout, in order: a finite number, or null for no reward. Exit 2 naming the "
+                "command and its output line for an answer that is not a finite number or null, "
+                "more answers than inputs, its exit, or fewer answers than inputs after "
+                "--reward_timeout; it runs in a process group of its own, which gets SIGTERM "
+                "and, 2 s later, SIGKILL when the run ends, fails or is stopped")
+          .real("reward_timeout", &A::reward_timeout,
+                "seconds the reward command may take to answer one batch of completions (then "
+                "exit 2)",
+                0.001)
+          .list("reward_weights", &A::reward_weights,
+                "one weight per reward source, reward_funcs first, then reward_command (none: 1 "
+                "each)")
+          .text("format_pattern", &A::format_pattern,
+                "format_reward's regular expression, matched from the completion's start")
+          .integer("soft_punish_cache", &A::soft_punish_cache,
+                   "soft_overlong_punishment: tokens before max_completion_length where the "
+                   "penalty begins",
+                   0);
+  return t;
 }
 
 std::vector<Message> prompt_messages(const nlohmann::json& v, const std::string& where) {
@@ -79,16 +83,16 @@ struct RewardSources::ModelSource {
   std::unique_ptr<RewardModel> model;
 };
 
-RewardSources::RewardSources(const Options& o, int64_t max_completion_length, Device device,
-                             DType dtype)
-    : max_len_(max_completion_length), punish_cache_(o.get_int("soft_punish_cache")) {
-  for (const std::string& f : o.get_string_list("reward_funcs")) {
+RewardSources::RewardSources(const RewardSourceArguments& a, int64_t max_completion_length,
+                             Device device, DType dtype)
+    : max_len_(max_completion_length), punish_cache_(a.soft_punish_cache) {
+  for (const std::string& f : a.reward_funcs) {
     if (f.empty()) continue;  // --reward_funcs "": none
     if (f == "accuracy_reward") {
       kinds_.push_back(Kind::kAccuracy);
     } else if (f == "format_reward") {
       kinds_.push_back(Kind::kFormat);
-      format_ = std::make_unique<FormatReward>(o.get_string("format_pattern"));
+      format_ = std::make_unique<FormatReward>(a.format_pattern);
     } else if (f == "soft_overlong_punishment") {
       LT_CHECK_INPUT(punish_cache_ < max_len_, "option --soft_punish_cache ", punish_cache_,
                      " must be below max_completion_length ", max_len_);
@@ -116,14 +120,13 @@ RewardSources::RewardSources(const Options& o, int64_t max_completion_length, De
     }
     names_.push_back(name);
   }
-  const std::string cmd = o.get_string("reward_command");
-  if (!cmd.empty()) {
-    command_ = std::make_unique<RewardCommand>(cmd, o.get_float("reward_timeout"));
+  if (!a.reward_command.empty()) {
+    command_ = std::make_unique<RewardCommand>(a.reward_command, a.reward_timeout);
     kinds_.push_back(Kind::kCommand);
     names_.push_back("reward_command");
   }
   LT_CHECK_INPUT(!kinds_.empty(), "no reward source: give --reward_funcs and/or --reward_command");
-  for (const std::string& s : o.get_string_list("reward_weights")) {
+  for (const std::string& s : a.reward_weights) {
     char* end = nullptr;
     const double v = std::strtod(s.c_str(), &end);
     LT_CHECK_INPUT(!s.empty() && end && *end == '\0' && std::isfinite(v),

@@ -1,7 +1,7 @@
 // The rewards of the online trainers (grpo, rloo, online_dpo): several sources, each named in the
 // metrics, combined with reward_weights as TRL combines its reward_funcs.
 //
-// Sources, from the options (declared once by add_reward_source_options):
+// Sources, from the options (declared once by reward_source_table()):
 //   --reward_funcs LIST   comma-separated, in order:
 //       accuracy_reward           final answer against the row's "solution" (else "answer")
 //                                 column (trainers/online/rewards.h accuracy_reward); a row with
@@ -35,6 +35,7 @@
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "loaders/dataset.h"
+#include "loaders/option_table.h"
 #include "loaders/options.h"
 #include "trainers/online/rewards.h"
 
@@ -43,7 +44,16 @@ namespace leantune {
 class RewardModel;
 class TextEncoder;
 
-void add_reward_source_options(Options& o);
+// The reward options, as given (checked when RewardSources is made).
+struct RewardSourceArguments {
+  std::vector<std::string> reward_funcs;
+  std::string reward_command;  // empty: none
+  double reward_timeout = 60.0;
+  std::vector<std::string> reward_weights;  // empty: 1 each
+  std::string format_pattern = "^<think>(?!.*<think>)(.*?)</think>.*$";
+  int64_t soft_punish_cache = 256;
+};
+const OptionTable<RewardSourceArguments>& reward_source_table();
 
 // One completion to score.
 struct CompletionToScore {
@@ -56,7 +66,8 @@ class RewardSources {
  public:
   // Error(kInput) naming the option for an unknown function, a missing folder, a bad pattern or
   // a weight count that does not match. max_completion_length: soft_overlong's max_len.
-  RewardSources(const Options& o, int64_t max_completion_length, Device device, DType dtype);
+  RewardSources(const RewardSourceArguments& a, int64_t max_completion_length, Device device,
+                DType dtype);
   ~RewardSources();
   RewardSources(const RewardSources&) = delete;
   RewardSources& operator=(const RewardSources&) = delete;
