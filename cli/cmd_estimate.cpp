@@ -120,10 +120,9 @@ int64_t resident_before_training(const std::string& model_path, const std::strin
 }
 
 // estimate's own options, after sft's.
-struct EstimateToolArguments {
+struct EstimateToolArguments : EstimateRanks {
   double budget_gib = 0.0;
   bool max_context = false;
-  int64_t world_size = 1;
 };
 
 const OptionTable<EstimateToolArguments>& estimate_tool_table() {
@@ -136,10 +135,8 @@ const OptionTable<EstimateToolArguments>& estimate_tool_table() {
                 "print the longest max_length whose peak fits --budget_gib (one sequence per "
                 "micro-batch unless --per_device_train_batch_size is given) and the options that "
                 "would raise it")
-          // Declared by the estimates (estimate.h), the online trainers' estimate as well.
-          .custom([](Options& o, const E&) { add_world_size_option(o); },
-                  [](const Options& o, E& e) { e.world_size = o.get_int("world_size"); },
-                  "world_size");
+          // Shared with the other estimates (estimate.h).
+          .base(world_size_table());
   return t;
 }
 

@@ -139,7 +139,7 @@ TEST_P(ApiRows, RowsInMemoryTrainAsTheSameFile) {
   std::string extra = R"(, "max_steps": 2, "per_device_train_batch_size": 4, "max_length": 64)";
   if (algorithm == "grpo")
     extra = R"(, "max_steps": 2, "per_device_train_batch_size": 16, "num_generations": 8, )"
-            R"("max_completion_length": 4, "format_pattern": "^ *[0-9]", )"
+            R"("max_completion_length": 4, "format_pattern": "^ *[a-m]", )"
             R"("reward_funcs": ["format_reward", "accuracy_reward"])";
   const std::vector<double> from_rows =
       train_trace(algorithm, R"({"output_dir": ")" + dir + R"(/a")" + extra + "}", rows);

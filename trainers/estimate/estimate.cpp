@@ -608,6 +608,7 @@ MemoryEstimate estimate_memory(const EstimateConfig& c) {
 #include "loaders/options.h"
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
+#include "trainers/common/model_source.h"
 #include "trainers/common/optim_options.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/quant_options.h"
@@ -661,9 +662,9 @@ EstimateConfig estimate_config_from_options(const Options& o, const ModelConfig&
   const TrainingArguments args = training_arguments(o);
   const PeftArguments peft = peft_table().read(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
+  const SftArguments sft = sft_table().read(o);
   EstimateConfig c = estimate_config(model, args, peft.use_peft ? &peft.config : nullptr, quant,
-                                     o.get_bool("use_liger_kernel"),
-                                     o.get_int_or_none("max_length").value_or(0), cpu);
+                                     sft.use_liger_kernel, sft.max_length.value_or(0), cpu);
   c.row_block_updates = args.optimizer_in_backward && optim_updates_rows(args.optim);
   return c;
 }
@@ -677,15 +678,13 @@ const OptionTable<EstimateRanks>& world_size_table() {
   return t;
 }
 
-void add_world_size_option(Options& o) { world_size_table().declare(o); }
-
 std::optional<EstimateTarget> parse_estimate_target(Options& o,
                                                     const std::vector<std::string>& args) {
   if (!o.parse(args)) {
     std::printf("%s", o.help().c_str());
     return std::nullopt;
   }
-  std::string path = o.get_string("model_name_or_path");
+  std::string path = model_source(o).model_name_or_path;
   if (path.empty()) path = embedded_data_dir() + "/config.json";
   ModelConfig model = ModelConfig::load(path);
   return EstimateTarget{path, std::move(model), Device::parse(training_table().read(o).device)};

@@ -188,6 +188,5 @@ struct EstimateRanks {
   int64_t world_size = 1;
 };
 const OptionTable<EstimateRanks>& world_size_table();
-void add_world_size_option(Options& o);
 
 }  // namespace leantune

@@ -62,6 +62,20 @@ ModelConfig ref_config(const std::string& dir, const ModelConfig& policy) {
   return std::filesystem::exists(cfg) ? ModelConfig::load(cfg.string()) : policy;
 }
 
+// The options of the micro-batch's shape: dpo's (2 sequences per example) or kto's (1).
+struct PreferenceShape {
+  std::optional<int64_t> max_length;  // none: no limit
+  bool use_liger_loss = true;
+};
+PreferenceShape preference_shape(const Options& o, int64_t sequences_per_example) {
+  if (sequences_per_example == 2) {
+    const DpoArguments a = dpo_table().read(o);
+    return {a.max_length, a.use_liger_loss};
+  }
+  const KtoArguments a = kto_table().read(o);
+  return {a.max_length, a.use_liger_loss};
+}
+
 }  // namespace
 
 PreferenceEstimate estimate_dpo_from_options(const Options& o, const ModelConfig& model, bool cpu) {
@@ -77,14 +91,14 @@ PreferenceEstimate estimate_preference_from_options(const Options& o, const Mode
   const PeftArguments peft = peft_table().read(o);
   const RefModelConfig ref = ref_model_table().read(o);
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
-  const int64_t max_length = o.get_int_or_none("max_length").value_or(0);
+  const PreferenceShape shape = preference_shape(o, sequences_per_example);
+  const int64_t max_length = shape.max_length.value_or(0);
   const int64_t length = max_length > 0 ? max_length : model.max_position_embeddings;
   // DPO: chosen and rejected of every pair in one micro-batch. KTO: the matched sequences (its
   // KL sequences run without gradient and keep nothing, below the policy's peak).
   const EstimateConfig c = estimate_config(
-      model, args, peft.use_peft ? &peft.config : nullptr, quant, o.get_bool("use_liger_loss"),
-      max_length, cpu,
-      (CheckedInt(sequences_per_example) * args.per_device_train_batch_size * length).get(),
+      model, args, peft.use_peft ? &peft.config : nullptr, quant, shape.use_liger_loss, max_length,
+      cpu, (CheckedInt(sequences_per_example) * args.per_device_train_batch_size * length).get(),
       length);
   const std::string mode = dpo_ref_mode(ref, peft.use_peft);
   return estimate_preference(c, mode,
@@ -108,14 +122,15 @@ int run_estimate_preference(const std::vector<std::string>& args, const std::str
   const PreferenceEstimate e = estimate_preference_from_options(o, model, cpu, per_example);
   const TrainingArguments training = training_table().read(o);
   const bool use_peft = peft_table().read(o).use_peft;
-  std::printf("%s estimate for %s (%lld parameters) on %s, %lld tokens per micro-batch (%s):\n",
-              trainer.c_str(), path.c_str(), static_cast<long long>(e.policy.total_parameters),
-              cpu ? "cpu" : "cuda",
-              static_cast<long long>(
-                  (CheckedInt(per_example) * training.per_device_train_batch_size *
-                   o.get_int_or_none("max_length").value_or(model.max_position_embeddings))
-                      .get()),
-              dpo ? "chosen + rejected" : "the matched sequences; the KL ones run without grad");
+  std::printf(
+      "%s estimate for %s (%lld parameters) on %s, %lld tokens per micro-batch (%s):\n",
+      trainer.c_str(), path.c_str(), static_cast<long long>(e.policy.total_parameters),
+      cpu ? "cpu" : "cuda",
+      static_cast<long long>(
+          (CheckedInt(per_example) * training.per_device_train_batch_size *
+           preference_shape(o, per_example).max_length.value_or(model.max_position_embeddings))
+              .get()),
+      dpo ? "chosen + rejected" : "the matched sequences; the KL ones run without grad");
   std::printf("  %-26s %12s\n", "policy params", format_bytes(e.policy.params).c_str());
   std::printf("  %-26s %12s\n", "grads", format_bytes(e.policy.grads).c_str());
   std::printf("  %-26s %12s\n", "optimizer states", format_bytes(e.policy.optimizer).c_str());

@@ -24,7 +24,7 @@ EstimateConfig reward_estimate_config(const Options& o, const ModelConfig& model
   const QuantConfig quant = quant_config_from_options(o, args.bf16 ? DType::kBF16 : DType::kF32);
   const ModelConfig cls =
       model.sequence_classification ? model : model.as_sequence_classification(1);
-  const int64_t max_length = o.get_int_or_none("max_length").value_or(0);
+  const int64_t max_length = reward_table().read(o).max_length.value_or(0);
   const int64_t length = max_length > 0 ? max_length : cls.max_position_embeddings;
   return estimate_config(cls, args, peft.use_peft ? &peft.config : nullptr, quant, false,
                          max_length, cpu,

@@ -69,6 +69,7 @@
 #include "loaders/tokenizer.h"
 #include "models/generate.h"
 #include "models/ref_model.h"
+#include "trainers/common/model_source.h"
 #include "trainers/common/row_batches.h"
 #include "trainers/common/trainer.h"
 #include "trainers/online/grpo_loss.h"
@@ -83,9 +84,7 @@ namespace leantune {
 // steps_per_generation, num_iterations, the epsilons and mask_truncated_completions, and grpo
 // also loss_type and scale_rewards, rloo normalize_advantages. The member defaults are grpo's;
 // online_arguments_defaults gives each command's.
-struct OnlineArguments {
-  std::string model_name_or_path;  // empty with no dataset: the built-in demo
-  std::string dataset;
+struct OnlineArguments : ModelSource {
   int64_t max_new_tokens = 64;
   int64_t num_generations = 8;
   int64_t max_completion_length = 512;

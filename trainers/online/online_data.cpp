@@ -61,12 +61,12 @@ namespace {
 OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
   using A = OnlineArguments;
   const bool grpo = algorithm == "grpo", dpo = algorithm == "online_dpo";
+  static const OptionTable<ModelSource> source = model_source_table(
+      "HF model folder to train (empty with no dataset: the built-in demo model and task)",
+      "prompts: JSONL rows with \"prompt\" (a string or a message list); the other columns "
+      "reach the reward sources");
   OptionTable<A> t(online_arguments_defaults(algorithm));
-  t.text("model_name_or_path", &A::model_name_or_path,
-         "HF model folder to train (empty with no dataset: the built-in demo model and task)")
-      .text("dataset", &A::dataset,
-            "prompts: JSONL rows with \"prompt\" (a string or a message list); the other "
-            "columns reach the reward sources");
+  t.base(source);
   if (dpo) {
     // OnlineDPOConfig: two completions per prompt, one micro-batch per generation.
     t.integer("max_new_tokens", &A::max_new_tokens, "most tokens generated per completion", 1)
