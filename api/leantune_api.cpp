@@ -291,9 +291,7 @@ TrainSummary Trainer::train(const StepCallback& on_step) {
     s.nothing_to_do = r.nothing_to_do;
     s.resumed_from = r.resumed_from;
     s.total_steps = r.total_steps;
-    if (!r.interrupted && impl_->options.declared("eval_dataset") &&
-        !impl_->options.get_string("eval_dataset").empty())
-      s.eval_loss = r.final_eval_loss;
+    if (!r.interrupted) s.eval_loss = r.final_eval_loss;
     if (!r.nothing_to_do) s.memory_report = format_memory_report(r.memory);
     return s;
   });

@@ -1,7 +1,6 @@
-// trainer_bin <algorithm> for every algorithm but sft (whose command runs through the public API,
-// cli/cmd_sft.cpp): parse the spec's options, fill in the built-in demo's settings, build the
-// run, train, and print the outcome (nothing to do, stopped, or the loss and the algorithm's last
-// logged metrics) and the memory report.
+// trainer_bin <algorithm> for every algorithm: parse the spec's options, fill in the built-in
+// demo's settings, build the run, train, and print the outcome (nothing to do, stopped, or the
+// loss and the algorithm's last logged metrics), the memory report and a demo's closing line.
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -36,9 +35,11 @@ int run_trainer_command(const TrainerSpec& spec, const std::vector<std::string>&
   }
   const TrainResult r = run.trainer->train();
   if (r.nothing_to_do) {
-    std::printf("%s: nothing to do: %s is at step %lld and this run has %lld steps\n", name,
-                r.resumed_from.c_str(), static_cast<long long>(r.steps),
-                static_cast<long long>(r.total_steps));
+    std::printf(
+        "%s: nothing to do: %s is at step %lld and this run has %lld steps (raise --max_steps to "
+        "train further); no model written\n",
+        name, r.resumed_from.c_str(), static_cast<long long>(r.steps),
+        static_cast<long long>(r.total_steps));
     return 0;
   }
   if (r.interrupted) {
@@ -52,6 +53,7 @@ int run_trainer_command(const TrainerSpec& spec, const std::vector<std::string>&
               logged.empty() ? "" : summary_line(spec, logged.back()).c_str(),
               run.trainer->args().output_dir.c_str());
   std::printf("%s", format_memory_report(r.memory).c_str());
+  if (run.demo_sample) std::printf("%s\n", run.demo_sample().c_str());
   return 0;
 }
 

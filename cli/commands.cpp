@@ -22,15 +22,10 @@ struct Command {
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = [] {
     std::vector<Command> t;
-    for (const TrainerSpec* spec : trainer_specs()) {
-      if (spec->name == "sft") {
-        t.push_back({spec->name, spec->summary, cmd_sft});
-        continue;
-      }
+    for (const TrainerSpec* spec : trainer_specs())
       t.push_back({spec->name, spec->summary, [spec](const std::vector<std::string>& a) {
                      return run_trainer_command(*spec, a);
                    }});
-    }
     const std::vector<Command> tools = {
         {"generate", "generate a completion from an HF model folder", cmd_generate},
         {"score",

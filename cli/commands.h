@@ -1,6 +1,6 @@
 // trainer_bin's commands: the training algorithms from their specs (trainers/registry.cpp), run
-// by one driver (cli/cmd_train.cpp; sft's through the public API, cli/cmd_sft.cpp), then the
-// tools, one function each (cli/cmd_<name>.cpp), listed once in commands.cpp's table.
+// by one driver (cli/cmd_train.cpp), then the tools, one function each (cli/cmd_<name>.cpp),
+// listed once in commands.cpp's table.
 #pragma once
 
 #include <string>
@@ -16,8 +16,7 @@ struct TrainerSpec;
 
 // Each runs one command on its arguments (argv after the command's name) and returns the exit
 // code; errors are leantune::Error, reported by cli/main.cpp.
-int cmd_sft(const std::vector<std::string>& args);
-// Every other algorithm's command.
+// An algorithm's command (its TrainerSpec).
 int run_trainer_command(const TrainerSpec& spec, const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_score(const std::vector<std::string>& args);

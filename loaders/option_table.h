@@ -160,6 +160,12 @@ class OptionTable {
   }
 
   void declare(Options& o) const { declare(o, defaults_); }
+  // A command's options: this table's, declared in a fresh Options named `command`.
+  Options options(const std::string& command) const {
+    Options o(command);
+    declare(o);
+    return o;
+  }
   void declare(Options& o, const S& defaults) const {
     for (const Entry& e : entries_) e.declare(o, defaults);
   }

@@ -2,7 +2,7 @@
 // of trl_semantics.md (section 17/18: group advantages of [1,0,1,0], a constant group, the clip
 // cases, k3, RLOO's leave-one-out), NaN rewards, batch scaling, each aggregation on a hand case,
 // the clip metrics, and the gradient against central finite differences for every loss type,
-// with and without beta, with tokens on both sides of the clip range.
+// with and without beta (and use_bias_correction_kl), with tokens on both sides of the clip range.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -94,10 +94,13 @@ std::vector<GrpoSequence> hand_batch(bool with_ref) {
 class GrpoLossTypes : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GrpoLossTypes, AggregationAndGradientMatchFiniteDifferences) {
-  for (bool with_ref : {false, true}) {
+  // with_ref: beta 0.04, without (k3) and with (k3 rho) use_bias_correction_kl.
+  for (int variant : {0, 1, 2}) {
+    const bool with_ref = variant > 0, bias = variant == 2;
     GrpoLossConfig cfg;
     cfg.loss_type = GetParam();
     cfg.beta = with_ref ? 0.04 : 0.0;
+    cfg.use_bias_correction_kl = bias;
     cfg.max_completion_length = 6;
     const double accumulation = 2.0, dapo = 2.5;
     std::vector<GrpoSequence> seqs = hand_batch(with_ref);
@@ -114,7 +117,7 @@ TEST_P(GrpoLossTypes, AggregationAndGradientMatchFiniteDifferences) {
         double l = -std::min(rho * s.advantage, std::clamp(rho, 0.8, 1.2) * s.advantage);
         if (with_ref) {
           const double x = s.ref_logp[t] - s.logp[t];
-          l += cfg.beta * (std::exp(x) - x - 1);
+          l += cfg.beta * (std::exp(x) - x - 1) * (bias ? rho : 1.0);
         }
         ls += l;
         ++m;
@@ -128,7 +131,7 @@ TEST_P(GrpoLossTypes, AggregationAndGradientMatchFiniteDifferences) {
     if (cfg.loss_type == "bnpo") want = sum_all / static_cast<double>(tokens) / accumulation;
     if (cfg.loss_type == "dr_grpo") want = sum_all / (2.0 * 6.0) / accumulation;
     if (cfg.loss_type == "dapo") want = sum_all / dapo;
-    EXPECT_NEAR(r.loss, want, 1e-12);
+    EXPECT_NEAR(r.loss, want, 1e-12) << "variant " << variant;
     const double h = 1e-6;
     for (size_t b = 0; b < seqs.size(); ++b)
       for (size_t t = 0; t < seqs[b].logp.size(); ++t) {
@@ -138,7 +141,8 @@ TEST_P(GrpoLossTypes, AggregationAndGradientMatchFiniteDifferences) {
         const double fd = (grpo_loss(cfg, up, accumulation, dapo).loss -
                            grpo_loss(cfg, down, accumulation, dapo).loss) /
                           (2 * h);
-        EXPECT_NEAR(r.dlogp[b][t], fd, 1e-7) << "sequence " << b << " token " << t;
+        EXPECT_NEAR(r.dlogp[b][t], fd, 1e-7)
+            << "variant " << variant << " sequence " << b << " token " << t;
       }
   }
 }

@@ -1,8 +1,9 @@
 // Parity of the online trainers' host math with TRL 1.16 (tests/fixtures/gen_grpo_fixtures.py):
-// GRPOTrainer._compute_loss for every loss_type with and without beta (loss, d loss / d logp,
-// clip ratios, kl) and RLOOTrainer._compute_loss, within 1e-6 relative; and the advantages TRL's
-// own reward-to-advantage code gives for fixed rewards (NaNs included): GRPO for each
-// scale_rewards, RLOO with and without the KL penalty and normalize_advantages.
+// GRPOTrainer._compute_loss for every loss_type with and without beta, with and without
+// use_bias_correction_kl (loss, d loss / d logp, clip ratios, kl) and RLOOTrainer._compute_loss,
+// within 1e-6 relative; and the advantages TRL's own reward-to-advantage code gives for fixed
+// rewards (NaNs included): GRPO for each scale_rewards, RLOO with and without the KL penalty and
+// normalize_advantages.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -86,6 +87,7 @@ TEST_P(GrpoParity, LossGradientAndMetricsMatchTrl) {
   } else {
     cfg.loss_type = c["loss_type"].get<std::string>();
     cfg.beta = c["beta"].get<double>();
+    cfg.use_bias_correction_kl = c["use_bias_correction_kl"].get<bool>();
   }
   // dapo: the generation batch's loss tokens rescaled to one accumulation window.
   const double dapo =

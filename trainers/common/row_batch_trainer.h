@@ -43,6 +43,10 @@ class RowBatchTrainer : public Trainer {
     pending_.clear();  // fetched by an update that a stop abandoned
   }
   nlohmann::json log_metrics() override { return window_.take(); }
+  void discard_micro_batches(size_t count) override {
+    LT_CHECK(count <= pending_.size(), "discard_micro_batches: ", count, " of ", pending_.size());
+    pending_.erase(pending_.end() - static_cast<std::ptrdiff_t>(count), pending_.end());
+  }
 
   // Queues a collated micro-batch (`member`: its Batch, the one the loop runs) until
   // compute_loss takes it, and returns that Batch; counts what padding-free collation avoided

@@ -333,8 +333,12 @@ TrainResult Trainer::train() {
   LT_CHECK_INPUT(per_epoch > 0, "the training data yields no micro-batch");
   accumulation_ =
       accumulation_for_epoch(args_.gradient_accumulation_steps, per_epoch, comm().rank() == 0);
+  // transformers' Trainer: an epoch is ceil(M / accumulation) updates, its last one taking the
+  // epoch's remaining micro-batches, so that no update spans two epochs.
   const int64_t updates_per_epoch =
       std::max<int64_t>(1, (per_epoch + accumulation_ - 1) / accumulation_);
+  const int64_t last_accumulation =
+      per_epoch % accumulation_ == 0 ? accumulation_ : per_epoch % accumulation_;
   total_steps_ = args_.max_steps > 0
                      ? args_.max_steps
                      : static_cast<int64_t>(std::ceil(args_.num_train_epochs * updates_per_epoch));
@@ -412,6 +416,8 @@ TrainResult Trainer::train() {
   };
   while (step_ < total_steps_) {
     const int64_t update = step_ + 1;
+    current_accumulation_ =
+        step_ % updates_per_epoch == updates_per_epoch - 1 ? last_accumulation : accumulation_;
     const auto update_start = std::chrono::steady_clock::now();
     profile.begin_update(update);
     // What a stop in the middle of this update saves: the state after the last completed one.
@@ -422,7 +428,7 @@ TrainResult Trainer::train() {
     std::vector<BatchReport> reports;
     int64_t normalizer = 0;
     try {
-      for (int64_t i = 0; i < accumulation_; ++i) {
+      for (int64_t i = 0; i < current_accumulation_; ++i) {
         // One process: a stop is honoured between fetches, and inside a generation phase (the
         // online trainers throw StopRequested from it). Data parallel: between micro-batches.
         if (!distributed) throw_if_stop_requested();
@@ -444,6 +450,7 @@ TrainResult Trainer::train() {
       // Packed or truncated data can leave an accumulated batch with nothing to predict: the
       // update would only apply weight decay and stale momentum. Skipped and counted.
       ++skipped_steps_;
+      discard_micro_batches(micro.size());
       step_ = update;
       result.losses.push_back(0.0);
       log.message("step " + std::to_string(update) +
@@ -601,6 +608,7 @@ TrainResult Trainer::train() {
       const nlohmann::json rec = {
           {"step", step_},
           {"total_steps", total_steps_},
+          {"epoch", epoch_progress()},
           {"loss", step_loss},
           {"grad_norm", finite ? norm : 0.0},
           {"learning_rate", lr_used},

@@ -1,7 +1,9 @@
 // The training loop shared by every trainer (sft, dpo, kto, reward, and the online trainers grpo,
 // rloo and online_dpo): each subclasses Trainer and supplies its data and loss through the hooks.
 //
-// One optimizer update ("step") = gradient_accumulation_steps micro-batches. The loss of each
+// One optimizer update ("step") = gradient_accumulation_steps micro-batches; as in transformers'
+// Trainer an update never spans two epochs: an epoch is ceil(M / accumulation) updates of its M
+// micro-batches, the last taking what remains (current_accumulation_steps). The loss of each
 // micro-batch is normalised by the number of loss tokens across the WHOLE accumulated batch
 // (not averaged per micro-batch), so 4 x 1 and 1 x 4 give the same gradients. Then:
 // gradient norm -> non-finite check (a non-finite loss or gradient skips the update, names the
@@ -115,7 +117,7 @@ struct TrainResult {
   std::vector<double> losses;  // per update
   bool interrupted = false;
   int64_t skipped_steps = 0;
-  double final_eval_loss = 0;
+  std::optional<double> final_eval_loss;  // the evaluation at the end (none without eval data)
   nlohmann::json memory;
   // Resumed from a checkpoint already at or past the run's last step: nothing was trained.
   bool nothing_to_do = false;
@@ -190,6 +192,9 @@ class Trainer {
   virtual int64_t loss_tokens(const Batch& b) const = 0;
   // Forward (and nothing else) of one micro-batch, loss divided by `normalizer`.
   virtual Tensor compute_loss(const Batch& b, double normalizer) = 0;
+  // The loop dropped the last `count` fetched micro-batches without compute_loss (an update with
+  // no loss token is skipped): a trainer that queues what next_micro_batch fetched drops them.
+  virtual void discard_micro_batches(size_t count) {}
   // Mean loss over the evaluation data (nullopt when there is none).
   virtual std::optional<double> evaluate() { return std::nullopt; }
   // Set during compute_loss under optimizer_in_backward when the optimizer takes row blocks: a
@@ -249,10 +254,13 @@ class Trainer {
   Zero3Params* units_whole_for_save(bool final_output) const;
   // On a rank that does not write: the gathers a model save on rank 0 runs (nothing otherwise).
   void take_part_in_save() const;
-  // The micro-batches of each update: gradient_accumulation_steps, or all of an epoch's when it
-  // has fewer (accumulation_for_epoch); what a loss averaged over accumulation divides by. Set
-  // when train() begins.
+  // The micro-batches of an update: gradient_accumulation_steps, or all of an epoch's when it has
+  // fewer (accumulation_for_epoch). Set when train() begins.
   int64_t accumulation_steps() const { return accumulation_; }
+  // The micro-batches of the update under way (transformers' current_gradient_accumulation_steps):
+  // accumulation_steps(), or fewer for an epoch's last update when the epoch's micro-batches are
+  // not a multiple of it; what a loss averaged over accumulation divides by.
+  int64_t current_accumulation_steps() const { return current_accumulation_; }
 
  private:
   // What a checkpoint saves besides the weights and the optimizer, taken when an update begins
@@ -293,6 +301,7 @@ class Trainer {
   LrScheduler scheduler_;
   int64_t total_steps_ = 0;
   int64_t accumulation_ = 1;
+  int64_t current_accumulation_ = 1;
   int64_t step_ = 0;
   int64_t num_tokens_ = 0;
   int64_t consecutive_nonfinite_ = 0;

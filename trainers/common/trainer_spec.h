@@ -27,6 +27,9 @@ struct TrainRun {
   // After the model's path in the command's first line (reward: " as <architecture> (new score
   // head)"); empty for most.
   std::string model_note;
+  // Set for a built-in demo whose command ends with a line of its own (sft: "sample: " and a
+  // continuation of a story opening by the trained model).
+  std::function<std::string()> demo_sample;
 };
 
 // An algorithm's run struct (a `model` SftModel and a `trainer`) as a TrainRun.

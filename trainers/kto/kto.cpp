@@ -12,6 +12,7 @@
 #include "loaders/text_encoder.h"
 #include "trainers/common/data_options.h"
 #include "trainers/common/model_io.h"
+#include "trainers/common/option_groups.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/quant_options.h"
 #include "trainers/common/trainer_spec.h"
@@ -41,17 +42,13 @@ const OptionTable<KtoArguments>& kto_table() {
                 "exist (off: full logits)")
           .also([](Options& o) { kto_loss_table().declare(o); })
           .also(add_ref_model_options)
-          .also(add_dataset_options)
-          .also(add_chat_options)
-          .also(add_peft_options)
-          .also(add_quant_options)
-          .also(add_training_options);
+          .also(add_data_groups)
+          .also(add_model_run_groups);
   return t;
 }
 
 Options kto_options(const std::string& command) {
-  Options o(command);
-  kto_table().declare(o);
+  Options o = kto_table().options(command);
   o.set_default("learning_rate", 1e-6);  // KTOConfig's default
   return o;
 }

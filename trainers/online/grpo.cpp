@@ -466,6 +466,11 @@ Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
   return loss;
 }
 
+void OnlineTrainer::discard_micro_batches(size_t count) {
+  LT_CHECK(count <= pending_.size(), "discard_micro_batches: ", count, " of ", pending_.size());
+  pending_.erase(pending_.end() - static_cast<std::ptrdiff_t>(count), pending_.end());
+}
+
 Tensor OnlineTrainer::policy_loss(const Batch& b, const std::vector<Rollout>& rs) {
   const bool rloo = cfg_.algorithm == "rloo";
   SequenceLogpsOptions lo = cfg_.logps;
@@ -476,7 +481,7 @@ Tensor OnlineTrainer::policy_loss(const Batch& b, const std::vector<Rollout>& rs
   // TRL's per-process loss; the ranks' gradients are summed here where DDP averages them, so
   // each rank's loss is divided by the world size (dapo's normaliser is already global).
   const double world = static_cast<double>(comm().size());
-  const double gas = static_cast<double>(accumulation_steps());
+  const double gas = static_cast<double>(current_accumulation_steps());
   std::vector<GrpoSequence> seqs(rs.size());
   GrpoLossConfig lc = cfg_.loss;
   double entropy = 0;
@@ -534,8 +539,8 @@ Tensor OnlineTrainer::online_dpo_loss(const Batch& b, const std::vector<Rollout>
   kernels::SequenceLogprobs pol = sequence_logps(*model_, b, lo);
   const std::vector<double> lp = pol.logps.to_f64();
   // Mean over pairs, over accumulation, over ranks (the ranks' gradients are summed).
-  const double beta = cfg_.loss.beta,
-               gas = static_cast<double>(accumulation_steps()) * static_cast<double>(comm().size());
+  const double beta = cfg_.loss.beta, gas = static_cast<double>(current_accumulation_steps()) *
+                                            static_cast<double>(comm().size());
   const size_t pairs = rs.size() / 2;
   std::vector<double> grad(lp.size(), 0.0);
   double loss = 0, lc = 0, lr = 0, rc = 0, rr = 0, acc = 0, kl = 0, rlhf = 0;
@@ -708,6 +713,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
     if (algorithm == "grpo") {
       cfg.loss.loss_type = oa.loss_type;
       cfg.scale_rewards = oa.scale_rewards;
+      cfg.loss.use_bias_correction_kl = oa.use_bias_correction_kl;
     } else {
       cfg.normalize_advantages = oa.normalize_advantages;
     }

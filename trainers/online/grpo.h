@@ -102,6 +102,7 @@ struct OnlineArguments : ModelSource {
   double epsilon = 0.2;
   double epsilon_high = -1.0;  // negative: epsilon
   std::string scale_rewards = "group";
+  bool use_bias_correction_kl = true;  // grpo: the KL term times the importance ratio (TRL 1.16)
   bool normalize_advantages = false;
   bool mask_truncated_completions = false;
   bool vllm_enable_sleep_mode = false;
@@ -147,7 +148,7 @@ struct OnlineConfig {
   int64_t steps_per_generation = 1;
   int64_t num_iterations = 1;
   GenerationConfig generation;  // max_new_tokens = max_completion_length
-  GrpoLossConfig loss;          // loss_type, epsilons, beta, max_completion_length
+  GrpoLossConfig loss;  // loss_type, epsilons, beta, use_bias_correction_kl, max_completion_length
   std::string scale_rewards = "group";
   bool normalize_advantages = false;  // rloo
   bool mask_truncated_completions = false;
@@ -193,6 +194,7 @@ class OnlineTrainer final : public Trainer {
   Batch next_micro_batch(BatchReport* report) override;
   int64_t loss_tokens(const Batch& b) const override { return b.stats.label_tokens; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
+  void discard_micro_batches(size_t count) override;
   double epoch_progress() const override;
   nlohmann::json data_state() const override;
   void set_data_state(const nlohmann::json& s) override;

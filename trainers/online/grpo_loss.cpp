@@ -167,10 +167,12 @@ GrpoLossResult grpo_loss(const GrpoLossConfig& cfg, const std::vector<GrpoSequen
       }
       if (cfg.beta != 0.0) {
         const double x = s.ref_logp[t] - s.logp[t];
-        const double k3 = std::exp(x) - x - 1.0;
-        l += cfg.beta * k3;
-        d += cfg.beta * (1.0 - std::exp(x));
-        kl_sum += k3;
+        const double k3 = std::exp(x) - x - 1.0, dk3 = 1.0 - std::exp(x);
+        // With the correction: d (k3 rho) = dk3 rho + k3 rho.
+        const double kl = cfg.use_bias_correction_kl ? k3 * rho : k3;
+        l += cfg.beta * kl;
+        d += cfg.beta * (cfg.use_bias_correction_kl ? (dk3 + k3) * rho : dk3);
+        kl_sum += kl;
       }
       loss += l * w;
       r.dlogp[b][t] = d * w;

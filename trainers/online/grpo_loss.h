@@ -14,7 +14,10 @@
 // Per token t of completion b (TRL _compute_loss, token-level importance sampling):
 //   rho = exp(logp - old_logp)   (old_logp = logp detached when num_iterations is 1)
 //   l   = -min(rho A, clamp(rho, 1 - epsilon_low, 1 + epsilon_high) A)
-//         + beta (exp(ref - logp) - (ref - logp) - 1)          (k3, only when beta != 0)
+//         + beta k3 [rho]   k3 = exp(ref - logp) - (ref - logp) - 1 (only when beta != 0); the
+//                           factor rho with use_bias_correction_kl (TRL's default): the
+//                           unbiased reverse-KL gradient (DeepSeek-V3.2), which differs even where
+//                           rho is 1 in value, since rho carries d rho / d logp = rho
 // aggregated over the completion mask m:
 //   grpo     mean over sequences of sum_t l m / max(sum_t m, 1), divided by accumulation
 //   bnpo     sum l m / max(sum m, 1), divided by accumulation
@@ -55,6 +58,7 @@ struct GrpoLossConfig {
   double epsilon_low = 0.2;
   double epsilon_high = 0.2;
   double beta = 0.0;
+  bool use_bias_correction_kl = true;  // the KL term times rho (GRPOConfig's default)
   int64_t max_completion_length = 512;
 };
 

@@ -8,6 +8,7 @@
 #include "loaders/jsonl.h"
 #include "trainers/common/data_options.h"
 #include "trainers/common/optim_options.h"
+#include "trainers/common/option_groups.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/quant_options.h"
 #include "trainers/common/trainer_spec.h"
@@ -107,8 +108,14 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
         .real("epsilon_high", &A::epsilon_high, "upper clipping bound (negative: epsilon)");
     if (grpo) {
       t.text("loss_type", &A::loss_type, "loss aggregation", {"grpo", "bnpo", "dr_grpo", "dapo"})
-          .text("scale_rewards", &A::scale_rewards, "divide advantages by the std of the",
-                {"group", "batch", "none"});
+          .text("scale_rewards", &A::scale_rewards,
+                "divide advantages by the std of the rewards: per group (group), over the whole "
+                "generation batch (batch), or not at all (none)",
+                {"group", "batch", "none"})
+          .flag("use_bias_correction_kl", &A::use_bias_correction_kl,
+                "multiply the KL term by the importance ratio (its value is 1 on-policy, its "
+                "gradient is not): the unbiased reverse-KL gradient of DeepSeek-V3.2, TRL's "
+                "default; false: the plain k3 estimator's gradient");
     } else {
       t.flag("normalize_advantages", &A::normalize_advantages,
              "normalise the advantages over the batch");
@@ -147,13 +154,10 @@ const OptionTable<OnlineArguments>& online_table(const std::string& algorithm) {
 }
 
 Options online_options(const std::string& algorithm) {
-  Options o(algorithm);
-  online_table(algorithm).declare(o);
+  Options o = online_table(algorithm).options(algorithm);
   add_ref_model_options(o);
   add_chat_options(o);
-  add_peft_options(o);
-  add_quant_options(o);
-  add_training_options(o);
+  add_model_run_groups(o);
   // GRPOConfig's and RLOOConfig's default; OnlineDPOConfig's.
   o.set_default("learning_rate", algorithm == "online_dpo" ? 5e-7 : 1e-6);
   return o;

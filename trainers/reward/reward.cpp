@@ -14,6 +14,7 @@
 #include "models/score_head.h"
 #include "trainers/common/data_options.h"
 #include "trainers/common/model_io.h"
+#include "trainers/common/option_groups.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/quant_options.h"
 #include "trainers/common/trainer_spec.h"
@@ -50,17 +51,13 @@ const OptionTable<RewardArguments>& reward_table() {
                 "None; 0.01 recommended)")
           .flag("disable_dropout", &A::disable_dropout,
                 "no dropout in the model (LoRA dropout included)")
-          .also(add_dataset_options)
-          .also(add_chat_options)
-          .also(add_peft_options)
-          .also(add_quant_options)
-          .also(add_training_options);
+          .also(add_data_groups)
+          .also(add_model_run_groups);
   return t;
 }
 
 Options reward_options(const std::string& command) {
-  Options o(command);
-  reward_table().declare(o);
+  Options o = reward_table().options(command);
   o.set_default("learning_rate", 1e-4);           // RewardConfig's default
   o.set_default("gradient_checkpointing", true);  // RewardConfig's default
   return o;

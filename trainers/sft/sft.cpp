@@ -13,11 +13,13 @@
 #include "engine/comm.h"
 #include "engine/mem_phase.h"
 #include "loaders/text_encoder.h"
+#include "models/generate.h"
 #include "models/quantize_model.h"
 #include "models/ref_model.h"
 #include "trainers/common/data_options.h"
 #include "trainers/common/model_io.h"
 #include "trainers/common/optim_options.h"
+#include "trainers/common/option_groups.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/quant_options.h"
 #include "trainers/common/trainer_spec.h"
@@ -68,21 +70,14 @@ const OptionTable<SftArguments>& sft_table() {
                         "flat varlen batches without pad tokens (default: on with bfd packing)")
           .integer_or_none("pad_to_multiple_of", &A::pad_to_multiple_of,
                            "pad each batch to a multiple of this", 1)
-          .also(add_dataset_options)
-          .also(add_chat_options)
+          .also(add_data_groups)
           .flag("use_liger_kernel", &A::use_liger_kernel,
                 "fused chunked linear cross-entropy: the [tokens x vocab] logits never exist")
-          .also(add_peft_options)
-          .also(add_quant_options)
-          .also(add_training_options);
+          .also(add_model_run_groups);
   return t;
 }
 
-Options sft_options(const std::string& command) {
-  Options o(command);
-  sft_table().declare(o);
-  return o;
-}
+Options sft_options(const std::string& command) { return sft_table().options(command); }
 
 SftTrainer::SftTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
                        std::shared_ptr<Tokenizer> tokenizer, std::string tokenizer_dir,
@@ -370,6 +365,20 @@ SftRun make_sft_run(const Options& o) {
   return make_sft_run(o, load_sft_model(o));
 }
 
+std::function<std::string()> sft_demo_sample(const SftModel& m, const std::string& chat_template) {
+  const int32_t eos = make_text_encoder(m.tokenizer, chat_template)->eos_token_id();
+  return [model = m.model, tokenizer = m.tokenizer, peft = m.peft, eos]() mutable {
+    const std::string prompt = "One sunny day, Mia";
+    GenerationConfig g;
+    g.max_new_tokens = 48;
+    g.eos_token_ids = {eos};
+    peft.set_training(false);
+    const GenerationResult r = generate(*model, {tokenizer->encode(prompt, true)}, g);
+    peft.set_training(true);
+    return "sample: " + prompt + tokenizer->decode(r.tokens[0], true);
+  };
+}
+
 const TrainerSpec& sft_spec() {
   static const TrainerSpec spec{
       "sft",
@@ -389,8 +398,12 @@ const TrainerSpec& sft_spec() {
        {"output_dir", "trainer_output/embedded"}},
       [](const Options& o) {
         check_model_for_dataset("sft", o);
-        SftRun r = make_sft_run(o);
-        return TrainRun{r.model, std::move(r.trainer), ""};
+        const SftModel m = load_sft_model(o);
+        SftRun r = make_sft_run(o, m);
+        TrainRun run{r.model, std::move(r.trainer), ""};
+        if (m.setup.embedded && model_source(o).dataset.empty())
+          run.demo_sample = sft_demo_sample(m, chat_table().read(o).chat_template);
+        return run;
       },
       [](const Options& o, SftModel m, const RunInputs& in) {
         SftRun r = make_sft_run(o, m, in);

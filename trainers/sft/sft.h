@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -132,6 +133,10 @@ JsonlSource training_source(const Options& o, const SftModel& m, const RunInputs
 // second form trains an already loaded model (its model options must be those in `o`).
 SftRun make_sft_run(const Options& o);
 SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in = {});
+
+// The built-in demo's closing line (TrainRun::demo_sample): "sample: " + a story opening and its
+// greedy continuation (48 tokens at most) by the model as trained, adapter dropout off.
+std::function<std::string()> sft_demo_sample(const SftModel& m, const std::string& chat_template);
 
 // Where the embedded default run's files live (data/embedded in the source tree, or
 // $LEANTUNE_DATA_DIR/embedded).

@@ -1,0 +1,92 @@
+// The epoch schedule of the training loop against transformers' own Trainer
+// (tests/fixtures/gen_trainer_schedule_fixtures.py): for micro-batches per epoch x
+// gradient_accumulation_steps x num_train_epochs x max_steps, the number of updates, the
+// micro-batches each update takes (an epoch's last update takes what remains, so no update spans
+// two epochs; an epoch with fewer micro-batches than the accumulation is one short update) and
+// the epoch logged after each update.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "loaders/fs_util.h"
+#include "testing/testing.h"
+#include "trainer_test_util.h"
+#include "trainers/sft/sft.h"
+
+namespace leantune {
+namespace {
+
+const nlohmann::json& fixture() {
+  static const nlohmann::json j =
+      nlohmann::json::parse(read_text_file(testing::fixture_path("trainer/schedule_cases.json")));
+  return j;
+}
+
+std::vector<std::string> case_names() {
+  std::vector<std::string> names;
+  for (const auto& c : fixture()["cases"]) names.push_back(c["name"].get<std::string>());
+  return names;
+}
+
+class EpochSchedule : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EpochSchedule, UpdatesMatchTransformersTrainer) {
+  nlohmann::json c;
+  for (const auto& x : fixture()["cases"])
+    if (x["name"] == GetParam()) c = x;
+  ASSERT_FALSE(c.is_null());
+  const int64_t m = c["micro_batches_per_epoch"].get<int64_t>();
+  // M rows, one per micro-batch (no packing).
+  const std::string dir = testing::temp_dir("schedule_" + GetParam());
+  const std::string data = dir + "/rows.jsonl";
+  {
+    std::ifstream in(testing::small_dataset());
+    std::ofstream out(data);
+    std::string line;
+    for (int64_t i = 0; i < m && std::getline(in, line); ++i) out << line << "\n";
+  }
+  static const std::string model = testing::make_tiny_model(testing::temp_dir("schedule_model"));
+  std::vector<std::string> extra = {"--dataset",
+                                    data,
+                                    "--per_device_train_batch_size",
+                                    "1",
+                                    "--gradient_accumulation_steps",
+                                    std::to_string(c["gradient_accumulation_steps"].get<int64_t>()),
+                                    "--num_train_epochs",
+                                    std::to_string(c["num_train_epochs"].get<double>()),
+                                    "--max_steps",
+                                    std::to_string(c["max_steps"].get<int64_t>())};
+  SftRun run = make_sft_run(testing::tiny_sft_options(model, dir + "/out", extra));
+  std::vector<int64_t> micro_batches;
+  std::vector<double> epochs;
+  run.trainer->set_micro_batch_hook([&](int64_t update, size_t) {
+    if (static_cast<int64_t>(micro_batches.size()) < update) micro_batches.push_back(0);
+    ++micro_batches.back();
+  });
+  run.trainer->set_step_callback([&](const nlohmann::json& rec) {
+    epochs.push_back(rec.at("epoch").get<double>());
+    return true;
+  });
+  const TrainResult r = run.trainer->train();
+  const auto& updates = c["updates"];
+  ASSERT_EQ(r.steps, static_cast<int64_t>(updates.size()));
+  ASSERT_EQ(micro_batches.size(), updates.size());
+  ASSERT_EQ(epochs.size(), updates.size());
+  for (size_t u = 0; u < updates.size(); ++u) {
+    EXPECT_EQ(micro_batches[u], updates[u]["micro_batches"].get<int64_t>()) << "update " << u + 1;
+    EXPECT_NEAR(epochs[u], updates[u]["epoch"].get<double>(), 1e-12) << "update " << u + 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, EpochSchedule, ::testing::ValuesIn(case_names()),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace leantune
