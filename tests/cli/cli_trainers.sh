@@ -53,10 +53,14 @@ expect_exit2 "generate without model" generate --prompt hi
 for opt in model_name_or_path dataset eval_dataset dataset_text_field output_dir max_length \
     truncation_mode packing packing_strategy padding_free pad_to_multiple_of completion_only_loss \
     assistant_only_loss chat_template per_device_train_batch_size gradient_accumulation_steps \
-    learning_rate lr_scheduler_type warmup_ratio warmup_steps weight_decay adam_beta1 adam_beta2 \
+    learning_rate lr_scheduler_type warmup_steps weight_decay adam_beta1 adam_beta2 \
     adam_epsilon max_grad_norm num_train_epochs max_steps logging_steps eval_steps save_steps \
     save_total_limit seed bf16 gradient_checkpointing device resume_from_checkpoint; do
   grep -q -- "--$opt (" "$tmp/help" || { echo "FAIL: sft --help lacks --$opt"; fail=1; }
+done
+# TRL's and transformers' other names, listed beside the option they set.
+for alias in warmup_ratio dataset_name; do
+  grep -q -- "also --$alias" "$tmp/help" || { echo "FAIL: sft --help lacks --$alias"; fail=1; }
 done
 
 "$bin" init-model --config "$src/data/embedded/config.json" --out "$tmp/model" --seed 3 \

@@ -64,7 +64,7 @@ FixtureRun fixture_run(const nlohmann::json& c, bool padding_free, bool fused,
   lc.beta = c.value("beta", 0.1);
   lc.label_smoothing = c.value("label_smoothing", 0.0);
   lc.f_divergence_type = c.value("f_divergence_type", std::string("reverse_kl"));
-  lc.f_alpha_divergence_coef = c.value("f_alpha_divergence_coef", 1.0);
+  lc.f_alpha_divergence_coef = c.value("f_alpha_divergence_coef", 0.5);
   validate_preference_loss(lc);
   DpoDataConfig dd;
   dd.max_length = 0;

@@ -3,7 +3,8 @@
 // gradient_accumulation_steps x num_train_epochs x max_steps, the number of updates, the
 // micro-batches each update takes (an epoch's last update takes what remains, so no update spans
 // two epochs; an epoch with fewer micro-batches than the accumulation is one short update) and
-// the epoch logged after each update.
+// the epoch logged after each update. And warmup_steps as transformers 5 reads it: a number of
+// updates (a fraction dropped) from 1 up, a ratio of all updates below 1, warmup_ratio its alias.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -87,6 +88,34 @@ INSTANTIATE_TEST_SUITE_P(Transformers, EpochSchedule, ::testing::ValuesIn(case_n
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// The learning rate of each of 8 updates (batch 1, learning rate 1e-3, linear schedule).
+std::vector<double> learning_rates(const std::vector<std::string>& warmup) {
+  static const std::string model = testing::make_tiny_model(testing::temp_dir("warmup_model"));
+  std::vector<std::string> extra = {"--max_steps", "8", "--per_device_train_batch_size", "1"};
+  extra.insert(extra.end(), warmup.begin(), warmup.end());
+  SftRun run = make_sft_run(testing::tiny_sft_options(model, testing::temp_dir("warmup"), extra));
+  std::vector<double> lrs;
+  run.trainer->set_step_callback([&](const nlohmann::json& rec) {
+    lrs.push_back(rec.at("learning_rate").get<double>());
+    return true;
+  });
+  run.trainer->train();
+  return lrs;
+}
+
+TEST(Warmup, StepsFromOneRatioBelowOneAsTransformers5) {
+  // 2 warmup updates: 0, then half the peak, then the linear decay over the other 6.
+  const std::vector<double> two = learning_rates({"--warmup_steps", "2"});
+  ASSERT_EQ(two.size(), 8u);
+  EXPECT_EQ(two[0], 0.0);
+  EXPECT_DOUBLE_EQ(two[1], 0.5e-3);
+  EXPECT_DOUBLE_EQ(two[2], 1e-3);
+  EXPECT_EQ(learning_rates({"--warmup_steps", "0.25"}), two);  // ceil(0.25 x 8)
+  EXPECT_EQ(learning_rates({"--warmup_ratio", "0.25"}), two);  // the alias
+  EXPECT_EQ(learning_rates({"--warmup_steps", "2.7"}), two);   // int(2.7), as transformers
+  EXPECT_NE(learning_rates({"--warmup_steps", "3"}), two);
+}
 
 }  // namespace
 }  // namespace leantune

@@ -1,8 +1,8 @@
 // The online trainers (trainer_bin grpo, rloo, online_dpo): per-token log-probabilities under a
 // temperature against a float64 reference, the reward rising on the built-in task with built-in and
-// with external-command rewards, the KL against the adapters-off reference, and bad input (exit 2,
-// one line naming the file, line or command), and sleep mode between phases with the estimate of
-// each phase's peak.
+// with external-command rewards, TRL's reward statistics over the generation batch, the KL against
+// the adapters-off reference, bad input (exit 2, one line naming the file, line or command), and
+// sleep mode between phases with the estimate of each phase's peak.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -295,6 +295,57 @@ TEST(Grpo, ExternalCommandRewardRises) {
   const auto recs = metrics_of(out + "/trainer_output/embedded_grpo/metrics.jsonl");
   const auto [first, last] = first_last(recs, "rewards/reward_command/mean", 2);
   EXPECT_GT(last, first + 0.4) << log;
+}
+
+// TRL 1.16's reward statistics of a generation batch: reward and reward_std are the NaN-aware
+// mean and (Bessel) std over the whole batch, frac_reward_zero_std the share of groups whose std
+// is 0; rewards/<source>/mean|std per source; the terminated completions' min and max lengths.
+// The rewards are recomputed from what the reward command gave (one generation batch per update).
+TEST(Grpo, RewardStatisticsAreTrlsOverTheGenerationBatch) {
+  const std::string out = testing::temp_dir("grpo_reward_stats");
+  const std::string script = testing::fixture_path("online/logged_length_reward.sh");
+  const std::string given = out + "/rewards.txt";
+  std::string log;
+  ASSERT_EQ(run_command("cd " + out + " && " + trainer_bin() +
+                            " grpo --device cpu --reward_funcs '' --reward_command 'bash " +
+                            script + " " + given +
+                            "' --max_steps 2 --logging_steps 1 --per_device_train_batch_size 8 "
+                            "--num_generations 4 2>&1",
+                        &log),
+            0)
+      << log;
+  std::vector<double> rewards;
+  {
+    std::ifstream f(given);
+    double r;
+    while (f >> r) rewards.push_back(r);
+  }
+  ASSERT_EQ(rewards.size(), 16u) << log;
+  const auto recs = metrics_of(out + "/trainer_output/embedded_grpo/metrics.jsonl");
+  ASSERT_EQ(recs.size(), 2u) << log;
+  for (size_t step = 0; step < 2; ++step) {
+    const nlohmann::json& m = recs[step];
+    const std::vector<double> batch(rewards.begin() + 8 * step, rewards.begin() + 8 * (step + 1));
+    double mean = 0;
+    for (double r : batch) mean += r / 8.0;
+    double var = 0;
+    for (double r : batch) var += (r - mean) * (r - mean) / 7.0;
+    EXPECT_NEAR(value_or_nan(m, "reward"), mean, 1e-12) << step;
+    EXPECT_NEAR(value_or_nan(m, "reward_std"), std::sqrt(var), 1e-12) << step;
+    EXPECT_NEAR(value_or_nan(m, "rewards/reward_command/std"), std::sqrt(var), 1e-12) << step;
+    int zero_groups = 0;
+    for (size_t g = 0; g < 2; ++g) {
+      const double* x = batch.data() + 4 * g;
+      zero_groups += x[0] == x[1] && x[1] == x[2] && x[2] == x[3];
+    }
+    EXPECT_DOUBLE_EQ(value_or_nan(m, "frac_reward_zero_std"), zero_groups / 2.0) << step;
+    const double lo = value_or_nan(m, "completions/min_terminated_length"),
+                 mid = value_or_nan(m, "completions/mean_terminated_length"),
+                 hi = value_or_nan(m, "completions/max_terminated_length");
+    EXPECT_LE(lo, mid) << step;
+    EXPECT_LE(mid, hi) << step;
+    EXPECT_LE(hi, value_or_nan(m, "completions/max_length")) << step;
+  }
 }
 
 // LoRA with beta: the reference is the policy with its adapters off, so the first update's KL is

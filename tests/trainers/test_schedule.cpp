@@ -1,8 +1,13 @@
+// Learning-rate schedules (trainers/common/schedule.h): hand-computed anchors, the errors of
+// unknown names and parameters, and every schedule against transformers' get_scheduler.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "engine/check.h"
+#include "loaders/fs_util.h"
+#include "testing/testing.h"
 #include "trainers/common/schedule.h"
 
 namespace leantune {
@@ -33,14 +38,53 @@ TEST(LrSchedule, WarmupRatioRoundsUp) {
   EXPECT_EQ(LrScheduler::make("linear", 1, 95, 5, 0.5).warmup_steps, 5);   // steps win
 }
 
-TEST(LrSchedule, ConstantKeepsWarmup) {
-  LrScheduler s = LrScheduler::make("constant", 3.0, 10, 3, 0.0);
-  EXPECT_DOUBLE_EQ(s.lr(0), 0.0);
-  EXPECT_DOUBLE_EQ(s.lr(1), 1.0);
-  EXPECT_DOUBLE_EQ(s.lr(3), 3.0);
-  EXPECT_DOUBLE_EQ(s.lr(9), 3.0);
-  EXPECT_THROW(LrScheduler::make("polynomial", 1, 10, 0, 0), Error);
+TEST(LrSchedule, UnknownNamesAndKwargsAreInputErrors) {
+  EXPECT_THROW(LrScheduler::make("cosine_annealing", 1, 10, 0, 0), Error);
+  EXPECT_THROW(LrScheduler::make("linear", 1, 10, 0, 0, {{"num_cycles", 1}}), Error);
+  EXPECT_THROW(LrScheduler::make("cosine_with_min_lr", 1, 10, 0, 0), Error);  // needs one
+  EXPECT_THROW(
+      LrScheduler::make("cosine_with_min_lr", 1, 10, 0, 0, {{"min_lr", 0.1}, {"min_lr_rate", 0.1}}),
+      Error);
+  EXPECT_THROW(LrScheduler::make("warmup_stable_decay", 1, 10, 0, 0), Error);
+  EXPECT_THROW(LrScheduler::make("polynomial", 1e-8, 10, 0, 0), Error);  // lr_end 1e-7 above
+  EXPECT_THROW(LrScheduler::make("cosine", 1, 10, 0, 0, {{"num_cycles", "one"}}), Error);
+  EXPECT_THROW(parse_lr_scheduler_kwargs("[1]"), Error);
+  EXPECT_EQ(parse_lr_scheduler_kwargs(""), nlohmann::json::object());
 }
+
+// Every schedule against transformers' get_scheduler (tests/fixtures/
+// gen_trainer_schedule_fixtures.py): the rate of each update and the one after the last.
+class LrSchedules : public ::testing::TestWithParam<std::string> {};
+
+const nlohmann::json& lr_fixture() {
+  static const nlohmann::json j = nlohmann::json::parse(
+      read_text_file(testing::fixture_path("trainer/schedule_cases.json")))["lr_cases"];
+  return j;
+}
+
+std::vector<std::string> lr_case_names() {
+  std::vector<std::string> names;
+  for (const auto& c : lr_fixture()) names.push_back(c["name"].get<std::string>());
+  return names;
+}
+
+TEST_P(LrSchedules, MatchTransformersGetScheduler) {
+  nlohmann::json c;
+  for (const auto& x : lr_fixture())
+    if (x["name"] == GetParam()) c = x;
+  ASSERT_FALSE(c.is_null());
+  const LrScheduler s =
+      LrScheduler::make(c["lr_scheduler_type"].get<std::string>(), c["learning_rate"].get<double>(),
+                        c["total_steps"].get<int64_t>(), c["warmup_steps"].get<int64_t>(), 0.0,
+                        c["lr_scheduler_kwargs"]);
+  const auto lrs = c["lrs"].get<std::vector<double>>();
+  for (size_t k = 0; k < lrs.size(); ++k)
+    EXPECT_NEAR(s.lr(static_cast<int64_t>(k)), lrs[k], 1e-12 * std::max(1.0, std::abs(lrs[k])))
+        << "update " << k;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, LrSchedules, ::testing::ValuesIn(lr_case_names()),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace leantune

@@ -343,8 +343,11 @@ TrainResult Trainer::train() {
                      ? args_.max_steps
                      : static_cast<int64_t>(std::ceil(args_.num_train_epochs * updates_per_epoch));
   LT_CHECK_INPUT(total_steps_ > 0, "no training steps (num_train_epochs too small)");
-  scheduler_ = LrScheduler::make(args_.lr_scheduler_type, args_.learning_rate, total_steps_,
-                                 args_.warmup_steps, args_.warmup_ratio);
+  scheduler_ =
+      LrScheduler::make(args_.lr_scheduler_type, args_.learning_rate, total_steps_,
+                        args_.warmup_steps >= 1 ? static_cast<int64_t>(args_.warmup_steps) : 0,
+                        args_.warmup_steps < 1 ? args_.warmup_steps : 0.0,
+                        parse_lr_scheduler_kwargs(args_.lr_scheduler_kwargs));
   Communicator& comm = this->comm();
   const bool distributed = comm.size() > 1;
   LT_CHECK_INPUT(!distributed || !args_.optimizer_in_backward,

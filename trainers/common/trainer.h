@@ -62,8 +62,9 @@ struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments {
   int64_t gradient_accumulation_steps = 1;
   double learning_rate = 2e-5;
   std::string lr_scheduler_type = "linear";
-  double warmup_ratio = 0.0;
-  int64_t warmup_steps = 0;
+  std::string lr_scheduler_kwargs;  // a JSON object of the schedule's parameters (schedule.h)
+  // transformers 5: >= 1 a number of updates (a fraction dropped), below 1 a ratio of the total.
+  double warmup_steps = 0;
   double weight_decay = 0.0;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;

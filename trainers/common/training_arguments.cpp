@@ -11,6 +11,7 @@
 #include "trainers/common/optim_options.h"
 #include "trainers/common/output_path.h"
 #include "trainers/common/peft_options.h"
+#include "trainers/common/schedule.h"
 #include "trainers/common/trainer.h"
 
 namespace leantune {
@@ -50,12 +51,18 @@ const OptionTable<TrainingArguments>& training_table() {
           .integer("gradient_accumulation_steps", &A::gradient_accumulation_steps,
                    "micro-batches per optimizer update", 1)
           .real("learning_rate", &A::learning_rate, "peak learning rate of AdamW", 0.0)
-          .text("lr_scheduler_type", &A::lr_scheduler_type, "learning-rate schedule after warmup",
-                {"linear", "cosine", "constant", "constant_with_warmup"})
-          .real("warmup_ratio", &A::warmup_ratio, "fraction of updates used for linear warmup", 0.0,
-                1.0)
-          .integer("warmup_steps", &A::warmup_steps,
-                   "updates of linear warmup (overrides warmup_ratio)", 0)
+          .text("lr_scheduler_type", &A::lr_scheduler_type,
+                "learning-rate schedule (transformers' get_scheduler; constant has no warmup)",
+                lr_schedule_names())
+          .text("lr_scheduler_kwargs", &A::lr_scheduler_kwargs,
+                "JSON object of the schedule's parameters, e.g. '{\"num_cycles\": 1}', "
+                "'{\"min_lr_rate\": 0.1}' (cosine_with_min_lr), '{\"num_decay_steps\": 100}' "
+                "(warmup_stable_decay)")
+          .real("warmup_steps", &A::warmup_steps,
+                "linear warmup: a number of updates (>= 1, a fraction dropped) or, below 1, the "
+                "ratio of all updates (transformers 5's warmup_steps)",
+                0.0)
+          .alias("warmup_ratio", "warmup_steps")
           .real("weight_decay", &A::weight_decay,
                 "decoupled weight decay (not applied to biases and norm weights)", 0.0)
           // torch.optim.AdamW's ranges: a beta of 1 never forgets and divides by 1 - beta^t = 0.
@@ -114,6 +121,9 @@ void add_training_options(Options& o) { training_table().declare(o); }
 TrainingArguments training_arguments(const Options& o) {
   const TrainingArguments a = training_table().read(o);
   check_optim_arguments(a, a.gradient_accumulation_steps, a.max_grad_norm);
+  // The schedule's parameters are checked before anything loads (the step counts come later).
+  (void)LrScheduler::make(a.lr_scheduler_type, a.learning_rate, 1000, 0, 0.0,
+                          parse_lr_scheduler_kwargs(a.lr_scheduler_kwargs));
   check_dist_arguments(a);
   if (!a.memory_trace.empty()) {
     std::vector<CommandInput> inputs;

@@ -36,7 +36,7 @@ struct PreferenceLossConfig {
   double beta = 0.1;
   double label_smoothing = 0.0;
   std::string f_divergence_type = "reverse_kl";
-  double f_alpha_divergence_coef = 1.0;
+  double f_alpha_divergence_coef = 0.5;  // DPOConfig's default
 };
 
 // The loss types implemented, in TRL's order.

@@ -335,27 +335,23 @@ void OnlineTrainer::generate_batch() {
   // The generation batch's metrics (TRL's names; the rewards as the sources gave them, before
   // RLOO's KL penalty).
   nlohmann::json m = nlohmann::json::object();
-  const double mean = nan_mean_std(rewards_g, 0, rewards_g.size()).first;
+  // TRL 1.16: the mean and std (NaN-aware) over the whole generation batch.
+  const auto [mean, spread] = nan_mean_std(rewards_g, 0, rewards_g.size());
   m["reward"] = metric(mean);
-  // reward_std and frac_reward_zero_std over the stds the advantages used: each group's, or the
-  // whole batch's under scale_rewards batch (a NaN std, from one scorable reward, counts as 0).
+  m["reward_std"] = metric(spread);
+  // frac_reward_zero_std over the stds the advantages used: each group's (rloo's after its KL
+  // penalty), or the whole batch's under scale_rewards batch. A NaN std (one scorable reward) is
+  // not zero, as torch.isclose says.
   std::vector<double> stds;
   if (cfg_.scale_rewards == "batch" && !rloo && !dpo) {
-    stds.push_back(nan_mean_std(rewards_g, 0, rewards_g.size()).second);
+    stds.push_back(nan_mean_std(adv_rewards, 0, adv_rewards.size()).second);
   } else {
-    for (size_t b = 0; b < rewards_g.size(); b += static_cast<size_t>(g))
-      stds.push_back(nan_mean_std(rewards_g, b, b + static_cast<size_t>(g)).second);
+    for (size_t b = 0; b < adv_rewards.size(); b += static_cast<size_t>(g))
+      stds.push_back(nan_mean_std(adv_rewards, b, b + static_cast<size_t>(g)).second);
   }
-  double std_sum = 0;
   int64_t zero_std = 0;
-  for (double v : stds) {
-    const double x = std::isnan(v) ? 0.0 : v;
-    std_sum += x;
-    zero_std += std::abs(x) < 1e-8 ? 1 : 0;
-  }
-  const double n_std = static_cast<double>(stds.size());
-  m["reward_std"] = std_sum / n_std;
-  m["frac_reward_zero_std"] = static_cast<double>(zero_std) / n_std;
+  for (double v : stds) zero_std += !std::isnan(v) && std::abs(v) <= 1e-8 ? 1 : 0;
+  m["frac_reward_zero_std"] = static_cast<double>(zero_std) / static_cast<double>(stds.size());
   for (size_t f = 0; f < rewards_->names().size(); ++f) {
     std::vector<double> col;
     for (const auto& row : per_source) col.push_back(row[f]);
@@ -366,18 +362,26 @@ void OnlineTrainer::generate_batch() {
   }
   const double n_all = static_cast<double>(lengths_g.size());
   double len_sum = 0, len_min = 1e300, len_max = 0, terminated = 0, terminated_sum = 0;
+  double term_min = 1e300, term_max = 0;
   for (size_t k = 0; k < lengths_g.size(); ++k) {
     len_sum += lengths_g[k];
     len_min = std::min(len_min, lengths_g[k]);
     len_max = std::max(len_max, lengths_g[k]);
     terminated += eos_g[k];
     terminated_sum += eos_g[k] * lengths_g[k];
+    if (eos_g[k] != 0.0) {
+      term_min = std::min(term_min, lengths_g[k]);
+      term_max = std::max(term_max, lengths_g[k]);
+    }
   }
   m["completions/mean_length"] = len_sum / n_all;
   m["completions/min_length"] = len_min;
   m["completions/max_length"] = len_max;
   m["completions/clipped_ratio"] = (n_all - terminated) / n_all;
+  // No completion ended with eos: TRL logs 0 for the three.
   m["completions/mean_terminated_length"] = terminated > 0 ? terminated_sum / terminated : 0.0;
+  m["completions/min_terminated_length"] = terminated > 0 ? term_min : 0.0;
+  m["completions/max_terminated_length"] = terminated > 0 ? term_max : 0.0;
   if (rloo && need_ref) {
     double kl_sum = 0, kl_tokens = 0;
     for (size_t k = 0; k < kl_g.size(); ++k) {

@@ -113,7 +113,9 @@ RewardSources::RewardSources(const RewardSourceArguments& a, int64_t max_complet
       models_.push_back(std::move(m));
       kinds_.push_back(Kind::kModel);
     }
-    std::string name = f;
+    // TRL's metric names (rewards/<name>/mean): the reward function's __name__, a reward
+    // model's folder name.
+    std::string name = f == "soft_overlong_punishment" ? "soft_overlong_punishment_reward" : f;
     if (kinds_.back() == Kind::kModel) {
       const std::filesystem::path p = std::filesystem::path(f).lexically_normal();
       name = p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();

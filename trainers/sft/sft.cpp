@@ -390,7 +390,7 @@ const TrainerSpec& sft_spec() {
        {"per_device_train_batch_size", 8},
        {"learning_rate", 3e-3},
        {"lr_scheduler_type", "cosine"},
-       {"warmup_ratio", 0.05},
+       {"warmup_steps", 0.05},
        {"max_steps", 120},
        {"logging_steps", 10},
        {"save_steps", 0},
