@@ -142,6 +142,11 @@ class OptionTable {
     return custom([f, &t](Options& o, const S& d) { t.declare(o, d.*f); },
                   [f, &t](const Options& o, S& s) { t.read_into(o, s.*f); });
   }
+  // Another table of the same struct, its options declared here (in this order).
+  OptionTable& include(const OptionTable<S>& t) {
+    return custom([&t](Options& o, const S& d) { t.declare(o, d); },
+                  [&t](const Options& o, S& s) { t.read_into(o, s); });
+  }
   // The options of a base class, declared and read by the base's table.
   template <class B>
   requires std::is_base_of_v<B, S> OptionTable& base(const OptionTable<B>& t) {

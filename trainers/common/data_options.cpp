@@ -37,6 +37,13 @@ CommandInput chat_template_input(const ChatArguments& c) {
   return {std::filesystem::is_regular_file(t, ec) ? t : std::string(), "--chat_template"};
 }
 
+const OptionTable<DataConfig>& row_dataset_table() {
+  static const OptionTable<DataConfig> t = OptionTable<DataConfig>().flag(
+      "skip_bad_lines", &DataConfig::skip_bad_lines,
+      "skip (and count) malformed dataset lines instead of stopping");
+  return t;
+}
+
 const OptionTable<DataConfig>& dataset_table() {
   using D = DataConfig;
   static const OptionTable<D> t =
@@ -47,18 +54,12 @@ const OptionTable<DataConfig>& dataset_table() {
                         "loss only on completion tokens (default: on for prompt-completion data)")
           .flag("assistant_only_loss", &D::assistant_only_loss,
                 "loss only on the assistant's tokens (chat data)")
-          .flag("skip_bad_lines", &D::skip_bad_lines,
-                "skip (and count) malformed dataset lines instead of stopping");
+          .include(row_dataset_table());
   return t;
 }
 
 void add_dataset_options(Options& o) { dataset_table().declare(o); }
 
 void read_dataset_options(const Options& o, DataConfig* cfg) { dataset_table().read_into(o, *cfg); }
-
-void refuse_sft_loss_options(const Options& o, const std::string& why) {
-  LT_CHECK_INPUT(!o.is_set("completion_only_loss") && !o.is_set("assistant_only_loss"),
-                 "options --completion_only_loss / --assistant_only_loss are SFT options; ", why);
-}
 
 }  // namespace leantune

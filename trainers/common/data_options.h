@@ -4,7 +4,9 @@
 //                  instead of the tokenizer's), --chat_template_kwargs JSON (extra template
 //                  variables, TRL's chat_template_kwargs, e.g. '{"enable_thinking": false}')
 //   dataset group: --dataset_text_field, --completion_only_loss, --assistant_only_loss,
-//                  --skip_bad_lines (TRL's names and defaults)
+//                  --skip_bad_lines (TRL's names and defaults); the trainers that read whole
+//                  rows (dpo, kto, reward) declare --skip_bad_lines alone
+//                  (row_dataset_table)
 #pragma once
 
 #include <string>
@@ -30,12 +32,13 @@ void apply_chat_options(const ChatArguments& c, Tokenizer& tok);
 // --chat_template as an input of the command (output_path.h), when it names a file.
 CommandInput chat_template_input(const ChatArguments& c);
 
-// dataset_text_field, completion_only_loss, assistant_only_loss, skip_bad_lines of DataConfig.
+// skip_bad_lines of DataConfig: the dataset option of the trainers that read whole rows (dpo,
+// kto, reward), whose losses take no loss-mask options.
+const OptionTable<DataConfig>& row_dataset_table();
+// dataset_text_field, completion_only_loss, assistant_only_loss, then row_dataset_table's: sft's
+// and the data tools'.
 const OptionTable<DataConfig>& dataset_table();
 void add_dataset_options(Options& o);
 void read_dataset_options(const Options& o, DataConfig* cfg);
-// Error(kInput) when completion_only_loss or assistant_only_loss is set for a trainer whose loss
-// does not take them (`why`: "DPO always scores the completions only").
-void refuse_sft_loss_options(const Options& o, const std::string& why);
 
 }  // namespace leantune

@@ -13,6 +13,11 @@ void add_data_groups(Options& o) {
   add_chat_options(o);
 }
 
+void add_row_data_groups(Options& o) {
+  row_dataset_table().declare(o);
+  add_chat_options(o);
+}
+
 void add_model_run_groups(Options& o) {
   add_peft_options(o);
   add_quant_options(o);

@@ -90,6 +90,15 @@ void prepare_run(const TrainingArguments& args) {
   if (host.cap > 0) log_message(LogLevel::kInfo, host.summary());
 }
 
+void warn_beyond_positions(int64_t max_length, const DecoderModel& model) {
+  const int64_t positions = model.config().max_position_embeddings;
+  if (max_length > 0 && positions > 0 && max_length > positions)
+    log_message(LogLevel::kWarning, "warning: max_length " + std::to_string(max_length) +
+                                        " is above the model's max_position_embeddings " +
+                                        std::to_string(positions) +
+                                        ": the positions past it were never trained");
+}
+
 void Trainer::set_peft(PeftSetup peft, std::string base_model_name_or_path, bool merge_adapter) {
   peft_ = std::move(peft);
   base_model_name_or_path_ = std::move(base_model_name_or_path);
@@ -331,6 +340,14 @@ TrainResult Trainer::train() {
   TrainResult result;
   const int64_t per_epoch = micro_batches_per_epoch();
   LT_CHECK_INPUT(per_epoch > 0, "the training data yields no micro-batch");
+  if (args_.learning_rate > 1.0 && comm().rank() == 0)
+    log_message(LogLevel::kWarning, "warning: learning_rate " +
+                                        std::to_string(args_.learning_rate) +
+                                        " is above 1; fine-tuning rates are usually 1e-6 to 1e-3");
+  // transformers refuses evaluation steps without evaluation data; no option goes unused.
+  LT_CHECK_INPUT(args_.eval_steps == 0 || has_evaluation(), "option --eval_steps ",
+                 args_.eval_steps,
+                 ": this run has no evaluation data (sft and reward evaluate --eval_dataset)");
   accumulation_ =
       accumulation_for_epoch(args_.gradient_accumulation_steps, per_epoch, comm().rank() == 0);
   // transformers' Trainer: an epoch is ceil(M / accumulation) updates, its last one taking the

@@ -96,6 +96,10 @@ struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments {
 // the plan printed on stderr.
 void prepare_run(const TrainingArguments& args);
 
+// A warning on stderr when max_length (0: none) is above the model's max_position_embeddings:
+// positions past it were never trained (transformers' tokenizer warns of the same).
+void warn_beyond_positions(int64_t max_length, const DecoderModel& model);
+
 // The line a command prints when a signal stopped train() after `steps` completed updates.
 std::string stopped_line(const std::string& command, int64_t steps);
 
@@ -198,6 +202,8 @@ class Trainer {
   virtual void discard_micro_batches(size_t count) {}
   // Mean loss over the evaluation data (nullopt when there is none).
   virtual std::optional<double> evaluate() { return std::nullopt; }
+  // Whether evaluate() has data to evaluate (--eval_steps needs it).
+  virtual bool has_evaluation() const { return false; }
   // Set during compute_loss under optimizer_in_backward when the optimizer takes row blocks: a
   // trainer whose loss is the model's fused causal-LM loss passes it on (ForwardOptions), so the
   // LM head is updated inside the loss and its whole gradient never exists.

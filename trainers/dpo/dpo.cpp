@@ -37,10 +37,13 @@ const OptionTable<DpoArguments>& dpo_table() {
                 {"keep_start", "keep_end"})
           .integer_or_none(
               "max_prompt_length", &A::max_prompt_length,
-              "the prompt keeps its last this many tokens, before max_length (none = all)", 1)
+              "the prompt keeps its last this many tokens, before max_length (none = all; "
+              "leantune's option, not in TRL 1.16's DPOConfig)",
+              1)
           .integer_or_none("max_completion_length", &A::max_completion_length,
                            "chosen and rejected keep their first this many tokens, before "
-                           "max_length (none = all)",
+                           "max_length (none = all; leantune's option, not in TRL 1.16's "
+                           "DPOConfig)",
                            1)
           .flag("padding_free", &A::padding_free,
                 "chosen and rejected sequences flat in one varlen batch, no pad tokens")
@@ -48,10 +51,10 @@ const OptionTable<DpoArguments>& dpo_table() {
                            "pad each padded sequence to a multiple of this", 1)
           .flag("use_liger_loss", &A::use_liger_loss,
                 "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
-                "exist (off: full logits)")
+                "exist (off: full logits; leantune's option, not in TRL 1.16)")
           .also([](Options& o) { preference_loss_table().declare(o); })
           .also(add_ref_model_options)
-          .also(add_data_groups)
+          .also(add_row_data_groups)
           .also(add_model_run_groups);
   return t;
 }
@@ -300,7 +303,6 @@ DpoRun make_dpo_run(const Options& o) {
 }
 
 void check_dpo_options(const Options& o) {
-  refuse_sft_loss_options(o, "DPO always scores the completions only");
   (void)training_arguments(o);
   (void)ref_model_config(o, 1);
   (void)preference_loss_config(o);
@@ -321,7 +323,7 @@ DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
 
   DataConfig dc;
-  read_dataset_options(o, &dc);
+  row_dataset_table().read_into(o, dc);
   dc.max_length = da.max_length.value_or(0);
   dc.truncation_mode = da.truncation_mode;
   dc.max_prompt_length = da.max_prompt_length.value_or(0);
@@ -329,6 +331,7 @@ DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
   dc.per_device_train_batch_size = args.per_device_train_batch_size;
   dc.seed = args.seed;
   validate_data_config(dc);
+  warn_beyond_positions(dc.max_length, *m.model);
   PreferenceData data = load_preference_data(dataset, *encoder, dc);
 
   DpoDataConfig dd;

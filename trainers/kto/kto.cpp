@@ -39,10 +39,10 @@ const OptionTable<KtoArguments>& kto_table() {
                 {"keep_start", "keep_end"})
           .flag("use_liger_loss", &A::use_liger_loss,
                 "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
-                "exist (off: full logits)")
+                "exist (off: full logits; leantune's option, not in TRL 1.16)")
           .also([](Options& o) { kto_loss_table().declare(o); })
           .also(add_ref_model_options)
-          .also(add_data_groups)
+          .also(add_row_data_groups)
           .also(add_model_run_groups);
   return t;
 }
@@ -221,7 +221,6 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunIn
   // The demo model trains on the demo data only; a model given by the embedder (public API)
   // trains on whatever it is given.
   if (!model) check_model_for_dataset("kto", o);
-  refuse_sft_loss_options(o, "KTO always scores the completions only");
   TrainingArguments args = training_arguments(o);
   const RefModelConfig ref_cfg = ref_model_config(o, args.per_device_eval_batch_size);
   const KtoLossConfig loss = kto_loss_config(o);
@@ -234,12 +233,13 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunIn
   const JsonlSource dataset = training_source(o, m, in, "unpaired.jsonl");
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
   DataConfig dc;
-  read_dataset_options(o, &dc);
+  row_dataset_table().read_into(o, dc);
   dc.max_length = ka.max_length.value_or(0);
   dc.truncation_mode = ka.truncation_mode;
   dc.per_device_train_batch_size = args.per_device_train_batch_size;
   dc.seed = args.seed;
   validate_data_config(dc);
+  warn_beyond_positions(dc.max_length, *m.model);
   UnpairedData data = load_unpaired_data(dataset, *encoder, dc);
   SequenceLogpsOptions lo;
   lo.fused = ka.use_liger_loss;

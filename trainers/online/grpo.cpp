@@ -674,6 +674,9 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   TrainingArguments args = training_arguments(o);
   LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for ",
                  context_parallel_trainer_names());
+  LT_CHECK_INPUT(!o.is_set("per_device_eval_batch_size"), algorithm,
+                 ": option --per_device_eval_batch_size: the online trainers have no evaluation "
+                 "or reference precompute pass that would use it");
   const RefModelConfig ref_cfg = ref_model_config(o, args.per_device_eval_batch_size);
   LT_CHECK_INPUT(!ref_cfg.precompute,
                  "option --precompute_ref_log_probs: the online trainers "

@@ -136,7 +136,8 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
             "zero_stage 3: gather the whole model once for each generation phase (false: layer "
             "by layer at every step, slower, for models larger than one device; the same tokens)")
       .flag("use_liger_loss", &A::use_liger_loss,
-            "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist")
+            "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist "
+            "(leantune's option, not in TRL 1.16)")
       .nested(&A::rewards, reward_source_table());
   return t;
 }

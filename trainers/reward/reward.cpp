@@ -51,7 +51,7 @@ const OptionTable<RewardArguments>& reward_table() {
                 "None; 0.01 recommended)")
           .flag("disable_dropout", &A::disable_dropout,
                 "no dropout in the model (LoRA dropout included)")
-          .also(add_data_groups)
+          .also(add_row_data_groups)
           .also(add_model_run_groups);
   return t;
 }
@@ -275,7 +275,6 @@ RewardModelSetup load_reward_model(const Options& o) {
 
 RewardRun make_reward_run(const Options& o) {
   check_model_for_dataset("reward", o);
-  refuse_sft_loss_options(o, "a reward model scores whole sequences");
   TrainingArguments args = training_arguments(o);
   const RewardArguments ra = reward_table().read(o);
   const PeftArguments peft = peft_arguments(o);
@@ -287,11 +286,12 @@ RewardRun make_reward_run(const Options& o) {
   if (dataset.empty()) dataset = m.tokenizer_dir + "/preferences.jsonl";
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
   DataConfig dc;
-  read_dataset_options(o, &dc);
+  row_dataset_table().read_into(o, dc);
   dc.max_length = ra.max_length.value_or(0);
   dc.per_device_train_batch_size = args.per_device_train_batch_size;
   dc.seed = args.seed;
   validate_data_config(dc);
+  warn_beyond_positions(dc.max_length, *m.model);
   RewardData train = load_reward_data(dataset, *encoder, dc);
   std::optional<RewardData> eval;
   if (!ra.eval_dataset.empty()) eval = load_reward_data(ra.eval_dataset, *encoder, dc);

@@ -101,6 +101,7 @@ class RewardTrainer final : public RowBatchTrainer<RewardBatch> {
   int64_t loss_tokens(const Batch& b) const override { return b.stats.sequences / 2; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
   std::optional<double> evaluate() override;
+  bool has_evaluation() const override { return eval_.has_value(); }
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
 

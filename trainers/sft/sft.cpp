@@ -332,6 +332,7 @@ SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in) {
   dc.per_device_train_batch_size = args.per_device_train_batch_size;
   dc.seed = args.seed;
   validate_data_config(dc);
+  warn_beyond_positions(dc.max_length, *run.model);
 
   SftData train = load_sft_data(source, encoder.get(), dc);
   auto train_examples = std::make_shared<TokenizedDataset>(std::move(train.examples));
@@ -398,6 +399,7 @@ const TrainerSpec& sft_spec() {
        {"output_dir", "trainer_output/embedded"}},
       [](const Options& o) {
         check_model_for_dataset("sft", o);
+        (void)training_arguments(o);  // option combinations are refused before anything loads
         const SftModel m = load_sft_model(o);
         SftRun r = make_sft_run(o, m);
         TrainRun run{r.model, std::move(r.trainer), ""};

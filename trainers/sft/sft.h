@@ -69,6 +69,7 @@ class SftTrainer final : public Trainer {
   int64_t loss_tokens(const Batch& b) const override;
   Tensor compute_loss(const Batch& b, double normalizer) override;
   std::optional<double> evaluate() override;
+  bool has_evaluation() const override { return eval_ != nullptr; }
   double epoch_progress() const override;
   nlohmann::json data_state() const override;
   void set_data_state(const nlohmann::json& s) override;
