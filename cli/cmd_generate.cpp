@@ -22,6 +22,7 @@
 #include "loaders/chat_template.h"
 #include "loaders/dataset.h"
 #include "loaders/fs_util.h"
+#include "loaders/hub_cache.h"
 #include "loaders/option_table.h"
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
@@ -188,7 +189,7 @@ int run_generate(const std::vector<std::string>& args) {
   // A PEFT adapter folder loads as AutoPeftModelForCausalLM does: its base (--base_model, or
   // the adapter's base_model_name_or_path) with the adapter attached; the tokenizer comes from
   // the adapter folder when it has one, else from the base.
-  const std::string& path = a.model;
+  const std::string path = resolve_model_path(a.model, "model");  // a Hub ID: its cached snapshot
   std::string tokenizer_dir = path;
   std::shared_ptr<DecoderModel> model;
   if (is_adapter_dir(path)) {

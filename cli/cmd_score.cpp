@@ -16,6 +16,7 @@
 #include "cli/tool_options.h"
 #include "loaders/examples.h"
 #include "loaders/fs_util.h"
+#include "loaders/hub_cache.h"
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
 #include "trainers/common/data_options.h"
@@ -66,7 +67,7 @@ int score_command(const std::vector<std::string>& argv) {
     return 0;
   }
   const ScoreArguments a = score_table().read(o);
-  const std::string& path = a.model;
+  const std::string path = resolve_model_path(a.model, "model");  // a Hub ID: its cached snapshot
   const std::string& dataset = a.dataset;
   LT_CHECK_INPUT(!path.empty(), "score: --model is required");
   LT_CHECK_INPUT(!dataset.empty(), "score: --dataset is required");

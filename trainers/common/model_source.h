@@ -2,11 +2,15 @@
 // trainer gives them its own help (what data format it reads); the names live here once, and
 // the code that serves every trainer (the model loader, the demo defaults, the check that a
 // dataset comes with a model) reads them through model_source().
-//   model_name_or_path  HF model folder (or PEFT adapter folder); empty with no dataset: the
+//   model_name_or_path  HF model folder (or PEFT adapter folder), or a Hub ID found in the local
+//                       Hugging Face cache (loaders/hub_cache.h); empty with no dataset: the
 //                       built-in demo model
+//   model_revision      the branch, tag or commit of a Hub ID (TRL's ModelConfig name)
 //   dataset             JSONL training data; empty: the demo's data (only with the demo model)
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "loaders/option_table.h"
@@ -14,13 +18,25 @@
 namespace leantune {
 
 struct ModelSource {
-  std::string model_name_or_path;
+  std::string model_name_or_path;       // a folder, or a Hub ID in the local cache (hub_cache.h)
+  std::string model_revision = "main";  // of a Hub ID: a branch, tag or commit
   std::string dataset;
 };
 
+// The sequence options of the trainers that score prompt + completion with a reference model
+// (dpo, kto): TRL's max_length (1024) and truncation_mode, and leantune's use_liger_loss.
+struct ScoredSequences {
+  std::optional<int64_t> max_length = 1024;  // none: no limit
+  std::string truncation_mode = "keep_start";
+  bool use_liger_loss = true;  // the chunked LM head: no [tokens x vocab] logits
+};
+const OptionTable<ScoredSequences>& scored_sequences_table();
+
 // A trainer's model and dataset options with its help texts (kept by the trainer's table).
 OptionTable<ModelSource> model_source_table(std::string model_help, std::string dataset_help);
-// The two values from any trainer's options.
+// The values from any trainer's options.
 ModelSource model_source(const Options& o);
+// The folder model_name_or_path means (a Hub ID resolved in the cache; "" for the demo).
+std::string model_folder(const ModelSource& s);
 
 }  // namespace leantune

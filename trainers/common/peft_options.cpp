@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "engine/check.h"
+#include "loaders/hub_cache.h"
 
 namespace leantune {
 
@@ -111,6 +112,7 @@ std::string resolve_base_model_path(const std::string& adapter_dir) {
   const fs::path beside = dir.parent_path() / p;
   if (fs::is_directory(beside)) return beside.lexically_normal().string();
   if (fs::is_directory(p)) return base;
+  if (in_hub_cache(base)) return resolve_model_path(base, "model_name_or_path");
   LT_THROW(ErrorKind::kInput, config, ": base model '", base, "' not found (tried ",
            beside.lexically_normal().string(), " and ", fs::absolute(p).string(), ")");
 }

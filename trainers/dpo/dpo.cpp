@@ -31,10 +31,7 @@ const OptionTable<DpoArguments>& dpo_table() {
   static const OptionTable<A> t =
       OptionTable<A>()
           .base(source)
-          .integer_or_none("max_length", &A::max_length,
-                           "cut prompt + completion to this many tokens; none = no limit", 1)
-          .text("truncation_mode", &A::truncation_mode, "which end of a too-long sequence is kept",
-                {"keep_start", "keep_end"})
+          .base(scored_sequences_table())
           .integer_or_none(
               "max_prompt_length", &A::max_prompt_length,
               "the prompt keeps its last this many tokens, before max_length (none = all; "
@@ -49,9 +46,6 @@ const OptionTable<DpoArguments>& dpo_table() {
                 "chosen and rejected sequences flat in one varlen batch, no pad tokens")
           .integer_or_none("pad_to_multiple_of", &A::pad_to_multiple_of,
                            "pad each padded sequence to a multiple of this", 1)
-          .flag("use_liger_loss", &A::use_liger_loss,
-                "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
-                "exist (off: full logits; leantune's option, not in TRL 1.16)")
           .also([](Options& o) { preference_loss_table().declare(o); })
           .also(add_ref_model_options)
           .also(add_row_data_groups)

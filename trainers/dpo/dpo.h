@@ -44,19 +44,16 @@
 
 namespace leantune {
 
-// The dpo command's options; `command` names the usage line (estimate reuses them).
 // dpo's own options (TRL's DPOConfig names and defaults); its table also declares the loss,
 // reference-model, dataset, chat, PEFT, quantization and training groups, in --help order.
-struct DpoArguments : ModelSource {
-  std::optional<int64_t> max_length = 1024;  // none: no limit
-  std::string truncation_mode = "keep_start";
+struct DpoArguments : ModelSource, ScoredSequences {
   std::optional<int64_t> max_prompt_length;
   std::optional<int64_t> max_completion_length;
   bool padding_free = false;
   std::optional<int64_t> pad_to_multiple_of;
-  bool use_liger_loss = true;
 };
 const OptionTable<DpoArguments>& dpo_table();
+// The dpo command's options; `command` names the usage line (estimate reuses them).
 Options dpo_options(const std::string& command = "dpo");
 
 struct DpoDataConfig {

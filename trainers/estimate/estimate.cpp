@@ -684,7 +684,7 @@ std::optional<EstimateTarget> parse_estimate_target(Options& o,
     std::printf("%s", o.help().c_str());
     return std::nullopt;
   }
-  std::string path = model_source(o).model_name_or_path;
+  std::string path = model_folder(model_source(o));  // a Hub ID: its cached snapshot
   if (path.empty()) path = embedded_data_dir() + "/config.json";
   ModelConfig model = ModelConfig::load(path);
   return EstimateTarget{path, std::move(model), Device::parse(training_table().read(o).device)};

@@ -28,22 +28,13 @@ const OptionTable<KtoArguments>& kto_table() {
       "HF model folder to train (empty with no dataset: the built-in demo model)",
       "unpaired preference data: JSONL with prompt, completion and a boolean label, standard or "
       "conversational");
-  static const OptionTable<A> t =
-      OptionTable<A>()
-          .base(source)
-          .integer_or_none("max_length", &A::max_length,
-                           "cut prompt + completion to this many tokens; none = no limit", 1)
-          // TRL's KTO collator keeps the start of a too-long sequence (KTOConfig has no such
-          // option).
-          .text("truncation_mode", &A::truncation_mode, "which end of a too-long sequence is kept",
-                {"keep_start", "keep_end"})
-          .flag("use_liger_loss", &A::use_liger_loss,
-                "chunked LM head for the log-probabilities: the [tokens x vocab] logits never "
-                "exist (off: full logits; leantune's option, not in TRL 1.16)")
-          .also([](Options& o) { kto_loss_table().declare(o); })
-          .also(add_ref_model_options)
-          .also(add_row_data_groups)
-          .also(add_model_run_groups);
+  static const OptionTable<A> t = OptionTable<A>()
+                                      .base(source)
+                                      .base(scored_sequences_table())
+                                      .also([](Options& o) { kto_loss_table().declare(o); })
+                                      .also(add_ref_model_options)
+                                      .also(add_row_data_groups)
+                                      .also(add_model_run_groups);
   return t;
 }
 

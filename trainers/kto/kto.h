@@ -35,11 +35,7 @@ namespace leantune {
 
 // kto's own options (TRL's KTOConfig names and defaults); its table also declares the loss,
 // reference-model, dataset, chat, PEFT, quantization and training groups, in --help order.
-struct KtoArguments : ModelSource {
-  std::optional<int64_t> max_length = 1024;  // none: no limit
-  std::string truncation_mode = "keep_start";
-  bool use_liger_loss = true;
-};
+struct KtoArguments : ModelSource, ScoredSequences {};
 const OptionTable<KtoArguments>& kto_table();
 Options kto_options(const std::string& command = "kto");
 

@@ -222,7 +222,8 @@ nlohmann::json RewardTrainer::technique_savings() const {
 
 RewardModelSetup load_reward_model(const Options& o) {
   RewardModelSetup m;
-  m.model_name_or_path = model_source(o).model_name_or_path;
+  const ModelSource src = model_source(o);
+  m.model_name_or_path = model_folder(src);  // a Hub ID: its snapshot in the local cache
   m.embedded = m.model_name_or_path.empty();
   m.tokenizer_dir = m.embedded ? embedded_data_dir() : m.model_name_or_path;
   LT_CHECK_INPUT(m.embedded || !is_adapter_dir(m.model_name_or_path),
@@ -240,7 +241,7 @@ RewardModelSetup load_reward_model(const Options& o) {
   LT_CHECK_INPUT(!quant.enabled() || peft.use_peft,
                  "options load_in_4bit / load_in_8bit need use_peft: a quantized base is frozen, "
                  "only adapters (and the score head) train");
-  m.base_name = m.model_name_or_path;
+  m.base_name = src.model_name_or_path;  // as given: a Hub ID stays an ID
   if (m.embedded) {
     const ModelConfig cfg =
         ModelConfig::load(m.tokenizer_dir + "/config.json").as_sequence_classification(1);

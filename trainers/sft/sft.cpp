@@ -230,7 +230,8 @@ const std::vector<std::string>& sft_model_option_names() {
 SftModel load_sft_model(const Options& o) {
   SftModel m;
   SftSetup& setup = m.setup;
-  setup.model_name_or_path = model_source(o).model_name_or_path;
+  const ModelSource src = model_source(o);
+  setup.model_name_or_path = model_folder(src);  // a Hub ID: its snapshot in the local cache
   setup.embedded = setup.model_name_or_path.empty();
   if (setup.embedded) {
     const std::string dir = embedded_data_dir();
@@ -258,7 +259,8 @@ SftModel load_sft_model(const Options& o) {
   LT_CHECK_INPUT(!quant.enabled() || peft_table().read(o).use_peft || adapter_dir,
                  "options load_in_4bit / load_in_8bit need use_peft: a quantized base is frozen, "
                  "only adapters train");
-  m.base_name = setup.model_name_or_path;
+  // adapter_config.json names the base as given (a Hub ID stays an ID, as PEFT writes it).
+  m.base_name = src.model_name_or_path;
   if (setup.embedded) {
     m.model = std::make_shared<DecoderModel>(ModelConfig::load(setup.model_config), device, dtype);
     m.model->init_random(seed);
