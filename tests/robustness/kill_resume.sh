@@ -73,8 +73,13 @@ stop_run() {  # signal out_dir during_save [extra options...]
   shift 3
   local lines
   lines=$(wc -l <"$T/stops.log")
+  # During a save: every save of this run pauses 300 ms with its files written (a LoRA adapter's
+  # save takes milliseconds, which a poll on a loaded machine misses).
+  local pause=0
+  [ "$during" = 1 ] && pause=300
   # shellcheck disable=SC2046
-  (run "$out" $(resume_flag "$out") "$@") >>"$T/stops.log" 2>&1 &
+  (export LEANTUNE_TEST_SAVE_PAUSE_MS=$pause; run "$out" $(resume_flag "$out") "$@") \
+    >>"$T/stops.log" 2>&1 &
   local pid=$! waited=0
   if [ "$during" = 0 ]; then
     while kill -0 "$pid" 2>/dev/null && [ $waited -lt 3000 ] &&
@@ -107,8 +112,8 @@ stop_and_resume() {  # KILL|TERM
     { echo "FAIL ($CASE): straight run"; tail -3 "$T/straight.log"; return 1; }
   secs=$(( $(date +%s) - start + 1 ))
   want=$(sha256sum <"$T/$CASE-straight/$(weights)")
-  # 10 stops; under SIGKILL more (up to 24) while fewer than 2 landed during a save: a small
-  # checkpoint (a LoRA adapter) is written in milliseconds, and the poll can miss it.
+  # 10 stops; under SIGKILL more (up to 24) while fewer than 2 landed during a save (a run may
+  # end, or not reach a save, before its stop).
   i=0
   while [ $i -lt 10 ] || { [ "$sig" = KILL ] && [ $during_saves -lt 2 ] && [ $i -lt 24 ]; }; do
     i=$((i + 1))

@@ -11,8 +11,12 @@
 // optimizer shard) in `.checkpoint-N.tmp-rank-R`, which rank 0 moves into the checkpoint before
 // the rename that completes it. A killed save leaves only temporary folders, removed at the next
 // start.
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "dist/consolidate.h"
 #include "dist/zero.h"
@@ -22,6 +26,25 @@
 #include "trainers/common/trainer.h"
 
 namespace leantune {
+
+namespace {
+
+// LEANTUNE_TEST_SAVE_PAUSE_MS=N holds every checkpoint save N ms (at most 10 s) with its files
+// written and not yet renamed into place, so that a kill-and-resume test lands inside saves
+// whatever the machine's load (tests/robustness/kill_resume.sh). Anything but a number is an
+// error naming the variable.
+void pause_in_save_for_tests() {
+  const char* v = std::getenv("LEANTUNE_TEST_SAVE_PAUSE_MS");
+  if (!v || !*v) return;
+  char* end = nullptr;
+  errno = 0;
+  const long long ms = std::strtoll(v, &end, 10);
+  LT_CHECK_INPUT(*end == '\0' && errno == 0 && ms >= 0 && ms <= 10000,
+                 "LEANTUNE_TEST_SAVE_PAUSE_MS=", v, ": expected milliseconds from 0 to 10000");
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+}  // namespace
 
 namespace {
 
@@ -114,6 +137,7 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoin
                          {"options", options_.to_json()}};
     write_text_atomic(dir + "/trainer_state.json", st.dump(1));
     if (save_hook_) save_hook_(dir);
+    pause_in_save_for_tests();
   });
   rotate_checkpoints(args_.output_dir, args_.save_total_limit);
   log.message("saved " + path);
