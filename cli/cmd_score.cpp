@@ -20,6 +20,7 @@
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
 #include "trainers/common/data_options.h"
+#include "trainers/common/model_source.h"
 #include "trainers/common/output_path.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/reward/reward.h"
@@ -83,9 +84,8 @@ int score_command(const std::vector<std::string>& argv) {
   const std::unique_ptr<TextEncoder> enc = make_text_encoder(tokenizer);
   const RewardModel rm = open_reward_model(
       path, Device::parse(a.device), a.bf16 ? DType::kBF16 : DType::kF32, enc->pad_token_id());
-  LT_CHECK_INPUT(tokenizer->vocab_size() <= rm.model().config().vocab_size, tokenizer_dir,
-                 ": the tokenizer has ", tokenizer->vocab_size(),
-                 " tokens but the model's vocab_size is ", rm.model().config().vocab_size);
+  check_tokenizer_fits(tokenizer->vocab_size(), tokenizer_dir, rm.model().config().vocab_size,
+                       is_adapter_dir(path) ? resolve_base_model_path(path) : path);
 
   DatasetReaderOptions ro;
   ro.dataset_text_field = a.data.dataset_text_field;

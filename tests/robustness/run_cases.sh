@@ -108,6 +108,10 @@ tokenizer_dir() {
   rm "$W/m/tokenizer.json"
   mkdir "$W/m/tokenizer.json"
 }
+foreign_tokenizer() {  # the tiny model with Qwen2.5's tokenizer (151k tokens for its 576)
+  cp -r "$MODEL" "$W/m"
+  cp "$SRC"/tests/fixtures/tokenizers/qwen2.5/tokenizer*.json "$W/m/"
+}
 vocab_huge() {
   sed 's/"vocab_size": *576/"vocab_size": 1000000000000/' "$SRC/data/embedded/config.json" \
     >"$W/config.json"

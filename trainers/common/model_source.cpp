@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "engine/check.h"
 #include "loaders/hub_cache.h"
 
 namespace leantune {
@@ -39,6 +40,15 @@ std::string model_folder(const ModelSource& s) {
 ModelSource model_source(const Options& o) {
   static const OptionTable<ModelSource> names = model_source_table("", "");
   return names.read(o);
+}
+
+void check_tokenizer_fits(int64_t tokenizer_vocab, const std::string& tokenizer_dir,
+                          int64_t model_vocab, const std::string& model_dir) {
+  LT_CHECK_INPUT(tokenizer_vocab <= model_vocab, tokenizer_dir, "/tokenizer.json has ",
+                 tokenizer_vocab, " tokens but ", model_dir, "/config.json has vocab_size ",
+                 model_vocab,
+                 ": the tokenizer belongs to another model; use the tokenizer files that came "
+                 "with the model");
 }
 
 }  // namespace leantune

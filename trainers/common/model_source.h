@@ -39,4 +39,10 @@ ModelSource model_source(const Options& o);
 // The folder model_name_or_path means (a Hub ID resolved in the cache; "" for the demo).
 std::string model_folder(const ModelSource& s);
 
+// Error(kInput) when the tokenizer in tokenizer_dir has more tokens than the model's vocab_size:
+// names both files (tokenizer.json and model_dir's config.json) and the fix (the tokenizer
+// belongs to another model).
+void check_tokenizer_fits(int64_t tokenizer_vocab, const std::string& tokenizer_dir,
+                          int64_t model_vocab, const std::string& model_dir);
+
 }  // namespace leantune

@@ -253,9 +253,8 @@ RewardModelSetup load_reward_model(const Options& o) {
     m.model = load_sequence_classifier(m.model_name_or_path, device, dtype, seed, 1, &rep);
     m.converted = rep.converted_from_causal_lm;
   }
-  LT_CHECK_INPUT(m.tokenizer->vocab_size() <= m.model->config().vocab_size, "the tokenizer has ",
-                 m.tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
-                 m.model->config().vocab_size);
+  check_tokenizer_fits(m.tokenizer->vocab_size(), m.tokenizer_dir, m.model->config().vocab_size,
+                       m.embedded ? m.tokenizer_dir : m.model_name_or_path);
   // TRL: config.pad_token_id = the tokenizer's pad token, else its eos.
   m.model->set_pad_token_id(make_text_encoder(m.tokenizer)->pad_token_id());
   if (quant.enabled()) {

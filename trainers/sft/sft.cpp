@@ -285,9 +285,10 @@ SftModel load_sft_model(const Options& o) {
     m.peft = apply_peft_options(o, *m.model, seed);
   }
   if (quant.enabled()) m.quant = quant;
-  LT_CHECK_INPUT(m.tokenizer->vocab_size() <= m.model->config().vocab_size, "the tokenizer has ",
-                 m.tokenizer->vocab_size(), " tokens but the model's vocab_size is ",
-                 m.model->config().vocab_size);
+  check_tokenizer_fits(m.tokenizer->vocab_size(), setup.tokenizer_dir, m.model->config().vocab_size,
+                       setup.embedded ? embedded_data_dir()
+                       : adapter_dir  ? m.base_name
+                                      : setup.model_name_or_path);
   return m;
 }
 
