@@ -10,6 +10,7 @@
 #include "engine/check.h"
 #include "loaders/fs_util.h"
 #include "loaders/unicode.h"
+#include "loaders/yaml_config.h"
 
 namespace leantune {
 
@@ -359,7 +360,10 @@ bool Options::parse(const std::vector<std::string>& args) {
     } else {
       continue;
     }
-    apply_config_text(read_text_file(path), path);
+    if (is_yaml_path(path))
+      apply_json(parse_yaml_config(read_text_file(path), path), path);
+    else
+      apply_config_text(read_text_file(path), path);
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -446,10 +450,10 @@ std::string Options::help() const {
   std::ostringstream os;
   os << "usage: trainer_bin " << command_;
   if (!positional_name_.empty()) os << " " << positional_name_;
-  os << " [--config FILE.json] [--option value ...]\n\n";
+  os << " [--config FILE.json|FILE.yaml] [--option value ...]\n\n";
   if (!positional_name_.empty())
     os << "  " << positional_name_ << "\n      " << positional_help_ << "\n";
-  os << "options (TRL names; a JSON config may set any of them, flags override it):\n";
+  os << "options (TRL names; a JSON or YAML config may set any of them, flags override it):\n";
   for (const Spec& s : specs_) {
     os << "  --" << s.name << " (" << type_name(s.type) << ", default " << show(s.def) << ")\n"
        << "      " << s.help;

@@ -1,7 +1,7 @@
 // Command-line and JSON-config options with TRL's names.
 //
 // A command declares each option with its type, default and one line of meaning. Values come
-// from defaults, then a JSON config file (--config F, an object of option -> value), then
+// from defaults, then a config file (--config F: JSON or YAML, option -> value), then
 // --flags, each overriding the previous. Flags are `--name value` or `--name=value`; a bool
 // flag alone (`--packing`) means true. Option names are accepted with '-' or '_', and an option
 // may have an alias (add_alias).

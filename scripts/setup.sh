@@ -3,6 +3,7 @@
 set -euo pipefail
 pkgs=(cmake make g++ pkg-config googletest libgtest-dev libgmock-dev libbenchmark-dev
       nlohmann-json3-dev libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libcli11-dev libfmt-dev
+      libyaml-dev
       libopenmpi-dev openmpi-bin
       chromium)  # headless browser of the memviz page test (tests/cli/memviz.sh)
 missing=()

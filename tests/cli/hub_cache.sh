@@ -3,7 +3,8 @@
 # huggingface_hub lays it out (models--Org--Name/refs/<branch> -> snapshots/<commit>/): sft,
 # generate and estimate run from it under HF_HUB_CACHE and under HF_HOME; --model_revision picks
 # a branch or a commit; an ID that is not cached, a revision that is not, and a path that does
-# not exist are each one line, exit 2, naming the option (and the download command).
+# not exist are each one line, exit 2, naming the option (and the download command); a YAML
+# config (TRL's CLI style) with the ID on the command line trains offline.
 # usage: hub_cache.sh TRAINER_BIN SOURCE_DIR
 set -u
 bin=$1
@@ -55,6 +56,20 @@ run "sft at a commit" 0 "model written to" "$bin" sft --model_name_or_path Org/T
 loss() { grep -o '"loss":[-0-9.e]*' "$1/metrics.jsonl" | head -1; }
 [ "$(loss "$tmp/out2")" = "$(loss "$tmp/out3")" ] && [ "$(loss "$tmp/out1")" != "$(loss "$tmp/out2")" ] &&
   [ -n "$(loss "$tmp/out1")" ] || { echo "FAIL: revisions: $(loss "$tmp/out1") $(loss "$tmp/out2") $(loss "$tmp/out3")"; fail=1; }
+# A TRL-style YAML config with the ID on the command line (issue: --config x.yaml + Org/Name).
+cat >"$tmp/sft.yaml" <<YAML
+# leantune sft, TRL names
+dataset_name: $data
+max_steps: 1
+max_length: 64
+learning_rate: 2.0e-5
+lr_scheduler_type: cosine
+warmup_steps: 0.1
+device: cpu
+output_dir: $tmp/out9
+YAML
+run "YAML config and a Hub ID" 0 "model written to $tmp/out9" "$bin" sft --config "$tmp/sft.yaml" \
+    --model_name_or_path Org/Tiny-Model
 run "generate from the cache" 0 "" "$bin" generate --model Org/Tiny-Model --prompt "Once" \
     --max_new_tokens 4 --device cpu
 run "estimate from the cache" 0 "parameters" "$bin" estimate --model_name_or_path Org/Tiny-Model \

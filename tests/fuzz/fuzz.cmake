@@ -2,6 +2,7 @@
 # wired in tests/loaders/):
 #   fuzz_jsonl             the JSONL dataset reader (loaders/dataset.h)
 #   fuzz_options           --config files: parse_config_json + Options::apply_config_text
+#   fuzz_yaml_config       --config F.yaml: parse_yaml_config (libyaml) + Options::apply_json
 #   fuzz_checkpoint_state  trainer_state.json: parse_trainer_state (trainers/common/checkpoint.h)
 # Each has a plain corpus driver, <name>_corpus, that ctest runs over tests/fuzz/corpus/<dir>
 # (good_* accepted, bad_* rejected), and, with LEANTUNE_FUZZ=ON and clang, a libFuzzer build with
@@ -14,10 +15,12 @@ set(_lt_fuzz_dir ${PROJECT_SOURCE_DIR}/tests/fuzz)
 set(_lt_fuzz_common ${PROJECT_SOURCE_DIR}/engine/check.cpp ${PROJECT_SOURCE_DIR}/loaders/fs_util.cpp)
 set(_lt_fuzz_jsonl_src ${PROJECT_SOURCE_DIR}/loaders/dataset.cpp
     ${PROJECT_SOURCE_DIR}/loaders/jsonl.cpp)
-set(_lt_fuzz_options_src ${PROJECT_SOURCE_DIR}/loaders/options.cpp)
+set(_lt_fuzz_options_src ${PROJECT_SOURCE_DIR}/loaders/options.cpp
+    ${PROJECT_SOURCE_DIR}/loaders/yaml_config.cpp)
+set(_lt_fuzz_yaml_config_src ${_lt_fuzz_options_src})
 set(_lt_fuzz_checkpoint_state_src ${PROJECT_SOURCE_DIR}/trainers/common/checkpoint.cpp)
 
-foreach(name jsonl options checkpoint_state)
+foreach(name jsonl options yaml_config checkpoint_state)
   add_executable(fuzz_${name}_corpus ${_lt_fuzz_dir}/fuzz_${name}.cpp)
   target_link_libraries(fuzz_${name}_corpus PRIVATE leantune)
   target_include_directories(fuzz_${name}_corpus PRIVATE ${PROJECT_SOURCE_DIR})
@@ -28,7 +31,7 @@ foreach(name jsonl options checkpoint_state)
     add_executable(fuzz_${name} ${_lt_fuzz_dir}/fuzz_${name}.cpp ${_lt_fuzz_${name}_src}
                    ${_lt_fuzz_common})
     target_include_directories(fuzz_${name} PRIVATE ${PROJECT_SOURCE_DIR})
-    target_link_libraries(fuzz_${name} PRIVATE nlohmann_json::nlohmann_json)
+    target_link_libraries(fuzz_${name} PRIVATE nlohmann_json::nlohmann_json PkgConfig::YAML)
     target_compile_definitions(fuzz_${name} PRIVATE LEANTUNE_LIBFUZZER=1)
     target_compile_options(fuzz_${name} PRIVATE -fsanitize=fuzzer,address,undefined
                            -fno-omit-frame-pointer)
