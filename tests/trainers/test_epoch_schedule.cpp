@@ -5,12 +5,15 @@
 // two epochs; an epoch with fewer micro-batches than the accumulation is one short update) and
 // the epoch logged after each update. And warmup_steps as transformers 5 reads it: a number of
 // updates (a fraction dropped) from 1 up, a ratio of all updates below 1, warmup_ratio its alias.
+// And when checkpoints are written (save_strategy steps, epoch, no) and logging_first_step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "engine/check.h"
 #include "loaders/fs_util.h"
 #include "testing/testing.h"
 #include "trainer_test_util.h"
@@ -115,6 +118,61 @@ TEST(Warmup, StepsFromOneRatioBelowOneAsTransformers5) {
   EXPECT_EQ(learning_rates({"--warmup_ratio", "0.25"}), two);  // the alias
   EXPECT_EQ(learning_rates({"--warmup_steps", "2.7"}), two);   // int(2.7), as transformers
   EXPECT_NE(learning_rates({"--warmup_steps", "3"}), two);
+}
+
+// The checkpoint folders and logged steps of a run of 5 micro-batches per epoch, accumulation 2
+// (3 updates an epoch), 2 epochs: 6 updates.
+struct Saved {
+  std::vector<std::string> checkpoints;
+  std::vector<int64_t> logged;
+};
+Saved run_saving(const std::vector<std::string>& options) {
+  static const std::string model = testing::make_tiny_model(testing::temp_dir("save_model"));
+  const std::string dir = testing::temp_dir("save_strategy");
+  {
+    std::ifstream in(testing::small_dataset());
+    std::ofstream out(dir + "/rows.jsonl");
+    std::string line;
+    for (int i = 0; i < 5 && std::getline(in, line); ++i) out << line << "\n";
+  }
+  std::vector<std::string> extra = {"--dataset",
+                                    dir + "/rows.jsonl",
+                                    "--per_device_train_batch_size",
+                                    "1",
+                                    "--gradient_accumulation_steps",
+                                    "2",
+                                    "--num_train_epochs",
+                                    "2",
+                                    "--max_steps",
+                                    "-1",
+                                    "--logging_steps",
+                                    "4"};
+  extra.insert(extra.end(), options.begin(), options.end());
+  SftRun run = make_sft_run(testing::tiny_sft_options(model, dir + "/out", extra));
+  run.trainer->train();
+  Saved s;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/out"))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0)
+      s.checkpoints.push_back(e.path().filename().string());
+  std::sort(s.checkpoints.begin(), s.checkpoints.end());
+  for (const auto& [step, loss] : testing::read_losses(dir + "/out/metrics.jsonl"))
+    s.logged.push_back(step);
+  return s;
+}
+
+TEST(SaveStrategy, StepsEpochOrNoAndLoggingFirstStep) {
+  // steps: every save_steps (not after the last update: the final model is written then).
+  EXPECT_EQ(run_saving({"--save_steps", "2"}).checkpoints,
+            (std::vector<std::string>{"checkpoint-2", "checkpoint-4"}));
+  // epoch: at the end of every epoch but the last (3 updates an epoch).
+  const Saved epoch = run_saving({"--save_strategy", "epoch"});
+  EXPECT_EQ(epoch.checkpoints, std::vector<std::string>{"checkpoint-3"});
+  EXPECT_EQ(epoch.logged, (std::vector<int64_t>{4, 6}));
+  const Saved no = run_saving({"--save_strategy", "no", "--logging_first_step"});
+  EXPECT_TRUE(no.checkpoints.empty());
+  EXPECT_EQ(no.logged, (std::vector<int64_t>{1, 4, 6}));
+  // save_steps belongs to save_strategy steps.
+  EXPECT_THROW(run_saving({"--save_strategy", "epoch", "--save_steps", "2"}), Error);
 }
 
 }  // namespace

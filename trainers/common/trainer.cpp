@@ -638,7 +638,8 @@ TrainResult Trainer::train() {
       callback_stop = !step_callback_(rec);
     }
 
-    if (step_ % args_.logging_steps == 0 || step_ == total_steps_) {
+    if (step_ % args_.logging_steps == 0 || step_ == total_steps_ ||
+        (args_.logging_first_step && step_ == 1)) {
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
       const double tokens_per_second = secs > 0 ? window_tokens / secs : 0.0;
@@ -673,8 +674,12 @@ TrainResult Trainer::train() {
     // After the last update the run is complete: it ends as usual, writing the final model (no
     // longer than a checkpoint would take), which a resume could not write any more.
     if (step_ >= total_steps_) stop = false;
-    if ((args_.save_steps > 0 && step_ % args_.save_steps == 0 && step_ < total_steps_) || stop)
-      save_checkpoint(step_, log, resume_point());
+    const bool save_due =
+        step_ < total_steps_ &&
+        (args_.save_strategy == "steps"   ? args_.save_steps > 0 && step_ % args_.save_steps == 0
+         : args_.save_strategy == "epoch" ? step_ % updates_per_epoch == 0
+                                          : false);
+    if (save_due || stop) save_checkpoint(step_, log, resume_point());
     if (stop) {
       log.message("stopped at step " + std::to_string(step_) + " (checkpoint saved)");
       result.interrupted = true;

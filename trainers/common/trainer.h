@@ -75,6 +75,8 @@ struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments {
   int64_t logging_steps = 10;
   int64_t eval_steps = 0;
   int64_t save_steps = 500;
+  std::string save_strategy = "steps";  // steps (every save_steps) | epoch | no
+  bool logging_first_step = false;
   int64_t save_total_limit = 0;
   uint64_t seed = 42;
   bool bf16 = false;

@@ -82,10 +82,16 @@ const OptionTable<TrainingArguments>& training_table() {
           .real("num_train_epochs", &A::num_train_epochs, "epochs over the training data", 0.0)
           .integer("max_steps", &A::max_steps, "total updates; overrides num_train_epochs when > 0")
           .integer("logging_steps", &A::logging_steps, "log every this many updates", 1)
+          .flag("logging_first_step", &A::logging_first_step,
+                "also log the first update (whatever logging_steps)")
           .integer("eval_steps", &A::eval_steps,
                    "evaluate every this many updates (0 = only at the end)", 0)
           .integer("save_steps", &A::save_steps, "checkpoint every this many updates (0 = never)",
                    0)
+          .text("save_strategy", &A::save_strategy,
+                "when checkpoints are written: every save_steps updates (steps), at the end of "
+                "every epoch (epoch), or never (no; a stop signal still saves one)",
+                {"steps", "epoch", "no"})
           .integer("save_total_limit", &A::save_total_limit,
                    "keep at most this many checkpoints (0 = all)", 0)
           .integer("seed", &A::seed, "seed of data order, init and dropout", 0)
@@ -121,6 +127,9 @@ void add_training_options(Options& o) { training_table().declare(o); }
 TrainingArguments training_arguments(const Options& o) {
   const TrainingArguments a = training_table().read(o);
   check_optim_arguments(a, a.gradient_accumulation_steps, a.max_grad_norm);
+  LT_CHECK_INPUT(a.save_strategy == "steps" || !o.is_set("save_steps") || a.save_steps == 0,
+                 "option --save_steps ", a.save_steps, " is for save_strategy steps, not ",
+                 a.save_strategy);
   // The schedule's parameters are checked before anything loads (the step counts come later).
   (void)LrScheduler::make(a.lr_scheduler_type, a.learning_rate, 1000, 0, 0.0,
                           parse_lr_scheduler_kwargs(a.lr_scheduler_kwargs));
