@@ -78,6 +78,9 @@ run "LoRA adapter names its base by ID" 0 '"base_model_name_or_path": "Org/Tiny-
     bash -c "'$bin' sft --model_name_or_path Org/Tiny-Model --dataset '$data' --max_steps 1 \
     --max_length 64 --device cpu --use_peft --output_dir '$tmp/out4' >/dev/null && \
     cat '$tmp/out4/adapter_config.json'"
+run "the adapter's model card links the base" 0 \
+    "fine-tuned version of [Org/Tiny-Model](https://huggingface.co/Org/Tiny-Model)" \
+    cat "$tmp/out4/README.md"
 run "not cached" 2 "huggingface-cli download Org/Other" "$bin" sft \
     --model_name_or_path Org/Other --dataset "$data" --max_steps 1 --output_dir "$tmp/out5"
 run "revision not cached" 2 "revision 'v3' is not in the Hugging Face cache" "$bin" sft \

@@ -434,6 +434,7 @@ TrainResult Trainer::train() {
   auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
+  nlohmann::json last_logged;  // for the model card
   while (step_ < total_steps_) {
     const int64_t update = step_ + 1;
     current_accumulation_ =
@@ -661,6 +662,7 @@ TrainResult Trainer::train() {
       if (const double u = mfu(*model_, trainable_, tokens_per_second); u > 0) rec["mfu"] = u;
       rec.update(log_metrics());
       log.log(rec);
+      last_logged = rec;
       window_loss = window_norm = 0;
       window_steps = window_skipped = window_tokens = window_real = window_total = 0;
       window_start = std::chrono::steady_clock::now();
@@ -703,9 +705,10 @@ TrainResult Trainer::train() {
     // The model stays sharded: its units are gathered for each use while this trainer lives.
     if (zero3_) result.memory = memory_report(technique_savings());
     const AllUnitsGathered gathered(units_whole_for_save(true));
-    if (writes_files())
+    if (writes_files()) {
       save_model(args_.output_dir, true);
-    else
+      write_model_card(args_.output_dir, last_logged);
+    } else
       take_part_in_save();
   }
   trace.finish(log);

@@ -224,6 +224,9 @@ class Trainer {
   // with merge_adapter; else the model as an HF folder). `final_output` is true for the
   // end-of-training save into output_dir.
   virtual void save_model(const std::string& dir, bool final_output) const;
+  // README.md in dir: the model card of the final model (trainers/common/model_card.h), with
+  // the last logged metrics.
+  void write_model_card(const std::string& dir, const nlohmann::json& last_logged) const;
   // Restores what save_model wrote into a checkpoint.
   virtual void load_model(const std::string& dir);
   // Called once before the loop, after resuming.
