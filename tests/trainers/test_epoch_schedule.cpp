@@ -5,7 +5,8 @@
 // two epochs; an epoch with fewer micro-batches than the accumulation is one short update) and
 // the epoch logged after each update. And warmup_steps as transformers 5 reads it: a number of
 // updates (a fraction dropped) from 1 up, a ratio of all updates below 1, warmup_ratio its alias.
-// And when checkpoints are written (save_strategy steps, epoch, no) and logging_first_step.
+// And when checkpoints are written (save_strategy steps, epoch, no; save_only_model's, which no
+// run resumes from) and logging_first_step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -173,6 +174,29 @@ TEST(SaveStrategy, StepsEpochOrNoAndLoggingFirstStep) {
   EXPECT_EQ(no.logged, (std::vector<int64_t>{1, 4, 6}));
   // save_steps belongs to save_strategy steps.
   EXPECT_THROW(run_saving({"--save_strategy", "epoch", "--save_steps", "2"}), Error);
+}
+
+TEST(SaveStrategy, SaveOnlyModelCheckpointsHoldNoOptimizerAndRefuseAResume) {
+  static const std::string model = testing::make_tiny_model(testing::temp_dir("save_model"));
+  const std::string out = testing::temp_dir("save_only_model") + "/out";
+  SftRun run = make_sft_run(testing::tiny_sft_options(
+      model, out, {"--max_steps", "4", "--save_steps", "2", "--save_only_model"}));
+  run.trainer->train();
+  const std::string ck = out + "/checkpoint-2";
+  EXPECT_TRUE(std::filesystem::exists(ck + "/model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(ck + "/optimizer.safetensors"));
+  EXPECT_NE(read_text_file(ck + "/trainer_state.json").find("\"save_only_model\": true"),
+            std::string::npos);
+  SftRun again = make_sft_run(
+      testing::tiny_sft_options(model, out, {"--max_steps", "6", "--resume_from_checkpoint", ck}));
+  try {
+    again.trainer->train();
+    ADD_FAILURE() << "resumed from a save_only_model checkpoint";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("was saved with save_only_model"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

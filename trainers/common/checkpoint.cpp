@@ -198,6 +198,11 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& sourc
                  printable(ds->dump(), 60));
   st.data_state = *ds;
   if (j.contains("rng")) st.rng = parse_rng_state(j["rng"], source);
+  if (auto it = j.find("save_only_model"); it != j.end()) {
+    LT_CHECK_INPUT(it->is_boolean(), source, ": key 'save_only_model' must be true or false, got ",
+                   printable(it->dump(), 60));
+    st.save_only_model = it->get<bool>();
+  }
   return st;
 }
 

@@ -73,6 +73,8 @@ struct TrainerState {
   // The random streams' offsets at the checkpoint's step ({"lora_dropout": blocks} under LoRA);
   // empty in checkpoints older than them.
   nlohmann::json rng = nlohmann::json::object();
+  // Written with --save_only_model: the model alone, which no run resumes from.
+  bool save_only_model = false;
 };
 // Parses the text of trainer_state.json. Error(kInput) naming `source` and the key for invalid
 // JSON, a missing key, or a value that is not a non-negative integer (data_state: an object;

@@ -78,12 +78,13 @@ Trainer::ResumePoint Trainer::resume_point() const {
   return {data_state(), epoch_progress(), num_tokens_, rng_state()};
 }
 
-void Trainer::write_rank_files(const std::string& dir, int rank, const ResumePoint& at) const {
+void Trainer::write_rank_files(const std::string& dir, int rank, const ResumePoint& at,
+                               bool model_only) const {
   std::filesystem::create_directories(dir);
   write_text_atomic(
       dir + "/" + rank_state_name(rank),
       nlohmann::json{{"rank", rank}, {"data_state", at.data_state}, {"rng", at.rng}}.dump(1));
-  if (!zero_) return;
+  if (!zero_ || model_only) return;
   // The parameters' shapes let `trainer_bin consolidate` put the pieces back together.
   nlohmann::json shapes = nlohmann::json::array();
   for (const auto& p : trainable_) shapes.push_back({p.name, p.tensor.shape()});
@@ -92,13 +93,15 @@ void Trainer::write_rank_files(const std::string& dir, int rank, const ResumePoi
       {{"step", std::to_string(optimizer_->step_count())}, {kParamShapesKey, shapes.dump()}});
 }
 
-void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoint& at) {
+void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoint& at,
+                              bool model_only) {
   Communicator& comm = this->comm();
   const bool distributed = comm.size() > 1;
   const AllUnitsGathered gathered(units_whole_for_save(false));
   saved_step_ = step;
   if (distributed && comm.rank() != 0) {
-    write_rank_files(rank_staging_dir(args_.output_dir, step, comm.rank()), comm.rank(), at);
+    write_rank_files(rank_staging_dir(args_.output_dir, step, comm.rank()), comm.rank(), at,
+                     model_only);
     comm.barrier();  // staged
     take_part_in_save();
     comm.barrier();  // rank 0 has completed the checkpoint
@@ -107,11 +110,11 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoin
   if (distributed) comm.barrier();  // every rank has staged its files
   const std::string path = write_checkpoint(args_.output_dir, step, [&](const std::string& dir) {
     save_model(dir, false);
-    if (!zero_)
+    if (!zero_ && !model_only)
       save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_tensors(),
                        {{"step", std::to_string(optimizer_->step_count())}});
     if (distributed) {
-      write_rank_files(dir, 0, at);
+      write_rank_files(dir, 0, at, model_only);
       for (int r = 1; r < comm.size(); ++r) {
         const std::string staged = rank_staging_dir(args_.output_dir, step, r);
         for (const std::string& name : {rank_state_name(r), rank_optimizer_name(r)})
@@ -135,6 +138,7 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoin
                          {"data_state", at.data_state},
                          {"rng", at.rng},
                          {"options", options_.to_json()}};
+    if (model_only) st["save_only_model"] = true;
     write_text_atomic(dir + "/trainer_state.json", st.dump(1));
     if (save_hook_) save_hook_(dir);
     pause_in_save_for_tests();

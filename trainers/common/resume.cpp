@@ -26,6 +26,10 @@ std::string Trainer::load_checkpoint(const std::string& dir) {
   // The small state file first: a corrupt one fails before the weights are read.
   const std::string state_path = dir + "/trainer_state.json";
   const TrainerState st = parse_trainer_state(read_text_file(state_path), state_path);
+  LT_CHECK_INPUT(!st.save_only_model, dir,
+                 " was saved with save_only_model: it holds the model but not the optimizer state "
+                 "a resume needs; start a new run from its weights (--model_name_or_path ",
+                 dir, ")");
   Communicator& comm = this->comm();
   const int64_t zero_stage = zero_ ? args_.zero_stage : 0;
   const bool single = st.world_size == 1;

@@ -681,7 +681,8 @@ TrainResult Trainer::train() {
         (args_.save_strategy == "steps"   ? args_.save_steps > 0 && step_ % args_.save_steps == 0
          : args_.save_strategy == "epoch" ? step_ % updates_per_epoch == 0
                                           : false);
-    if (save_due || stop) save_checkpoint(step_, log, resume_point());
+    if (save_due || stop)
+      save_checkpoint(step_, log, resume_point(), args_.save_only_model && !stop);
     if (stop) {
       log.message("stopped at step " + std::to_string(step_) + " (checkpoint saved)");
       result.interrupted = true;

@@ -76,6 +76,7 @@ struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments {
   int64_t eval_steps = 0;
   int64_t save_steps = 500;
   std::string save_strategy = "steps";  // steps (every save_steps) | epoch | no
+  bool save_only_model = false;         // checkpoints without optimizer state: no resume from them
   bool logging_first_step = false;
   int64_t save_total_limit = 0;
   uint64_t seed = 42;
@@ -289,13 +290,17 @@ class Trainer {
   // Restores rng_state()'s offsets; returns a note when the checkpoint lacks one this run draws.
   std::string set_rng_state(const nlohmann::json& s);
   void build_optimizer();
-  void save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoint& at);
+  // model_only: --save_only_model's checkpoint (no optimizer state; a stop's save is always whole,
+  // since it exists to be resumed).
+  void save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoint& at,
+                       bool model_only = false);
   // Restores the model, optimizer, counters, data position and random streams
   // (trainers/common/resume.cpp); returns a line for the log ("" when there is nothing to say).
   std::string load_checkpoint(const std::string& dir);
   // This rank's files of a data-parallel checkpoint (data position and random streams; ZeRO:
   // optimizer shard).
-  void write_rank_files(const std::string& dir, int rank, const ResumePoint& at) const;
+  void write_rank_files(const std::string& dir, int rank, const ResumePoint& at,
+                        bool model_only) const;
   // Whether a stop requested by a signal is honoured before the next micro-batch of an update of
   // `micro_batches` (data parallel: agreed by every rank, so that all abandon the same update).
   bool stop_before_micro_batch(size_t micro_batches) const;

@@ -92,6 +92,9 @@ const OptionTable<TrainingArguments>& training_table() {
                 "when checkpoints are written: every save_steps updates (steps), at the end of "
                 "every epoch (epoch), or never (no; a stop signal still saves one)",
                 {"steps", "epoch", "no"})
+          .flag("save_only_model", &A::save_only_model,
+                "checkpoints hold the model without the optimizer state: smaller, but no run can "
+                "resume from them, as in transformers (a stop signal's checkpoint stays whole)")
           .integer("save_total_limit", &A::save_total_limit,
                    "keep at most this many checkpoints (0 = all)", 0)
           .integer("seed", &A::seed, "seed of data order, init and dropout", 0)
