@@ -185,6 +185,9 @@ int run_consolidate(const std::vector<std::string>& args) {
                  " is not a complete checkpoint (no ", kCheckpointMarker, " marker)");
   const std::string state_path = dir + "/trainer_state.json";
   const TrainerState st = parse_trainer_state(read_text_file(state_path), state_path);
+  LT_CHECK_INPUT(!st.save_only_model, "consolidate: ", dir,
+                 " was saved with save_only_model: it holds no optimizer state to merge, and its "
+                 "model is whole already (use the folder as a model)");
   for (int64_t r = 0; r < st.world_size && st.world_size > 1; ++r) {
     LT_CHECK_INPUT(fs::exists(dir + "/" + rank_state_name(static_cast<int>(r))), dir, ": rank_", r,
                    ".json is missing for a checkpoint of ", st.world_size, " ranks");
