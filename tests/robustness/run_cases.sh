@@ -108,6 +108,11 @@ tokenizer_dir() {
   rm "$W/m/tokenizer.json"
   mkdir "$W/m/tokenizer.json"
 }
+model_only_ckpt() {  # a checkpoint written with --save_only_model
+  # shellcheck disable=SC2086
+  "$BIN" sft $TRAIN --output_dir "$W/out" --max_steps 3 --save_steps 1 --save_only_model \
+    >"$W/ckpt.log" 2>&1
+}
 foreign_tokenizer() {  # the tiny model with Qwen2.5's tokenizer (151k tokens for its 576)
   cp -r "$MODEL" "$W/m"
   cp "$SRC"/tests/fixtures/tokenizers/qwen2.5/tokenizer*.json "$W/m/"
