@@ -42,8 +42,6 @@ void write_ints(std::string* out, const char* key, const int32_t* v, size_t n, b
 
 struct PackArguments : DataToolArguments {
   int64_t max_length = 0;  // required: is_set checks the user gave it
-  std::string packing_strategy = "bfd";
-  int64_t packing_window = 0;
   std::string out;
   DataConfig data;  // the dataset group (dataset_text_field, completion_only_loss, ...)
 };
@@ -54,10 +52,7 @@ const OptionTable<PackArguments>& pack_table() {
       OptionTable<P>()
           .base(data_tool_table())
           .integer("max_length", &P::max_length, "bin size in tokens", 1)
-          .text("packing_strategy", &P::packing_strategy, "how examples are packed",
-                {"bfd", "bfd_split", "wrapped"})
-          .integer("packing_window", &P::packing_window,
-                   "examples packed together (0 = all; 1000 = TRL's chunks)", 0)
+          .nested(&P::data, packing_table())
           .text("out", &P::out, "output JSONL path")
           .nested(&P::data, dataset_table());
   return t;
@@ -82,8 +77,6 @@ int run_pack(const std::vector<std::string>& args) {
   DataConfig cfg = a.data;
   cfg.max_length = a.max_length;
   cfg.packing = true;
-  cfg.packing_strategy = a.packing_strategy;
-  cfg.packing_window = a.packing_window;
   validate_data_config(cfg);
 
   const std::unique_ptr<TextEncoder> encoder = tokenizer_option_encoder(a);

@@ -72,6 +72,7 @@ run "YAML config and a Hub ID" 0 "model written to $tmp/out9" "$bin" sft --confi
     --model_name_or_path Org/Tiny-Model
 run "generate from the cache" 0 "" "$bin" generate --model Org/Tiny-Model --prompt "Once" \
     --max_new_tokens 4 --device cpu
+[ -s "$tmp/out" ] || { echo "FAIL (generate from the cache): no completion printed"; fail=1; }
 run "estimate from the cache" 0 "parameters" "$bin" estimate --model_name_or_path Org/Tiny-Model \
     --max_length 64
 run "LoRA adapter names its base by ID" 0 '"base_model_name_or_path": "Org/Tiny-Model"' \

@@ -46,6 +46,7 @@ TEST(LrSchedule, UnknownNamesAndKwargsAreInputErrors) {
       LrScheduler::make("cosine_with_min_lr", 1, 10, 0, 0, {{"min_lr", 0.1}, {"min_lr_rate", 0.1}}),
       Error);
   EXPECT_THROW(LrScheduler::make("warmup_stable_decay", 1, 10, 0, 0), Error);
+  EXPECT_THROW(LrScheduler::make("cosine_with_min_lr", 0, 10, 0, 0, {{"min_lr", 1e-5}}), Error);
   EXPECT_THROW(LrScheduler::make("polynomial", 1e-8, 10, 0, 0), Error);  // lr_end 1e-7 above
   EXPECT_THROW(LrScheduler::make("cosine", 1, 10, 0, 0, {{"num_cycles", "one"}}), Error);
   EXPECT_THROW(parse_lr_scheduler_kwargs("[1]"), Error);

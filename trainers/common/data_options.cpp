@@ -44,6 +44,17 @@ const OptionTable<DataConfig>& row_dataset_table() {
   return t;
 }
 
+const OptionTable<DataConfig>& packing_table() {
+  using D = DataConfig;
+  static const OptionTable<D> t =
+      OptionTable<D>()
+          .text("packing_strategy", &D::packing_strategy, "how examples are packed",
+                {"bfd", "bfd_split", "wrapped"})
+          .integer("packing_window", &D::packing_window,
+                   "examples packed together (0 = the whole dataset; 1000 = TRL's chunks)", 0);
+  return t;
+}
+
 const OptionTable<DataConfig>& dataset_table() {
   using D = DataConfig;
   static const OptionTable<D> t =

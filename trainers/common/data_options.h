@@ -32,6 +32,8 @@ void apply_chat_options(const ChatArguments& c, Tokenizer& tok);
 // --chat_template as an input of the command (output_path.h), when it names a file.
 CommandInput chat_template_input(const ChatArguments& c);
 
+// packing_strategy and packing_window of DataConfig: sft's and pack's.
+const OptionTable<DataConfig>& packing_table();
 // skip_bad_lines of DataConfig: the dataset option of the trainers that read whole rows (dpo,
 // kto, reward), whose losses take no loss-mask options.
 const OptionTable<DataConfig>& row_dataset_table();

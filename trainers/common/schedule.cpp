@@ -133,6 +133,9 @@ LrScheduler LrScheduler::make(const std::string& type, double base_lr, int64_t t
       LT_CHECK_INPUT(lr != rate,
                      "option lr_scheduler_kwargs: cosine_with_min_lr takes one of min_lr or "
                      "min_lr_rate");
+      LT_CHECK_INPUT(rate || base_lr > 0,
+                     "option lr_scheduler_kwargs: min_lr is a fraction of the learning rate, which "
+                     "is 0 (give min_lr_rate)");
       s.min_lr_rate =
           rate ? number(kwargs, "min_lr_rate", 0.0) : number(kwargs, "min_lr", 0.0) / base_lr;
       break;

@@ -62,10 +62,7 @@ const OptionTable<SftArguments>& sft_table() {
           .text("truncation_mode", &A::truncation_mode, "which end of a too-long sequence is kept",
                 {"keep_start", "keep_end"})
           .flag("packing", &A::packing, "pack examples into sequences of max_length tokens")
-          .text("packing_strategy", &A::packing_strategy, "how examples are packed",
-                {"bfd", "bfd_split", "wrapped"})
-          .integer("packing_window", &A::packing_window,
-                   "examples packed together (0 = the whole dataset; 1000 = TRL's chunks)", 0)
+          .also([](Options& o) { packing_table().declare(o); })
           .flag_or_none("padding_free", &A::padding_free,
                         "flat varlen batches without pad tokens (default: on with bfd packing)")
           .integer_or_none("pad_to_multiple_of", &A::pad_to_multiple_of,
@@ -327,8 +324,7 @@ SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in) {
   dc.max_length = sa.max_length.value_or(0);
   dc.truncation_mode = sa.truncation_mode;
   dc.packing = sa.packing;
-  dc.packing_strategy = sa.packing_strategy;
-  dc.packing_window = sa.packing_window;
+  packing_table().read_into(o, dc);
   dc.padding_free = sa.padding_free;
   dc.pad_to_multiple_of =
       context_parallel_pad_multiple(args.cp_size, sa.pad_to_multiple_of.value_or(0));

@@ -29,15 +29,13 @@
 
 namespace leantune {
 
-// sft's own options (TRL's SFTConfig names and defaults); its table also declares the dataset,
-// chat, PEFT, quantization and training groups, in --help order.
+// sft's own options (TRL's SFTConfig names and defaults); its table also declares the packing,
+// dataset, chat, PEFT, quantization and training groups, in --help order.
 struct SftArguments : ModelSource {
   std::string eval_dataset;
   std::optional<int64_t> max_length = 1024;  // none: no limit
   std::string truncation_mode = "keep_start";
   bool packing = false;
-  std::string packing_strategy = "bfd";
-  int64_t packing_window = 0;        // 0: the whole dataset
   std::optional<bool> padding_free;  // none: on with bfd packing
   std::optional<int64_t> pad_to_multiple_of;
   bool use_liger_kernel = true;
