@@ -36,6 +36,8 @@
 #          global batch, bit-identical to the straight run under --deterministic_comm.
 #   CASE = tokens_z3, tokens_z3_tied  stage 3 with --trainable_token_indices (untied and
 #          tied embeddings), bit-identical to one process.
+#   CASE = model_only_z2  --save_only_model on 2 ranks (zero_stage 2): no optimizer state in the
+#          checkpoint, the run unchanged by saving it, a resume refused.
 #   CASE = refusals  options data parallel does not support are refused in one line, exit 2.
 # KEEP=1 in the environment keeps the case's work folder (its logs and outputs) for a look.
 set -u
@@ -234,6 +236,26 @@ case $case in
       >"$work/dp.log" 2>&1 || { cat "$work/dp.log"; fail "2 ranks"; }
     close "$work/one" "$work/dp" 1e-5 || fail "losses beyond 1e-5 relative"
     echo "ok: 2 ranks x 2 (zero $stage) == 1 rank x 4 within 1e-5" ;;
+  model_only_z2)
+    # --save_only_model on 2 ranks under zero_stage 2: the checkpoint holds the model but no
+    # optimizer state (neither the whole file nor any rank's shard), saving it does not change
+    # the run (its weights equal a run that never saved), and a resume is refused in one line.
+    run=(sft --max_steps 4 --per_device_train_batch_size 2 --logging_steps 1 --zero_stage 2)
+    mpi 2 "${run[@]}" --save_steps 0 --output_dir "$work/straight" >"$work/a.log" 2>&1 ||
+      { cat "$work/a.log"; fail "straight run"; }
+    mpi 2 "${run[@]}" --save_steps 2 --save_only_model --output_dir "$work/ckpt" \
+      >"$work/b.log" 2>&1 || { cat "$work/b.log"; fail "run with model-only checkpoints"; }
+    ck=$work/ckpt/checkpoint-2
+    [ -f "$ck/model.safetensors" ] && [ -f "$ck/rank_1.json" ] || fail "incomplete checkpoint"
+    ls "$ck" | grep -q optimizer && fail "a model-only checkpoint holds optimizer state: $(ls "$ck")"
+    grep -q '"save_only_model": true' "$ck/trainer_state.json" || fail "not marked save_only_model"
+    cmp "$work/straight/model.safetensors" "$work/ckpt/model.safetensors" ||
+      fail "model-only saves changed the run"
+    mpi 2 "${run[@]}" --save_steps 0 --output_dir "$work/ckpt" --resume_from_checkpoint latest \
+      >"$work/c.log" 2>&1 && fail "resumed from a model-only checkpoint"
+    grep -q "was saved with save_only_model" "$work/c.log" || { cat "$work/c.log"; fail "message"; }
+    echo "ok: model-only checkpoint on 2 ranks, no optimizer state, resume refused"
+    ;;
   resume_z*)
     # A run stopped at a checkpoint and resumed on the same ranks ends bit-identical to the run
     # that never stopped; another world size is refused in one line.
