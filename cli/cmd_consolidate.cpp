@@ -10,11 +10,11 @@
 // tensors, every element covered exactly once (else an Error naming the shard and parameter);
 // without ZeRO, optimizer.safetensors already holds everything and is copied; the ranks' data
 // positions (rank_R.json) become the one-process position of the next global micro-batch no rank
-// has taken. trainer_state.json then says world_size 1 and consolidated_from N, and the marker
+// has taken. leantune_state.json then says world_size 1 and consolidated_from N, and the marker
 // completes DIR. Where the training state cannot move to another world size (the online trainers'
 // generation state, cp_size > 1, a checkpoint older than the shards' recorded shapes) DIR gets the
 // model only, and the command says why. The checkpoint is validated first (complete marker,
-// trainer_state.json, every rank's files present for its world size, every safetensors file's
+// leantune_state.json, every rank's files present for its world size, every safetensors file's
 // header, offsets and size as `inspect` checks them, every JSON file parsed); nothing is written
 // before the merge has succeeded, and DIR is written whole or not at all (output_path.h
 // OutputFolder: never inside the checkpoint, a non-empty DIR only with --overwrite).
@@ -39,8 +39,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool training_state_file(const std::string& name) {
-  return name == "trainer_state.json" || name == kCheckpointMarker ||
+// `state_file`: the checkpoint's resume state (leantune_state.json, or an older checkpoint's
+// trainer_state.json); transformers' trainer_state.json beside it is copied like the model.
+bool training_state_file(const std::string& name, const std::string& state_file) {
+  return name == state_file || name == kCheckpointMarker ||
          name == "optimizer.safetensors" || name.rfind("optimizer_rank_", 0) == 0 ||
          (name.rfind("rank_", 0) == 0 && name.size() > 5 &&
           name.compare(name.size() - 5, 5, ".json") == 0);
@@ -104,7 +106,7 @@ TrainingState merge_training_state(const std::string& dir, const TrainerState& s
   for (int64_t r = 0; r < st.world_size; ++r) {
     if (st.world_size == 1) {
       states.push_back(st.data_state);
-      sources.push_back(dir + "/trainer_state.json");
+      sources.push_back(checkpoint_state_path(dir));
       continue;
     }
     sources.push_back(dir + "/" + rank_state_name(static_cast<int>(r)));
@@ -143,7 +145,7 @@ TrainingState merge_training_state(const std::string& dir, const TrainerState& s
     }
     t.optimizer = merge_optimizer_shards(shards, shapes);
   }
-  const std::string state_path = dir + "/trainer_state.json";
+  const std::string state_path = checkpoint_state_path(dir);
   t.trainer_state = parse_json_strict(read_text_file(state_path), state_path, 64);
   t.trainer_state["world_size"] = 1;
   t.trainer_state["zero_stage"] = 0;
@@ -183,7 +185,7 @@ int run_consolidate(const std::vector<std::string>& args) {
   LT_CHECK_INPUT(fs::is_directory(dir), "consolidate: ", dir, " is not a folder");
   LT_CHECK_INPUT(fs::exists(dir + "/" + kCheckpointMarker), "consolidate: ", dir,
                  " is not a complete checkpoint (no ", kCheckpointMarker, " marker)");
-  const std::string state_path = dir + "/trainer_state.json";
+  const std::string state_path = checkpoint_state_path(dir);
   const TrainerState st = parse_trainer_state(read_text_file(state_path), state_path);
   LT_CHECK_INPUT(!st.save_only_model, "consolidate: ", dir,
                  " was saved with save_only_model: it holds no optimizer state to merge, and its "
@@ -209,7 +211,7 @@ int run_consolidate(const std::vector<std::string>& args) {
   int64_t files = 0, bytes = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    if (training_state_file(name)) continue;
+    if (training_state_file(name, fs::path(state_path).filename().string())) continue;
     bytes += copy_tree(e.path(), fs::path(tmp) / name);
     ++files;
   }
@@ -232,7 +234,7 @@ int run_consolidate(const std::vector<std::string>& args) {
     save_safetensors(opt_out, train.optimizer, {{"step", train.optimizer_step}});
   else
     copy_file_atomic(dir + "/optimizer.safetensors", opt_out);
-  write_text_atomic(tmp + "/trainer_state.json", train.trainer_state.dump(1));
+  write_text_atomic(tmp + "/" + kCheckpointStateFile, train.trainer_state.dump(1));
   write_text_atomic(tmp + "/" + kCheckpointMarker,
                     std::to_string(train.trainer_state.value("global_step", int64_t{0})) + "\n");
   report();

@@ -90,6 +90,25 @@ struct PeftSetup {
   std::vector<std::string> config_target_modules() const;
 };
 
+// Adapter dropout off for its lifetime (evaluation, generation, no-grad scoring passes), the
+// previous mode restored after, also when an error leaves the scope.
+class AdapterEvalScope {
+ public:
+  explicit AdapterEvalScope(PeftSetup& peft)
+      : peft_(peft), was_training_(peft.active() && peft.runtime->training) {
+    if (peft_.active()) peft_.set_training(false);
+  }
+  ~AdapterEvalScope() {
+    if (peft_.active()) peft_.set_training(was_training_);
+  }
+  AdapterEvalScope(const AdapterEvalScope&) = delete;
+  AdapterEvalScope& operator=(const AdapterEvalScope&) = delete;
+
+ private:
+  PeftSetup& peft_;
+  bool was_training_;
+};
+
 // Freezes every parameter of `model`, then attaches LoRA adapters, trainable tokens and
 // modules_to_save per `cfg`. LoRA A is drawn from (seed, kLoraInit), B = 0; dropout draws from
 // (seed, kDropout), registered for checkpoint replay. Error(kInput) naming the option when the

@@ -248,7 +248,7 @@ case $case in
     ck=$work/ckpt/checkpoint-2
     [ -f "$ck/model.safetensors" ] && [ -f "$ck/rank_1.json" ] || fail "incomplete checkpoint"
     ls "$ck" | grep -q optimizer && fail "a model-only checkpoint holds optimizer state: $(ls "$ck")"
-    grep -q '"save_only_model": true' "$ck/trainer_state.json" || fail "not marked save_only_model"
+    grep -q '"save_only_model": true' "$ck/leantune_state.json" || fail "not marked save_only_model"
     cmp "$work/straight/model.safetensors" "$work/ckpt/model.safetensors" ||
       fail "model-only saves changed the run"
     mpi 2 "${run[@]}" --save_steps 0 --output_dir "$work/ckpt" --resume_from_checkpoint latest \
@@ -317,13 +317,13 @@ case $case in
         >"$work/cons_z$stage.log" 2>&1 || { cat "$work/cons_z$stage.log"; fail "consolidate"; }
       grep -q "optimizer merged from 2 shards" "$work/cons_z$stage.log" ||
         { cat "$work/cons_z$stage.log"; fail "zero $stage: optimizer shards not merged"; }
-      for f in optimizer.safetensors trainer_state.json checkpoint_complete; do
+      for f in optimizer.safetensors leantune_state.json trainer_state.json checkpoint_complete; do
         [ -f "$work/c_z$stage/$f" ] || fail "zero $stage: no $f in the consolidated checkpoint"
       done
       [ ! -e "$work/c_z$stage/rank_1.json" ] && [ ! -e "$work/c_z$stage/optimizer_rank_0.safetensors" ] ||
         fail "zero $stage: per-rank files in the consolidated checkpoint"
-      grep -q '"consolidated_from": 2' "$work/c_z$stage/trainer_state.json" ||
-        fail "zero $stage: trainer_state.json does not say consolidated_from"
+      grep -q '"consolidated_from": 2' "$work/c_z$stage/leantune_state.json" ||
+        fail "zero $stage: leantune_state.json does not say consolidated_from"
       "$bin" "${run[@]}" --gradient_accumulation_steps 4 --save_steps 0 --output_dir "$work/one_z$stage" \
         --resume_from_checkpoint "$work/c_z$stage" >"$work/one_z$stage.log" 2>&1 ||
         { cat "$work/one_z$stage.log"; fail "zero $stage checkpoint resumed on 1 rank"; }

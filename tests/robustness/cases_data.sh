@@ -50,12 +50,12 @@ pref_ckpt() {
   "$BIN" "$1" --model_name_or_path "$MODEL" --dataset "$W/p.jsonl" --max_steps 2 --save_steps 1 \
     --per_device_train_batch_size 1 --device cpu --output_dir "$W/out" >/dev/null 2>&1 ||
     echo "SKIP: could not train the $1 checkpoint"
-  sed -i "s/\"step_in_epoch\": *[0-9]*/\"step_in_epoch\": $2/" "$W/out/checkpoint-1/trainer_state.json"
+  sed -i "s/\"step_in_epoch\": *[0-9]*/\"step_in_epoch\": $2/" "$W/out/checkpoint-1/leantune_state.json"
 }
 dpo_step_999() { pref_ckpt dpo 999; }
 dpo_step_text() { pref_ckpt dpo '"one"'; }
 reward_step_999() { pref_ckpt reward 999; }
 sft_step_999() {
   copy_ckpt
-  sed -i 's/"step": *[0-9]*,/"step": 999,/' "$W/out/checkpoint-2/trainer_state.json"
+  sed -i 's/"step": *[0-9]*,/"step": 999,/' "$W/out/checkpoint-2/leantune_state.json"
 }

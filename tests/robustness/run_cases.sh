@@ -48,7 +48,7 @@ TRAIN="--model_name_or_path $MODEL --dataset $DATA --max_length 64 --per_device_
 # shellcheck disable=SC2086
 "$BIN" sft $TRAIN --output_dir "$CKPT" --max_steps 3 --save_steps 1 >"$T/ckpt.log" 2>&1 ||
   { echo "FAIL: making the checkpoints"; cat "$T/ckpt.log"; exit 1; }
-[ -f "$CKPT/checkpoint-2/trainer_state.json" ] || { echo "FAIL: no checkpoint-2"; exit 1; }
+[ -f "$CKPT/checkpoint-2/leantune_state.json" ] || { echo "FAIL: no checkpoint-2"; exit 1; }
 
 # ---- setups: run in the case's folder $W ----
 copy_ckpt() { cp -r "$CKPT" "$W/out"; }
@@ -63,14 +63,18 @@ readonly_dir() {
     echo "SKIP: root cannot be denied a write without a read-only mount, and mount failed"
   fi
 }
-state_empty() { copy_ckpt; echo '{}' >"$W/out/checkpoint-2/trainer_state.json"; }
+state_empty() { copy_ckpt; echo '{}' >"$W/out/checkpoint-2/leantune_state.json"; }
 state_string_step() {
   copy_ckpt
-  sed -i 's/"global_step": *2/"global_step": "two"/' "$W/out/checkpoint-2/trainer_state.json"
+  sed -i 's/"global_step": *2/"global_step": "two"/' "$W/out/checkpoint-2/leantune_state.json"
 }
 state_bad_data_state() {
   copy_ckpt
-  sed -i 's/"epoch": *0,/"epoch": "zero",/' "$W/out/checkpoint-2/trainer_state.json"
+  sed -i 's/"epoch": *0,/"epoch": "zero",/' "$W/out/checkpoint-2/leantune_state.json"
+}
+state_bad_log_history() {
+  copy_ckpt
+  sed -i 's/"log_history": *\[/"log_history": 7, "x": [/' "$W/out/checkpoint-2/trainer_state.json"
 }
 fewer_layers() {
   cp -r "$MODEL" "$W/m"
@@ -184,7 +188,7 @@ check_stale_tmp_removed() {
   [ ! -e "$W/out/.checkpoint-3.tmp-99999" ] || { echo "stale temp folder still there"; return 1; }
 }
 check_old_restored() {
-  [ -f "$W/out/checkpoint-2/trainer_state.json" ] || { echo "checkpoint-2 not restored"; return 1; }
+  [ -f "$W/out/checkpoint-2/leantune_state.json" ] || { echo "checkpoint-2 not restored"; return 1; }
 }
 check_failed_save_cleans() {
   if ls -a "$W/out" | grep -q '^\.checkpoint-'; then echo "a failed save left its temp folder"; return 1; fi

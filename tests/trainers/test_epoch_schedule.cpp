@@ -185,7 +185,7 @@ TEST(SaveStrategy, SaveOnlyModelCheckpointsHoldNoOptimizerAndRefuseAResume) {
   const std::string ck = out + "/checkpoint-2";
   EXPECT_TRUE(std::filesystem::exists(ck + "/model.safetensors"));
   EXPECT_FALSE(std::filesystem::exists(ck + "/optimizer.safetensors"));
-  EXPECT_NE(read_text_file(ck + "/trainer_state.json").find("\"save_only_model\": true"),
+  EXPECT_NE(read_text_file(ck + "/leantune_state.json").find("\"save_only_model\": true"),
             std::string::npos);
   SftRun again = make_sft_run(
       testing::tiny_sft_options(model, out, {"--max_steps", "6", "--resume_from_checkpoint", ck}));

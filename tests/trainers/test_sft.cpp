@@ -256,7 +256,7 @@ TEST(Sft, StopBetweenMicroBatchesSavesTheLastCompletedUpdate) {
     ASSERT_EQ(all.size(), 1u);
     EXPECT_EQ(all[0].first, 2);
     const TrainerState st = parse_trainer_state(
-        testing::read_file(all[0].second + "/trainer_state.json"), "trainer_state.json");
+        testing::read_file(all[0].second + "/leantune_state.json"), "leantune_state.json");
     // Two updates of 3 micro-batches of 2 examples: the data position after update 2.
     EXPECT_EQ(st.data_state.value("step", -1), 6);
     EXPECT_GT(st.rng.value("lora_dropout", uint64_t{0}), 0u);

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "engine/check.h"
+#include "trainers/common/evaluation.h"
 #include "loaders/fs_util.h"
 
 namespace leantune {
@@ -203,7 +204,14 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& sourc
                    printable(it->dump(), 60));
     st.save_only_model = it->get<bool>();
   }
+  if (auto it = j.find("best"); it != j.end()) st.best = best_from_json(*it, source);
   return st;
+}
+
+std::string checkpoint_state_path(const std::string& dir) {
+  const std::string ours = dir + "/" + kCheckpointStateFile;
+  return fs::exists(ours) || !fs::exists(dir + "/trainer_state.json") ? ours
+                                                                       : dir + "/trainer_state.json";
 }
 
 nlohmann::json parse_rng_state(const nlohmann::json& rng, const std::string& source) {
@@ -216,12 +224,22 @@ nlohmann::json parse_rng_state(const nlohmann::json& rng, const std::string& sou
   return rng;
 }
 
-void rotate_checkpoints(const std::string& output_dir, int64_t limit) {
+void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& keep) {
   if (!fs::is_directory(output_dir)) return;
   clean_stale_checkpoint_files(output_dir);
   if (limit <= 0) return;
   auto all = list_checkpoints(output_dir);
-  while (static_cast<int64_t>(all.size()) > limit) {
+  // The kept checkpoint counts against the limit, but the newest always stays (transformers
+  // keeps the best and the last, even with save_total_limit 1).
+  const bool kept = !keep.empty() && std::any_of(all.begin(), all.end(), [&](const auto& c) {
+    return fs::path(c.second) == fs::path(keep);
+  });
+  if (kept)
+    all.erase(std::remove_if(all.begin(), all.end(),
+                             [&](const auto& c) { return fs::path(c.second) == fs::path(keep); }),
+              all.end());
+  const int64_t room = std::max<int64_t>(1, limit - (kept ? 1 : 0));
+  while (static_cast<int64_t>(all.size()) > room) {
     fs::remove_all(all.front().second);
     all.erase(all.begin());
   }

@@ -1,10 +1,11 @@
 // Checkpoints in output_dir/checkpoint-N.
 //
 // A checkpoint folder holds the model as an HF folder (config.json, model.safetensors,
-// tokenizer files), optimizer.safetensors (AdamW state), and trainer_state.json (step, epoch,
-// data position, random streams' offsets (LoRA dropout), counters, options, log history): the
+// tokenizer files), optimizer.safetensors (AdamW state), leantune_state.json (step, epoch, data
+// position, random streams' offsets (LoRA dropout), counters, options, best evaluation): the
 // state after the checkpoint's last completed update, from which a resumed run continues bit for
-// bit. It is written into a hidden temporary folder, every file fsynced, then renamed into place;
+// bit; and trainer_state.json in transformers' TrainerState schema (log_history, best_metric,
+// global_step, ...), which transformers' TrainerState.load_from_json reads. It is written into a hidden temporary folder, every file fsynced, then renamed into place;
 // the last file written inside it before the rename is the marker `checkpoint_complete`. A folder
 // without the marker is ignored (a save killed half-way leaves the previous checkpoint as
 // `latest`). A save that fails (a full disk) removes its own temporary folder; the temporary
@@ -19,9 +20,12 @@
 #include <string_view>
 #include <vector>
 
+#include "trainers/common/evaluation.h"
+
 namespace leantune {
 
 constexpr const char* kCheckpointMarker = "checkpoint_complete";
+constexpr const char* kCheckpointStateFile = "leantune_state.json";
 
 // A data-parallel checkpoint's per-rank files: the data position (rank_R.json) and, under ZeRO,
 // the optimizer shard (optimizer_rank_R.safetensors).
@@ -39,9 +43,9 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 // "latest" -> newest complete checkpoint in output_dir (Error if none); a path -> that folder
 // (Error if it is not a complete checkpoint).
 std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir);
-// Deletes the oldest complete checkpoints beyond `limit` (0 = keep all), and stale temporary
-// folders left by killed saves.
-void rotate_checkpoints(const std::string& output_dir, int64_t limit);
+// Deletes the oldest complete checkpoints beyond `limit` (0 = keep all), never `keep` (the best
+// model's checkpoint, "" = none) nor the newest, and stale temporary folders left by killed saves.
+void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& keep = "");
 
 struct StaleCleanup {
   int64_t removed = 0;   // temporary folders deleted
@@ -53,7 +57,7 @@ struct StaleCleanup {
 // its two renames: it is moved back when checkpoint-N is missing, removed otherwise.
 StaleCleanup clean_stale_checkpoint_files(const std::string& output_dir);
 
-// trainer_state.json of a checkpoint, validated.
+// leantune_state.json of a checkpoint, validated.
 struct TrainerState {
   int64_t global_step = 0;
   int64_t optimizer_step = 0;
@@ -75,7 +79,14 @@ struct TrainerState {
   nlohmann::json rng = nlohmann::json::object();
   // Written with --save_only_model: the model alone, which no run resumes from.
   bool save_only_model = false;
+  BestModel best;  // the best evaluation up to the checkpoint (none in older checkpoints)
 };
+// The resume state of checkpoint `dir`: its leantune_state.json, or the trainer_state.json of a
+// checkpoint written before the two were separate.
+std::string checkpoint_state_path(const std::string& dir);
+// The log_history of checkpoint `dir`'s trainer_state.json (empty for an older checkpoint,
+// whose trainer_state.json is its resume state); Error(kInput) naming the file when malformed.
+nlohmann::json read_log_history(const std::string& dir);
 // Parses the text of trainer_state.json. Error(kInput) naming `source` and the key for invalid
 // JSON, a missing key, or a value that is not a non-negative integer (data_state: an object;
 // optim, offload_optimizer: strings, absent in checkpoints older than them).

@@ -6,7 +6,7 @@
 // middle of an update (a signal between micro-batches or during a generation) abandons that update
 // and saves the point taken before it, so the resumed run repeats it exactly.
 //
-// Data parallel: rank 0 writes the model, trainer_state.json and its own rank files; every
+// Data parallel: rank 0 writes the model, the state files and its own rank files; every
 // other rank first stages its own files (its data position and random streams, and under ZeRO its
 // optimizer shard) in `.checkpoint-N.tmp-rank-R`, which rank 0 moves into the checkpoint before
 // the rename that completes it. A killed save leaves only temporary folders, removed at the next
@@ -108,6 +108,9 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoin
     return;
   }
   if (distributed) comm.barrier();  // every rank has staged its files
+  // The best evaluation so far is this step's: this checkpoint holds the best model.
+  if (best_.metric && best_.step == step)
+    best_.checkpoint = args_.output_dir + "/checkpoint-" + std::to_string(step);
   const std::string path = write_checkpoint(args_.output_dir, step, [&](const std::string& dir) {
     save_model(dir, false);
     if (!zero_ && !model_only)
@@ -137,13 +140,15 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoin
                          {"total_steps", total_steps_},
                          {"data_state", at.data_state},
                          {"rng", at.rng},
+                         {"best", best_to_json(best_)},
                          {"options", options_.to_json()}};
     if (model_only) st["save_only_model"] = true;
-    write_text_atomic(dir + "/trainer_state.json", st.dump(1));
+    write_text_atomic(dir + "/" + kCheckpointStateFile, st.dump(1));
+    write_text_atomic(dir + "/trainer_state.json", hf_trainer_state(at.epoch).dump(2));
     if (save_hook_) save_hook_(dir);
     pause_in_save_for_tests();
   });
-  rotate_checkpoints(args_.output_dir, args_.save_total_limit);
+  rotate_checkpoints(args_.output_dir, args_.save_total_limit, best_.checkpoint);
   log.message("saved " + path);
   if (distributed) comm.barrier();
 }

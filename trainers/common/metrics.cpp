@@ -16,6 +16,7 @@
 #include "engine/cuda_api.h"
 #include "engine/log.h"
 #include "loaders/fs_util.h"
+#include "trainers/common/evaluation.h"
 
 namespace leantune {
 
@@ -150,6 +151,10 @@ std::string fmt_duration(double s) {
 void MetricsLogger::print_progress(const nlohmann::json& r) {
   // A training record has a learning rate (its loss is absent when every update of the window
   // was skipped as non-finite); anything else is printed as it is.
+  if (r.contains("eval_runtime")) {
+    message(format_eval_line(r));
+    return;
+  }
   if (!r.contains("learning_rate")) {
     std::string s = r.dump();
     message(s);

@@ -15,7 +15,10 @@ OptionTable<ModelSource> model_source_table(std::string model_help, std::string 
             "the branch, tag or commit of a Hub ID in model_name_or_path (looked up in the local "
             "Hugging Face cache; nothing is downloaded)")
       .text("dataset", &ModelSource::dataset, std::move(dataset_help))
-      .alias("dataset_name", "dataset");
+      .alias("dataset_name", "dataset")
+      .text("eval_dataset", &ModelSource::eval_dataset,
+            "evaluation data, in the training data's format: evaluated as eval_strategy says "
+            "and once at the end");
 }
 
 const OptionTable<ScoredSequences>& scored_sequences_table() {

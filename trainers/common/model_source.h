@@ -7,6 +7,7 @@
 //                       built-in demo model
 //   model_revision      the branch, tag or commit of a Hub ID (TRL's ModelConfig name)
 //   dataset             JSONL training data; empty: the demo's data (only with the demo model)
+//   eval_dataset        evaluation data in the same format (trainers/common/evaluation.h)
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@ struct ModelSource {
   std::string model_name_or_path;       // a folder, or a Hub ID in the local cache (hub_cache.h)
   std::string model_revision = "main";  // of a Hub ID: a branch, tag or commit
   std::string dataset;
+  std::string eval_dataset;  // "": no evaluation
 };
 
 // The sequence options of the trainers that score prompt + completion with a reference model

@@ -24,7 +24,7 @@ namespace leantune {
 
 std::string Trainer::load_checkpoint(const std::string& dir) {
   // The small state file first: a corrupt one fails before the weights are read.
-  const std::string state_path = dir + "/trainer_state.json";
+  const std::string state_path = checkpoint_state_path(dir);
   const TrainerState st = parse_trainer_state(read_text_file(state_path), state_path);
   LT_CHECK_INPUT(!st.save_only_model, dir,
                  " was saved with save_only_model: it holds the model but not the optimizer state "
@@ -70,6 +70,8 @@ std::string Trainer::load_checkpoint(const std::string& dir) {
   num_tokens_ = st.num_tokens;
   consecutive_nonfinite_ = st.consecutive_nonfinite;
   skipped_steps_ = st.skipped_steps;
+  best_ = st.best;
+  log_history_ = read_log_history(dir);
   nlohmann::json data = st.data_state, rng = st.rng;
   std::string data_source = state_path, note;
   try {

@@ -344,10 +344,11 @@ TrainResult Trainer::train() {
     log_message(LogLevel::kWarning, "warning: learning_rate " +
                                         std::to_string(args_.learning_rate) +
                                         " is above 1; fine-tuning rates are usually 1e-6 to 1e-3");
-  // transformers refuses evaluation steps without evaluation data; no option goes unused.
-  LT_CHECK_INPUT(args_.eval_steps == 0 || has_evaluation(), "option --eval_steps ",
-                 args_.eval_steps,
-                 ": this run has no evaluation data (sft and reward evaluate --eval_dataset)");
+  // transformers refuses an evaluation strategy without evaluation data; no option goes unused.
+  LT_CHECK_INPUT(args_.eval_strategy == "no" || has_evaluation(), "option --eval_strategy ",
+                 args_.eval_strategy, ": this run has no evaluation data (give --eval_dataset)");
+  LT_CHECK_INPUT(!args_.eval_on_start || has_evaluation(),
+                 "option --eval_on_start: this run has no evaluation data (give --eval_dataset)");
   accumulation_ =
       accumulation_for_epoch(args_.gradient_accumulation_steps, per_epoch, comm().rank() == 0);
   // transformers' Trainer: an epoch is ceil(M / accumulation) updates, its last one taking the
@@ -412,6 +413,7 @@ TrainResult Trainer::train() {
   if (resumed) log.message("resumed from step " + std::to_string(step_));
   if (!resume_note.empty()) log.message(resume_note);
   on_train_begin(log);
+  if (args_.eval_on_start) run_evaluation(log);
   StepPhaseGuard setup_phase("between steps");
   rss_at_start_ = process_rss_bytes(false);
   // Host memory outside the allocators before the first step: code, libraries, tokenizer, data.
@@ -435,6 +437,7 @@ TrainResult Trainer::train() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
   nlohmann::json last_logged;  // for the model card
+  nlohmann::json last_eval;    // the record of the last evaluation
   while (step_ < total_steps_) {
     const int64_t update = step_ + 1;
     current_accumulation_ =
@@ -662,14 +665,13 @@ TrainResult Trainer::train() {
       if (const double u = mfu(*model_, trainable_, tokens_per_second); u > 0) rec["mfu"] = u;
       rec.update(log_metrics());
       log.log(rec);
+      add_to_history(rec);
       last_logged = rec;
       window_loss = window_norm = 0;
       window_steps = window_skipped = window_tokens = window_real = window_total = 0;
       window_start = std::chrono::steady_clock::now();
     }
-    if (args_.eval_steps > 0 && step_ % args_.eval_steps == 0 && step_ < total_steps_) {
-      if (auto ev = evaluate()) log.log({{"step", step_}, {"eval_loss", *ev}});
-    }
+    if (eval_due(args_, step_, updates_per_epoch)) last_eval = run_evaluation(log);
     bool stop = stop_requested() || (stop_after_ > 0 && step_ >= stop_after_) || callback_stop;
     // A signal or a callback on one rank stops all of them at the same step.
     if (distributed) stop = comm.all_reduce_int(stop ? 1 : 0, ReduceOp::kMax) != 0;
@@ -698,9 +700,16 @@ TrainResult Trainer::train() {
   result.steps = step_;
   result.skipped_steps = skipped_steps_;
   if (!result.interrupted) {
-    if (auto ev = evaluate()) {
-      result.final_eval_loss = *ev;
-      log.log({{"step", step_}, {"eval_loss", *ev}});
+    if (args_.load_best_model_at_end && !best_.checkpoint.empty() && best_.step != step_) {
+      load_model(best_.checkpoint);
+      log.message("loaded the best model, " + best_.checkpoint + " (" + best_metric_key(args_) +
+                  " " + std::to_string(*best_.metric) + "), for the final model");
+      evaluated_step_ = -1;  // the weights changed: the final evaluation is the best model's
+    }
+    if (evaluated_step_ != step_) last_eval = run_evaluation(log);
+    if (last_eval.is_object()) {
+      result.final_eval = last_eval;
+      if (last_eval.contains("eval_loss")) result.final_eval_loss = last_eval["eval_loss"];
     }
     // ZeRO-3: the report is the training's, taken before the final save (as a checkpoint's).
     // The model stays sharded: its units are gathered for each use while this trainer lives.

@@ -42,6 +42,7 @@
 #include "models/decoder.h"
 #include "models/peft_io.h"
 #include "models/quantize_model.h"
+#include "trainers/common/evaluation.h"
 #include "trainers/common/metrics.h"
 #include "trainers/common/offload_options.h"
 #include "trainers/common/optim_options.h"
@@ -54,11 +55,10 @@ class GradientBuckets;
 class ZeroOptimizer;
 
 // The options every trainer shares (training_table(): TRL/transformers names and defaults); the
-// optimizer, activation-offloading and distribution groups are its bases.
-struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments {
+// optimizer, activation-offloading, distribution and evaluation groups are its bases.
+struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments, EvalArguments {
   std::string output_dir = "trainer_output";
   int64_t per_device_train_batch_size = 8;
-  int64_t per_device_eval_batch_size = 8;
   int64_t gradient_accumulation_steps = 1;
   double learning_rate = 2e-5;
   std::string lr_scheduler_type = "linear";
@@ -73,7 +73,6 @@ struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments {
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;
   int64_t logging_steps = 10;
-  int64_t eval_steps = 0;
   int64_t save_steps = 500;
   std::string save_strategy = "steps";  // steps (every save_steps) | epoch | no
   bool save_only_model = false;         // checkpoints without optimizer state: no resume from them
@@ -126,6 +125,7 @@ struct TrainResult {
   bool interrupted = false;
   int64_t skipped_steps = 0;
   std::optional<double> final_eval_loss;  // the evaluation at the end (none without eval data)
+  nlohmann::json final_eval;              // its whole record (eval_* metrics); null without one
   nlohmann::json memory;
   // Resumed from a checkpoint already at or past the run's last step: nothing was trained.
   bool nothing_to_do = false;
@@ -203,9 +203,18 @@ class Trainer {
   // The loop dropped the last `count` fetched micro-batches without compute_loss (an update with
   // no loss token is skipped): a trainer that queues what next_micro_batch fetched drops them.
   virtual void discard_micro_batches(size_t count) {}
-  // Mean loss over the evaluation data (nullopt when there is none).
-  virtual std::optional<double> evaluate() { return std::nullopt; }
-  // Whether evaluate() has data to evaluate (--eval_steps needs it).
+  // The metrics of the evaluation data with the current weights, without the eval_ prefix:
+  // {"loss": mean loss, and the trainer's TRL metrics}; nullopt when there is no such data.
+  virtual std::optional<nlohmann::json> evaluate() { return std::nullopt; }
+  // An evaluation over `rows` examples in batches of per_device_eval_batch_size, reduced as
+  // transformers' evaluation loop and TRL's metric lists reduce them: `batch` returns one batch's
+  // mean loss and its metrics; "loss" is the example-weighted mean of the batch losses, every
+  // other metric the mean over batches (MetricWindow: non-finite values left out). No gradients,
+  // no adapter dropout, the allocator phase kEvaluation.
+  using EvalBatch =
+      std::function<std::pair<double, nlohmann::json>(const std::vector<int64_t>& rows)>;
+  nlohmann::json evaluate_in_batches(int64_t rows, const EvalBatch& batch);
+  // Whether evaluate() has data to evaluate (an eval_strategy needs it).
   virtual bool has_evaluation() const { return false; }
   // Set during compute_loss under optimizer_in_backward when the optimizer takes row blocks: a
   // trainer whose loss is the model's fused causal-LM loss passes it on (ForwardOptions), so the
@@ -309,6 +318,13 @@ class Trainer {
   // Rank 0 writes files; the others only compute.
   bool writes_files() const;
   nlohmann::json memory_report(const nlohmann::json& savings) const;
+  // evaluate() logged as an eval_* record at the current step, the best metric updated; the
+  // record (null without evaluation data).
+  nlohmann::json run_evaluation(MetricsLogger& log);
+  // transformers' trainer_state.json fields of a checkpoint (log_history, best_*, ...).
+  nlohmann::json hf_trainer_state(double epoch) const;
+  // A logged record as log_history keeps it: numbers only (the memory snapshot left out).
+  void add_to_history(const nlohmann::json& record);
 
   std::vector<Optimizer::Param> trainable_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -331,6 +347,9 @@ class Trainer {
   std::function<void(int64_t update, size_t micro_batch)> micro_batch_hook_;
   std::function<void(const std::string& dir)> save_hook_;
   int64_t saved_step_ = -1;       // the step of the checkpoint this run saved last
+  int64_t evaluated_step_ = -1;   // the step of the last evaluation
+  BestModel best_;
+  nlohmann::json log_history_ = nlohmann::json::array();
   MetricsLogger* log_ = nullptr;  // while train() runs
   OffloadStats offload_totals_;
   int64_t rss_at_start_ = 0;  // resident set when the loop began (bytes)

@@ -46,8 +46,6 @@ const OptionTable<TrainingArguments>& training_table() {
                 "where checkpoints, metrics.jsonl and the final model go")
           .integer("per_device_train_batch_size", &A::per_device_train_batch_size,
                    "examples (or packed sequences) per micro-batch", 1)
-          .integer("per_device_eval_batch_size", &A::per_device_eval_batch_size,
-                   "examples per evaluation batch", 1)
           .integer("gradient_accumulation_steps", &A::gradient_accumulation_steps,
                    "micro-batches per optimizer update", 1)
           .real("learning_rate", &A::learning_rate, "peak learning rate of AdamW", 0.0)
@@ -84,8 +82,7 @@ const OptionTable<TrainingArguments>& training_table() {
           .integer("logging_steps", &A::logging_steps, "log every this many updates", 1)
           .flag("logging_first_step", &A::logging_first_step,
                 "also log the first update (whatever logging_steps)")
-          .integer("eval_steps", &A::eval_steps,
-                   "evaluate every this many updates (0 = only at the end)", 0)
+          .base(eval_table())
           .integer("save_steps", &A::save_steps, "checkpoint every this many updates (0 = never)",
                    0)
           .text("save_strategy", &A::save_strategy,
@@ -128,7 +125,9 @@ const OptionTable<TrainingArguments>& training_table() {
 void add_training_options(Options& o) { training_table().declare(o); }
 
 TrainingArguments training_arguments(const Options& o) {
-  const TrainingArguments a = training_table().read(o);
+  TrainingArguments a = training_table().read(o);
+  static_cast<EvalArguments&>(a) =
+      eval_arguments(o, a.save_strategy, a.save_steps, a.logging_steps);
   check_optim_arguments(a, a.gradient_accumulation_steps, a.max_grad_norm);
   LT_CHECK_INPUT(a.save_strategy == "steps" || !o.is_set("save_steps") || a.save_steps == 0,
                  "option --save_steps ", a.save_steps, " is for save_strategy steps, not ",

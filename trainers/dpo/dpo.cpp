@@ -125,15 +125,38 @@ void DpoTrainer::set_reference(RefModelConfig cfg) {
   const int64_t bs = std::max<int64_t>(1, cfg.precompute_batch_size.value_or(1));
   ref_ = std::make_unique<ReferenceModel>(std::move(cfg), model_, &peft_);
   if (ref_->mode() != RefMode::kPrecomputed) return;
+  // The training pairs, then the evaluation pairs (TRL precomputes both).
   const int64_t n = static_cast<int64_t>(train_.examples.size());
-  ref_->precompute((n + bs - 1) / bs,
+  const int64_t ne = eval_ ? static_cast<int64_t>(eval_->examples.size()) : 0;
+  const int64_t train_batches = (n + bs - 1) / bs;
+  ref_->precompute(train_batches + (ne + bs - 1) / bs,
                    [&](int64_t b) {
+                     const bool ev = b >= train_batches;
+                     const int64_t first = (ev ? b - train_batches : b) * bs;
                      std::vector<int64_t> idx;
-                     for (int64_t i = b * bs; i < std::min(n, (b + 1) * bs); ++i) idx.push_back(i);
-                     PairBatch pb = collate_pairs(train_.examples, idx, data_);
+                     for (int64_t i = first; i < std::min(ev ? ne : n, first + bs); ++i)
+                       idx.push_back(i);
+                     PairBatch pb = ev ? collate_eval(idx) : collate_pairs(train_.examples, idx, data_);
                      return std::make_pair(std::move(pb.batch), std::move(pb.keys));
                    },
                    logps_);
+}
+
+PairBatch DpoTrainer::collate_eval(const std::vector<int64_t>& idx) const {
+  PairBatch pb = collate_pairs(eval_->examples, idx, data_);
+  for (int64_t& k : pb.keys) k += 2 * static_cast<int64_t>(train_.examples.size());
+  return pb;
+}
+
+std::optional<nlohmann::json> DpoTrainer::evaluate() {
+  if (!eval_) return std::nullopt;
+  return evaluate_in_batches(static_cast<int64_t>(eval_->examples.size()),
+                             [&](const std::vector<int64_t>& idx) {
+                               PreferenceLossResult r;
+                               nlohmann::json metrics;
+                               pairs_loss(collate_eval(idx), 1.0, &r, &metrics);
+                               return std::make_pair(r.loss, metrics);
+                             });
 }
 
 int64_t DpoTrainer::loss_tokens(const Batch& b) const {
@@ -250,6 +273,7 @@ PreferenceLossResult DpoTrainer::evaluate_pairs(const std::vector<int64_t>& idx)
 
 void DpoTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());
+  if (eval_) log.message(eval_->stats.summary());
   log.message(std::string("dpo: reference ") + ref_mode_name(ref_->mode()) +
               (ref_->mode() == RefMode::kPrecomputed
                    ? std::string(" (computed by ") + ref_mode_name(ref_->source_mode()) + ")"
@@ -327,6 +351,8 @@ DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
   validate_data_config(dc);
   warn_beyond_positions(dc.max_length, *m.model);
   PreferenceData data = load_preference_data(dataset, *encoder, dc);
+  std::optional<PreferenceData> eval;
+  if (!da.eval_dataset.empty()) eval = load_preference_data(da.eval_dataset, *encoder, dc);
 
   DpoDataConfig dd;
   dd.max_length = dc.max_length;
@@ -343,6 +369,7 @@ DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
   run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   run.trainer->set_context_parallel(cp_groups, dd.pad_token_id);
+  if (eval) run.trainer->set_eval_data(std::move(*eval));
   RefModelConfig rc = ref_cfg;
   rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
   run.trainer->set_reference(rc);

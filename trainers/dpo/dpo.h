@@ -80,6 +80,9 @@ class DpoTrainer final : public RowBatchTrainer<PairBatch> {
              std::string tokenizer_dir, PreferenceData train, DpoDataConfig data,
              PreferenceLossConfig loss, SequenceLogpsOptions logps);
 
+  // Evaluation pairs (--eval_dataset), before set_reference: a precomputed reference scores
+  // them too.
+  void set_eval_data(PreferenceData eval) { eval_ = std::move(eval); }
   // The reference model, after set_peft.
   void set_reference(RefModelConfig cfg);
   ReferenceModel& reference() { return *ref_; }
@@ -97,11 +100,17 @@ class DpoTrainer final : public RowBatchTrainer<PairBatch> {
   int64_t loss_tokens(const Batch& b) const override;
   bool supports_context_parallel() const override { return true; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
+  // TRL's DPO metrics (as in training) and the mean loss over the evaluation pairs.
+  std::optional<nlohmann::json> evaluate() override;
+  bool has_evaluation() const override { return eval_.has_value(); }
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
 
  private:
+  // Evaluation pairs idx collated, their reference keys after the training pairs'.
+  PairBatch collate_eval(const std::vector<int64_t>& idx) const;
   PreferenceData train_;
+  std::optional<PreferenceData> eval_;
   DpoDataConfig data_;
   PreferenceLossConfig loss_;
   SequenceLogpsOptions logps_;

@@ -76,6 +76,7 @@ UnpairedBatch collate_unpaired(const std::vector<UnpairedExample>& data,
   const TruncationMode mode = parse_truncation_mode(truncation_mode);
   UnpairedBatch ub;
   ub.idx = idx;
+  for (int64_t i : idx) ub.labels.push_back(data[static_cast<size_t>(i)].label);
   for (int kind = 0; kind < (with_kl ? 2 : 1); ++kind) {
     std::vector<std::vector<int32_t>> seqs;
     std::vector<std::vector<uint8_t>> masks;
@@ -116,18 +117,50 @@ KtoTrainer::KtoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> mod
 void KtoTrainer::set_reference(RefModelConfig cfg) {
   ref_ = std::make_unique<ReferenceModel>(std::move(cfg), model_, &peft_);
   if (ref_->mode() != RefMode::kPrecomputed) return;
-  // The training micro-batches themselves (their KL rotation depends on them): matched
-  // sequences for even b, KL sequences for odd b.
+  // The training micro-batches themselves (their KL rotation depends on them), then the
+  // evaluation batches as evaluate() forms them: matched sequences for even b, KL sequences for
+  // odd b.
   const bool kl = kto_uses_kl(loss_);
+  const int64_t per = kl ? 2 : 1;
+  const int64_t train_batches = batches_.global_per_epoch() * per;
+  const int64_t ne = eval_ ? static_cast<int64_t>(eval_->examples.size()) : 0;
+  const int64_t bs = args_.per_device_eval_batch_size;
   ref_->precompute(
-      batches_.global_per_epoch() * (kl ? 2 : 1),
+      train_batches + (ne + bs - 1) / bs * per,
       [&](int64_t b) {
-        UnpairedBatch ub = collate_unpaired(train_.examples, batches_.rows_of(0, kl ? b / 2 : b),
-                                            max_length_, truncation_mode_, kl);
+        UnpairedBatch ub;
+        if (b < train_batches) {
+          ub = collate_unpaired(train_.examples, batches_.rows_of(0, b / per), max_length_,
+                                truncation_mode_, kl);
+        } else {
+          const int64_t first = (b - train_batches) / per * bs;
+          std::vector<int64_t> idx;
+          for (int64_t i = first; i < std::min(ne, first + bs); ++i) idx.push_back(i);
+          ub = collate_eval(idx);
+        }
         if (kl && b % 2 == 1) return std::make_pair(std::move(ub.kl), std::move(ub.kl_keys));
         return std::make_pair(std::move(ub.matched), std::move(ub.matched_keys));
       },
       logps_);
+}
+
+UnpairedBatch KtoTrainer::collate_eval(const std::vector<int64_t>& idx) const {
+  UnpairedBatch ub =
+      collate_unpaired(eval_->examples, idx, max_length_, truncation_mode_, kto_uses_kl(loss_));
+  const int64_t offset = 2 * static_cast<int64_t>(train_.examples.size());
+  for (int64_t& k : ub.matched_keys) k += offset;
+  for (int64_t& k : ub.kl_keys) k += offset;
+  return ub;
+}
+
+std::optional<nlohmann::json> KtoTrainer::evaluate() {
+  if (!eval_) return std::nullopt;
+  return evaluate_in_batches(static_cast<int64_t>(eval_->examples.size()),
+                             [&](const std::vector<int64_t>& idx) {
+                               KtoLossResult r;
+                               batch_loss(collate_eval(idx), 1.0, &r);
+                               return std::make_pair(r.loss, r.metrics);
+                             });
 }
 
 int64_t KtoTrainer::loss_tokens(const Batch& b) const {
@@ -185,8 +218,8 @@ Tensor KtoTrainer::batch_loss(const UnpairedBatch& ub, double scale, KtoLossResu
   const std::vector<double> lp = pol.logps.to_f64();
   std::vector<KtoExampleTerms> terms;
   for (size_t i = 0; i < lp.size(); ++i)
-    terms.push_back({lp[i], ref[i], train_.examples[static_cast<size_t>(ub.idx[i])].label,
-                     pol.tokens[i], pol.logit_sums[i], pol.entropy_sums[i]});
+    terms.push_back(
+        {lp[i], ref[i], ub.labels[i], pol.tokens[i], pol.logit_sums[i], pol.entropy_sums[i]});
   KtoLossResult r = kto_loss(loss_, terms, pol_kl, ref_kl, kl_override);
   std::vector<double> grad = r.dlogp;
   for (double& g : grad) g *= scale;
@@ -197,6 +230,7 @@ Tensor KtoTrainer::batch_loss(const UnpairedBatch& ub, double scale, KtoLossResu
 
 void KtoTrainer::on_train_begin(MetricsLogger& log) {
   log.message(train_.stats.summary());
+  if (eval_) log.message(eval_->stats.summary());
   log.message(std::string("kto: reference ") + ref_mode_name(ref_->mode()) + ", loss " +
               loss_.loss_type + ", beta " + std::to_string(loss_.beta));
 }
@@ -232,6 +266,8 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunIn
   validate_data_config(dc);
   warn_beyond_positions(dc.max_length, *m.model);
   UnpairedData data = load_unpaired_data(dataset, *encoder, dc);
+  std::optional<UnpairedData> eval;
+  if (!ka.eval_dataset.empty()) eval = load_unpaired_data(ka.eval_dataset, *encoder, dc);
   SequenceLogpsOptions lo;
   lo.fused = ka.use_liger_loss;
   const std::string base_name = adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);
@@ -242,6 +278,7 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunIn
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   run.trainer->set_context_parallel(context_parallel_for(*m.model, args.cp_size, args.comm),
                                     encoder->pad_token_id());
+  if (eval) run.trainer->set_eval_data(std::move(*eval));
   RefModelConfig rc = ref_cfg;
   rc.adapter_loaded = !m.setup.embedded && is_adapter_dir(m.setup.model_name_or_path);
   run.trainer->set_reference(rc);

@@ -44,6 +44,7 @@ Options kto_options(const std::string& command = "kto");
 struct UnpairedBatch {
   Batch matched, kl;
   std::vector<int64_t> idx, matched_keys, kl_keys;
+  std::vector<bool> labels;  // per example: desirable
 };
 UnpairedBatch collate_unpaired(const std::vector<UnpairedExample>& data,
                                const std::vector<int64_t>& idx, int64_t max_length,
@@ -55,6 +56,9 @@ class KtoTrainer final : public RowBatchTrainer<UnpairedBatch> {
              std::string tokenizer_dir, UnpairedData train, int64_t max_length,
              std::string truncation_mode, KtoLossConfig loss, SequenceLogpsOptions logps);
 
+  // Evaluation examples (--eval_dataset), before set_reference: a precomputed reference scores
+  // them too.
+  void set_eval_data(UnpairedData eval) { eval_ = std::move(eval); }
   void set_reference(RefModelConfig cfg);
   const DataStats& train_stats() const override { return train_.stats; }
   // The loss of one micro-batch times `scale`, differentiable with respect to the policy.
@@ -65,11 +69,18 @@ class KtoTrainer final : public RowBatchTrainer<UnpairedBatch> {
   int64_t loss_tokens(const Batch& b) const override;
   bool supports_context_parallel() const override { return true; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
+  // TRL's KTO metrics (as in training) and the mean loss over the evaluation examples, in
+  // batches of per_device_eval_batch_size (each its own KL estimate).
+  std::optional<nlohmann::json> evaluate() override;
+  bool has_evaluation() const override { return eval_.has_value(); }
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
 
  private:
+  // Evaluation examples idx collated, their reference keys after the training examples'.
+  UnpairedBatch collate_eval(const std::vector<int64_t>& idx) const;
   UnpairedData train_;
+  std::optional<UnpairedData> eval_;
   int64_t max_length_;
   std::string truncation_mode_;
   KtoLossConfig loss_;

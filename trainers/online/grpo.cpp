@@ -51,25 +51,6 @@ std::vector<double> gather_ranks(Communicator& comm, const std::vector<double>& 
   return t.to_f64();
 }
 
-// Adapter dropout off for its lifetime (generation and the no-grad scoring passes), restored
-// after, also when an error leaves the scope.
-class AdapterEvalScope {
- public:
-  explicit AdapterEvalScope(PeftSetup& peft)
-      : peft_(peft), was_training_(peft.active() && peft.runtime->training) {
-    if (peft_.active()) peft_.set_training(false);
-  }
-  ~AdapterEvalScope() {
-    if (peft_.active()) peft_.set_training(was_training_);
-  }
-  AdapterEvalScope(const AdapterEvalScope&) = delete;
-  AdapterEvalScope& operator=(const AdapterEvalScope&) = delete;
-
- private:
-  PeftSetup& peft_;
-  bool was_training_;
-};
-
 // A metric value for JSON: NaN is logged as null, as TRL's logger leaves None.
 nlohmann::json metric(double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); }
 
@@ -682,6 +663,9 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
                  "option --precompute_ref_log_probs: the online trainers "
                  "score fresh completions; nothing can be precomputed");
   const OnlineArguments oa = online_table(algorithm).read(o);
+  LT_CHECK_INPUT(oa.eval_dataset.empty(), algorithm, ": option --eval_dataset ", oa.eval_dataset,
+                 ": the online trainers do not evaluate (their evaluation would generate and "
+                 "score completions; not built)");
   OnlineConfig cfg;
   cfg.algorithm = algorithm;
   const bool dpo = algorithm == "online_dpo";

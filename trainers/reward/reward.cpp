@@ -36,8 +36,6 @@ const OptionTable<RewardArguments>& reward_table() {
   static const OptionTable<A> t =
       OptionTable<A>()
           .base(source)
-          .text("eval_dataset", &A::eval_dataset,
-                "evaluation preference data (JSONL), every eval_steps")
           .integer_or_none("max_length", &A::max_length,
                            "drop pairs whose chosen or rejected sequence is longer (TRL filters, "
                            "it does not cut); none = no limit",
@@ -165,29 +163,16 @@ Tensor RewardTrainer::compute_loss(const Batch& b, double normalizer) {
   return loss;
 }
 
-std::optional<double> RewardTrainer::evaluate() {
+std::optional<nlohmann::json> RewardTrainer::evaluate() {
   if (!eval_) return std::nullopt;
-  NoGradGuard ng;
-  MemPhaseGuard phase(MemPhaseKind::kEvaluation);
-  peft_.set_training(false);
-  // Every pair counts once (HF's evaluation loop weights each batch's mean by its size).
-  double sum = 0;
-  const int64_t n = static_cast<int64_t>(eval_->pairs.size());
-  const int64_t bs = args_.per_device_eval_batch_size;
-  try {
-    for (int64_t start = 0; start < n; start += bs) {
-      std::vector<int64_t> idx;
-      for (int64_t i = start; i < std::min(n, start + bs); ++i) idx.push_back(i);
-      RewardLossResult r;
-      pairs_loss(collate_reward_pairs(eval_->pairs, idx, collate_), 1.0, &r);
-      sum += r.loss * static_cast<double>(idx.size());
-    }
-  } catch (...) {
-    peft_.set_training(!disable_dropout_);
-    throw;
-  }
-  peft_.set_training(!disable_dropout_);
-  return sum / static_cast<double>(std::max<int64_t>(n, 1));
+  // Per batch TRL's reward metrics (accuracy, margin, min/mean/max_reward) and its mean loss.
+  return evaluate_in_batches(static_cast<int64_t>(eval_->pairs.size()),
+                             [&](const std::vector<int64_t>& idx) {
+                               RewardLossResult r;
+                               pairs_loss(collate_reward_pairs(eval_->pairs, idx, collate_), 1.0,
+                                          &r);
+                               return std::make_pair(r.loss, r.metrics);
+                             });
 }
 
 void RewardTrainer::on_train_begin(MetricsLogger& log) {

@@ -48,7 +48,6 @@ namespace leantune {
 // reward's own options (TRL's RewardConfig names and defaults); its table also declares the
 // dataset, chat, PEFT, quantization and training groups, in --help order.
 struct RewardArguments : ModelSource {
-  std::string eval_dataset;
   std::optional<int64_t> max_length = 1024;  // none: no limit
   std::optional<int64_t> pad_to_multiple_of;
   bool padding_free = false;
@@ -100,7 +99,7 @@ class RewardTrainer final : public RowBatchTrainer<RewardBatch> {
   Batch next_micro_batch(BatchReport* report) override;
   int64_t loss_tokens(const Batch& b) const override { return b.stats.sequences / 2; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
-  std::optional<double> evaluate() override;
+  std::optional<nlohmann::json> evaluate() override;
   bool has_evaluation() const override { return eval_.has_value(); }
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "dist/context_parallel.h"
 #include "engine/autograd.h"
 #include "engine/comm.h"
 #include "engine/mem_phase.h"
@@ -55,8 +56,6 @@ const OptionTable<SftArguments>& sft_table() {
   static const OptionTable<A> t =
       OptionTable<A>()
           .base(source)
-          .text("eval_dataset", &A::eval_dataset,
-                "evaluation data (JSONL), evaluated every eval_steps")
           .integer_or_none("max_length", &A::max_length,
                            "truncate (or pack) sequences to this many tokens; none = no limit", 1)
           .text("truncation_mode", &A::truncation_mode, "which end of a too-long sequence is kept",
@@ -131,41 +130,60 @@ Tensor SftTrainer::compute_loss(const Batch& b, double normalizer) {
   return model_->forward(split.local, fo).loss;
 }
 
-std::optional<double> SftTrainer::evaluate() {
+std::optional<nlohmann::json> SftTrainer::evaluate() {
   if (!eval_) return std::nullopt;
-  NoGradGuard ng;
-  MemPhaseGuard phase(MemPhaseKind::kEvaluation);
-  peft_.set_training(false);
-  double nll = 0;
-  int64_t tokens = 0;
-  std::vector<int64_t> all(eval_->num_units());
-  for (int64_t i = 0; i < eval_->num_units(); ++i) all[i] = i;
-  const int64_t bs = args_.per_device_eval_batch_size;
-  for (int64_t start = 0; start < eval_->num_units(); start += bs) {
-    std::vector<int64_t> units(all.begin() + start,
-                               all.begin() + std::min<int64_t>(start + bs, eval_->num_units()));
+  // TRL's SFT evaluation: per batch the mean loss over its label tokens, the mean entropy of
+  // their predicted distributions and the share whose target is the top-1 token. One chunked
+  // LM-head pass gives all three (kernels/sequence_logprobs.h); a soft-capped model (Gemma 2)
+  // is scored by its own fused loss, which gives the loss alone.
+  const bool stats = model_->logit_softcap() == 0;
+  return evaluate_in_batches(eval_->num_units(), [&](const std::vector<int64_t>& units) {
     Batch b = eval_->collate_units(units, nullptr);
-    ForwardOptions fo;
-    fo.normalizer = 1.0;  // sum of token NLLs
-    fo.fused_loss = fused_loss_;
-    if (context_parallel()) {
-      // Each rank of the group scores its zigzag rows through the ring, as in training.
-      ContextParallelBatch split = split_context_parallel(
-          b, cp_groups_->cp_size, cp_groups_->cp_rank, cp_pad_token_id_, cp_groups_->cp.get());
-      fo.context_parallel = split.context;
-      fo.labels_shifted = true;
-      b = std::move(split.local);
+    double nll = 0;
+    int64_t tokens = 0;
+    nlohmann::json metrics = nlohmann::json::object();
+    if (stats) {
+      SequenceLogpsOptions so;
+      so.fused = fused_loss_;
+      so.row_stats = true;
+      // Under context parallelism each rank scores its zigzag rows through the ring and the
+      // sums are the whole sequences' (CpScoring).
+      const CpScoring scoring(b, cp_groups_.get(), cp_pad_token_id_);
+      const kernels::SequenceLogprobs r = scoring.policy(*model_, so);
+      const std::vector<double> lp = r.logps.to_f64();
+      double entropy = 0;
+      int64_t hits = 0;
+      for (size_t i = 0; i < lp.size(); ++i) {
+        nll -= lp[i];
+        tokens += r.tokens[i];
+        entropy += r.entropy_sums[i];
+        hits += r.top1_counts[i];
+      }
+      const double n = static_cast<double>(std::max<int64_t>(tokens, 1));
+      metrics = {{"entropy", tokens > 0 ? entropy / n : 0.0},
+                 {"mean_token_accuracy", tokens > 0 ? static_cast<double>(hits) / n : 0.0}};
+    } else {
+      ForwardOptions fo;
+      fo.normalizer = 1.0;  // the sum of token NLLs
+      fo.fused_loss = fused_loss_;
+      if (context_parallel()) {
+        ContextParallelBatch split = split_context_parallel(
+            b, cp_groups_->cp_size, cp_groups_->cp_rank, cp_pad_token_id_, cp_groups_->cp.get());
+        fo.context_parallel = split.context;
+        fo.labels_shifted = true;
+        b = std::move(split.local);
+      }
+      ForwardResult r = model_->forward(b, fo);
+      nll = r.loss.item();
+      tokens = r.label_tokens;
+      if (context_parallel()) {
+        nll = cp_groups_->cp->all_reduce_scalar(nll);
+        tokens = cp_groups_->cp->all_reduce_int(tokens);
+      }
     }
-    ForwardResult r = model_->forward(b, fo);
-    nll += r.loss.item();
-    tokens += r.label_tokens;
-  }
-  if (context_parallel()) {
-    nll = cp_groups_->cp->all_reduce_scalar(nll);
-    tokens = cp_groups_->cp->all_reduce_int(tokens);
-  }
-  peft_.set_training(true);
-  return tokens > 0 ? nll / static_cast<double>(tokens) : 0.0;
+    // TRL clamps the token count at 1: a batch without label tokens has loss 0.
+    return std::make_pair(nll / static_cast<double>(std::max<int64_t>(tokens, 1)), metrics);
+  });
 }
 
 double SftTrainer::epoch_progress() const {

@@ -32,7 +32,6 @@ namespace leantune {
 // sft's own options (TRL's SFTConfig names and defaults); its table also declares the packing,
 // dataset, chat, PEFT, quantization and training groups, in --help order.
 struct SftArguments : ModelSource {
-  std::string eval_dataset;
   std::optional<int64_t> max_length = 1024;  // none: no limit
   std::string truncation_mode = "keep_start";
   bool packing = false;
@@ -66,7 +65,7 @@ class SftTrainer final : public Trainer {
   Batch next_micro_batch(BatchReport* report) override;
   int64_t loss_tokens(const Batch& b) const override;
   Tensor compute_loss(const Batch& b, double normalizer) override;
-  std::optional<double> evaluate() override;
+  std::optional<nlohmann::json> evaluate() override;
   bool has_evaluation() const override { return eval_ != nullptr; }
   double epoch_progress() const override;
   nlohmann::json data_state() const override;
