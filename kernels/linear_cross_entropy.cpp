@@ -152,8 +152,11 @@ template <typename A>
 void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t>& rows,
                 const std::vector<int64_t>& tgt, const std::vector<A>* coef, const Tensor& dhidden,
                 const Tensor& dweight, int64_t chunk_tokens, A softcap, std::vector<A>* lse,
-                std::vector<A>* zy) {
+                std::vector<A>* zy, LinearCrossEntropyStats* stats = nullptr) {
   const int64_t n = static_cast<int64_t>(rows.size());
+  // Per valid row, when asked: the entropy of softmax(z) and whether the target is its top-1.
+  std::vector<A> ent(stats ? static_cast<size_t>(n) : 0);
+  std::vector<uint8_t> top(stats ? static_cast<size_t>(n) : 0);
   const int64_t h = hidden.size(1), v = w.size(0);
   lse->assign(static_cast<size_t>(n), A(0));
   zy->assign(static_cast<size_t>(n), A(0));
@@ -194,6 +197,19 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
       const A zt = z[y];
       A m = -std::numeric_limits<A>::infinity();
       for (int64_t j = 0; j < v; ++j) m = std::max(m, z[j]);
+      if (stats) {
+        // A pass of its own, so that the loss and its gradient stay bit for bit as without it.
+        A se = 0, sez = 0;
+        int64_t arg = 0;
+        for (int64_t j = 0; j < v; ++j) {
+          const A e = std::exp(z[j] - m);
+          se += e;
+          sez += e * z[j];
+          if (z[j] > z[arg]) arg = j;
+        }
+        ent[c0 + r] = m + std::log(se) - sez / se;
+        top[c0 + r] = arg == y ? 1 : 0;
+      }
       // With gradients, exp(z - m) is kept and normalised once the sum is known: one exp per
       // logit in all.
       const A s = grads ? softmax_cpu::exp_shift_sum(z, v, m) : softmax_cpu::sum_exp_shift(z, v, m);
@@ -248,6 +264,12 @@ void chunk_loop(const Tensor& hidden, const Tensor& w, const std::vector<int64_t
       });
     }
   }
+  if (!stats) return;
+  // Summed in row order in double: deterministic whatever the chunking.
+  for (int64_t i = 0; i < n; ++i) {
+    stats->entropy_sum += static_cast<double>(ent[i]);
+    stats->top1 += top[i];
+  }
 }
 
 // Zeroes the rows of dhidden whose target is ignored.
@@ -268,7 +290,7 @@ template <typename A>
 void run(const Tensor& hidden0, const Tensor& weight, const std::vector<int64_t>& rows,
          const std::vector<int64_t>& tgt, const std::vector<A>* coef, const Tensor& dhidden,
          const Tensor& dweight, int64_t chunk_tokens, double softcap, std::vector<A>* lse,
-         std::vector<A>* zy) {
+         std::vector<A>* zy, LinearCrossEntropyStats* stats = nullptr) {
   const Tensor hidden = as(hidden0, hidden0.dtype());
   const DType d = DTypeOf<A>::value;
   const bool narrow_w = weight.dtype() == DType::kBF16 || weight.dtype() == DType::kF16;
@@ -276,7 +298,7 @@ void run(const Tensor& hidden0, const Tensor& weight, const std::vector<int64_t>
   Tensor dw_acc;
   if (dweight.defined()) dw_acc = as(dweight, dweight.dtype());
   chunk_loop<A>(hidden, w, rows, tgt, coef, dhidden, dw_acc, chunk_tokens, static_cast<A>(softcap),
-                lse, zy);
+                lse, zy, stats);
   if (dweight.defined() && !dw_acc.shares_storage(dweight)) ops::copy(dweight, dw_acc);
   if (dhidden.defined()) zero_ignored_rows(dhidden, rows);
 }
@@ -356,7 +378,7 @@ double linear_cross_entropy_fwd_bwd(const Tensor& hidden, const Tensor& weight,
     std::vector<A> coef(rows.size(), static_cast<A>(grad_scale));
     std::vector<A> lse, zy;
     run<A>(hidden, weight, rows, tgt, &coef, dhidden, dweight, opt.chunk_tokens, opt.softcap, &lse,
-           &zy);
+           &zy, opt.stats);
     // Summed in row order in double: deterministic whatever the chunking.
     for (size_t i = 0; i < rows.size(); ++i) loss += static_cast<double>(lse[i] - zy[i]);
   };

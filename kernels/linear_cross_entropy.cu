@@ -28,6 +28,9 @@
 // Soft-capping (opt.softcap = c > 0): a pass over the chunk's logits maps Z to c tanh(Z / c) in
 // place (rounded to the logits dtype) before the rows kernel, which multiplies each gradient
 // entry by 1 - (Z/c)^2 from the capped value it reads.
+// opt.stats (TRL's SFT entropy and top-1 share): before the rows kernel, cross_entropy.cu's
+// forward and row-statistics kernels read each chunk's logits twice more, into [n] entropy and
+// top-1 arrays summed in row order at the end (not with soft-capping).
 // The per-row nll values land in one [n] array that is copied back and summed in row order in
 // double at the end (deterministic whatever the chunking; the one synchronisation).
 // Chunk size: c = min(opt.chunk_tokens, valid rows, budget rows) with the budget rows chosen so
@@ -53,6 +56,7 @@
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/linear_cross_entropy_grad.h"
 #include "kernels/online_softmax.cuh"
+#include "kernels/stat_dtype.h"
 
 namespace leantune::kernels {
 namespace {
@@ -287,8 +291,16 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
   // Ignored rows get zero gradients: zero everything, the chunks overwrite the valid rows.
   if (dhidden.defined() && n < t && dhidden.numel() > 0)
     CUDA_CHECK(cudaMemsetAsync(dhidden.data_ptr(), 0, dhidden.nbytes(), stream));
+  LT_CHECK(!opt.stats || opt.softcap == 0, op,
+           ": row statistics of soft-capped logits are not supported on CUDA");
   // h == 0: every logit is 0, so nll = log V per valid row and no gradient flows.
-  if (n == 0 || h == 0) return static_cast<double>(n) * std::log(static_cast<double>(v));
+  if (n == 0 || h == 0) {
+    if (opt.stats) {
+      opt.stats->entropy_sum += static_cast<double>(n) * std::log(static_cast<double>(v));
+      opt.stats->top1 += std::count(tgt.begin(), tgt.end(), 0);
+    }
+    return static_cast<double>(n) * std::log(static_cast<double>(v));
+  }
 
   const DType in = hidden.dtype();
   const DType wdt = work_dtype(in);  // A
@@ -342,6 +354,17 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
   const int32_t* ptgt = tgt_d.data<int32_t>();
 
   Tensor zbuf = Tensor::empty({cap, v}, logit_dt, d, MemTag::kWorkspace);
+  // opt.stats: the cross-entropy kernels read each chunk's logits twice more (its lse, then the
+  // entropy and top-1 per row) before the rows kernel overwrites them with the gradient.
+  Tensor st_rows, st_lse, st_ent, st_top, tgt_host;
+  if (opt.stats) {
+    const DType sd = stat_dtype(logit_dt);
+    st_rows = Tensor::empty({cap}, sd, d, MemTag::kWorkspace);
+    st_lse = Tensor::empty({cap}, sd, d, MemTag::kWorkspace);
+    st_ent = Tensor::empty({n}, sd, d, MemTag::kWorkspace);
+    st_top = Tensor::empty({n}, sd, d, MemTag::kWorkspace);
+    tgt_host = Tensor::from_vector(tgt, {n});
+  }
   Tensor xbuf, dxbuf;
   if (any_gather) xbuf = Tensor::empty({cap, h}, in, d, MemTag::kWorkspace);
   if (any_scatter) dxbuf = Tensor::empty({cap, h}, dx_dt, d, MemTag::kWorkspace);
@@ -376,6 +399,13 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
     // Z^T[V,c] = W X_c^T: column-major A = W ([H,V] stored, transposed), B = X_c ([H,c]).
     cu::gemm_cm(wr.ptr, wr.ld, true, xc, ldx, false, zbuf.data_ptr(), v, v, c, h, 1.0, 0.0, in,
                 logit_dt, nullptr, d, stream);
+    if (opt.stats) {
+      const Tensor zc = zbuf.narrow(0, 0, c), yc = tgt_host.narrow(0, c0, c);
+      const Tensor lse_c = st_lse.narrow(0, 0, c);
+      cross_entropy_fwd_cuda(zc, yc, st_rows.narrow(0, 0, c), lse_c);
+      cross_entropy_row_stats_cuda(zc, yc, lse_c, st_ent.narrow(0, c0, c),
+                                   st_top.narrow(0, c0, c));
+    }
     linear_ce_rows_launch(zbuf.data_ptr(), logit_dt, c, v, ptgt + c0,
                           static_cast<char*>(nll.data_ptr()) + c0 * dtype_size(wdt), grads,
                           opt.softcap, d, stream);
@@ -402,6 +432,10 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
   const std::vector<double> rows_nll = nll.to_f64();
   double loss = 0;
   for (double x : rows_nll) loss += x;
+  if (opt.stats) {
+    for (double e : st_ent.to_f64()) opt.stats->entropy_sum += e;
+    for (double hit : st_top.to_f64()) opt.stats->top1 += hit > 0.5 ? 1 : 0;
+  }
   return loss;
 }
 

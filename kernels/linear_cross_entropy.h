@@ -21,8 +21,19 @@
 
 namespace leantune::kernels {
 
+// Sums over the valid rows of the distribution softmax(z) (TRL's SFT entropy and
+// mean_token_accuracy): entropy lse - sum_j p_j z_j, and the rows whose target is the top-1
+// logit (the first of equal maxima). Added to; not with softcap on CUDA.
+struct LinearCrossEntropyStats {
+  double entropy_sum = 0;
+  int64_t top1 = 0;
+};
+
 struct LinearCrossEntropyOptions {
   int64_t chunk_tokens = 1024;
+  // Set: linear_cross_entropy adds the rows' statistics to it (one more pass over each chunk's
+  // logits). Not supported by linear_cross_entropy_weight_blocks.
+  LinearCrossEntropyStats* stats = nullptr;
   // > 0: the logits are soft-capped, z -> softcap * tanh(z / softcap), before the softmax (Gemma's
   // final_logit_softcapping), inside each chunk: still no [T, V] tensor. Not supported by
   // linear_cross_entropy_weight_blocks.

@@ -54,6 +54,7 @@ Tensor linear_cross_entropy_weight_blocks(const Tensor& hidden, const Tensor& we
                                           const LinearCrossEntropyOptions& opt,
                                           int64_t block_rows) {
   const char* op = "linear_cross_entropy_weight_blocks";
+  LT_CHECK(!opt.stats, op, ": row statistics are not supported (linear_cross_entropy gives them)");
   LT_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1) &&
                hidden.dtype() == weight.dtype() && dtype_is_floating(hidden.dtype()) &&
                hidden.device() == weight.device() && weight.is_contiguous(),

@@ -46,6 +46,29 @@ LinearModule make_linear(const std::string& name, int64_t in, int64_t out, bool 
   if (bias) m.bias = param({out}, device, dtype, name + ".bias");
   return m;
 }
+
+// The row statistics of full logits [T, V] over the rows whose target is not ignored.
+kernels::LinearCrossEntropyStats full_logits_stats(const Tensor& logits, const Tensor& targets) {
+  NoGradGuard ng;
+  const Tensor z = logits.detach();
+  const int64_t t = z.size(0);
+  const DType sd = z.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor rows = Tensor::empty({t}, sd, z.device(), MemTag::kWorkspace);
+  Tensor lse = Tensor::empty({t}, sd, z.device(), MemTag::kWorkspace);
+  Tensor ent = Tensor::empty({t}, sd, z.device(), MemTag::kWorkspace);
+  Tensor top = Tensor::empty({t}, sd, z.device(), MemTag::kWorkspace);
+  kernels::cross_entropy_fwd(z, targets, rows, lse);
+  kernels::cross_entropy_row_stats(z, targets, lse, ent, top);
+  const std::vector<int64_t> y = targets.to_i64();
+  const std::vector<double> e = ent.to_f64(), hit = top.to_f64();
+  kernels::LinearCrossEntropyStats s;
+  for (int64_t i = 0; i < t; ++i) {
+    if (y[i] == kernels::kIgnoreIndex) continue;
+    s.entropy_sum += e[i];
+    s.top1 += hit[i] > 0.5 ? 1 : 0;
+  }
+  return s;
+}
 }  // namespace
 
 DecoderModel::DecoderModel(ModelConfig cfg, Device device, DType dtype,
@@ -390,10 +413,15 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
             hidden, w, targets, normalizer,
             [&sink, &w](int64_t row0, const Tensor& g) { sink(w, row0, g); }, lo);
       } else {
+        kernels::LinearCrossEntropyStats stats;
+        const bool with_stats = opt.row_stats && (cap == 0 || device_.is_cpu());
+        if (with_stats) lo.stats = &stats;
         r.loss = kernels::linear_cross_entropy(hidden, w, targets, normalizer, lo);
+        if (with_stats) r.row_stats = stats;
       }
     } else {
       r.loss = kernels::cross_entropy(r.logits, targets, normalizer);
+      if (opt.row_stats) r.row_stats = full_logits_stats(r.logits, targets);
     }
   }
   return r;

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/linear_cross_entropy.h"
 #include "kernels/ring_attention.h"
 #include "loaders/batch.h"
 #include "loaders/model_config.h"
@@ -95,6 +96,10 @@ struct ForwardOptions {
   // The batch's labels are already the next-token targets (context parallelism shifts them on
   // the global batch before the split); the loss does not shift them again.
   bool labels_shifted = false;
+  // With the loss: ForwardResult's row statistics of the predicted distributions (TRL's SFT
+  // entropy and mean_token_accuracy), where the loss path gives them (not the weight-block
+  // loss of optimizer_in_backward, nor soft-capped logits on CUDA).
+  bool row_stats = false;
 };
 
 // Where the weights live between uses: under ZeRO-3 (dist/zero3.h) each rank keeps 1/N of
@@ -131,6 +136,9 @@ struct ForwardResult {
   Tensor loss;    // [] f32
   Tensor logits;  // [T, V] when asked
   int64_t label_tokens = 0;
+  // row_stats: the sums over the label rows of their entropy and of top-1 hits
+  // (kernels::LinearCrossEntropyStats); unset where the loss path cannot give them.
+  std::optional<kernels::LinearCrossEntropyStats> row_stats;
 };
 
 class DecoderModel {

@@ -4,7 +4,8 @@
 // target leaves the outputs untouched; row statistics), the vocabulary-block softmax, and
 // linear_cross_entropy (loss, dhidden overwritten with 0 on ignored rows, dweight accumulated
 // into; one and many chunks, consecutive and gathered valid rows, all rows ignored, dweight in
-// another dtype or not contiguous, only one gradient, none, the autograd op; soft-capped logits).
+// another dtype or not contiguous, only one gradient, none, the autograd op; soft-capped logits;
+// the row statistics).
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -317,6 +318,57 @@ void linear_cross_entropy(std::vector<Entry>& t) {
              r.out("dhidden_f32", dh32, grad_rule);
            }
          }});
+  }
+  // Row statistics (opt.stats: TRL's SFT entropy and top-1 share): the loss and dhidden are
+  // bit for bit those without them; on the CPU the sums equal those of the full f64 logits.
+  for (const Case c : {Case{DType::kF32, 19, 32, 229, 7, 3}, Case{DType::kBF16, 71, 64, 1001, 16, 3},
+                       Case{DType::kF64, 23, 16, 97, 5, 3}, Case{DType::kBF16, 1, 8, 5, 1024, 0}}) {
+    const std::string n = dt_name(c.dt) + "_" + shape_name({c.t, c.h, c.v}) + "_chunk" +
+                          std::to_string(c.chunk);
+    t.push_back({"linear_cross_entropy_stats_" + n, [=](OpRun& r) {
+                   const Tensor x = r.randn({c.t, c.h}, c.dt, 851);
+                   const Tensor w = r.randn({c.v, c.h}, c.dt, 852, 0.3);
+                   const Tensor y = lce_targets(c.t, c.v, c.ignore_every);
+                   const int64_t valid = count_valid(y);
+                   kernels::LinearCrossEntropyOptions opt;
+                   opt.chunk_tokens = c.chunk;
+                   kernels::LinearCrossEntropyStats st;
+                   opt.stats = &st;
+                   Tensor dh = Tensor::empty({c.t, c.h}, c.dt, r.dev());
+                   const double with = kernels::linear_cross_entropy_fwd_bwd(x, w, y, 1.0, dh,
+                                                                             Tensor(), opt);
+                   opt.stats = nullptr;
+                   Tensor dh0 = Tensor::empty({c.t, c.h}, c.dt, r.dev());
+                   const double without = kernels::linear_cross_entropy_fwd_bwd(x, w, y, 1.0, dh0,
+                                                                                Tensor(), opt);
+                   r.expect("loss unchanged by stats", ::testing::AssertionResult(with == without));
+                   r.keep("dhidden_without_stats", dh0);
+                   r.same("dhidden", dh, "dhidden_without_stats", Rule::bits());
+                   r.out("entropy_sum", st.entropy_sum, loss_rule(c.dt, valid));
+                   r.out("top1", static_cast<double>(st.top1), Rule::close({0.5, 0.0}));
+                   if (!r.reference() && r.cuda()) return;
+                   // The full logits in f64, their rows' statistics summed over the valid rows.
+                   const Tensor x64 = x.to(Device::cpu()).to(DType::kF64);
+                   const Tensor w64 = w.to(Device::cpu()).to(DType::kF64);
+                   const Tensor z = ops::matmul(x64, w64, false, true);
+                   Tensor rows = Tensor::empty({c.t}, DType::kF64), lse = rows.clone();
+                   Tensor ent = rows.clone(), top = rows.clone();
+                   kernels::cross_entropy_fwd(z, y, rows, lse);
+                   kernels::cross_entropy_row_stats(z, y, lse, ent, top);
+                   double e = 0, hits = 0;
+                   const std::vector<int64_t> yy = y.to_i64();
+                   const Vec ev = ent.to_f64(), tv = top.to_f64();
+                   for (int64_t i = 0; i < c.t; ++i)
+                     if (yy[i] != kIgnoreIndex) e += ev[i], hits += tv[i];
+                   const testing::Tol tl = backend_sum_tol(c.dt, static_cast<double>(valid + 1));
+                   r.expect("entropy_sum of the full f64 logits",
+                            ::testing::AssertionResult(std::abs(st.entropy_sum - e) <=
+                                                       tl.atol + tl.rtol * std::abs(e))
+                                << st.entropy_sum << " vs " << e);
+                   r.expect("top1 of the full f64 logits",
+                            ::testing::AssertionResult(static_cast<double>(st.top1) == hits)
+                                << st.top1 << " vs " << hits);
+                 }});
   }
   t.push_back({"linear_cross_entropy_all_ignored_bf16_9x32x100", [](OpRun& r) {
                  const Tensor x = r.randn({9, 32}, DType::kBF16, 821);

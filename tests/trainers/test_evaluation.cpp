@@ -138,16 +138,26 @@ TEST(RotateCheckpoints, KeepsTheBestAndTheNewest) {
   EXPECT_EQ(left, (std::vector<int64_t>{5}));
 }
 
+std::vector<nlohmann::json> records(const std::string& metrics_jsonl) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(metrics_jsonl);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
 // TRL's SFT evaluation with one example per batch: each batch's mean loss, entropy and top-1
 // share over its label tokens, averaged over batches; recomputed here from the full logits in
 // double.
 TEST(Evaluation, SftMetricsMatchFullLogitsInDouble) {
   const std::string model = make_tiny_model(testing::temp_dir("eval_model"));
   const std::string data = testing::fixture_path("datasets/tokenized.jsonl");
+  const std::string out = testing::temp_dir("eval_sft");
   SftRun run = make_sft_run(testing::tiny_sft_options(
-      model, testing::temp_dir("eval_sft"),
+      model, out,
       {"--dataset", data, "--eval_dataset", data, "--per_device_eval_batch_size", "1",
-       "--max_steps", "1", "--learning_rate", "0", "--eval_on_start"}));
+       "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "3", "--max_steps",
+       "1", "--learning_rate", "0", "--eval_on_start"}));
   const TrainResult r = run.trainer->train();
   ASSERT_TRUE(r.final_eval.is_object());
   double loss = 0, entropy = 0, accuracy = 0;
@@ -200,14 +210,14 @@ TEST(Evaluation, SftMetricsMatchFullLogitsInDouble) {
   EXPECT_NEAR(ev["eval_mean_token_accuracy"].get<double>(), accuracy / n, 1e-12);
   EXPECT_EQ(ev["step"], 1);
   EXPECT_DOUBLE_EQ(*r.final_eval_loss, ev["eval_loss"].get<double>());
-}
-
-std::vector<nlohmann::json> records(const std::string& metrics_jsonl) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(metrics_jsonl);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
+  // Training logs TRL's entropy and mean_token_accuracy too, from the fused loss's row
+  // statistics: the update's three micro-batches are the three examples, one each.
+  nlohmann::json train;
+  for (const auto& rec : records(out + "/metrics.jsonl"))
+    if (rec.contains("learning_rate")) train = rec;
+  ASSERT_TRUE(train.contains("entropy")) << train.dump();
+  EXPECT_NEAR(train["entropy"].get<double>(), entropy / n, 1e-5 * entropy / n);
+  EXPECT_NEAR(train["mean_token_accuracy"].get<double>(), accuracy / n, 1e-12);
 }
 
 struct EvalCase {
@@ -326,6 +336,40 @@ TEST(Evaluation, BestModelAtEndAndTrainerStateForTransformers) {
   const nlohmann::json b = nlohmann::json::parse(
       testing::read_file(resumed + "/checkpoint-4/trainer_state.json"))["log_history"];
   EXPECT_EQ(without_timing(a), without_timing(b));
+}
+
+// reduce_lr_on_plateau steps on every evaluation during training (not the one on start): in
+// mode max a falling eval loss is never an improvement, so with patience 0 each evaluation after
+// the first halves the rate; a run resumed from checkpoint-2 continues the same rates.
+TEST(Evaluation, ReduceLrOnPlateauStepsOnEvaluationsAndResumes) {
+  const std::string model = make_tiny_model(testing::temp_dir("plateau_model"));
+  const std::vector<std::string> common = {
+      "--eval_dataset", testing::small_dataset(), "--per_device_eval_batch_size", "16",
+      "--eval_steps", "1", "--eval_on_start", "--save_steps", "2", "--max_steps", "4",
+      "--lr_scheduler_type", "reduce_lr_on_plateau", "--lr_scheduler_kwargs",
+      "{\"mode\": \"max\", \"patience\": 0, \"factor\": 0.5}"};
+  auto rates = [](const std::string& out) {
+    std::vector<double> lr;
+    for (const auto& r : records(out + "/metrics.jsonl"))
+      if (r.contains("learning_rate")) lr.push_back(r["learning_rate"]);
+    return lr;
+  };
+  const std::string straight = testing::temp_dir("plateau_straight");
+  make_sft_run(testing::tiny_sft_options(model, straight, common)).trainer->train();
+  EXPECT_EQ(rates(straight), (std::vector<double>{1e-3, 1e-3, 5e-4, 2.5e-4}));
+  const std::string resumed = testing::temp_dir("plateau_resumed");
+  {
+    SftRun first = make_sft_run(testing::tiny_sft_options(model, resumed, common));
+    first.trainer->set_stop_after(2);
+    first.trainer->train();
+  }
+  std::vector<std::string> again = common;
+  again.insert(again.end(), {"--resume_from_checkpoint", "latest"});
+  make_sft_run(testing::tiny_sft_options(model, resumed, again)).trainer->train();
+  EXPECT_EQ(rates(resumed), rates(straight));
+  Options o = sft_options();
+  o.parse({"--lr_scheduler_type", "reduce_lr_on_plateau"});
+  EXPECT_THROW(training_arguments(o), Error);
 }
 
 }  // namespace

@@ -87,5 +87,38 @@ TEST_P(LrSchedules, MatchTransformersGetScheduler) {
 INSTANTIATE_TEST_SUITE_P(Transformers, LrSchedules, ::testing::ValuesIn(lr_case_names()),
                          [](const auto& info) { return info.param; });
 
+// reduce_lr_on_plateau against torch's ReduceLROnPlateau (through transformers' get_scheduler):
+// the rate after each evaluation's metric, NaN included; and its state through a checkpoint.
+TEST(LrSchedule, ReduceLrOnPlateauMatchesTorch) {
+  const nlohmann::json cases = nlohmann::json::parse(
+      read_text_file(testing::fixture_path("trainer/schedule_cases.json")))["plateau_cases"];
+  ASSERT_GE(cases.size(), 6u);
+  for (const auto& c : cases) {
+    LrScheduler s = LrScheduler::make("reduce_lr_on_plateau", c["learning_rate"].get<double>(),
+                                      100, 0, 0.0, c["lr_scheduler_kwargs"]);
+    const auto lrs = c["lrs"].get<std::vector<double>>();
+    ASSERT_EQ(lrs.size(), c["metrics"].size());
+    for (size_t k = 0; k < lrs.size(); ++k) {
+      const nlohmann::json& m = c["metrics"][k];
+      s.observe(m.is_null() ? std::nan("") : m.get<double>());
+      EXPECT_NEAR(s.lr(static_cast<int64_t>(k)), lrs[k], 1e-15) << c["name"] << " evaluation " << k;
+      if (k == lrs.size() / 2) {
+        // A resumed run continues from the saved state.
+        LrScheduler r = LrScheduler::make("reduce_lr_on_plateau", c["learning_rate"].get<double>(),
+                                          100, 0, 0.0, c["lr_scheduler_kwargs"]);
+        r.set_state(nlohmann::json::parse(s.state().dump()), "state");
+        s = r;
+      }
+    }
+  }
+  LrScheduler s = LrScheduler::make("reduce_lr_on_plateau", 1e-3, 10, 0, 0.0);
+  EXPECT_THROW(s.set_state({{"lr", "x"}}, "state"), Error);
+  EXPECT_THROW(LrScheduler::make("reduce_lr_on_plateau", 1e-3, 10, 0, 0.0, {{"mode", "up"}}),
+               Error);
+  EXPECT_THROW(LrScheduler::make("reduce_lr_on_plateau", 1e-3, 10, 0, 0.0, {{"factor", 1.0}}),
+               Error);
+  EXPECT_TRUE(LrScheduler::make("linear", 1e-3, 10, 0, 0.0).state().is_null());
+}
+
 }  // namespace
 }  // namespace leantune

@@ -205,6 +205,7 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& sourc
     st.save_only_model = it->get<bool>();
   }
   if (auto it = j.find("best"); it != j.end()) st.best = best_from_json(*it, source);
+  if (auto it = j.find("lr_scheduler"); it != j.end()) st.lr_scheduler = *it;
   return st;
 }
 

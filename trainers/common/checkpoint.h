@@ -80,6 +80,7 @@ struct TrainerState {
   // Written with --save_only_model: the model alone, which no run resumes from.
   bool save_only_model = false;
   BestModel best;  // the best evaluation up to the checkpoint (none in older checkpoints)
+  nlohmann::json lr_scheduler;  // reduce_lr_on_plateau's state (LrScheduler::set_state checks it)
 };
 // The resume state of checkpoint `dir`: its leantune_state.json, or the trainer_state.json of a
 // checkpoint written before the two were separate.

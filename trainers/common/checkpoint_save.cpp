@@ -141,6 +141,7 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoin
                          {"data_state", at.data_state},
                          {"rng", at.rng},
                          {"best", best_to_json(best_)},
+                         {"lr_scheduler", scheduler_.state()},
                          {"options", options_.to_json()}};
     if (model_only) st["save_only_model"] = true;
     write_text_atomic(dir + "/" + kCheckpointStateFile, st.dump(1));

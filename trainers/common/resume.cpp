@@ -71,6 +71,7 @@ std::string Trainer::load_checkpoint(const std::string& dir) {
   consecutive_nonfinite_ = st.consecutive_nonfinite;
   skipped_steps_ = st.skipped_steps;
   best_ = st.best;
+  scheduler_.set_state(st.lr_scheduler, state_path);
   log_history_ = read_log_history(dir);
   nlohmann::json data = st.data_state, rng = st.rng;
   std::string data_source = state_path, note;

@@ -20,6 +20,7 @@ const std::vector<std::pair<std::string, LrSchedule>>& schedules() {
       {"constant", LrSchedule::kConstant},
       {"constant_with_warmup", LrSchedule::kConstantWithWarmup},
       {"inverse_sqrt", LrSchedule::kInverseSqrt},
+      {"reduce_lr_on_plateau", LrSchedule::kReduceLrOnPlateau},
       {"cosine_with_min_lr", LrSchedule::kCosineWithMinLr},
       {"warmup_stable_decay", LrSchedule::kWarmupStableDecay}};
   return s;
@@ -40,6 +41,9 @@ std::set<std::string> accepted_kwargs(LrSchedule t) {
     case LrSchedule::kWarmupStableDecay:
       return {"num_decay_steps", "num_stable_steps", "warmup_type",
               "decay_type",      "min_lr_ratio",     "num_cycles"};
+    case LrSchedule::kReduceLrOnPlateau:
+      return {"mode", "factor", "patience", "threshold", "threshold_mode", "cooldown", "min_lr",
+              "eps"};
     default:
       return {};
   }
@@ -162,16 +166,98 @@ LrScheduler LrScheduler::make(const std::string& type, double base_lr, int64_t t
       s.decay_type = shape(kwargs, "decay_type", "cosine");
       s.min_lr_ratio = number(kwargs, "min_lr_ratio", 0.0);
       break;
+    case LrSchedule::kReduceLrOnPlateau: {
+      auto word = [&](const char* key, const char* a, const char* b) {
+        if (!kwargs.contains(key)) return std::string(a);
+        const nlohmann::json& v = kwargs[key];
+        LT_CHECK_INPUT(v.is_string() && (v == a || v == b), "option lr_scheduler_kwargs: '", key,
+                       "' must be ", a, " or ", b, ", got ", v.dump());
+        return v.get<std::string>();
+      };
+      s.plateau_max = word("mode", "min", "max") == "max";
+      s.plateau_rel = word("threshold_mode", "rel", "abs") == "rel";
+      s.factor = number(kwargs, "factor", 0.1);
+      LT_CHECK_INPUT(s.factor < 1.0 && s.factor >= 0,
+                     "option lr_scheduler_kwargs: factor must be in [0, 1), got ", s.factor);
+      s.patience = count(kwargs, "patience", 10);
+      s.threshold = number(kwargs, "threshold", 1e-4);
+      s.cooldown = count(kwargs, "cooldown", 0);
+      s.min_lr = number(kwargs, "min_lr", 0.0);
+      s.eps = number(kwargs, "eps", 1e-8);
+      LT_CHECK_INPUT(s.min_lr >= 0 && s.eps >= 0,
+                     "option lr_scheduler_kwargs: min_lr and eps must not be negative");
+      s.warmup_steps = 0;  // transformers' get_reduce_on_plateau_schedule has none
+      break;
+    }
     default:
       break;
   }
+  s.current_lr = base_lr;
   return s;
+}
+
+void LrScheduler::observe(double metric) {
+  if (type != LrSchedule::kReduceLrOnPlateau) return;
+  // torch.optim.lr_scheduler.ReduceLROnPlateau.step (NaN is never better).
+  bool better;
+  if (!plateau_best) {
+    better = !std::isnan(metric);
+  } else if (plateau_rel) {
+    better = plateau_max ? metric > *plateau_best * (1.0 + threshold)
+                         : metric < *plateau_best * (1.0 - threshold);
+  } else {
+    better = plateau_max ? metric > *plateau_best + threshold : metric < *plateau_best - threshold;
+  }
+  if (better) {
+    plateau_best = metric;
+    num_bad = 0;
+  } else {
+    ++num_bad;
+  }
+  if (cooldown_counter > 0) {
+    --cooldown_counter;
+    num_bad = 0;
+  }
+  if (num_bad > patience) {
+    const double reduced = std::max(current_lr * factor, min_lr);
+    if (current_lr - reduced > eps) current_lr = reduced;
+    cooldown_counter = cooldown;
+    num_bad = 0;
+  }
+}
+
+nlohmann::json LrScheduler::state() const {
+  if (type != LrSchedule::kReduceLrOnPlateau) return nullptr;
+  return {{"lr", current_lr},
+          {"best", plateau_best ? nlohmann::json(*plateau_best) : nlohmann::json(nullptr)},
+          {"num_bad", num_bad},
+          {"cooldown_counter", cooldown_counter}};
+}
+
+void LrScheduler::set_state(const nlohmann::json& s, const std::string& source) {
+  if (type != LrSchedule::kReduceLrOnPlateau) return;
+  if (s.is_null()) return;  // a checkpoint of another schedule: the plateau starts afresh
+  auto count_of = [&](const char* key) {
+    LT_CHECK_INPUT(s.contains(key) && s[key].is_number_integer() && s[key].get<int64_t>() >= 0,
+                   source, ": lr_scheduler key '", key, "' must be a non-negative integer");
+    return s[key].get<int64_t>();
+  };
+  LT_CHECK_INPUT(s.is_object() && s.contains("lr") && s["lr"].is_number() && s.contains("best") &&
+                     (s["best"].is_null() || s["best"].is_number()),
+                 source, ": lr_scheduler must be {lr, best, num_bad, cooldown_counter}, got ",
+                 s.dump());
+  current_lr = s["lr"].get<double>();
+  plateau_best.reset();
+  if (s["best"].is_number()) plateau_best = s["best"].get<double>();
+  num_bad = count_of("num_bad");
+  cooldown_counter = count_of("cooldown_counter");
 }
 
 double LrScheduler::lr(int64_t k) const {
   const double w = static_cast<double>(warmup_steps), n = static_cast<double>(total_steps);
   const double kk = static_cast<double>(k);
   if (type == LrSchedule::kConstant) return base_lr;
+  if (type == LrSchedule::kReduceLrOnPlateau) return current_lr;
   if (type == LrSchedule::kWarmupStableDecay) {
     double f;
     if (k < warmup_steps) {
@@ -214,6 +300,7 @@ double LrScheduler::lr(int64_t k) const {
     case LrSchedule::kConstantWithWarmup:
       return base_lr;
     case LrSchedule::kConstant:
+    case LrSchedule::kReduceLrOnPlateau:
     case LrSchedule::kWarmupStableDecay:
       break;
   }

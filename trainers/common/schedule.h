@@ -19,12 +19,20 @@
 // lr_scheduler_kwargs for the schedule (num_cycles, min_lr, min_lr_rate, lr_end, power,
 // timescale, num_decay_steps, num_stable_steps, warmup_type, decay_type, min_lr_ratio); a key the
 // schedule does not take, a value of the wrong type or range, or a missing required one is an
-// Error(kInput) naming it. reduce_lr_on_plateau (it needs an evaluation after every step) is not
-// implemented.
+// Error(kInput) naming it.
+// reduce_lr_on_plateau is torch's ReduceLROnPlateau, as transformers' Trainer drives it: the rate
+// starts at base_lr (no warmup) and changes only when an evaluation reports its metric
+// (observe(); metric_for_best_model): after more than `patience` evaluations without an
+// improvement (threshold, threshold_mode rel|abs, mode min|max) it is multiplied by `factor`
+// (never below min_lr, nor by a change smaller than eps), then `cooldown` evaluations pass
+// before bad ones count again. kwargs: mode (min), factor (0.1), patience (10), threshold
+// (1e-4), threshold_mode (rel), cooldown (0), min_lr (0), eps (1e-8). Its state goes into
+// checkpoints (state()/set_state()).
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +47,7 @@ enum class LrSchedule {
   kConstant,
   kConstantWithWarmup,
   kInverseSqrt,
+  kReduceLrOnPlateau,
   kWarmupStableDecay
 };
 // The names lr_scheduler_type accepts, in transformers' order.
@@ -58,11 +67,24 @@ struct LrScheduler {
   int64_t num_stable_steps = 0, num_decay_steps = 0;  // warmup_stable_decay
   std::string warmup_type = "linear", decay_type = "cosine";
   double min_lr_ratio = 0;
+  // reduce_lr_on_plateau: its parameters, then its state.
+  bool plateau_max = false, plateau_rel = true;
+  double factor = 0.1, threshold = 1e-4, min_lr = 0, eps = 1e-8;
+  int64_t patience = 10, cooldown = 0;
+  double current_lr = 0;
+  std::optional<double> plateau_best;
+  int64_t num_bad = 0, cooldown_counter = 0;
 
   static LrScheduler make(const std::string& type, double base_lr, int64_t total_steps,
                           int64_t warmup_steps, double warmup_ratio,
                           const nlohmann::json& kwargs = nlohmann::json::object());
   double lr(int64_t update) const;
+  // reduce_lr_on_plateau: an evaluation's metric (no-op for the other schedules).
+  void observe(double metric);
+  // reduce_lr_on_plateau's state (null for the stateless schedules); set_state: Error(kInput)
+  // naming `source` for a malformed one.
+  nlohmann::json state() const;
+  void set_state(const nlohmann::json& s, const std::string& source);
 };
 
 // Parses --lr_scheduler_kwargs (a JSON object; empty text: none). Error(kInput) for other text.

@@ -413,7 +413,7 @@ TrainResult Trainer::train() {
   if (resumed) log.message("resumed from step " + std::to_string(step_));
   if (!resume_note.empty()) log.message(resume_note);
   on_train_begin(log);
-  if (args_.eval_on_start) run_evaluation(log);
+  if (args_.eval_on_start) run_evaluation(log, false);
   StepPhaseGuard setup_phase("between steps");
   rss_at_start_ = process_rss_bytes(false);
   // Host memory outside the allocators before the first step: code, libraries, tokenizer, data.
@@ -671,7 +671,7 @@ TrainResult Trainer::train() {
       window_steps = window_skipped = window_tokens = window_real = window_total = 0;
       window_start = std::chrono::steady_clock::now();
     }
-    if (eval_due(args_, step_, updates_per_epoch)) last_eval = run_evaluation(log);
+    if (eval_due(args_, step_, updates_per_epoch)) last_eval = run_evaluation(log, true);
     bool stop = stop_requested() || (stop_after_ > 0 && step_ >= stop_after_) || callback_stop;
     // A signal or a callback on one rank stops all of them at the same step.
     if (distributed) stop = comm.all_reduce_int(stop ? 1 : 0, ReduceOp::kMax) != 0;
@@ -706,7 +706,7 @@ TrainResult Trainer::train() {
                   " " + std::to_string(*best_.metric) + "), for the final model");
       evaluated_step_ = -1;  // the weights changed: the final evaluation is the best model's
     }
-    if (evaluated_step_ != step_) last_eval = run_evaluation(log);
+    if (evaluated_step_ != step_) last_eval = run_evaluation(log, false);
     if (last_eval.is_object()) {
       result.final_eval = last_eval;
       if (last_eval.contains("eval_loss")) result.final_eval_loss = last_eval["eval_loss"];

@@ -318,9 +318,10 @@ class Trainer {
   // Rank 0 writes files; the others only compute.
   bool writes_files() const;
   nlohmann::json memory_report(const nlohmann::json& savings) const;
-  // evaluate() logged as an eval_* record at the current step, the best metric updated; the
-  // record (null without evaluation data).
-  nlohmann::json run_evaluation(MetricsLogger& log);
+  // evaluate() logged as an eval_* record at the current step, the best metric updated and, when
+  // `steers_schedule` (transformers: not on start nor after training), reduce_lr_on_plateau
+  // stepped; the record (null without evaluation data).
+  nlohmann::json run_evaluation(MetricsLogger& log, bool steers_schedule);
   // transformers' trainer_state.json fields of a checkpoint (log_history, best_*, ...).
   nlohmann::json hf_trainer_state(double epoch) const;
   // A logged record as log_history keeps it: numbers only (the memory snapshot left out).

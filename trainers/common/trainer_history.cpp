@@ -19,7 +19,7 @@
 
 namespace leantune {
 
-nlohmann::json Trainer::run_evaluation(MetricsLogger& log) {
+nlohmann::json Trainer::run_evaluation(MetricsLogger& log, bool steers_schedule) {
   const auto start = std::chrono::steady_clock::now();
   std::optional<nlohmann::json> metrics = evaluate();
   if (!metrics) return nullptr;
@@ -29,6 +29,7 @@ nlohmann::json Trainer::run_evaluation(MetricsLogger& log) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   evaluated_step_ = step_;
   update_best(best_, args_, rec, step_);
+  if (steers_schedule) scheduler_.observe(rec[best_metric_key(args_)].get<double>());
   log.log(rec);
   add_to_history(rec);
   return rec;

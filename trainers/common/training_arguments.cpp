@@ -128,6 +128,9 @@ TrainingArguments training_arguments(const Options& o) {
   TrainingArguments a = training_table().read(o);
   static_cast<EvalArguments&>(a) =
       eval_arguments(o, a.save_strategy, a.save_steps, a.logging_steps);
+  LT_CHECK_INPUT(a.lr_scheduler_type != "reduce_lr_on_plateau" || a.eval_strategy != "no",
+                 "option --lr_scheduler_type reduce_lr_on_plateau needs --eval_strategy steps or "
+                 "epoch: it lowers the rate on the evaluations' metric_for_best_model");
   check_optim_arguments(a, a.gradient_accumulation_steps, a.max_grad_norm);
   LT_CHECK_INPUT(a.save_strategy == "steps" || !o.is_set("save_steps") || a.save_steps == 0,
                  "option --save_steps ", a.save_steps, " is for save_strategy steps, not ",

@@ -122,12 +122,35 @@ Tensor SftTrainer::compute_loss(const Batch& b, double normalizer) {
   fo.gradient_checkpointing = args_.gradient_checkpointing;
   fo.fused_loss = fused_loss_;
   fo.row_grad_sink = row_grad_sink();
-  if (!context_parallel()) return model_->forward(b, fo).loss;
+  fo.row_stats = true;
+  if (!context_parallel()) {
+    ForwardResult r = model_->forward(b, fo);
+    add_row_stats(r);
+    return r.loss;
+  }
   ContextParallelBatch split = split_context_parallel(b, cp_groups_->cp_size, cp_groups_->cp_rank,
                                                       cp_pad_token_id_, cp_groups_->cp.get());
   fo.context_parallel = split.context;
   fo.labels_shifted = true;
-  return model_->forward(split.local, fo).loss;
+  ForwardResult r = model_->forward(split.local, fo);
+  add_row_stats(r);
+  return r.loss;
+}
+
+void SftTrainer::add_row_stats(const ForwardResult& r) {
+  if (!r.row_stats) return;
+  double entropy = r.row_stats->entropy_sum;
+  int64_t hits = r.row_stats->top1, tokens = r.label_tokens;
+  if (context_parallel()) {
+    // Each rank of the group holds its rows' sums: the micro-batch's are their totals.
+    Communicator& cp = *cp_groups_->cp;
+    entropy = cp.all_reduce_scalar(entropy);
+    hits = cp.all_reduce_int(hits);
+    tokens = cp.all_reduce_int(tokens);
+  }
+  const double n = static_cast<double>(tokens);
+  window_.add({{"entropy", tokens > 0 ? entropy / n : 0.0},
+               {"mean_token_accuracy", tokens > 0 ? static_cast<double>(hits) / n : 0.0}});
 }
 
 std::optional<nlohmann::json> SftTrainer::evaluate() {

@@ -59,6 +59,8 @@ class SftTrainer final : public Trainer {
              DataStats train_stats, bool fused_loss);
 
   const DataStats& train_stats() const override { return train_stats_; }
+  // TRL's training metrics of every logged record: entropy and mean_token_accuracy.
+  const std::vector<nlohmann::json>& logged_metrics() const override { return window_.logged(); }
 
  protected:
   int64_t micro_batches_per_epoch() const override { return train_->batches_per_epoch(); }
@@ -73,8 +75,13 @@ class SftTrainer final : public Trainer {
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
   bool supports_context_parallel() const override { return true; }
+  nlohmann::json log_metrics() override { return window_.take(); }
 
  private:
+  // TRL's per-micro-batch entropy and mean_token_accuracy over its label tokens (from the
+  // fused loss's row statistics; none where the loss path cannot give them).
+  void add_row_stats(const ForwardResult& r);
+  MetricWindow window_;
   std::shared_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<DataLoader> train_;
   std::shared_ptr<DataLoader> eval_;
