@@ -159,7 +159,7 @@ int run_estimate_command(const std::vector<std::string>& args) {
   LT_CHECK_INPUT(cfg.world_size % cfg.cp_size == 0, "option cp_size ", cfg.cp_size,
                  ": the world size ", cfg.world_size, " must be a multiple of it");
   cfg.resident_before_training =
-      resident_before_training(path, setup_dataset(model_source(o).dataset, path));
+      resident_before_training(path, setup_dataset(train_data_path(model_source(o)), path));
   if (a.max_context) {
     const int64_t batch = o.is_set("per_device_train_batch_size")
                               ? training_table().read(o).per_device_train_batch_size

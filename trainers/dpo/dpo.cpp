@@ -352,7 +352,8 @@ DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
   warn_beyond_positions(dc.max_length, *m.model);
   PreferenceData data = load_preference_data(dataset, *encoder, dc);
   std::optional<PreferenceData> eval;
-  if (!da.eval_dataset.empty()) eval = load_preference_data(da.eval_dataset, *encoder, dc);
+  if (const std::string ev = eval_data_path(da, args.eval_strategy); !ev.empty())
+    eval = load_preference_data(ev, *encoder, dc);
 
   DpoDataConfig dd;
   dd.max_length = dc.max_length;

@@ -267,7 +267,8 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunIn
   warn_beyond_positions(dc.max_length, *m.model);
   UnpairedData data = load_unpaired_data(dataset, *encoder, dc);
   std::optional<UnpairedData> eval;
-  if (!ka.eval_dataset.empty()) eval = load_unpaired_data(ka.eval_dataset, *encoder, dc);
+  if (const std::string ev = eval_data_path(ka, args.eval_strategy); !ev.empty())
+    eval = load_unpaired_data(ev, *encoder, dc);
   SequenceLogpsOptions lo;
   lo.fused = ka.use_liger_loss;
   const std::string base_name = adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);

@@ -267,7 +267,7 @@ RewardRun make_reward_run(const Options& o) {
   RewardRun run;
   run.model = load_reward_model(o);
   const RewardModelSetup& m = run.model;
-  std::string dataset = ra.dataset;
+  std::string dataset = train_data_path(ra);
   if (dataset.empty()) dataset = m.tokenizer_dir + "/preferences.jsonl";
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
   DataConfig dc;
@@ -279,7 +279,8 @@ RewardRun make_reward_run(const Options& o) {
   warn_beyond_positions(dc.max_length, *m.model);
   RewardData train = load_reward_data(dataset, *encoder, dc);
   std::optional<RewardData> eval;
-  if (!ra.eval_dataset.empty()) eval = load_reward_data(ra.eval_dataset, *encoder, dc);
+  if (const std::string ev = eval_data_path(ra, args.eval_strategy); !ev.empty())
+    eval = load_reward_data(ev, *encoder, dc);
   RewardCollateConfig cc;
   cc.padding_free = ra.padding_free;
   cc.pad_to_multiple_of = ra.pad_to_multiple_of.value_or(0);

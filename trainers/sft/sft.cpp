@@ -332,7 +332,7 @@ SftModel load_sft_model(const Options& o) {
 
 JsonlSource training_source(const Options& o, const SftModel& m, const RunInputs& in,
                             const std::string& demo_file) {
-  const std::string dataset = model_source(o).dataset;
+  const std::string dataset = train_data_path(model_source(o));
   if (in.dataset_rows) {
     LT_CHECK_INPUT(dataset.empty(), "option dataset ", dataset,
                    ": the training rows are also given in memory; give one of them");
@@ -384,11 +384,12 @@ SftRun make_sft_run(const Options& o, const SftModel& m, const RunInputs& in) {
   auto loader = std::make_shared<DataLoader>(train_examples, dc, encoder->pad_token_id(),
                                              cp_groups->dp_rank, cp_groups->dp_size);
   std::shared_ptr<DataLoader> eval;
-  if (!sa.eval_dataset.empty()) {
+  const std::string eval_path = eval_data_path(sa, args.eval_strategy);
+  if (!eval_path.empty()) {
     DataConfig ec = dc;
     ec.shuffle = false;
     ec.per_device_train_batch_size = args.per_device_eval_batch_size;
-    SftData ev = load_sft_data(sa.eval_dataset, encoder.get(), ec);
+    SftData ev = load_sft_data(eval_path, encoder.get(), ec);
     eval = std::make_shared<DataLoader>(std::make_shared<TokenizedDataset>(std::move(ev.examples)),
                                         ec, encoder->pad_token_id());
   }
