@@ -221,30 +221,38 @@ TEST(Evaluation, SftMetricsMatchFullLogitsInDouble) {
 }
 
 struct EvalCase {
-  std::string algorithm, data, metric;
+  std::string algorithm, data, metric, extra;
 };
 
 // With learning rate 0 and every row in one batch, the evaluation before the first update sees
 // what that update's forward saw: eval_<m> equals the logged <m> for every metric of the
-// trainer (its training metrics are compared with TRL in their own tests).
+// trainer (its training metrics are compared with TRL in their own tests). The online trainers
+// generate greedily (top_k 1) from one prompt, so the evaluation batch's completions are the
+// generation batch's whatever the seeds.
 class EvalMatchesTraining : public ::testing::TestWithParam<EvalCase> {};
+
+constexpr const char* kOnline =
+    "--top_k 1 --reward_funcs soft_overlong_punishment --soft_punish_cache 2 --logging_steps 1";
 
 TEST_P(EvalMatchesTraining, OnTheSameRowsWithoutAnUpdate) {
   const EvalCase& c = GetParam();
   const std::string model = make_tiny_model(testing::temp_dir("eval_model_" + c.algorithm));
   const std::string out = testing::temp_dir("eval_" + c.algorithm);
-  const std::string data = std::string(LT_SOURCE_DIR) + "/data/embedded/" + c.data;
+  std::string data = std::string(LT_SOURCE_DIR) + "/data/embedded/" + c.data;
+  if (c.data == "one_prompt") {
+    data = out + "/prompts.jsonl";
+    std::ofstream(data) << "{\"prompt\": \"Add 2 and 3.\", \"answer\": \"5\"}\n";
+  }
   std::string log;
   ASSERT_EQ(run_command(trainer_bin() + " " + c.algorithm + " --model_name_or_path " + model +
                             " --dataset " + data + " --eval_dataset " + data +
                             " --max_steps 1 --learning_rate 0 --per_device_train_batch_size 128"
-                            " --per_device_eval_batch_size 128 --eval_on_start --device cpu"
-                            " --output_dir " +
-                            out + " 2>&1",
+                            " --per_device_eval_batch_size 128 --eval_on_start --device cpu " +
+                            c.extra + " --output_dir " + out + "/run 2>&1",
                         &log),
             0)
       << log;
-  const std::vector<nlohmann::json> rec = records(out + "/metrics.jsonl");
+  const std::vector<nlohmann::json> rec = records(out + "/run/metrics.jsonl");
   ASSERT_GE(rec.size(), 3u) << log;
   const nlohmann::json& ev = rec[0];
   const nlohmann::json& train = rec[1];
@@ -264,9 +272,19 @@ TEST_P(EvalMatchesTraining, OnTheSameRowsWithoutAnUpdate) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainers, EvalMatchesTraining,
-                         ::testing::Values(EvalCase{"dpo", "preferences.jsonl", "rewards/margins"},
-                                           EvalCase{"kto", "unpaired.jsonl", "kl"},
-                                           EvalCase{"reward", "preferences.jsonl", "accuracy"}),
+                         ::testing::Values(
+                             EvalCase{"dpo", "preferences.jsonl", "rewards/margins", ""},
+                             EvalCase{"kto", "unpaired.jsonl", "kl", ""},
+                             EvalCase{"reward", "preferences.jsonl", "accuracy", ""},
+                             EvalCase{"grpo", "one_prompt", "completions/mean_length",
+                                      std::string(kOnline) + " --max_completion_length 6"
+                                      " --per_device_train_batch_size 8 --per_device_eval_batch_size 8"},
+                             EvalCase{"rloo", "one_prompt", "kl",
+                                      std::string(kOnline) + " --max_completion_length 6"
+                                      " --per_device_train_batch_size 2 --per_device_eval_batch_size 2"},
+                             EvalCase{"online_dpo", "one_prompt", "objective/kl",
+                                      std::string(kOnline) + " --max_new_tokens 6"
+                                      " --per_device_train_batch_size 1 --per_device_eval_batch_size 1"}),
                          [](const auto& info) { return info.param.algorithm; });
 
 nlohmann::json without_timing(nlohmann::json history) {

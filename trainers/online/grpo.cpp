@@ -12,6 +12,7 @@
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/checked_int.h"
+#include "engine/mem_phase.h"
 #include "engine/ops.h"
 #include "kernels/cross_entropy.h"
 #include "loaders/host_batch.h"
@@ -22,39 +23,6 @@
 namespace leantune {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-// The completion's text as transformers decodes it (skip_special_tokens): ids the tokenizer does
-// not know (a model's vocabulary padded past the tokenizer's) decode to nothing, as the Rust
-// tokenizers' decode drops them.
-std::string decode_completion(const Tokenizer& tok, const std::vector<int32_t>& ids) {
-  std::vector<int32_t> known;
-  for (int32_t id : ids)
-    if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
-  return tok.decode(known, true);
-}
-
-// Every rank's `local` values (all ranks hold as many) in rank order; `local` on one process.
-std::vector<double> gather_ranks(Communicator& comm, const std::vector<double>& local) {
-  if (comm.size() == 1) return local;
-  const size_t n = local.size();
-  std::vector<double> all(n * static_cast<size_t>(comm.size()), 0.0);
-  std::copy(local.begin(), local.end(), all.begin() + static_cast<int64_t>(n) * comm.rank());
-  // A sum where every other rank adds zeros: exact, NaN included.
-  Tensor t = Tensor::from_doubles(all, {static_cast<int64_t>(all.size())}, DType::kF64);
-  comm.all_reduce(t);
-  return t.to_f64();
-}
-
-// A metric value for JSON: NaN is logged as null, as TRL's logger leaves None.
-nlohmann::json metric(double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); }
-
-}  // namespace
 
 OnlineTrainer::OnlineTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model,
                              Options options, std::shared_ptr<Tokenizer> tokenizer,
@@ -99,7 +67,7 @@ Batch OnlineTrainer::collate(const std::vector<Rollout>& rs) const {
   BatchStats st;
   int64_t longest = 0;
   for (const Rollout& r : rs) {
-    const std::vector<int32_t>& whole = data_.rows[static_cast<size_t>(r.prompt)].ids;
+    const std::vector<int32_t>& whole = r.row->ids;
     // online_dpo's max_length: the prompt loses its first tokens (TRL truncates left), keeping
     // at least the one that scores the completion's first token.
     const size_t cut = prompt_cut(whole.size(), r.completion.size());
@@ -137,7 +105,7 @@ std::vector<std::vector<double>> OnlineTrainer::completion_values(
   std::vector<std::vector<double>> out;
   size_t offset = 0;
   for (const Rollout& r : rs) {
-    const size_t whole = data_.rows[static_cast<size_t>(r.prompt)].ids.size();
+    const size_t whole = r.row->ids.size();
     const size_t p = whole - prompt_cut(whole, r.completion.size());
     std::vector<double> v(r.completion.size());
     for (size_t j = 0; j < v.size(); ++j) {
@@ -153,255 +121,18 @@ std::vector<std::vector<double>> OnlineTrainer::completion_values(
 
 void OnlineTrainer::generate_batch() {
   const auto start = std::chrono::steady_clock::now();
-  // One process: a stop signal ends the phase between decode steps, between reference batches and
-  // while a reward command is awaited (StopRequested; the trainer saves its last completed update).
-  // Data parallel: the ranks finish the phase together and stop between micro-batches.
-  std::function<bool()> should_stop;
-  if (comm().size() == 1) should_stop = [] { return stop_requested(); };
   if (generations_ > 0) optimization_s_ = std::chrono::duration<double>(start - phase_end_).count();
   const std::vector<int64_t> idx = prompts_.next(comm());
-  const int64_t g = cfg_.num_generations;
-  std::vector<Rollout> all;
-  std::vector<std::vector<int32_t>> prompts;
-  for (int64_t i : idx)
-    for (int64_t k = 0; k < g; ++k) {
-      prompts.push_back(data_.rows[static_cast<size_t>(i)].ids);
-      all.push_back(Rollout{});
-      all.back().prompt = i;
-    }
-  // Generation: no gradient, adapter dropout off, a seed of its own per generation batch (each
-  // completion then draws from its own Philox stream, models/generate.h).
-  GenerationResult gen;
-  {
-    StepPhaseGuard phase("generation");
-    NoGradGuard ng;
-    AdapterEvalScope eval(peft_);
-    Allocator& al = allocator(model_->device());
-    if (generations_ > 0) close_optimizer_window(optimizer_peak_);
-    al.begin_window();
-    if (!kv_pool_)
-      kv_pool_ =
-          std::make_unique<PagedKVCache>(model_->config(), model_->num_layers(), model_->dtype(),
-                                         model_->device(), cfg_.kv_block_size, kv_blocks_);
-    GenerationConfig gc = cfg_.generation;
-    gc.seed = args_.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(generations_ + 1);
-    // Data parallel: completions are numbered across the ranks, as one process numbers them.
-    gc.first_sequence = static_cast<int64_t>(prompts.size()) * comm().rank();
-    gc.should_stop = should_stop;
-    // ZeRO-3: the whole model for the phase, or each layer for each step (models/decoder.h
-    // ParamUse inside the engine); the same tokens either way.
-    Zero3Params* z3 = zero3();
-    const bool gather_all = z3 && cfg_.ds3_gather_for_generation;
-    if (gather_all) z3->acquire_all();
-    gen = generate(*model_, prompts, gc, kv_pool_.get());
-    if (gather_all) z3->release_all();
-    if (cfg_.sleep_mode) {
-      const int64_t before = al.stats().reserved.current;
-      kv_pool_->sleep();
-      sleep_released_ = std::max(sleep_released_, before - al.stats().reserved.current);
-    }
-    const AllocatorStats st = al.stats();
-    generation_peak_.allocated = std::max(generation_peak_.allocated, st.window_allocated.peak);
-    generation_peak_.reserved = std::max(generation_peak_.reserved, st.window_reserved.peak);
-    al.begin_window();
-  }
-  if (gen.interrupted) throw StopRequested();
-  const double gen_s = seconds_since(start);
-
-  // Rewards.
-  const auto reward_start = std::chrono::steady_clock::now();
-  std::vector<CompletionToScore> to_score;
-  for (size_t k = 0; k < all.size(); ++k) {
-    Rollout& r = all[k];
-    r.completion = gen.tokens[k];
-    const bool eos = gen.finished_by_eos[k];
-    r.mask.assign(r.completion.size(), (cfg_.mask_truncated_completions && !eos) ? 0 : 1);
-    const int64_t n = static_cast<int64_t>(r.completion.size());
-    to_score.push_back({&data_.rows[static_cast<size_t>(r.prompt)].row,
-                        decode_completion(*tokenizer_, r.completion), n});
-  }
-  const std::vector<std::vector<double>> per_source = rewards_->score(to_score, should_stop);
-  std::vector<double> rewards(all.size());
-  for (size_t k = 0; k < all.size(); ++k) rewards[k] = rewards_->total(per_source[k]);
-  const double reward_s = seconds_since(reward_start);
-
-  // Old and reference log-probabilities, micro-batch by micro-batch, before shuffling.
-  const auto ref_start = std::chrono::steady_clock::now();
-  const bool rloo = cfg_.algorithm == "rloo", dpo = cfg_.algorithm == "online_dpo";
-  const bool per_token = !rloo && !dpo;  // grpo scores tokens; rloo and online_dpo sequences
-  const bool need_old =
-      rloo ||
-      (per_token && (cfg_.num_iterations > 1 || cfg_.steps_per_generation > accumulation_steps()));
-  const bool need_ref = cfg_.loss.beta != 0.0 || dpo;
-  if (need_old || need_ref) {
-    StepPhaseGuard phase("reference");
-    NoGradGuard ng;
-    SequenceLogpsOptions lo = cfg_.logps;
-    lo.per_token = per_token;
-    lo.gradient_checkpointing = false;
-    const size_t mb = static_cast<size_t>(cfg_.completions_per_micro_batch);
-    for (size_t b0 = 0; b0 < all.size(); b0 += mb) {
-      if (should_stop && should_stop()) throw StopRequested();
-      std::vector<Rollout> part(all.begin() + static_cast<int64_t>(b0),
-                                all.begin() + static_cast<int64_t>(std::min(all.size(), b0 + mb)));
-      const Batch batch = collate(part);
-      std::vector<double> old_rows, ref_rows;
-      if (need_old) {
-        AdapterEvalScope eval(peft_);
-        old_rows = sequence_logps(*model_, batch, lo).logps.to_f64();
-      }
-      if (need_ref) ref_rows = ref_->logps(batch, {}, lo);
-      for (size_t i = 0; i < part.size(); ++i) {
-        Rollout& r = all[b0 + i];
-        if (!per_token) {
-          if (need_old) r.old_sum = old_rows[i];
-          if (need_ref) r.ref_sum = ref_rows[i];
-        }
-      }
-      if (per_token) {
-        const auto old_v =
-            need_old ? completion_values(part, old_rows) : std::vector<std::vector<double>>();
-        const auto ref_v =
-            need_ref ? completion_values(part, ref_rows) : std::vector<std::vector<double>>();
-        for (size_t i = 0; i < part.size(); ++i) {
-          if (need_old) all[b0 + i].old_logp = old_v[i];
-          if (need_ref) all[b0 + i].ref_logp = ref_v[i];
-        }
-      }
-    }
-  }
-  const double ref_s = seconds_since(ref_start);
-
-  // Advantages and metrics over the whole generation batch: data parallel, every rank holds
-  // whole groups, and the ranks' values are gathered in rank order (TRL gathers them too), so
-  // the batch std and every metric are the single-process ones; each rank keeps its slice.
-  Communicator& comm = this->comm();
-  const size_t n_local = all.size(), first = n_local * static_cast<size_t>(comm.rank());
-  std::vector<double> lengths, eos, kl(n_local, 0.0), kl_tok(n_local, 0.0);
-  for (size_t k = 0; k < n_local; ++k) {
-    lengths.push_back(static_cast<double>(all[k].completion.size()));
-    eos.push_back(gen.finished_by_eos[k] ? 1.0 : 0.0);
-    if (rloo && need_ref) {
-      kl[k] = all[k].old_sum - all[k].ref_sum;
-      for (uint8_t x : all[k].mask) kl_tok[k] += x;
-    }
-  }
-  const std::vector<double> rewards_g = gather_ranks(comm, rewards),
-                            lengths_g = gather_ranks(comm, lengths),
-                            eos_g = gather_ranks(comm, eos), kl_g = gather_ranks(comm, kl),
-                            kl_tok_g = gather_ranks(comm, kl_tok);
-  check_rewards(rewards_g, all);
-  // RLOO: the KL penalty enters the reward first.
-  std::vector<double> adv_rewards = rewards_g;
-  if (rloo && need_ref)
-    for (size_t k = 0; k < adv_rewards.size(); ++k) adv_rewards[k] -= cfg_.loss.beta * kl_g[k];
-  // online_dpo: missing_eos_penalty first, then the better of each two is chosen.
-  std::vector<double> judged = rewards_g;
-  if (dpo) {
-    for (size_t k = 0; k < judged.size(); ++k)
-      if (cfg_.missing_eos_penalty > 0 && eos_g[k] == 0.0) judged[k] -= cfg_.missing_eos_penalty;
-    for (size_t k = 0; k < n_local; ++k) {
-      const size_t a = first + (k & ~size_t{1}), b = a + 1;
-      all[k].reward = judged[first + k];
-      // TRL compares with >=: a NaN on either side makes the second one chosen.
-      all[k].chosen = (k % 2 == 0) == (judged[a] >= judged[b]);
-    }
-  } else {
-    const std::vector<double> adv = rloo
-                                        ? rloo_advantages(adv_rewards, g, cfg_.normalize_advantages)
-                                        : grpo_advantages(adv_rewards, g, cfg_.scale_rewards);
-    for (size_t k = 0; k < n_local; ++k) all[k].advantage = adv[first + k];
-  }
-
-  // The generation batch's metrics (TRL's names; the rewards as the sources gave them, before
-  // RLOO's KL penalty).
-  nlohmann::json m = nlohmann::json::object();
-  // TRL 1.16: the mean and std (NaN-aware) over the whole generation batch.
-  const auto [mean, spread] = nan_mean_std(rewards_g, 0, rewards_g.size());
-  m["reward"] = metric(mean);
-  m["reward_std"] = metric(spread);
-  // frac_reward_zero_std over the stds the advantages used: each group's (rloo's after its KL
-  // penalty), or the whole batch's under scale_rewards batch. A NaN std (one scorable reward) is
-  // not zero, as torch.isclose says.
-  std::vector<double> stds;
-  if (cfg_.scale_rewards == "batch" && !rloo && !dpo) {
-    stds.push_back(nan_mean_std(adv_rewards, 0, adv_rewards.size()).second);
-  } else {
-    for (size_t b = 0; b < adv_rewards.size(); b += static_cast<size_t>(g))
-      stds.push_back(nan_mean_std(adv_rewards, b, b + static_cast<size_t>(g)).second);
-  }
-  int64_t zero_std = 0;
-  for (double v : stds) zero_std += !std::isnan(v) && std::abs(v) <= 1e-8 ? 1 : 0;
-  m["frac_reward_zero_std"] = static_cast<double>(zero_std) / static_cast<double>(stds.size());
-  for (size_t f = 0; f < rewards_->names().size(); ++f) {
-    std::vector<double> col;
-    for (const auto& row : per_source) col.push_back(row[f]);
-    const std::vector<double> all_col = gather_ranks(comm, col);
-    const auto [fm, fs] = nan_mean_std(all_col, 0, all_col.size());
-    m["rewards/" + rewards_->names()[f] + "/mean"] = metric(fm);
-    m["rewards/" + rewards_->names()[f] + "/std"] = metric(fs);
-  }
-  const double n_all = static_cast<double>(lengths_g.size());
-  double len_sum = 0, len_min = 1e300, len_max = 0, terminated = 0, terminated_sum = 0;
-  double term_min = 1e300, term_max = 0;
-  for (size_t k = 0; k < lengths_g.size(); ++k) {
-    len_sum += lengths_g[k];
-    len_min = std::min(len_min, lengths_g[k]);
-    len_max = std::max(len_max, lengths_g[k]);
-    terminated += eos_g[k];
-    terminated_sum += eos_g[k] * lengths_g[k];
-    if (eos_g[k] != 0.0) {
-      term_min = std::min(term_min, lengths_g[k]);
-      term_max = std::max(term_max, lengths_g[k]);
-    }
-  }
-  m["completions/mean_length"] = len_sum / n_all;
-  m["completions/min_length"] = len_min;
-  m["completions/max_length"] = len_max;
-  m["completions/clipped_ratio"] = (n_all - terminated) / n_all;
-  // No completion ended with eos: TRL logs 0 for the three.
-  m["completions/mean_terminated_length"] = terminated > 0 ? terminated_sum / terminated : 0.0;
-  m["completions/min_terminated_length"] = terminated > 0 ? term_min : 0.0;
-  m["completions/max_terminated_length"] = terminated > 0 ? term_max : 0.0;
-  if (rloo && need_ref) {
-    double kl_sum = 0, kl_tokens = 0;
-    for (size_t k = 0; k < kl_g.size(); ++k) {
-      kl_sum += kl_g[k];
-      kl_tokens += kl_tok_g[k];
-    }
-    m["kl"] = kl_tokens > 0 ? kl_sum / kl_tokens : 0.0;
-  }
-  if (dpo) {
-    double scores = 0, margin = 0;
-    for (size_t k = 0; k < judged.size(); k += 2) {
-      scores += judged[k] + judged[k + 1];
-      margin += std::abs(judged[k] - judged[k + 1]);  // chosen minus rejected
-    }
-    m["objective/scores"] = metric(scores / n_all);
-    m["objective/scores_margin"] = metric(margin / (n_all / 2));
-    m["val/contain_eos_token"] = terminated / n_all;
-    // Not a TRL metric: the share of sequences whose prompt max_length cut (counted, not silent).
-    double cut = 0;
-    for (const Rollout& r : all)
-      cut +=
-          prompt_cut(data_.rows[static_cast<size_t>(r.prompt)].ids.size(), r.completion.size()) > 0
-              ? 1.0
-              : 0.0;
-    m["val/prompt_truncated_ratio"] = comm.all_reduce_scalar(cut) / n_all;
-  }
-  m["timing/generation_s"] = gen_s;
-  m["timing/reward_s"] = reward_s;
-  m["timing/reference_s"] = ref_s;
-  if (generations_ > 0) m["timing/optimization_s"] = optimization_s_;
-  gen_metrics_ = std::move(m);
-
+  ScoredBatch sb = generate_and_score(
+      data_, idx, args_.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(generations_ + 1),
+      "generation batch " + std::to_string(generations_ + 1), true);
+  if (generations_ > 0) sb.metrics["timing/optimization_s"] = optimization_s_;
+  gen_metrics_ = std::move(sb.metrics);
   // Shuffle (TRL shuffles the generation batch) and cut into micro-batches.
+  std::vector<Rollout>& all = sb.rollouts;
   std::mt19937_64 rng(args_.seed * 1000003ULL + static_cast<uint64_t>(generations_));
-  if (!dpo) std::shuffle(all.begin(), all.end(), rng);  // online_dpo keeps its pairs adjacent
-  gen_tokens_ = 0;
-  for (const Rollout& r : all)
-    for (uint8_t x : r.mask) gen_tokens_ += x;
-  gen_tokens_ = comm.all_reduce_int(gen_tokens_);  // the dapo normaliser counts every rank's
+  if (cfg_.algorithm != "online_dpo") std::shuffle(all.begin(), all.end(), rng);  // pairs adjacent
+  gen_tokens_ = sb.loss_tokens;
   buffer_.clear();
   const size_t mb = static_cast<size_t>(cfg_.completions_per_micro_batch);
   for (size_t b0 = 0; b0 < all.size(); b0 += mb)
@@ -426,10 +157,11 @@ Batch OnlineTrainer::next_micro_batch(BatchReport* report) {
   return b;
 }
 
-void OnlineTrainer::check_rewards(const std::vector<double>& rewards_g, std::vector<Rollout>& all) {
+void OnlineTrainer::check_rewards(const std::vector<double>& rewards_g, std::vector<Rollout>& all,
+                                  const std::string& label) {
   int64_t unscored = 0;
   for (double r : rewards_g) unscored += std::isnan(r) ? 1 : 0;
-  const std::string batch = "generation batch " + std::to_string(generations_ + 1) + ": ";
+  const std::string batch = label + ": ";
   if (unscored > 0)
     warn("warning: " + batch + std::to_string(unscored) + " of " +
          std::to_string(rewards_g.size()) +
@@ -446,7 +178,15 @@ Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
   LT_CHECK(!pending_.empty(), "online trainer: compute_loss without a fetched micro-batch");
   const std::vector<Rollout> rs = std::move(pending_.front());
   pending_.pop_front();
-  Tensor loss = cfg_.algorithm == "online_dpo" ? online_dpo_loss(b, rs) : policy_loss(b, rs);
+  // TRL's per-process loss; the ranks' gradients are summed here where DDP averages them, so
+  // each rank's loss is divided by the world size (dapo's normaliser is already global).
+  const double gas = static_cast<double>(current_accumulation_steps());
+  const LossContext ctx{gas * static_cast<double>(comm().size()),
+                        std::max<double>(1.0, static_cast<double>(gen_tokens_)) * gas /
+                            static_cast<double>(cfg_.steps_per_generation),
+                        &gen_metrics_, &window_};
+  Tensor loss =
+      cfg_.algorithm == "online_dpo" ? online_dpo_loss(b, rs, ctx) : policy_loss(b, rs, ctx);
   if (!rs.empty() && rs.front().nonfinite_reward) loss = ops::scale(loss, std::nan(""));
   return loss;
 }
@@ -456,17 +196,14 @@ void OnlineTrainer::discard_micro_batches(size_t count) {
   pending_.erase(pending_.end() - static_cast<std::ptrdiff_t>(count), pending_.end());
 }
 
-Tensor OnlineTrainer::policy_loss(const Batch& b, const std::vector<Rollout>& rs) {
+Tensor OnlineTrainer::policy_loss(const Batch& b, const std::vector<Rollout>& rs,
+                                  const LossContext& ctx) {
   const bool rloo = cfg_.algorithm == "rloo";
   SequenceLogpsOptions lo = cfg_.logps;
   lo.per_token = !rloo;
   lo.row_stats = true;
   kernels::SequenceLogprobs pol = sequence_logps(*model_, b, lo);
   const std::vector<double> rows = pol.logps.to_f64();
-  // TRL's per-process loss; the ranks' gradients are summed here where DDP averages them, so
-  // each rank's loss is divided by the world size (dapo's normaliser is already global).
-  const double world = static_cast<double>(comm().size());
-  const double gas = static_cast<double>(current_accumulation_steps());
   std::vector<GrpoSequence> seqs(rs.size());
   GrpoLossConfig lc = cfg_.loss;
   double entropy = 0;
@@ -494,38 +231,35 @@ Tensor OnlineTrainer::policy_loss(const Batch& b, const std::vector<Rollout>& rs
       seqs[i].advantage = rs[i].advantage;
     }
   }
-  // dapo: the generation batch's loss tokens, rescaled to one accumulation window.
-  const double dapo = std::max<double>(1.0, static_cast<double>(gen_tokens_)) * gas /
-                      static_cast<double>(cfg_.steps_per_generation);
-  GrpoLossResult res = grpo_loss(lc, seqs, gas * world, dapo);
+  GrpoLossResult res = grpo_loss(lc, seqs, ctx.divisor, ctx.dapo_tokens);
   std::vector<double> grad(rows.size(), 0.0);
   if (rloo) {
     for (size_t i = 0; i < rs.size(); ++i) grad[i] = res.dlogp[i][0];
   } else {
     size_t offset = 0;
     for (size_t i = 0; i < rs.size(); ++i) {
-      const size_t whole = data_.rows[static_cast<size_t>(rs[i].prompt)].ids.size();
+      const size_t whole = rs[i].row->ids.size();
       const size_t p = whole - prompt_cut(whole, rs[i].completion.size());
       for (size_t j = 0; j < rs[i].completion.size(); ++j)
         grad[offset + p + j - 1] = res.dlogp[i][j];
       offset += p + rs[i].completion.size();
     }
   }
-  nlohmann::json metrics = gen_metrics_;
+  nlohmann::json metrics = *ctx.batch_metrics;
   for (auto it = res.metrics.begin(); it != res.metrics.end(); ++it) metrics[it.key()] = it.value();
   metrics["entropy"] = counted > 0 ? entropy / static_cast<double>(counted) : 0.0;
-  window_.add(metrics);
+  ctx.window->add(metrics);
   return loss_from_sequence_gradient(pol.logps, res.loss, std::move(grad));
 }
 
-Tensor OnlineTrainer::online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs) {
+Tensor OnlineTrainer::online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs,
+                                      const LossContext& ctx) {
   SequenceLogpsOptions lo = cfg_.logps;
   lo.per_token = false;
   kernels::SequenceLogprobs pol = sequence_logps(*model_, b, lo);
   const std::vector<double> lp = pol.logps.to_f64();
   // Mean over pairs, over accumulation, over ranks (the ranks' gradients are summed).
-  const double beta = cfg_.loss.beta, gas = static_cast<double>(current_accumulation_steps()) *
-                                            static_cast<double>(comm().size());
+  const double beta = cfg_.loss.beta, gas = ctx.divisor;
   const size_t pairs = rs.size() / 2;
   std::vector<double> grad(lp.size(), 0.0);
   double loss = 0, lc = 0, lr = 0, rc = 0, rr = 0, acc = 0, kl = 0, rlhf = 0;
@@ -561,23 +295,59 @@ Tensor OnlineTrainer::online_dpo_loss(const Batch& b, const std::vector<Rollout>
   }
   const double np = static_cast<double>(pairs), ns = static_cast<double>(rs.size());
   // TRL's names (OnlineDPOTrainer.training_step); sums over the completion mask.
-  nlohmann::json m = gen_metrics_;
+  nlohmann::json m = *ctx.batch_metrics;
   m["logps/chosen"] = lc / np;
   m["logps/rejected"] = lr / np;
   m["objective/kl"] = kl / ns;
   m["objective/non_score_reward"] = -beta * kl / ns;
-  m["objective/rlhf_reward"] = metric(rlhf / ns);
+  m["objective/rlhf_reward"] = nan_as_null(rlhf / ns);
   m["objective/entropy"] = entropy / ns;
   m["rewards/chosen"] = rc / np;
   m["rewards/rejected"] = rr / np;
   m["rewards/margins"] = (rc - rr) / np;
   m["rewards/accuracies"] = acc / np;
   m["beta"] = beta;
-  window_.add(m);
+  ctx.window->add(m);
   return loss_from_sequence_gradient(pol.logps, loss, std::move(grad));
 }
 
 nlohmann::json OnlineTrainer::log_metrics() { return window_.take(); }
+
+std::optional<nlohmann::json> OnlineTrainer::evaluate() {
+  if (!eval_) return std::nullopt;
+  // As TRL evaluates: batches of per_device_eval_batch_size completions (whole groups of
+  // num_generations; online_dpo: that many prompts, two completions each), generated and scored
+  // as in training, the loss with the current weights as the old ones and no accumulation. Each
+  // evaluation draws the same seeds, so evaluations differ only by the weights.
+  const bool dpo = cfg_.algorithm == "online_dpo";
+  const int64_t per = dpo ? args_.per_device_eval_batch_size
+                          : args_.per_device_eval_batch_size / cfg_.num_generations;
+  const int64_t n = static_cast<int64_t>(eval_->rows.size());
+  MetricWindow window;
+  double loss_sum = 0;
+  int64_t completions = 0;
+  NoGradGuard no_grad;
+  MemPhaseGuard phase(MemPhaseKind::kEvaluation);
+  for (int64_t start = 0; start < n; start += per) {
+    std::vector<int64_t> idx;
+    for (int64_t i = start; i < std::min(n, start + per); ++i) idx.push_back(i);
+    const ScoredBatch sb =
+        generate_and_score(*eval_, idx, args_.seed + 0xE7A1ULL * static_cast<uint64_t>(start + 1),
+                           "evaluation batch " + std::to_string(start / per + 1), false);
+    const LossContext ctx{1.0, std::max<double>(1.0, static_cast<double>(sb.loss_tokens)),
+                          &sb.metrics, &window};
+    AdapterEvalScope eval(peft_);
+    const Batch b = collate(sb.rollouts);
+    const double loss = (dpo ? online_dpo_loss(b, sb.rollouts, ctx)
+                             : policy_loss(b, sb.rollouts, ctx))
+                            .item();
+    loss_sum += loss * static_cast<double>(sb.rollouts.size());
+    completions += static_cast<int64_t>(sb.rollouts.size());
+  }
+  nlohmann::json out = window.take();
+  out["loss"] = loss_sum / static_cast<double>(std::max<int64_t>(completions, 1));
+  return out;
+}
 
 nlohmann::json OnlineTrainer::data_state() const {
   nlohmann::json s = prompts_.state();
@@ -596,8 +366,12 @@ void OnlineTrainer::set_data_state(const nlohmann::json& s) {
 }
 
 void OnlineTrainer::on_train_begin(MetricsLogger& log) {
+  LT_CHECK_INPUT(!eval_ || comm().size() == 1, cfg_.algorithm, ": option --eval_dataset: the "
+                 "online trainers evaluate in one process only (this run has ", comm().size(),
+                 " ranks)");
   check_generation_memory();
   log.message(data_.summary());
+  if (eval_) log.message(eval_->summary());
   std::string sources;
   for (size_t f = 0; f < rewards_->names().size(); ++f)
     sources +=
@@ -655,17 +429,11 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   TrainingArguments args = training_arguments(o);
   LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for ",
                  context_parallel_trainer_names());
-  LT_CHECK_INPUT(!o.is_set("per_device_eval_batch_size"), algorithm,
-                 ": option --per_device_eval_batch_size: the online trainers have no evaluation "
-                 "or reference precompute pass that would use it");
   const RefModelConfig ref_cfg = ref_model_config(o, args.per_device_eval_batch_size);
   LT_CHECK_INPUT(!ref_cfg.precompute,
                  "option --precompute_ref_log_probs: the online trainers "
                  "score fresh completions; nothing can be precomputed");
   const OnlineArguments oa = online_table(algorithm).read(o);
-  LT_CHECK_INPUT(oa.eval_dataset.empty(), algorithm, ": option --eval_dataset ", oa.eval_dataset,
-                 ": the online trainers do not evaluate (their evaluation would generate and "
-                 "score completions; not built)");
   OnlineConfig cfg;
   cfg.algorithm = algorithm;
   const bool dpo = algorithm == "online_dpo";
@@ -734,11 +502,21 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   OnlinePrompts data = builtin ? builtin_online_prompts(*encoder)
                                : load_online_prompts(training_source(o, m, in, ""), *encoder,
                                                      rewards->needs_solution());
+  std::optional<OnlinePrompts> eval;
+  if (const std::string ev = eval_data_path(oa, args.eval_strategy); !ev.empty()) {
+    // TRL: an evaluation batch holds whole groups of num_generations completions.
+    LT_CHECK_INPUT(dpo || args.per_device_eval_batch_size % cfg.num_generations == 0, algorithm,
+                   ": per_device_eval_batch_size ", args.per_device_eval_batch_size,
+                   " must be a multiple of num_generations ", cfg.num_generations,
+                   " (each evaluation batch holds whole groups)");
+    eval = load_online_prompts(ev, *encoder, rewards->needs_solution());
+  }
   const PeftArguments peft = peft_table().read(o);
   const std::string base_name = adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);
   run.trainer =
       std::make_unique<OnlineTrainer>(args, m.model, o, m.tokenizer, m.setup.tokenizer_dir,
                                       std::move(data), cfg, std::move(rewards));
+  if (eval) run.trainer->set_eval_data(std::move(*eval));
   run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   RefModelConfig rc = ref_cfg;

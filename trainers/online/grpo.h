@@ -37,6 +37,8 @@
 // completions/{mean,min,max}_length, completions/clipped_ratio, completions/
 // mean_terminated_length, clip_ratio/*, kl (beta != 0), entropy, and the time of each phase
 // (timing/{generation,reward,reference,optimization}_s).
+// Evaluation (--eval_dataset): the evaluation prompts in batches generated and scored as in
+// training (online_generation.cpp), logged as eval_<metric> with eval_loss (evaluate()).
 //
 // Built-in task (no --dataset): "Add a and b." prompts with a, b in [0, 9] (100 prompts) and their
 // sum in "answer"; rewards format_reward (^ *[0-9]) and accuracy_reward on the built-in demo model.
@@ -166,7 +168,7 @@ struct OnlineConfig {
 
 // One scored completion of the current generation batch.
 struct Rollout {
-  int64_t prompt = 0;  // index into OnlinePrompts::rows
+  const PromptRow* row = nullptr;  // its prompt (in the training or the evaluation data)
   std::vector<int32_t> completion;
   std::vector<uint8_t> mask;        // per completion token
   std::vector<double> old_logp;     // per completion token (grpo; empty: current, detached)
@@ -186,6 +188,8 @@ class OnlineTrainer final : public Trainer {
                 std::shared_ptr<Tokenizer> tokenizer, std::string tokenizer_dir, OnlinePrompts data,
                 OnlineConfig cfg, std::unique_ptr<RewardSources> rewards);
   void set_reference(RefModelConfig cfg);
+  // Evaluation prompts (--eval_dataset, with the columns the reward sources read).
+  void set_eval_data(OnlinePrompts eval) { eval_ = std::move(eval); }
   const DataStats& train_stats() const override { return stats_; }
   const std::vector<nlohmann::json>& logged_metrics() const override { return window_.logged(); }
 
@@ -201,9 +205,35 @@ class OnlineTrainer final : public Trainer {
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
   nlohmann::json log_metrics() override;
+  // TRL's evaluation: the eval prompts generated and scored in batches as in training, eval_loss
+  // and the training metrics (reward, rewards/*, completions/*, kl, entropy, ...) of each batch,
+  // averaged over batches. One process only (on_train_begin refuses data parallel).
+  std::optional<nlohmann::json> evaluate() override;
+  bool has_evaluation() const override { return eval_.has_value(); }
 
  private:
+  // The next generation batch of the training prompts, into buffer_ (generate_and_score, then
+  // shuffled and cut into micro-batches).
   void generate_batch();
+  // A batch of `prompts`' rows `idx`, each completed num_generations times (sampling seed
+  // `seed`), scored, with old and reference log-probabilities and advantages
+  // (trainers/online/online_generation.cpp); `label` names it in warnings; `training`: a stop
+  // signal may end it and its phase timings are among the metrics.
+  struct ScoredBatch {
+    std::vector<Rollout> rollouts;
+    nlohmann::json metrics;   // TRL's metrics of the batch
+    int64_t loss_tokens = 0;  // completion tokens under the mask, every rank's
+  };
+  ScoredBatch generate_and_score(const OnlinePrompts& prompts, const std::vector<int64_t>& idx,
+                                 uint64_t seed, const std::string& label, bool training);
+  // What a loss of the online trainers divides by and where its metrics go: training's
+  // accumulation x world size and generation batch, or an evaluation batch's (1, its tokens).
+  struct LossContext {
+    double divisor;      // the loss is a mean over this many micro-batch losses
+    double dapo_tokens;  // dapo's normaliser for one micro-batch
+    const nlohmann::json* batch_metrics;  // the batch's metrics, merged into each record
+    MetricWindow* window;
+  };
   // trainers/online/online_memory.cpp: the KV-cache pool's blocks (refused when one completion
   // cannot fit), and the check that a generation batch fits the device and the host (exit 3 naming
   // the options and the numbers), made before the first generation.
@@ -217,15 +247,17 @@ class OnlineTrainer final : public Trainer {
   std::vector<std::vector<double>> completion_values(const std::vector<Rollout>& rs,
                                                      const std::vector<double>& rows) const;
   // grpo's and rloo's loss of one micro-batch.
-  Tensor policy_loss(const Batch& b, const std::vector<Rollout>& rs);
+  Tensor policy_loss(const Batch& b, const std::vector<Rollout>& rs, const LossContext& ctx);
   // online_dpo's loss of one micro-batch (pairs adjacent, one chosen and one rejected each).
-  Tensor online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs);
-  // Warns about the generation batch's rewards: completions without any, or rewards that are
-  // not finite (then flagged, see Rollout::nonfinite_reward).
-  void check_rewards(const std::vector<double>& rewards_g, std::vector<Rollout>& all);
+  Tensor online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs, const LossContext& ctx);
+  // Warns about a batch's rewards (`label` names it): completions without any, or rewards that
+  // are not finite (then flagged, see Rollout::nonfinite_reward).
+  void check_rewards(const std::vector<double>& rewards_g, std::vector<Rollout>& all,
+                     const std::string& label);
 
   std::shared_ptr<Tokenizer> tokenizer_;
   OnlinePrompts data_;
+  std::optional<OnlinePrompts> eval_;
   OnlineConfig cfg_;
   std::unique_ptr<RewardSources> rewards_;
   std::unique_ptr<ReferenceModel> ref_;

@@ -21,6 +21,10 @@ void check_groups(size_t n, int64_t g, const char* what) {
 
 }  // namespace
 
+nlohmann::json nan_as_null(double v) {
+  return std::isnan(v) ? nlohmann::json() : nlohmann::json(v);
+}
+
 std::pair<double, double> nan_mean_std(const std::vector<double>& v, size_t b, size_t e) {
   double sum = 0;
   int64_t n = 0;

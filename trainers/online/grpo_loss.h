@@ -41,6 +41,8 @@ namespace leantune {
 // NaN-aware mean and Bessel-corrected std of v[b, e) (TRL's nanmean / nanstd): NaN for no
 // values, and the std NaN for one value, as torch gives.
 std::pair<double, double> nan_mean_std(const std::vector<double>& v, size_t b, size_t e);
+// A metric value for JSON: NaN is logged as null, as TRL's logger leaves None.
+nlohmann::json nan_as_null(double v);
 
 // Why a generation batch's rewards (groups of num_generations) cannot be used, or "" when they
 // can: an infinite reward (a weighted sum that overflowed), or a group's or the whole batch's
