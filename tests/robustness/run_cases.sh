@@ -168,6 +168,12 @@ reward_model_prompts() {
     --output_dir "$W/rm" >/dev/null 2>&1 || echo "SKIP: could not train the reward model"
   printf '%s\n' '{"prompt": "One day,"}' >"$W/q.jsonl"
 }
+# Evaluation prompts for the online trainers; dataset folders without a usable train split.
+eval_prompts() { printf '%s\n' '{"prompt": "Add 1 and 2.", "answer": "3"}' >"$W/q.jsonl"; }
+folder_no_train() { mkdir -p "$W/dsf" && cp "$DATA" "$W/dsf/a.jsonl" && cp "$DATA" "$W/dsf/b.jsonl"; }
+folder_train_shards() {
+  mkdir -p "$W/dsf" && cp "$DATA" "$W/dsf/train-00000.jsonl" && cp "$DATA" "$W/dsf/train-00001.jsonl"
+}
 # Big enough that tokenizing it takes seconds on any machine: the SIGTERM lands while loading.
 big_data() {
   for _ in $(seq 500); do cat "$DATA"; done >"$W/big1.jsonl"

@@ -349,6 +349,10 @@ TrainResult Trainer::train() {
                  args_.eval_strategy, ": this run has no evaluation data (give --eval_dataset)");
   LT_CHECK_INPUT(!args_.eval_on_start || has_evaluation(),
                  "option --eval_on_start: this run has no evaluation data (give --eval_dataset)");
+  if (options_.is_set("per_device_eval_batch_size") && !uses_eval_batch_size() &&
+      comm().rank() == 0)
+    log_message(LogLevel::kWarning, "warning: option --per_device_eval_batch_size has no effect: "
+                                    "this run has no evaluation data");
   accumulation_ =
       accumulation_for_epoch(args_.gradient_accumulation_steps, per_epoch, comm().rank() == 0);
   // transformers' Trainer: an epoch is ceil(M / accumulation) updates, its last one taking the

@@ -216,6 +216,9 @@ class Trainer {
   nlohmann::json evaluate_in_batches(int64_t rows, const EvalBatch& batch);
   // Whether evaluate() has data to evaluate (an eval_strategy needs it).
   virtual bool has_evaluation() const { return false; }
+  // Whether per_device_eval_batch_size is used (evaluation, or dpo's and kto's precompute pass);
+  // set but unused, it is a warning.
+  virtual bool uses_eval_batch_size() const { return has_evaluation(); }
   // Set during compute_loss under optimizer_in_backward when the optimizer takes row blocks: a
   // trainer whose loss is the model's fused causal-LM loss passes it on (ForwardOptions), so the
   // LM head is updated inside the loss and its whole gradient never exists.

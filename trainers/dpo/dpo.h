@@ -103,6 +103,9 @@ class DpoTrainer final : public RowBatchTrainer<PairBatch> {
   // TRL's DPO metrics (as in training) and the mean loss over the evaluation pairs.
   std::optional<nlohmann::json> evaluate() override;
   bool has_evaluation() const override { return eval_.has_value(); }
+  bool uses_eval_batch_size() const override {
+    return has_evaluation() || (ref_ && ref_->mode() == RefMode::kPrecomputed);
+  }
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
 

@@ -73,6 +73,9 @@ class KtoTrainer final : public RowBatchTrainer<UnpairedBatch> {
   // batches of per_device_eval_batch_size (each its own KL estimate).
   std::optional<nlohmann::json> evaluate() override;
   bool has_evaluation() const override { return eval_.has_value(); }
+  bool uses_eval_batch_size() const override {
+    return has_evaluation() || (ref_ && ref_->mode() == RefMode::kPrecomputed);
+  }
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
 
