@@ -321,8 +321,9 @@ void linear_cross_entropy(std::vector<Entry>& t) {
   }
   // Row statistics (opt.stats: TRL's SFT entropy and top-1 share): the loss and dhidden are
   // bit for bit those without them; on the CPU the sums equal those of the full f64 logits.
-  for (const Case c : {Case{DType::kF32, 19, 32, 229, 7, 3}, Case{DType::kBF16, 71, 64, 1001, 16, 3},
-                       Case{DType::kF64, 23, 16, 97, 5, 3}, Case{DType::kBF16, 1, 8, 5, 1024, 0}}) {
+  for (const Case c :
+       {Case{DType::kF32, 19, 32, 229, 7, 3}, Case{DType::kBF16, 71, 64, 1001, 16, 3},
+        Case{DType::kF64, 23, 16, 97, 5, 3}, Case{DType::kBF16, 1, 8, 5, 1024, 0}}) {
     const std::string n = dt_name(c.dt) + "_" + shape_name({c.t, c.h, c.v}) + "_chunk" +
                           std::to_string(c.chunk);
     t.push_back({"linear_cross_entropy_stats_" + n, [=](OpRun& r) {

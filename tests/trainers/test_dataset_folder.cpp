@@ -39,8 +39,9 @@ TEST(DatasetFolder, FindsEachSplitAsLoadDatasetDoes) {
   EXPECT_EQ(dataset_split_file(d.string(), "train", "dataset"), (d / "train.jsonl").string());
   EXPECT_EQ(dataset_split_file(d.string(), "test", "dataset"), (d / "test.jsonl").string());
   EXPECT_EQ(dataset_split_file(d.string(), "validation", "dataset", false), "");
-  EXPECT_NE(error_of([&] { dataset_split_file(d.string(), "validation", "dataset"); })
-                .find("no JSONL file of split 'validation'"),
+  EXPECT_NE(error_of([&] {
+              dataset_split_file(d.string(), "validation", "dataset");
+            }).find("no JSONL file of split 'validation'"),
             std::string::npos);
   // A file is itself; so is a path that does not exist (its reader names it).
   EXPECT_EQ(dataset_split_file((d / "train.jsonl").string(), "test", "dataset"),
@@ -53,8 +54,9 @@ TEST(DatasetFolder, FindsEachSplitAsLoadDatasetDoes) {
   EXPECT_EQ(dataset_split_file(h.string(), "train", "dataset"),
             (h / "data" / "train-00000-of-00001.jsonl").string());
   touch(h / "data" / "train-00001-of-00001.jsonl");
-  EXPECT_NE(error_of([&] { dataset_split_file(h.string(), "train", "dataset_name"); })
-                .find("split 'train' is in 2 files; leantune reads one JSONL file per split"),
+  EXPECT_NE(error_of([&] {
+              dataset_split_file(h.string(), "train", "dataset_name");
+            }).find("split 'train' is in 2 files; leantune reads one JSONL file per split"),
             std::string::npos);
 
   const fs::path one = testing::temp_dir("dataset_folder_one");  // one file: the train split

@@ -271,21 +271,25 @@ TEST_P(EvalMatchesTraining, OnTheSameRowsWithoutAnUpdate) {
   EXPECT_NE(log.find("eval step 0 | loss "), std::string::npos) << log;
 }
 
-INSTANTIATE_TEST_SUITE_P(Trainers, EvalMatchesTraining,
-                         ::testing::Values(
-                             EvalCase{"dpo", "preferences.jsonl", "rewards/margins", ""},
-                             EvalCase{"kto", "unpaired.jsonl", "kl", ""},
-                             EvalCase{"reward", "preferences.jsonl", "accuracy", ""},
-                             EvalCase{"grpo", "one_prompt", "completions/mean_length",
-                                      std::string(kOnline) + " --max_completion_length 6"
-                                      " --per_device_train_batch_size 8 --per_device_eval_batch_size 8"},
-                             EvalCase{"rloo", "one_prompt", "kl",
-                                      std::string(kOnline) + " --max_completion_length 6"
-                                      " --per_device_train_batch_size 2 --per_device_eval_batch_size 2"},
-                             EvalCase{"online_dpo", "one_prompt", "objective/kl",
-                                      std::string(kOnline) + " --max_new_tokens 6"
-                                      " --per_device_train_batch_size 1 --per_device_eval_batch_size 1"}),
-                         [](const auto& info) { return info.param.algorithm; });
+INSTANTIATE_TEST_SUITE_P(
+    Trainers, EvalMatchesTraining,
+    ::testing::Values(
+        EvalCase{"dpo", "preferences.jsonl", "rewards/margins", ""},
+        EvalCase{"kto", "unpaired.jsonl", "kl", ""},
+        EvalCase{"reward", "preferences.jsonl", "accuracy", ""},
+        EvalCase{"grpo", "one_prompt", "completions/mean_length",
+                 std::string(kOnline) +
+                     " --max_completion_length 6"
+                     " --per_device_train_batch_size 8 --per_device_eval_batch_size 8"},
+        EvalCase{"rloo", "one_prompt", "kl",
+                 std::string(kOnline) +
+                     " --max_completion_length 6"
+                     " --per_device_train_batch_size 2 --per_device_eval_batch_size 2"},
+        EvalCase{"online_dpo", "one_prompt", "objective/kl",
+                 std::string(kOnline) +
+                     " --max_new_tokens 6"
+                     " --per_device_train_batch_size 1 --per_device_eval_batch_size 1"}),
+    [](const auto& info) { return info.param.algorithm; });
 
 nlohmann::json without_timing(nlohmann::json history) {
   for (auto& r : history)
@@ -298,10 +302,22 @@ nlohmann::json without_timing(nlohmann::json history) {
 TEST(Evaluation, BestModelAtEndAndTrainerStateForTransformers) {
   const std::string model = make_tiny_model(testing::temp_dir("eval_best_model"));
   const std::string out = testing::temp_dir("eval_best");
-  const std::vector<std::string> common = {
-      "--eval_dataset", testing::small_dataset(), "--per_device_eval_batch_size", "8",
-      "--eval_steps", "2", "--save_steps", "2", "--max_steps", "6", "--learning_rate", "1e-2",
-      "--metric_for_best_model", "loss", "--greater_is_better", "true"};
+  const std::vector<std::string> common = {"--eval_dataset",
+                                           testing::small_dataset(),
+                                           "--per_device_eval_batch_size",
+                                           "8",
+                                           "--eval_steps",
+                                           "2",
+                                           "--save_steps",
+                                           "2",
+                                           "--max_steps",
+                                           "6",
+                                           "--learning_rate",
+                                           "1e-2",
+                                           "--metric_for_best_model",
+                                           "loss",
+                                           "--greater_is_better",
+                                           "true"};
   std::vector<std::string> args = common;
   args.insert(args.end(), {"--load_best_model_at_end", "--save_total_limit", "1"});
   SftRun run = make_sft_run(testing::tiny_sft_options(model, out, args));
@@ -321,9 +337,8 @@ TEST(Evaluation, BestModelAtEndAndTrainerStateForTransformers) {
   EXPECT_EQ(testing::read_file(out + "/model.safetensors"),
             testing::read_file(out + "/checkpoint-2/model.safetensors"));
 
-  const nlohmann::json fields =
-      nlohmann::json::parse(testing::read_file(testing::fixture_path(
-          "trainer/trainer_state_fields.json")))["fields"];
+  const nlohmann::json fields = nlohmann::json::parse(
+      testing::read_file(testing::fixture_path("trainer/trainer_state_fields.json")))["fields"];
   const nlohmann::json st =
       nlohmann::json::parse(testing::read_file(out + "/checkpoint-4/trainer_state.json"));
   std::set<std::string> want(fields.begin(), fields.end()), have;
@@ -334,7 +349,7 @@ TEST(Evaluation, BestModelAtEndAndTrainerStateForTransformers) {
   EXPECT_EQ(st["best_global_step"], 2);
   EXPECT_EQ(st["best_model_checkpoint"], out + "/checkpoint-2");
   EXPECT_DOUBLE_EQ(st["best_metric"].get<double>(), evals[0]);
-  EXPECT_EQ(st["log_history"].size(), 6u);  // 4 training records, 2 evaluations
+  EXPECT_EQ(st["log_history"].size(), 6u);                 // 4 training records, 2 evaluations
   EXPECT_EQ(st["log_history"][2]["eval_loss"], evals[0]);  // after the records of steps 1, 2
 
   // Resumed from checkpoint-2 (without load_best): checkpoint-4's history is the straight run's.
@@ -361,11 +376,21 @@ TEST(Evaluation, BestModelAtEndAndTrainerStateForTransformers) {
 // the first halves the rate; a run resumed from checkpoint-2 continues the same rates.
 TEST(Evaluation, ReduceLrOnPlateauStepsOnEvaluationsAndResumes) {
   const std::string model = make_tiny_model(testing::temp_dir("plateau_model"));
-  const std::vector<std::string> common = {
-      "--eval_dataset", testing::small_dataset(), "--per_device_eval_batch_size", "16",
-      "--eval_steps", "1", "--eval_on_start", "--save_steps", "2", "--max_steps", "4",
-      "--lr_scheduler_type", "reduce_lr_on_plateau", "--lr_scheduler_kwargs",
-      "{\"mode\": \"max\", \"patience\": 0, \"factor\": 0.5}"};
+  const std::vector<std::string> common = {"--eval_dataset",
+                                           testing::small_dataset(),
+                                           "--per_device_eval_batch_size",
+                                           "16",
+                                           "--eval_steps",
+                                           "1",
+                                           "--eval_on_start",
+                                           "--save_steps",
+                                           "2",
+                                           "--max_steps",
+                                           "4",
+                                           "--lr_scheduler_type",
+                                           "reduce_lr_on_plateau",
+                                           "--lr_scheduler_kwargs",
+                                           "{\"mode\": \"max\", \"patience\": 0, \"factor\": 0.5}"};
   auto rates = [](const std::string& out) {
     std::vector<double> lr;
     for (const auto& r : records(out + "/metrics.jsonl"))

@@ -211,8 +211,8 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& sourc
 
 std::string checkpoint_state_path(const std::string& dir) {
   const std::string ours = dir + "/" + kCheckpointStateFile;
-  return fs::exists(ours) || !fs::exists(dir + "/trainer_state.json") ? ours
-                                                                       : dir + "/trainer_state.json";
+  const std::string older = dir + "/trainer_state.json";
+  return fs::exists(ours) || !fs::exists(older) ? ours : older;
 }
 
 nlohmann::json parse_rng_state(const nlohmann::json& rng, const std::string& source) {

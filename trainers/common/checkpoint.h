@@ -5,8 +5,9 @@
 // position, random streams' offsets (LoRA dropout), counters, options, best evaluation): the
 // state after the checkpoint's last completed update, from which a resumed run continues bit for
 // bit; and trainer_state.json in transformers' TrainerState schema (log_history, best_metric,
-// global_step, ...), which transformers' TrainerState.load_from_json reads. It is written into a hidden temporary folder, every file fsynced, then renamed into place;
-// the last file written inside it before the rename is the marker `checkpoint_complete`. A folder
+// global_step, ...), which transformers' TrainerState.load_from_json reads. It is written into a
+// hidden temporary folder, every file fsynced, then renamed into place; the last file written
+// inside it before the rename is the marker `checkpoint_complete`. A folder
 // without the marker is ignored (a save killed half-way leaves the previous checkpoint as
 // `latest`). A save that fails (a full disk) removes its own temporary folder; the temporary
 // folders of killed saves are removed when the next run starts (clean_stale_checkpoint_files), so a

@@ -37,8 +37,8 @@ const OptionTable<EvalArguments>& eval_table() {
   return t;
 }
 
-EvalArguments eval_arguments(const Options& o, const std::string& save_strategy,
-                             int64_t save_steps, int64_t logging_steps) {
+EvalArguments eval_arguments(const Options& o, const std::string& save_strategy, int64_t save_steps,
+                             int64_t logging_steps) {
   EvalArguments a = eval_table().read(o);
   if (o.is_set("eval_steps") && !o.is_set("eval_strategy")) a.eval_strategy = "steps";
   LT_CHECK_INPUT(a.eval_strategy == "steps" || !o.is_set("eval_steps"), "option --eval_steps ",
@@ -111,8 +111,7 @@ BestModel best_from_json(const nlohmann::json& j, const std::string& source) {
                      j.contains("step") && j["step"].is_number_integer() &&
                      j["step"].get<int64_t>() >= 0 && j.contains("checkpoint") &&
                      j["checkpoint"].is_string(),
-                 source, ": key 'best' must be null or {metric, step, checkpoint}, got ",
-                 j.dump());
+                 source, ": key 'best' must be null or {metric, step, checkpoint}, got ", j.dump());
   b.metric = j["metric"].get<double>();
   b.step = j["step"].get<int64_t>();
   b.checkpoint = j["checkpoint"].get<std::string>();

@@ -39,8 +39,8 @@ const OptionTable<EvalArguments>& eval_table();
 // Reads and checks the evaluation options against the save options that load_best_model_at_end
 // needs (transformers' rules). --eval_steps given without --eval_strategy means steps (leantune's
 // older form); with --eval_strategy no it is refused, as an option that would do nothing.
-EvalArguments eval_arguments(const Options& o, const std::string& save_strategy,
-                             int64_t save_steps, int64_t logging_steps);
+EvalArguments eval_arguments(const Options& o, const std::string& save_strategy, int64_t save_steps,
+                             int64_t logging_steps);
 
 // "eval_" + metric_for_best_model unless it has the prefix already.
 std::string best_metric_key(const EvalArguments& a);

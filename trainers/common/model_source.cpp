@@ -63,7 +63,8 @@ std::string dataset_split_file(const std::string& path, const std::string& split
     for (const fs::path& f : files) {
       const std::string name = f.filename().string();
       all.push_back(f.string());
-      if (name == split + ".jsonl" || name.rfind(split + "-", 0) == 0) matches.push_back(f.string());
+      if (name == split + ".jsonl" || name.rfind(split + "-", 0) == 0)
+        matches.push_back(f.string());
     }
   }
   if (matches.empty() && split == "train" && all.size() == 1) return all[0];

@@ -136,7 +136,8 @@ void DpoTrainer::set_reference(RefModelConfig cfg) {
                      std::vector<int64_t> idx;
                      for (int64_t i = first; i < std::min(ev ? ne : n, first + bs); ++i)
                        idx.push_back(i);
-                     PairBatch pb = ev ? collate_eval(idx) : collate_pairs(train_.examples, idx, data_);
+                     PairBatch pb =
+                         ev ? collate_eval(idx) : collate_pairs(train_.examples, idx, data_);
                      return std::make_pair(std::move(pb.batch), std::move(pb.keys));
                    },
                    logps_);

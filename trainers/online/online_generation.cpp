@@ -112,8 +112,7 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
     const bool eos = gen.finished_by_eos[k];
     r.mask.assign(r.completion.size(), (cfg_.mask_truncated_completions && !eos) ? 0 : 1);
     const int64_t n = static_cast<int64_t>(r.completion.size());
-    to_score.push_back({&r.row->row,
-                        decode_completion(*tokenizer_, r.completion), n});
+    to_score.push_back({&r.row->row, decode_completion(*tokenizer_, r.completion), n});
   }
   const std::vector<std::vector<double>> per_source = rewards_->score(to_score, should_stop);
   std::vector<double> rewards(all.size());
@@ -278,10 +277,7 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
     // Not a TRL metric: the share of sequences whose prompt max_length cut (counted, not silent).
     double cut = 0;
     for (const Rollout& r : all)
-      cut +=
-          prompt_cut(r.row->ids.size(), r.completion.size()) > 0
-              ? 1.0
-              : 0.0;
+      cut += prompt_cut(r.row->ids.size(), r.completion.size()) > 0 ? 1.0 : 0.0;
     m["val/prompt_truncated_ratio"] = comm.all_reduce_scalar(cut) / n_all;
   }
   if (training) {
