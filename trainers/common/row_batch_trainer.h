@@ -1,8 +1,9 @@
 // The data side of the trainers that batch whole dataset rows (dpo, kto, reward): their rows in
 // RowBatches (trainers/common/row_batches.h) sharded over data_comm(), the collated micro-batches
-// fetched by next_micro_batch and queued (Pending) until compute_loss takes them, and a
-// MetricWindow of the per-micro-batch metrics that log_metrics averages. The position in the
-// epoch is the checkpoint's data state; a stop that abandons an update drops what it fetched.
+// fetched by next_micro_batch and queued (Pending) until compute_loss takes them, a
+// MetricWindow of the per-micro-batch metrics that log_metrics averages, the evaluation rows
+// (Data, --eval_dataset) and the reference model (dpo, kto). The position in the epoch is the
+// checkpoint's data state; a stop that abandons an update drops what it fetched.
 #pragma once
 
 #include <algorithm>
@@ -10,17 +11,19 @@
 #include <deque>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "models/ref_model.h"
 #include "trainers/common/metrics.h"
 #include "trainers/common/row_batches.h"
 #include "trainers/common/trainer.h"
 
 namespace leantune {
 
-template <typename Pending>
+template <typename Pending, typename Data>
 class RowBatchTrainer : public Trainer {
  public:
   // rows: the training rows (a micro-batch takes per_device_train_batch_size of them); shuffle:
@@ -33,8 +36,16 @@ class RowBatchTrainer : public Trainer {
   }
 
   const std::vector<nlohmann::json>& logged_metrics() const override { return window_.logged(); }
+  // Evaluation rows (--eval_dataset); before set_reference, so that a precomputed reference
+  // scores them too.
+  void set_eval_data(Data eval) { eval_ = std::move(eval); }
 
  protected:
+  bool has_evaluation() const override { return eval_.has_value(); }
+  // The evaluation, or the precompute pass of a precomputed reference.
+  bool uses_eval_batch_size() const override {
+    return has_evaluation() || (ref_ && ref_->mode() == RefMode::kPrecomputed);
+  }
   int64_t micro_batches_per_epoch() const override { return batches_.per_epoch(data_comm()); }
   double epoch_progress() const override { return batches_.progress(data_comm()); }
   nlohmann::json data_state() const override { return batches_.state(); }
@@ -72,6 +83,8 @@ class RowBatchTrainer : public Trainer {
   }
 
   RowBatches batches_;
+  std::optional<Data> eval_;
+  std::unique_ptr<ReferenceModel> ref_;  // dpo, kto (null for reward)
   std::deque<Pending> pending_;  // fetched micro-batches not yet through compute_loss
   MetricWindow window_;
   int64_t padded_tokens_avoided_ = 0;

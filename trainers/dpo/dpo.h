@@ -74,15 +74,12 @@ struct PairBatch {
 PairBatch collate_pairs(const std::vector<PreferenceExample>& data, const std::vector<int64_t>& idx,
                         const DpoDataConfig& cfg);
 
-class DpoTrainer final : public RowBatchTrainer<PairBatch> {
+class DpoTrainer final : public RowBatchTrainer<PairBatch, PreferenceData> {
  public:
   DpoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
              std::string tokenizer_dir, PreferenceData train, DpoDataConfig data,
              PreferenceLossConfig loss, SequenceLogpsOptions logps);
 
-  // Evaluation pairs (--eval_dataset), before set_reference: a precomputed reference scores
-  // them too.
-  void set_eval_data(PreferenceData eval) { eval_ = std::move(eval); }
   // The reference model, after set_peft.
   void set_reference(RefModelConfig cfg);
   ReferenceModel& reference() { return *ref_; }
@@ -102,10 +99,6 @@ class DpoTrainer final : public RowBatchTrainer<PairBatch> {
   Tensor compute_loss(const Batch& b, double normalizer) override;
   // TRL's DPO metrics (as in training) and the mean loss over the evaluation pairs.
   std::optional<nlohmann::json> evaluate() override;
-  bool has_evaluation() const override { return eval_.has_value(); }
-  bool uses_eval_batch_size() const override {
-    return has_evaluation() || (ref_ && ref_->mode() == RefMode::kPrecomputed);
-  }
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
 
@@ -113,11 +106,9 @@ class DpoTrainer final : public RowBatchTrainer<PairBatch> {
   // Evaluation pairs idx collated, their reference keys after the training pairs'.
   PairBatch collate_eval(const std::vector<int64_t>& idx) const;
   PreferenceData train_;
-  std::optional<PreferenceData> eval_;
   DpoDataConfig data_;
   PreferenceLossConfig loss_;
   SequenceLogpsOptions logps_;
-  std::unique_ptr<ReferenceModel> ref_;
 };
 
 struct DpoRun {

@@ -50,15 +50,12 @@ UnpairedBatch collate_unpaired(const std::vector<UnpairedExample>& data,
                                const std::vector<int64_t>& idx, int64_t max_length,
                                const std::string& truncation_mode, bool with_kl);
 
-class KtoTrainer final : public RowBatchTrainer<UnpairedBatch> {
+class KtoTrainer final : public RowBatchTrainer<UnpairedBatch, UnpairedData> {
  public:
   KtoTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
              std::string tokenizer_dir, UnpairedData train, int64_t max_length,
              std::string truncation_mode, KtoLossConfig loss, SequenceLogpsOptions logps);
 
-  // Evaluation examples (--eval_dataset), before set_reference: a precomputed reference scores
-  // them too.
-  void set_eval_data(UnpairedData eval) { eval_ = std::move(eval); }
   void set_reference(RefModelConfig cfg);
   const DataStats& train_stats() const override { return train_.stats; }
   // The loss of one micro-batch times `scale`, differentiable with respect to the policy.
@@ -72,10 +69,6 @@ class KtoTrainer final : public RowBatchTrainer<UnpairedBatch> {
   // TRL's KTO metrics (as in training) and the mean loss over the evaluation examples, in
   // batches of per_device_eval_batch_size (each its own KL estimate).
   std::optional<nlohmann::json> evaluate() override;
-  bool has_evaluation() const override { return eval_.has_value(); }
-  bool uses_eval_batch_size() const override {
-    return has_evaluation() || (ref_ && ref_->mode() == RefMode::kPrecomputed);
-  }
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
 
@@ -83,12 +76,10 @@ class KtoTrainer final : public RowBatchTrainer<UnpairedBatch> {
   // Evaluation examples idx collated, their reference keys after the training examples'.
   UnpairedBatch collate_eval(const std::vector<int64_t>& idx) const;
   UnpairedData train_;
-  std::optional<UnpairedData> eval_;
   int64_t max_length_;
   std::string truncation_mode_;
   KtoLossConfig loss_;
   SequenceLogpsOptions logps_;
-  std::unique_ptr<ReferenceModel> ref_;
 };
 
 struct KtoRun {

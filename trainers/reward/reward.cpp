@@ -122,10 +122,11 @@ RewardTrainer::RewardTrainer(TrainingArguments args, std::shared_ptr<DecoderMode
                       std::move(tokenizer_dir), static_cast<int64_t>(train.pairs.size()), true,
                       "pairs"),
       train_(std::move(train)),
-      eval_(std::move(eval)),
       collate_(collate),
       center_(center_rewards_coefficient),
-      disable_dropout_(disable_dropout) {}
+      disable_dropout_(disable_dropout) {
+  eval_ = std::move(eval);
+}
 
 Batch RewardTrainer::next_micro_batch(BatchReport* report) {
   const std::vector<int64_t> idx = batches_.next(comm());

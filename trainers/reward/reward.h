@@ -83,7 +83,7 @@ struct RewardLossResult {
 RewardLossResult reward_loss(const std::vector<double>& chosen, const std::vector<double>& rejected,
                              const std::vector<double>& margins, double center);
 
-class RewardTrainer final : public RowBatchTrainer<RewardBatch> {
+class RewardTrainer final : public RowBatchTrainer<RewardBatch, RewardData> {
  public:
   RewardTrainer(TrainingArguments args, std::shared_ptr<DecoderModel> model, Options options,
                 std::string tokenizer_dir, RewardData train, std::optional<RewardData> eval,
@@ -100,13 +100,11 @@ class RewardTrainer final : public RowBatchTrainer<RewardBatch> {
   int64_t loss_tokens(const Batch& b) const override { return b.stats.sequences / 2; }
   Tensor compute_loss(const Batch& b, double normalizer) override;
   std::optional<nlohmann::json> evaluate() override;
-  bool has_evaluation() const override { return eval_.has_value(); }
   void on_train_begin(MetricsLogger& log) override;
   nlohmann::json technique_savings() const override;
 
  private:
   RewardData train_;
-  std::optional<RewardData> eval_;
   RewardCollateConfig collate_;
   double center_;
   bool disable_dropout_;
