@@ -107,11 +107,19 @@ I optimizer_state_bytes(const EstimateConfig& c, I trainable, I b, const ModelCo
 
 // Attention's workspace beside its inputs and outputs, in forward or backward: on the CPU each
 // worker thread's slab of key/value rows and score blocks for the longest sequence
-// (kernels/attention.cpp); on CUDA the backward's f32 dQ accumulator and two f32 row statistics.
+// (kernels/attention.cpp); on CUDA (kernels/attention.cu) the backward's tensor-core kernels
+// (bf16/f16, head_dim 64 or 128, no soft-capping) hold an f32 dQ accumulator and two f32 row
+// statistics, the simple kernel (f32, f64, other head dims, soft-capped scores) writes dQ in
+// place and holds one row statistic (Dsum).
 I attention_workspace(const EstimateConfig& c, I t, bool backward) {
   const ModelConfig& m = c.model;
   const I nh = m.num_attention_heads, d = m.head_dim;
-  if (!c.cpu) return backward ? 4 * t * nh * d + 2 * 4 * nh * t : 0;
+  if (!c.cpu) {
+    if (!backward) return 0;
+    const bool mma = (c.dtype == DType::kBF16 || c.dtype == DType::kF16) && (d == 64 || d == 128) &&
+                     m.attn_logit_softcapping == 0;
+    return mma ? 4 * t * nh * d + 2 * 4 * nh * t : (c.dtype == DType::kF64 ? 8 : 4) * nh * t;
+  }
   const I seq = c.attention_seqlen > 0 ? c.attention_seqlen : c.max_seqlen;
   const I len = std::max<I>(1, std::min(seq > 0 ? seq : t, t));
   const I bq = std::min<I>(64, len), acc = c.dtype == DType::kF64 ? 8 : 4;
