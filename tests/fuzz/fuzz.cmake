@@ -16,9 +16,10 @@ set(_lt_fuzz_common ${PROJECT_SOURCE_DIR}/engine/check.cpp ${PROJECT_SOURCE_DIR}
 set(_lt_fuzz_jsonl_src ${PROJECT_SOURCE_DIR}/loaders/dataset.cpp
     ${PROJECT_SOURCE_DIR}/loaders/jsonl.cpp)
 set(_lt_fuzz_options_src ${PROJECT_SOURCE_DIR}/loaders/options.cpp
-    ${PROJECT_SOURCE_DIR}/loaders/yaml_config.cpp)
+    ${PROJECT_SOURCE_DIR}/loaders/yaml_config.cpp ${PROJECT_SOURCE_DIR}/loaders/unicode.cpp)
 set(_lt_fuzz_yaml_config_src ${_lt_fuzz_options_src})
-set(_lt_fuzz_checkpoint_state_src ${PROJECT_SOURCE_DIR}/trainers/common/checkpoint.cpp)
+set(_lt_fuzz_checkpoint_state_src ${PROJECT_SOURCE_DIR}/trainers/common/checkpoint.cpp
+    ${PROJECT_SOURCE_DIR}/trainers/common/evaluation.cpp ${_lt_fuzz_options_src})
 
 foreach(name jsonl options yaml_config checkpoint_state)
   add_executable(fuzz_${name}_corpus ${_lt_fuzz_dir}/fuzz_${name}.cpp)
@@ -31,7 +32,8 @@ foreach(name jsonl options yaml_config checkpoint_state)
     add_executable(fuzz_${name} ${_lt_fuzz_dir}/fuzz_${name}.cpp ${_lt_fuzz_${name}_src}
                    ${_lt_fuzz_common})
     target_include_directories(fuzz_${name} PRIVATE ${PROJECT_SOURCE_DIR})
-    target_link_libraries(fuzz_${name} PRIVATE nlohmann_json::nlohmann_json PkgConfig::YAML)
+    target_link_libraries(fuzz_${name} PRIVATE nlohmann_json::nlohmann_json PkgConfig::YAML
+                          ${UTF8PROC_LIB})
     target_compile_definitions(fuzz_${name} PRIVATE LEANTUNE_LIBFUZZER=1)
     target_compile_options(fuzz_${name} PRIVATE -fsanitize=fuzzer,address,undefined
                            -fno-omit-frame-pointer)
