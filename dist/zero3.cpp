@@ -283,6 +283,13 @@ void Zero3Params::before_node(Node& node) {
   held_ = layer;
 }
 
+void Zero3Params::end_forward_only() {
+  drain();
+  recording_.clear();
+  trace_pos_ = 0;
+  on_trace_ = true;
+}
+
 void Zero3Params::end_backward() {
   if (held_ != kNone) release(held_);
   held_ = kNone;

@@ -92,6 +92,9 @@ class Zero3Params final : public ParamResidency, public BackwardObserver {
   void reshard_from_full();
   // Backward is over: the units it held go back.
   void end_backward();
+  // Forward passes without backward (an evaluation, a generation) are over: their prefetches
+  // are completed and dropped, and the next pass follows the last training pass's trace again.
+  void end_forward_only();
   void before_node(Node& node) override;
   // Hooks for the forward of a micro-batch: a saved sharded weight is kept as it is and gathered
   // when unpacked; every other saved tensor goes through `inner` (activation offloading's

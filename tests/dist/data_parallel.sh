@@ -38,6 +38,8 @@
 #          tied embeddings), bit-identical to one process.
 #   CASE = model_only_z2  --save_only_model on 2 ranks (zero_stage 2): no optimizer state in the
 #          checkpoint, the run unchanged by saving it, a resume refused.
+#   CASE = best_z3  --load_best_model_at_end on 2 ranks under zero_stage 3: the final model is the
+#          best checkpoint's (each rank loads it whole and keeps its slices), not the last update's.
 #   CASE = refusals  options data parallel does not support are refused in one line, exit 2.
 # KEEP=1 in the environment keeps the case's work folder (its logs and outputs) for a look.
 set -u
@@ -255,6 +257,24 @@ case $case in
       >"$work/c.log" 2>&1 && fail "resumed from a model-only checkpoint"
     grep -q "was saved with save_only_model" "$work/c.log" || { cat "$work/c.log"; fail "message"; }
     echo "ok: model-only checkpoint on 2 ranks, no optimizer state, resume refused"
+    ;;
+  best_z3)
+    # The largest eval loss is the best here (greater_is_better): the first evaluation's, at step
+    # 2, as the loss falls; its checkpoint's weights become the final model.
+    for _ in 1 2 3 4; do echo '{"text": "One day, a cat sat on the mat. It was happy. The end."}'; done \
+      >"$work/eval.jsonl"
+    run=(sft --max_steps 4 --per_device_train_batch_size 2 --logging_steps 1 --zero_stage 3
+         --stage3_param_persistence_threshold 0 --learning_rate 1e-3 --eval_dataset "$work/eval.jsonl"
+         --eval_steps 2 --save_steps 2 --load_best_model_at_end --greater_is_better true)
+    mpi 2 "${run[@]}" --output_dir "$work/best" >"$work/a.log" 2>&1 ||
+      { cat "$work/a.log"; fail "run with load_best_model_at_end"; }
+    grep -q "loaded the best model, $work/best/checkpoint-2" "$work/a.log" ||
+      { cat "$work/a.log"; fail "the best checkpoint was not loaded"; }
+    cmp "$work/best/model.safetensors" "$work/best/checkpoint-2/model.safetensors" ||
+      fail "the final model is not the best checkpoint's"
+    cmp -s "$work/best/model.safetensors" "$work/best/checkpoint-4/model.safetensors" &&
+      fail "the last checkpoint equals the best: the test shows nothing"
+    echo "ok: zero 3 on 2 ranks, the final model is checkpoint-2's (the best eval loss)"
     ;;
   resume_z*)
     # A run stopped at a checkpoint and resumed on the same ranks ends bit-identical to the run

@@ -99,6 +99,10 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoin
   const bool distributed = comm.size() > 1;
   const AllUnitsGathered gathered(units_whole_for_save(false));
   saved_step_ = step;
+  // The best evaluation so far is this step's: this checkpoint holds the best model (every rank
+  // records it: load_best_model_at_end loads it on all of them).
+  if (best_.metric && best_.step == step)
+    best_.checkpoint = args_.output_dir + "/checkpoint-" + std::to_string(step);
   if (distributed && comm.rank() != 0) {
     write_rank_files(rank_staging_dir(args_.output_dir, step, comm.rank()), comm.rank(), at,
                      model_only);
@@ -108,9 +112,6 @@ void Trainer::save_checkpoint(int64_t step, MetricsLogger& log, const ResumePoin
     return;
   }
   if (distributed) comm.barrier();  // every rank has staged its files
-  // The best evaluation so far is this step's: this checkpoint holds the best model.
-  if (best_.metric && best_.step == step)
-    best_.checkpoint = args_.output_dir + "/checkpoint-" + std::to_string(step);
   const std::string path = write_checkpoint(args_.output_dir, step, [&](const std::string& dir) {
     save_model(dir, false);
     if (!zero_ && !model_only)

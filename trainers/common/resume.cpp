@@ -22,6 +22,19 @@
 
 namespace leantune {
 
+void Trainer::load_weights(const std::string& dir) {
+  if (zero3_ && (!peft_.active() || zero3_->trains_sharded())) {
+    // The checkpoint holds the whole model: every rank loads it and keeps its slices. (A LoRA
+    // checkpoint holds the adapters, whole on every rank: nothing to gather.)
+    zero3_->acquire_all();
+    load_model(dir);
+    zero3_->reshard_from_full();
+    zero3_->release_all();
+  } else {
+    load_model(dir);
+  }
+}
+
 std::string Trainer::load_checkpoint(const std::string& dir) {
   // The small state file first: a corrupt one fails before the weights are read.
   const std::string state_path = checkpoint_state_path(dir);
@@ -41,16 +54,7 @@ std::string Trainer::load_checkpoint(const std::string& dir) {
   // cp_size decides which micro-batches each rank reads (world / cp data shards).
   LT_CHECK_INPUT(st.cp_size == args_.cp_size, dir, " was written with cp_size ", st.cp_size,
                  "; this run has cp_size ", args_.cp_size, " (resume with the same cp_size)");
-  if (zero3_ && (!peft_.active() || zero3_->trains_sharded())) {
-    // The checkpoint holds the whole model: every rank loads it and keeps its slices. (A LoRA
-    // checkpoint holds the adapters, whole on every rank: nothing to gather.)
-    zero3_->acquire_all();
-    load_model(dir);
-    zero3_->reshard_from_full();
-    zero3_->release_all();
-  } else {
-    load_model(dir);
-  }
+  load_weights(dir);
   LT_CHECK_INPUT(st.optim == args_.optim && st.offload_optimizer == args_.offload_optimizer, dir,
                  " holds the state of --optim ", st.optim, " --offload_optimizer ",
                  st.offload_optimizer, "; this run uses --optim ", args_.optim,

@@ -705,7 +705,7 @@ TrainResult Trainer::train() {
   result.skipped_steps = skipped_steps_;
   if (!result.interrupted) {
     if (args_.load_best_model_at_end && !best_.checkpoint.empty() && best_.step != step_) {
-      load_model(best_.checkpoint);
+      load_weights(best_.checkpoint);
       log.message("loaded the best model, " + best_.checkpoint + " (" + best_metric_key(args_) +
                   " " + std::to_string(*best_.metric) + "), for the final model");
       evaluated_step_ = -1;  // the weights changed: the final evaluation is the best model's

@@ -309,6 +309,8 @@ class Trainer {
   // Restores the model, optimizer, counters, data position and random streams
   // (trainers/common/resume.cpp); returns a line for the log ("" when there is nothing to say).
   std::string load_checkpoint(const std::string& dir);
+  // The weights of checkpoint `dir` (a resume, or load_best_model_at_end), ZeRO-3 resharded.
+  void load_weights(const std::string& dir);
   // This rank's files of a data-parallel checkpoint (data position and random streams; ZeRO:
   // optimizer shard).
   void write_rank_files(const std::string& dir, int rank, const ResumePoint& at,

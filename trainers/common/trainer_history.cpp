@@ -22,6 +22,8 @@ namespace leantune {
 nlohmann::json Trainer::run_evaluation(MetricsLogger& log, bool steers_schedule) {
   const auto start = std::chrono::steady_clock::now();
   std::optional<nlohmann::json> metrics = evaluate();
+  // ZeRO-3: the evaluation's forwards are no training pass; their prefetches end with it.
+  if (zero3_) zero3_->end_forward_only();
   if (!metrics) return nullptr;
   nlohmann::json rec = {{"step", step_}, {"epoch", epoch_progress()}};
   for (const auto& [k, v] : metrics->items()) rec["eval_" + k] = v;
