@@ -291,7 +291,12 @@ TrainSummary Trainer::train(const StepCallback& on_step) {
     s.nothing_to_do = r.nothing_to_do;
     s.resumed_from = r.resumed_from;
     s.total_steps = r.total_steps;
-    if (!r.interrupted) s.eval_loss = r.final_eval_loss;
+    if (!r.interrupted) {
+      s.eval_loss = r.final_eval_loss;
+      if (r.final_eval.is_object())
+        for (const auto& [k, v] : r.final_eval.items())
+          if (k.rfind("eval_", 0) == 0 && v.is_number()) s.eval_metrics[k] = v.get<double>();
+    }
     if (!r.nothing_to_do) s.memory_report = format_memory_report(r.memory);
     return s;
   });

@@ -184,6 +184,9 @@ struct TrainSummary {
   std::string resumed_from;  // the checkpoint resumed from, if any
   int64_t total_steps = 0;
   std::optional<double> eval_loss;
+  // Every metric of that final evaluation under TRL's eval_ names (eval_loss, eval_entropy,
+  // eval_rewards/accuracies, ...); empty without evaluation data.
+  std::map<std::string, double> eval_metrics;
   std::string memory_report;  // the report trainer_bin prints at the end
 };
 

@@ -129,6 +129,24 @@ TEST(Api, BadInputIsAnInputError) {
   }
 }
 
+// The final evaluation's metrics reach the summary under TRL's names, eval_loss among them.
+TEST(Api, SummaryHoldsTheFinalEvaluationsMetrics) {
+  const std::string dir = leantune::testing::temp_dir("api_eval");
+  lt::Model m = lt::Model::load("");
+  const std::string eval = leantune::testing::fixture_path("trainer/stories_small.jsonl");
+  lt::TrainSummary s =
+      lt::Trainer(m, quick_config(dir, 2, R"(, "eval_dataset": ")" + eval + "\"")).train();
+  ASSERT_TRUE(s.eval_loss.has_value());
+  ASSERT_TRUE(s.eval_metrics.count("eval_loss"));
+  EXPECT_EQ(s.eval_metrics.at("eval_loss"), *s.eval_loss);
+  EXPECT_GT(s.eval_metrics.at("eval_entropy"), 0.0);
+  EXPECT_TRUE(s.eval_metrics.count("eval_mean_token_accuracy"));
+  lt::Model plain = lt::Model::load("");
+  lt::TrainSummary none = lt::Trainer(plain, quick_config(dir + "/none", 1)).train();
+  EXPECT_FALSE(none.eval_loss.has_value());
+  EXPECT_TRUE(none.eval_metrics.empty());
+}
+
 TEST(Api, QloraModelTrainsAdaptersOnly) {
   const std::string dir = leantune::testing::temp_dir("api_qlora");
   lt::ModelOptions o;
