@@ -349,10 +349,22 @@ TrainResult Trainer::train() {
                  args_.eval_strategy, ": this run has no evaluation data (give --eval_dataset)");
   LT_CHECK_INPUT(!args_.eval_on_start || has_evaluation(),
                  "option --eval_on_start: this run has no evaluation data (give --eval_dataset)");
-  if (options_.is_set("per_device_eval_batch_size") && !uses_eval_batch_size() &&
-      comm().rank() == 0)
-    log_message(LogLevel::kWarning, "warning: option --per_device_eval_batch_size has no effect: "
-                                    "this run has no evaluation data");
+  if (comm().rank() == 0) {
+    // Options accepted (as transformers accepts them) that would do nothing in this run.
+    const std::pair<const char*, bool> eval_options[] = {
+        {"per_device_eval_batch_size", uses_eval_batch_size()},
+        {"metric_for_best_model", has_evaluation()},
+        {"greater_is_better", has_evaluation()}};
+    for (const auto& [name, used] : eval_options)
+      if (options_.is_set(name) && !used)
+        log_message(LogLevel::kWarning, std::string("warning: option --") + name +
+                                            " has no effect: this run has no evaluation data");
+    if (args_.warmup_steps > 0 && (args_.lr_scheduler_type == "constant" ||
+                                   args_.lr_scheduler_type == "reduce_lr_on_plateau"))
+      log_message(LogLevel::kWarning, "warning: option --warmup_steps has no effect: the " +
+                                          args_.lr_scheduler_type +
+                                          " schedule has no warmup (as in transformers)");
+  }
   accumulation_ =
       accumulation_for_epoch(args_.gradient_accumulation_steps, per_epoch, comm().rank() == 0);
   // transformers' Trainer: an epoch is ceil(M / accumulation) updates, its last one taking the
