@@ -38,6 +38,10 @@
 #          tied embeddings), bit-identical to one process.
 #   CASE = model_only_z2  --save_only_model on 2 ranks (zero_stage 2): no optimizer state in the
 #          checkpoint, the run unchanged by saving it, a resume refused.
+#   CASE = eval_<grpo|online_dpo>  --eval_dataset with --eval_on_start on 2 ranks with half the
+#          evaluation batch each against one process with the whole batch (8 prompts: no batch
+#          padded): the same completions, so the same eval reward (within 1e-9) and eval loss
+#          (within 1e-6 relative).
 #   CASE = best_z3  --load_best_model_at_end on 2 ranks under zero_stage 3: the final model is the
 #          best checkpoint's (each rank loads it whole and keeps its slices), not the last update's.
 #   CASE = refusals  options data parallel does not support are refused in one line, exit 2.
@@ -257,6 +261,29 @@ case $case in
       >"$work/c.log" 2>&1 && fail "resumed from a model-only checkpoint"
     grep -q "was saved with save_only_model" "$work/c.log" || { cat "$work/c.log"; fail "message"; }
     echo "ok: model-only checkpoint on 2 ranks, no optimizer state, resume refused"
+    ;;
+  eval_*)
+    cmd=${case#eval_}
+    for a in 1 2 3 4 5 6 7 8; do echo "{\"prompt\": \"Add $a and 2.\", \"answer\": \"$((a + 2))\"}"; done \
+      >"$work/eval.jsonl"
+    per=16; [ "$cmd" = online_dpo ] && per=2
+    run=("$cmd" --device cpu --max_steps 1 --logging_steps 1 --save_steps 0 --eval_on_start
+         --eval_dataset "$work/eval.jsonl" --reward_funcs ''
+         --reward_command "bash $src/tests/fixtures/online/length_reward.sh")
+    "$bin" "${run[@]}" --per_device_eval_batch_size $((2 * per)) --output_dir "$work/one" \
+      >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "1 rank"; }
+    mpi 2 "${run[@]}" --per_device_eval_batch_size "$per" --output_dir "$work/dp" \
+      >"$work/dp.log" 2>&1 || { cat "$work/dp.log"; fail "2 ranks"; }
+    first() { grep -o "\"$2\":[^,}]*" "$1/metrics.jsonl" | head -1 | cut -d: -f2; }
+    key=eval_reward; [ "$cmd" = online_dpo ] && key=eval_objective/scores
+    for k in "$key" eval_loss; do
+      a=$(first "$work/one" "$k") b=$(first "$work/dp" "$k")
+      [ -n "$a" ] && [ -n "$b" ] || fail "$cmd: no $k ($a, $b)"
+      awk -v a="$a" -v b="$b" -v k="$k" 'BEGIN { d = a - b; if (d < 0) d = -d; m = a < 0 ? -a : a;
+        tol = k == "eval_loss" ? 1e-6 * m + 1e-9 : 1e-9; exit d > tol }' ||
+        fail "$cmd: $k $a on 1 rank vs $b on 2"
+    done
+    echo "ok: $cmd evaluation on 2 ranks equals one process's ($key $(first "$work/dp" "$key"), eval_loss $(first "$work/dp" eval_loss))"
     ;;
   best_z3)
     # The largest eval loss is the best here (greater_is_better): the first evaluation's, at step

@@ -248,7 +248,10 @@ Tensor OnlineTrainer::policy_loss(const Batch& b, const std::vector<Rollout>& rs
   nlohmann::json metrics = *ctx.batch_metrics;
   for (auto it = res.metrics.begin(); it != res.metrics.end(); ++it) metrics[it.key()] = it.value();
   metrics["entropy"] = counted > 0 ? entropy / static_cast<double>(counted) : 0.0;
-  ctx.window->add(metrics);
+  if (ctx.window)
+    ctx.window->add(metrics);
+  else
+    *ctx.record = std::move(metrics);
   return loss_from_sequence_gradient(pol.logps, res.loss, std::move(grad));
 }
 
@@ -307,7 +310,10 @@ Tensor OnlineTrainer::online_dpo_loss(const Batch& b, const std::vector<Rollout>
   m["rewards/margins"] = (rc - rr) / np;
   m["rewards/accuracies"] = acc / np;
   m["beta"] = beta;
-  ctx.window->add(m);
+  if (ctx.window)
+    ctx.window->add(m);
+  else
+    *ctx.record = std::move(m);
   return loss_from_sequence_gradient(pol.logps, loss, std::move(grad));
 }
 
@@ -315,37 +321,57 @@ nlohmann::json OnlineTrainer::log_metrics() { return window_.take(); }
 
 std::optional<nlohmann::json> OnlineTrainer::evaluate() {
   if (!eval_) return std::nullopt;
-  // As TRL evaluates: batches of per_device_eval_batch_size completions (whole groups of
+  // As TRL evaluates: batches of per_device_eval_batch_size completions per rank (whole groups of
   // num_generations; online_dpo: that many prompts, two completions each), generated and scored
   // as in training, the loss with the current weights as the old ones and no accumulation. Each
   // evaluation draws the same seeds, so evaluations differ only by the weights.
   const bool dpo = cfg_.algorithm == "online_dpo";
   const int64_t per = dpo ? args_.per_device_eval_batch_size
                           : args_.per_device_eval_batch_size / cfg_.num_generations;
+  Communicator& comm = this->comm();
+  const int64_t world = comm.size(), global = per * world;
   const int64_t n = static_cast<int64_t>(eval_->rows.size());
   MetricWindow window;
-  double loss_sum = 0;
-  int64_t completions = 0;
+  double loss_sum = 0, completions = 0;
   NoGradGuard no_grad;
   MemPhaseGuard phase(MemPhaseKind::kEvaluation);
-  for (int64_t start = 0; start < n; start += per) {
+  for (int64_t start = 0; start < n; start += global) {
+    // This rank's prompts of the global batch; past the end, the first ones again (every rank
+    // completes as many, so that the batch's values gather in rank order).
     std::vector<int64_t> idx;
-    for (int64_t i = start; i < std::min(n, start + per); ++i) idx.push_back(i);
+    const int64_t count = world > 1 ? per : std::min(per, n - start);
+    for (int64_t j = 0; j < count; ++j) idx.push_back((start + comm.rank() * per + j) % n);
     const ScoredBatch sb =
         generate_and_score(*eval_, idx, args_.seed + 0xE7A1ULL * static_cast<uint64_t>(start + 1),
-                           "evaluation batch " + std::to_string(start / per + 1), false);
-    const LossContext ctx{1.0, std::max<double>(1.0, static_cast<double>(sb.loss_tokens)),
-                          &sb.metrics, &window};
+                           "evaluation batch " + std::to_string(start / global + 1), false);
+    nlohmann::json record;
+    // As in training, each rank's loss is its share (divided by the world size; dapo's
+    // normaliser counts every rank's tokens): the batch's loss is their sum.
+    const LossContext ctx{static_cast<double>(world),
+                          std::max<double>(1.0, static_cast<double>(sb.loss_tokens)), &sb.metrics,
+                          nullptr, &record};
     AdapterEvalScope eval(peft_);
     const Batch b = collate(sb.rollouts);
     const double loss = (dpo ? online_dpo_loss(b, sb.rollouts, ctx)
                              : policy_loss(b, sb.rollouts, ctx))
                             .item();
-    loss_sum += loss * static_cast<double>(sb.rollouts.size());
-    completions += static_cast<int64_t>(sb.rollouts.size());
+    const double batch = static_cast<double>(sb.rollouts.size()) * static_cast<double>(world);
+    double batch_loss = loss;
+    if (world > 1) {
+      // The record's keys are the same on every rank (one code path); a NaN or null value is
+      // NaN in the mean, which the window then leaves out.
+      for (auto& [k, v] : record.items()) {
+        const double x = v.is_number() ? v.get<double>() : std::nan("");
+        v = comm.all_reduce_scalar(x) / static_cast<double>(world);
+      }
+      batch_loss = comm.all_reduce_scalar(loss);
+    }
+    loss_sum += batch_loss * batch;
+    completions += batch;
+    window.add(record);
   }
   nlohmann::json out = window.take();
-  out["loss"] = loss_sum / static_cast<double>(std::max<int64_t>(completions, 1));
+  out["loss"] = loss_sum / std::max(completions, 1.0);
   return out;
 }
 
@@ -366,9 +392,6 @@ void OnlineTrainer::set_data_state(const nlohmann::json& s) {
 }
 
 void OnlineTrainer::on_train_begin(MetricsLogger& log) {
-  LT_CHECK_INPUT(!eval_ || comm().size() == 1, cfg_.algorithm, ": option --eval_dataset: the "
-                 "online trainers evaluate in one process only (this run has ", comm().size(),
-                 " ranks)");
   check_generation_memory();
   log.message(data_.summary());
   if (eval_) log.message(eval_->summary());

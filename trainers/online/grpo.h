@@ -207,7 +207,9 @@ class OnlineTrainer final : public Trainer {
   nlohmann::json log_metrics() override;
   // TRL's evaluation: the eval prompts generated and scored in batches as in training, eval_loss
   // and the training metrics (reward, rewards/*, completions/*, kl, entropy, ...) of each batch,
-  // averaged over batches. One process only (on_train_begin refuses data parallel).
+  // averaged over batches. Data parallel: each rank completes per_device_eval_batch_size of a
+  // global batch (the last one padded with the first prompts, as a distributed sampler pads),
+  // and every metric is the ranks' mean, the same on all of them.
   std::optional<nlohmann::json> evaluate() override;
   bool has_evaluation() const override { return eval_.has_value(); }
 
@@ -232,7 +234,8 @@ class OnlineTrainer final : public Trainer {
     double divisor;      // the loss is a mean over this many micro-batch losses
     double dapo_tokens;  // dapo's normaliser for one micro-batch
     const nlohmann::json* batch_metrics;  // the batch's metrics, merged into each record
-    MetricWindow* window;
+    MetricWindow* window;                 // the record goes here, or
+    nlohmann::json* record = nullptr;     // here when window is null
   };
   // trainers/online/online_memory.cpp: the KV-cache pool's blocks (refused when one completion
   // cannot fit), and the check that a generation batch fits the device and the host (exit 3 naming
