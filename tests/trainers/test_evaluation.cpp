@@ -52,11 +52,26 @@ TEST(EvalOptions, StrategyStepsAndTheirDefaults) {
   a = parse({"--eval_strategy", "steps", "--logging_steps", "3"});  // transformers: None -> logging
   EXPECT_EQ(a.eval_steps, 3);
   a = parse({"--eval_strategy", "epoch"});
-  EXPECT_TRUE(eval_due(a, 4, 2));
-  EXPECT_FALSE(eval_due(a, 3, 2));
+  EXPECT_TRUE(eval_due(a, 0, 4, 2));
+  EXPECT_FALSE(eval_due(a, 0, 3, 2));
   a = parse({"--eval_strategy", "steps", "--eval_steps", "4"});
-  EXPECT_TRUE(eval_due(a, 8, 100));
-  EXPECT_FALSE(eval_due(a, 6, 100));
+  EXPECT_TRUE(eval_due(a, resolve_steps(a.eval_steps, 100), 8, 100));
+  EXPECT_FALSE(eval_due(a, resolve_steps(a.eval_steps, 100), 6, 100));
+  // transformers' ratios: below 1, a share of all updates rounded up.
+  EXPECT_EQ(resolve_steps(0.25, 10), 3);
+  EXPECT_EQ(resolve_steps(0.1, 100), 10);
+  EXPECT_EQ(resolve_steps(7, 100), 7);
+  EXPECT_EQ(resolve_steps(0, 100), 0);
+  EXPECT_NE(error_of({"--logging_steps", "2.5"}).find("option --logging_steps 2.5: a number of "
+                                                         "updates (an integer from 1) or a ratio"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--save_steps", "-1"}).find("save_steps"), std::string::npos);
+  EXPECT_NE(error_of({"--logging_steps", "0"}).find("must be above 0"), std::string::npos);
+  EXPECT_NE(error_of({"--load_best_model_at_end", "--eval_steps", "0.1", "--save_steps", "10"})
+                .find("both updates or both ratios"),
+            std::string::npos);
+  EXPECT_TRUE(parse({"--load_best_model_at_end", "--eval_steps", "0.1", "--save_steps", "0.2"})
+                  .load_best_model_at_end);
   EXPECT_NE(error_of({"--eval_strategy", "no", "--eval_steps", "5"})
                 .find("option --eval_steps 5 is for eval_strategy steps, not no"),
             std::string::npos);
@@ -369,6 +384,32 @@ TEST(Evaluation, BestModelAtEndAndTrainerStateForTransformers) {
   const nlohmann::json b = nlohmann::json::parse(
       testing::read_file(resumed + "/checkpoint-4/trainer_state.json"))["log_history"];
   EXPECT_EQ(without_timing(a), without_timing(b));
+}
+
+// logging_steps, eval_steps and save_steps below 1 are ratios of all updates (transformers):
+// with 8 updates, 0.25 logs and evaluates every 2 and 0.5 saves every 4; trainer_state.json holds
+// the resolved counts.
+TEST(Evaluation, StepRatiosResolveAgainstTheTotal) {
+  const std::string model = make_tiny_model(testing::temp_dir("ratio_model"));
+  const std::string out = testing::temp_dir("ratio_out");
+  SftRun run = make_sft_run(testing::tiny_sft_options(
+      model, out,
+      {"--max_steps", "8", "--logging_steps", "0.25", "--eval_dataset", testing::small_dataset(),
+       "--eval_steps", "0.25", "--save_steps", "0.5", "--per_device_eval_batch_size", "32"}));
+  run.trainer->train();
+  std::vector<int64_t> logged, evaluated;
+  for (const auto& r : records(out + "/metrics.jsonl"))
+    (r.contains("eval_loss") ? evaluated : logged).push_back(r["step"]);
+  EXPECT_EQ(logged, (std::vector<int64_t>{2, 4, 6, 8}));
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{2, 4, 6, 8}));
+  std::vector<int64_t> saved;
+  for (const auto& [s, p] : list_checkpoints(out)) saved.push_back(s);
+  EXPECT_EQ(saved, (std::vector<int64_t>{4}));
+  const nlohmann::json st =
+      nlohmann::json::parse(testing::read_file(out + "/checkpoint-4/trainer_state.json"));
+  EXPECT_EQ(st["logging_steps"], 2);
+  EXPECT_EQ(st["eval_steps"], 2);
+  EXPECT_EQ(st["save_steps"], 4);
 }
 
 // reduce_lr_on_plateau steps on every evaluation during training (not the one on start): in

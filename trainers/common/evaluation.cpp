@@ -20,10 +20,10 @@ const OptionTable<EvalArguments>& eval_table() {
                 "eval_dataset still evaluates once at the end), every eval_steps updates (steps; "
                 "implied by --eval_steps alone) or after every epoch (epoch)",
                 {"no", "steps", "epoch"})
-          .integer("eval_steps", &A::eval_steps,
-                   "evaluate every this many updates under eval_strategy steps (0 = "
-                   "logging_steps)",
-                   0)
+          .real("eval_steps", &A::eval_steps,
+                "evaluate every this many updates under eval_strategy steps (below 1: a ratio of "
+                "all updates; 0 = logging_steps)",
+                0.0)
           .flag("eval_on_start", &A::eval_on_start, "evaluate once before the first update")
           .flag("load_best_model_at_end", &A::load_best_model_at_end,
                 "write the weights of the checkpoint with the best metric_for_best_model as the "
@@ -37,9 +37,21 @@ const OptionTable<EvalArguments>& eval_table() {
   return t;
 }
 
-EvalArguments eval_arguments(const Options& o, const std::string& save_strategy, int64_t save_steps,
-                             int64_t logging_steps) {
+int64_t resolve_steps(double steps, int64_t total_steps) {
+  if (steps >= 1) return static_cast<int64_t>(steps);
+  return static_cast<int64_t>(std::ceil(steps * static_cast<double>(total_steps)));
+}
+
+void check_steps(const char* option, double steps) {
+  LT_CHECK_INPUT(steps >= 0 && std::isfinite(steps) && (steps < 1 || steps == std::floor(steps)),
+                 "option --", option, " ", steps,
+                 ": a number of updates (an integer from 1) or a ratio of all updates (below 1)");
+}
+
+EvalArguments eval_arguments(const Options& o, const std::string& save_strategy, double save_steps,
+                             double logging_steps) {
   EvalArguments a = eval_table().read(o);
+  check_steps("eval_steps", a.eval_steps);
   if (o.is_set("eval_steps") && !o.is_set("eval_strategy")) a.eval_strategy = "steps";
   LT_CHECK_INPUT(a.eval_strategy == "steps" || !o.is_set("eval_steps"), "option --eval_steps ",
                  a.eval_steps, " is for eval_strategy steps, not ", a.eval_strategy);
@@ -53,9 +65,14 @@ EvalArguments eval_arguments(const Options& o, const std::string& save_strategy,
                    "option --load_best_model_at_end: save_strategy (", save_strategy,
                    ") must equal eval_strategy (", a.eval_strategy,
                    "), so that every evaluation has a checkpoint to load");
-    LT_CHECK_INPUT(a.eval_strategy != "steps" || (save_steps > 0 && save_steps % a.eval_steps == 0),
+    // transformers: both numbers of updates or both ratios, save_steps a multiple of eval_steps.
+    const double k = save_steps / a.eval_steps;
+    LT_CHECK_INPUT(a.eval_strategy != "steps" ||
+                       ((save_steps < 1) == (a.eval_steps < 1) && save_steps > 0 && k >= 1 &&
+                        std::abs(k - std::round(k)) < 1e-9),
                    "option --load_best_model_at_end: save_steps (", save_steps,
-                   ") must be a multiple of eval_steps (", a.eval_steps, ")");
+                   ") must be a multiple of eval_steps (", a.eval_steps, "), both updates or "
+                   "both ratios");
   }
   return a;
 }
@@ -71,8 +88,8 @@ bool greater_is_better(const EvalArguments& a) {
   return !(m.size() >= 4 && m.compare(m.size() - 4, 4, "loss") == 0);
 }
 
-bool eval_due(const EvalArguments& a, int64_t step, int64_t updates_per_epoch) {
-  if (a.eval_strategy == "steps") return a.eval_steps > 0 && step % a.eval_steps == 0;
+bool eval_due(const EvalArguments& a, int64_t eval_every, int64_t step, int64_t updates_per_epoch) {
+  if (a.eval_strategy == "steps") return eval_every > 0 && step % eval_every == 0;
   if (a.eval_strategy == "epoch") return updates_per_epoch > 0 && step % updates_per_epoch == 0;
   return false;
 }

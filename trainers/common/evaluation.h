@@ -28,7 +28,7 @@ namespace leantune {
 struct EvalArguments {
   int64_t per_device_eval_batch_size = 8;
   std::string eval_strategy = "no";
-  int64_t eval_steps = 0;  // 0: logging_steps
+  double eval_steps = 0;  // 0: logging_steps; below 1, a ratio of all updates
   bool eval_on_start = false;
   bool load_best_model_at_end = false;
   std::string metric_for_best_model = "loss";
@@ -39,14 +39,21 @@ const OptionTable<EvalArguments>& eval_table();
 // Reads and checks the evaluation options against the save options that load_best_model_at_end
 // needs (transformers' rules). --eval_steps given without --eval_strategy means steps (leantune's
 // older form); with --eval_strategy no it is refused, as an option that would do nothing.
-EvalArguments eval_arguments(const Options& o, const std::string& save_strategy, int64_t save_steps,
-                             int64_t logging_steps);
+EvalArguments eval_arguments(const Options& o, const std::string& save_strategy, double save_steps,
+                             double logging_steps);
+
+// A step count as transformers reads logging_steps, save_steps and eval_steps: from 1 a number of
+// updates, below 1 the ratio of `total_steps` rounded up (0 stays 0).
+int64_t resolve_steps(double steps, int64_t total_steps);
+// Error(kInput) naming the option unless `steps` is an integer from 1, or a ratio in [0, 1).
+void check_steps(const char* option, double steps);
 
 // "eval_" + metric_for_best_model unless it has the prefix already.
 std::string best_metric_key(const EvalArguments& a);
 bool greater_is_better(const EvalArguments& a);
-// Whether the update that just completed (`step`, 1-based) is followed by an evaluation.
-bool eval_due(const EvalArguments& a, int64_t step, int64_t updates_per_epoch);
+// Whether the update that just completed (`step`, 1-based) is followed by an evaluation;
+// `eval_every`: eval_steps resolved (resolve_steps).
+bool eval_due(const EvalArguments& a, int64_t eval_every, int64_t step, int64_t updates_per_epoch);
 
 // The best evaluation of the run so far (transformers' TrainerState best_* fields).
 struct BestModel {

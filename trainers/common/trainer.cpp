@@ -377,6 +377,9 @@ TrainResult Trainer::train() {
                      ? args_.max_steps
                      : static_cast<int64_t>(std::ceil(args_.num_train_epochs * updates_per_epoch));
   LT_CHECK_INPUT(total_steps_ > 0, "no training steps (num_train_epochs too small)");
+  logging_every_ = std::max<int64_t>(1, resolve_steps(args_.logging_steps, total_steps_));
+  save_every_ = resolve_steps(args_.save_steps, total_steps_);
+  eval_every_ = resolve_steps(args_.eval_steps, total_steps_);
   scheduler_ =
       LrScheduler::make(args_.lr_scheduler_type, args_.learning_rate, total_steps_,
                         args_.warmup_steps >= 1 ? static_cast<int64_t>(args_.warmup_steps) : 0,
@@ -658,7 +661,7 @@ TrainResult Trainer::train() {
       callback_stop = !step_callback_(rec);
     }
 
-    if (step_ % args_.logging_steps == 0 || step_ == total_steps_ ||
+    if (step_ % logging_every_ == 0 || step_ == total_steps_ ||
         (args_.logging_first_step && step_ == 1)) {
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
@@ -687,7 +690,8 @@ TrainResult Trainer::train() {
       window_steps = window_skipped = window_tokens = window_real = window_total = 0;
       window_start = std::chrono::steady_clock::now();
     }
-    if (eval_due(args_, step_, updates_per_epoch)) last_eval = run_evaluation(log, true);
+    if (eval_due(args_, eval_every_, step_, updates_per_epoch))
+      last_eval = run_evaluation(log, true);
     bool stop = stop_requested() || (stop_after_ > 0 && step_ >= stop_after_) || callback_stop;
     // A signal or a callback on one rank stops all of them at the same step.
     if (distributed) stop = comm.all_reduce_int(stop ? 1 : 0, ReduceOp::kMax) != 0;
@@ -696,7 +700,7 @@ TrainResult Trainer::train() {
     if (step_ >= total_steps_) stop = false;
     const bool save_due =
         step_ < total_steps_ &&
-        (args_.save_strategy == "steps"   ? args_.save_steps > 0 && step_ % args_.save_steps == 0
+        (args_.save_strategy == "steps"   ? save_every_ > 0 && step_ % save_every_ == 0
          : args_.save_strategy == "epoch" ? step_ % updates_per_epoch == 0
                                           : false);
     if (save_due || stop)

@@ -72,8 +72,10 @@ struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments, Eval
   double max_grad_norm = 1.0;
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;
-  int64_t logging_steps = 10;
-  int64_t save_steps = 500;
+  // transformers' rule for the three step counts: >= 1 a number of updates (an integer), below
+  // 1 a ratio of all updates (rounded up; resolve_steps).
+  double logging_steps = 10;
+  double save_steps = 500;
   std::string save_strategy = "steps";  // steps (every save_steps) | epoch | no
   bool save_only_model = false;         // checkpoints without optimizer state: no resume from them
   bool logging_first_step = false;
@@ -354,6 +356,8 @@ class Trainer {
   std::function<void(const std::string& dir)> save_hook_;
   int64_t saved_step_ = -1;       // the step of the checkpoint this run saved last
   int64_t evaluated_step_ = -1;   // the step of the last evaluation
+  // logging_steps, save_steps and eval_steps in updates (ratios resolved), set by train().
+  int64_t logging_every_ = 1, save_every_ = 0, eval_every_ = 0;
   BestModel best_;
   nlohmann::json log_history_ = nlohmann::json::array();
   MetricsLogger* log_ = nullptr;  // while train() runs

@@ -79,12 +79,14 @@ const OptionTable<TrainingArguments>& training_table() {
                    1)
           .real("num_train_epochs", &A::num_train_epochs, "epochs over the training data", 0.0)
           .integer("max_steps", &A::max_steps, "total updates; overrides num_train_epochs when > 0")
-          .integer("logging_steps", &A::logging_steps, "log every this many updates", 1)
+          .real("logging_steps", &A::logging_steps,
+                "log every this many updates (below 1: a ratio of all updates)", 0.0)
           .flag("logging_first_step", &A::logging_first_step,
                 "also log the first update (whatever logging_steps)")
           .base(eval_table())
-          .integer("save_steps", &A::save_steps, "checkpoint every this many updates (0 = never)",
-                   0)
+          .real("save_steps", &A::save_steps,
+                "checkpoint every this many updates (below 1: a ratio of all updates; 0 = never)",
+                0.0)
           .text("save_strategy", &A::save_strategy,
                 "when checkpoints are written: every save_steps updates (steps), at the end of "
                 "every epoch (epoch), or never (no; a stop signal still saves one)",
@@ -126,6 +128,9 @@ void add_training_options(Options& o) { training_table().declare(o); }
 
 TrainingArguments training_arguments(const Options& o) {
   TrainingArguments a = training_table().read(o);
+  check_steps("logging_steps", a.logging_steps);
+  check_steps("save_steps", a.save_steps);
+  LT_CHECK_INPUT(a.logging_steps > 0, "option --logging_steps: must be above 0");
   static_cast<EvalArguments&>(a) =
       eval_arguments(o, a.save_strategy, a.save_steps, a.logging_steps);
   LT_CHECK_INPUT(a.lr_scheduler_type != "reduce_lr_on_plateau" || a.eval_strategy != "no",
