@@ -13,6 +13,7 @@
 // dlogits once. f32 math (f64 for f64): exp as exp2f(x log2 e) (a few ulps), logf accurate.
 #include "engine/cuda_utils.cuh"
 #include "kernels/cross_entropy.h"
+#include "kernels/cross_entropy_launch.cuh"
 #include "kernels/online_softmax.cuh"
 #include "kernels/stat_dtype.h"
 
@@ -159,6 +160,8 @@ int block_threads(int64_t nvec) {
   return 128;
 }
 
+}  // namespace
+
 void cross_entropy_fwd_launch(const void* logits, const int64_t* targets, void* loss_rows,
                               void* lse, int64_t rows, int64_t v, DType dt, cudaStream_t stream) {
   if (rows == 0) return;
@@ -215,6 +218,8 @@ void cross_entropy_row_stats_launch(const void* logits, const int64_t* targets, 
     CUDA_CHECK_LAUNCH();
   });
 }
+
+namespace {
 
 // The logits' device and [rows, v] shape, after checking logits and targets.
 struct Inputs {

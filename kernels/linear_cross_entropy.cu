@@ -29,8 +29,9 @@
 // place (rounded to the logits dtype) before the rows kernel, which multiplies each gradient
 // entry by 1 - (Z/c)^2 from the capped value it reads.
 // opt.stats (TRL's SFT entropy and top-1 share): before the rows kernel, cross_entropy.cu's
-// forward and row-statistics kernels read each chunk's logits twice more, into [n] entropy and
-// top-1 arrays summed in row order at the end (not with soft-capping).
+// forward and row-statistics kernels (cross_entropy_launch.cuh) read each chunk's logits twice
+// more, into [n] entropy and top-1 arrays summed in row order at the end, with no synchronisation
+// per chunk (not with soft-capping).
 // The per-row nll values land in one [n] array that is copied back and summed in row order in
 // double at the end (deterministic whatever the chunking; the one synchronisation).
 // Chunk size: c = min(opt.chunk_tokens, valid rows, budget rows) with the budget rows chosen so
@@ -52,6 +53,7 @@
 #include "engine/cuda_utils.cuh"
 #include "kernels/acc_math.cuh"
 #include "kernels/cross_entropy.h"
+#include "kernels/cross_entropy_launch.cuh"
 #include "kernels/cuda_device.cuh"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/linear_cross_entropy_grad.h"
@@ -356,14 +358,16 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
   Tensor zbuf = Tensor::empty({cap, v}, logit_dt, d, MemTag::kWorkspace);
   // opt.stats: the cross-entropy kernels read each chunk's logits twice more (its lse, then the
   // entropy and top-1 per row) before the rows kernel overwrites them with the gradient.
-  Tensor st_rows, st_lse, st_ent, st_top, tgt_host;
+  // The targets are the valid rows' (checked above), copied once as the kernels' i64.
+  Tensor st_rows, st_lse, st_ent, st_top, st_tgt;
+  const DType sd = stat_dtype(logit_dt);
   if (opt.stats) {
-    const DType sd = stat_dtype(logit_dt);
     st_rows = Tensor::empty({cap}, sd, d, MemTag::kWorkspace);
     st_lse = Tensor::empty({cap}, sd, d, MemTag::kWorkspace);
     st_ent = Tensor::empty({n}, sd, d, MemTag::kWorkspace);
     st_top = Tensor::empty({n}, sd, d, MemTag::kWorkspace);
-    tgt_host = Tensor::from_vector(tgt, {n});
+    st_tgt = Tensor::empty({n}, DType::kI64, d, MemTag::kWorkspace);
+    ops::copy(st_tgt, Tensor::from_vector(std::vector<int64_t>(tgt.begin(), tgt.end()), {n}));
   }
   Tensor xbuf, dxbuf;
   if (any_gather) xbuf = Tensor::empty({cap, h}, in, d, MemTag::kWorkspace);
@@ -400,11 +404,14 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
     cu::gemm_cm(wr.ptr, wr.ld, true, xc, ldx, false, zbuf.data_ptr(), v, v, c, h, 1.0, 0.0, in,
                 logit_dt, nullptr, d, stream);
     if (opt.stats) {
-      const Tensor zc = zbuf.narrow(0, 0, c), yc = tgt_host.narrow(0, c0, c);
-      const Tensor lse_c = st_lse.narrow(0, 0, c);
-      cross_entropy_fwd_cuda(zc, yc, st_rows.narrow(0, 0, c), lse_c);
-      cross_entropy_row_stats_cuda(zc, yc, lse_c, st_ent.narrow(0, c0, c),
-                                   st_top.narrow(0, c0, c));
+      const int64_t* yc = st_tgt.data<int64_t>() + c0;
+      const size_t off = static_cast<size_t>(c0) * dtype_size(sd);
+      cross_entropy_fwd_launch(zbuf.data_ptr(), yc, st_rows.data_ptr(), st_lse.data_ptr(), c, v,
+                               logit_dt, stream);
+      cross_entropy_row_stats_launch(zbuf.data_ptr(), yc, st_lse.data_ptr(),
+                                     static_cast<char*>(st_ent.data_ptr()) + off,
+                                     static_cast<char*>(st_top.data_ptr()) + off, c, v, logit_dt,
+                                     stream);
     }
     linear_ce_rows_launch(zbuf.data_ptr(), logit_dt, c, v, ptgt + c0,
                           static_cast<char*>(nll.data_ptr()) + c0 * dtype_size(wdt), grads,

@@ -65,6 +65,15 @@ compare() {
   mpi "$np" "${common[@]}" "$@" --cp_size "$cp" --output_dir "$work/cp" >"$work/cp.log" 2>&1 ||
     { cat "$work/cp.log"; fail "$np ranks, cp_size $cp"; }
   close "$work/one" "$work/cp" 1e-5 || fail "losses beyond 1e-5 relative"
+  # Without data parallel every rank logs the whole micro-batches: the entropy of their label
+  # tokens (sft's and dpo's metric, summed over the cp group) is one process's.
+  if [ "$np" = "$cp" ]; then
+    ent() { grep -o '"entropy":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
+    [ "$(ent "$work/one" | wc -l)" -ge 1 ] || fail "no entropy logged"
+    paste <(ent "$work/one") <(ent "$work/cp") | awk '
+      { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1 + 1e-6) { print "entropy " NR ": " $1 " vs " $2; bad = 1 } }
+      END { exit bad }' || fail "entropy beyond 1e-5 relative"
+  fi
   # The curve moved: a run that did not train would agree trivially.
   paste <(losses "$work/one" | head -1) <(losses "$work/one" | tail -1) |
     awk '{ exit !($1 - $2 > 0.05) }' || fail "the loss did not fall: $(losses "$work/one" | tr '\n' ' ')"

@@ -72,6 +72,10 @@ state_bad_data_state() {
   copy_ckpt
   sed -i 's/"epoch": *0,/"epoch": "zero",/' "$W/out/checkpoint-2/leantune_state.json"
 }
+state_bad_best() {
+  copy_ckpt
+  sed -i 's/"best": *null/"best": "x"/' "$W/out/checkpoint-2/leantune_state.json"
+}
 state_bad_log_history() {
   copy_ckpt
   sed -i 's/"log_history": *\[/"log_history": 7, "x": [/' "$W/out/checkpoint-2/trainer_state.json"
