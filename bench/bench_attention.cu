@@ -9,6 +9,11 @@
 //   attention_fwd_tflops_varlen / attention_bwd_tflops_varlen
 //       head_dim 128, 16/8 heads, a packed mix of 130 sequences from 4096 down to 64 tokens
 //       (32768 in all): many short sequences and a few long ones
+// Each setup runs once per implementation: the figures above are the path the model takes (auto:
+// cuDNN's fused attention where it loads, kernels/attention_cudnn.h), and the same names with
+// _own and _cudnn appended are leantune's kernels and cuDNN forced (cuDNN absent: an error entry
+// says why). bench/torch_attention.py measures torch's SDPA (cuDNN and flash backends) on the
+// 4 x 8192 setups, the yardstick of the targets.
 // FLOPs as flash-attention counts them: forward = 4 Lq Lk D Hq per sequence, halved when causal
 // (the matmuls only: 2 for Q K^T and 2 for P V per query-key pair and head dim); backward = 2.5 x
 // forward (5 matmuls against 2). The targets on an H100 SXM are fwd >= 350 and bwd >= 250 at
@@ -21,6 +26,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench_util.cuh"
@@ -69,7 +75,8 @@ std::vector<int64_t> varlen_mix() {
   return mixed;
 }
 
-void run(const Setup& s, int reps, nlohmann::json& figures) {
+void run(const Setup& s, lt::kernels::AttentionBackend backend, const std::string& tag, int reps,
+         nlohmann::json& figures) {
   int64_t total = 0, max_len = 0;
   double fwd_flops = 0;
   std::vector<int32_t> cu = {0};
@@ -89,6 +96,7 @@ void run(const Setup& s, int reps, nlohmann::json& figures) {
   lt::Tensor dv = lt::Tensor::empty(v.shape(), lt::DType::kBF16, kGpu);
   lt::kernels::AttentionOptions opt;
   opt.causal = true;
+  opt.backend = backend;
   opt.max_seqlen_q = opt.max_seqlen_k = max_len;
   const double fwd_ms =
       median_ms([&] { lt::kernels::attention_fwd_cuda(q, k, v, cu_d, cu_d, opt, out, lse); }, reps);
@@ -99,14 +107,14 @@ void run(const Setup& s, int reps, nlohmann::json& figures) {
       reps);
   const double fwd = fwd_flops / (fwd_ms * 1e-3) / 1e12;
   const double bwd = 2.5 * fwd_flops / (bwd_ms * 1e-3) / 1e12;
-  figures["attention_fwd_tflops" + s.suffix] = fwd;
-  figures["attention_bwd_tflops" + s.suffix] = bwd;
-  figures["attention_fwd_ms" + s.suffix] = fwd_ms;
-  figures["attention_bwd_ms" + s.suffix] = bwd_ms;
+  figures["attention_fwd_tflops" + s.suffix + tag] = fwd;
+  figures["attention_bwd_tflops" + s.suffix + tag] = bwd;
+  figures["attention_fwd_ms" + s.suffix + tag] = fwd_ms;
+  figures["attention_bwd_ms" + s.suffix + tag] = bwd_ms;
   std::fprintf(stderr,
-               "attention%-8s hd%-3lld %2lld/%-2lld heads %3zu seqs %6lld tokens: fwd %.3f ms "
+               "attention%-14s hd%-3lld %2lld/%-2lld heads %3zu seqs %6lld tokens: fwd %.3f ms "
                "(%.1f TFLOP/s), bwd %.3f ms (%.1f TFLOP/s)\n",
-               s.suffix.c_str(), static_cast<long long>(s.d), static_cast<long long>(s.hq),
+               (s.suffix + tag).c_str(), static_cast<long long>(s.d), static_cast<long long>(s.hq),
                static_cast<long long>(s.hk), s.lengths.size(), static_cast<long long>(total),
                fwd_ms, fwd, bwd_ms, bwd);
 }
@@ -125,15 +133,23 @@ int main(int argc, char** argv) {
     const std::vector<int64_t> four_8k(4, 8192);
     for (const Setup& s : {Setup{"", 16, 8, 128, four_8k}, Setup{"_hd64", 32, 16, 64, four_8k},
                            Setup{"_varlen", 16, 8, 128, varlen_mix()}}) {
-      try {
-        run(s, reps, figures);
-      } catch (const std::exception& e) {
-        lt::bench::record_failure(errors, "attention" + s.suffix, e);
+      using lt::kernels::AttentionBackend;
+      for (const auto& [backend, tag] : {std::pair{AttentionBackend::kAuto, std::string()},
+                                         std::pair{AttentionBackend::kOwn, std::string("_own")},
+                                         std::pair{AttentionBackend::kCudnn, std::string("_cudnn")}}) {
+        try {
+          run(s, backend, tag, reps, figures);
+        } catch (const std::exception& e) {
+          lt::bench::record_failure(errors, "attention" + s.suffix + tag, e);
+        }
+        lt::allocator(kGpu).empty_cache();
       }
-      lt::allocator(kGpu).empty_cache();
     }
   } catch (const std::exception& e) {
     errors["setup"] = e.what();
   }
+  const lt::kernels::CudnnAttentionStatus st = lt::kernels::cudnn_attention_status(0);
+  figures["attention_cudnn_available"] = st.available ? 1 : 0;
+  if (!st.available) errors["attention_cudnn"] = st.why;
   return lt::bench::print_report(figures, errors);
 }

@@ -100,6 +100,12 @@ void lt_build(const LtGemm& g, LtDescs* x) {
   const uint64_t ws = kLtWorkspaceBytes;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // Split-K partial sums only in the compute type (f32/f64): the in-place and output-type schemes
+  // add a rounding per split in a 16-bit output (and in-place ones sum in no fixed order). Every
+  // candidate the autotune times writes the real output, so each must be as accurate as the rest.
+  const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      x->pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction)));
   // Algorithms that need more alignment than the operands have must be excluded (the default
   // assumes 256-byte aligned buffers).
   const uint32_t al_a = pointer_alignment(g.a), al_b = pointer_alignment(g.b),

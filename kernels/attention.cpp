@@ -402,6 +402,16 @@ void check_options(const char* op, const AttentionOptions& opt) {
 
 }  // namespace
 
+CudnnAttentionStatus cudnn_attention_status(int device) {
+  try {
+    return cudnn_attention_status_cuda(device);
+  } catch (const Error& e) {  // no CUDA backend in this build or on this machine
+    CudnnAttentionStatus s;
+    s.why = e.what();
+    return s;
+  }
+}
+
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
                    const Tensor& cu_seqlens_k, const AttentionOptions& opt, const Tensor& out,
                    const Tensor& lse) {

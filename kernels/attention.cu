@@ -13,8 +13,13 @@
 //   Rows before cu[0] (a device cu_seqlens is not validated) or beyond cu[B] belong to no
 //   sequence: out = 0, lse = -inf, dq = dk = dv = 0 (kernels/attention_rows.h).
 //
-// Two implementations behind one entry point:
+// Three implementations behind one entry point:
 //
+// 0. cuDNN's fused SDPA (kernels/attention_cudnn.cu), taken first for bf16/f16, head_dim a
+//    multiple of 8 up to 128, no soft-capping, and a batch whose query and key sequences are one
+//    cu_seqlens tensor (training, prefill), when cuDNN loads (AttentionOptions::backend and
+//    LEANTUNE_ATTENTION choose; a shape cuDNN refuses falls back here, noted once). The rows
+//    outside every sequence are filled here, as for the kernels below.
 // 1. Tensor-core flash attention (bf16/f16, head_dim 64 or 128, sm_80+): mma.sync m16n8k16 with
 //    f32 accumulation, ldmatrix from shared tiles whose rows are padded by 16 bytes (conflict-free
 //    ldmatrix, cp.async and 4-byte stores; every address a per-lane offset plus an immediate),
@@ -65,8 +70,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/log.h"
 #include "kernels/attention.h"
 #include "kernels/attention_common.cuh"
+#include "kernels/attention_cudnn.h"
 #include "kernels/attention_dims.h"
 #include "kernels/attention_rows.h"
 #include "kernels/cuda_device.cuh"
@@ -322,6 +329,77 @@ void check_simple_head_dim(const char* op, int64_t d) {
            kSimpleMaxD, ")");
 }
 
+// ---------------------------------------------------------------- the cuDNN path
+
+AttentionBackend requested_backend(const AttentionOptions& opt) {
+  if (opt.backend != AttentionBackend::kAuto) return opt.backend;
+  const char* env = std::getenv("LEANTUNE_ATTENTION");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "auto") return AttentionBackend::kAuto;
+  if (v == "own") return AttentionBackend::kOwn;
+  LT_CHECK_INPUT(v == "cudnn", "LEANTUNE_ATTENTION=", v, ": expected auto, own or cudnn");
+  return AttentionBackend::kCudnn;
+}
+
+// Why this call is outside what the cuDNN path computes (attention_cudnn.h), or "" when inside.
+std::string cudnn_scope(const Tensor& q, const Tensor& cu_q, const Tensor& cu_k,
+                        const AttentionDims& dm, const AttentionOptions& opt) {
+  if (q.dtype() != DType::kBF16 && q.dtype() != DType::kF16) return "not bf16/f16";
+  if (dm.d % 8 != 0 || dm.d > 128) return "head_dim " + std::to_string(dm.d);
+  if (opt.softcap != 0) return "soft-capped scores";
+  if (dm.tq != dm.tk) return "different query and key rows";
+  const bool same_tensor = cu_q.shares_storage(cu_k) && cu_q.offset() == cu_k.offset() &&
+                           cu_q.dtype() == cu_k.dtype() && cu_q.numel() == cu_k.numel();
+  if (same_tensor) return "";
+  if (cu_q.device().is_cpu() && cu_k.device().is_cpu() && cu_q.to_i64() == cu_k.to_i64())
+    return "";
+  return "query and key sequences given apart";
+}
+
+// Whether this call runs on cuDNN: in scope, wanted and loadable. With kCudnn, in scope but not
+// loadable is an error.
+bool want_cudnn(const Tensor& q, const Tensor& cu_q, const Tensor& cu_k, const AttentionDims& dm,
+                const AttentionOptions& opt, Device d, const char* op) {
+  const AttentionBackend want = requested_backend(opt);
+  if (want == AttentionBackend::kOwn || !cudnn_scope(q, cu_q, cu_k, dm, opt).empty()) return false;
+  std::string why;
+  if (cudnn_sdpa::available(d, &why)) return true;
+  LT_CHECK_INPUT(want != AttentionBackend::kCudnn, op, ": cuDNN attention was asked for ",
+                 "(LEANTUNE_ATTENTION=cudnn) but is unavailable: ", why);
+  return false;
+}
+
+// cuDNN refused a shape it was given: an error under kCudnn, else a note (once) and our kernels.
+void cudnn_refused(const AttentionOptions& opt, const char* op, const std::string& why) {
+  LT_CHECK(requested_backend(opt) != AttentionBackend::kCudnn, op,
+           ": cuDNN refused this attention (LEANTUNE_ATTENTION=cudnn): ", why);
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    log_message(LogLevel::kInfo, std::string(op) + ": cuDNN refused a shape (" + why +
+                                     "); leantune's kernels run it");
+  });
+}
+
+cudnn_sdpa::Problem cudnn_problem(const Tensor& q, const Seqs& s, const AttentionDims& dm,
+                                  const AttentionOptions& opt, double scale, Device d,
+                                  cudaStream_t stream) {
+  cudnn_sdpa::Problem p;
+  p.dtype = q.dtype();
+  p.t = dm.tq;
+  p.hq = dm.hq;
+  p.hk = dm.hk;
+  p.d = dm.d;
+  p.batch = s.batch;
+  p.max_seqlen = std::max(s.max_q, s.max_k);
+  p.causal = opt.causal;
+  p.window = opt.window;
+  p.scale = static_cast<float>(scale);
+  p.cu = s.cu_q.data<int32_t>();
+  p.dev = d;
+  p.stream = stream;
+  return p;
+}
+
 // Fills what every attention parameter block (FwdParams, BwdParams, SimpleParams) shares: the
 // q/k/v rows, the sequence layout, the head counts and causality.
 template <typename P>
@@ -367,6 +445,28 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
   const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(dm.d));
   LT_CHECK(opt.window >= 0 && opt.softcap >= 0 && (opt.window == 0 || opt.causal), op, ": window ",
            opt.window, " (causal only), softcap ", opt.softcap);
+  if (s.batch > 0 && want_cudnn(q, cu_seqlens_q, cu_seqlens_k, dm, opt, d, op)) {
+    const RowsOperand qr = rows_operand(q, true), kr = rows_operand(k, true),
+                      vr = rows_operand(v, true);
+    const OutOperand o = out_operand(out, true);
+    std::string why;
+    const cudnn_sdpa::Problem p = cudnn_problem(q, s, dm, opt, scale, d, stream);
+    if (cudnn_sdpa::fwd(p, {qr.ptr, qr.stride}, {kr.ptr, kr.stride}, {vr.ptr, vr.stride}, o.ptr(),
+                        lse.data<float>(), &why)) {
+      const int* cu = s.cu_q.data<int32_t>();
+      LT_CU_DISPATCH_F32_16(q.dtype(), T, {
+        attention_uncovered_fill_launch<T>(static_cast<T*>(o.ptr()), dm.hq * dm.d,
+                                           static_cast<int>(dm.tq), cu, s.batch, T{}, false, d,
+                                           stream);
+      });
+      attention_uncovered_fill_launch<float>(lse.data<float>(), dm.hq, static_cast<int>(dm.tq), cu,
+                                             s.batch, -std::numeric_limits<float>::infinity(),
+                                             true, d, stream);
+      o.finish();
+      return;
+    }
+    cudnn_refused(opt, op, why);
+  }
   const bool mma = opt.softcap == 0 && use_mma(q.dtype(), dm.d, d, /*backward=*/false);
   if (!mma) check_simple_head_dim(op, dm.d);
   const RowsOperand qr = rows_operand(q, mma), kr = rows_operand(k, mma), vr = rows_operand(v, mma);
@@ -436,12 +536,45 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
   const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(dm.d));
   LT_CHECK(opt.window >= 0 && opt.softcap >= 0 && (opt.window == 0 || opt.causal), op, ": window ",
            opt.window, " (causal only), softcap ", opt.softcap);
-  const bool mma = opt.softcap == 0 && use_mma(q.dtype(), dm.d, d, /*backward=*/true);
-  if (!mma) check_simple_head_dim(op, dm.d);
   // Gradients nobody asked for still have to be written somewhere by the fused kernels.
   auto grad_or_scratch = [&](const Tensor& g, const Tensor& x) {
     return g.defined() ? g : Tensor::empty(x.shape(), x.dtype(), d, MemTag::kWorkspace);
   };
+  if (dm.tq > 0 && s.batch > 0 && want_cudnn(q, cu_seqlens_q, cu_seqlens_k, dm, opt, d, op)) {
+    const OutOperand gq = out_operand(grad_or_scratch(dq, q), true);
+    const OutOperand gk = out_operand(grad_or_scratch(dk, k), true);
+    const OutOperand gv = out_operand(grad_or_scratch(dv, v), true);
+    const RowsOperand qr = rows_operand(q, true), kr = rows_operand(k, true),
+                      vr = rows_operand(v, true), orr = rows_operand(out, true),
+                      gr = rows_operand(dout, true);
+    const Tensor lc = cu::contiguous_ws(lse);
+    std::string why;
+    const cudnn_sdpa::Problem p = cudnn_problem(q, s, dm, opt, scale, d, stream);
+    if (cudnn_sdpa::bwd(p, {qr.ptr, qr.stride}, {kr.ptr, kr.stride}, {vr.ptr, vr.stride},
+                        {orr.ptr, orr.stride}, {gr.ptr, gr.stride}, lc.data<float>(), gq.ptr(),
+                        gk.ptr(), gv.ptr(), &why)) {
+      const int* cu = s.cu_q.data<int32_t>();
+      LT_CU_DISPATCH_F32_16(q.dtype(), T, {
+        // Rows outside every sequence: zero gradients.
+        attention_uncovered_fill_launch<T>(static_cast<T*>(gq.ptr()), dm.hq * dm.d,
+                                           static_cast<int>(dm.tq), cu, s.batch, T{}, false, d,
+                                           stream);
+        attention_uncovered_fill_launch<T>(static_cast<T*>(gk.ptr()), dm.hk * dm.d,
+                                           static_cast<int>(dm.tk), cu, s.batch, T{}, false, d,
+                                           stream);
+        attention_uncovered_fill_launch<T>(static_cast<T*>(gv.ptr()), dm.hk * dm.d,
+                                           static_cast<int>(dm.tk), cu, s.batch, T{}, false, d,
+                                           stream);
+      });
+      if (dq.defined()) gq.finish();
+      if (dk.defined()) gk.finish();
+      if (dv.defined()) gv.finish();
+      return;
+    }
+    cudnn_refused(opt, op, why);
+  }
+  const bool mma = opt.softcap == 0 && use_mma(q.dtype(), dm.d, d, /*backward=*/true);
+  if (!mma) check_simple_head_dim(op, dm.d);
   const OutOperand gq = out_operand(grad_or_scratch(dq, q), mma);
   const OutOperand gk = out_operand(grad_or_scratch(dk, k), mma);
   const OutOperand gv = out_operand(grad_or_scratch(dv, v), mma);
@@ -520,6 +653,13 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
   if (dq.defined()) gq.finish();
   if (dk.defined()) gk.finish();
   if (dv.defined()) gv.finish();
+}
+
+CudnnAttentionStatus cudnn_attention_status_cuda(int device) {
+  CudnnAttentionStatus st;
+  st.available = cudnn_sdpa::available(Device::cuda(device), &st.why);
+  st.calls = cudnn_sdpa::calls();
+  return st;
 }
 
 }  // namespace leantune::kernels

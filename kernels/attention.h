@@ -18,11 +18,21 @@
 // dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale; dK/dV of
 // a KV head sum over the query heads of its group. The lse lets partial results over disjoint
 // key blocks be merged exactly (ring attention).
+// On CUDA two implementations keep this contract: cuDNN's fused attention (bf16/f16 training and
+// prefill shapes, kernels/attention_cudnn.h) and leantune's own kernels (every case). `backend`
+// chooses; under kAuto the environment variable LEANTUNE_ATTENTION (auto, own, cudnn) decides,
+// and auto takes cuDNN wherever it applies and loads.
 #pragma once
+
+#include <string>
 
 #include "engine/tensor.h"
 
 namespace leantune::kernels {
+
+// kAuto: cuDNN where it applies and can be loaded, else our kernels. kOwn: our kernels only.
+// kCudnn: cuDNN wherever it applies; a failure to load it is an error (one line, the reason).
+enum class AttentionBackend { kAuto, kOwn, kCudnn };
 
 struct AttentionOptions {
   bool causal = true;
@@ -31,7 +41,20 @@ struct AttentionOptions {
   double softcap = 0.0;      // 0 = off
   int64_t max_seqlen_q = 0;  // 0 = computed from cu_seqlens (a hint for the CUDA launch)
   int64_t max_seqlen_k = 0;
+  // CUDA only. The cuDNN path takes max_seqlen_q as a bound on the longest sequence (a hint
+  // below it clips the longer sequences); our kernels only lose time to a too-small hint.
+  AttentionBackend backend = AttentionBackend::kAuto;
 };
+
+// Whether attention on CUDA device `device` can use cuDNN (and why not), and how many forward and
+// backward calls cuDNN has run in this process.
+struct CudnnAttentionStatus {
+  bool available = false;
+  std::string why;
+  int64_t calls = 0;
+};
+CudnnAttentionStatus cudnn_attention_status(int device);
+CudnnAttentionStatus cudnn_attention_status_cuda(int device);
 
 struct AttentionOutput {
   Tensor out;

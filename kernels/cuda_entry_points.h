@@ -35,6 +35,8 @@
      const Tensor& lse, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,                   \
      const AttentionOptions& opt, const Tensor& dq, const Tensor& dk, const Tensor& dv),          \
     (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, opt, dq, dk, dv))                       \
+  X(kernels::CudnnAttentionStatus, leantune::kernels, cudnn_attention_status_cuda, (int device), \
+    (device))                                                                                     \
   X(void, leantune::kernels, cross_entropy_fwd_cuda,                                              \
     (const Tensor& logits, const Tensor& targets, const Tensor& loss_rows, const Tensor& lse),    \
     (logits, targets, loss_rows, lse))                                                            \
@@ -119,7 +121,7 @@
 
 namespace leantune::kernels {
 
-inline constexpr uint32_t kKernelsCudaAbiVersion = 7;
+inline constexpr uint32_t kKernelsCudaAbiVersion = 8;
 inline constexpr const char* kKernelsCudaTableSymbol = LT_CUDA_STR(LT_KERNELS_CUDA_TABLE);
 
 struct KernelsCudaTable {

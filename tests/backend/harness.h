@@ -126,6 +126,9 @@ struct Entry {
   std::string name;                  // op_dir_dtype_shape: a gtest parameter name
   std::function<void(OpRun&)> body;  // makes the inputs, runs the op on run.dev(), records
   std::vector<std::pair<std::string, std::string>> env = {};  // set around non-reference runs
+  // GPU tier: a reason to skip the entry on the device ("" or unset: run it), e.g. a library
+  // the device path needs and the machine lacks.
+  std::function<std::string()> skip_on_device = {};
 };
 
 // An output changed so that its comparison must fail: `nan` puts a NaN in the middle element

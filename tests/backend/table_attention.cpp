@@ -13,6 +13,11 @@
 // and device cu_seqlens (i32 and i64), missing and too-small max_seqlen hints, strided and
 // misaligned q and outputs (equal to the plain call); the 4-warp head_dim-128 backward; argument
 // errors; bitwise repeatability; rows before the first sequence.
+// Two CUDA implementations keep this contract (kernels/attention.cu): the rows above force
+// leantune's own kernels (LEANTUNE_ATTENTION=own); the attention_cudnn_* rows run every case
+// inside cuDNN's surface (one cu_seqlens for queries and keys, bf16/f16, head_dim <= 128, no
+// soft-cap) through cuDNN's fused attention, held to the same references, checked to have run
+// on cuDNN, and compared with our kernels on the same inputs (skipped where cuDNN is absent).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -77,6 +82,7 @@ struct Options {
   DType cu_dt = DType::kI32;
   int hint = 1;            // 1: exact max_seqlen, 0: none, -1: too small (1)
   int64_t out_guard = 64;  // odd values misalign out/lse/grads (the copy fallback)
+  kernels::AttentionBackend backend = kernels::AttentionBackend::kAuto;
 };
 
 struct Result {
@@ -87,6 +93,7 @@ struct Result {
 Result run_op(OpRun& r, const Problem& p, const Options& o, const Tensor& q) {
   const Case& c = p.c;
   kernels::AttentionOptions opt;
+  opt.backend = o.backend;
   opt.causal = c.causal;
   opt.window = c.window;
   opt.softcap = c.softcap;
@@ -99,11 +106,13 @@ Result run_op(OpRun& r, const Problem& p, const Options& o, const Tensor& q) {
     opt.max_seqlen_q = o.hint > 0 ? std::max<int64_t>(mq, 1) : 1;
     opt.max_seqlen_k = o.hint > 0 ? std::max<int64_t>(mk, 1) : 1;
   }
+  // One tensor for queries and keys when their sequences coincide, as the model passes them.
   Tensor cq = cu_tensor(p.cq, o.cu_dt), ck = cu_tensor(p.ck, o.cu_dt);
   if (o.device_cu) {
     cq = r.on(cq);
     ck = r.on(ck);
   }
+  if (p.cq == p.ck) ck = cq;
   const Tensor k = r.on(p.k), v = r.on(p.v), g = r.on(p.dout);
   Result res;
   res.out = r.guarded(p.q.shape(), c.dt, o.out_guard);
@@ -150,7 +159,8 @@ Result reference64(OpRun& r, const Problem& p) {
   return ::testing::AssertionSuccess();
 }
 
-void record_against_references(OpRun& r, const Problem& p) {
+// Records out, lse, dq, dk, dv against the references; returns what the run computed.
+Result record_against_references(OpRun& r, const Problem& p) {
   const DType dt = p.c.dt;
   const bool low = dt == DType::kBF16 || dt == DType::kF16;
   const Result res = r.reference() ? reference64(r, p) : run_op(r, p, Options{}, r.on(p.q));
@@ -161,7 +171,7 @@ void record_against_references(OpRun& r, const Problem& p) {
     for (auto [name, t] : {std::pair{"out", res.out}, std::pair{"dq", res.dq},
                            std::pair{"dk", res.dk}, std::pair{"dv", res.dv}})
       r.out(name, t, Rule::within(testing::backend_norm_tol(dt)));
-    return;
+    return res;
   }
   LT_CHECK(p.c.softcap == 0.0, "attention case ", p.c.name,
            ": no naive yardstick for soft-capped 16-bit scores");
@@ -185,6 +195,7 @@ void record_against_references(OpRun& r, const Problem& p) {
         vanishing ? Rule::close(backend_tol(dt)) : Rule::flash([v = naive.dq] { return v; }));
   r.out("dk", res.dk,
         vanishing ? Rule::close(backend_tol(dt)) : Rule::flash([v = naive.dk] { return v; }));
+  return res;
 }
 
 // Forward, dk and dv are deterministic; dq sums f32 atomics in any order (one rounding apart).
@@ -272,9 +283,53 @@ const std::vector<Case>& cases() {
   return c;
 }
 
+const std::vector<std::pair<std::string, std::string>> kOwn = {{"LEANTUNE_ATTENTION", "own"}};
+
+// Inside the cuDNN path's surface (kernels/attention_cudnn.h).
+bool cudnn_case(const Case& c) {
+  return (c.dt == DType::kBF16 || c.dt == DType::kF16) && c.d % 8 == 0 && c.d <= 128 &&
+         c.softcap == 0 && c.lk.empty() && c.tail_q == c.tail_k;
+}
+
+// GPU tier: why the cuDNN rows cannot run on device 0 ("" when they can).
+std::string cudnn_missing() {
+  const kernels::CudnnAttentionStatus st = kernels::cudnn_attention_status(0);
+  return st.available ? "" : st.why;
+}
+
+// A case through cuDNN (LEANTUNE_ATTENTION=cudnn): the references as for our kernels, one forward
+// and one backward counted on cuDNN, and our kernels on the same inputs within the dtype's
+// normwise row of each other (both are within the flash rule of the references).
+void cudnn_entry(std::vector<Entry>& t, const Case& c) {
+  t.push_back({"attention_cudnn_" + c.name,
+               [=](OpRun& r) {
+                 const Problem p = make_problem(c, 9601);
+                 if (!r.cuda()) {
+                   record_against_references(r, p);
+                   return;
+                 }
+                 const int64_t before = kernels::cudnn_attention_status(r.dev().index).calls;
+                 record_against_references(r, p);
+                 const int64_t ran = kernels::cudnn_attention_status(r.dev().index).calls - before;
+                 r.expect("cuDNN ran the forward and the backward",
+                          ::testing::AssertionResult(ran == 2) << ran << " cuDNN calls");
+                 Options own;
+                 own.backend = kernels::AttentionBackend::kOwn;
+                 const Result mine = run_op(r, p, own, r.on(p.q));
+                 const Rule near = Rule::within(2 * testing::backend_norm_tol(c.dt));
+                 for (auto [name, t2] : {std::pair{"out", mine.out}, std::pair{"dq", mine.dq},
+                                         std::pair{"dk", mine.dk}, std::pair{"dv", mine.dv}})
+                   r.same(std::string(name) + "_own", t2, name, near);
+                 r.same("lse_own", mine.lse, "lse", Rule::close(backend_tol(DType::kF32, 20.0)));
+               },
+               {{"LEANTUNE_ATTENTION", "cudnn"}}, cudnn_missing});
+}
+
 void per_case(std::vector<Entry>& t, const Case& c) {
+  if (cudnn_case(c)) cudnn_entry(t, c);
   t.push_back({"attention_" + c.name,
-               [=](OpRun& r) { record_against_references(r, make_problem(c, 9001)); }});
+               [=](OpRun& r) { record_against_references(r, make_problem(c, 9001)); },
+               kOwn});
   // The device's variants of the call against its plain call: host i64 cu_seqlens without
   // hints, a too-small hint, device i64 without hints.
   // (Device-side behaviour: the reference run records nothing.)
@@ -288,7 +343,8 @@ void per_case(std::vector<Entry>& t, const Case& c) {
                      {"_small_hint", Options{true, DType::kI32, -1}},
                      {"_device_i64_no_hint", Options{true, DType::kI64, 0}}};
                  for (const auto& [m, o] : variants) record_same_as_base(r, m, run_op(r, p, o, q));
-               }});
+               },
+               kOwn});
   // q as a strided view into a wider buffer (rows of Hq*D + 8 elements), starting 8 elements in
   // (rows stay 16-byte aligned: used in place) or 1 element in (copied for the tensor cores);
   // outputs misaligned by 3 elements (written through a workspace).
@@ -307,7 +363,8 @@ void per_case(std::vector<Entry>& t, const Case& c) {
            o.out_guard = 3;
            record_same_as_base(r, "_offset" + std::to_string(offset), run_op(r, p, o, qv));
          }
-       }});
+       },
+       kOwn});
 }
 
 }  // namespace
@@ -349,7 +406,7 @@ std::vector<Entry> attention_entries() {
                              45}})
     t.push_back({"attention_bwd_4warps_" + c.name,
                  [=](OpRun& r) { record_against_references(r, make_problem(c, 9401)); },
-                 {{"LEANTUNE_ATTENTION_BWD_WARPS", "4"}}});
+                 {{"LEANTUNE_ATTENTION_BWD_WARPS", "4"}, {"LEANTUNE_ATTENTION", "own"}}});
   t.push_back(
       {"attention_bad_arguments_bf16", [](OpRun& r) {
          const Tensor q = r.randn({4, 2, 64}, DType::kBF16, 1);
@@ -386,7 +443,8 @@ std::vector<Entry> attention_entries() {
                  const Tensor q = r.on(p.q);
                  record_base(r, run_op(r, p, Options{}, q));
                  record_same_as_base(r, "_again", run_op(r, p, Options{}, q));
-               }});
+               },
+               kOwn});
   // A device cu_seqlens with both max_seqlen hints is not read back; with cu[0] > 0 the rows
   // before the first sequence are still written: out = 0, lse = -inf, dq = dk = dv = 0. The CPU
   // reads cu_seqlens and refuses cu[0] != 0.

@@ -1,0 +1,557 @@
+// Attention on cuDNN's fused SDPA (flash attention inside cuDNN, tuned per GPU by NVIDIA): the
+// packed variable-length batch of kernels/attention.h as one cuDNN frontend graph per shape
+// bucket, forward and backward. Contract and restrictions: kernels/attention_cudnn.h.
+//
+// Layout handed to cuDNN ("THD", ragged): each operand is a [B, H, S, D] tensor with strides
+// [S*stride, D, stride, 1] plus a ragged-offset tensor [B+1] i64 that places sequence b at
+// element cu[b] * stride, and a padding mask with per-sequence lengths seq_len:[B] i32. The
+// softmax statistics (cuDNN's "Stats", the natural-log log-sum-exp of the scaled scores, f32) are
+// ragged too, token-major [T, Hq]; our lse is [Hq, T], so a transpose runs after the forward and
+// before the backward (a [T, Hq] f32 workspace). Causal masks are bottom-right aligned; a sliding
+// window is the diagonal band's left bound (key j kept when j > i + Lk - Lq - window), as in
+// kernels/attention.h.
+//
+// Shape buckets: a graph is built (validated, planned by heuristics mode A, compiled) once per
+// (device, direction, dtype, heads, head_dim, strides, mask, scale, B bucket, S bucket, T
+// bucket) and cached for the process. B is rounded up to a power of two (the padding entries get
+// length 0), S (the longest sequence) and T (the packed rows, cuDNN's workspace bound) to a power
+// of two too, so that a run with varying packing builds a handful of graphs, not one per step.
+// A shape cuDNN refuses is cached as refused: the caller falls back to its own kernel at once.
+//
+// Scratch (kWorkspace): seq_len and the ragged offsets (a few KiB), the [T, Hq] f32 statistics,
+// and cuDNN's own workspace (the backward's dQ accumulator among others), all from the caching
+// allocator. cuDNN is loaded with dlopen (the frontend's dynamic loading), so that a machine
+// without it still runs our kernels.
+#include "kernels/attention_cudnn.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/cuda_utils.cuh"
+
+#if LEANTUNE_WITH_CUDNN_FRONTEND
+#define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
+#define CUDNN_FRONTEND_SKIP_JSON_LIB
+#include <cudnn_frontend.h>
+
+// The frontend's handle on the dlopen'ed library (it calls every cuDNN function through it).
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}
+#endif
+
+namespace leantune::kernels::cudnn_sdpa {
+namespace {
+
+std::atomic<int64_t> g_calls{0};
+
+#if LEANTUNE_WITH_CUDNN_FRONTEND
+
+// ---------------------------------------------------------------- kernels
+
+constexpr int kMaxRagged = 9;  // backward: q, k, v, o, dO, stats, dq, dk, dv
+struct RaggedMult {
+  int64_t mult[kMaxRagged];
+  int n;
+};
+
+// seq[b] (b < nb): the length of sequence b, clipped to cap, 0 for the padding entries b >= batch;
+// off[k][b] (b <= nb) = start of sequence b (the end of the last one for padding) * mult[k]. cu is
+// clamped into [0, t] and lengths below 0 become 0, so a bad device cu_seqlens cannot make cuDNN
+// read or write outside the operands.
+__global__ void ragged_prep_kernel(const int32_t* __restrict__ cu, int batch, int nb, int64_t t,
+                                   int64_t cap, int32_t* __restrict__ seq,
+                                   int64_t* __restrict__ off, RaggedMult m) {
+  for (int b = blockIdx.x * blockDim.x + threadIdx.x; b <= nb; b += gridDim.x * blockDim.x) {
+    auto at = [&](int i) -> int64_t {
+      const int64_t c = cu[i < batch ? i : batch];
+      return c < 0 ? 0 : (c > t ? t : c);
+    };
+    const int64_t start = at(b);
+    if (b < nb) {
+      int64_t len = b < batch ? at(b + 1) - start : 0;
+      len = len < 0 ? 0 : (len > cap ? cap : len);
+      seq[b] = static_cast<int32_t>(len);
+    }
+    for (int k = 0; k < m.n; ++k) off[static_cast<int64_t>(k) * (nb + 1) + b] = start * m.mult[k];
+  }
+}
+
+// out[c, r] = in[r, c], in:[rows, cols] f32 (lse [Hq,T] <-> cuDNN's stats [T,Hq]); 32x32 tiles
+// through shared memory (padded against bank conflicts), rows on grid x (no 65535 limit).
+__global__ void transpose_f32_kernel(const float* __restrict__ in, float* __restrict__ out,
+                                     int64_t rows, int64_t cols) {
+  __shared__ float tile[32][33];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 32, c0 = static_cast<int64_t>(blockIdx.y) * 32;
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
+void transpose_f32(const float* in, float* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const int64_t gx = (rows + 31) / 32, gy = (cols + 31) / 32;
+  LT_CHECK(gx < (int64_t{1} << 31) && gy <= 65535, "attention (cuDNN): statistics [", rows, ", ",
+           cols, "] too large to transpose");
+  transpose_f32_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(32, 8), 0,
+                         stream>>>(in, out, rows, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The smallest power of two >= max(x, lo).
+int64_t pow2_at_least(int64_t x, int64_t lo) {
+  int64_t p = lo;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+// The device buffers one call hands cuDNN besides the operands: seq_len [nb] i32 and the ragged
+// offsets [n][nb + 1] i64, in one workspace.
+struct Ragged {
+  Tensor buf;
+  const int32_t* seq = nullptr;
+  const int64_t* off = nullptr;
+  int nb = 0;
+  const int64_t* offsets(int k) const { return off + static_cast<int64_t>(k) * (nb + 1); }
+};
+
+Ragged ragged(const Problem& p, int nb, int64_t cap, const std::vector<int64_t>& mult) {
+  LT_CHECK(mult.size() <= static_cast<size_t>(kMaxRagged), "attention (cuDNN): too many operands");
+  Ragged r;
+  r.nb = nb;
+  const int64_t seq_bytes = (static_cast<int64_t>(nb) * 4 + 15) / 16 * 16;
+  const int64_t bytes = seq_bytes + static_cast<int64_t>(mult.size()) * (nb + 1) * 8;
+  r.buf = cu::workspace(static_cast<size_t>(bytes), p.dev);
+  auto* base = static_cast<uint8_t*>(r.buf.data_ptr());
+  r.seq = reinterpret_cast<const int32_t*>(base);
+  r.off = reinterpret_cast<const int64_t*>(base + seq_bytes);
+  RaggedMult m{};
+  m.n = static_cast<int>(mult.size());
+  for (size_t k = 0; k < mult.size(); ++k) m.mult[k] = mult[k];
+  const int threads = 128;
+  const int blocks = static_cast<int>(std::min<int64_t>((nb + threads) / threads, 1024));
+  ragged_prep_kernel<<<blocks, threads, 0, p.stream>>>(
+      p.cu, p.batch, nb, p.t, cap, const_cast<int32_t*>(r.seq), const_cast<int64_t*>(r.off), m);
+  CUDA_CHECK_LAUNCH();
+  return r;
+}
+
+namespace fe = cudnn_frontend;
+using TensorAttr = fe::graph::Tensor_attributes;
+using TensorPtr = std::shared_ptr<TensorAttr>;
+
+// ---------------------------------------------------------------- the library and handles
+
+struct Library {
+  bool ok = false;
+  std::string why;
+};
+
+const Library& library() {
+  static const Library lib = [] {
+    Library l;
+    const char* env = std::getenv("LEANTUNE_CUDNN_LIBRARY");
+    std::vector<std::string> names;
+    if (env && *env)
+      names.push_back(env);
+    else
+      names = {"libcudnn.so.9", "libcudnn.so"};
+    void* h = nullptr;
+    std::string errors;
+    for (const std::string& n : names) {
+      h = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (h) break;
+      const char* e = dlerror();
+      errors += (errors.empty() ? "" : "; ") + std::string(e ? e : n.c_str());
+    }
+    if (!h) {
+      l.why = "cuDNN 9 not found (" + errors +
+              "); put libcudnn.so.9 on LD_LIBRARY_PATH or name it in LEANTUNE_CUDNN_LIBRARY";
+      return l;
+    }
+    fe::cudnn_dlhandle = h;
+    // The frontend opens the CUDA runtime itself: pin it to the one this library runs on.
+    const std::string cudart = "libcudart.so." + std::to_string(CUDART_VERSION / 1000);
+    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", cudart.c_str(), 0);
+    try {
+      const size_t v = fe::detail::get_backend_version();
+      if (v < 90000) {
+        l.why = "cuDNN " + std::to_string(v) + " is older than 9.0";
+        return l;
+      }
+    } catch (const std::exception& e) {
+      l.why = std::string("cuDNN loaded but unusable: ") + e.what();
+      return l;
+    }
+    l.ok = true;
+    return l;
+  }();
+  return lib;
+}
+
+// One handle per device; cudnnSetStream and the execution it precedes happen under its mutex.
+struct Handle {
+  cudnnHandle_t h = nullptr;
+  std::mutex mu;
+};
+
+Handle& handle(Device dev) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<Handle>> handles;
+  std::lock_guard<std::mutex> lk(mu);
+  std::unique_ptr<Handle>& slot = handles[dev.index];
+  if (!slot) {
+    auto h = std::make_unique<Handle>();
+    const cudnnStatus_t st = fe::detail::create_handle(&h->h);
+    LT_CHECK(st == CUDNN_STATUS_SUCCESS, "attention (cuDNN): cudnnCreate failed on ", dev.str(),
+             ": status ", static_cast<int>(st));
+    slot = std::move(h);
+  }
+  return *slot;
+}
+
+// ---------------------------------------------------------------- graphs
+
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV,
+  kOff = 20,  // kOff + k: the ragged offsets of operand k, in the order of Ragged
+};
+
+struct Key {
+  int dev = 0, backward = 0, dtype = 0;
+  int64_t nb = 0, s = 0, tcap = 0, hq = 0, hk = 0, d = 0, window = 0;
+  int causal = 0;
+  uint32_t scale_bits = 0;
+  std::vector<int64_t> strides;
+  auto tie() const {
+    return std::tie(dev, backward, dtype, nb, s, tcap, hq, hk, d, window, causal, scale_bits,
+                    strides);
+  }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+struct Graph {
+  std::shared_ptr<fe::graph::Graph> g;
+  int64_t workspace = 0;
+  bool ok = false;
+  std::string why;
+};
+
+Key make_key(const Problem& p, bool backward, int nb, int64_t s, int64_t tcap,
+             std::vector<int64_t> strides) {
+  Key k;
+  k.dev = p.dev.index;
+  k.backward = backward ? 1 : 0;
+  k.dtype = static_cast<int>(p.dtype);
+  k.nb = nb;
+  k.s = s;
+  k.tcap = tcap;
+  k.hq = p.hq;
+  k.hk = p.hk;
+  k.d = p.d;
+  k.window = p.window;
+  k.causal = p.causal ? 1 : 0;
+  std::memcpy(&k.scale_bits, &p.scale, 4);
+  k.strides = std::move(strides);
+  return k;
+}
+
+// A graph's common inputs: seq_len twice (q and kv) and one ragged-offset tensor per operand.
+struct Inputs {
+  TensorPtr seq_q, seq_kv;
+  std::vector<TensorPtr> off;
+};
+
+Inputs graph_inputs(fe::graph::Graph& g, int64_t nb, int n_ragged) {
+  Inputs in;
+  auto seq = [&](const char* name, int64_t uid) {
+    return g.tensor(TensorAttr()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({nb, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(fe::DataType_t::INT32));
+  };
+  in.seq_q = seq("seq_q", kSeqQ);
+  in.seq_kv = seq("seq_kv", kSeqKV);
+  for (int k = 0; k < n_ragged; ++k)
+    in.off.push_back(g.tensor(TensorAttr()
+                                  .set_name("ragged_offset_" + std::to_string(k))
+                                  .set_uid(kOff + k)
+                                  .set_dim({nb + 1, 1, 1, 1})
+                                  .set_stride({1, 1, 1, 1})
+                                  .set_data_type(fe::DataType_t::INT64)));
+  return in;
+}
+
+// A [nb, h, s, d] ragged operand with row stride `stride` (elements); d = 1 for the statistics.
+TensorAttr& shape_rows(TensorAttr& t, int64_t nb, int64_t h, int64_t s, int64_t d, int64_t stride,
+                       const TensorPtr& off) {
+  return t.set_dim({nb, h, s, d}).set_stride({s * stride, d, stride, 1}).set_ragged_offset(off);
+}
+
+TensorPtr input_rows(fe::graph::Graph& g, const char* name, int64_t uid, int64_t nb, int64_t h,
+                     int64_t s, int64_t d, int64_t stride, const TensorPtr& off) {
+  TensorAttr t;
+  t.set_name(name).set_uid(uid);
+  shape_rows(t, nb, h, s, d, stride, off);
+  return g.tensor(t);
+}
+
+void set_stats_layout(TensorAttr& t, int64_t nb, int64_t hq, int64_t s, const TensorPtr& off) {
+  t.set_dim({nb, hq, s, 1}).set_stride({s * hq, 1, hq, 1}).set_ragged_offset(off);
+  t.set_data_type(fe::DataType_t::FLOAT);
+}
+
+template <typename Attr>
+void set_mask(Attr& a, const Problem& p, const Inputs& in, int64_t tcap) {
+  a.set_attn_scale(p.scale).set_padding_mask(true).set_seq_len_q(in.seq_q).set_seq_len_kv(
+      in.seq_kv);
+  if (p.causal) {
+    a.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT);
+    a.set_diagonal_band_right_bound(0);
+    if (p.window > 0) a.set_diagonal_band_left_bound(static_cast<int>(p.window));
+  }
+  a.set_max_total_seq_len_q(tcap).set_max_total_seq_len_kv(tcap);
+}
+
+// Validates, plans and compiles; false with the frontend's message when cuDNN refuses.
+bool finish(Graph& out, Handle& h) {
+  auto step = [&](fe::error_t st, const char* what) {
+    if (st.is_good()) return true;
+    out.why = std::string(what) + ": " + st.get_message();
+    return false;
+  };
+  fe::graph::Graph& g = *out.g;
+  if (!step(g.validate(), "validate")) return false;
+  if (!step(g.build_operation_graph(h.h), "operation graph")) return false;
+  if (!step(g.create_execution_plans({fe::HeurMode_t::A}), "execution plans")) return false;
+  if (!step(g.check_support(h.h), "support")) return false;
+  if (!step(g.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "plans")) return false;
+  int64_t ws = 0;
+  if (!step(g.get_workspace_size(ws), "workspace size")) return false;
+  out.workspace = ws;
+  out.ok = true;
+  return true;
+}
+
+fe::DataType_t io_type(DType dt) {
+  return dt == DType::kF16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph(DType dt) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(io_type(dt))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+// Ragged operand order. Forward: q, k, v, o, stats. Backward: q, k, v, o, dO, stats, dq, dk, dv.
+Graph build_fwd(const Problem& p, int nb, int64_t s, int64_t tcap, const std::vector<int64_t>& st,
+                Handle& h) {
+  Graph out;
+  out.g = new_graph(p.dtype);
+  fe::graph::Graph& g = *out.g;
+  const Inputs in = graph_inputs(g, nb, 5);
+  const TensorPtr q = input_rows(g, "q", kQ, nb, p.hq, s, p.d, st[0], in.off[0]);
+  const TensorPtr k = input_rows(g, "k", kK, nb, p.hk, s, p.d, st[1], in.off[1]);
+  const TensorPtr v = input_rows(g, "v", kV, nb, p.hk, s, p.d, st[2], in.off[2]);
+  fe::graph::SDPA_attributes a;
+  a.set_name("sdpa").set_generate_stats(true);
+  set_mask(a, p, in, tcap);
+  auto [o, stats] = g.sdpa(q, k, v, a);
+  o->set_output(true).set_uid(kO);
+  shape_rows(*o, nb, p.hq, s, p.d, st[3], in.off[3]);
+  stats->set_output(true).set_uid(kStats);
+  set_stats_layout(*stats, nb, p.hq, s, in.off[4]);
+  finish(out, h);
+  return out;
+}
+
+Graph build_bwd(const Problem& p, int nb, int64_t s, int64_t tcap, const std::vector<int64_t>& st,
+                Handle& h) {
+  Graph out;
+  out.g = new_graph(p.dtype);
+  fe::graph::Graph& g = *out.g;
+  const Inputs in = graph_inputs(g, nb, 9);
+  const TensorPtr q = input_rows(g, "q", kQ, nb, p.hq, s, p.d, st[0], in.off[0]);
+  const TensorPtr k = input_rows(g, "k", kK, nb, p.hk, s, p.d, st[1], in.off[1]);
+  const TensorPtr v = input_rows(g, "v", kV, nb, p.hk, s, p.d, st[2], in.off[2]);
+  const TensorPtr o = input_rows(g, "o", kO, nb, p.hq, s, p.d, st[3], in.off[3]);
+  const TensorPtr dout = input_rows(g, "dO", kDO, nb, p.hq, s, p.d, st[4], in.off[4]);
+  TensorAttr stats_attr;
+  stats_attr.set_name("stats").set_uid(kStats);
+  set_stats_layout(stats_attr, nb, p.hq, s, in.off[5]);
+  const TensorPtr stats = g.tensor(stats_attr);
+  fe::graph::SDPA_backward_attributes a;
+  a.set_name("sdpa_backward");
+  set_mask(a, p, in, tcap);
+  auto [dq, dk, dv] = g.sdpa_backward(q, k, v, o, dout, stats, a);
+  dq->set_output(true).set_uid(kDQ);
+  shape_rows(*dq, nb, p.hq, s, p.d, st[6], in.off[6]);
+  dk->set_output(true).set_uid(kDK);
+  shape_rows(*dk, nb, p.hk, s, p.d, st[7], in.off[7]);
+  dv->set_output(true).set_uid(kDV);
+  shape_rows(*dv, nb, p.hk, s, p.d, st[8], in.off[8]);
+  finish(out, h);
+  return out;
+}
+
+// The cached graph of this problem (built on first use; a refusal is cached too).
+std::shared_ptr<Graph> graph_for(const Problem& p, bool backward, int nb, int64_t s, int64_t tcap,
+                                 const std::vector<int64_t>& strides, Handle& h) {
+  static std::mutex mu;
+  static std::map<Key, std::shared_ptr<Graph>> cache;
+  const Key key = make_key(p, backward, nb, s, tcap, strides);
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  auto built = std::make_shared<Graph>(backward ? build_bwd(p, nb, s, tcap, strides, h)
+                                                : build_fwd(p, nb, s, tcap, strides, h));
+  cache.emplace(key, built);
+  return built;
+}
+
+// Runs a built graph with the operands of `ptrs` (uid -> device pointer) on p.stream.
+void execute(const Problem& p, const Graph& graph, Handle& h,
+             std::unordered_map<int64_t, void*>& ptrs, const char* what) {
+  Tensor ws;
+  if (graph.workspace > 0) ws = cu::workspace(static_cast<size_t>(graph.workspace), p.dev);
+  std::lock_guard<std::mutex> lk(h.mu);
+  const cudnnStatus_t st = fe::detail::set_stream(h.h, p.stream);
+  LT_CHECK(st == CUDNN_STATUS_SUCCESS, what, ": cudnnSetStream failed: status ",
+           static_cast<int>(st));
+  fe::error_t r = graph.g->execute(h.h, ptrs, ws.defined() ? ws.data_ptr() : nullptr);
+  LT_CHECK(r.is_good(), what, ": cuDNN failed: ", r.get_message());
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The buckets of a problem: B, S, T.
+struct Buckets {
+  int nb;
+  int64_t s, tcap;
+};
+
+Buckets buckets(const Problem& p) {
+  Buckets b;
+  b.nb = static_cast<int>(pow2_at_least(std::max(p.batch, 1), 1));
+  b.s = pow2_at_least(std::max<int64_t>(p.max_seqlen, 1), 64);
+  b.tcap = pow2_at_least(std::max<int64_t>(p.t, 1), 64);
+  return b;
+}
+
+bool supported_here(const Problem& p, std::string* why) {
+  if (!available(p.dev, why)) return false;
+  if (p.batch <= 0 || p.t <= 0) {
+    *why = "empty batch";
+    return false;
+  }
+  return true;
+}
+
+#endif  // LEANTUNE_WITH_CUDNN_FRONTEND
+
+}  // namespace
+
+int64_t calls() { return g_calls.load(std::memory_order_relaxed); }
+
+#if LEANTUNE_WITH_CUDNN_FRONTEND
+
+bool available(Device dev, std::string* why) {
+  const Library& lib = library();
+  if (!lib.ok) {
+    if (why) *why = lib.why;
+    return false;
+  }
+  if (cu::device_info(dev.index).major < 8) {
+    if (why) *why = "cuDNN's fused attention needs sm_80 or newer";
+    return false;
+  }
+  return true;
+}
+
+bool fwd(const Problem& p, Rows q, Rows k, Rows v, void* out, float* lse, std::string* why) {
+  if (!supported_here(p, why)) return false;
+  Handle& h = handle(p.dev);
+  const Buckets b = buckets(p);
+  const int64_t o_stride = p.hq * p.d;
+  const std::vector<int64_t> strides = {q.stride, k.stride, v.stride, o_stride, p.hq};
+  const std::shared_ptr<Graph> graph = graph_for(p, false, b.nb, b.s, b.tcap, strides, h);
+  if (!graph->ok) {
+    *why = graph->why;
+    return false;
+  }
+  const Ragged r = ragged(p, b.nb, b.s, strides);
+  Tensor stats = Tensor::empty({p.t, p.hq}, DType::kF32, p.dev, MemTag::kWorkspace);
+  std::unordered_map<int64_t, void*> ptrs = {
+      {kQ, const_cast<void*>(q.ptr)},      {kK, const_cast<void*>(k.ptr)},
+      {kV, const_cast<void*>(v.ptr)},      {kO, out},
+      {kStats, stats.data_ptr()},          {kSeqQ, const_cast<int32_t*>(r.seq)},
+      {kSeqKV, const_cast<int32_t*>(r.seq)}};
+  for (int i = 0; i < 5; ++i) ptrs[kOff + i] = const_cast<int64_t*>(r.offsets(i));
+  execute(p, *graph, h, ptrs, "attention_fwd_cuda");
+  transpose_f32(stats.data<float>(), lse, p.t, p.hq, p.stream);
+  return true;
+}
+
+bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const float* lse, void* dq,
+         void* dk, void* dv, std::string* why) {
+  if (!supported_here(p, why)) return false;
+  Handle& h = handle(p.dev);
+  const Buckets b = buckets(p);
+  const std::vector<int64_t> strides = {q.stride,  k.stride,      v.stride,      out.stride, dout.stride,
+                                        p.hq,      p.hq * p.d,    p.hk * p.d,    p.hk * p.d};
+  const std::shared_ptr<Graph> graph = graph_for(p, true, b.nb, b.s, b.tcap, strides, h);
+  if (!graph->ok) {
+    *why = graph->why;
+    return false;
+  }
+  const Ragged r = ragged(p, b.nb, b.s, strides);
+  Tensor stats = Tensor::empty({p.t, p.hq}, DType::kF32, p.dev, MemTag::kWorkspace);
+  transpose_f32(lse, stats.data<float>(), p.hq, p.t, p.stream);
+  std::unordered_map<int64_t, void*> ptrs = {
+      {kQ, const_cast<void*>(q.ptr)},     {kK, const_cast<void*>(k.ptr)},
+      {kV, const_cast<void*>(v.ptr)},     {kO, const_cast<void*>(out.ptr)},
+      {kDO, const_cast<void*>(dout.ptr)}, {kStats, stats.data_ptr()},
+      {kDQ, dq},                          {kDK, dk},
+      {kDV, dv},                          {kSeqQ, const_cast<int32_t*>(r.seq)},
+      {kSeqKV, const_cast<int32_t*>(r.seq)}};
+  for (int i = 0; i < 9; ++i) ptrs[kOff + i] = const_cast<int64_t*>(r.offsets(i));
+  execute(p, *graph, h, ptrs, "attention_bwd_cuda");
+  return true;
+}
+
+#else  // built without the frontend headers
+
+bool available(Device, std::string* why) {
+  if (why) *why = "leantune was built without the cuDNN frontend headers (scripts/cudnn_frontend.sh)";
+  return false;
+}
+bool fwd(const Problem&, Rows, Rows, Rows, void*, float*, std::string* why) {
+  return available(Device::cpu(), why);
+}
+bool bwd(const Problem&, Rows, Rows, Rows, Rows, Rows, const float*, void*, void*, void*,
+         std::string* why) {
+  return available(Device::cpu(), why);
+}
+
+#endif
+
+}  // namespace leantune::kernels::cudnn_sdpa
