@@ -10,10 +10,7 @@
 // of long contexts). y may alias x: each thread reads both halves of its pairs before writing.
 // Work split: one thread per (token, group of V frequencies); it computes V sin/cos pairs once
 // and rotates those pairs in every head of the token, with 16-byte accesses when D/2 is a
-// multiple of V = 16/sizeof(T), D too, and x, y are 16-byte aligned. Heads go kHeadBatch at a
-// time, all loads before the first store: the compiler cannot hoist a load above a store to y
-// (y may alias x), and one head's 2V elements per round trip leave too few bytes in flight to
-// stream at the memory's rate. A thread only ever touches its own elements, so aliasing holds.
+// multiple of V = 16/sizeof(T), D too, and x, y are 16-byte aligned.
 #include "engine/cuda_utils.cuh"
 #include "kernels/acc_math.cuh"
 #include "kernels/rope.h"
@@ -25,7 +22,6 @@ using cu::add_rn;
 using cu::mul_rn;
 
 constexpr int kThreads = 256;
-constexpr int kHeadBatch = 4;
 
 // x, y: [T, heads, D] contiguous; pos: i32 (pos32) or i64 (pos64), one of them non-null.
 template <typename T, int V>
@@ -56,30 +52,18 @@ __global__ void rope_apply_kernel(const T* x, T* y, const int32_t* pos32, const 
         for (int64_t j = 2 * half; j < d; ++j)
           y[(t * heads + h) * d + j] = x[(t * heads + h) * d + j];
     const int64_t base = t * heads * d + i0;
-    for (int64_t h0 = 0; h0 < heads; h0 += kHeadBatch) {
-      A a[kHeadBatch][V], b[kHeadBatch][V];
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t off = base + h * d;
+      A a[V], b[V], ya[V], yb[V];
+      load_n<T, V>(x + off, a);
+      load_n<T, V>(x + off + half, b);
 #pragma unroll
-      for (int q = 0; q < kHeadBatch; ++q) {
-        if (h0 + q < heads) {
-          const int64_t off = base + (h0 + q) * d;
-          load_n<T, V>(x + off, a[q]);
-          load_n<T, V>(x + off + half, b[q]);
-        }
+      for (int j = 0; j < V; ++j) {
+        ya[j] = add_rn(mul_rn(a[j], c[j]), -mul_rn(b[j], s[j]));
+        yb[j] = add_rn(mul_rn(b[j], c[j]), mul_rn(a[j], s[j]));
       }
-#pragma unroll
-      for (int q = 0; q < kHeadBatch; ++q) {
-        if (h0 + q < heads) {
-          A ya[V], yb[V];
-#pragma unroll
-          for (int j = 0; j < V; ++j) {
-            ya[j] = add_rn(mul_rn(a[q][j], c[j]), -mul_rn(b[q][j], s[j]));
-            yb[j] = add_rn(mul_rn(b[q][j], c[j]), mul_rn(a[q][j], s[j]));
-          }
-          const int64_t off = base + (h0 + q) * d;
-          store_n<T, V>(y + off, ya);
-          store_n<T, V>(y + off + half, yb);
-        }
-      }
+      store_n<T, V>(y + off, ya);
+      store_n<T, V>(y + off + half, yb);
     }
   }
 }
