@@ -9,6 +9,8 @@
 //   attention_fwd_tflops_varlen / attention_bwd_tflops_varlen
 //       head_dim 128, 16/8 heads, a packed mix of 130 sequences from 4096 down to 64 tokens
 //       (32768 in all): many short sequences and a few long ones
+//   attention_fwd_tflops_mha / attention_bwd_tflops_mha
+//       head_dim 128, 16 query and 16 KV heads (no grouping), 4 x 8192 tokens
 // Each setup runs once per implementation: the figures above are the path the model takes (auto:
 // cuDNN's fused attention where it loads, kernels/attention_cudnn.h), and the same names with
 // _own and _cudnn appended are leantune's kernels and cuDNN forced (cuDNN absent: an error entry
@@ -132,7 +134,8 @@ int main(int argc, char** argv) {
     if (!lt::cuda_available()) throw lt::Error(lt::ErrorKind::kInput, "no CUDA device");
     const std::vector<int64_t> four_8k(4, 8192);
     for (const Setup& s : {Setup{"", 16, 8, 128, four_8k}, Setup{"_hd64", 32, 16, 64, four_8k},
-                           Setup{"_varlen", 16, 8, 128, varlen_mix()}}) {
+                           Setup{"_varlen", 16, 8, 128, varlen_mix()},
+                           Setup{"_mha", 16, 16, 128, four_8k}}) {
       using lt::kernels::AttentionBackend;
       for (const auto& [backend, tag] : {std::pair{AttentionBackend::kAuto, std::string()},
                                          std::pair{AttentionBackend::kOwn, std::string("_own")},
