@@ -61,6 +61,16 @@ class ScopedEnv {
 
 }  // namespace
 
+// Half the spacing of dt's values at magnitude m: the error of a correct rounding into dt.
+static double half_ulp(DType dt, double m) {
+  if (!(m > 0) || !std::isfinite(m)) return 0.0;
+  int bits = 52;
+  if (dt == DType::kBF16) bits = 7;
+  if (dt == DType::kF16) bits = 10;
+  if (dt == DType::kF32) bits = 23;
+  return 0.5 * std::ldexp(1.0, static_cast<int>(std::floor(std::log2(m))) - bits);
+}
+
 Rule Rule::flash(std::function<Vec()> naive) {
   Rule r;
   r.kind = Kind::kFlash;
@@ -112,7 +122,9 @@ Rule Rule::flash(std::function<Vec()> naive) {
       const Vec naive = (*rule.naive)();
       LT_CHECK(naive.size() == static_cast<size_t>(expected.numel()), "naive computation of ",
                naive.size(), " values for ", expected.str());
-      return kernel_test::flash_rule("flash rule", actual.to_f64(), naive, expected.to_f64());
+      const Vec ref = expected.to_f64();
+      return kernel_test::flash_rule("flash rule", actual.to_f64(), naive, ref,
+                                     half_ulp(actual.dtype(), kernel_test::max_abs_finite(ref)));
     }
   }
   return ::testing::AssertionFailure() << "unknown rule";

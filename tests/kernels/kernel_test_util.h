@@ -101,9 +101,10 @@ inline double max_err(const Vec& a, const Vec& r) {
 
 // flash-attention's rule: our error against the reference at most twice a naive version's in
 // the same dtype, plus a floor of 1e-4 of the reference's magnitude (both exact).
+// min_naive: a lower bound on the naive's error used as the yardstick (0: none).
 inline ::testing::AssertionResult flash_rule(const char* what, const Vec& ours, const Vec& naive,
-                                             const Vec& ref) {
-  const double e = max_err(ours, ref), en = max_err(naive, ref);
+                                             const Vec& ref, double min_naive = 0.0) {
+  const double e = max_err(ours, ref), en = std::max(max_err(naive, ref), min_naive);
   const double floor = 1e-4 * std::max(max_abs_finite(ref), 1e-3);
   if (e <= 2 * en + floor) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
