@@ -364,19 +364,28 @@ std::shared_ptr<fe::graph::Graph> new_graph(DType dt) {
 }
 
 // Ragged operand order. Forward: q, k, v, o, stats. Backward: q, k, v, o, dO, stats, dq, dk, dv.
+struct Qkv {
+  TensorPtr q, k, v;
+};
+
+Qkv qkv_inputs(fe::graph::Graph& g, const Problem& p, int nb, int64_t s,
+               const std::vector<int64_t>& st, const Inputs& in) {
+  return {input_rows(g, "q", kQ, nb, p.hq, s, p.d, st[0], in.off[0]),
+          input_rows(g, "k", kK, nb, p.hk, s, p.d, st[1], in.off[1]),
+          input_rows(g, "v", kV, nb, p.hk, s, p.d, st[2], in.off[2])};
+}
+
 Graph build_fwd(const Problem& p, int nb, int64_t s, int64_t tcap, const std::vector<int64_t>& st,
                 Handle& h) {
   Graph out;
   out.g = new_graph(p.dtype);
   fe::graph::Graph& g = *out.g;
   const Inputs in = graph_inputs(g, nb, 5);
-  const TensorPtr q = input_rows(g, "q", kQ, nb, p.hq, s, p.d, st[0], in.off[0]);
-  const TensorPtr k = input_rows(g, "k", kK, nb, p.hk, s, p.d, st[1], in.off[1]);
-  const TensorPtr v = input_rows(g, "v", kV, nb, p.hk, s, p.d, st[2], in.off[2]);
+  const Qkv x = qkv_inputs(g, p, nb, s, st, in);
   fe::graph::SDPA_attributes a;
   a.set_name("sdpa").set_generate_stats(true);
   set_mask(a, p, in, tcap);
-  auto [o, stats] = g.sdpa(q, k, v, a);
+  auto [o, stats] = g.sdpa(x.q, x.k, x.v, a);
   o->set_output(true).set_uid(kO);
   shape_rows(*o, nb, p.hq, s, p.d, st[3], in.off[3]);
   stats->set_output(true).set_uid(kStats);
@@ -391,9 +400,7 @@ Graph build_bwd(const Problem& p, int nb, int64_t s, int64_t tcap, const std::ve
   out.g = new_graph(p.dtype);
   fe::graph::Graph& g = *out.g;
   const Inputs in = graph_inputs(g, nb, 9);
-  const TensorPtr q = input_rows(g, "q", kQ, nb, p.hq, s, p.d, st[0], in.off[0]);
-  const TensorPtr k = input_rows(g, "k", kK, nb, p.hk, s, p.d, st[1], in.off[1]);
-  const TensorPtr v = input_rows(g, "v", kV, nb, p.hk, s, p.d, st[2], in.off[2]);
+  const Qkv x = qkv_inputs(g, p, nb, s, st, in);
   const TensorPtr o = input_rows(g, "o", kO, nb, p.hq, s, p.d, st[3], in.off[3]);
   const TensorPtr dout = input_rows(g, "dO", kDO, nb, p.hq, s, p.d, st[4], in.off[4]);
   TensorAttr stats_attr;
@@ -403,7 +410,7 @@ Graph build_bwd(const Problem& p, int nb, int64_t s, int64_t tcap, const std::ve
   fe::graph::SDPA_backward_attributes a;
   a.set_name("sdpa_backward");
   set_mask(a, p, in, tcap);
-  auto [dq, dk, dv] = g.sdpa_backward(q, k, v, o, dout, stats, a);
+  auto [dq, dk, dv] = g.sdpa_backward(x.q, x.k, x.v, o, dout, stats, a);
   dq->set_output(true).set_uid(kDQ);
   shape_rows(*dq, nb, p.hq, s, p.d, st[6], in.off[6]);
   dk->set_output(true).set_uid(kDK);
