@@ -404,6 +404,18 @@ TEST(Attention, BadShapesAndSeqlensAreErrors) {
                Error);
 }
 
+// cudnn_attention_status answers on any machine: without a usable cuDNN it says why (no CUDA
+// backend, no device, no cuDNN library, a build without the frontend headers), and the CPU op
+// never calls cuDNN.
+TEST(Attention, CudnnStatusSaysWhyWhenUnavailable) {
+  const kernels::CudnnAttentionStatus before = kernels::cudnn_attention_status(0);
+  if (!before.available) EXPECT_FALSE(before.why.empty());
+  EXPECT_GE(before.calls, 0);
+  Tensor q = randn({6, 2, 8}, DType::kBF16, 31);
+  (void)kernels::attention(q, q, q, cu_of({6}), cu_of({6}));
+  EXPECT_EQ(kernels::cudnn_attention_status(0).calls, before.calls);
+}
+
 // The CUDA tensor-core path never visits rows outside every sequence; its fill kernel writes them
 // through kernels/attention_rows.h, replayed here element by element. A device cu_seqlens with
 // both max_seqlen hints is not validated, so cu[0] > 0 must fill the rows before it as well as
