@@ -137,9 +137,11 @@ int main(int argc, char** argv) {
                            Setup{"_varlen", 16, 8, 128, varlen_mix()},
                            Setup{"_mha", 16, 16, 128, four_8k}}) {
       using lt::kernels::AttentionBackend;
-      for (const auto& [backend, tag] : {std::pair{AttentionBackend::kAuto, std::string()},
-                                         std::pair{AttentionBackend::kOwn, std::string("_own")},
-                                         std::pair{AttentionBackend::kCudnn, std::string("_cudnn")}}) {
+      const std::pair<AttentionBackend, std::string> backends[] = {
+          {AttentionBackend::kAuto, ""},
+          {AttentionBackend::kOwn, "_own"},
+          {AttentionBackend::kCudnn, "_cudnn"}};
+      for (const auto& [backend, tag] : backends) {
         try {
           run(s, backend, tag, reps, figures);
         } catch (const std::exception& e) {

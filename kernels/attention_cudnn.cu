@@ -22,8 +22,6 @@
 // and cuDNN's own workspace (the backward's dQ accumulator among others), all from the caching
 // allocator. cuDNN is loaded with dlopen (the frontend's dynamic loading), so that a machine
 // without it still runs our kernels.
-#include "kernels/attention_cudnn.h"
-
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -38,6 +36,7 @@
 #include <vector>
 
 #include "engine/cuda_utils.cuh"
+#include "kernels/attention_cudnn.h"
 
 #if LEANTUNE_WITH_CUDNN_FRONTEND
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
@@ -92,7 +91,8 @@ __global__ void ragged_prep_kernel(const int32_t* __restrict__ cu, int batch, in
 __global__ void transpose_f32_kernel(const float* __restrict__ in, float* __restrict__ out,
                                      int64_t rows, int64_t cols) {
   __shared__ float tile[32][33];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 32, c0 = static_cast<int64_t>(blockIdx.y) * 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 32,
+                c0 = static_cast<int64_t>(blockIdx.y) * 32;
   for (int i = threadIdx.y; i < 32; i += blockDim.y) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * cols + c];
@@ -229,7 +229,17 @@ Handle& handle(Device dev) {
 // ---------------------------------------------------------------- graphs
 
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV,
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSeqQ,
+  kSeqKV,
   kOff = 20,  // kOff + k: the ragged offsets of operand k, in the order of Ragged
 };
 
@@ -508,9 +518,9 @@ bool fwd(const Problem& p, Rows q, Rows k, Rows v, void* out, float* lse, std::s
   const Ragged r = ragged(p, b.nb, b.s, strides);
   Tensor stats = Tensor::empty({p.t, p.hq}, DType::kF32, p.dev, MemTag::kWorkspace);
   std::unordered_map<int64_t, void*> ptrs = {
-      {kQ, const_cast<void*>(q.ptr)},      {kK, const_cast<void*>(k.ptr)},
-      {kV, const_cast<void*>(v.ptr)},      {kO, out},
-      {kStats, stats.data_ptr()},          {kSeqQ, const_cast<int32_t*>(r.seq)},
+      {kQ, const_cast<void*>(q.ptr)},       {kK, const_cast<void*>(k.ptr)},
+      {kV, const_cast<void*>(v.ptr)},       {kO, out},
+      {kStats, stats.data_ptr()},           {kSeqQ, const_cast<int32_t*>(r.seq)},
       {kSeqKV, const_cast<int32_t*>(r.seq)}};
   for (int i = 0; i < 5; ++i) ptrs[kOff + i] = const_cast<int64_t*>(r.offsets(i));
   execute(p, *graph, h, ptrs, "attention_fwd_cuda");
@@ -523,8 +533,8 @@ bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const fl
   if (!supported_here(p, why)) return false;
   Handle& h = handle(p.dev);
   const Buckets b = buckets(p);
-  const std::vector<int64_t> strides = {q.stride,  k.stride,      v.stride,      out.stride, dout.stride,
-                                        p.hq,      p.hq * p.d,    p.hk * p.d,    p.hk * p.d};
+  const std::vector<int64_t> strides = {q.stride, k.stride,   v.stride,   out.stride, dout.stride,
+                                        p.hq,     p.hq * p.d, p.hk * p.d, p.hk * p.d};
   const std::shared_ptr<Graph> graph = graph_for(p, true, b.nb, b.s, b.tcap, strides, h);
   if (!graph->ok) {
     *why = graph->why;
@@ -533,13 +543,17 @@ bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const fl
   const Ragged r = ragged(p, b.nb, b.s, strides);
   Tensor stats = Tensor::empty({p.t, p.hq}, DType::kF32, p.dev, MemTag::kWorkspace);
   transpose_f32(lse, stats.data<float>(), p.hq, p.t, p.stream);
-  std::unordered_map<int64_t, void*> ptrs = {
-      {kQ, const_cast<void*>(q.ptr)},     {kK, const_cast<void*>(k.ptr)},
-      {kV, const_cast<void*>(v.ptr)},     {kO, const_cast<void*>(out.ptr)},
-      {kDO, const_cast<void*>(dout.ptr)}, {kStats, stats.data_ptr()},
-      {kDQ, dq},                          {kDK, dk},
-      {kDV, dv},                          {kSeqQ, const_cast<int32_t*>(r.seq)},
-      {kSeqKV, const_cast<int32_t*>(r.seq)}};
+  std::unordered_map<int64_t, void*> ptrs = {{kQ, const_cast<void*>(q.ptr)},
+                                             {kK, const_cast<void*>(k.ptr)},
+                                             {kV, const_cast<void*>(v.ptr)},
+                                             {kO, const_cast<void*>(out.ptr)},
+                                             {kDO, const_cast<void*>(dout.ptr)},
+                                             {kStats, stats.data_ptr()},
+                                             {kDQ, dq},
+                                             {kDK, dk},
+                                             {kDV, dv},
+                                             {kSeqQ, const_cast<int32_t*>(r.seq)},
+                                             {kSeqKV, const_cast<int32_t*>(r.seq)}};
   for (int i = 0; i < 9; ++i) ptrs[kOff + i] = const_cast<int64_t*>(r.offsets(i));
   execute(p, *graph, h, ptrs, "attention_bwd_cuda");
   return true;
@@ -548,7 +562,8 @@ bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const fl
 #else  // built without the frontend headers
 
 bool available(Device, std::string* why) {
-  if (why) *why = "leantune was built without the cuDNN frontend headers (scripts/cudnn_frontend.sh)";
+  if (why)
+    *why = "leantune was built without the cuDNN frontend headers (scripts/cudnn_frontend.sh)";
   return false;
 }
 bool fwd(const Problem&, Rows, Rows, Rows, void*, float*, std::string* why) {
