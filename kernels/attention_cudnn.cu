@@ -37,6 +37,7 @@
 
 #include "engine/cuda_utils.cuh"
 #include "kernels/attention_cudnn.h"
+#include "kernels/attention_ragged.h"
 
 #if LEANTUNE_WITH_CUDNN_FRONTEND
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
@@ -64,24 +65,14 @@ struct RaggedMult {
   int n;
 };
 
-// seq[b] (b < nb): the length of sequence b, clipped to cap, 0 for the padding entries b >= batch;
-// off[k][b] (b <= nb) = start of sequence b (the end of the last one for padding) * mult[k]. cu is
-// clamped into [0, t] and lengths below 0 become 0, so a bad device cu_seqlens cannot make cuDNN
-// read or write outside the operands.
+// seq[b] (b < nb) = ragged_len, off[k][b] (b <= nb) = ragged_start * mult[k]
+// (kernels/attention_ragged.h: cu clamped, padding entries empty, lengths clipped to cap).
 __global__ void ragged_prep_kernel(const int32_t* __restrict__ cu, int batch, int nb, int64_t t,
                                    int64_t cap, int32_t* __restrict__ seq,
                                    int64_t* __restrict__ off, RaggedMult m) {
   for (int b = blockIdx.x * blockDim.x + threadIdx.x; b <= nb; b += gridDim.x * blockDim.x) {
-    auto at = [&](int i) -> int64_t {
-      const int64_t c = cu[i < batch ? i : batch];
-      return c < 0 ? 0 : (c > t ? t : c);
-    };
-    const int64_t start = at(b);
-    if (b < nb) {
-      int64_t len = b < batch ? at(b + 1) - start : 0;
-      len = len < 0 ? 0 : (len > cap ? cap : len);
-      seq[b] = static_cast<int32_t>(len);
-    }
+    const int64_t start = ragged_start(cu, b, batch, t);
+    if (b < nb) seq[b] = static_cast<int32_t>(ragged_len(cu, b, batch, t, cap));
     for (int k = 0; k < m.n; ++k) off[static_cast<int64_t>(k) * (nb + 1) + b] = start * m.mult[k];
   }
 }
@@ -112,13 +103,6 @@ void transpose_f32(const float* in, float* out, int64_t rows, int64_t cols, cuda
   transpose_f32_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(32, 8), 0,
                          stream>>>(in, out, rows, cols);
   CUDA_CHECK_LAUNCH();
-}
-
-// The smallest power of two >= max(x, lo).
-int64_t pow2_at_least(int64_t x, int64_t lo) {
-  int64_t p = lo;
-  while (p < x) p <<= 1;
-  return p;
 }
 
 // The device buffers one call hands cuDNN besides the operands: seq_len [nb] i32 and the ragged
@@ -468,9 +452,9 @@ struct Buckets {
 
 Buckets buckets(const Problem& p) {
   Buckets b;
-  b.nb = static_cast<int>(pow2_at_least(std::max(p.batch, 1), 1));
-  b.s = pow2_at_least(std::max<int64_t>(p.max_seqlen, 1), 64);
-  b.tcap = pow2_at_least(std::max<int64_t>(p.t, 1), 64);
+  b.nb = static_cast<int>(pow2_bucket(p.batch, 1));
+  b.s = pow2_bucket(p.max_seqlen, 64);
+  b.tcap = pow2_bucket(p.t, 64);
   return b;
 }
 

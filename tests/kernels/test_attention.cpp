@@ -6,6 +6,7 @@
 
 #include "kernel_test_util.h"
 #include "kernels/attention.h"
+#include "kernels/attention_ragged.h"
 #include "kernels/attention_rows.h"
 
 namespace leantune {
@@ -414,6 +415,52 @@ TEST(Attention, CudnnStatusSaysWhyWhenUnavailable) {
   Tensor q = randn({6, 2, 8}, DType::kBF16, 31);
   (void)kernels::attention(q, q, q, cu_of({6}), cu_of({6}));
   EXPECT_EQ(kernels::cudnn_attention_status(0).calls, before.calls);
+}
+
+// The ragged layout the cuDNN path hands cuDNN (kernels/attention_ragged.h), replayed on the host:
+// sequences where cu puts them, zero-length and padding entries empty, lengths clipped to the
+// bucket, and a device cu_seqlens holding garbage still kept inside [0, t].
+struct RaggedCase {
+  std::vector<int32_t> cu;
+  int64_t t, cap;
+  int nb;
+  std::vector<int64_t> starts, lens;  // nb + 1 starts, nb lengths
+};
+class AttentionRaggedLayout : public ::testing::TestWithParam<RaggedCase> {};
+TEST_P(AttentionRaggedLayout, EntriesAreTheSequencesClampedAndClipped) {
+  const RaggedCase& c = GetParam();
+  const int batch = static_cast<int>(c.cu.size()) - 1;
+  for (int b = 0; b <= c.nb; ++b) {
+    const int64_t start = kernels::ragged_start(c.cu.data(), b, batch, c.t);
+    EXPECT_EQ(start, c.starts[b]) << "entry " << b;
+    if (b == c.nb) continue;
+    const int64_t len = kernels::ragged_len(c.cu.data(), b, batch, c.t, c.cap);
+    EXPECT_EQ(len, c.lens[b]) << "entry " << b;
+    EXPECT_TRUE(start >= 0 && len >= 0 && start + len <= c.t) << "entry " << b;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AttentionRaggedLayout,
+    ::testing::Values(
+        // Three sequences (one empty), one padding entry.
+        RaggedCase{{0, 3, 3, 10}, 12, 64, 4, {0, 3, 3, 10, 10}, {3, 0, 7, 0}},
+        // A bucket smaller than the longest sequence clips it.
+        RaggedCase{{0, 3, 3, 10}, 12, 4, 4, {0, 3, 3, 10, 10}, {3, 0, 4, 0}},
+        // One sequence of one row, padded to two entries.
+        RaggedCase{{0, 1}, 1, 64, 2, {0, 1, 1}, {1, 0}},
+        // Rows before cu[0] (a device cu_seqlens is not validated): entry 0 starts there.
+        RaggedCase{{5, 30, 100}, 103, 128, 2, {5, 30, 100}, {25, 70}},
+        // Garbage: negative, beyond t, decreasing.
+        RaggedCase{{-5, 20, 7}, 10, 64, 4, {0, 10, 7, 7, 7}, {10, 0, 0, 0}}));
+
+TEST(Attention, RaggedBucketsArePowersOfTwoFromTheFloor) {
+  EXPECT_EQ(kernels::pow2_bucket(0, 1), 1);
+  EXPECT_EQ(kernels::pow2_bucket(1, 1), 1);
+  EXPECT_EQ(kernels::pow2_bucket(5, 1), 8);
+  EXPECT_EQ(kernels::pow2_bucket(1, 64), 64);
+  EXPECT_EQ(kernels::pow2_bucket(64, 64), 64);
+  EXPECT_EQ(kernels::pow2_bucket(65, 64), 128);
+  EXPECT_EQ(kernels::pow2_bucket(32769, 64), 65536);
 }
 
 // The CUDA tensor-core path never visits rows outside every sequence; its fill kernel writes them

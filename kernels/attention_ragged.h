@@ -1,0 +1,42 @@
+// The ragged ("THD") layout the cuDNN path hands cuDNN (kernels/attention_cudnn.cu), in one
+// host-callable place so that a CPU test replays it exactly (tests/kernels/test_attention.cpp).
+//   A packed batch of `batch` sequences, cu:[batch + 1] (on the device, not validated) over t
+//   rows, becomes nb >= batch cuDNN entries (nb a power of two, so that graphs are reused across
+//   batches). Entry b starts at row ragged_start and holds ragged_len rows, clipped to cap (the
+//   bucketed longest sequence). cu is clamped into [0, t]; a decreasing cu gives length 0;
+//   padding entries (b >= batch) start where the last sequence ends and hold nothing. So every
+//   entry lies within [0, t]: whatever cu holds, cuDNN reads and writes no row outside the
+//   operands.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/dtype.h"
+
+namespace leantune::kernels {
+
+// cu[min(i, batch)] clamped into [0, t].
+LT_HD int64_t ragged_cu_at(const int32_t* cu, int i, int batch, int64_t t) {
+  const int64_t c = cu[i < batch ? i : batch];
+  return c < 0 ? 0 : (c > t ? t : c);
+}
+
+LT_HD int64_t ragged_start(const int32_t* cu, int b, int batch, int64_t t) {
+  return ragged_cu_at(cu, b, batch, t);
+}
+
+LT_HD int64_t ragged_len(const int32_t* cu, int b, int batch, int64_t t, int64_t cap) {
+  if (b >= batch) return 0;
+  const int64_t len = ragged_cu_at(cu, b + 1, batch, t) - ragged_cu_at(cu, b, batch, t);
+  return len < 0 ? 0 : (len > cap ? cap : len);
+}
+
+// The smallest power of two >= max(x, lo), lo a power of two: the bucket of a batch size, a
+// longest sequence or a row count.
+LT_HD int64_t pow2_bucket(int64_t x, int64_t lo) {
+  int64_t p = lo;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+}  // namespace leantune::kernels
