@@ -170,6 +170,24 @@ void attention_uncovered_fill_launch(T* x, int64_t row_elems, int rows, const in
   CUDA_CHECK_LAUNCH();
 }
 
+// Rows of x ([rows, row_elems], 16-bit or f32) outside every sequence set to 0.
+void zero_uncovered_rows(DType dt, void* x, int64_t row_elems, int64_t rows, const int* cu,
+                         int batch, Device dev, cudaStream_t stream) {
+  LT_CU_DISPATCH_F32_16(dt, T, {
+    attention_uncovered_fill_launch<T>(static_cast<T*>(x), row_elems, static_cast<int>(rows), cu,
+                                       batch, T{}, false, dev, stream);
+  });
+}
+
+// A forward's rows outside every sequence (before cu[0], after cu[B]): out = 0, lse = -inf.
+void fill_uncovered_forward(DType dt, void* out, float* lse, int64_t tq, int64_t hq, int64_t d,
+                            const int* cu, int batch, Device dev, cudaStream_t stream) {
+  zero_uncovered_rows(dt, out, hq * d, tq, cu, batch, dev, stream);
+  attention_uncovered_fill_launch<float>(lse, hq, static_cast<int>(tq), cu, batch,
+                                         -std::numeric_limits<float>::infinity(), true, dev,
+                                         stream);
+}
+
 template <typename T>
 void attention_dq_convert_launch(const float* acc, T* dq, int64_t n, float scale, Device dev,
                                  cudaStream_t stream) {
@@ -452,16 +470,9 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     std::string why;
     const cudnn_sdpa::Problem p = cudnn_problem(q, s, dm, opt, scale, d, stream);
     if (cudnn_sdpa::fwd(p, {qr.ptr, qr.stride}, {kr.ptr, kr.stride}, {vr.ptr, vr.stride}, o.ptr(),
-                        lse.data<float>(), &why)) {
-      const int* cu = s.cu_q.data<int32_t>();
-      LT_CU_DISPATCH_F32_16(q.dtype(), T, {
-        attention_uncovered_fill_launch<T>(static_cast<T*>(o.ptr()), dm.hq * dm.d,
-                                           static_cast<int>(dm.tq), cu, s.batch, T{}, false, d,
-                                           stream);
-      });
-      attention_uncovered_fill_launch<float>(lse.data<float>(), dm.hq, static_cast<int>(dm.tq), cu,
-                                             s.batch, -std::numeric_limits<float>::infinity(),
-                                             true, d, stream);
+                        lse, &why)) {
+      fill_uncovered_forward(q.dtype(), o.ptr(), lse.data<float>(), dm.tq, dm.hq, dm.d,
+                             s.cu_q.data<int32_t>(), s.batch, d, stream);
       o.finish();
       return;
     }
@@ -482,15 +493,8 @@ void attention_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
     if (s.batch > 0) {
       fwd_mma(p, q.dtype(), dm.d, s.max_q, stream);
     }
-    // Rows outside every sequence (before cu[0], after cu[B]): out = 0, lse = -inf.
-    LT_CU_DISPATCH_F32_16(q.dtype(), T, {
-      attention_uncovered_fill_launch<T>(static_cast<T*>(o.ptr()), dm.hq * dm.d,
-                                         static_cast<int>(dm.tq), p.cu_q, s.batch, T{}, false, d,
-                                         stream);
-    });
-    attention_uncovered_fill_launch<float>(lse.data<float>(), dm.hq, static_cast<int>(dm.tq),
-                                           p.cu_q, s.batch, -std::numeric_limits<float>::infinity(),
-                                           true, d, stream);
+    fill_uncovered_forward(q.dtype(), o.ptr(), lse.data<float>(), dm.tq, dm.hq, dm.d, p.cu_q,
+                           s.batch, d, stream);
   } else {
     SimpleParams p{};
     set_layout(p, qr, kr, vr, s, dm, opt);
@@ -547,25 +551,16 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
     const RowsOperand qr = rows_operand(q, true), kr = rows_operand(k, true),
                       vr = rows_operand(v, true), orr = rows_operand(out, true),
                       gr = rows_operand(dout, true);
-    const Tensor lc = cu::contiguous_ws(lse);
     std::string why;
     const cudnn_sdpa::Problem p = cudnn_problem(q, s, dm, opt, scale, d, stream);
     if (cudnn_sdpa::bwd(p, {qr.ptr, qr.stride}, {kr.ptr, kr.stride}, {vr.ptr, vr.stride},
-                        {orr.ptr, orr.stride}, {gr.ptr, gr.stride}, lc.data<float>(), gq.ptr(),
-                        gk.ptr(), gv.ptr(), &why)) {
+                        {orr.ptr, orr.stride}, {gr.ptr, gr.stride}, lse, gq.ptr(), gk.ptr(),
+                        gv.ptr(), &why)) {
+      // Rows outside every sequence: zero gradients.
       const int* cu = s.cu_q.data<int32_t>();
-      LT_CU_DISPATCH_F32_16(q.dtype(), T, {
-        // Rows outside every sequence: zero gradients.
-        attention_uncovered_fill_launch<T>(static_cast<T*>(gq.ptr()), dm.hq * dm.d,
-                                           static_cast<int>(dm.tq), cu, s.batch, T{}, false, d,
-                                           stream);
-        attention_uncovered_fill_launch<T>(static_cast<T*>(gk.ptr()), dm.hk * dm.d,
-                                           static_cast<int>(dm.tk), cu, s.batch, T{}, false, d,
-                                           stream);
-        attention_uncovered_fill_launch<T>(static_cast<T*>(gv.ptr()), dm.hk * dm.d,
-                                           static_cast<int>(dm.tk), cu, s.batch, T{}, false, d,
-                                           stream);
-      });
+      zero_uncovered_rows(q.dtype(), gq.ptr(), dm.hq * dm.d, dm.tq, cu, s.batch, d, stream);
+      zero_uncovered_rows(q.dtype(), gk.ptr(), dm.hk * dm.d, dm.tk, cu, s.batch, d, stream);
+      zero_uncovered_rows(q.dtype(), gv.ptr(), dm.hk * dm.d, dm.tk, cu, s.batch, d, stream);
       if (dq.defined()) gq.finish();
       if (dk.defined()) gk.finish();
       if (dv.defined()) gv.finish();
@@ -617,15 +612,10 @@ void attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, co
       // dq for every row (rows outside sequences got no contribution: zero).
       attention_dq_convert_launch<T>(dq_acc.data<float>(), static_cast<T*>(gq.ptr()), nacc,
                                      static_cast<float>(scale), d, stream);
-      // Keys outside every sequence: zero dk, dv.
-      const T zero = T{};
-      attention_uncovered_fill_launch<T>(static_cast<T*>(gk.ptr()), dm.hk * dm.d,
-                                         static_cast<int>(dm.tk), p.cu_k, s.batch, zero, false, d,
-                                         stream);
-      attention_uncovered_fill_launch<T>(static_cast<T*>(gv.ptr()), dm.hk * dm.d,
-                                         static_cast<int>(dm.tk), p.cu_k, s.batch, zero, false, d,
-                                         stream);
     });
+    // Keys outside every sequence: zero dk, dv.
+    zero_uncovered_rows(q.dtype(), gk.ptr(), dm.hk * dm.d, dm.tk, p.cu_k, s.batch, d, stream);
+    zero_uncovered_rows(q.dtype(), gv.ptr(), dm.hk * dm.d, dm.tk, p.cu_k, s.batch, d, stream);
   } else {
     LT_CU_DISPATCH_FLOAT(q.dtype(), T, {
       using A = cu::acc_of<T>;

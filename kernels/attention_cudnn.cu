@@ -6,10 +6,10 @@
 // [S*stride, D, stride, 1] plus a ragged-offset tensor [B+1] i64 that places sequence b at
 // element cu[b] * stride, and a padding mask with per-sequence lengths seq_len:[B] i32. The
 // softmax statistics (cuDNN's "Stats", the natural-log log-sum-exp of the scaled scores, f32) are
-// ragged too, token-major [T, Hq]; our lse is [Hq, T], so a transpose runs after the forward and
-// before the backward (a [T, Hq] f32 workspace). Causal masks are bottom-right aligned; a sliding
-// window is the diagonal band's left bound (key j kept when j > i + Lk - Lq - window), as in
-// kernels/attention.h.
+// ragged too, token-major [T, Hq]; our lse is [Hq, T], so the engine's strided copy transposes it
+// after the forward and before the backward (a [T, Hq] f32 workspace). Causal masks are
+// bottom-right aligned; a sliding window is the diagonal band's left bound (key j kept when j > i +
+// Lk - Lq - window), as in kernels/attention.h.
 //
 // Shape buckets: a graph is built (validated, planned by heuristics mode A, compiled) once per
 // (device, direction, dtype, heads, head_dim, strides, mask, scale, B bucket, S bucket, T
@@ -77,42 +77,14 @@ __global__ void ragged_prep_kernel(const int32_t* __restrict__ cu, int batch, in
   }
 }
 
-// out[c, r] = in[r, c], in:[rows, cols] f32 (lse [Hq,T] <-> cuDNN's stats [T,Hq]); 32x32 tiles
-// through shared memory (padded against bank conflicts), rows on grid x (no 65535 limit).
-__global__ void transpose_f32_kernel(const float* __restrict__ in, float* __restrict__ out,
-                                     int64_t rows, int64_t cols) {
-  __shared__ float tile[32][33];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 32,
-                c0 = static_cast<int64_t>(blockIdx.y) * 32;
-  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
-    const int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * cols + c];
-  }
-  __syncthreads();
-  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
-    const int64_t c = c0 + i, r = r0 + threadIdx.x;
-    if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][i];
-  }
-}
-
-void transpose_f32(const float* in, float* out, int64_t rows, int64_t cols, cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return;
-  const int64_t gx = (rows + 31) / 32, gy = (cols + 31) / 32;
-  LT_CHECK(gx < (int64_t{1} << 31) && gy <= 65535, "attention (cuDNN): statistics [", rows, ", ",
-           cols, "] too large to transpose");
-  transpose_f32_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(32, 8), 0,
-                         stream>>>(in, out, rows, cols);
-  CUDA_CHECK_LAUNCH();
-}
-
 // The device buffers one call hands cuDNN besides the operands: seq_len [nb] i32 and the ragged
 // offsets [n][nb + 1] i64, in one workspace.
 struct Ragged {
   Tensor buf;
-  const int32_t* seq = nullptr;
-  const int64_t* off = nullptr;
+  int32_t* seq = nullptr;
+  int64_t* off = nullptr;
   int nb = 0;
-  const int64_t* offsets(int k) const { return off + static_cast<int64_t>(k) * (nb + 1); }
+  int64_t* offsets(int k) const { return off + static_cast<int64_t>(k) * (nb + 1); }
 };
 
 Ragged ragged(const Problem& p, int nb, int64_t cap, const std::vector<int64_t>& mult) {
@@ -123,15 +95,15 @@ Ragged ragged(const Problem& p, int nb, int64_t cap, const std::vector<int64_t>&
   const int64_t bytes = seq_bytes + static_cast<int64_t>(mult.size()) * (nb + 1) * 8;
   r.buf = cu::workspace(static_cast<size_t>(bytes), p.dev);
   auto* base = static_cast<uint8_t*>(r.buf.data_ptr());
-  r.seq = reinterpret_cast<const int32_t*>(base);
-  r.off = reinterpret_cast<const int64_t*>(base + seq_bytes);
+  r.seq = reinterpret_cast<int32_t*>(base);
+  r.off = reinterpret_cast<int64_t*>(base + seq_bytes);
   RaggedMult m{};
   m.n = static_cast<int>(mult.size());
   for (size_t k = 0; k < mult.size(); ++k) m.mult[k] = mult[k];
   const int threads = 128;
   const int blocks = static_cast<int>(std::min<int64_t>((nb + threads) / threads, 1024));
-  ragged_prep_kernel<<<blocks, threads, 0, p.stream>>>(
-      p.cu, p.batch, nb, p.t, cap, const_cast<int32_t*>(r.seq), const_cast<int64_t*>(r.off), m);
+  ragged_prep_kernel<<<blocks, threads, 0, p.stream>>>(p.cu, p.batch, nb, p.t, cap, r.seq, r.off,
+                                                       m);
   CUDA_CHECK_LAUNCH();
   return r;
 }
@@ -300,6 +272,13 @@ TensorAttr& shape_rows(TensorAttr& t, int64_t nb, int64_t h, int64_t s, int64_t 
   return t.set_dim({nb, h, s, d}).set_stride({s * stride, d, stride, 1}).set_ragged_offset(off);
 }
 
+// An output operand of a graph: marked, given its uid and its ragged rows.
+void output_rows(const TensorPtr& t, int64_t uid, int64_t nb, int64_t h, int64_t s, int64_t d,
+                 int64_t stride, const TensorPtr& off) {
+  t->set_output(true).set_uid(uid);
+  shape_rows(*t, nb, h, s, d, stride, off);
+}
+
 TensorPtr input_rows(fe::graph::Graph& g, const char* name, int64_t uid, int64_t nb, int64_t h,
                      int64_t s, int64_t d, int64_t stride, const TensorPtr& off) {
   TensorAttr t;
@@ -380,8 +359,7 @@ Graph build_fwd(const Problem& p, int nb, int64_t s, int64_t tcap, const std::ve
   a.set_name("sdpa").set_generate_stats(true);
   set_mask(a, p, in, tcap);
   auto [o, stats] = g.sdpa(x.q, x.k, x.v, a);
-  o->set_output(true).set_uid(kO);
-  shape_rows(*o, nb, p.hq, s, p.d, st[3], in.off[3]);
+  output_rows(o, kO, nb, p.hq, s, p.d, st[3], in.off[3]);
   stats->set_output(true).set_uid(kStats);
   set_stats_layout(*stats, nb, p.hq, s, in.off[4]);
   finish(out, h);
@@ -405,12 +383,9 @@ Graph build_bwd(const Problem& p, int nb, int64_t s, int64_t tcap, const std::ve
   a.set_name("sdpa_backward");
   set_mask(a, p, in, tcap);
   auto [dq, dk, dv] = g.sdpa_backward(x.q, x.k, x.v, o, dout, stats, a);
-  dq->set_output(true).set_uid(kDQ);
-  shape_rows(*dq, nb, p.hq, s, p.d, st[6], in.off[6]);
-  dk->set_output(true).set_uid(kDK);
-  shape_rows(*dk, nb, p.hk, s, p.d, st[7], in.off[7]);
-  dv->set_output(true).set_uid(kDV);
-  shape_rows(*dv, nb, p.hk, s, p.d, st[8], in.off[8]);
+  output_rows(dq, kDQ, nb, p.hq, s, p.d, st[6], in.off[6]);
+  output_rows(dk, kDK, nb, p.hk, s, p.d, st[7], in.off[7]);
+  output_rows(dv, kDV, nb, p.hk, s, p.d, st[8], in.off[8]);
   finish(out, h);
   return out;
 }
@@ -458,13 +433,32 @@ Buckets buckets(const Problem& p) {
   return b;
 }
 
-bool supported_here(const Problem& p, std::string* why) {
-  if (!available(p.dev, why)) return false;
+// The graph of this problem (null, with the reason, when cuDNN cannot run it). `strides` are the
+// ragged operands' row strides in the graph's order.
+std::shared_ptr<Graph> graph_of(const Problem& p, bool backward,
+                                const std::vector<int64_t>& strides, std::string* why) {
+  if (!available(p.dev, why)) return nullptr;
   if (p.batch <= 0 || p.t <= 0) {
     *why = "empty batch";
-    return false;
+    return nullptr;
   }
-  return true;
+  const Buckets b = buckets(p);
+  std::shared_ptr<Graph> graph = graph_for(p, backward, b.nb, b.s, b.tcap, strides, handle(p.dev));
+  if (graph->ok) return graph;
+  *why = graph->why;
+  return nullptr;
+}
+
+// Runs `graph` with the operands of `ptrs`, adding the sequence lengths and ragged offsets.
+void run(const Problem& p, const Graph& graph, const std::vector<int64_t>& strides,
+         std::unordered_map<int64_t, void*> ptrs, const char* what) {
+  const Buckets b = buckets(p);
+  const Ragged r = ragged(p, b.nb, b.s, strides);
+  ptrs[kSeqQ] = r.seq;
+  ptrs[kSeqKV] = r.seq;
+  for (size_t i = 0; i < strides.size(); ++i)
+    ptrs[kOff + static_cast<int64_t>(i)] = r.offsets(static_cast<int>(i));
+  execute(p, graph, handle(p.dev), ptrs, what);
 }
 
 #endif  // LEANTUNE_WITH_CUDNN_FRONTEND
@@ -488,58 +482,41 @@ bool available(Device dev, std::string* why) {
   return true;
 }
 
-bool fwd(const Problem& p, Rows q, Rows k, Rows v, void* out, float* lse, std::string* why) {
-  if (!supported_here(p, why)) return false;
-  Handle& h = handle(p.dev);
-  const Buckets b = buckets(p);
-  const int64_t o_stride = p.hq * p.d;
-  const std::vector<int64_t> strides = {q.stride, k.stride, v.stride, o_stride, p.hq};
-  const std::shared_ptr<Graph> graph = graph_for(p, false, b.nb, b.s, b.tcap, strides, h);
-  if (!graph->ok) {
-    *why = graph->why;
-    return false;
-  }
-  const Ragged r = ragged(p, b.nb, b.s, strides);
+bool fwd(const Problem& p, Rows q, Rows k, Rows v, void* out, const Tensor& lse, std::string* why) {
+  const std::vector<int64_t> strides = {q.stride, k.stride, v.stride, p.hq * p.d, p.hq};
+  const std::shared_ptr<Graph> graph = graph_of(p, false, strides, why);
+  if (!graph) return false;
   Tensor stats = Tensor::empty({p.t, p.hq}, DType::kF32, p.dev, MemTag::kWorkspace);
-  std::unordered_map<int64_t, void*> ptrs = {
-      {kQ, const_cast<void*>(q.ptr)},       {kK, const_cast<void*>(k.ptr)},
-      {kV, const_cast<void*>(v.ptr)},       {kO, out},
-      {kStats, stats.data_ptr()},           {kSeqQ, const_cast<int32_t*>(r.seq)},
-      {kSeqKV, const_cast<int32_t*>(r.seq)}};
-  for (int i = 0; i < 5; ++i) ptrs[kOff + i] = const_cast<int64_t*>(r.offsets(i));
-  execute(p, *graph, h, ptrs, "attention_fwd_cuda");
-  transpose_f32(stats.data<float>(), lse, p.t, p.hq, p.stream);
+  run(p, *graph, strides,
+      {{kQ, const_cast<void*>(q.ptr)},
+       {kK, const_cast<void*>(k.ptr)},
+       {kV, const_cast<void*>(v.ptr)},
+       {kO, out},
+       {kStats, stats.data_ptr()}},
+      "attention_fwd_cuda");
+  ops::copy(lse, stats.transpose(0, 1));
   return true;
 }
 
-bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const float* lse, void* dq,
+bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const Tensor& lse, void* dq,
          void* dk, void* dv, std::string* why) {
-  if (!supported_here(p, why)) return false;
-  Handle& h = handle(p.dev);
-  const Buckets b = buckets(p);
   const std::vector<int64_t> strides = {q.stride, k.stride,   v.stride,   out.stride, dout.stride,
                                         p.hq,     p.hq * p.d, p.hk * p.d, p.hk * p.d};
-  const std::shared_ptr<Graph> graph = graph_for(p, true, b.nb, b.s, b.tcap, strides, h);
-  if (!graph->ok) {
-    *why = graph->why;
-    return false;
-  }
-  const Ragged r = ragged(p, b.nb, b.s, strides);
+  const std::shared_ptr<Graph> graph = graph_of(p, true, strides, why);
+  if (!graph) return false;
   Tensor stats = Tensor::empty({p.t, p.hq}, DType::kF32, p.dev, MemTag::kWorkspace);
-  transpose_f32(lse, stats.data<float>(), p.hq, p.t, p.stream);
-  std::unordered_map<int64_t, void*> ptrs = {{kQ, const_cast<void*>(q.ptr)},
-                                             {kK, const_cast<void*>(k.ptr)},
-                                             {kV, const_cast<void*>(v.ptr)},
-                                             {kO, const_cast<void*>(out.ptr)},
-                                             {kDO, const_cast<void*>(dout.ptr)},
-                                             {kStats, stats.data_ptr()},
-                                             {kDQ, dq},
-                                             {kDK, dk},
-                                             {kDV, dv},
-                                             {kSeqQ, const_cast<int32_t*>(r.seq)},
-                                             {kSeqKV, const_cast<int32_t*>(r.seq)}};
-  for (int i = 0; i < 9; ++i) ptrs[kOff + i] = const_cast<int64_t*>(r.offsets(i));
-  execute(p, *graph, h, ptrs, "attention_bwd_cuda");
+  ops::copy(stats, lse.transpose(0, 1));
+  run(p, *graph, strides,
+      {{kQ, const_cast<void*>(q.ptr)},
+       {kK, const_cast<void*>(k.ptr)},
+       {kV, const_cast<void*>(v.ptr)},
+       {kO, const_cast<void*>(out.ptr)},
+       {kDO, const_cast<void*>(dout.ptr)},
+       {kStats, stats.data_ptr()},
+       {kDQ, dq},
+       {kDK, dk},
+       {kDV, dv}},
+      "attention_bwd_cuda");
   return true;
 }
 
@@ -550,10 +527,10 @@ bool available(Device, std::string* why) {
     *why = "leantune was built without the cuDNN frontend headers (scripts/cudnn_frontend.sh)";
   return false;
 }
-bool fwd(const Problem&, Rows, Rows, Rows, void*, float*, std::string* why) {
+bool fwd(const Problem&, Rows, Rows, Rows, void*, const Tensor&, std::string* why) {
   return available(Device::cpu(), why);
 }
-bool bwd(const Problem&, Rows, Rows, Rows, Rows, Rows, const float*, void*, void*, void*,
+bool bwd(const Problem&, Rows, Rows, Rows, Rows, Rows, const Tensor&, void*, void*, void*,
          std::string* why) {
   return available(Device::cpu(), why);
 }

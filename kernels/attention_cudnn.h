@@ -50,13 +50,13 @@ struct Rows {
 // When not, *why says which.
 bool available(Device dev, std::string* why);
 
-// Forward: out (contiguous [T,Hq,D]) and lse ([Hq,T] f32). Returns false, with the reason in
-// *why, when cuDNN does not support this problem (the caller then runs its own kernel); throws
-// leantune::Error on a failure while running.
-bool fwd(const Problem& p, Rows q, Rows k, Rows v, void* out, float* lse, std::string* why);
+// Forward: out (contiguous [T,Hq,D]) and lse ([Hq,T] f32 on p.dev). Returns false, with the
+// reason in *why, when cuDNN does not support this problem (the caller then runs its own kernel);
+// throws leantune::Error on a failure while running.
+bool fwd(const Problem& p, Rows q, Rows k, Rows v, void* out, const Tensor& lse, std::string* why);
 
 // Backward: dq, dk, dv (contiguous, overwritten) from dout, out and the forward's lse.
-bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const float* lse, void* dq,
+bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const Tensor& lse, void* dq,
          void* dk, void* dv, std::string* why);
 
 // Forward and backward calls cuDNN ran since the process started (tests check the path taken).

@@ -131,6 +131,12 @@ TEST(BackendHarness, RulesCatchWhatTheyPromise) {
   EXPECT_TRUE(compare(f, vals({1.0, 2.19}), vals({1, 2})));
   EXPECT_FALSE(compare(f, vals({1.0, 2.21}), vals({1, 2})));
   EXPECT_EQ(calls, 1);
+  // flash: the naive's error counts as at least half an ulp of the output dtype. Near 0.05 bf16
+  // values are 2^-12 apart: the correctly rounded 205 * 2^-12 passes against an exact naive, the
+  // next value up does not.
+  const Rule exact_naive = Rule::flash([] { return Vec{0.05}; });
+  EXPECT_TRUE(compare(exact_naive, vals({205.0 / 4096}, DType::kBF16), vals({0.05}, DType::kF64)));
+  EXPECT_FALSE(compare(exact_naive, vals({206.0 / 4096}, DType::kBF16), vals({0.05}, DType::kF64)));
 }
 
 TEST(BackendHarness, RunsCheckGuardsThrowsPropertiesAndTheirOwnOutputs) {
