@@ -7,6 +7,8 @@
 // (context parallelism) that fits max_length. With --max_context --budget_gib G: the longest
 // max_length that fits G GiB with the given options, and the options that would raise it
 // (trainers/estimate/max_context.h).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -19,6 +21,7 @@
 #include "trainers/common/trainer_spec.h"
 #include "trainers/estimate/estimate.h"
 #include "trainers/estimate/max_context.h"
+#include "trainers/estimate/step_cost.h"
 #include "trainers/sft/sft.h"
 
 namespace leantune {
@@ -257,24 +260,54 @@ int run_estimate_command(const std::vector<std::string>& args) {
   });
   with("--offload_optimizer cpu --gradient_checkpointing",
        [](EstimateConfig& c) { c.offload_optimizer = c.gradient_checkpointing = true; });
-  for (int64_t div = 2; div <= 64 && cfg.micro_batch_tokens / div >= 1; div *= 2) {
-    with("micro-batches " + std::to_string(div) + "x smaller (per_device_train_batch_size / " +
-             std::to_string(div) + ", gradient_accumulation_steps x " + std::to_string(div) + ")",
+  // Smaller micro-batches keep the update's examples only where the batch divides evenly.
+  const int64_t batch = training_table().read(o).per_device_train_batch_size;
+  for (int64_t div = 2; div <= batch; div *= 2) {
+    if (batch % div != 0) break;
+    with("--per_device_train_batch_size " + std::to_string(batch / div) +
+             " --gradient_accumulation_steps " +
+             std::to_string(cfg.gradient_accumulation_steps * div),
          [div](EstimateConfig& c) {
            c.micro_batch_tokens /= div;
            c.gradient_accumulation_steps *= div;
          });
   }
-  int shown = 0;
-  std::printf("options that fit:\n");
+  struct Fit {
+    const Variant* v;
+    int64_t peak;
+    StepCost cost;
+  };
+  const StepCost now = step_cost(cfg, e, cfg);
+  std::vector<Fit> fits;
   for (const Variant& v : variants) {
     const MemoryEstimate ev = estimate_memory(v.c);
-    if (ev.peak > limit) continue;
-    std::printf("  %-80s peak %s\n", v.what.c_str(), format_bytes(ev.peak).c_str());
-    ++shown;
+    if (ev.peak <= limit) fits.push_back({&v, ev.peak, step_cost(v.c, ev, cfg)});
   }
-  if (!shown)
-    std::printf("  none of the single changes tried; combine them or shorten max_length\n");
+  // Fastest first: the modelled time, then the changes whose costs it leaves out last, then
+  // the smaller peak.
+  std::stable_sort(fits.begin(), fits.end(), [&](const Fit& a, const Fit& b) {
+    const double ta = a.cost.flops / now.flops, tb = b.cost.flops / now.flops;
+    if (std::abs(ta - tb) > 1e-9) return ta < tb;
+    if (a.cost.unmodelled.size() != b.cost.unmodelled.size())
+      return a.cost.unmodelled.size() < b.cost.unmodelled.size();
+    return a.peak < b.peak;
+  });
+  if (fits.empty()) {
+    std::printf(
+        "options that fit: none of the single changes tried; combine them or shorten "
+        "max_length\n");
+    return 0;
+  }
+  std::printf(
+      "options that fit, fastest first (step time against the options given, from the FLOP "
+      "count: %s; what the count leaves out is named):\n",
+      kStepCostModel);
+  for (const Fit& f : fits) {
+    std::string extra;
+    for (const std::string& u : f.cost.unmodelled) extra += (extra.empty() ? " + " : ", ") + u;
+    std::printf("  %-80s peak %-10s time %.2fx%s\n", f.v->what.c_str(),
+                format_bytes(f.peak).c_str(), f.cost.flops / now.flops, extra.c_str());
+  }
   return 0;
 }
 

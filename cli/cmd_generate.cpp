@@ -164,12 +164,8 @@ void generate_batch(const GenerateArguments& a, const DecoderModel& model,
 
 int run_generate(const std::vector<std::string>& args) {
   Options o("generate");
-  generate_table().declare(o);
-  if (!o.parse(args)) {
-    std::printf("%s", o.help().c_str());
-    return 0;
-  }
-  const GenerateArguments a = generate_table().read(o);
+  GenerateArguments a;
+  if (!parse_tool_options(generate_table(), o, args, a)) return 0;
   LT_CHECK_INPUT(!a.model.empty(), "generate: --model DIR is required");
   LT_CHECK_INPUT(a.prompt.empty() != a.batch.empty(),
                  "generate: give exactly one of --prompt and --batch");

@@ -46,12 +46,8 @@ const OptionTable<LengthsArguments>& lengths_table() {
 
 int run_lengths(const std::vector<std::string>& args) {
   Options o("lengths");
-  lengths_table().declare(o);
-  if (!o.parse(args)) {
-    std::printf("%s", o.help().c_str());
-    return 0;
-  }
-  const LengthsArguments a = lengths_table().read(o);
+  LengthsArguments a;
+  if (!parse_tool_options(lengths_table(), o, args, a)) return 0;
   const std::string& dataset = a.dataset;
   LT_CHECK_INPUT(!dataset.empty(), "lengths: --dataset F.jsonl is required");
   const std::string& plot = a.plot;

@@ -60,12 +60,8 @@ const OptionTable<PackArguments>& pack_table() {
 
 int run_pack(const std::vector<std::string>& args) {
   Options o("pack");
-  pack_table().declare(o);
-  if (!o.parse(args)) {
-    std::printf("%s", o.help().c_str());
-    return 0;
-  }
-  const PackArguments a = pack_table().read(o);
+  PackArguments a;
+  if (!parse_tool_options(pack_table(), o, args, a)) return 0;
   const std::string& dataset = a.dataset;
   const std::string& out_path = a.out;
   LT_CHECK_INPUT(!dataset.empty(), "pack: --dataset F.jsonl is required");

@@ -62,12 +62,8 @@ const OptionTable<ScoreArguments>& score_table() {
 
 int score_command(const std::vector<std::string>& argv) {
   Options o("score");
-  score_table().declare(o);
-  if (!o.parse(argv)) {
-    std::printf("%s", o.help().c_str());
-    return 0;
-  }
-  const ScoreArguments a = score_table().read(o);
+  ScoreArguments a;
+  if (!parse_tool_options(score_table(), o, argv, a)) return 0;
   const std::string path = resolve_model_path(a.model, "model");  // a Hub ID: its cached snapshot
   const std::string& dataset = a.dataset;
   LT_CHECK_INPUT(!path.empty(), "score: --model is required");

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/tool_options.h"
 #include "engine/check.h"
 #include "loaders/chat_template.h"
 #include "loaders/fs_util.h"
@@ -149,12 +150,8 @@ const OptionTable<TokenizeArguments>& tokenize_table() {
 
 int run_tokenize(const std::vector<std::string>& args) {
   Options o("tokenize");
-  tokenize_table().declare(o);
-  if (!o.parse(args)) {
-    std::printf("%s", o.help().c_str());
-    return 0;
-  }
-  const TokenizeArguments a = tokenize_table().read(o);
+  TokenizeArguments a;
+  if (!parse_tool_options(tokenize_table(), o, args, a)) return 0;
   LT_CHECK_INPUT(!a.tokenizer.empty(), "tokenize: --tokenizer PATH is required");
   // Given at all, even empty: --text "" is an empty input.
   const bool have_text = o.is_set("text"), have_file = o.is_set("file");

@@ -40,6 +40,8 @@ const std::vector<Command>& commands() {
         {"pack", "pack a JSONL dataset offline into max_length bins (TRL's BFD)", cmd_pack},
         {"lengths", "length distribution of a dataset and a recommended max_length", cmd_lengths},
         {"memviz", "draw a --memory_trace file as a self-contained HTML timeline", cmd_memviz},
+        {"plot", "draw a run's metrics.jsonl (loss, learning rate, memory, ...) as an HTML page",
+         cmd_plot},
         {"consolidate", "a data-parallel or ZeRO checkpoint as one process's (any world size)",
          cmd_consolidate},
     };

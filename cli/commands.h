@@ -27,6 +27,7 @@ int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_pack(const std::vector<std::string>& args);
 int cmd_lengths(const std::vector<std::string>& args);
 int cmd_memviz(const std::vector<std::string>& args);
+int cmd_plot(const std::vector<std::string>& args);
 int cmd_consolidate(const std::vector<std::string>& args);
 
 // Parses a tool's CLI11 command line (args in order; `command` names it in errors): false when

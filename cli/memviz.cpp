@@ -16,7 +16,7 @@ namespace {
 
 struct Live {
   int64_t size = 0;
-  std::string tag, phase;
+  std::string tag, phase, site;
   int64_t t_ns = 0;
   uint64_t segment = 0;
   int64_t offset = 0;
@@ -56,6 +56,7 @@ struct Event {
   int8_t tag;
   bool has_segment;
   uint32_t phase;  // index into EventLog::phases
+  uint32_t site;   // index into EventLog::sites ("" when the trace names none)
   uint64_t id;
   int64_t size, t_ns;
   uint64_t segment;
@@ -81,7 +82,9 @@ class EventLog {
     last_t_ = ev.t_ns;
     int_field(e, "stream", where, true);
     ev.tag = static_cast<int8_t>(tag_index(string_field(e, "tag", where), where));
-    ev.phase = phase_index(e.contains("phase") ? string_field(e, "phase", where) : "other");
+    ev.phase =
+        intern(phase_ids_, phases, e.contains("phase") ? string_field(e, "phase", where) : "other");
+    ev.site = intern(site_ids_, sites, e.contains("site") ? string_field(e, "site", where) : "");
     if (kind == "alloc") {
       ev.kind = Kind::kAlloc;
       if (e.contains("segment")) {
@@ -111,17 +114,18 @@ class EventLog {
   }
 
   std::vector<Event> events;
-  std::vector<std::string> phases;
+  std::vector<std::string> phases, sites;
 
  private:
-  uint32_t phase_index(const std::string& phase) {
-    const auto [it, added] = phase_ids_.emplace(phase, static_cast<uint32_t>(phases.size()));
-    if (added) phases.push_back(phase);
+  static uint32_t intern(std::unordered_map<std::string, uint32_t>& ids,
+                         std::vector<std::string>& names, const std::string& name) {
+    const auto [it, added] = ids.emplace(name, static_cast<uint32_t>(names.size()));
+    if (added) names.push_back(name);
     return it->second;
   }
   const std::string& source_;
   int64_t last_t_ = INT64_MIN;
-  std::unordered_map<std::string, uint32_t> phase_ids_;
+  std::unordered_map<std::string, uint32_t> phase_ids_, site_ids_;
   mutable std::string where_;
 };
 
@@ -210,8 +214,9 @@ nlohmann::json analyse(const nlohmann::json& trace, const EventLog& log, const s
   for (int64_t i = 0; i <= peak_index; ++i) {
     const Event& e = events[static_cast<size_t>(i)];
     if (e.kind == Kind::kAlloc) {
-      live_at_peak[e.id] = {e.size,    tag_name(e.tag), log.phases[e.phase], e.t_ns,
-                            e.segment, e.offset,        e.has_segment};
+      live_at_peak[e.id] = {
+          e.size,    tag_name(e.tag), log.phases[e.phase], log.sites[e.site], e.t_ns,
+          e.segment, e.offset,        e.has_segment};
     } else if (e.kind == Kind::kFree) {
       live_at_peak.erase(e.id);
     } else if (e.kind == Kind::kRetag) {
@@ -265,8 +270,8 @@ nlohmann::json analyse(const nlohmann::json& trace, const EventLog& log, const s
                    [](const auto& a, const auto& b) { return a.second.size > b.second.size; });
   nlohmann::json lb = nlohmann::json::array();
   for (const auto& [id, l] : blocks) {
-    nlohmann::json b = {
-        {"id", id}, {"size", l.size}, {"tag", l.tag}, {"phase", l.phase}, {"t", l.t_ns}};
+    nlohmann::json b = {{"id", id},         {"size", l.size}, {"tag", l.tag},
+                        {"phase", l.phase}, {"site", l.site}, {"t", l.t_ns}};
     if (l.has_segment) {
       b["segment"] = l.segment;
       b["offset"] = l.offset;
@@ -286,13 +291,43 @@ nlohmann::json analyse(const nlohmann::json& trace, const EventLog& log, const s
     int64_t used = 0;
     if (auto it = by_segment.find(sid); it != by_segment.end())
       for (const Live* l : it->second) {
-        sb.push_back(
-            {{"offset", l->offset}, {"size", l->size}, {"tag", l->tag}, {"phase", l->phase}});
+        sb.push_back({{"offset", l->offset},
+                      {"size", l->size},
+                      {"tag", l->tag},
+                      {"phase", l->phase},
+                      {"site", l->site},
+                      {"t", l->t_ns}});
         used += l->size;
       }
     segs.push_back({{"id", sid}, {"size", st.first}, {"allocated", used}, {"blocks", sb}});
   }
   out["segments_at_peak"] = segs;
+
+  // Phase spans: runs of consecutive events in one phase ([t0, t1] of their first and last
+  // event), the page's phase boundaries.
+  nlohmann::json spans = nlohmann::json::array();
+  for (int64_t i = 0; i < n;) {
+    int64_t j = i;
+    const uint32_t ph = events[static_cast<size_t>(i)].phase;
+    while (j + 1 < n && events[static_cast<size_t>(j + 1)].phase == ph) ++j;
+    spans.push_back({{"phase", log.phases[ph]},
+                     {"t0", events[static_cast<size_t>(i)].t_ns},
+                     {"t1", events[static_cast<size_t>(j)].t_ns}});
+    i = j + 1;
+  }
+  out["phase_spans"] = spans;
+  // When each recorded update ended (trace clock), from --memory_trace; absent in older traces.
+  nlohmann::json ends = nlohmann::json::array();
+  if (trace.contains("step_ends")) {
+    const std::string where = source + ": step_ends";
+    LT_CHECK_INPUT(trace.at("step_ends").is_array(), where, " must be an array");
+    for (const nlohmann::json& s : trace.at("step_ends")) {
+      LT_CHECK_INPUT(s.is_object(), where, ": an entry must be an object");
+      ends.push_back(
+          {{"step", int_field(s, "step", where, true)}, {"t", int_field(s, "t_ns", where, false)}});
+    }
+  }
+  out["step_ends"] = ends;
   return out;
 }
 

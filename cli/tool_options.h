@@ -7,8 +7,10 @@
 // A tool's own table takes them with `base` (the tool's arguments struct derives from these).
 #pragma once
 
+#include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "loaders/option_table.h"
 #include "trainers/common/data_options.h"
@@ -27,6 +29,20 @@ struct DataToolArguments : ChatArguments {
   std::string tokenizer;  // empty: the dataset holds token ids
 };
 const OptionTable<DataToolArguments>& data_tool_table();
+
+// A tool's options declared by its table into `o` and parsed into `a`: false when --help was
+// printed (the tool then returns 0). `o` stays readable (positional arguments, is_set).
+template <class S>
+bool parse_tool_options(const OptionTable<S>& table, Options& o,
+                        const std::vector<std::string>& args, S& a) {
+  table.declare(o);
+  if (!o.parse(args)) {
+    std::printf("%s", o.help().c_str());
+    return false;
+  }
+  a = table.read(o);
+  return true;
+}
 
 // The text encoder of --tokenizer (a tokenizer folder, with a's chat options), or null when it
 // is empty (the dataset then holds token ids).

@@ -158,6 +158,7 @@ void Allocator::record(TraceEvent::Kind kind, uint64_t id, int64_t size, MemTag 
                        uint64_t stream, const Block* block) {
   if (!trace_on_) return;
   TraceEvent e{kind, id, size, tag, stream, now_ns() - t0_ns_, current_mem_phase()};
+  e.site = current_mem_site();
   if (block) {
     e.segment = block->segment_id;
     for (const Block* p = block->prev; p; p = p->prev) e.offset += static_cast<int64_t>(p->size);
@@ -466,8 +467,10 @@ void Allocator::throw_oom(size_t bytes, MemTag tag) {
 
 void Allocator::set_trace_enabled(bool on) {
   std::lock_guard<std::recursive_mutex> lk(mu_);
+  if (on != trace_on_) want_mem_sites(on);
   trace_on_ = on;
 }
+int64_t Allocator::trace_clock_ns() const { return now_ns() - t0_ns_; }
 bool Allocator::trace_enabled() const {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   return trace_on_;
@@ -491,6 +494,7 @@ std::string Allocator::trace_json() const {
         {"kind", kKinds[e.kind]},          {"id", e.id},         {"size", e.size},
         {"tag", mem_tag_name(e.tag)},      {"stream", e.stream}, {"t_ns", e.time_ns},
         {"phase", mem_phase_name(e.phase)}};
+    if (e.site != 0) ev["site"] = mem_site_name(e.site);
     if (e.kind == TraceEvent::kAlloc) {
       ev["segment"] = e.segment;
       ev["offset"] = e.offset;

@@ -137,6 +137,7 @@ struct TraceEvent {
   uint64_t stream;
   int64_t time_ns;
   MemPhase phase;        // what the thread was doing (engine/mem_phase.h)
+  uint16_t site = 0;     // where within the phase (mem_site_name; 0: not known)
   uint64_t segment = 0;  // kAlloc: the segment holding the block
   int64_t offset = 0;    // kAlloc: the block's byte offset in its segment
 };
@@ -199,8 +200,10 @@ class Allocator {
   bool trace_enabled() const;
   std::vector<TraceEvent> trace() const;
   void clear_trace();
+  // The trace's clock now (the t_ns a trace event would get), to mark moments in a trace.
+  int64_t trace_clock_ns() const;
   // {"device": ..., "events": [{"kind","id","size","tag","stream","t_ns","phase"
-  //  (+ "segment","offset" for alloc)}...]}
+  //  (+ "site" when known, + "segment","offset" for alloc)}...]}
   std::string trace_json() const;
 
   Device device() const;

@@ -18,7 +18,16 @@ std::vector<BackwardObserver*> g_observers;
 std::vector<ReplayableState*> g_replayable;
 }  // namespace
 
-Node::Node() : sequence_nr_(g_sequence++), mem_phase_(current_mem_phase()) {}
+Node::Node()
+    : sequence_nr_(g_sequence++), mem_phase_(current_mem_phase()), mem_site_(current_mem_site()) {}
+
+uint16_t Node::backward_mem_site() {
+  if (backward_site_ == 0xffff) {
+    const std::string& fwd = mem_site_name(mem_site_);
+    backward_site_ = mem_site_id(fwd.empty() ? name() : fwd + ": " + name());
+  }
+  return backward_site_;
+}
 
 bool grad_mode_enabled() { return t_grad_mode; }
 void set_grad_mode(bool on) { t_grad_mode = on; }
@@ -288,6 +297,7 @@ void run_backward(const std::vector<Edge>& root_edges, std::vector<Tensor> root_
     ready.pop();
     // Allocations of this node's backward are attributed to its forward layer's backward.
     MemPhaseGuard phase(backward_phase_of(n->mem_phase()));
+    MemSiteGuard site(mem_sites_wanted() ? n->backward_mem_site() : uint16_t{0});
     std::vector<Tensor> in = std::move(state[n].inputs);
     in.resize(n->num_outputs());
     bool any = false;

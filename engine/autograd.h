@@ -54,6 +54,9 @@ class Node : public std::enable_shared_from_this<Node> {
   uint64_t sequence_nr() const { return sequence_nr_; }
   // The allocation phase the node was created in (engine/mem_phase.h).
   MemPhase mem_phase() const { return mem_phase_; }
+  // The allocation site of this node's backward: its name after the forward site it was created
+  // in ("mlp: LinearBackward"); interned on first use.
+  uint16_t backward_mem_site();
   uint32_t num_outputs() const { return num_outputs_; }
   void set_num_outputs(uint32_t n) { num_outputs_ = n; }
   // True when input i of the forward op needs a gradient.
@@ -65,6 +68,8 @@ class Node : public std::enable_shared_from_this<Node> {
  private:
   uint64_t sequence_nr_;
   MemPhase mem_phase_;
+  uint16_t mem_site_ = 0;            // the forward site at creation
+  uint16_t backward_site_ = 0xffff;  // not yet interned
   uint32_t num_outputs_ = 1;
 };
 

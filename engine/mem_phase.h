@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "engine/scope_guard.h"
 
@@ -46,6 +47,27 @@ class MemPhaseGuard : ScopeGuard {
 
  private:
   MemPhase prev_;
+};
+
+// The allocation site within a phase: the model's module in forward ("self_attn", "mlp",
+// "lm_head"), the autograd node in backward ("mlp: LinearBackward"), stored with every trace event
+// beside the phase. Sites are interned names; 0 is none. Names are only worth making while a trace
+// records them: mem_sites_wanted() says so (Allocator::set_trace_enabled counts the tracers).
+uint16_t mem_site_id(std::string_view name);    // interns; 0 once 65535 names exist
+const std::string& mem_site_name(uint16_t id);  // "" for 0
+uint16_t current_mem_site();
+bool mem_sites_wanted();
+void want_mem_sites(bool on);  // one more (or one fewer) recorder of sites
+
+class MemSiteGuard : ScopeGuard {
+ public:
+  explicit MemSiteGuard(uint16_t site);
+  // A module's name as the site (interned only while a trace records sites).
+  explicit MemSiteGuard(const char* name);
+  ~MemSiteGuard();
+
+ private:
+  uint16_t prev_;
 };
 
 }  // namespace leantune

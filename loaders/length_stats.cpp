@@ -171,8 +171,6 @@ std::string text_histogram(std::span<const int64_t> lengths, int bar_width) {
   return out;
 }
 
-namespace {
-
 std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -196,14 +194,57 @@ std::string xml_escape(const std::string& s) {
   return out;
 }
 
-}  // namespace
+int64_t nice_tick_step(int64_t span, int max_ticks) {
+  const int64_t need =
+      std::max<int64_t>(1, (std::max<int64_t>(span, 1) + max_ticks - 1) / max_ticks);
+  for (int64_t mag = 1;; mag *= 10)
+    for (int64_t m : {1, 2, 5})
+      if (m * mag >= need) return m * mag;
+}
+
+std::vector<SvgLabel> place_labels(std::vector<SvgLabel> labels, double x_min, double x_max) {
+  constexpr double kGap = 6;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    SvgLabel& l = labels[i];
+    const double w = kSvgCharWidth * static_cast<double>(l.text.size());
+    l.end_anchor = l.x + 4 + w > x_max && l.x - 4 - w >= x_min;
+    l.x0 = l.end_anchor ? l.x - 4 - w : std::max(x_min, l.x + 4);
+    l.x1 = l.x0 + w;
+    for (l.row = 0;; ++l.row) {
+      bool free = true;
+      for (size_t j = 0; j < i; ++j)
+        free = free && (labels[j].row != l.row || l.x1 + kGap <= labels[j].x0 ||
+                        labels[j].x1 + kGap <= l.x0);
+      if (free) break;
+    }
+  }
+  return labels;
+}
 
 std::string svg_histogram(std::span<const int64_t> lengths, const std::string& title,
                           int64_t recommended) {
   const LengthSummary s = summarize_lengths(lengths);
-  const int width = 900, height = 420, left = 70, right = 20, top = 50, bottom = 60;
-  const int plot_w = width - left - right, plot_h = height - top - bottom;
-  const int64_t span = std::max<int64_t>(std::max(s.max, recommended), 1);
+  const std::pair<int64_t, const char*> marks[] = {
+      {s.p50, "p50"}, {s.p90, "p90"}, {s.p99, "p99"}, {recommended, "max_length"}};
+  int label_rows = 1;
+  const int width = 900, right = 30, left = 70, bottom = 60;
+  // The x axis ends on a round tick at or after the longest example and the recommendation.
+  const int64_t x_step = nice_tick_step(std::max(s.max, recommended), 8);
+  const int64_t span =
+      (std::max<int64_t>(std::max(s.max, recommended), 1) + x_step - 1) / x_step * x_step;
+  const int plot_w = width - left - right;
+  auto x_of = [&](double len) { return left + plot_w * len / static_cast<double>(span); };
+  std::vector<SvgLabel> labels;
+  for (const auto& [v, name] : marks)
+    if (v > 0)
+      labels.push_back({x_of(static_cast<double>(v)), std::string(name) + " " + std::to_string(v),
+                        std::string(name) == "max_length"});
+  labels = place_labels(std::move(labels), 0, width - 4);
+  for (const SvgLabel& l : labels) label_rows = std::max(label_rows, l.row + 1);
+  // The marker labels sit in rows above the plot, so they never cover a bar.
+  const int top = 40 + 14 * label_rows, height = top + 310 + bottom;
+  const int plot_h = height - top - bottom;
+
   const int nb = static_cast<int>(std::min<int64_t>(60, span));
   const double bucket = static_cast<double>(span) / nb;
   std::vector<int64_t> counts(static_cast<size_t>(nb), 0);
@@ -211,8 +252,9 @@ std::string svg_histogram(std::span<const int64_t> lengths, const std::string& t
     int k = static_cast<int>(static_cast<double>(l) / bucket);
     ++counts[static_cast<size_t>(std::clamp(k, 0, nb - 1))];
   }
-  const int64_t most = std::max<int64_t>(1, *std::max_element(counts.begin(), counts.end()));
-  auto x_of = [&](double len) { return left + plot_w * len / static_cast<double>(span); };
+  const int64_t most_count = std::max<int64_t>(1, *std::max_element(counts.begin(), counts.end()));
+  const int64_t y_step = nice_tick_step(most_count, 5);
+  const int64_t most = (most_count + y_step - 1) / y_step * y_step;
   auto y_of = [&](double c) { return top + plot_h * (1.0 - c / static_cast<double>(most)); };
 
   std::string o;
@@ -224,7 +266,7 @@ std::string svg_histogram(std::span<const int64_t> lengths, const std::string& t
   o += buf;
   o += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   std::snprintf(buf, sizeof(buf),
-                "<text x=\"%d\" y=\"25\" font-size=\"15\">%s (%lld examples, %lld tokens)</text>\n",
+                "<text x=\"%d\" y=\"22\" font-size=\"15\">%s (%lld examples, %lld tokens)</text>\n",
                 left, xml_escape(title).c_str(), static_cast<long long>(s.count),
                 static_cast<long long>(s.total));
   o += buf;
@@ -240,21 +282,22 @@ std::string svg_histogram(std::span<const int64_t> lengths, const std::string& t
                   static_cast<long long>(counts[static_cast<size_t>(k)]));
     o += buf;
   }
-  // Axes with a few ticks.
   std::snprintf(buf, sizeof(buf),
                 "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n"
                 "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n",
                 left, top + plot_h, left + plot_w, top + plot_h, left, top, left, top + plot_h);
   o += buf;
-  for (int t = 0; t <= 5; ++t) {
-    const double len = static_cast<double>(span) * t / 5;
+  // Round ticks: multiples of 1, 2 or 5 x 10^k.
+  for (int64_t v = 0; v <= span; v += x_step) {
     std::snprintf(buf, sizeof(buf),
-                  "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%lld</text>\n", x_of(len),
-                  top + plot_h + 18, static_cast<long long>(std::llround(len)));
+                  "<text class=\"tick-x\" x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%lld</text>\n",
+                  x_of(static_cast<double>(v)), top + plot_h + 18, static_cast<long long>(v));
     o += buf;
-    const double c = static_cast<double>(most) * t / 5;
-    std::snprintf(buf, sizeof(buf), "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%lld</text>\n",
-                  left - 6, y_of(c) + 4, static_cast<long long>(std::llround(c)));
+  }
+  for (int64_t c = 0; c <= most; c += y_step) {
+    std::snprintf(buf, sizeof(buf),
+                  "<text class=\"tick-y\" x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%lld</text>\n",
+                  left - 6, y_of(static_cast<double>(c)) + 4, static_cast<long long>(c));
     o += buf;
   }
   std::snprintf(buf, sizeof(buf),
@@ -263,22 +306,22 @@ std::string svg_histogram(std::span<const int64_t> lengths, const std::string& t
                 "text-anchor=\"middle\">examples</text>\n",
                 left + plot_w / 2, height - 15, top + plot_h / 2, top + plot_h / 2);
   o += buf;
-  const std::pair<int64_t, const char*> marks[] = {
-      {s.p50, "p50"}, {s.p90, "p90"}, {s.p99, "p99"}, {recommended, "max_length"}};
-  int row = 0;
-  for (const auto& [v, name] : marks) {
-    if (v <= 0) continue;
-    const bool rec = std::string(name) == "max_length";
+  // The marker lines first, then their labels with a white halo: a line never hides a label.
+  for (const SvgLabel& l : labels) {
     std::snprintf(buf, sizeof(buf),
                   "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"%s\" "
-                  "stroke-dasharray=\"%s\"/>\n"
-                  "<text x=\"%.1f\" y=\"%d\" fill=\"%s\">%s %lld</text>\n",
-                  x_of(static_cast<double>(v)), top, x_of(static_cast<double>(v)), top + plot_h,
-                  rec ? "#c03030" : "#606060", rec ? "6,3" : "2,3",
-                  x_of(static_cast<double>(v)) + 4, top + 12 + 14 * row,
-                  rec ? "#c03030" : "#404040", name, static_cast<long long>(v));
+                  "stroke-dasharray=\"%s\"/>\n",
+                  l.x, 32 + 14 * l.row, l.x, top + plot_h, l.accent ? "#c03030" : "#606060",
+                  l.accent ? "6,3" : "2,3");
     o += buf;
-    ++row;
+  }
+  for (const SvgLabel& l : labels) {
+    std::snprintf(buf, sizeof(buf),
+                  "<text class=\"mark\" x=\"%.1f\" y=\"%d\" fill=\"%s\" text-anchor=\"%s\" "
+                  "stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">%s</text>\n",
+                  l.end_anchor ? l.x - 4 : l.x0, 42 + 14 * l.row, l.accent ? "#c03030" : "#404040",
+                  l.end_anchor ? "end" : "start", l.text.c_str());
+    o += buf;
   }
   o += "</svg>\n";
   return o;

@@ -73,4 +73,24 @@ std::string text_histogram(std::span<const int64_t> lengths, int bar_width = 50)
 std::string svg_histogram(std::span<const int64_t> lengths, const std::string& title,
                           int64_t recommended);
 
+// SVG helpers of svg_histogram (also used by trainer_bin plot's charts).
+// s with &, <, >, " escaped for XML text and attributes.
+std::string xml_escape(const std::string& s);
+// The step of round axis ticks: the smallest 1, 2 or 5 x 10^k giving at most max_ticks intervals
+// over [0, span].
+int64_t nice_tick_step(int64_t span, int max_ticks);
+// A marker label: its line's x, its text; placement fills x0/x1 (the text's extent at
+// kSvgCharWidth pixels per character), the side (left of the line when it would pass x_max) and
+// the row (the first row where it overlaps no other label).
+inline constexpr double kSvgCharWidth = 7.0;  // 12 px sans-serif, wide enough for digits
+struct SvgLabel {
+  double x = 0;
+  std::string text;
+  bool accent = false;
+  double x0 = 0, x1 = 0;
+  bool end_anchor = false;
+  int row = 0;
+};
+std::vector<SvgLabel> place_labels(std::vector<SvgLabel> labels, double x_min, double x_max);
+
 }  // namespace leantune

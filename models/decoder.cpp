@@ -397,6 +397,7 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
   if (opt.need_loss) {
     // The fused loss computes its gradients here, in forward: its own phase in the memory report.
     StepPhaseGuard phase(grad_mode_enabled() ? "loss" : step_phase());
+    MemSiteGuard site(opt.fused_loss ? "lm_head + loss (fused)" : "loss");
     const double normalizer = opt.normalizer > 0
                                   ? opt.normalizer
                                   : static_cast<double>(std::max<int64_t>(r.label_tokens, 1));

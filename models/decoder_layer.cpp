@@ -26,6 +26,7 @@ namespace leantune {
 
 Tensor DecoderModel::embed(const Tensor& ids, const RowGradSink& sink) const {
   ParamUse use(residency_, ParamResidency::kOuterUnit);
+  MemSiteGuard site("embed_tokens");
   Tensor e;
   if (embedding_override.embed) {
     e = embedding_override.embed(embed_tokens_, ids);
@@ -47,7 +48,10 @@ Tensor DecoderModel::norm(const Tensor& x, const Tensor& w) const {
   return kernels::rms_norm(x, w, cfg_.rms_norm_eps, cfg_.norm_unit_offset);
 }
 
-Tensor DecoderModel::final_norm_forward(const Tensor& h) const { return norm(h, norm_); }
+Tensor DecoderModel::final_norm_forward(const Tensor& h) const {
+  MemSiteGuard site("norm");
+  return norm(h, norm_);
+}
 
 Tensor DecoderModel::apply_rope(int64_t layer, const Tensor& x, const Tensor& positions,
                                 int64_t max_position) const {
@@ -94,6 +98,7 @@ std::vector<Tensor> DecoderModel::attention_inputs(int64_t i, const Tensor& h) c
 }
 
 Tensor DecoderModel::attention_residual(int64_t i, const Tensor& h, const Tensor& attn) const {
+  MemSiteGuard site("self_attn.o_proj");
   const DecoderLayer& L = layers_[i];
   Tensor a = L.o_proj.forward(attn);
   if (cfg_.sandwich_norms) a = norm(a, L.post_attention_layernorm);
@@ -101,6 +106,7 @@ Tensor DecoderModel::attention_residual(int64_t i, const Tensor& h, const Tensor
 }
 
 Tensor DecoderModel::mlp_residual(int64_t i, const Tensor& h1) const {
+  MemSiteGuard site("mlp");
   const DecoderLayer& L = layers_[i];
   Tensor x2 =
       norm(h1, cfg_.sandwich_norms ? L.pre_feedforward_layernorm : L.post_attention_layernorm);
@@ -126,8 +132,16 @@ Tensor DecoderModel::layer_forward_with(int64_t i, const Tensor& h,
                                         const LayerAttention& attend) const {
   ParamUse use(residency_, i);
   const int64_t t = h.size(0), nq = cfg_.num_attention_heads * cfg_.head_dim;
-  const std::vector<Tensor> qkv = attention_inputs(i, h);
-  const Tensor a = attend(i, qkv[0], qkv[1], qkv[2]).view({t, nq});
+  std::vector<Tensor> qkv;
+  Tensor a;
+  {
+    MemSiteGuard site("self_attn.qkv");
+    qkv = attention_inputs(i, h);
+  }
+  {
+    MemSiteGuard site("self_attn");
+    a = attend(i, qkv[0], qkv[1], qkv[2]).view({t, nq});
+  }
   return mlp_residual(i, attention_residual(i, h, a));
 }
 
@@ -220,6 +234,7 @@ Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
 
 Tensor DecoderModel::logits(const Tensor& hidden) const {
   ParamUse use(residency_, ParamResidency::kOuterUnit);
+  MemSiteGuard site("lm_head");
   const Tensor z = kernels::linear(hidden, lm_head_weight());
   return logit_softcap() > 0 ? kernels::softcap(z, logit_softcap()) : z;
 }

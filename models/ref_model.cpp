@@ -32,6 +32,7 @@ kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch&
   Tensor hidden = model.hidden_states(ids, pos, cu, max_seqlen, opts.gradient_checkpointing,
                                       nullptr, opts.context_parallel);
   NoOffloadScope head;
+  MemSiteGuard site("lm_head + log-probabilities");
   const Tensor targets =
       opts.context_parallel ? b.labels : kernels::shift_labels(b.labels, b.cu_seqlens);
   kernels::SequenceLogprobsOptions ko;

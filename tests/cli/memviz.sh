@@ -2,8 +2,10 @@
 # trainer_bin sft --memory_trace on the embedded demo, then trainer_bin memviz on that trace.
 #   memviz.sh TRAINER_BIN ARTIFACT_DIR cli       the trace, the page, malformed traces (exit 2)
 #   memviz.sh TRAINER_BIN ARTIFACT_DIR chromium  the page in headless Chromium: it renders with
-#       no script error, the peak marker and the tag legend exist, and a screenshot is written
-#       to ARTIFACT_DIR/memviz.png; exit 77 (skipped) without chromium.
+#       no script error, the peak marker and the tag legend exist, hover, zoom and the block
+#       tooltip work under synthetic events, update ends, phase starts and allocation sites are
+#       shown, and a non-blank screenshot is written to ARTIFACT_DIR/memviz.png; exit 77
+#       (skipped) without chromium.
 set -euo pipefail
 bin=$1 artifacts=$2 mode=$3
 tmp=$(mktemp -d)
@@ -67,9 +69,56 @@ fi
 grep -q 'id="peak-marker"' "$tmp/dom.html" || fail "no peak marker"
 [ "$(grep -Eo 'class="legend-item" data-tag="[a-z_]+"' "$tmp/dom.html" | sort -u | wc -l)" -eq 8 ] || fail "the tag legend does not list the 8 tags"
 grep -q 'class="band" data-tag="activation"' "$tmp/dom.html" || fail "no activation band in the timeline"
+# Interaction, by synthetic events in a copy of the page: hovering the timeline shows the bytes
+# and the phase, the wheel zooms the time axis, hovering a block names its site; the update ends
+# and phase starts are drawn, the live blocks name their sites, the time labels stay inside.
+cp "$page" "$tmp/interact.html"
+cat >>"$tmp/interact.html" <<'JS'
+<script>
+(function () {
+  const problems = [];
+  const q = s => document.querySelector(s), qa = s => [...document.querySelectorAll(s)];
+  if (qa('.step-marker').length !== 2) problems.push(qa('.step-marker').length + ' update ends, not 2');
+  if (!qa('.phase-boundary').length) problems.push('no phase boundary');
+  const svg = q('#timeline-svg'), W = svg.width.baseVal.value;
+  for (const t of qa('#timeline-svg text')) {
+    const b = t.getBBox();
+    if (b.x < 0 || b.x + b.width > W + 0.5) problems.push('label outside: ' + t.textContent);
+  }
+  const sites = qa('#live-blocks td:nth-child(4)').map(td => td.textContent);
+  if (!sites.some(s => /mlp|self_attn|Backward|lm_head/.test(s))) problems.push('no allocation site in the live blocks');
+  const box = q('#timeline').getBoundingClientRect();
+  const at = (type, x, extra) => q('#timeline').dispatchEvent(new (type === 'wheel' ? WheelEvent : MouseEvent)(
+      type, Object.assign({bubbles: true, cancelable: true, clientX: box.left + x, clientY: box.top + 150}, extra || {})));
+  at('mousemove', 500);
+  const tip = q('#tooltip');
+  if (tip.hidden || !/allocated/.test(tip.textContent) || !/ms/.test(tip.textContent)) problems.push('no hover tooltip: ' + tip.textContent);
+  const before = qa('#timeline-svg text.tick-x').map(t => t.textContent).join(' ');
+  at('wheel', 500, {deltaY: -100}); at('wheel', 500, {deltaY: -100}); at('wheel', 500, {deltaY: -100});
+  const after = qa('#timeline-svg text.tick-x').map(t => t.textContent).join(' ');
+  if (before === after) problems.push('the wheel did not zoom: ' + after);
+  q('#timeline').dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));
+  if (qa('#timeline-svg text.tick-x').map(t => t.textContent).join(' ') !== before) problems.push('double-click did not reset');
+  const block = q('rect.block');
+  if (block) {
+    const r = block.getBoundingClientRect();
+    block.dispatchEvent(new MouseEvent('mousemove', {bubbles: true, clientX: r.left + 1, clientY: r.top + 1}));
+    const bt = q('#block-tooltip');
+    if (bt.hidden || !/site/.test(bt.textContent) || !/phase/.test(bt.textContent)) problems.push('no block tooltip');
+  }
+  document.body.setAttribute('data-check', problems.length ? problems.join('; ') : 'ok');
+})();
+</script>
+JS
+timeout 120 "$browser" --headless --disable-gpu --no-sandbox --no-first-run --user-data-dir="$tmp/profile" \
+  --window-size=1200,1800 --dump-dom "file://$tmp/interact.html" >"$tmp/interact_dom.html" 2>/dev/null ||
+  fail "chromium --dump-dom (interaction) failed"
+check=$(grep -o 'data-check="[^"]*"' "$tmp/interact_dom.html" || true)
+[ "$check" = 'data-check="ok"' ] || fail "interaction: ${check:-the check did not run}"
 mkdir -p "$artifacts"
 rm -f "$artifacts/memviz.png"
 run_browser --window-size=1200,1800 --screenshot="$artifacts/memviz.png" >/dev/null 2>&1 || fail "screenshot failed"
-[ -s "$artifacts/memviz.png" ] || fail "no screenshot written"
+size=$(stat -c %s "$artifacts/memviz.png" 2>/dev/null || echo 0)
+[ "$size" -gt 20000 ] || fail "the screenshot looks blank ($size bytes)"
 cp "$page" "$artifacts/memviz.html"
 echo "memviz chromium: ok (screenshot $artifacts/memviz.png)"

@@ -63,6 +63,39 @@ TEST(MemoryTrace, TimelineIsDownsampledButKeepsThePeak) {
   EXPECT_EQ(r["peak"]["allocated"], 71 * 512);
 }
 
+TEST(MemoryTrace, SitesPhaseSpansAndUpdateEnds) {
+  auto a = ev("alloc", 1, 100, "activation", 10, "forward layer 0");
+  a["site"] = "mlp";
+  auto b = ev("alloc", 2, 300, "grad", 20, "backward layer 0");
+  b["site"] = "mlp: LinearBackward";
+  nlohmann::json events = {a, ev("alloc", 3, 50, "workspace", 15, "forward layer 0"), b,
+                           ev("free", 3, 50, "workspace", 30, "backward layer 0"),
+                           ev("alloc", 4, 10, "optimizer", 40, "optimizer")};
+  const nlohmann::json r = analyse_memory_trace(
+      {{"events", events},
+       {"step_ends", {{{"step", 1}, {"t_ns", 45}}, {{"step", 2}, {"t_ns", 90}}}}},
+      "t.json");
+  ASSERT_EQ(r["live_at_peak"].size(), 4u);
+  EXPECT_EQ(r["live_at_peak"][0]["site"], "mlp: LinearBackward");  // 300 B, largest
+  EXPECT_EQ(r["live_at_peak"][1]["site"], "mlp");
+  EXPECT_EQ(r["live_at_peak"][2]["site"], "");  // none recorded
+  const nlohmann::json want_spans = {{{"phase", "forward layer 0"}, {"t0", 10}, {"t1", 15}},
+                                     {{"phase", "backward layer 0"}, {"t0", 20}, {"t1", 30}},
+                                     {{"phase", "optimizer"}, {"t0", 40}, {"t1", 40}}};
+  EXPECT_EQ(r["phase_spans"], want_spans);
+  const nlohmann::json want_ends = {{{"step", 1}, {"t", 45}}, {{"step", 2}, {"t", 90}}};
+  EXPECT_EQ(r["step_ends"], want_ends);
+  EXPECT_EQ(analyse_memory_trace({{"events", events}}, "t.json")["step_ends"].size(), 0u);
+  try {
+    analyse_memory_trace({{"events", events}, {"step_ends", {{{"step", "one"}}}}}, "t.json");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t.json: step_ends: 'step' must be an integer"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(MemoryTrace, MalformedTracesNameTheEvent) {
   const std::vector<std::pair<nlohmann::json, std::string>> cases = {
       {nlohmann::json::array(), "a memory trace is a JSON object"},

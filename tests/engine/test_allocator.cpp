@@ -4,8 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/allocator.h"
+#include "engine/autograd.h"
+#include "engine/mem_phase.h"
 #include "engine/ops.h"
 #include "engine/tensor.h"
+#include "testing/functional.h"
 #include "testing/testing.h"
 
 namespace leantune {
@@ -290,6 +293,58 @@ TEST(Allocator, TraceRecordsEventsAsJson) {
   EXPECT_EQ(j["events"][1]["kind"], "alloc");
   EXPECT_EQ(j["events"][1]["tag"], "workspace");
   EXPECT_LE(j["events"][0]["t_ns"].get<int64_t>(), j["events"][3]["t_ns"].get<int64_t>());
+}
+
+// Sites: a module's guard names forward allocations, the autograd node its backward ones
+// ("<forward site>: <node>"); names are made only while a trace records them.
+TEST(Allocator, TraceNamesTheAllocationSite) {
+  Fixture f;
+  EXPECT_FALSE(mem_sites_wanted());
+  {
+    MemSiteGuard off("mlp");
+    EXPECT_EQ(current_mem_site(), 0);  // nobody records sites: no name interned
+  }
+  f.alloc.set_trace_enabled(true);
+  EXPECT_TRUE(mem_sites_wanted());
+  Block* a = nullptr;
+  {
+    MemSiteGuard site("mlp");
+    EXPECT_EQ(mem_site_name(current_mem_site()), "mlp");
+    a = f.alloc.allocate(1000, MemTag::kActivation, f.s0);
+  }
+  Block* b = f.alloc.allocate(1000, MemTag::kWorkspace, f.s0);
+  EXPECT_EQ(f.alloc.trace_clock_ns() >= f.alloc.trace().back().time_ns, true);
+  f.alloc.free(a);
+  f.alloc.free(b);
+  const auto j = nlohmann::json::parse(f.alloc.trace_json());
+  std::vector<std::string> sites;
+  for (const auto& e : j["events"])
+    if (e["kind"] == "alloc") sites.push_back(e.value("site", std::string("-")));
+  EXPECT_EQ(sites, (std::vector<std::string>{"mlp", "-"}));
+  f.alloc.set_trace_enabled(false);
+  EXPECT_FALSE(mem_sites_wanted());
+
+  // Backward: a node created under "mlp" allocates under "mlp: <its name>".
+  Allocator& cpu = allocator(Device::cpu());
+  cpu.clear_trace();
+  cpu.set_trace_enabled(true);
+  Tensor x = Tensor::full({4, 3}, 1.0, DType::kF32, Device::cpu());
+  x.set_requires_grad(true);
+  Tensor y;
+  {
+    MemSiteGuard site("mlp");
+    y = fn::sum(fn::mul(x, x));
+  }
+  y.backward();
+  cpu.set_trace_enabled(false);
+  const auto bj = nlohmann::json::parse(cpu.trace_json());
+  cpu.clear_trace();
+  bool backward_site = false;
+  for (const auto& e : bj["events"])
+    backward_site |= e.value("site", std::string()).rfind("mlp: ", 0) == 0;
+  EXPECT_TRUE(backward_site) << bj.dump();
+  EXPECT_EQ(mem_site_id(""), 0);
+  EXPECT_EQ(mem_site_id("mlp"), mem_site_id("mlp"));
 }
 
 TEST(Allocator, TensorsAllocateThroughTheDeviceAllocatorWithTags) {

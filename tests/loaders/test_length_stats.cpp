@@ -75,5 +75,43 @@ TEST(LengthStats, Histograms) {
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
 }
 
+TEST(LengthStats, SvgTicksAreRound) {
+  EXPECT_EQ(nice_tick_step(990, 8), 200);  // 0, 200, ..., 1000 (not 198, 396, ...)
+  EXPECT_EQ(nice_tick_step(800, 8), 100);
+  EXPECT_EQ(nice_tick_step(7, 8), 1);
+  EXPECT_EQ(nice_tick_step(1, 5), 1);
+  EXPECT_EQ(nice_tick_step(0, 5), 1);
+  EXPECT_EQ(nice_tick_step(23, 5), 5);
+  EXPECT_EQ(nice_tick_step(123456, 8), 20000);
+  const std::string svg = svg_histogram(std::vector<int64_t>{10, 500, 990}, "t", 1024);
+  for (const char* tick : {">0</text>", ">200</text>", ">400</text>", ">1000</text>"})
+    EXPECT_NE(svg.find(tick), std::string::npos) << tick;
+  EXPECT_NE(svg.find(">1200</text>"), std::string::npos) << svg;
+  EXPECT_EQ(svg.find(">198</text>"), std::string::npos) << svg;
+}
+
+TEST(LengthStats, SvgLabelsStayInsideAndApart) {
+  // Two close markers and one at the right edge: the close ones take two rows, the last one
+  // turns left of its line.
+  std::vector<SvgLabel> in = {{100, "p90 300"}, {104, "p99 312"}, {890, "max_length 1024", true}};
+  const std::vector<SvgLabel> out = place_labels(in, 0, 896);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].row, 0);
+  EXPECT_EQ(out[1].row, 1);
+  EXPECT_FALSE(out[0].end_anchor);
+  EXPECT_TRUE(out[2].end_anchor);
+  EXPECT_LE(out[2].x1, 896);
+  EXPECT_EQ(out[2].row, 0);
+  for (const SvgLabel& l : out) {
+    EXPECT_GE(l.x0, 0);
+    EXPECT_LE(l.x1, 896);
+    EXPECT_DOUBLE_EQ(l.x1 - l.x0, kSvgCharWidth * static_cast<double>(l.text.size()));
+  }
+  for (size_t a = 0; a < out.size(); ++a)
+    for (size_t b = a + 1; b < out.size(); ++b)
+      if (out[a].row == out[b].row)
+        EXPECT_TRUE(out[a].x1 <= out[b].x0 || out[b].x1 <= out[a].x0) << a << " " << b;
+}
+
 }  // namespace
 }  // namespace leantune

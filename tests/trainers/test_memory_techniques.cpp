@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
+#include <vector>
 
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
@@ -12,6 +14,7 @@
 #include "trainer_test_util.h"
 #include "trainers/common/model_io.h"
 #include "trainers/estimate/estimate.h"
+#include "trainers/estimate/step_cost.h"
 #include "trainers/sft/sft.h"
 
 namespace leantune {
@@ -226,6 +229,77 @@ TEST(EstimateCommand, BareConfigAndBudgetSuggestions) {
   EXPECT_NE(out.find("budget 4.00 GiB: does not fit"), std::string::npos) << out;
   EXPECT_NE(out.find("--use_peft --load_in_4bit --gradient_checkpointing"), std::string::npos)
       << out;
+}
+
+// The suggestions' rows: the options and the step time ("time 1.33x").
+std::vector<std::pair<std::string, double>> suggestions(const std::string& out) {
+  std::vector<std::pair<std::string, double>> rows;
+  std::istringstream in(out.substr(out.find("options that fit, fastest first")));
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line) && line.rfind("  --", 0) == 0) {
+    const size_t t = line.find(" time ");
+    EXPECT_NE(t, std::string::npos) << line;
+    rows.push_back({line.substr(2, line.find(" peak ") - 2), std::stod(line.substr(t + 6))});
+  }
+  return rows;
+}
+
+TEST(EstimateCommand, BudgetSuggestsOnlyPossibleBatchSplitsFastestFirst) {
+  const std::string base = trainer_bin() + " estimate --model_name_or_path " +
+                           std::string(LT_SOURCE_DIR) +
+                           "/bench/configs/qwen2.5-0.5b.json --max_length 2048 --device cpu "
+                           "--budget_gib 12 --per_device_train_batch_size ";
+  std::string out;
+  ASSERT_EQ(run_command(base + "4", &out), 0) << out;
+  const auto rows = suggestions(out);
+  ASSERT_FALSE(rows.empty()) << out;
+  bool halved = false, quartered = false;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    if (k > 0) EXPECT_LE(rows[k - 1].second, rows[k].second) << out;
+    halved |= rows[k].first.find(
+                  "--per_device_train_batch_size 2 "
+                  "--gradient_accumulation_steps 2") == 0;
+    quartered |= rows[k].first.find(
+                     "--per_device_train_batch_size 1 "
+                     "--gradient_accumulation_steps 4") == 0;
+    // The same work in smaller micro-batches; recomputation adds a forward to 6N (8N / 6N).
+    if (rows[k].first.rfind("--per_device_train_batch_size", 0) == 0) {
+      EXPECT_DOUBLE_EQ(rows[k].second, 1.0) << rows[k].first;
+      EXPECT_NE(out.find("time 1.00x + smaller GEMMs"), std::string::npos) << out;
+    }
+    if (rows[k].first == "--gradient_checkpointing")
+      EXPECT_NEAR(rows[k].second, 8.0 / 6.0, 0.006) << out;
+  }
+  EXPECT_TRUE(halved && quartered) << out;
+  EXPECT_EQ(out.find("smaller (per_device_train_batch_size"), std::string::npos) << out;
+  EXPECT_EQ(out.find("--per_device_train_batch_size 0"), std::string::npos) << out;
+  // A batch of 1 cannot be split; a batch of 6 only in halves.
+  ASSERT_EQ(run_command(base + "1", &out), 0) << out;
+  EXPECT_EQ(out.find("  --per_device_train_batch_size"), std::string::npos) << out;
+  ASSERT_EQ(run_command(base + "6", &out), 0) << out;
+  EXPECT_EQ(out.find("--per_device_train_batch_size 1 "), std::string::npos) << out;
+}
+
+TEST(Estimate, StepCostCountsRecomputationAndFrozenWeights) {
+  EstimateConfig c;
+  c.model = ModelConfig::load(std::string(LT_SOURCE_DIR) + "/bench/configs/qwen2.5-0.5b.json");
+  c.micro_batch_tokens = 4096;
+  c.max_seqlen = 4096;
+  const MemoryEstimate full = estimate_memory(c);
+  const StepCost now = step_cost(c, full, c);
+  EXPECT_DOUBLE_EQ(now.flops, 6.0 * static_cast<double>(full.total_parameters) * 4096);
+  EXPECT_TRUE(now.unmodelled.empty());
+  EstimateConfig v = c;
+  v.use_peft = v.gradient_checkpointing = v.activation_offloading = true;
+  v.gradient_accumulation_steps = 2;
+  const MemoryEstimate lora = estimate_memory(v);
+  const StepCost s = step_cost(v, lora, c);
+  const double n = static_cast<double>(lora.total_parameters);
+  EXPECT_DOUBLE_EQ(s.flops,
+                   (6.0 * n + 2.0 * static_cast<double>(lora.trainable_parameters)) * 4096 * 2);
+  ASSERT_EQ(s.unmodelled.size(), 1u);
+  EXPECT_EQ(s.unmodelled[0], "activation copies to the host");
 }
 
 TEST(Estimate, TechniquesShrinkTheirCategories) {

@@ -45,7 +45,9 @@ class MemoryTraceScope {
   }
   void after_step(int64_t step, MetricsLogger& log) {
     last_ = step;
-    if (path_.empty() || step < until_) return;
+    if (path_.empty()) return;
+    step_ends_.push_back({{"step", step}, {"t_ns", alloc_.trace_clock_ns()}});
+    if (step < until_) return;
     write();
     log.message("memory trace written to " + written_);
   }
@@ -70,12 +72,14 @@ class MemoryTraceScope {
     alloc_.clear_trace();
     j["baseline"] = baseline_;
     j["steps"] = {first_ + 1, last_};
+    j["step_ends"] = step_ends_;
     write_text_atomic(written_, j.dump());
   }
   std::string path_, written_;
   int64_t first_, last_, until_;
   Allocator& alloc_;
   nlohmann::json baseline_;
+  nlohmann::json step_ends_ = nlohmann::json::array();  // [{"step", "t_ns"}] on the trace clock
 };
 
 }  // namespace leantune

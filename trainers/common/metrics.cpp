@@ -17,6 +17,7 @@
 #include "engine/log.h"
 #include "loaders/fs_util.h"
 #include "trainers/common/evaluation.h"
+#include "trainers/common/tfevents.h"
 
 namespace leantune {
 
@@ -88,6 +89,12 @@ MetricsLogger::~MetricsLogger() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+void MetricsLogger::report_to_tensorboard(const std::string& dir, const std::string& args_json) {
+  tensorboard_ = std::make_unique<TensorBoardWriter>(dir, TensorBoardWriter::Clock{});
+  if (!tensorboard_->text("args", args_json, 0)) ++tensorboard_lost_;
+  message("tensorboard: " + tensorboard_->path());
+}
+
 void MetricsLogger::write_record(const std::string& line) {
   size_t done = 0;
   int err = 0;
@@ -130,6 +137,15 @@ nlohmann::json finite_only(const nlohmann::json& j) {
 void MetricsLogger::log(const nlohmann::json& record) {
   const nlohmann::json r = finite_only(record);
   if (fd_ >= 0) write_record(r.dump() + "\n");
+  if (tensorboard_ && !tensorboard_->log(r)) {
+    // Warned at the first incomplete record and each time the count doubles, as for metrics.
+    ++tensorboard_lost_;
+    if ((tensorboard_lost_ & (tensorboard_lost_ - 1)) == 0)
+      message("warning: " + tensorboard_->path() + ": cannot write an event (" +
+                  std::strerror(errno) + "); " + std::to_string(tensorboard_lost_) +
+                  " record(s) incomplete so far",
+              LogLevel::kWarning);
+  }
   print_progress(r);
 }
 
@@ -215,6 +231,10 @@ void MetricsLogger::finish() {
   if (lost_ > 0)
     message("warning: " + path_ + ": " + std::to_string(lost_) +
                 " metrics record(s) could not be written and are missing from it",
+            LogLevel::kWarning);
+  if (tensorboard_lost_ > 0)
+    message("warning: " + tensorboard_->path() + ": " + std::to_string(tensorboard_lost_) +
+                " record(s) are missing some of their events",
             LogLevel::kWarning);
 }
 

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@
 #include "engine/log.h"
 
 namespace leantune {
+
+class TensorBoardWriter;
 
 // {"allocated", "peak_allocated", "reserved", "peak_reserved", "by_tag": {tag: {"current",
 // "peak"}}} in bytes, plus device totals from cudaMemGetInfo on CUDA.
@@ -65,6 +68,9 @@ class MetricsLogger {
   void log(const nlohmann::json& record);
   // A line on stderr (or the log sink) that does not break the bar.
   void message(const std::string& text, LogLevel level = LogLevel::kInfo);
+  // --report_to tensorboard: every later record also goes to an event file in `dir`
+  // (trainers/common/tfevents.h), after a text "args" with the run's options.
+  void report_to_tensorboard(const std::string& dir, const std::string& args_json);
   void finish();
   int64_t lost_records() const { return lost_; }
 
@@ -75,6 +81,8 @@ class MetricsLogger {
   int fd_ = -1;
   int64_t good_size_ = 0;  // bytes of complete records in the file
   int64_t lost_ = 0;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
+  int64_t tensorboard_lost_ = 0;  // records with a scalar or text that could not be written
   int64_t total_steps_;
   bool tty_;
   bool bar_shown_ = false;

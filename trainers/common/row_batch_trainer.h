@@ -16,12 +16,42 @@
 #include <utility>
 #include <vector>
 
+#include "loaders/data_config.h"
+#include "loaders/jsonl.h"
 #include "models/ref_model.h"
+#include "trainers/common/data_options.h"
 #include "trainers/common/metrics.h"
 #include "trainers/common/row_batches.h"
 #include "trainers/common/trainer.h"
 
 namespace leantune {
+
+// The DataConfig of a row-batch trainer: the shared dataset options (row_dataset_table), its
+// max_length, and the batch size and seed of its TrainingArguments.
+inline DataConfig row_data_config(const Options& o, const TrainingArguments& args,
+                                  int64_t max_length) {
+  DataConfig dc;
+  row_dataset_table().read_into(o, dc);
+  dc.max_length = max_length;
+  dc.per_device_train_batch_size = args.per_device_train_batch_size;
+  dc.seed = args.seed;
+  return dc;
+}
+
+// The training rows and, when `eval` names a file, the evaluation rows, both read by `load`
+// (Data load(const JsonlSource&, const DataConfig&)) after dc is checked and a max_length
+// beyond the model's positions is warned about.
+template <typename Data, typename Load>
+std::pair<Data, std::optional<Data>> load_train_and_eval(const JsonlSource& train,
+                                                         const std::string& eval,
+                                                         const DataConfig& dc,
+                                                         const DecoderModel& model, Load load) {
+  validate_data_config(dc);
+  warn_beyond_positions(dc.max_length, model);
+  std::pair<Data, std::optional<Data>> out{load(train, dc), std::nullopt};
+  if (!eval.empty()) out.second = load(JsonlSource(eval), dc);
+  return out;
+}
 
 template <typename Pending, typename Data>
 class RowBatchTrainer : public Trainer {
@@ -85,7 +115,7 @@ class RowBatchTrainer : public Trainer {
   RowBatches batches_;
   std::optional<Data> eval_;
   std::unique_ptr<ReferenceModel> ref_;  // dpo, kto (null for reward)
-  std::deque<Pending> pending_;  // fetched micro-batches not yet through compute_loss
+  std::deque<Pending> pending_;          // fetched micro-batches not yet through compute_loss
   MetricWindow window_;
   int64_t padded_tokens_avoided_ = 0;
   int64_t max_micro_tokens_ = 0;  // tokens of the largest micro-batch

@@ -29,6 +29,7 @@
 #include "trainers/common/output_path.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/step_profile.h"
+#include "trainers/common/tfevents.h"
 #include "trainers/common/trainer_spec.h"
 
 namespace leantune {
@@ -429,6 +430,8 @@ TrainResult Trainer::train() {
     MetricsLogger*& p;
     ~ClearLog() { p = nullptr; }
   } clear_log{log_};
+  if (writes_files() && reports_to_tensorboard(args_))
+    log.report_to_tensorboard(tensorboard_log_dir(args_.output_dir), options_.to_json().dump(2));
   if (resumed) log.message("resumed from step " + std::to_string(step_));
   if (!resume_note.empty()) log.message(resume_note);
   on_train_begin(log);

@@ -93,7 +93,12 @@ struct TrainingArguments : OptimArguments, OffloadArguments, DistArguments, Eval
   int64_t memory_trace_steps = 3;
   int64_t profile_steps =
       0;  // per-op step profile of this many updates (trainers/common/step_profile.h)
+  // transformers' report_to: none, tensorboard (trainers/common/tfevents.h) or all (= every
+  // integration leantune has: tensorboard).
+  std::vector<std::string> report_to = {"none"};
 };
+// Whether report_to names tensorboard (or all).
+bool reports_to_tensorboard(const TrainingArguments& a);
 
 // Before a run loads anything: output_dir checked and created (trainers/common/output_path.h), and
 // under ulimit -v OpenBLAS's buffers reserved and the CPU allocator capped (engine/host_memory.h),
@@ -354,8 +359,8 @@ class Trainer {
   StepCallback step_callback_;
   std::function<void(int64_t update, size_t micro_batch)> micro_batch_hook_;
   std::function<void(const std::string& dir)> save_hook_;
-  int64_t saved_step_ = -1;       // the step of the checkpoint this run saved last
-  int64_t evaluated_step_ = -1;   // the step of the last evaluation
+  int64_t saved_step_ = -1;      // the step of the checkpoint this run saved last
+  int64_t evaluated_step_ = -1;  // the step of the last evaluation
   // logging_steps, save_steps and eval_steps in updates (ratios resolved), set by train().
   int64_t logging_every_ = 1, save_every_ = 0, eval_every_ = 0;
   BestModel best_;

@@ -120,7 +120,10 @@ const OptionTable<TrainingArguments>& training_table() {
           .integer("profile_steps", &A::profile_steps,
                    "print the time per op kind of this many updates (2..N+1) and write "
                    "output_dir/profile.json (0 = off)",
-                   0);
+                   0)
+          .list("report_to", &A::report_to,
+                "where the logs also go (transformers' option): none, tensorboard (event files "
+                "in $TENSORBOARD_LOGGING_DIR, else output_dir/runs/<time>_<host>) or all");
   return t;
 }
 
@@ -144,6 +147,9 @@ TrainingArguments training_arguments(const Options& o) {
   (void)LrScheduler::make(a.lr_scheduler_type, a.learning_rate, 1000, 0, 0.0,
                           parse_lr_scheduler_kwargs(a.lr_scheduler_kwargs));
   check_dist_arguments(a);
+  for (const std::string& r : a.report_to)
+    LT_CHECK_INPUT(r == "none" || r == "tensorboard" || r == "all", "option --report_to: '", r,
+                   "' is not supported (supported: none, tensorboard, all)");
   if (!a.memory_trace.empty()) {
     std::vector<CommandInput> inputs;
     for (const char* k : {"model_name_or_path", "dataset", "eval_dataset"})
@@ -154,6 +160,12 @@ TrainingArguments training_arguments(const Options& o) {
   LT_CHECK_INPUT(a.max_steps > 0 || a.num_train_epochs > 0,
                  "options max_steps and num_train_epochs: one of them must be > 0");
   return a;
+}
+
+bool reports_to_tensorboard(const TrainingArguments& a) {
+  for (const std::string& r : a.report_to)
+    if (r == "tensorboard" || r == "all") return true;
+  return false;
 }
 
 }  // namespace leantune

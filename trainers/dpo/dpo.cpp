@@ -129,18 +129,17 @@ void DpoTrainer::set_reference(RefModelConfig cfg) {
   const int64_t n = static_cast<int64_t>(train_.examples.size());
   const int64_t ne = eval_ ? static_cast<int64_t>(eval_->examples.size()) : 0;
   const int64_t train_batches = (n + bs - 1) / bs;
-  ref_->precompute(train_batches + (ne + bs - 1) / bs,
-                   [&](int64_t b) {
-                     const bool ev = b >= train_batches;
-                     const int64_t first = (ev ? b - train_batches : b) * bs;
-                     std::vector<int64_t> idx;
-                     for (int64_t i = first; i < std::min(ev ? ne : n, first + bs); ++i)
-                       idx.push_back(i);
-                     PairBatch pb =
-                         ev ? collate_eval(idx) : collate_pairs(train_.examples, idx, data_);
-                     return std::make_pair(std::move(pb.batch), std::move(pb.keys));
-                   },
-                   logps_);
+  ref_->precompute(
+      train_batches + (ne + bs - 1) / bs,
+      [&](int64_t b) {
+        const bool ev = b >= train_batches;
+        const int64_t first = (ev ? b - train_batches : b) * bs;
+        std::vector<int64_t> idx;
+        for (int64_t i = first; i < std::min(ev ? ne : n, first + bs); ++i) idx.push_back(i);
+        PairBatch pb = ev ? collate_eval(idx) : collate_pairs(train_.examples, idx, data_);
+        return std::make_pair(std::move(pb.batch), std::move(pb.keys));
+      },
+      logps_);
 }
 
 PairBatch DpoTrainer::collate_eval(const std::vector<int64_t>& idx) const {
@@ -341,20 +340,15 @@ DpoRun make_dpo_run(const Options& o, SftModel model, const RunInputs& in) {
   const JsonlSource dataset = training_source(o, m, in, "preferences.jsonl");
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
 
-  DataConfig dc;
-  row_dataset_table().read_into(o, dc);
-  dc.max_length = da.max_length.value_or(0);
+  DataConfig dc = row_data_config(o, args, da.max_length.value_or(0));
   dc.truncation_mode = da.truncation_mode;
   dc.max_prompt_length = da.max_prompt_length.value_or(0);
   dc.max_completion_length = da.max_completion_length.value_or(0);
-  dc.per_device_train_batch_size = args.per_device_train_batch_size;
-  dc.seed = args.seed;
-  validate_data_config(dc);
-  warn_beyond_positions(dc.max_length, *m.model);
-  PreferenceData data = load_preference_data(dataset, *encoder, dc);
-  std::optional<PreferenceData> eval;
-  if (const std::string ev = eval_data_path(da, args.eval_strategy); !ev.empty())
-    eval = load_preference_data(ev, *encoder, dc);
+  auto [data, eval] = load_train_and_eval<PreferenceData>(
+      dataset, eval_data_path(da, args.eval_strategy), dc, *m.model,
+      [&](const JsonlSource& src, const DataConfig& c) {
+        return load_preference_data(src, *encoder, c);
+      });
 
   DpoDataConfig dd;
   dd.max_length = dc.max_length;

@@ -257,18 +257,13 @@ KtoRun make_kto_run(const Options& o, std::optional<SftModel> model, const RunIn
   const SftModel& m = run.model;
   const JsonlSource dataset = training_source(o, m, in, "unpaired.jsonl");
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
-  DataConfig dc;
-  row_dataset_table().read_into(o, dc);
-  dc.max_length = ka.max_length.value_or(0);
+  DataConfig dc = row_data_config(o, args, ka.max_length.value_or(0));
   dc.truncation_mode = ka.truncation_mode;
-  dc.per_device_train_batch_size = args.per_device_train_batch_size;
-  dc.seed = args.seed;
-  validate_data_config(dc);
-  warn_beyond_positions(dc.max_length, *m.model);
-  UnpairedData data = load_unpaired_data(dataset, *encoder, dc);
-  std::optional<UnpairedData> eval;
-  if (const std::string ev = eval_data_path(ka, args.eval_strategy); !ev.empty())
-    eval = load_unpaired_data(ev, *encoder, dc);
+  auto [data, eval] =
+      load_train_and_eval<UnpairedData>(dataset, eval_data_path(ka, args.eval_strategy), dc,
+                                        *m.model, [&](const JsonlSource& src, const DataConfig& c) {
+                                          return load_unpaired_data(src, *encoder, c);
+                                        });
   SequenceLogpsOptions lo;
   lo.fused = ka.use_liger_loss;
   const std::string base_name = adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);

@@ -395,13 +395,13 @@ void OnlineTrainer::on_train_begin(MetricsLogger& log) {
   check_generation_memory();
   log.message(data_.summary());
   if (eval_) log.message(eval_->summary());
-  std::string sources;
-  for (size_t f = 0; f < rewards_->names().size(); ++f)
+  std::string sources = judge_ ? "judge " + judge_->describe() : "rewards ";
+  for (size_t f = 0; rewards_ && f < rewards_->names().size(); ++f)
     sources +=
         (f ? ", " : "") + rewards_->names()[f] + " x" + std::to_string(rewards_->weights()[f]);
   log.message(cfg_.algorithm + ": " + std::to_string(cfg_.num_generations) +
               " completions per prompt, up to " + std::to_string(cfg_.generation.max_new_tokens) +
-              " tokens; rewards " + sources +
+              " tokens; " + sources +
               (ref_ ? std::string("; reference ") + ref_mode_name(ref_->mode()) : ""));
 }
 
@@ -517,14 +517,34 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   OnlineRun run;
   run.model = model ? std::move(*model) : load_sft_model(o);
   const SftModel& m = run.model;
-  auto rewards = std::make_unique<RewardSources>(oa.rewards, cfg.generation.max_new_tokens,
-                                                 m.model->device(), m.model->dtype());
+  // online_dpo --judge: the judge decides each pair; reward sources given as well would be
+  // ignored (TRL warns and drops them), so they are refused.
+  std::unique_ptr<PairwiseJudge> judge;
+  std::unique_ptr<RewardSources> rewards;
+  if (dpo && !oa.judge.empty()) {
+    // The built-in task's reward_funcs come from its demo defaults, not from the user.
+    bool demo_rewards = false;
+    if (!in.dataset_rows && oa.dataset.empty() && oa.rewards.reward_command.empty())
+      for (const auto& [key, value] : find_trainer_spec("online_dpo")->demo_defaults)
+        if (key == "reward_funcs")
+          demo_rewards = nlohmann::json(oa.rewards.reward_funcs) == value;
+    LT_CHECK_INPUT(demo_rewards || (!o.is_set("reward_funcs") && !o.is_set("reward_command")),
+                   "option --judge: give a judge or reward sources (--reward_funcs, "
+                   "--reward_command), not both");
+    judge = std::make_unique<PairwiseJudge>(oa.judge, oa.rewards.reward_timeout, args.seed,
+                                            m.model->device(), m.model->dtype(),
+                                            cfg.generation.max_new_tokens);
+  } else {
+    rewards = std::make_unique<RewardSources>(oa.rewards, cfg.generation.max_new_tokens,
+                                              m.model->device(), m.model->dtype());
+  }
+  const bool need_solution = rewards && rewards->needs_solution();
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
   // No dataset and no rows: the built-in task's prompts.
   const bool builtin = !in.dataset_rows && oa.dataset.empty();
   OnlinePrompts data = builtin ? builtin_online_prompts(*encoder)
                                : load_online_prompts(training_source(o, m, in, ""), *encoder,
-                                                     rewards->needs_solution());
+                                                     need_solution);
   std::optional<OnlinePrompts> eval;
   if (const std::string ev = eval_data_path(oa, args.eval_strategy); !ev.empty()) {
     // TRL: an evaluation batch holds whole groups of num_generations completions.
@@ -532,7 +552,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
                    ": per_device_eval_batch_size ", args.per_device_eval_batch_size,
                    " must be a multiple of num_generations ", cfg.num_generations,
                    " (each evaluation batch holds whole groups)");
-    eval = load_online_prompts(ev, *encoder, rewards->needs_solution());
+    eval = load_online_prompts(ev, *encoder, need_solution);
   }
   const PeftArguments peft = peft_table().read(o);
   const std::string base_name = adapter_base_name(m, peft.use_peft, args.output_dir, args.seed);
@@ -540,6 +560,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
       std::make_unique<OnlineTrainer>(args, m.model, o, m.tokenizer, m.setup.tokenizer_dir,
                                       std::move(data), cfg, std::move(rewards));
   if (eval) run.trainer->set_eval_data(std::move(*eval));
+  if (judge) run.trainer->set_judge(std::move(judge));
   run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   RefModelConfig rc = ref_cfg;

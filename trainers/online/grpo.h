@@ -26,8 +26,9 @@
 //   ratio, mean over sequences, over gradient accumulation.
 // online_dpo (TRL's experimental OnlineDPOTrainer): per_device_train_batch_size prompts per
 //   micro-batch, two completions each, generated for every micro-batch; the one with the higher
-//   reward (ties: the first) is chosen; the DPO loss (sigmoid or ipo) on the summed
-//   log-probabilities against the reference, mean over pairs.
+//   reward (ties: the first) is chosen, or, with --judge, the one a pairwise judge prefers
+//   (trainers/online/judges.h; no verdict: the second, as TRL); the DPO loss (sigmoid or ipo) on
+//   the summed log-probabilities against the reference, mean over pairs.
 // Rewards that are not finite (an infinite weighted sum, or a group's mean or std beyond a
 // double) make every update on their generation batch a non-finite step: a warning, skipped,
 // counted, and the run stops with exit 4 after max_consecutive_nonfinite in a row (trainer.h).
@@ -54,7 +55,6 @@
 // blocks, and made again at the next. The memory report gives each phase's peak.
 // ZeRO-3 (zero_stage 3): with ds3_gather_for_generation (default) the whole model is gathered
 // once for each generation phase; without, the engine gathers each layer for each step.
-// Not built yet: online_dpo's pairwise judges.
 #pragma once
 
 #include <chrono>
@@ -75,6 +75,7 @@
 #include "trainers/common/row_batches.h"
 #include "trainers/common/trainer.h"
 #include "trainers/online/grpo_loss.h"
+#include "trainers/online/judges.h"
 #include "trainers/online/reward_sources.h"
 #include "trainers/sft/sft.h"
 
@@ -112,6 +113,7 @@ struct OnlineArguments : ModelSource {
   int64_t kv_block_size = 16;
   bool ds3_gather_for_generation = true;
   bool use_liger_loss = true;
+  std::string judge;  // online_dpo: a pairwise judge instead of the reward sources (judges.h)
   RewardSourceArguments rewards;
 };
 // TRL's defaults of "grpo", "rloo" or "online_dpo" (GRPOConfig, RLOOConfig, OnlineDPOConfig:
@@ -190,6 +192,8 @@ class OnlineTrainer final : public Trainer {
   void set_reference(RefModelConfig cfg);
   // Evaluation prompts (--eval_dataset, with the columns the reward sources read).
   void set_eval_data(OnlinePrompts eval) { eval_ = std::move(eval); }
+  // online_dpo --judge: the pairs' verdicts come from it (the trainer then has no rewards).
+  void set_judge(std::unique_ptr<PairwiseJudge> judge) { judge_ = std::move(judge); }
   const DataStats& train_stats() const override { return stats_; }
   const std::vector<nlohmann::json>& logged_metrics() const override { return window_.logged(); }
 
@@ -262,7 +266,8 @@ class OnlineTrainer final : public Trainer {
   OnlinePrompts data_;
   std::optional<OnlinePrompts> eval_;
   OnlineConfig cfg_;
-  std::unique_ptr<RewardSources> rewards_;
+  std::unique_ptr<RewardSources> rewards_;  // null under a judge
+  std::unique_ptr<PairwiseJudge> judge_;
   std::unique_ptr<ReferenceModel> ref_;
   RowBatches prompts_;
   int64_t micro_step_ = 0;                    // micro-batches taken so far

@@ -71,7 +71,12 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
   if (dpo) {
     // OnlineDPOConfig: two completions per prompt, one micro-batch per generation.
     t.integer("max_new_tokens", &A::max_new_tokens, "most tokens generated per completion", 1)
-        .real("temperature", &A::temperature, "sampling temperature", 1e-6);
+        .real("temperature", &A::temperature, "sampling temperature", 1e-6)
+        .text("judge", &A::judge,
+              "a pairwise judge instead of the reward sources: a reward model folder (both "
+              "completions scored; the higher chosen) or a command (sh -c) reading one JSON line "
+              "{prompt, completions: [A, B], columns} per pair and answering 0 (A better), 1 (B), "
+              "-1 or null (no verdict: B is chosen, as TRL); pairs shown in a seeded random order");
   } else {
     t.integer("num_generations", &A::num_generations, "completions per prompt", 2)
         .integer("max_completion_length", &A::max_completion_length,
@@ -292,8 +297,8 @@ const TrainerSpec& rloo_spec() {
 const TrainerSpec& online_dpo_spec() {
   static const TrainerSpec spec = online_spec(
       "online_dpo",
-      "online DPO: two completions per prompt judged by the reward sources (TRL OnlineDPOTrainer "
-      "options)");
+      "online DPO: two completions per prompt judged by the reward sources or a pairwise judge "
+      "(TRL OnlineDPOTrainer options)");
   return spec;
 }
 

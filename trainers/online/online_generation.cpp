@@ -114,9 +114,20 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
     const int64_t n = static_cast<int64_t>(r.completion.size());
     to_score.push_back({&r.row->row, decode_completion(*tokenizer_, r.completion), n});
   }
-  const std::vector<std::vector<double>> per_source = rewards_->score(to_score, should_stop);
-  std::vector<double> rewards(all.size());
-  for (size_t k = 0; k < all.size(); ++k) rewards[k] = rewards_->total(per_source[k]);
+  // Under a judge (online_dpo --judge) there are no rewards: the judge's verdicts choose.
+  std::vector<std::vector<double>> per_source;
+  std::vector<double> rewards(all.size(), std::nan(""));
+  std::vector<int> verdicts;
+  if (rewards_) {
+    per_source = rewards_->score(to_score, should_stop);
+    for (size_t k = 0; k < all.size(); ++k) rewards[k] = rewards_->total(per_source[k]);
+  } else {
+    std::vector<JudgePair> pairs;
+    for (size_t k = 0; k + 1 < all.size(); k += 2)
+      pairs.push_back({to_score[k].row, to_score[k].completion, to_score[k + 1].completion,
+                       to_score[k].completion_tokens, to_score[k + 1].completion_tokens});
+    verdicts = judge_->judge(pairs, should_stop);
+  }
   const double reward_s = seconds_since(reward_start);
 
   // Old and reference log-probabilities, micro-batch by micro-batch, before shuffling.
@@ -184,14 +195,23 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
                             lengths_g = gather_ranks(comm, lengths),
                             eos_g = gather_ranks(comm, eos), kl_g = gather_ranks(comm, kl),
                             kl_tok_g = gather_ranks(comm, kl_tok);
-  check_rewards(rewards_g, all, label);
+  if (rewards_) check_rewards(rewards_g, all, label);
   // RLOO: the KL penalty enters the reward first.
   std::vector<double> adv_rewards = rewards_g;
   if (rloo && need_ref)
     for (size_t k = 0; k < adv_rewards.size(); ++k) adv_rewards[k] -= cfg_.loss.beta * kl_g[k];
   // online_dpo: missing_eos_penalty first, then the better of each two is chosen.
   std::vector<double> judged = rewards_g;
-  if (dpo) {
+  int64_t no_verdict = 0;
+  if (dpo && judge_) {
+    // TRL: the first is chosen when the rank is 0; 1 or no verdict (-1) take the second.
+    for (size_t k = 0; k < n_local; ++k) {
+      const int rank = verdicts[k / 2];
+      if (k % 2 == 0 && rank < 0) ++no_verdict;
+      all[k].reward = std::nan("");
+      all[k].chosen = (k % 2 == 0) == (rank == 0);
+    }
+  } else if (dpo) {
     for (size_t k = 0; k < judged.size(); ++k)
       if (cfg_.missing_eos_penalty > 0 && eos_g[k] == 0.0) judged[k] -= cfg_.missing_eos_penalty;
     for (size_t k = 0; k < n_local; ++k) {
@@ -210,10 +230,13 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
   // The generation batch's metrics (TRL's names; the rewards as the sources gave them, before
   // RLOO's KL penalty).
   nlohmann::json m = nlohmann::json::object();
-  // TRL 1.16: the mean and std (NaN-aware) over the whole generation batch.
+  // TRL 1.16: the mean and std (NaN-aware) over the whole generation batch. A judge gives no
+  // rewards, and TRL then logs none of the reward metrics.
   const auto [mean, spread] = nan_mean_std(rewards_g, 0, rewards_g.size());
-  m["reward"] = nan_as_null(mean);
-  m["reward_std"] = nan_as_null(spread);
+  if (rewards_) {
+    m["reward"] = nan_as_null(mean);
+    m["reward_std"] = nan_as_null(spread);
+  }
   // frac_reward_zero_std over the stds the advantages used: each group's (rloo's after its KL
   // penalty), or the whole batch's under scale_rewards batch. A NaN std (one scorable reward) is
   // not zero, as torch.isclose says.
@@ -226,8 +249,17 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
   }
   int64_t zero_std = 0;
   for (double v : stds) zero_std += !std::isnan(v) && std::abs(v) <= 1e-8 ? 1 : 0;
-  m["frac_reward_zero_std"] = static_cast<double>(zero_std) / static_cast<double>(stds.size());
-  for (size_t f = 0; f < rewards_->names().size(); ++f) {
+  if (rewards_)
+    m["frac_reward_zero_std"] = static_cast<double>(zero_std) / static_cast<double>(stds.size());
+  if (judge_) {
+    // leantune's metric: the pairs the judge gave no verdict on (their second completion was
+    // taken), every rank's.
+    const std::vector<double> nv = gather_ranks(comm, std::vector<double>{double(no_verdict)});
+    double sum = 0;
+    for (double v : nv) sum += v;
+    m["judge/no_verdict"] = sum;
+  }
+  for (size_t f = 0; rewards_ && f < rewards_->names().size(); ++f) {
     std::vector<double> col;
     for (const auto& row : per_source) col.push_back(row[f]);
     const std::vector<double> all_col = gather_ranks(comm, col);
@@ -271,8 +303,10 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
       scores += judged[k] + judged[k + 1];
       margin += std::abs(judged[k] - judged[k + 1]);  // chosen minus rejected
     }
-    m["objective/scores"] = nan_as_null(scores / n_all);
-    m["objective/scores_margin"] = nan_as_null(margin / (n_all / 2));
+    if (rewards_) {  // TRL logs the scores with reward functions only
+      m["objective/scores"] = nan_as_null(scores / n_all);
+      m["objective/scores_margin"] = nan_as_null(margin / (n_all / 2));
+    }
     m["val/contain_eos_token"] = terminated / n_all;
     // Not a TRL metric: the share of sequences whose prompt max_length cut (counted, not silent).
     double cut = 0;

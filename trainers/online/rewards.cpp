@@ -135,12 +135,12 @@ std::string seconds_text(double s) {
 }
 }  // namespace
 
-RewardCommand::RewardCommand(std::string command, double timeout_seconds)
-    : command_(std::move(command)), timeout_(timeout_seconds) {
-  LT_CHECK_INPUT(!command_.empty(), "reward command: empty");
-  LT_CHECK_INPUT(timeout_ > 0, "reward command '", command_, "': timeout ", timeout_,
+RewardCommand::RewardCommand(std::string command, double timeout_seconds, std::string what)
+    : command_(std::move(command)), what_(std::move(what)), timeout_(timeout_seconds) {
+  LT_CHECK_INPUT(!command_.empty(), what_, ": empty");
+  LT_CHECK_INPUT(timeout_ > 0, what_, " '", command_, "': timeout ", timeout_,
                  " must be positive");
-  child_ = std::make_unique<ChildProcess>(command_, "reward command '" + command_ + "'");
+  child_ = std::make_unique<ChildProcess>(command_, what_ + " '" + command_ + "'");
 }
 
 RewardCommand::~RewardCommand() = default;
@@ -152,7 +152,7 @@ void RewardCommand::fail(const std::string& why, bool exited) {
     child_->end();
     child_.reset();
   }
-  LT_THROW(ErrorKind::kInput, "reward command '", command_, "': ", why, status);
+  LT_THROW(ErrorKind::kInput, what_, " '", command_, "': ", why, status);
 }
 
 bool RewardCommand::drain() {

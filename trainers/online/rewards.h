@@ -60,7 +60,9 @@ double soft_overlong_punishment(int64_t length, int64_t max_len, int64_t cache);
 
 class RewardCommand {
  public:
-  RewardCommand(std::string command, double timeout_seconds);
+  // what: its name in errors ("reward command", "judge command").
+  RewardCommand(std::string command, double timeout_seconds,
+                std::string what = "reward command");
   ~RewardCommand();
   RewardCommand(const RewardCommand&) = delete;
   RewardCommand& operator=(const RewardCommand&) = delete;
@@ -79,6 +81,7 @@ class RewardCommand {
   // Error when buffer_ holds anything: answers beyond the `inputs` of batch `batch`.
   void check_no_extra_answers(size_t inputs, int64_t batch);
   std::string command_;
+  std::string what_;
   double timeout_;
   std::unique_ptr<ChildProcess> child_;
   std::string buffer_;

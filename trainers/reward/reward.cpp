@@ -167,13 +167,12 @@ Tensor RewardTrainer::compute_loss(const Batch& b, double normalizer) {
 std::optional<nlohmann::json> RewardTrainer::evaluate() {
   if (!eval_) return std::nullopt;
   // Per batch TRL's reward metrics (accuracy, margin, min/mean/max_reward) and its mean loss.
-  return evaluate_in_batches(static_cast<int64_t>(eval_->pairs.size()),
-                             [&](const std::vector<int64_t>& idx) {
-                               RewardLossResult r;
-                               pairs_loss(collate_reward_pairs(eval_->pairs, idx, collate_), 1.0,
-                                          &r);
-                               return std::make_pair(r.loss, r.metrics);
-                             });
+  return evaluate_in_batches(
+      static_cast<int64_t>(eval_->pairs.size()), [&](const std::vector<int64_t>& idx) {
+        RewardLossResult r;
+        pairs_loss(collate_reward_pairs(eval_->pairs, idx, collate_), 1.0, &r);
+        return std::make_pair(r.loss, r.metrics);
+      });
 }
 
 void RewardTrainer::on_train_begin(MetricsLogger& log) {
@@ -271,17 +270,12 @@ RewardRun make_reward_run(const Options& o) {
   std::string dataset = train_data_path(ra);
   if (dataset.empty()) dataset = m.tokenizer_dir + "/preferences.jsonl";
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
-  DataConfig dc;
-  row_dataset_table().read_into(o, dc);
-  dc.max_length = ra.max_length.value_or(0);
-  dc.per_device_train_batch_size = args.per_device_train_batch_size;
-  dc.seed = args.seed;
-  validate_data_config(dc);
-  warn_beyond_positions(dc.max_length, *m.model);
-  RewardData train = load_reward_data(dataset, *encoder, dc);
-  std::optional<RewardData> eval;
-  if (const std::string ev = eval_data_path(ra, args.eval_strategy); !ev.empty())
-    eval = load_reward_data(ev, *encoder, dc);
+  const DataConfig dc = row_data_config(o, args, ra.max_length.value_or(0));
+  auto [train, eval] =
+      load_train_and_eval<RewardData>(dataset, eval_data_path(ra, args.eval_strategy), dc, *m.model,
+                                      [&](const JsonlSource& src, const DataConfig& c) {
+                                        return load_reward_data(src, *encoder, c);
+                                      });
   RewardCollateConfig cc;
   cc.padding_free = ra.padding_free;
   cc.pad_to_multiple_of = ra.pad_to_multiple_of.value_or(0);

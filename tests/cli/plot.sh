@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# trainer_bin plot on a short sft run of the embedded demo, the page checked in headless
+# Chromium: the charts of loss, learning rate, grad norm, tokens/s and memory exist, each draws
+# every logged step, no text leaves its chart or overlaps another legend entry, and the page
+# logs nothing; a screenshot goes to ARTIFACT_DIR/plot.png and must not be blank.
+#   plot.sh TRAINER_BIN ARTIFACT_DIR        exit 77 (skipped) without chromium
+set -euo pipefail
+bin=$1 artifacts=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "plot: $*" >&2; exit 1; }
+browser=$(command -v chromium || command -v chromium-browser || true)
+[ -n "$browser" ] || { echo "chromium not installed (scripts/setup.sh installs it): skipped"; exit 77; }
+
+"$bin" sft --max_steps 4 --logging_steps 1 --max_length 64 --per_device_train_batch_size 2 \
+  --save_steps 0 --output_dir "$tmp/run" >"$tmp/train.log" 2>&1 || fail "sft failed: $(tail -3 "$tmp/train.log")"
+out=$("$bin" plot "$tmp/run") || fail "plot exited $?"
+echo "$out"
+echo "$out" | grep -q "4 records" || fail "expected 4 records: $out"
+page=$tmp/run/curves.html
+[ -s "$page" ] || fail "no page written"
+# A missing run is exit 2 with one line.
+set +e
+"$bin" plot "$tmp/nothing" >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[ $rc -eq 2 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] || fail "a missing run: exit $rc, $(cat "$tmp/err")"
+
+cp "$page" "$tmp/check.html"
+cat >>"$tmp/check.html" <<'JS'
+<script>
+(function () {
+  const problems = [];
+  const want = ['loss', 'learning_rate', 'grad_norm', 'tokens/s', 'memory (GiB)'];
+  const charts = [...document.querySelectorAll('svg.chart')];
+  for (const w of want)
+    if (!charts.some(c => c.getAttribute('data-chart') === w)) problems.push('no chart ' + w);
+  for (const c of charts) {
+    const W = c.viewBox.baseVal.width, H = c.viewBox.baseVal.height;
+    for (const t of c.querySelectorAll('text')) {
+      const b = t.getBBox();
+      if (b.x < 0 || b.y < 0 || b.x + b.width > W + 0.5 || b.y + b.height > H + 0.5)
+        problems.push(c.getAttribute('data-chart') + ': "' + t.textContent + '" outside');
+    }
+    const legend = [...c.querySelectorAll('text.legend')].map(t => t.getBBox());
+    for (let i = 1; i < legend.length; ++i)
+      if (legend[i].x < legend[i - 1].x + legend[i - 1].width)
+        problems.push(c.getAttribute('data-chart') + ': legend entries overlap');
+    const lines = c.querySelectorAll('polyline.series');
+    if (!lines.length) problems.push(c.getAttribute('data-chart') + ': no series');
+    for (const l of lines)
+      if (l.points.length !== 4) problems.push(c.getAttribute('data-chart') + ': ' +
+                                               l.points.length + ' points, not 4');
+  }
+  document.body.setAttribute('data-check', problems.length ? problems.join('; ') : 'ok');
+})();
+</script>
+JS
+run_browser() { timeout 120 "$browser" --headless --disable-gpu --no-sandbox --no-first-run \
+  --user-data-dir="$tmp/profile" --enable-logging=stderr --v=0 "$@"; }
+run_browser --dump-dom "file://$tmp/check.html" >"$tmp/dom.html" 2>"$tmp/console.log" ||
+  fail "chromium --dump-dom failed"
+check=$(grep -o 'data-check="[^"]*"' "$tmp/dom.html" || true)
+[ "$check" = 'data-check="ok"' ] ||
+  fail "page: ${check:-the check did not run} $(grep ':CONSOLE' "$tmp/console.log" | head -3)"
+mkdir -p "$artifacts"
+rm -f "$artifacts/plot.png"
+run_browser --window-size=1200,1000 --screenshot="$artifacts/plot.png" "file://$page" \
+  >/dev/null 2>&1 || fail "screenshot failed"
+size=$(stat -c %s "$artifacts/plot.png" 2>/dev/null || echo 0)
+[ "$size" -gt 20000 ] || fail "the screenshot looks blank ($size bytes)"
+cp "$page" "$artifacts/plot.html"
+echo "plot chromium: ok ($artifacts/plot.png)"
