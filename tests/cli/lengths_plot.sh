@@ -11,8 +11,8 @@ bin=$1 src=$2 artifacts=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "lengths_plot: $*" >&2; exit 1; }
-browser=$(command -v chromium || command -v chromium-browser || true)
-[ -n "$browser" ] || { echo "chromium not installed (scripts/setup.sh installs it): skipped"; exit 77; }
+. "$(dirname "$0")/browser_check.sh"
+find_browser
 
 "$bin" lengths --dataset "$src/data/embedded/stories.jsonl" --tokenizer "$src/data/embedded" \
   --plot "$tmp/lengths.svg" >"$tmp/out" 2>&1 || fail "lengths --plot failed: $(cat "$tmp/out")"
@@ -59,18 +59,7 @@ grep -q '>max_length [0-9]*</text>' "$tmp/lengths.svg" || fail "no max_length la
 JS
 } >"$tmp/page.html"
 
-run_browser() { timeout 120 "$browser" --headless --disable-gpu --no-sandbox --no-first-run \
-  --user-data-dir="$tmp/profile" --enable-logging=stderr --v=0 "$@"; }
-run_browser --dump-dom "file://$tmp/page.html" >"$tmp/dom.html" 2>"$tmp/console.log" ||
-  fail "chromium --dump-dom failed"
-check=$(grep -o 'data-check="[^"]*"' "$tmp/dom.html" || true)
-[ "$check" = 'data-check="ok"' ] ||
-  fail "layout: ${check:-the page's script did not run} $(grep ':CONSOLE' "$tmp/console.log" | head -3)"
-mkdir -p "$artifacts"
-rm -f "$artifacts/lengths.png"
-run_browser --window-size=900,520 --screenshot="$artifacts/lengths.png" "file://$tmp/lengths.svg" \
-  >/dev/null 2>&1 || fail "screenshot failed"
-size=$(stat -c %s "$artifacts/lengths.png" 2>/dev/null || echo 0)
-[ "$size" -gt 12000 ] || fail "the screenshot looks blank ($size bytes)"
+expect_page_ok "$tmp/page.html" layout
+screenshot "$tmp/lengths.svg" "$artifacts/lengths.png" 900,520 12000
 cp "$tmp/lengths.svg" "$artifacts/lengths.svg"
 echo "lengths plot chromium: ok (labels inside and apart, round ticks; $artifacts/lengths.png)"

@@ -11,10 +11,8 @@ bin=$1 artifacts=$2 mode=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "memviz: $*" >&2; exit 1; }
-if [ "$mode" = chromium ]; then
-  browser=$(command -v chromium || command -v chromium-browser || true)
-  [ -n "$browser" ] || { echo "chromium not installed (scripts/setup.sh installs it): skipped"; exit 77; }
-fi
+. "$(dirname "$0")/browser_check.sh"
+if [ "$mode" = chromium ]; then find_browser; fi
 
 "$bin" sft --max_steps 2 --max_length 64 --per_device_train_batch_size 2 \
   --output_dir "$tmp/out" --memory_trace "$tmp/trace.json" --memory_trace_steps 2 >/dev/null 2>&1 ||
@@ -58,9 +56,8 @@ if [ "$mode" = cli ]; then
 fi
 
 # Headless Chromium: the DOM after the script ran, then a screenshot.
-run_browser() { timeout 120 "$browser" --headless --disable-gpu --no-sandbox --no-first-run \
-  --user-data-dir="$tmp/profile" --enable-logging=stderr --v=0 "$@" "file://$page"; }
-run_browser --dump-dom >"$tmp/dom.html" 2>"$tmp/console.log" || fail "chromium --dump-dom failed"
+run_browser --dump-dom "file://$page" >"$tmp/dom.html" 2>"$tmp/console.log" ||
+  fail "chromium --dump-dom failed"
 grep -q 'data-rendered="ok"' "$tmp/dom.html" || fail "the page's script did not finish: $(grep -i console "$tmp/console.log" | head -3)"
 # The page logs nothing itself: any console line (an error, an uncaught exception) fails.
 if grep -q ':CONSOLE' "$tmp/console.log"; then
@@ -110,15 +107,7 @@ cat >>"$tmp/interact.html" <<'JS'
 })();
 </script>
 JS
-timeout 120 "$browser" --headless --disable-gpu --no-sandbox --no-first-run --user-data-dir="$tmp/profile" \
-  --window-size=1200,1800 --dump-dom "file://$tmp/interact.html" >"$tmp/interact_dom.html" 2>/dev/null ||
-  fail "chromium --dump-dom (interaction) failed"
-check=$(grep -o 'data-check="[^"]*"' "$tmp/interact_dom.html" || true)
-[ "$check" = 'data-check="ok"' ] || fail "interaction: ${check:-the check did not run}"
-mkdir -p "$artifacts"
-rm -f "$artifacts/memviz.png"
-run_browser --window-size=1200,1800 --screenshot="$artifacts/memviz.png" >/dev/null 2>&1 || fail "screenshot failed"
-size=$(stat -c %s "$artifacts/memviz.png" 2>/dev/null || echo 0)
-[ "$size" -gt 20000 ] || fail "the screenshot looks blank ($size bytes)"
+expect_page_ok "$tmp/interact.html" interaction
+screenshot "$page" "$artifacts/memviz.png" 1200,1800 20000
 cp "$page" "$artifacts/memviz.html"
 echo "memviz chromium: ok (screenshot $artifacts/memviz.png)"

@@ -9,8 +9,8 @@ bin=$1 artifacts=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "plot: $*" >&2; exit 1; }
-browser=$(command -v chromium || command -v chromium-browser || true)
-[ -n "$browser" ] || { echo "chromium not installed (scripts/setup.sh installs it): skipped"; exit 77; }
+. "$(dirname "$0")/browser_check.sh"
+find_browser
 
 "$bin" sft --max_steps 4 --logging_steps 1 --max_length 64 --per_device_train_batch_size 2 \
   --save_steps 0 --output_dir "$tmp/run" >"$tmp/train.log" 2>&1 || fail "sft failed: $(tail -3 "$tmp/train.log")"
@@ -56,18 +56,7 @@ cat >>"$tmp/check.html" <<'JS'
 })();
 </script>
 JS
-run_browser() { timeout 120 "$browser" --headless --disable-gpu --no-sandbox --no-first-run \
-  --user-data-dir="$tmp/profile" --enable-logging=stderr --v=0 "$@"; }
-run_browser --dump-dom "file://$tmp/check.html" >"$tmp/dom.html" 2>"$tmp/console.log" ||
-  fail "chromium --dump-dom failed"
-check=$(grep -o 'data-check="[^"]*"' "$tmp/dom.html" || true)
-[ "$check" = 'data-check="ok"' ] ||
-  fail "page: ${check:-the check did not run} $(grep ':CONSOLE' "$tmp/console.log" | head -3)"
-mkdir -p "$artifacts"
-rm -f "$artifacts/plot.png"
-run_browser --window-size=1200,1000 --screenshot="$artifacts/plot.png" "file://$page" \
-  >/dev/null 2>&1 || fail "screenshot failed"
-size=$(stat -c %s "$artifacts/plot.png" 2>/dev/null || echo 0)
-[ "$size" -gt 20000 ] || fail "the screenshot looks blank ($size bytes)"
+expect_page_ok "$tmp/check.html" page
+screenshot "$page" "$artifacts/plot.png" 1200,1000 20000
 cp "$page" "$artifacts/plot.html"
 echo "plot chromium: ok ($artifacts/plot.png)"

@@ -104,13 +104,12 @@ TEST_P(LinearDivergenceTest, MatchesTheFloat64Reference) {
                wt = randn({c.v, c.ht}, DType::kF32, 4, Device::cpu(), 0.5);
   std::vector<int64_t> mask(static_cast<size_t>(c.n), 1);
   for (int64_t i = 2; i < c.n; i += 5) mask[i] = 0;
-  LinearDivergenceOptions o;
-  o.beta = c.beta;
-  o.temperature = c.temperature;
-  o.student_softcap = c.s_cap;
-  o.teacher_softcap = c.t_cap;
-  o.chunk_tokens = c.chunk_tokens;
-  o.chunk_vocab = c.chunk_vocab;
+  const LinearDivergenceOptions o{.beta = c.beta,
+                                  .temperature = c.temperature,
+                                  .student_softcap = c.s_cap,
+                                  .teacher_softcap = c.t_cap,
+                                  .chunk_tokens = c.chunk_tokens,
+                                  .chunk_vocab = c.chunk_vocab};
   Tensor xs_g = xs.detach(), ws_g = ws.detach();
   xs_g.set_requires_grad(true);
   ws_g.set_requires_grad(true);
