@@ -234,7 +234,12 @@ TEST(EstimateCommand, BareConfigAndBudgetSuggestions) {
 // The suggestions' rows: the options and the step time ("time 1.33x").
 std::vector<std::pair<std::string, double>> suggestions(const std::string& out) {
   std::vector<std::pair<std::string, double>> rows;
-  std::istringstream in(out.substr(out.find("options that fit, fastest first")));
+  const size_t at = out.find("options that fit, fastest first");
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "no suggestions in: " << out;
+    return rows;
+  }
+  std::istringstream in(out.substr(at));
   std::string line;
   std::getline(in, line);
   while (std::getline(in, line) && line.rfind("  --", 0) == 0) {

@@ -7,6 +7,7 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <string_view>
 #include <utility>
 
 #include "engine/allocator.h"
@@ -26,6 +27,31 @@ namespace {
   std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
   if (n > 0) std::vsnprintf(out.data(), out.size() + 1, fmt, b);
   va_end(b);
+  return out;
+}
+
+// `tmpl` with each {key} replaced by the integer j[key], {bytes:key} by it in binary units and
+// {text:key} by the string j[key] (absent keys: 0 or empty), for the technique lines.
+std::string fill(std::string_view tmpl, const nlohmann::json& j) {
+  std::string out;
+  for (size_t i = 0; i < tmpl.size();) {
+    const size_t open = tmpl.find('{', i);
+    if (open == std::string_view::npos) {
+      out += tmpl.substr(i);
+      break;
+    }
+    const size_t close = tmpl.find('}', open);
+    out += tmpl.substr(i, open - i);
+    std::string key(tmpl.substr(open + 1, close - open - 1));
+    if (key.rfind("text:", 0) == 0) {
+      out += j.value(key.substr(5), std::string());
+    } else if (key.rfind("bytes:", 0) == 0) {
+      out += format_bytes(j.value(key.substr(6), int64_t{0}));
+    } else {
+      out += std::to_string(j.value(key, int64_t{0}));
+    }
+    i = close + 1;
+  }
   return out;
 }
 
@@ -109,93 +135,65 @@ std::string format_memory_report(const nlohmann::json& r) {
   }
   if (s.size() > (s.contains("estimate") ? 1u : 0u)) out += "  saved by the enabled techniques:\n";
   if (s.contains("reference_model")) out += format_reference_memory(s["reference_model"]);
-  if (s.contains("padding_free")) {
-    out += strf("    padding-free batches: %lld pad tokens never computed\n",
-                static_cast<long long>(s["padding_free"].value("pad_tokens_avoided", int64_t{0})));
-  }
-  if (s.contains("chunked_loss")) {
-    const auto& c = s["chunked_loss"];
-    out += strf(
-        "    chunked linear cross-entropy: [%lld x %lld] logits never materialised "
-        "(%s with their gradient)\n",
-        static_cast<long long>(c.value("largest_micro_batch_tokens", int64_t{0})),
-        static_cast<long long>(c.value("vocab_size", int64_t{0})),
-        format_bytes(c.value("logits_bytes_not_materialised", int64_t{0})).c_str());
-  }
-  if (s.contains("activation_offloading")) {
-    const auto& a = s["activation_offloading"];
-    out += strf(
-        "    activation offloading: up to %s of saved activations per micro-batch held "
-        "in pinned host memory instead of the device (%lld tensors moved in all)\n",
-        format_bytes(a.value("bytes_offloaded_per_micro_batch_max", int64_t{0})).c_str(),
-        static_cast<long long>(a.value("tensors_offloaded", int64_t{0})));
-  }
+  if (s.contains("padding_free"))
+    out += fill("    padding-free batches: {pad_tokens_avoided} pad tokens never computed\n",
+                s["padding_free"]);
+  if (s.contains("chunked_loss"))
+    out += fill(
+        "    chunked linear cross-entropy: [{largest_micro_batch_tokens} x {vocab_size}] logits "
+        "never materialised ({bytes:logits_bytes_not_materialised} with their gradient)\n",
+        s["chunked_loss"]);
+  if (s.contains("activation_offloading"))
+    out += fill(
+        "    activation offloading: up to {bytes:bytes_offloaded_per_micro_batch_max} of saved "
+        "activations per micro-batch held in pinned host memory instead of the device "
+        "({tensors_offloaded} tensors moved in all)\n",
+        s["activation_offloading"]);
   if (s.contains("generation")) {
     const auto& g = s["generation"];
-    auto b = [&](const char* key) { return format_bytes(g.value(key, int64_t{0})); };
-    out += strf(
-        "    in-process generation from the trained weights (no second model copy, no "
-        "weight sync): KV-cache pool %s (%lld blocks of %lld tokens, %lld used at "
-        "most)\n",
-        b("kv_cache_pool_bytes").c_str(),
-        static_cast<long long>(g.value("kv_cache_blocks", int64_t{0})),
-        static_cast<long long>(g.value("kv_block_size", int64_t{0})),
-        static_cast<long long>(g.value("kv_blocks_peak_used", int64_t{0})));
-    out += strf(
-        "    generation phase peak %s allocated, %s reserved; optimizer phase peak %s "
-        "allocated, %s reserved\n",
-        b("generation_phase_peak_allocated").c_str(), b("generation_phase_peak_reserved").c_str(),
-        b("optimizer_phase_peak_allocated").c_str(), b("optimizer_phase_peak_reserved").c_str());
-    if (g.value("sleep_mode", false))
-      out += strf(
-          "    sleep mode: %s given back after each generation phase (the pool and "
-          "cached blocks), made again for the next\n",
-          b("sleep_released_bytes").c_str());
-    else
-      out += strf(
-          "    sleep mode off: the pool (%s) is held through the optimizer phase "
-          "(--vllm_enable_sleep_mode frees it)\n",
-          b("kv_cache_pool_bytes").c_str());
+    out += fill(
+        "    in-process generation from the trained weights (no second model copy, no weight "
+        "sync): KV-cache pool {bytes:kv_cache_pool_bytes} ({kv_cache_blocks} blocks of "
+        "{kv_block_size} tokens, {kv_blocks_peak_used} used at most)\n"
+        "    generation phase peak {bytes:generation_phase_peak_allocated} allocated, "
+        "{bytes:generation_phase_peak_reserved} reserved; optimizer phase peak "
+        "{bytes:optimizer_phase_peak_allocated} allocated, {bytes:optimizer_phase_peak_reserved} "
+        "reserved\n",
+        g);
+    out += fill(g.value("sleep_mode", false)
+                    ? "    sleep mode: {bytes:sleep_released_bytes} given back after each "
+                      "generation phase (the pool and cached blocks), made again for the next\n"
+                    : "    sleep mode off: the pool ({bytes:kv_cache_pool_bytes}) is held through "
+                      "the optimizer phase (--vllm_enable_sleep_mode frees it)\n",
+                g);
   }
   if (s.contains("gradient_checkpointing"))
     out +=
         "    gradient checkpointing: only decoder-layer inputs kept between forward and backward\n";
-  if (s.contains("sequence_tiling")) {
-    const auto& t = s["sequence_tiling"];
-    out += strf(
-        "    sequence tiling: decoder layers in blocks of %lld tokens (--tiled_mlp): no "
-        "[%lld x %lld] MLP intermediate exists whole (%s of gate, up and activation "
-        "per layer never allocated)\n",
-        static_cast<long long>(t.value("chunk_tokens", int64_t{0})),
-        static_cast<long long>(t.value("largest_micro_batch_tokens", int64_t{0})),
-        static_cast<long long>(t.value("intermediate_size", int64_t{0})),
-        format_bytes(t.value("mlp_bytes_not_materialised", int64_t{0})).c_str());
-  }
-  if (s.contains("streaming_load")) {
-    const auto& l = s["streaming_load"];
-    out += strf(
-        "    streaming weight loading: safetensors read tensor by tensor, each file's "
-        "pages released once copied or quantized (host holds one tensor of at most %s, "
-        "not the %s of weights)\n",
-        format_bytes(l.value("largest_tensor_bytes", int64_t{0})).c_str(),
-        format_bytes(l.value("weight_bytes", int64_t{0})).c_str());
-  }
-  if (s.contains("quantized_base")) {
-    const auto& q = s["quantized_base"];
-    out += strf("    quantized base (%s): %lld frozen linear weights in %s instead of %s\n",
-                q.value("kind", "").c_str(), static_cast<long long>(q.value("modules", int64_t{0})),
-                format_bytes(q.value("quantized_bytes", int64_t{0})).c_str(),
-                format_bytes(q.value("dense_bytes", int64_t{0})).c_str());
-  }
-  if (s.contains("peft")) {
-    const auto& p = s["peft"];
-    out += strf(
-        "    LoRA: %lld of %lld parameters trained; %s of gradients and optimizer state "
-        "never allocated\n",
-        static_cast<long long>(p.value("trainable_parameters", int64_t{0})),
-        static_cast<long long>(p.value("total_parameters", int64_t{0})),
-        format_bytes(p.value("grad_and_optimizer_bytes_avoided", int64_t{0})).c_str());
-  }
+  if (s.contains("sequence_tiling"))
+    out += fill(
+        "    sequence tiling: decoder layers in blocks of {chunk_tokens} tokens (--tiled_mlp): no "
+        "[{largest_micro_batch_tokens} x {intermediate_size}] MLP intermediate exists whole "
+        "({bytes:mlp_bytes_not_materialised} of gate, up and activation per layer never "
+        "allocated)\n",
+        s["sequence_tiling"]);
+  if (s.contains("streaming_load"))
+    out += fill(
+        "    streaming weight loading: safetensors read tensor by tensor, each file's pages "
+        "released once copied or quantized (host holds one tensor of at most "
+        "{bytes:largest_tensor_bytes}, not the {bytes:weight_bytes} of weights)\n",
+        s["streaming_load"]);
+  if (s.contains("quantized_base"))
+    out += fill(
+        "    quantized base ({text:kind}): {modules} frozen linear weights in "
+        "{bytes:quantized_bytes} instead of {bytes:dense_bytes}\n",
+        s["quantized_base"]);
+  if (s.contains("peft"))
+    out += fill(
+        "    LoRA: {trainable_parameters} of {total_parameters} parameters trained; "
+        "{bytes:grad_and_optimizer_bytes_avoided} of gradients and optimizer state never "
+        "allocated\n",
+        s["peft"]);
   return out;
 }
 
