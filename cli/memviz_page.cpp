@@ -74,7 +74,10 @@ window.addEventListener("error", function () { document.body.dataset.rendered = 
     return (i === 0 ? v.toFixed(0) : v.toFixed(2)) + " " + u[i];
   }
   const ms = ns => (ns / 1e6).toFixed(2) + " ms";
-  const tl = D.timeline, T0 = tl[0].t, T1 = Math.max(tl[tl.length - 1].t, T0 + 1);
+  // The time axis runs to the last event or the last update's end, whichever is later.
+  const ends = D.step_ends || [];
+  const tl = D.timeline, T0 = tl[0].t,
+        T1 = Math.max(tl[tl.length - 1].t, T0 + 1, ...ends.map(e => e.t));
   const W = 1100, H = 310, L = 80, R = 46, T = 36, B = 30;
   const view = {a: T0, b: T1};
   const X = t => L + (t - view.a) / (view.b - view.a) * (W - L - R);
@@ -106,7 +109,7 @@ window.addEventListener("error", function () { document.body.dataset.rendered = 
   const clipOpen = `<svg x="${L}" y="0" width="${W - L - R}" height="${H}" overflow="hidden"><g transform="translate(${-L},0)">`;
   const clipClose = `</g></svg>`;
   const pk = D.peak, baseTotal = D.baseline.by_tag.reduce((a, b) => a + b, 0);
-  const spans = D.phase_spans || [], ends = D.step_ends || [];
+  const spans = D.phase_spans || [];
   function phaseAt(t) {
     let lo = 0, hi = spans.length - 1, best = null;
     while (lo <= hi) {

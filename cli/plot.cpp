@@ -83,8 +83,22 @@ std::string number(double v) {
 }
 
 std::string chart_svg(const PlotChart& c) {
-  const int width = 560, height = 300, left = 64, right = 16, top = 34, bottom = 40;
-  const int pw = width - left - right, ph = height - top - bottom;
+  const int width = 560, left = 64, right = 16, bottom = 40, ph = 220;
+  const int pw = width - left - right;
+  // The legend in rows under the title, wrapped at the right edge: each entry's x and row.
+  std::vector<std::pair<double, int>> legend;
+  double lx = left;
+  int rows = 1;
+  for (const PlotSeries& s : c.series) {
+    const double w = 20 + 6.5 * static_cast<double>(s.name.size());
+    if (lx > left && lx + w > width - right) {
+      lx = left;
+      ++rows;
+    }
+    legend.push_back({lx, rows - 1});
+    lx += w + 14;
+  }
+  const int top = 30 + 15 * rows, height = top + ph + bottom;
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
   for (const PlotSeries& s : c.series)
     for (const auto& [x, y] : s.points) {
@@ -131,18 +145,18 @@ std::string chart_svg(const PlotChart& c) {
                 "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">step</text>\n",
                 left, top, left, top + ph, left + pw, top + ph, left + pw / 2, height - 6);
   o += b;
-  // The legend on one line under the title, each name in its series' colour.
-  double lx = left + 8.0 * static_cast<double>(c.title.size()) + 24;
+  // Each series: its legend entry in its colour, its line and its points.
   for (size_t k = 0; k < c.series.size(); ++k) {
     const PlotSeries& s = c.series[k];
     const char* color = kColors[k % std::size(kColors)];
+    const double ex = legend[k].first;
+    const int ey = 34 + 15 * legend[k].second;
     std::snprintf(b, sizeof b,
-                  "<line x1=\"%.1f\" y1=\"12\" x2=\"%.1f\" y2=\"12\" stroke=\"%s\" "
-                  "stroke-width=\"2\"%s/><text class=\"legend\" x=\"%.1f\" y=\"16\">%s</text>\n",
-                  lx, lx + 16, color, s.dashed ? " stroke-dasharray=\"4,3\"" : "", lx + 20,
-                  xml_escape(s.name).c_str());
+                  "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"%s\" "
+                  "stroke-width=\"2\"%s/><text class=\"legend\" x=\"%.1f\" y=\"%d\">%s</text>\n",
+                  ex, ey - 4, ex + 16, ey - 4, color, s.dashed ? " stroke-dasharray=\"4,3\"" : "",
+                  ex + 20, ey, xml_escape(s.name).c_str());
     o += b;
-    lx += 20 + 6.5 * static_cast<double>(s.name.size()) + 14;
     std::string pts;
     for (const auto& [x, y] : s.points) {
       std::snprintf(b, sizeof b, "%.1f,%.1f ", px(x), py(y));

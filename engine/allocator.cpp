@@ -135,6 +135,7 @@ void Allocator::set_poison(bool on) {
 
 Allocator::~Allocator() {
   std::lock_guard<std::recursive_mutex> lk(mu_);
+  if (trace_on_) want_mem_sites(false);  // one recorder fewer
   for (auto& [ev, b] : pending_) backing_->event_destroy(ev);
   for (Block* head : segments_) {
     void* base = head->ptr;

@@ -25,12 +25,14 @@ grep -q '>max_length [0-9]*</text>' "$tmp/lengths.svg" || fail "no max_length la
 <script>
 (function () {
   const svg = document.querySelector('svg');
-  const W = svg.viewBox.baseVal.width, H = svg.viewBox.baseVal.height;
   const problems = [];
-  const box = t => t.getBBox();
+  // Rendered boxes (the rotated axis title too), relative to the picture.
+  const frame = svg.getBoundingClientRect();
+  const box = t => { const r = t.getBoundingClientRect();
+                     return {x: r.left - frame.left, y: r.top - frame.top, width: r.width, height: r.height}; };
   for (const t of svg.querySelectorAll('text')) {
     const b = box(t);
-    if (b.x < 0 || b.y < 0 || b.x + b.width > W + 0.5 || b.y + b.height > H + 0.5)
+    if (b.x < -0.5 || b.y < -0.5 || b.x + b.width > frame.width + 0.5 || b.y + b.height > frame.height + 0.5)
       problems.push('outside: "' + t.textContent + '"');
   }
   const marks = [...svg.querySelectorAll('text.mark')];

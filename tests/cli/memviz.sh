@@ -77,10 +77,11 @@ cat >>"$tmp/interact.html" <<'JS'
   const q = s => document.querySelector(s), qa = s => [...document.querySelectorAll(s)];
   if (qa('.step-marker').length !== 2) problems.push(qa('.step-marker').length + ' update ends, not 2');
   if (!qa('.phase-boundary').length) problems.push('no phase boundary');
-  const svg = q('#timeline-svg'), W = svg.width.baseVal.value;
+  const frame = q('#timeline-svg').getBoundingClientRect();
   for (const t of qa('#timeline-svg text')) {
-    const b = t.getBBox();
-    if (b.x < 0 || b.x + b.width > W + 0.5) problems.push('label outside: ' + t.textContent);
+    const r = t.getBoundingClientRect();
+    if (r.width > 0 && (r.left < frame.left - 0.5 || r.right > frame.right + 0.5))
+      problems.push('label outside: ' + t.textContent);
   }
   const sites = qa('#live-blocks td:nth-child(4)').map(td => td.textContent);
   if (!sites.some(s => /mlp|self_attn|Backward|lm_head/.test(s))) problems.push('no allocation site in the live blocks');

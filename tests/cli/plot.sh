@@ -36,16 +36,22 @@ cat >>"$tmp/check.html" <<'JS'
   for (const w of want)
     if (!charts.some(c => c.getAttribute('data-chart') === w)) problems.push('no chart ' + w);
   for (const c of charts) {
-    const W = c.viewBox.baseVal.width, H = c.viewBox.baseVal.height;
+    // Rendered boxes (transforms applied), relative to the chart.
+    const frame = c.getBoundingClientRect();
+    const box = t => { const r = t.getBoundingClientRect();
+                       return {x: r.left - frame.left, y: r.top - frame.top, width: r.width, height: r.height}; };
     for (const t of c.querySelectorAll('text')) {
-      const b = t.getBBox();
-      if (b.x < 0 || b.y < 0 || b.x + b.width > W + 0.5 || b.y + b.height > H + 0.5)
+      const b = box(t);
+      if (b.x < -0.5 || b.y < -0.5 || b.x + b.width > frame.width + 0.5 || b.y + b.height > frame.height + 0.5)
         problems.push(c.getAttribute('data-chart') + ': "' + t.textContent + '" outside');
     }
-    const legend = [...c.querySelectorAll('text.legend')].map(t => t.getBBox());
-    for (let i = 1; i < legend.length; ++i)
-      if (legend[i].x < legend[i - 1].x + legend[i - 1].width)
-        problems.push(c.getAttribute('data-chart') + ': legend entries overlap');
+    const legend = [...c.querySelectorAll('text.legend')].map(box);
+    for (let i = 0; i < legend.length; ++i)
+      for (let j = i + 1; j < legend.length; ++j) {
+        const a = legend[i], b = legend[j];
+        if (a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height)
+          problems.push(c.getAttribute('data-chart') + ': legend entries overlap');
+      }
     const lines = c.querySelectorAll('polyline.series');
     if (!lines.length) problems.push(c.getAttribute('data-chart') + ': no series');
     for (const l of lines)

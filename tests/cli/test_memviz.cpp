@@ -75,8 +75,9 @@ TEST(MemoryTrace, SitesPhaseSpansAndUpdateEnds) {
       {{"events", events},
        {"step_ends", {{{"step", 1}, {"t_ns", 45}}, {{"step", 2}, {"t_ns", 90}}}}},
       "t.json");
-  ASSERT_EQ(r["live_at_peak"].size(), 4u);
-  EXPECT_EQ(r["live_at_peak"][0]["site"], "mlp: LinearBackward");  // 300 B, largest
+  // The peak (450 B) is at the third event: blocks of 300, 100 and 50 bytes are live.
+  ASSERT_EQ(r["live_at_peak"].size(), 3u);
+  EXPECT_EQ(r["live_at_peak"][0]["site"], "mlp: LinearBackward");  // largest first
   EXPECT_EQ(r["live_at_peak"][1]["site"], "mlp");
   EXPECT_EQ(r["live_at_peak"][2]["site"], "");  // none recorded
   const nlohmann::json want_spans = {{{"phase", "forward layer 0"}, {"t0", 10}, {"t1", 15}},

@@ -254,7 +254,7 @@ TEST(EstimateCommand, BudgetSuggestsOnlyPossibleBatchSplitsFastestFirst) {
   const std::string base = trainer_bin() + " estimate --model_name_or_path " +
                            std::string(LT_SOURCE_DIR) +
                            "/bench/configs/qwen2.5-0.5b.json --max_length 2048 --device cpu "
-                           "--budget_gib 12 --per_device_train_batch_size ";
+                           "--budget_gib 16 --per_device_train_batch_size ";
   std::string out;
   ASSERT_EQ(run_command(base + "4", &out), 0) << out;
   const auto rows = suggestions(out);

@@ -248,9 +248,9 @@ TEST(TfEvents, LogFolderFollowsTransformers) {
   ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
   const std::string tail = d.substr(std::strlen("/tmp/out/runs/"));
   // %b%d_%H-%M-%S_<host>, e.g. Dec07_17-30-05_node1
-  ASSERT_EQ(tail.size(), 15 + 1 + std::strlen(host)) << tail;
+  ASSERT_EQ(tail.size(), 14 + 1 + std::strlen(host)) << tail;
   EXPECT_EQ(tail[5], '_');
-  EXPECT_EQ(tail.substr(16), host);
+  EXPECT_EQ(tail.substr(15), host);
   ::setenv("TENSORBOARD_LOGGING_DIR", "/tmp/tb_here", 1);
   EXPECT_EQ(tensorboard_log_dir("/tmp/out"), "/tmp/tb_here");
   ::unsetenv("TENSORBOARD_LOGGING_DIR");
