@@ -39,9 +39,10 @@ std::vector<JudgePair> good_bad_pairs(const nlohmann::json& row) {
 
 TEST(Judges, VerdictsAreMappedBackThroughTheShownOrder) {
   const nlohmann::json row = {{"prompt", "which?"}, {"answer", "4"}};
-  PairwiseJudge j = command_judge(script(
-      "good", "while IFS= read -r l; do [[ $l == *'\"completions\":[\"good\"'* ]] && echo 0 || "
-              "echo 1; done\n"));
+  PairwiseJudge j = command_judge(
+      script("good",
+             "while IFS= read -r l; do [[ $l == *'\"completions\":[\"good\"'* ]] && echo 0 || "
+             "echo 1; done\n"));
   const std::vector<int> ranks = j.judge(good_bad_pairs(row));
   ASSERT_EQ(ranks.size(), 40u);
   for (size_t i = 0; i < ranks.size(); ++i) EXPECT_EQ(ranks[i], i % 2 == 0 ? 0 : 1) << i;
@@ -66,9 +67,10 @@ TEST(Judges, TheShownOrderIsRandomAndSeeded) {
 TEST(Judges, NoVerdictIsMinusOneAndOtherAnswersAreErrors) {
   const nlohmann::json row = {{"prompt", "p"}};
   const std::vector<JudgePair> two = {{&row, "a", "b", 1, 1}, {&row, "c", "d", 1, 1}};
-  PairwiseJudge none = command_judge(
-      script("none", "n=0; while IFS= read -r l; do n=$((n+1)); [ $n = 1 ] && echo null || "
-                     "echo -1; done\n"));
+  PairwiseJudge none =
+      command_judge(script("none",
+                           "n=0; while IFS= read -r l; do n=$((n+1)); [ $n = 1 ] && echo null || "
+                           "echo -1; done\n"));
   EXPECT_EQ(none.judge(two), (std::vector<int>{-1, -1}));
   PairwiseJudge bad = command_judge(script("bad", "while IFS= read -r l; do echo 2; done\n"));
   try {
@@ -95,11 +97,9 @@ TEST(Judges, NoVerdictIsMinusOneAndOtherAnswersAreErrors) {
 
 TEST(Judges, TheCommandReadsThePromptBothCompletionsAndTheColumns) {
   const std::string dir = testing::temp_dir("judge_reads");
-  const nlohmann::json row = {{"prompt", {{{"role", "user"}, {"content", "hi"}}}},
-                              {"answer", "4"}};
-  PairwiseJudge j = command_judge(
-      "bash -c 'while IFS= read -r l; do printf \"%s\\n\" \"$l\" >> " + dir +
-      "/seen.jsonl; echo 0; done'");
+  const nlohmann::json row = {{"prompt", {{{"role", "user"}, {"content", "hi"}}}}, {"answer", "4"}};
+  PairwiseJudge j = command_judge("bash -c 'while IFS= read -r l; do printf \"%s\\n\" \"$l\" >> " +
+                                  dir + "/seen.jsonl; echo 0; done'");
   j.judge({{&row, "one", "two", 1, 1}});
   std::ifstream in(dir + "/seen.jsonl");
   std::string line;
@@ -121,7 +121,8 @@ TEST(Judges, OnlineDpoTrainsWithAJudge) {
   std::string log;
   ASSERT_EQ(testing::run_command("cd " + out + " && " + testing::trainer_bin() +
                                      " online_dpo --device cpu --max_steps 6 --logging_steps 2 "
-                                     "--judge 'bash " + judge + "' 2>&1",
+                                     "--judge 'bash " +
+                                     judge + "' 2>&1",
                                  &log),
             0)
       << log;
@@ -144,6 +145,15 @@ TEST(Judges, OnlineDpoTrainsWithAJudge) {
                                       &log);
   EXPECT_EQ(rc, 2) << log;
   EXPECT_NE(log.find("option --judge: give a judge or reward sources"), std::string::npos) << log;
+  EXPECT_EQ(testing::run_command("cd " + out + " && " + testing::trainer_bin() +
+                                     " online_dpo --device cpu --max_steps 1 --judge 'bash " +
+                                     judge + "' --missing_eos_penalty 1 2>&1",
+                                 &log),
+            2)
+      << log;
+  EXPECT_NE(log.find("option --missing_eos_penalty: it lowers rewards, and --judge gives none"),
+            std::string::npos)
+      << log;
 }
 
 }  // namespace

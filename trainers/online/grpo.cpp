@@ -352,9 +352,8 @@ std::optional<nlohmann::json> OnlineTrainer::evaluate() {
                           nullptr, &record};
     AdapterEvalScope eval(peft_);
     const Batch b = collate(sb.rollouts);
-    const double loss = (dpo ? online_dpo_loss(b, sb.rollouts, ctx)
-                             : policy_loss(b, sb.rollouts, ctx))
-                            .item();
+    const double loss =
+        (dpo ? online_dpo_loss(b, sb.rollouts, ctx) : policy_loss(b, sb.rollouts, ctx)).item();
     const double batch = static_cast<double>(sb.rollouts.size()) * static_cast<double>(world);
     double batch_loss = loss;
     if (world > 1) {
@@ -526,11 +525,13 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
     bool demo_rewards = false;
     if (!in.dataset_rows && oa.dataset.empty() && oa.rewards.reward_command.empty())
       for (const auto& [key, value] : find_trainer_spec("online_dpo")->demo_defaults)
-        if (key == "reward_funcs")
-          demo_rewards = nlohmann::json(oa.rewards.reward_funcs) == value;
+        if (key == "reward_funcs") demo_rewards = nlohmann::json(oa.rewards.reward_funcs) == value;
     LT_CHECK_INPUT(demo_rewards || (!o.is_set("reward_funcs") && !o.is_set("reward_command")),
                    "option --judge: give a judge or reward sources (--reward_funcs, "
                    "--reward_command), not both");
+    // TRL applies the penalty to rewards only; under a judge it would do nothing.
+    LT_CHECK_INPUT(oa.missing_eos_penalty == 0.0,
+                   "option --missing_eos_penalty: it lowers rewards, and --judge gives none");
     judge = std::make_unique<PairwiseJudge>(oa.judge, oa.rewards.reward_timeout, args.seed,
                                             m.model->device(), m.model->dtype(),
                                             cfg.generation.max_new_tokens);
@@ -542,9 +543,9 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
   // No dataset and no rows: the built-in task's prompts.
   const bool builtin = !in.dataset_rows && oa.dataset.empty();
-  OnlinePrompts data = builtin ? builtin_online_prompts(*encoder)
-                               : load_online_prompts(training_source(o, m, in, ""), *encoder,
-                                                     need_solution);
+  OnlinePrompts data =
+      builtin ? builtin_online_prompts(*encoder)
+              : load_online_prompts(training_source(o, m, in, ""), *encoder, need_solution);
   std::optional<OnlinePrompts> eval;
   if (const std::string ev = eval_data_path(oa, args.eval_strategy); !ev.empty()) {
     // TRL: an evaluation batch holds whole groups of num_generations completions.

@@ -235,8 +235,8 @@ class OnlineTrainer final : public Trainer {
   // What a loss of the online trainers divides by and where its metrics go: training's
   // accumulation x world size and generation batch, or an evaluation batch's (1, its tokens).
   struct LossContext {
-    double divisor;      // the loss is a mean over this many micro-batch losses
-    double dapo_tokens;  // dapo's normaliser for one micro-batch
+    double divisor;                       // the loss is a mean over this many micro-batch losses
+    double dapo_tokens;                   // dapo's normaliser for one micro-batch
     const nlohmann::json* batch_metrics;  // the batch's metrics, merged into each record
     MetricWindow* window;                 // the record goes here, or
     nlohmann::json* record = nullptr;     // here when window is null

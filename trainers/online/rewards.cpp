@@ -138,8 +138,7 @@ std::string seconds_text(double s) {
 RewardCommand::RewardCommand(std::string command, double timeout_seconds, std::string what)
     : command_(std::move(command)), what_(std::move(what)), timeout_(timeout_seconds) {
   LT_CHECK_INPUT(!command_.empty(), what_, ": empty");
-  LT_CHECK_INPUT(timeout_ > 0, what_, " '", command_, "': timeout ", timeout_,
-                 " must be positive");
+  LT_CHECK_INPUT(timeout_ > 0, what_, " '", command_, "': timeout ", timeout_, " must be positive");
   child_ = std::make_unique<ChildProcess>(command_, what_ + " '" + command_ + "'");
 }
 

@@ -61,8 +61,7 @@ double soft_overlong_punishment(int64_t length, int64_t max_len, int64_t cache);
 class RewardCommand {
  public:
   // what: its name in errors ("reward command", "judge command").
-  RewardCommand(std::string command, double timeout_seconds,
-                std::string what = "reward command");
+  RewardCommand(std::string command, double timeout_seconds, std::string what = "reward command");
   ~RewardCommand();
   RewardCommand(const RewardCommand&) = delete;
   RewardCommand& operator=(const RewardCommand&) = delete;
