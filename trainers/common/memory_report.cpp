@@ -135,65 +135,57 @@ std::string format_memory_report(const nlohmann::json& r) {
   }
   if (s.size() > (s.contains("estimate") ? 1u : 0u)) out += "  saved by the enabled techniques:\n";
   if (s.contains("reference_model")) out += format_reference_memory(s["reference_model"]);
-  if (s.contains("padding_free"))
-    out += fill("    padding-free batches: {pad_tokens_avoided} pad tokens never computed\n",
-                s["padding_free"]);
-  if (s.contains("chunked_loss"))
-    out += fill(
-        "    chunked linear cross-entropy: [{largest_micro_batch_tokens} x {vocab_size}] logits "
-        "never materialised ({bytes:logits_bytes_not_materialised} with their gradient)\n",
-        s["chunked_loss"]);
-  if (s.contains("activation_offloading"))
-    out += fill(
-        "    activation offloading: up to {bytes:bytes_offloaded_per_micro_batch_max} of saved "
-        "activations per micro-batch held in pinned host memory instead of the device "
-        "({tensors_offloaded} tensors moved in all)\n",
-        s["activation_offloading"]);
-  if (s.contains("generation")) {
-    const auto& g = s["generation"];
-    out += fill(
-        "    in-process generation from the trained weights (no second model copy, no weight "
-        "sync): KV-cache pool {bytes:kv_cache_pool_bytes} ({kv_cache_blocks} blocks of "
-        "{kv_block_size} tokens, {kv_blocks_peak_used} used at most)\n"
-        "    generation phase peak {bytes:generation_phase_peak_allocated} allocated, "
-        "{bytes:generation_phase_peak_reserved} reserved; optimizer phase peak "
-        "{bytes:optimizer_phase_peak_allocated} allocated, {bytes:optimizer_phase_peak_reserved} "
-        "reserved\n",
-        g);
-    out += fill(g.value("sleep_mode", false)
-                    ? "    sleep mode: {bytes:sleep_released_bytes} given back after each "
-                      "generation phase (the pool and cached blocks), made again for the next\n"
-                    : "    sleep mode off: the pool ({bytes:kv_cache_pool_bytes}) is held through "
-                      "the optimizer phase (--vllm_enable_sleep_mode frees it)\n",
-                g);
+  // One line (or two) per technique, in this order, filled from its JSON object by name.
+  static const std::pair<const char*, const char*> kLines[] = {
+      {"padding_free",
+       "    padding-free batches: {pad_tokens_avoided} pad tokens never computed\n"},
+      {"chunked_loss",
+       "    chunked linear cross-entropy: [{largest_micro_batch_tokens} x {vocab_size}] logits "
+       "never materialised ({bytes:logits_bytes_not_materialised} with their gradient)\n"},
+      {"activation_offloading",
+       "    activation offloading: up to {bytes:bytes_offloaded_per_micro_batch_max} of saved "
+       "activations per micro-batch held in pinned host memory instead of the device "
+       "({tensors_offloaded} tensors moved in all)\n"},
+      {"generation",
+       "    in-process generation from the trained weights (no second model copy, no weight "
+       "sync): KV-cache pool {bytes:kv_cache_pool_bytes} ({kv_cache_blocks} blocks of "
+       "{kv_block_size} tokens, {kv_blocks_peak_used} used at most)\n"
+       "    generation phase peak {bytes:generation_phase_peak_allocated} allocated, "
+       "{bytes:generation_phase_peak_reserved} reserved; optimizer phase peak "
+       "{bytes:optimizer_phase_peak_allocated} allocated, {bytes:optimizer_phase_peak_reserved} "
+       "reserved\n{text:sleep_line}"},
+      {"gradient_checkpointing",
+       "    gradient checkpointing: only decoder-layer inputs kept between forward and "
+       "backward\n"},
+      {"sequence_tiling",
+       "    sequence tiling: decoder layers in blocks of {chunk_tokens} tokens (--tiled_mlp): no "
+       "[{largest_micro_batch_tokens} x {intermediate_size}] MLP intermediate exists whole "
+       "({bytes:mlp_bytes_not_materialised} of gate, up and activation per layer never "
+       "allocated)\n"},
+      {"streaming_load",
+       "    streaming weight loading: safetensors read tensor by tensor, each file's pages "
+       "released once copied or quantized (host holds one tensor of at most "
+       "{bytes:largest_tensor_bytes}, not the {bytes:weight_bytes} of weights)\n"},
+      {"quantized_base",
+       "    quantized base ({text:kind}): {modules} frozen linear weights in "
+       "{bytes:quantized_bytes} instead of {bytes:dense_bytes}\n"},
+      {"peft",
+       "    LoRA: {trainable_parameters} of {total_parameters} parameters trained; "
+       "{bytes:grad_and_optimizer_bytes_avoided} of gradients and optimizer state never "
+       "allocated\n"}};
+  for (const auto& [key, tmpl] : kLines) {
+    if (!s.contains(key)) continue;
+    nlohmann::json j = s[key];
+    if (std::string_view(key) == "generation")
+      j["sleep_line"] =
+          fill(j.value("sleep_mode", false)
+                   ? "    sleep mode: {bytes:sleep_released_bytes} given back after each "
+                     "generation phase (the pool and cached blocks), made again for the next\n"
+                   : "    sleep mode off: the pool ({bytes:kv_cache_pool_bytes}) is held through "
+                     "the optimizer phase (--vllm_enable_sleep_mode frees it)\n",
+               j);
+    out += fill(tmpl, j);
   }
-  if (s.contains("gradient_checkpointing"))
-    out +=
-        "    gradient checkpointing: only decoder-layer inputs kept between forward and backward\n";
-  if (s.contains("sequence_tiling"))
-    out += fill(
-        "    sequence tiling: decoder layers in blocks of {chunk_tokens} tokens (--tiled_mlp): no "
-        "[{largest_micro_batch_tokens} x {intermediate_size}] MLP intermediate exists whole "
-        "({bytes:mlp_bytes_not_materialised} of gate, up and activation per layer never "
-        "allocated)\n",
-        s["sequence_tiling"]);
-  if (s.contains("streaming_load"))
-    out += fill(
-        "    streaming weight loading: safetensors read tensor by tensor, each file's pages "
-        "released once copied or quantized (host holds one tensor of at most "
-        "{bytes:largest_tensor_bytes}, not the {bytes:weight_bytes} of weights)\n",
-        s["streaming_load"]);
-  if (s.contains("quantized_base"))
-    out += fill(
-        "    quantized base ({text:kind}): {modules} frozen linear weights in "
-        "{bytes:quantized_bytes} instead of {bytes:dense_bytes}\n",
-        s["quantized_base"]);
-  if (s.contains("peft"))
-    out += fill(
-        "    LoRA: {trainable_parameters} of {total_parameters} parameters trained; "
-        "{bytes:grad_and_optimizer_bytes_avoided} of gradients and optimizer state never "
-        "allocated\n",
-        s["peft"]);
   return out;
 }
 
