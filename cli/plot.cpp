@@ -209,7 +209,16 @@ std::vector<PlotChart> metrics_charts(const std::vector<nlohmann::json>& records
       set.add(chart, k, eval, step, v.get<double>());
     }
   }
-  return set.take({"loss", "learning_rate", "grad_norm", "tokens/s", "mfu", "memory (GiB)"});
+  std::vector<PlotChart> charts =
+      set.take({"loss", "learning_rate", "grad_norm", "tokens/s", "mfu", "memory (GiB)"});
+  // A tag that held nothing at any logged step (no KV cache in sft, say) is left off its chart.
+  for (PlotChart& c : charts)
+    if (c.title == "memory (GiB)")
+      std::erase_if(c.series, [](const PlotSeries& s) {
+        return std::all_of(s.points.begin(), s.points.end(),
+                           [](const auto& p) { return p.second == 0; });
+      });
+  return charts;
 }
 
 std::string metrics_page(const std::vector<PlotChart>& charts, const std::string& title) {

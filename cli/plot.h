@@ -3,7 +3,8 @@
 // update step:
 //   loss           loss and eval_loss
 //   learning rate, grad norm, tokens/s (with MFU on its own chart when logged)
-//   memory         memory.by_tag.<tag>.current per tag and memory.peak_allocated, in GiB
+//   memory         memory.by_tag.<tag>.current per tag (tags at 0 throughout left out) and
+//                  memory.peak_allocated, in GiB
 //   <group>        every other metric named group/... (DPO/KTO rewards/*, logps/*, GRPO's
 //                  completions/*, objective/*, ...): one chart per group, the training series
 //                  solid and the eval_ ones dashed

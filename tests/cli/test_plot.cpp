@@ -65,6 +65,7 @@ TEST(Plot, MetricsLandInTheirCharts) {
   ASSERT_NE(series(mem, "param"), nullptr);
   EXPECT_EQ(series(mem, "param")->points[0].second, 1.0);
   EXPECT_EQ(series(mem, "peak_allocated")->points[0].second, 2.0);
+  EXPECT_EQ(series(mem, "grad"), nullptr);  // 0 at every logged step
   EXPECT_NE(chart(charts, "entropy"), nullptr);
   for (const char* gone : {"epoch", "num_tokens", "eval_runtime", "runtime", "step"})
     EXPECT_EQ(chart(charts, gone), nullptr) << gone;
