@@ -13,6 +13,7 @@
 #include "engine/check.h"
 #include "testing/testing.h"
 #include "trainers/online/judges.h"
+#include "trainers/online/reward_sources.h"
 #include "trainers/trainer_test_util.h"
 
 namespace leantune {
@@ -110,6 +111,42 @@ TEST(Judges, TheCommandReadsThePromptBothCompletionsAndTheColumns) {
   ASSERT_EQ(seen["completions"].size(), 2u);
   const std::string a = seen["completions"][0], b = seen["completions"][1];
   EXPECT_TRUE((a == "one" && b == "two") || (a == "two" && b == "one")) << line;
+}
+
+// A reward model folder as the judge: each pair's rank is the comparison of the two scores the
+// same model gives as a reward source (ties: the first), whatever the order.
+TEST(Judges, ARewardModelJudgesByItsScores) {
+  const std::string dir = testing::temp_dir("judge_rm");
+  std::string log;
+  ASSERT_EQ(testing::run_command(testing::trainer_bin() +
+                                     " reward --max_steps 2 --save_steps 0 "
+                                     "--device cpu --output_dir " +
+                                     dir + "/rm 2>&1",
+                                 &log),
+            0)
+      << log;
+  const nlohmann::json row = {{"prompt", "Once upon a time"}};
+  const std::vector<std::string> texts = {" there was a cat.", " the end", " a dog ran home.",
+                                          " 42"};
+  RewardSourceArguments a;
+  a.reward_funcs = {dir + "/rm"};
+  RewardSources scorer(a, 16, Device::cpu(), DType::kF32);
+  std::vector<CompletionToScore> c;
+  for (const std::string& t : texts) c.push_back({&row, t, 4});
+  const std::vector<std::vector<double>> s = scorer.score(c);
+  PairwiseJudge judge(dir + "/rm", 30.0, 1, Device::cpu(), DType::kF32, 16);
+  EXPECT_EQ(judge.describe(), "reward model " + dir + "/rm");
+  std::vector<JudgePair> pairs;
+  std::vector<int> want;
+  for (size_t i = 0; i < texts.size(); ++i)
+    for (size_t j = 0; j < texts.size(); ++j) {
+      pairs.push_back({&row, texts[i], texts[j], 4, 4});
+      want.push_back(s[i][0] >= s[j][0] ? 0 : 1);
+    }
+  EXPECT_EQ(judge.judge(pairs), want);
+  int firsts = 0;
+  for (int r : want) firsts += r == 0;
+  EXPECT_LT(firsts, static_cast<int>(want.size()));  // the scores are not all equal
 }
 
 // The built-in task judged by a command that prefers a completion starting with a digit: the
