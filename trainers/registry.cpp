@@ -15,7 +15,8 @@
   X(reward)            \
   X(grpo)              \
   X(rloo)              \
-  X(online_dpo)
+  X(online_dpo)        \
+  X(distill)
 
 namespace leantune {
 

@@ -142,6 +142,10 @@ std::string format_memory_report(const nlohmann::json& r) {
       {"chunked_loss",
        "    chunked linear cross-entropy: [{largest_micro_batch_tokens} x {vocab_size}] logits "
        "never materialised ({bytes:logits_bytes_not_materialised} with their gradient)\n"},
+      {"chunked_divergence",
+       "    chunked divergence (distill): the student's and the teacher's "
+       "[{largest_micro_batch_tokens} x {vocab_size}] logits never materialised "
+       "({bytes:logits_bytes_not_materialised} in f32 with the student's gradient)\n"},
       {"activation_offloading",
        "    activation offloading: up to {bytes:bytes_offloaded_per_micro_batch_max} of saved "
        "activations per micro-batch held in pinned host memory instead of the device "

@@ -158,6 +158,16 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
       estimate_config(model, args, peft.use_peft ? &peft.config : nullptr, quant, oa.use_liger_loss,
                       length, cpu, (CheckedInt(per_micro) * length).get(), length);
   c.world_size = ea.ranks.world_size;
+  if (algorithm == "distill") {
+    // The teacher is held like a separate reference model: its dense weights, its no-grad
+    // forward at scoring time (the divergence's tiles are chunked).
+    const fs::path tcfg = fs::path(oa.teacher_model_name_or_path) / "config.json";
+    const ModelConfig teacher = !oa.teacher_model_name_or_path.empty() && fs::exists(tcfg)
+                                    ? ModelConfig::load(tcfg.string())
+                                    : model;
+    return estimate_online(c, s, "teacher",
+                           reference_param_bytes("ref_model", model, teacher, args.bf16, false));
+  }
   const RefModelConfig rc = ref_model_table().read(o);
   std::string mode = "none";
   if (dpo || oa.beta != 0.0)
@@ -213,7 +223,8 @@ int run_estimate_online(const std::vector<std::string>& argv, const std::string&
                 note.c_str());
   };
   row("policy params", e.policy.params);
-  row("reference weights", e.reference_params, "(" + e.reference_mode + ")");
+  row(e.reference_mode == "teacher" ? "teacher weights" : "reference weights", e.reference_params,
+      "(" + e.reference_mode + ")");
   row("optimizer states", e.policy.optimizer);
   row("kv-cache pool", e.kv_pool,
       "(" + std::to_string(e.kv_blocks) + " blocks of " + std::to_string(e.kv_block_size) +

@@ -16,6 +16,7 @@
 #include "engine/ops.h"
 #include "kernels/cross_entropy.h"
 #include "loaders/host_batch.h"
+#include "loaders/hub_cache.h"
 #include "trainers/common/model_io.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/trainer_spec.h"
@@ -185,8 +186,9 @@ Tensor OnlineTrainer::compute_loss(const Batch& b, double normalizer) {
                         std::max<double>(1.0, static_cast<double>(gen_tokens_)) * gas /
                             static_cast<double>(cfg_.steps_per_generation),
                         &gen_metrics_, &window_};
-  Tensor loss =
-      cfg_.algorithm == "online_dpo" ? online_dpo_loss(b, rs, ctx) : policy_loss(b, rs, ctx);
+  Tensor loss = cfg_.algorithm == "online_dpo" ? online_dpo_loss(b, rs, ctx)
+                : cfg_.algorithm == "distill"  ? distill_loss(b, ctx)
+                                               : policy_loss(b, rs, ctx);
   if (!rs.empty() && rs.front().nonfinite_reward) loss = ops::scale(loss, std::nan(""));
   return loss;
 }
@@ -352,8 +354,10 @@ std::optional<nlohmann::json> OnlineTrainer::evaluate() {
                           nullptr, &record};
     AdapterEvalScope eval(peft_);
     const Batch b = collate(sb.rollouts);
-    const double loss =
-        (dpo ? online_dpo_loss(b, sb.rollouts, ctx) : policy_loss(b, sb.rollouts, ctx)).item();
+    const double loss = (dpo                           ? online_dpo_loss(b, sb.rollouts, ctx)
+                         : cfg_.algorithm == "distill" ? distill_loss(b, ctx)
+                                                       : policy_loss(b, sb.rollouts, ctx))
+                            .item();
     const double batch = static_cast<double>(sb.rollouts.size()) * static_cast<double>(world);
     double batch_loss = loss;
     if (world > 1) {
@@ -394,7 +398,10 @@ void OnlineTrainer::on_train_begin(MetricsLogger& log) {
   check_generation_memory();
   log.message(data_.summary());
   if (eval_) log.message(eval_->summary());
-  std::string sources = judge_ ? "judge " + judge_->describe() : "rewards ";
+  std::string sources = judge_     ? "judge " + judge_->describe()
+                        : teacher_ ? "a frozen teacher of " +
+                                         std::to_string(teacher_->num_parameters()) + " parameters"
+                                   : "rewards ";
   for (size_t f = 0; rewards_ && f < rewards_->names().size(); ++f)
     sources +=
         (f ? ", " : "") + rewards_->names()[f] + " x" + std::to_string(rewards_->weights()[f]);
@@ -426,6 +433,14 @@ nlohmann::json OnlineTrainer::technique_savings() const {
                      {"generation_phase_peak_reserved", generation_peak_.reserved},
                      {"optimizer_phase_peak_allocated", optimizer.allocated},
                      {"optimizer_phase_peak_reserved", optimizer.reserved}};
+  if (teacher_) {
+    // The student's logits, their gradient and the teacher's, each [rows x V] in f32.
+    const int64_t v = model_->config().vocab_size;
+    s["chunked_divergence"] = {
+        {"largest_micro_batch_tokens", distill_rows_max_},
+        {"vocab_size", v},
+        {"logits_bytes_not_materialised", (CheckedInt(distill_rows_max_) * v * 3 * 4).get()}};
+  }
   add_adapter_savings(s, *model_, peft_, quant_config_, quant_report_);
   return s;
 }
@@ -451,7 +466,10 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   TrainingArguments args = training_arguments(o);
   LT_CHECK_INPUT(args.cp_size == 1, algorithm, ": --cp_size > 1 is for ",
                  context_parallel_trainer_names());
-  const RefModelConfig ref_cfg = ref_model_config(o, args.per_device_eval_batch_size);
+  const bool distill = algorithm == "distill";
+  // distill has a teacher instead of a reference model.
+  const RefModelConfig ref_cfg =
+      distill ? RefModelConfig{} : ref_model_config(o, args.per_device_eval_batch_size);
   LT_CHECK_INPUT(!ref_cfg.precompute,
                  "option --precompute_ref_log_probs: the online trainers "
                  "score fresh completions; nothing can be precomputed");
@@ -459,10 +477,24 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   OnlineConfig cfg;
   cfg.algorithm = algorithm;
   const bool dpo = algorithm == "online_dpo";
-  cfg.loss.beta = oa.beta;
+  cfg.loss.beta = distill ? 0.0 : oa.beta;
   LT_CHECK_INPUT(cfg.loss.beta != 0.0 || dpo || ref_cfg.ref_model.empty(),
                  "option --ref_model: beta is 0, so no reference model is used");
-  if (dpo) {
+  if (distill) {
+    // DistillationTrainer: one completion per prompt, a generation batch of
+    // per_device_train_batch_size x gradient_accumulation_steps prompts.
+    LT_CHECK_INPUT(oa.beta >= 0.0 && oa.beta <= 1.0, "option --beta ", oa.beta,
+                   ": distill's beta picks the divergence and lies in [0, 1] (0 forward KL, 1 "
+                   "reverse KL)");
+    cfg.distill_beta = oa.beta;
+    cfg.distill_temperature = oa.temperature;
+    cfg.num_generations = 1;
+    cfg.completions_per_micro_batch = args.per_device_train_batch_size;
+    cfg.steps_per_generation = args.gradient_accumulation_steps;
+    cfg.num_iterations = 1;
+    cfg.generation.max_new_tokens = oa.max_completion_length;
+    cfg.loss.max_completion_length = oa.max_completion_length;
+  } else if (dpo) {
     // Two completions per prompt, generated for every micro-batch of prompts.
     cfg.num_generations = 2;
     cfg.completions_per_micro_batch =
@@ -514,13 +546,36 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   cfg.logps.temperature = dpo ? 1.0 : cfg.generation.temperature;
   prepare_run(args);
   OnlineRun run;
+  const bool given_model = model.has_value();  // an embedder's model (public API)
   run.model = model ? std::move(*model) : load_sft_model(o);
   const SftModel& m = run.model;
   // online_dpo --judge: the judge decides each pair; reward sources given as well would be
   // ignored (TRL warns and drops them), so they are refused.
   std::unique_ptr<PairwiseJudge> judge;
   std::unique_ptr<RewardSources> rewards;
-  if (dpo && !oa.judge.empty()) {
+  std::shared_ptr<DecoderModel> teacher;
+  if (distill) {
+    // The teacher: a frozen model of the same vocabulary; the demo's is the demo model itself,
+    // and its student a fresh initialisation of the same shape.
+    if (oa.teacher_model_name_or_path.empty()) {
+      LT_CHECK_INPUT(
+          !given_model && !in.dataset_rows && oa.dataset.empty() && oa.model_name_or_path.empty(),
+          "distill: --teacher_model_name_or_path is required");
+      teacher = load_sft_model(o).model;
+      m.model->init_random(args.seed + 1);
+    } else {
+      teacher = DecoderModel::load(
+          resolve_model_path(oa.teacher_model_name_or_path, "teacher_model_name_or_path"),
+          m.model->device(), m.model->dtype());
+    }
+    teacher->set_requires_grad(false);
+    LT_CHECK_INPUT(m.model->device().is_cpu(),
+                   "distill: runs on the CPU only so far (the chunked divergence has no CUDA "
+                   "version yet): pass --device cpu");
+    LT_CHECK_INPUT(teacher->config().vocab_size == m.model->config().vocab_size,
+                   "distill: the teacher's vocabulary (", teacher->config().vocab_size,
+                   ") must be the student's (", m.model->config().vocab_size, ")");
+  } else if (dpo && !oa.judge.empty()) {
     // The built-in task's reward_funcs come from its demo defaults, not from the user.
     bool demo_rewards = false;
     if (!in.dataset_rows && oa.dataset.empty() && oa.rewards.reward_command.empty())
@@ -562,6 +617,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
                                       std::move(data), cfg, std::move(rewards));
   if (eval) run.trainer->set_eval_data(std::move(*eval));
   if (judge) run.trainer->set_judge(std::move(judge));
+  if (teacher) run.trainer->set_teacher(std::move(teacher));
   run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   RefModelConfig rc = ref_cfg;

@@ -1,7 +1,8 @@
-// The online trainers trainer_bin grpo, rloo and online_dpo, one OnlineTrainer (TRL GRPOTrainer /
-// RLOOTrainer / OnlineDPOTrainer option names and defaults): generate from the policy being
-// trained, score, and update on the scored completions. The generation engine is models/generate.h,
-// run on the very weights being trained (LoRA applied on the fly, no merged copy, no weight sync).
+// The online trainers trainer_bin grpo, rloo, online_dpo and distill, one OnlineTrainer (TRL
+// GRPOTrainer / RLOOTrainer / OnlineDPOTrainer / DistillationTrainer option names and defaults):
+// generate from the policy being trained, score, and update on the scored completions. The
+// generation engine is models/generate.h, run on the very weights being trained (LoRA applied on
+// the fly, no merged copy, no weight sync).
 //
 // Data: JSONL rows with a "prompt" column (a string, or a message list rendered with the chat
 // template and an assistant generation prompt); every other column goes to the reward sources
@@ -34,6 +35,10 @@
 // counted, and the run stops with exit 4 after max_consecutive_nonfinite in a row (trainer.h).
 // Completions that no source scored (all null) are a warning each generation batch; their
 // advantage is 0 (TRL's).
+// distill (TRL 1.16's DistillationTrainer, trainers/online/distill.h): one completion per
+//   prompt, generation batch per_device_train_batch_size x gradient_accumulation_steps; the
+//   divergence between the student's and a frozen teacher's distributions on the completion
+//   tokens, summed and divided by the generation batch's completion tokens. CPU only so far.
 // Metrics (metrics.jsonl): reward, reward_std, rewards/<source>/{mean,std}, frac_reward_zero_std,
 // completions/{mean,min,max}_length, completions/clipped_ratio, completions/
 // mean_terminated_length, clip_ratio/*, kl (beta != 0), entropy, and the time of each phase
@@ -114,6 +119,7 @@ struct OnlineArguments : ModelSource {
   bool ds3_gather_for_generation = true;
   bool use_liger_loss = true;
   std::string judge;  // online_dpo: a pairwise judge instead of the reward sources (judges.h)
+  std::string teacher_model_name_or_path;  // distill: the frozen teacher (empty: the demo's)
   RewardSourceArguments rewards;
 };
 // TRL's defaults of "grpo", "rloo" or "online_dpo" (GRPOConfig, RLOOConfig, OnlineDPOConfig:
@@ -146,7 +152,11 @@ std::vector<nlohmann::json> builtin_task_rows();
 OnlinePrompts builtin_online_prompts(const TextEncoder& enc);
 
 struct OnlineConfig {
-  std::string algorithm = "grpo";  // grpo | rloo | online_dpo
+  std::string algorithm = "grpo";  // grpo | rloo | online_dpo | distill
+  // distill: the divergence (0 forward KL, 1 reverse KL, between: the generalized JSD) and the
+  // temperature both distributions are taken at (kernels/linear_divergence.h).
+  double distill_beta = 1.0;
+  double distill_temperature = 1.0;
   int64_t completions_per_micro_batch = 8;
   int64_t num_generations = 8;
   int64_t steps_per_generation = 1;
@@ -194,6 +204,8 @@ class OnlineTrainer final : public Trainer {
   void set_eval_data(OnlinePrompts eval) { eval_ = std::move(eval); }
   // online_dpo --judge: the pairs' verdicts come from it (the trainer then has no rewards).
   void set_judge(std::unique_ptr<PairwiseJudge> judge) { judge_ = std::move(judge); }
+  // distill: the frozen teacher whose next-token distributions the student learns.
+  void set_teacher(std::shared_ptr<const DecoderModel> teacher) { teacher_ = std::move(teacher); }
   const DataStats& train_stats() const override { return stats_; }
   const std::vector<nlohmann::json>& logged_metrics() const override { return window_.logged(); }
 
@@ -257,6 +269,9 @@ class OnlineTrainer final : public Trainer {
   Tensor policy_loss(const Batch& b, const std::vector<Rollout>& rs, const LossContext& ctx);
   // online_dpo's loss of one micro-batch (pairs adjacent, one chosen and one rejected each).
   Tensor online_dpo_loss(const Batch& b, const std::vector<Rollout>& rs, const LossContext& ctx);
+  // distill's loss of one micro-batch (trainers/online/distill.cpp): the divergence summed over
+  // its completion tokens, divided by the generation batch's (TRL's num_items_in_batch).
+  Tensor distill_loss(const Batch& b, const LossContext& ctx);
   // Warns about a batch's rewards (`label` names it): completions without any, or rewards that
   // are not finite (then flagged, see Rollout::nonfinite_reward).
   void check_rewards(const std::vector<double>& rewards_g, std::vector<Rollout>& all,
@@ -268,6 +283,8 @@ class OnlineTrainer final : public Trainer {
   OnlineConfig cfg_;
   std::unique_ptr<RewardSources> rewards_;  // null under a judge
   std::unique_ptr<PairwiseJudge> judge_;
+  std::shared_ptr<const DecoderModel> teacher_;  // distill
+  int64_t distill_rows_max_ = 0;                 // distill: the largest micro-batch's rows
   std::unique_ptr<ReferenceModel> ref_;
   RowBatches prompts_;
   int64_t micro_step_ = 0;                    // micro-batches taken so far

@@ -53,6 +53,9 @@ OnlineArguments online_arguments_defaults(const std::string& algorithm) {
     a.temperature = 0.9;
     a.beta = 0.1;
     a.loss_type = "sigmoid";
+  } else if (algorithm == "distill") {
+    a.num_generations = 1;
+    a.beta = 1.0;  // DistillationConfig: reverse KL
   }
   return a;
 }
@@ -61,14 +64,24 @@ namespace {
 
 OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
   using A = OnlineArguments;
-  const bool grpo = algorithm == "grpo", dpo = algorithm == "online_dpo";
+  const bool grpo = algorithm == "grpo", dpo = algorithm == "online_dpo",
+             distill = algorithm == "distill";
   static const OptionTable<ModelSource> source = model_source_table(
       "HF model folder to train (empty with no dataset: the built-in demo model and task)",
       "prompts: JSONL rows with \"prompt\" (a string or a message list); the other columns "
       "reach the reward sources");
   OptionTable<A> t(online_arguments_defaults(algorithm));
   t.base(source);
-  if (dpo) {
+  if (distill) {
+    // DistillationConfig: one completion per prompt, the generation batch the whole update.
+    t.text("teacher_model_name_or_path", &A::teacher_model_name_or_path,
+           "the frozen teacher: an HF model folder (or cached Hub ID) with the student's "
+           "vocabulary (empty with no model and dataset: the demo model teaches a fresh student)")
+        .integer("max_completion_length", &A::max_completion_length,
+                 "most tokens generated per completion", 1)
+        .real("temperature", &A::temperature,
+              "sampling temperature, and both distributions' in the divergence", 1e-6);
+  } else if (dpo) {
     // OnlineDPOConfig: two completions per prompt, one micro-batch per generation.
     t.integer("max_new_tokens", &A::max_new_tokens, "most tokens generated per completion", 1)
         .real("temperature", &A::temperature, "sampling temperature", 1e-6)
@@ -93,7 +106,12 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
             0.0, 1.0)
       .real("repetition_penalty", &A::repetition_penalty,
             "transformers' repetition penalty (1 = off)", 1e-6);
-  if (dpo) {
+  if (distill) {
+    t.real("beta", &A::beta,
+           "the divergence: 0 forward KL(teacher || student), 1 reverse KL(student || teacher), "
+           "between: the generalized Jensen-Shannon divergence with this mixture weight",
+           0.0, 1.0);
+  } else if (dpo) {
     t.real("beta", &A::beta, "DPO's beta (IPO's tau)", 0.0)
         .text("loss_type", &A::loss_type, "DPO loss on the judged pairs", {"sigmoid", "ipo"})
         .integer("max_length", &A::max_length,
@@ -139,11 +157,13 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
       .integer("kv_block_size", &A::kv_block_size, "tokens per KV-cache block", 1, 4096)
       .flag("ds3_gather_for_generation", &A::ds3_gather_for_generation,
             "zero_stage 3: gather the whole model once for each generation phase (false: layer "
-            "by layer at every step, slower, for models larger than one device; the same tokens)")
-      .flag("use_liger_loss", &A::use_liger_loss,
-            "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist "
-            "(leantune's option, not in TRL 1.16)")
-      .nested(&A::rewards, reward_source_table());
+            "by layer at every step, slower, for models larger than one device; the same tokens)");
+  // distill's divergence is always chunked and it has no rewards.
+  if (!distill)
+    t.flag("use_liger_loss", &A::use_liger_loss,
+           "chunked LM head for the log-probabilities: the [tokens x vocab] logits never exist "
+           "(leantune's option, not in TRL 1.16)")
+        .nested(&A::rewards, reward_source_table());
   return t;
 }
 
@@ -152,16 +172,18 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
 const OptionTable<OnlineArguments>& online_table(const std::string& algorithm) {
   static const OptionTable<OnlineArguments> grpo = make_online_table("grpo"),
                                             rloo = make_online_table("rloo"),
-                                            dpo = make_online_table("online_dpo");
+                                            dpo = make_online_table("online_dpo"),
+                                            distill = make_online_table("distill");
   if (algorithm == "grpo") return grpo;
   if (algorithm == "rloo") return rloo;
+  if (algorithm == "distill") return distill;
   LT_CHECK(algorithm == "online_dpo", "online trainers: unknown algorithm '", algorithm, "'");
   return dpo;
 }
 
 Options online_options(const std::string& algorithm) {
   Options o = online_table(algorithm).options(algorithm);
-  add_ref_model_options(o);
+  if (algorithm != "distill") add_ref_model_options(o);  // distill has a teacher instead
   add_chat_options(o);
   add_model_run_groups(o);
   // GRPOConfig's and RLOOConfig's default; OnlineDPOConfig's.
@@ -241,6 +263,16 @@ std::vector<std::pair<std::string, nlohmann::json>> online_demo_defaults(
     const std::string& algorithm) {
   const bool dpo = algorithm == "online_dpo";
   std::vector<std::pair<std::string, nlohmann::json>> d;
+  if (algorithm == "distill")
+    // The demo model teaches a fresh initialisation of itself on the task's prompts.
+    return {{"max_completion_length", 8},
+            {"per_device_train_batch_size", 16},
+            {"learning_rate", 3e-3},
+            {"max_steps", 30},
+            {"lr_scheduler_type", "constant"},
+            {"logging_steps", 5},
+            {"save_steps", 0},
+            {"output_dir", "trainer_output/embedded_distill"}};
   if (dpo)
     d = {{"max_new_tokens", 4}, {"temperature", 1.0}};
   else
@@ -272,7 +304,8 @@ TrainerSpec online_spec(const std::string& algorithm, const std::string& summary
       },
       algorithm == "online_dpo"
           ? std::vector<std::pair<std::string, int>>{{"rewards/accuracies", 3}}
-          : std::vector<std::pair<std::string, int>>{{"reward", 3}},
+      : algorithm == "distill" ? std::vector<std::pair<std::string, int>>{{"entropy", 3}}
+                               : std::vector<std::pair<std::string, int>>{{"reward", 3}},
       [algorithm](const std::vector<std::string>& args) {
         return run_estimate_online(args, algorithm);
       }};
@@ -291,6 +324,14 @@ const TrainerSpec& grpo_spec() {
 const TrainerSpec& rloo_spec() {
   static const TrainerSpec spec = online_spec(
       "rloo", "REINFORCE leave-one-out on in-process generations (TRL RLOOTrainer options)");
+  return spec;
+}
+
+const TrainerSpec& distill_spec() {
+  static const TrainerSpec spec = online_spec(
+      "distill",
+      "on-policy distillation: the student's completions scored against a frozen teacher's "
+      "distributions (TRL DistillationTrainer options; chunked divergence, no [T, V] logits)");
   return spec;
 }
 

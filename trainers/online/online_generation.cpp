@@ -121,7 +121,7 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
   if (rewards_) {
     per_source = rewards_->score(to_score, should_stop);
     for (size_t k = 0; k < all.size(); ++k) rewards[k] = rewards_->total(per_source[k]);
-  } else {
+  } else if (judge_) {
     std::vector<JudgePair> pairs;
     for (size_t k = 0; k + 1 < all.size(); k += 2)
       pairs.push_back({to_score[k].row, to_score[k].completion, to_score[k + 1].completion,
@@ -220,7 +220,7 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
       // TRL compares with >=: a NaN on either side makes the second one chosen.
       all[k].chosen = (k % 2 == 0) == (judged[a] >= judged[b]);
     }
-  } else {
+  } else if (rewards_) {  // grpo, rloo (distill has no rewards)
     const std::vector<double> adv = rloo
                                         ? rloo_advantages(adv_rewards, g, cfg_.normalize_advantages)
                                         : grpo_advantages(adv_rewards, g, cfg_.scale_rewards);

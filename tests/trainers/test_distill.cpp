@@ -1,0 +1,147 @@
+// trainer_bin distill against TRL 1.16's DistillationTrainer on two tiny Qwen2 models
+// (tests/fixtures/gen_distill_fixtures.py -> distill/student, distill/teacher,
+// distill/trainer.safetensors): for two prompt + completion sequences, the loss TRL's
+// `_chunked_divergence_loss` gives on the hidden states it takes (num_items_in_batch = the
+// completion tokens) and the gradient of every student parameter, for forward KL, the JSD and
+// reverse KL at temperature 1 and the JSD at temperature 2; then the built-in demo, whose
+// divergence falls, and the teacher's checks.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/cross_entropy.h"
+#include "loaders/host_batch.h"
+#include "loaders/safetensors.h"
+#include "models/ref_model.h"
+#include "testing/testing.h"
+#include "trainers/online/distill.h"
+#include "trainers/trainer_test_util.h"
+
+namespace leantune {
+namespace {
+
+std::shared_ptr<SafetensorsFile> fixture() {
+  static const std::shared_ptr<SafetensorsFile> f =
+      SafetensorsFile::open(testing::fixture_path("distill/trainer.safetensors"));
+  return f;
+}
+
+// The fixture's two sequences packed as the online trainers pack them.
+Batch fixture_batch() {
+  const std::vector<int64_t> prompts = fixture()->tensor("prompts").to_i64();
+  std::vector<int64_t> ids, pos, labels;
+  std::vector<int32_t> cu{0};
+  BatchStats st;
+  int64_t longest = 0;
+  for (int s = 0; s < 2; ++s) {
+    const std::vector<int64_t> c = fixture()->tensor("completions" + std::to_string(s)).to_i64();
+    const int64_t n = 4 + static_cast<int64_t>(c.size());
+    for (int t = 0; t < 4; ++t) {
+      ids.push_back(prompts[static_cast<size_t>(s * 4 + t)]);
+      labels.push_back(kernels::kIgnoreIndex);
+    }
+    for (int64_t tok : c) {
+      ids.push_back(tok);
+      labels.push_back(tok);
+      ++st.label_tokens;
+    }
+    for (int64_t t = 0; t < n; ++t) pos.push_back(t);
+    cu.push_back(cu.back() + static_cast<int32_t>(n));
+    st.real_tokens += n;
+    longest = std::max(longest, n);
+  }
+  st.sequences = 2;
+  return host_batch(ids, pos, labels, cu, longest, st);
+}
+
+class DistillTrl : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DistillTrl, LossAndStudentGradientsMatchTrl) {
+  const std::string c = GetParam();
+  const nlohmann::json meta = nlohmann::json::parse(fixture()->metadata().at(c));
+  auto student =
+      DecoderModel::load(testing::fixture_path("distill/student"), Device::cpu(), DType::kF32);
+  auto teacher =
+      DecoderModel::load(testing::fixture_path("distill/teacher"), Device::cpu(), DType::kF32);
+  student->set_requires_grad(true);
+  teacher->set_requires_grad(false);
+  DistillOptions o;
+  o.beta = meta["beta"];
+  o.temperature = meta["temperature"];
+  o.chunk_tokens = 5;  // several chunks over the 14 rows
+  const Batch b = fixture_batch();
+  const DistillDivergence d = distill_divergence(*student, *teacher, b, o);
+  EXPECT_EQ(d.tokens, 6);
+  const double n = d.tokens;
+  std::vector<double> grad(d.mask.size(), 0.0);
+  for (size_t i = 0; i < d.mask.size(); ++i) grad[i] = d.mask[i] ? 1.0 / n : 0.0;
+  const Tensor loss = loss_from_sequence_gradient(d.divergence, d.sum / n, grad);
+  EXPECT_NEAR(loss.item(), fixture()->tensor(c + ".loss").to_f64()[0], 2e-6);
+  loss.backward();
+  int compared = 0;
+  for (const auto& [name, p] : student->named_parameters()) {
+    const std::string key = c + ".grad." + name;
+    if (fixture()->find(key) == nullptr) continue;
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_TRUE(testing::all_close(p.grad(), fixture()->tensor(key).contiguous(), 2e-6, 2e-4))
+        << name;
+    ++compared;
+  }
+  // Qwen2: per layer 7 projections, 3 biases and 2 norms; embeddings, final norm and head.
+  EXPECT_EQ(compared, 2 * 12 + 3) << "every student parameter has TRL's gradient to compare with";
+}
+
+INSTANTIATE_TEST_SUITE_P(Trl, DistillTrl, ::testing::Values("fkl", "jsd", "rkl", "jsd_t2"));
+
+// The built-in demo: the demo model teaches a fresh initialisation of itself; the divergence
+// falls, the student's entropy is logged, and the memory report names the chunked divergence.
+TEST(Distill, DemoDivergenceFalls) {
+  const std::string out = testing::temp_dir("distill_demo");
+  std::string log;
+  ASSERT_EQ(testing::run_command(
+                "cd " + out + " && " + testing::trainer_bin() + " distill --device cpu 2>&1", &log),
+            0)
+      << log;
+  std::ifstream in(out + "/trainer_output/embedded_distill/metrics.jsonl");
+  std::vector<nlohmann::json> recs;
+  for (std::string line; std::getline(in, line);) recs.push_back(nlohmann::json::parse(line));
+  ASSERT_GE(recs.size(), 4u) << log;
+  EXPECT_LT(recs.back()["loss"].get<double>(), 0.5 * recs.front()["loss"].get<double>()) << log;
+  EXPECT_GT(recs.back()["entropy"].get<double>(), 0.0);
+  EXPECT_NE(log.find("chunked divergence (distill)"), std::string::npos) << log;
+  EXPECT_NE(log.find("a frozen teacher of"), std::string::npos) << log;
+}
+
+TEST(Distill, TeacherChecks) {
+  std::string log;
+  const std::string out = testing::temp_dir("distill_checks");
+  const std::string student = testing::make_tiny_model(out + "/student");
+  // A dataset without a teacher: exit 2, one line.
+  std::ofstream(out + "/p.jsonl") << "{\"prompt\": \"hi\"}\n";
+  EXPECT_EQ(testing::run_command(testing::trainer_bin() +
+                                     " distill --device cpu --max_steps 1 "
+                                     "--model_name_or_path " +
+                                     student + " --dataset " + out + "/p.jsonl --output_dir " +
+                                     out + "/o 2>&1",
+                                 &log),
+            2)
+      << log;
+  EXPECT_NE(log.find("distill: --teacher_model_name_or_path is required"), std::string::npos)
+      << log;
+  // beta outside [0, 1] is refused by its option.
+  EXPECT_EQ(
+      testing::run_command(testing::trainer_bin() + " distill --device cpu --beta 2 2>&1", &log), 2)
+      << log;
+  // Options that belong to other trainers are not declared.
+  EXPECT_EQ(testing::run_command(testing::trainer_bin() +
+                                     " distill --device cpu --reward_funcs accuracy_reward 2>&1",
+                                 &log),
+            2)
+      << log;
+}
+
+}  // namespace
+}  // namespace leantune

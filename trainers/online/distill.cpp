@@ -1,0 +1,79 @@
+// trainer_bin distill's loss (TRL 1.16's DistillationTrainer; see distill.h): the divergence of a
+// micro-batch summed over its completion tokens and divided by the completion tokens of the whole
+// generation batch on every rank (TRL's num_items_in_batch; the trainer sums the ranks'
+// gradients). Neither model's logits exist whole. Metric: TRL's `entropy` (the student's mean
+// per-token entropy, in nats).
+#include "trainers/online/distill.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/mem_phase.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/linear_divergence.h"
+#include "trainers/online/grpo.h"
+
+namespace leantune {
+
+DistillDivergence distill_divergence(const DecoderModel& student, const DecoderModel& teacher,
+                                     const Batch& b, const DistillOptions& opt) {
+  const Device dev = student.device();
+  const Tensor ids = b.input_ids.to(dev), pos = b.position_ids.to(dev), cu = b.cu_seqlens.to(dev);
+  const Tensor hs = student.hidden_states(ids, pos, cu, b.max_seqlen, opt.gradient_checkpointing);
+  Tensor ht;
+  {
+    NoGradGuard ng;
+    MemSiteGuard site("teacher");
+    ht = teacher.hidden_states(ids, pos, cu, b.max_seqlen, false);
+  }
+  // Row t predicts the token at t + 1: the rows whose next token is a completion token count.
+  DistillDivergence out;
+  out.mask = kernels::shift_labels(b.labels, b.cu_seqlens).to_i64();
+  for (int64_t& m : out.mask) m = m == kernels::kIgnoreIndex ? 0 : 1;
+  const auto n = static_cast<int64_t>(out.mask.size());
+  kernels::LinearDivergenceOptions o;
+  o.beta = opt.beta;
+  o.temperature = opt.temperature;
+  o.student_softcap = student.logit_softcap();
+  o.teacher_softcap = teacher.logit_softcap();
+  o.chunk_tokens = opt.chunk_tokens;
+  const kernels::LinearDivergence d =
+      kernels::linear_divergence(hs, student.lm_head_weight(), ht, teacher.lm_head_weight(),
+                                 Tensor::from_vector<int64_t>(out.mask, {n}), o);
+  const std::vector<double> div = d.divergence.to_f64(), ent = d.entropy.to_f64();
+  for (int64_t i = 0; i < n; ++i) {
+    if (out.mask[i] == 0) continue;
+    out.sum += div[i];
+    out.entropy_sum += ent[i];
+    out.tokens += 1;
+  }
+  out.divergence = d.divergence;
+  return out;
+}
+
+Tensor OnlineTrainer::distill_loss(const Batch& b, const LossContext& ctx) {
+  LT_CHECK(teacher_ != nullptr, "distill: no teacher model");
+  DistillOptions opt;
+  opt.beta = cfg_.distill_beta;
+  opt.temperature = cfg_.distill_temperature;
+  opt.chunk_tokens = cfg_.logps.chunk_tokens;
+  opt.gradient_checkpointing = args_.gradient_checkpointing;
+  const DistillDivergence d = distill_divergence(*model_, *teacher_, b, opt);
+  distill_rows_max_ = std::max(distill_rows_max_, static_cast<int64_t>(d.mask.size()));
+  // ctx.dapo_tokens: the generation batch's completion tokens on every rank.
+  const double scale = 1.0 / ctx.dapo_tokens;
+  std::vector<double> grad(d.mask.size(), 0.0);
+  for (size_t i = 0; i < d.mask.size(); ++i)
+    if (d.mask[i] != 0) grad[i] = scale;
+  nlohmann::json m = *ctx.batch_metrics;
+  m["entropy"] = d.tokens > 0 ? d.entropy_sum / d.tokens : 0.0;
+  if (ctx.window)
+    ctx.window->add(m);
+  else
+    *ctx.record = std::move(m);
+  return loss_from_sequence_gradient(d.divergence, d.sum * scale, std::move(grad));
+}
+
+}  // namespace leantune
