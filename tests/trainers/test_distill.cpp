@@ -115,6 +115,39 @@ TEST(Distill, DemoDivergenceFalls) {
   EXPECT_NE(log.find("a frozen teacher of"), std::string::npos) << log;
 }
 
+// A student taught by a copy of itself starts at no divergence at all (every logged update's
+// loss is the divergence after the previous updates: the first is 0 up to rounding); an NF4
+// copy of the same teacher (--teacher_load_in_4bit) is no longer identical.
+TEST(Distill, AStudentTaughtByItselfStartsAtZero) {
+  const std::string out = testing::temp_dir("distill_self");
+  const std::string student = testing::make_tiny_model(out + "/student");
+  const std::string teacher = testing::make_tiny_model(out + "/teacher");
+  std::ofstream prompts(out + "/p.jsonl");
+  for (int i = 0; i < 8; ++i) prompts << "{\"prompt\": \"Once upon a time " << i << "\"}\n";
+  prompts.close();
+  auto first_loss = [&](const std::string& extra, const std::string& dir) {
+    std::string log;
+    EXPECT_EQ(testing::run_command(testing::trainer_bin() +
+                                       " distill --device cpu --max_steps 2 "
+                                       "--logging_steps 1 --save_steps 0 "
+                                       "--per_device_train_batch_size 4 "
+                                       "--max_completion_length 6 --model_name_or_path " +
+                                       student + " --teacher_model_name_or_path " + teacher +
+                                       " --dataset " + out + "/p.jsonl --output_dir " + out + "/" +
+                                       dir + extra + " 2>&1",
+                                   &log),
+              0)
+        << log;
+    std::ifstream in(out + "/" + dir + "/metrics.jsonl");
+    std::string line;
+    std::getline(in, line);
+    return nlohmann::json::parse(line)["loss"].get<double>();
+  };
+  const double dense = first_loss("", "dense"), nf4 = first_loss(" --teacher_load_in_4bit", "nf4");
+  EXPECT_NEAR(dense, 0.0, 1e-6);
+  EXPECT_GT(nf4, 1e-6);  // the quantized teacher differs from the student
+}
+
 TEST(Distill, TeacherChecks) {
   std::string log;
   const std::string out = testing::temp_dir("distill_checks");

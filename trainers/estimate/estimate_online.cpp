@@ -165,8 +165,9 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
     const ModelConfig teacher = !oa.teacher_model_name_or_path.empty() && fs::exists(tcfg)
                                     ? ModelConfig::load(tcfg.string())
                                     : model;
-    return estimate_online(c, s, "teacher",
-                           reference_param_bytes("ref_model", model, teacher, args.bf16, false));
+    return estimate_online(
+        c, s, "teacher",
+        reference_param_bytes("ref_model", model, teacher, args.bf16, oa.teacher_load_in_4bit));
   }
   const RefModelConfig rc = ref_model_table().read(o);
   std::string mode = "none";

@@ -17,6 +17,7 @@
 #include "kernels/cross_entropy.h"
 #include "loaders/host_batch.h"
 #include "loaders/hub_cache.h"
+#include "models/quantize_model.h"
 #include "trainers/common/model_io.h"
 #include "trainers/common/peft_options.h"
 #include "trainers/common/trainer_spec.h"
@@ -561,12 +562,19 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
       LT_CHECK_INPUT(
           !given_model && !in.dataset_rows && oa.dataset.empty() && oa.model_name_or_path.empty(),
           "distill: --teacher_model_name_or_path is required");
+      LT_CHECK_INPUT(!oa.teacher_load_in_4bit,
+                     "option --teacher_load_in_4bit needs --teacher_model_name_or_path");
       teacher = load_sft_model(o).model;
       m.model->init_random(args.seed + 1);
     } else {
-      teacher = DecoderModel::load(
-          resolve_model_path(oa.teacher_model_name_or_path, "teacher_model_name_or_path"),
-          m.model->device(), m.model->dtype());
+      const std::string dir =
+          resolve_model_path(oa.teacher_model_name_or_path, "teacher_model_name_or_path");
+      QuantConfig q;
+      q.load_in_4bit = oa.teacher_load_in_4bit;
+      q.compute_dtype = m.model->dtype();
+      teacher = q.enabled() ? load_quantized(dir, m.model->device(), m.model->dtype(), q)
+                            : std::shared_ptr<DecoderModel>(
+                                  DecoderModel::load(dir, m.model->device(), m.model->dtype()));
     }
     teacher->set_requires_grad(false);
     LT_CHECK_INPUT(m.model->device().is_cpu(),

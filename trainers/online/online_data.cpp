@@ -77,6 +77,9 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
     t.text("teacher_model_name_or_path", &A::teacher_model_name_or_path,
            "the frozen teacher: an HF model folder (or cached Hub ID) with the student's "
            "vocabulary (empty with no model and dataset: the demo model teaches a fresh student)")
+        .flag("teacher_load_in_4bit", &A::teacher_load_in_4bit,
+              "load the teacher's linear weights in NF4 (frozen, bitsandbytes' format, as "
+              "--ref_load_in_4bit): about a quarter of its dense bytes")
         .integer("max_completion_length", &A::max_completion_length,
                  "most tokens generated per completion", 1)
         .real("temperature", &A::temperature,
