@@ -7,6 +7,7 @@
 // divergence falls, and the teacher's checks.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -146,6 +147,9 @@ TEST(Distill, AStudentTaughtByItselfStartsAtZero) {
   const double dense = first_loss("", "dense"), nf4 = first_loss(" --teacher_load_in_4bit", "nf4");
   EXPECT_NEAR(dense, 0.0, 1e-6);
   EXPECT_GT(nf4, 1e-6);  // the quantized teacher differs from the student
+  // A LoRA student (B starts at 0: the student is its base, the teacher's copy) trains too.
+  EXPECT_NEAR(first_loss(" --use_peft --lora_r 4", "lora"), 0.0, 1e-6);
+  EXPECT_TRUE(std::filesystem::exists(out + "/lora/adapter_model.safetensors"));
 }
 
 TEST(Distill, TeacherChecks) {
