@@ -215,7 +215,7 @@ class LinearDivergenceBackward final : public Node {
     const DType d = work_dtype(hs.dtype());
     const int64_t v = ws.size(0), h = hs.size(1);
     const bool want_dx = needs_input_grad(0), want_dw = needs_input_grad(1);
-    Tensor dx = Tensor::zeros(hs.shape(), d, hs.device());
+    Tensor dx = want_dx ? Tensor::zeros(hs.shape(), d, hs.device()) : Tensor();
     Tensor dw = want_dw ? Tensor::zeros(ws.shape(), d, ws.device()) : Tensor();
     const double inv_t = 1.0 / opt.temperature, beta = opt.beta;
     const int mode = mode_of(beta);
@@ -223,8 +223,9 @@ class LinearDivergenceBackward final : public Node {
       const size_t c = std::min(rows.size() - r0, static_cast<size_t>(opt.chunk_tokens));
       const Side s{gather_rows(hs, rows, r0, c, d), ws, opt.student_softcap};
       const Side t{gather_rows(ht, rows, r0, c, work_dtype(ht.dtype())), wt, opt.teacher_softcap};
-      Tensor dx_chunk =
-          Tensor::zeros({static_cast<int64_t>(c), h}, d, hs.device(), MemTag::kWorkspace);
+      const Tensor dx_chunk =
+          want_dx ? Tensor::zeros({static_cast<int64_t>(c), h}, d, hs.device(), MemTag::kWorkspace)
+                  : Tensor();
       for (int64_t v0 = 0; v0 < v; v0 += opt.chunk_vocab) {
         const int64_t nb = std::min(opt.chunk_vocab, v - v0);
         const Tensor zs = project(s, v0, nb), zt = project(t, v0, nb);
