@@ -6,6 +6,7 @@
 #include "engine/cuda_backend.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/divergence_blocks.h"
 #include "kernels/dropout.h"
 #include "kernels/embedding.h"
 #include "kernels/kv_cache_write.h"
@@ -116,12 +117,22 @@
   X(void, leantune::kernels, vocab_block_softmax_grad_cuda,                                       \
     (const Tensor& z, const Tensor& targets, int64_t v0, const Tensor& lse, double scale,         \
      const Tensor& dz),                                                                           \
-    (z, targets, v0, lse, scale, dz))
+    (z, targets, v0, lse, scale, dz))                                                             \
+  X(void, leantune::kernels, divergence_block_stats_cuda,                                         \
+    (const Tensor& zs, const Tensor& zt, const DivergenceBlockParams& p, const Tensor& stats),     \
+    (zs, zt, p, stats))                                                                           \
+  X(void, leantune::kernels, divergence_block_jsd_cuda,                                           \
+    (const Tensor& zs, const Tensor& zt, const DivergenceBlockParams& p, const Tensor& stats),     \
+    (zs, zt, p, stats))                                                                           \
+  X(void, leantune::kernels, divergence_block_grad_cuda,                                          \
+    (const Tensor& zs, const Tensor& zt, const DivergenceBlockParams& p, const Tensor& rowtab,    \
+     const Tensor& dz),                                                                           \
+    (zs, zt, p, rowtab, dz))
 // clang-format on
 
 namespace leantune::kernels {
 
-inline constexpr uint32_t kKernelsCudaAbiVersion = 8;
+inline constexpr uint32_t kKernelsCudaAbiVersion = 9;
 inline constexpr const char* kKernelsCudaTableSymbol = LT_CUDA_STR(LT_KERNELS_CUDA_TABLE);
 
 struct KernelsCudaTable {

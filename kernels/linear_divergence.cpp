@@ -1,5 +1,8 @@
-// linear_divergence on the CPU and its autograd node (see linear_divergence.h). Blocks of logits
-// come from ops::gemm (f32 accumulation, f64 for f64); the per-element math runs in double.
+// linear_divergence and its autograd node (see linear_divergence.h), one source for the CPU and
+// CUDA: blocks of logits come from ops::gemm (f32 accumulation, f64 for f64), the row passes from
+// kernels/divergence_blocks.h, the valid rows are gathered with ops::index_rows and the hidden
+// states' gradient scattered back with embedding_bwd (the rows are distinct, so its sum is a
+// copy).
 #include "kernels/linear_divergence.h"
 
 #include <algorithm>
@@ -9,78 +12,23 @@
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
-#include "kernels/cpu_common.h"
+#include "kernels/divergence_blocks.h"
+#include "kernels/embedding.h"
 
 namespace leantune::kernels {
 
 namespace {
 
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
 DType work_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
+// The row statistics' dtype: double on the host, the work dtype on CUDA.
+DType stats_dtype(Device dev, DType d) { return dev.is_cuda() ? d : DType::kF64; }
 
-// Per valid row: online log-sum-exp statistics of both models, then the outcomes.
-struct RowStats {
-  double s_max = kNegInf, s_sum = 0, s_zsum = 0, s_gap = 0;  // s_gap: sum e^zs (zs - zt)
-  double t_max = kNegInf, t_sum = 0, t_gap = 0;              // t_gap: sum e^zt (zt - zs)
-  double s_logz = 0, t_logz = 0;
-  double jsd = 0, kl_s = 0;  // the generalized JSD and KL(p_s || m)
-};
-
-// One model's side of a chunk: its valid hidden rows in the work dtype and its head.
-struct Side {
-  Tensor rows;    // [c, H] work dtype
-  Tensor weight;  // [V, H] contiguous
-  double softcap = 0;
-};
-
-// The chunk's valid rows of hidden, contiguous, in dtype dt.
-Tensor gather_rows(const Tensor& hidden, const std::vector<int64_t>& rows, size_t r0, size_t c,
-                   DType dt) {
-  const int64_t h = hidden.size(1);
-  Tensor out = Tensor::empty({static_cast<int64_t>(c), h}, dt, hidden.device(), MemTag::kWorkspace);
-  LT_DISPATCH_FLOAT(hidden.dtype(), S, {
-    const S* src = static_cast<const S*>(hidden.data_ptr());
-    LT_DISPATCH_FLOAT(dt, D, {
-      D* dst = static_cast<D*>(out.data_ptr());
-      parallel_for(static_cast<int64_t>(c), cpu::grain_for(h), [&](int64_t i) {
-        const int64_t r = rows[r0 + static_cast<size_t>(i)];
-        for (int64_t j = 0; j < h; ++j)
-          store(dst, i * h + j, static_cast<acc_t<D>>(load(src, r * h + j)));
-      });
-    });
-  });
-  return out;
-}
-
-// z = rows W[v0 : v0 + nb]^T as a [c, nb] block in the rows' dtype.
-Tensor project(const Side& s, int64_t v0, int64_t nb) {
-  Tensor z =
-      Tensor::empty({s.rows.size(0), nb}, s.rows.dtype(), s.rows.device(), MemTag::kWorkspace);
-  ops::gemm(s.rows, false, s.weight.narrow(0, v0, nb), true, z);
-  return z;
-}
-
-// Calls f(i, j, y) for every element of block z, y its value in double (row-parallel).
-template <class F>
-void each(const Tensor& z, F&& f) {
-  const int64_t c = z.size(0), nb = z.size(1);
-  LT_DISPATCH_FLOAT(z.dtype(), T, {
-    const T* p = static_cast<const T*>(z.data_ptr());
-    parallel_for(c, cpu::grain_for(nb), [&](int64_t i) {
-      for (int64_t j = 0; j < nb; ++j) f(i, j, static_cast<double>(load(p, i * nb + j)));
-    });
-  });
-}
-
-double transformed(double y, double softcap, double inv_t) {
-  return (softcap > 0 ? softcap * std::tanh(y / softcap) : y) * inv_t;
-}
-
-double log_mixture(double log_ps, double log_pt, double beta) {
-  const double a = log_ps + std::log1p(-beta), b = log_pt + std::log(beta);
-  const double top = std::max(a, b);
-  return top + std::log(std::exp(a - top) + std::exp(b - top));
+// z = rows W[v0 : v0 + nb]^T as a [c, nb] block in dtype d.
+Tensor project(const Tensor& rows, const Tensor& weight, int64_t v0, int64_t nb, DType d) {
+  const DType own = work_dtype(rows.dtype());
+  Tensor z = Tensor::empty({rows.size(0), nb}, own, rows.device(), MemTag::kWorkspace);
+  ops::gemm(rows, false, weight.narrow(0, v0, nb), true, z);
+  return own == d ? z : z.to(d);
 }
 
 void check(const Tensor& hs, const Tensor& ws, const Tensor& ht, const Tensor& wt,
@@ -100,9 +48,9 @@ void check(const Tensor& hs, const Tensor& ws, const Tensor& ht, const Tensor& w
   LT_CHECK(mask.dim() == 1 && mask.numel() == hs.size(0) &&
                (mask.dtype() == DType::kI32 || mask.dtype() == DType::kI64),
            op, ": mask ", mask.str(), " for ", hs.size(0), " rows");
-  for (const Tensor* t : {&hs, &ws, &ht, &wt})
-    LT_CHECK(t->device().is_cpu(), op, ": ", t->str(),
-             " is on a GPU; the chunked divergence runs on the CPU only so far");
+  for (const Tensor* t : {&ws, &ht, &wt})
+    LT_CHECK(t->device() == hs.device(), op, ": ", t->str(), " and the student's hidden states ",
+             hs.str(), " must be on one device");
   LT_CHECK(o.beta >= 0 && o.beta <= 1, op, ": beta ", o.beta, " must be in [0, 1]");
   LT_CHECK(o.temperature > 0, op, ": temperature ", o.temperature, " must be > 0");
   LT_CHECK(o.student_softcap >= 0 && o.teacher_softcap >= 0, op, ": softcaps must be >= 0");
@@ -119,90 +67,52 @@ std::vector<int64_t> valid_rows(const Tensor& mask) {
 
 int mode_of(double beta) { return beta == 0 ? 0 : beta == 1 ? 1 : 2; }
 
-// The forward statistics of every valid row.
-std::vector<RowStats> forward_stats(const Tensor& hs, const Tensor& ws, const Tensor& ht,
-                                    const Tensor& wt, const std::vector<int64_t>& rows,
-                                    const LinearDivergenceOptions& o) {
-  const int64_t v = ws.size(0);
-  const double inv_t = 1.0 / o.temperature;
-  const bool jsd = mode_of(o.beta) == 2;
-  std::vector<RowStats> st(rows.size());
-  for (size_t r0 = 0; r0 < rows.size(); r0 += static_cast<size_t>(o.chunk_tokens)) {
-    const size_t c = std::min(rows.size() - r0, static_cast<size_t>(o.chunk_tokens));
-    const Side s{gather_rows(hs, rows, r0, c, work_dtype(hs.dtype())), ws, o.student_softcap};
-    const Side t{gather_rows(ht, rows, r0, c, work_dtype(ht.dtype())), wt, o.teacher_softcap};
-    RowStats* cs = st.data() + r0;
-    for (int64_t v0 = 0; v0 < v; v0 += o.chunk_vocab) {
-      const int64_t nb = std::min(o.chunk_vocab, v - v0);
-      const Tensor zs = project(s, v0, nb), zt = project(t, v0, nb);
-      std::vector<double> zt_row(static_cast<size_t>(c * nb));
-      each(zt, [&](int64_t i, int64_t j, double y) {
-        zt_row[static_cast<size_t>(i * nb + j)] = transformed(y, t.softcap, inv_t);
-      });
-      std::vector<double> zs_row(static_cast<size_t>(c * nb));
-      each(zs, [&](int64_t i, int64_t j, double y) {
-        zs_row[static_cast<size_t>(i * nb + j)] = transformed(y, s.softcap, inv_t);
-      });
-      parallel_for(static_cast<int64_t>(c), cpu::grain_for(nb), [&](int64_t i) {
-        RowStats& r = cs[i];
-        const double* a = zs_row.data() + i * nb;
-        const double* b = zt_row.data() + i * nb;
-        const double sm = std::max(r.s_max, *std::max_element(a, a + nb));
-        const double tm = std::max(r.t_max, *std::max_element(b, b + nb));
-        const double sr = r.s_max == kNegInf ? 0 : std::exp(r.s_max - sm);
-        const double tr = r.t_max == kNegInf ? 0 : std::exp(r.t_max - tm);
-        double ss = 0, sz = 0, sg = 0, ts = 0, tg = 0;
-        for (int64_t j = 0; j < nb; ++j) {
-          const double es = std::exp(a[j] - sm), et = std::exp(b[j] - tm);
-          ss += es;
-          sz += es * a[j];
-          sg += es * (a[j] - b[j]);
-          ts += et;
-          tg += et * (b[j] - a[j]);
-        }
-        r.s_sum = r.s_sum * sr + ss;
-        r.s_zsum = r.s_zsum * sr + sz;
-        r.s_gap = r.s_gap * sr + sg;
-        r.t_sum = r.t_sum * tr + ts;
-        r.t_gap = r.t_gap * tr + tg;
-        r.s_max = sm;
-        r.t_max = tm;
-      });
-    }
-    for (size_t i = 0; i < c; ++i) {
-      cs[i].s_logz = cs[i].s_max + std::log(cs[i].s_sum);
-      cs[i].t_logz = cs[i].t_max + std::log(cs[i].t_sum);
-    }
-    if (!jsd) continue;
-    for (int64_t v0 = 0; v0 < v; v0 += o.chunk_vocab) {
-      const int64_t nb = std::min(o.chunk_vocab, v - v0);
-      const Tensor zs = project(s, v0, nb), zt = project(t, v0, nb);
-      std::vector<double> log_pt(static_cast<size_t>(c * nb));
-      each(zt, [&](int64_t i, int64_t j, double y) {
-        log_pt[static_cast<size_t>(i * nb + j)] = transformed(y, t.softcap, inv_t) - cs[i].t_logz;
-      });
-      std::vector<double> jsd_part(static_cast<size_t>(c * nb)), kl_part(jsd_part.size());
-      each(zs, [&](int64_t i, int64_t j, double y) {
-        const size_t k = static_cast<size_t>(i * nb + j);
-        const double lps = transformed(y, s.softcap, inv_t) - cs[i].s_logz, lpt = log_pt[k];
-        const double lm = log_mixture(lps, lpt, o.beta);
-        const double kl_s = std::exp(lps) * (lps - lm);
-        kl_part[k] = kl_s;
-        jsd_part[k] = o.beta * std::exp(lpt) * (lpt - lm) + (1 - o.beta) * kl_s;
-      });
-      for (size_t i = 0; i < c; ++i)
-        for (int64_t j = 0; j < nb; ++j) {
-          cs[i].jsd += jsd_part[i * static_cast<size_t>(nb) + static_cast<size_t>(j)];
-          cs[i].kl_s += kl_part[i * static_cast<size_t>(nb) + static_cast<size_t>(j)];
-        }
-    }
+DivergenceBlockParams params_of(const LinearDivergenceOptions& o) {
+  return {1.0 / o.temperature, o.student_softcap, o.teacher_softcap, o.beta};
+}
+
+// Calls f(r0, c, xs, xt) for each chunk of valid rows, with the chunk's gathered hidden rows.
+template <class F>
+void each_chunk(const Tensor& hs, const Tensor& ht, const Tensor& ids, int64_t chunk, F&& f) {
+  const int64_t n = ids.numel();
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t c = std::min(chunk, n - r0);
+    const Tensor idc = ids.narrow(0, r0, c);
+    f(r0, c, ops::index_rows(hs, idc), ops::index_rows(ht, idc));
   }
-  return st;
+}
+
+// The statistics of every valid row ([R, kDivStats], DivStat columns), on the inputs' device.
+Tensor forward_stats(const Tensor& hs, const Tensor& ws, const Tensor& ht, const Tensor& wt,
+                     const Tensor& ids, const LinearDivergenceOptions& o) {
+  const int64_t v = ws.size(0), n = ids.numel();
+  const DType d = work_dtype(hs.dtype());
+  const DivergenceBlockParams p = params_of(o);
+  std::vector<double> init(static_cast<size_t>(n * kDivStats), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    init[i * kDivStats + kSMax] = init[i * kDivStats + kTMax] =
+        -std::numeric_limits<double>::infinity();
+  const Tensor stats = Tensor::from_vector(init, {n, kDivStats})
+                           .to(hs.device(), stats_dtype(hs.device(), d), MemTag::kWorkspace);
+  each_chunk(
+      hs, ht, ids, o.chunk_tokens, [&](int64_t r0, int64_t c, const Tensor& xs, const Tensor& xt) {
+        const Tensor st = stats.narrow(0, r0, c);
+        for (int64_t v0 = 0; v0 < v; v0 += o.chunk_vocab) {
+          const int64_t nb = std::min(o.chunk_vocab, v - v0);
+          divergence_block_stats(project(xs, ws, v0, nb, d), project(xt, wt, v0, nb, d), p, st);
+        }
+        if (mode_of(o.beta) != 2) return;
+        for (int64_t v0 = 0; v0 < v; v0 += o.chunk_vocab) {
+          const int64_t nb = std::min(o.chunk_vocab, v - v0);
+          divergence_block_jsd(project(xs, ws, v0, nb, d), project(xt, wt, v0, nb, d), p, st);
+        }
+      });
+  return stats;
 }
 
 class LinearDivergenceBackward final : public Node {
  public:
-  SavedTensor student_hidden, student_weight, teacher_hidden, teacher_weight;
+  SavedTensor student_hidden, student_weight, teacher_hidden, teacher_weight, ids;
   std::vector<int64_t> rows;
   std::vector<double> s_logz, t_logz, aux;  // per valid row; aux: the KL the gradient subtracts
   LinearDivergenceOptions opt;
@@ -211,64 +121,48 @@ class LinearDivergenceBackward final : public Node {
     if (!grads[0].defined()) return {Tensor(), Tensor()};
     const Tensor hs = student_hidden.unpack(), ws = student_weight.unpack();
     const Tensor ht = teacher_hidden.unpack(), wt = teacher_weight.unpack();
+    const Tensor id = ids.unpack();
     const std::vector<double> g = grads[0].to_f64();
+    const Device dev = hs.device();
     const DType d = work_dtype(hs.dtype());
-    const int64_t v = ws.size(0), h = hs.size(1);
+    const int64_t v = ws.size(0), h = hs.size(1), n = static_cast<int64_t>(rows.size());
     const bool want_dx = needs_input_grad(0), want_dw = needs_input_grad(1);
-    Tensor dx = want_dx ? Tensor::zeros(hs.shape(), d, hs.device()) : Tensor();
-    Tensor dw = want_dw ? Tensor::zeros(ws.shape(), d, ws.device()) : Tensor();
-    const double inv_t = 1.0 / opt.temperature, beta = opt.beta;
-    const int mode = mode_of(beta);
-    for (size_t r0 = 0; r0 < rows.size(); r0 += static_cast<size_t>(opt.chunk_tokens)) {
-      const size_t c = std::min(rows.size() - r0, static_cast<size_t>(opt.chunk_tokens));
-      const Side s{gather_rows(hs, rows, r0, c, d), ws, opt.student_softcap};
-      const Side t{gather_rows(ht, rows, r0, c, work_dtype(ht.dtype())), wt, opt.teacher_softcap};
-      const Tensor dx_chunk =
-          want_dx ? Tensor::zeros({static_cast<int64_t>(c), h}, d, hs.device(), MemTag::kWorkspace)
-                  : Tensor();
-      for (int64_t v0 = 0; v0 < v; v0 += opt.chunk_vocab) {
-        const int64_t nb = std::min(opt.chunk_vocab, v - v0);
-        const Tensor zs = project(s, v0, nb), zt = project(t, v0, nb);
-        std::vector<double> log_pt(static_cast<size_t>(c) * static_cast<size_t>(nb));
-        each(zt, [&](int64_t i, int64_t j, double y) {
-          log_pt[static_cast<size_t>(i * nb + j)] =
-              transformed(y, t.softcap, inv_t) - t_logz[r0 + static_cast<size_t>(i)];
-        });
-        // zs becomes the gradient block in place.
-        LT_DISPATCH_FLOAT(zs.dtype(), T, {
-          T* p = static_cast<T*>(zs.data_ptr());
-          parallel_for(static_cast<int64_t>(c), cpu::grain_for(nb), [&](int64_t i) {
-            const size_t row = r0 + static_cast<size_t>(i);
-            for (int64_t j = 0; j < nb; ++j) {
-              const double y = static_cast<double>(load(p, i * nb + j));
-              const double th = opt.student_softcap > 0 ? std::tanh(y / opt.student_softcap) : 0;
-              const double z = (opt.student_softcap > 0 ? opt.student_softcap * th : y) * inv_t;
-              const double lps = z - s_logz[row], lpt = log_pt[static_cast<size_t>(i * nb + j)];
-              const double ps = std::exp(lps);
-              double gz = mode == 0 ? ps - std::exp(lpt)
-                          : mode == 1
-                              ? ps * (lps - lpt - aux[row])
-                              : (1 - beta) * ps * (lps - log_mixture(lps, lpt, beta) - aux[row]);
-              gz *= g[static_cast<size_t>(rows[row])] * inv_t;
-              if (opt.student_softcap > 0) gz *= 1 - th * th;
-              store(p, i * nb + j, static_cast<acc_t<T>>(gz));
-            }
-          });
-        });
-        if (want_dx) ops::gemm(zs, false, ws.narrow(0, v0, nb), false, dx_chunk, 1.0, 1.0);
-        if (want_dw) ops::gemm(zs, true, s.rows, false, dw.narrow(0, v0, nb), 1.0, 1.0);
-      }
-      if (!want_dx) continue;
-      LT_DISPATCH_FLOAT(d, A, {
-        const A* src = static_cast<const A*>(dx_chunk.data_ptr());
-        A* dst = static_cast<A*>(dx.data_ptr());
-        for (size_t i = 0; i < c; ++i)
-          std::copy(src + i * static_cast<size_t>(h), src + (i + 1) * static_cast<size_t>(h),
-                    dst + rows[r0 + i] * h);
-      });
+    std::vector<double> tab(static_cast<size_t>(n) * 4);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      tab[k * 4] = s_logz[k];
+      tab[k * 4 + 1] = t_logz[k];
+      tab[k * 4 + 2] = aux[k];
+      tab[k * 4 + 3] = g[static_cast<size_t>(rows[k])] / opt.temperature;
     }
+    const Tensor rowtab =
+        Tensor::from_vector(tab, {n, 4}).to(dev, stats_dtype(dev, d), MemTag::kWorkspace);
+    const Tensor dxv = want_dx ? Tensor::zeros({n, h}, d, dev, MemTag::kWorkspace) : Tensor();
+    Tensor dw = want_dw ? Tensor::zeros(ws.shape(), d, dev) : Tensor();
+    const DivergenceBlockParams p = params_of(opt);
+    // On CUDA a bf16 student's gradient block is bf16, so both products run on bf16 operands.
+    const bool bf16_block = dev.is_cuda() && hs.dtype() == DType::kBF16;
+    each_chunk(
+        hs, ht, id, opt.chunk_tokens,
+        [&](int64_t r0, int64_t c, const Tensor& xs, const Tensor& xt) {
+          for (int64_t v0 = 0; v0 < v; v0 += opt.chunk_vocab) {
+            const int64_t nb = std::min(opt.chunk_vocab, v - v0);
+            const Tensor zs = project(xs, ws, v0, nb, d);
+            const Tensor dz =
+                bf16_block ? Tensor::empty({c, nb}, DType::kBF16, dev, MemTag::kWorkspace) : zs;
+            divergence_block_grad(zs, project(xt, wt, v0, nb, d), p, rowtab.narrow(0, r0, c), dz);
+            if (want_dx)
+              ops::gemm(dz, false, ws.narrow(0, v0, nb), false, dxv.narrow(0, r0, c), 1.0, 1.0);
+            if (want_dw) ops::gemm(dz, true, xs, false, dw.narrow(0, v0, nb), 1.0, 1.0);
+          }
+        });
     Tensor out_dx, out_dw;
-    if (want_dx) out_dx = dx.dtype() == hs.dtype() ? dx : dx.to(hs.dtype());
+    if (want_dx) {
+      out_dx = Tensor::empty(hs.shape(), hs.dtype(), dev);
+      if (n == 0)
+        ops::fill(out_dx, 0.0);
+      else
+        embedding_bwd(dxv, id, out_dx);
+    }
     if (want_dw) out_dw = dw.dtype() == ws.dtype() ? dw : dw.to(ws.dtype());
     return {out_dx, out_dw};
   }
@@ -278,6 +172,7 @@ class LinearDivergenceBackward final : public Node {
     student_weight.reset();
     teacher_hidden.reset();
     teacher_weight.reset();
+    ids.reset();
   }
 };
 
@@ -291,27 +186,31 @@ LinearDivergence linear_divergence(const Tensor& student_hidden, const Tensor& s
   const Tensor ws = student_weight.detach().contiguous();
   const Tensor ht = teacher_hidden.detach().contiguous();
   const Tensor wt = teacher_weight.detach().contiguous();
+  const Device dev = hs.device();
   const std::vector<int64_t> rows = valid_rows(mask);
-  const std::vector<RowStats> st = forward_stats(hs, ws, ht, wt, rows, opt);
+  const int64_t nv = static_cast<int64_t>(rows.size());
+  const Tensor ids = Tensor::from_vector(rows, {nv}).to(dev);
+  const std::vector<double> st = forward_stats(hs, ws, ht, wt, ids, opt).to_f64();
   const int64_t n = hs.size(0);
   const DType out_dt = work_dtype(hs.dtype());
   std::vector<double> div(static_cast<size_t>(n), 0.0), ent(static_cast<size_t>(n), 0.0);
   std::vector<double> s_logz(rows.size()), t_logz(rows.size()), aux(rows.size());
   const int mode = mode_of(opt.beta);
   for (size_t k = 0; k < rows.size(); ++k) {
-    const RowStats& r = st[k];
-    const double fwd = r.t_gap / r.t_sum - r.t_logz + r.s_logz;
-    const double rev = r.s_gap / r.s_sum - r.s_logz + r.t_logz;
-    const double d = mode == 0 ? fwd : mode == 1 ? rev : r.jsd;
+    const double* r = st.data() + k * kDivStats;
+    const double sl = r[kSMax] + std::log(r[kSSum]), tl = r[kTMax] + std::log(r[kTSum]);
+    const double fwd = r[kTGap] / r[kTSum] - tl + sl;
+    const double rev = r[kSGap] / r[kSSum] - sl + tl;
+    const double d = mode == 0 ? fwd : mode == 1 ? rev : r[kJsd];
     div[static_cast<size_t>(rows[k])] = d;
-    ent[static_cast<size_t>(rows[k])] = r.s_logz - r.s_zsum / r.s_sum;
-    s_logz[k] = r.s_logz;
-    t_logz[k] = r.t_logz;
-    aux[k] = mode == 2 ? r.kl_s : d;
+    ent[static_cast<size_t>(rows[k])] = sl - r[kSZSum] / r[kSSum];
+    s_logz[k] = sl;
+    t_logz[k] = tl;
+    aux[k] = mode == 2 ? r[kKlS] : d;
   }
   LinearDivergence out;
-  out.divergence = Tensor::from_vector<double>(div, {n}).to(out_dt);
-  out.entropy = Tensor::from_vector<double>(ent, {n}).to(out_dt);
+  out.divergence = Tensor::from_vector<double>(div, {n}).to(dev, out_dt, current_mem_tag());
+  out.entropy = Tensor::from_vector<double>(ent, {n}).to(dev, out_dt, current_mem_tag());
   if (node_needed({student_hidden, student_weight})) {
     auto node = std::make_shared<LinearDivergenceBackward>();
     node->set_next_edges({student_hidden, student_weight});
@@ -319,6 +218,7 @@ LinearDivergence linear_divergence(const Tensor& student_hidden, const Tensor& s
     node->student_weight = SavedTensor(ws);
     node->teacher_hidden = SavedTensor(ht);
     node->teacher_weight = SavedTensor(wt);
+    node->ids = SavedTensor(ids);
     node->rows = rows;
     node->s_logz = std::move(s_logz);
     node->t_logz = std::move(t_logz);

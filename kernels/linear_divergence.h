@@ -13,15 +13,19 @@
 //   beta == 0   forward KL(p_t || p_s) = sum p_t (log p_t - log p_s)
 //   beta == 1   reverse KL(p_s || p_t)
 //   otherwise   beta KL(p_t || m) + (1 - beta) KL(p_s || m), m = (1 - beta) p_s + beta p_t
-// Forward: per chunk of chunk_tokens valid rows, the vocabulary in blocks of chunk_vocab rows of
-// both heads: one pass folds online log-sum-exp statistics (and, for the KLs, the p-weighted
-// logit gaps), the generalized JSD a second pass over the blocks. Backward recomputes the
-// blocks: d/dz_s is p_s - p_t (forward KL), p_s (log p_s - log p_t - KL) (reverse KL) or
-// (1 - beta) p_s (log p_s - log m - KL(p_s || m)) (JSD), times d divergence / T, times the
-// softcap's derivative; dhidden = G W_s, dW_s += G^T hidden (f32 accumulation, f64 for f64).
-// Scratch (kWorkspace): two [chunk_tokens x chunk_vocab] f32 blocks, the chunk's hidden rows in
-// f32, per-row statistics; saved for backward: the inputs (references) and three [N] rows.
-// CPU only so far: a CUDA tensor is an Error.
+// Forward: per chunk of chunk_tokens valid rows (gathered), the vocabulary in blocks of
+// chunk_vocab rows of both heads: one pass folds online log-sum-exp statistics (and, for the
+// KLs, the p-weighted logit gaps), the generalized JSD a second pass over the blocks
+// (kernels/divergence_blocks.h). Backward recomputes the blocks: d/dz_s is p_s - p_t (forward
+// KL), p_s (log p_s - log p_t - KL) (reverse KL) or (1 - beta) p_s (log p_s - log m -
+// KL(p_s || m)) (JSD), times d divergence / T, times the softcap's derivative; dhidden = G W_s,
+// dW_s += G^T hidden (f32 accumulation, f64 for f64). The CPU and CUDA run this same source; on
+// CUDA a bf16 student's G block is bf16 (as linear_cross_entropy's), the statistics f32.
+// Scratch (kWorkspace): two [chunk_tokens x chunk_vocab] blocks of logits in f32 (f64 for f64),
+// on CUDA a bf16 G block, the chunk's gathered hidden rows, [R, 9] row statistics, and in
+// backward the valid rows' dhidden [R, Hs] in f32 (R = valid rows); saved for backward: the
+// inputs (references), the valid rows' ids and three numbers per valid row (host). One
+// synchronisation in forward (the statistics are read back) and one in backward (the gradient).
 #pragma once
 
 #include <cstdint>

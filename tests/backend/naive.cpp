@@ -144,4 +144,63 @@ NaiveLinearCrossEntropy naive_linear_cross_entropy(const Tensor& hidden, const T
   return n;
 }
 
+namespace {
+
+// r(log_softmax(r(x W_i^T / T))) of row x over the V rows of w, each logit rounded.
+std::vector<double> naive_log_probs(const double* x, const std::vector<double>& w, int64_t v,
+                                    int64_t h, double inv_t, DType dt) {
+  std::vector<double> z(static_cast<size_t>(v));
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < v; ++j) {
+    double acc = 0;
+    for (int64_t k = 0; k < h; ++k) acc += x[k] * w[j * h + k];
+    z[j] = round_to(round_to(acc, dt) * inv_t, dt);
+    m = std::max(m, z[j]);
+  }
+  double sum = 0;
+  for (double zj : z) sum += std::exp(zj - m);
+  const double lse = m + std::log(sum);
+  for (double& zj : z) zj = round_to(zj - lse, dt);
+  return z;
+}
+
+}  // namespace
+
+NaiveLinearDivergence naive_linear_divergence(const Tensor& xs, const Tensor& ws, const Tensor& xt,
+                                              const Tensor& wt, const std::vector<int64_t>& mask,
+                                              double beta, double temperature,
+                                              const std::vector<double>& coef, DType dt) {
+  const std::vector<double> x = xs.to_f64(), w = ws.to_f64(), y = xt.to_f64(), u = wt.to_f64();
+  const int64_t n = xs.size(0), h = xs.size(1), ht = xt.size(1), v = ws.size(0);
+  NaiveLinearDivergence out;
+  out.dhidden.assign(static_cast<size_t>(n * h), 0.0);
+  std::vector<double> g(static_cast<size_t>(v));
+  for (int64_t i = 0; i < n; ++i) {
+    if (mask[i] == 0) continue;
+    const std::vector<double> ls = naive_log_probs(x.data() + i * h, w, v, h, 1 / temperature, dt);
+    const std::vector<double> lt =
+        naive_log_probs(y.data() + i * ht, u, v, ht, 1 / temperature, dt);
+    double kl = 0;  // the KL the gradient subtracts: KL(p_s || p_t), or KL(p_s || m)
+    for (int64_t j = 0; j < v; ++j) {
+      const double ps = std::exp(ls[j]), pt = std::exp(lt[j]);
+      if (beta == 0) {
+        g[j] = ps - pt;
+        continue;
+      }
+      const double lm = beta == 1 ? lt[j] : std::log((1 - beta) * ps + beta * pt);
+      kl += ps * (ls[j] - lm);
+      g[j] = lm;
+    }
+    for (int64_t j = 0; j < v; ++j) {
+      if (beta != 0) g[j] = (beta == 1 ? 1 : 1 - beta) * std::exp(ls[j]) * (ls[j] - g[j] - kl);
+      g[j] = round_to(g[j] * coef[i] / temperature, dt);
+    }
+    double* dh = out.dhidden.data() + i * h;
+    for (int64_t j = 0; j < v; ++j)
+      for (int64_t k = 0; k < h; ++k) dh[k] += g[j] * w[j * h + k];
+    for (int64_t k = 0; k < h; ++k) dh[k] = round_to(dh[k], dt);
+  }
+  return out;
+}
+
 }  // namespace leantune::backend_test

@@ -12,6 +12,10 @@
 // The fused LM-head loss (linear_cross_entropy), for its 16-bit rows: logits Z = r(X W^T);
 // G = r((softmax(Z) - onehot) * scale) on valid rows (0 on ignored ones); dX = r(G W);
 // dW = r(G^T X).
+//
+// The chunked distillation loss (linear_divergence), for its 16-bit rows: Z = r(X W^T) per model,
+// log p = r(log_softmax(r(Z / T))); the divergence and G = r(d divergence / dZ_s * coef) from
+// those in double; dX = r(G W_s).
 #pragma once
 
 #include <cstdint>
@@ -43,5 +47,15 @@ struct NaiveLinearCrossEntropy {
 NaiveLinearCrossEntropy naive_linear_cross_entropy(const Tensor& hidden, const Tensor& weight,
                                                    const std::vector<int64_t>& targets,
                                                    double scale, DType dt);
+
+struct NaiveLinearDivergence {
+  std::vector<double> dhidden;  // [N, Hs]
+};
+// Student xs:[N, Hs], ws:[V, Hs]; teacher xt:[N, Ht], wt:[V, Ht] (host, dtype dt); rows with
+// mask 0 are left out; coef: d loss / d divergence per row. No soft-capping.
+NaiveLinearDivergence naive_linear_divergence(const Tensor& xs, const Tensor& ws, const Tensor& xt,
+                                              const Tensor& wt, const std::vector<int64_t>& mask,
+                                              double beta, double temperature,
+                                              const std::vector<double>& coef, DType dt);
 
 }  // namespace leantune::backend_test

@@ -13,7 +13,8 @@ std::vector<Entry> optim_entries();      // fused AdamW, the AdamW class, 8-bit 
 std::vector<Entry> layer_entries();      // rms_norm, rope, swiglu, geglu, residual_add, dropout,
                                          // embedding
 std::vector<Entry> linear_entries();     // linear, kv_cache_write, NF4/int8 weights and products
-std::vector<Entry> loss_entries();       // cross_entropy, vocab blocks, linear_cross_entropy
+std::vector<Entry> loss_entries();       // cross_entropy, vocab blocks, linear_cross_entropy,
+                                         // linear_divergence
 std::vector<Entry> attention_entries();  // varlen attention
 std::vector<Entry> ring_entries();       // zigzag ring attention over a thread ring
 

@@ -5,7 +5,10 @@
 // linear_cross_entropy (loss, dhidden overwritten with 0 on ignored rows, dweight accumulated
 // into; one and many chunks, consecutive and gathered valid rows, all rows ignored, dweight in
 // another dtype or not contiguous, only one gradient, none, the autograd op; soft-capped logits;
-// the row statistics).
+// the row statistics), and linear_divergence (distillation: divergence, entropy and both
+// gradients for beta 0, 1 and between, temperatures, soft-capping, masked rows, a wider teacher
+// or one in another dtype, tiles that split rows and vocabulary unevenly, the 151,936-wide
+// vocabulary; 16-bit rows also under flash-attention's rule).
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -18,6 +21,7 @@
 #include "engine/autograd.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear_cross_entropy.h"
+#include "kernels/linear_divergence.h"
 #include "kernels/vocab_block_softmax.h"
 
 namespace leantune::backend_test {
@@ -324,8 +328,8 @@ void linear_cross_entropy(std::vector<Entry>& t) {
   for (const Case c :
        {Case{DType::kF32, 19, 32, 229, 7, 3}, Case{DType::kBF16, 71, 64, 1001, 16, 3},
         Case{DType::kF64, 23, 16, 97, 5, 3}, Case{DType::kBF16, 1, 8, 5, 1024, 0}}) {
-    const std::string n = dt_name(c.dt) + "_" + shape_name({c.t, c.h, c.v}) + "_chunk" +
-                          std::to_string(c.chunk);
+    const std::string n =
+        dt_name(c.dt) + "_" + shape_name({c.t, c.h, c.v}) + "_chunk" + std::to_string(c.chunk);
     t.push_back({"linear_cross_entropy_stats_" + n, [=](OpRun& r) {
                    const Tensor x = r.randn({c.t, c.h}, c.dt, 851);
                    const Tensor w = r.randn({c.v, c.h}, c.dt, 852, 0.3);
@@ -336,12 +340,12 @@ void linear_cross_entropy(std::vector<Entry>& t) {
                    kernels::LinearCrossEntropyStats st;
                    opt.stats = &st;
                    Tensor dh = Tensor::empty({c.t, c.h}, c.dt, r.dev());
-                   const double with = kernels::linear_cross_entropy_fwd_bwd(x, w, y, 1.0, dh,
-                                                                             Tensor(), opt);
+                   const double with =
+                       kernels::linear_cross_entropy_fwd_bwd(x, w, y, 1.0, dh, Tensor(), opt);
                    opt.stats = nullptr;
                    Tensor dh0 = Tensor::empty({c.t, c.h}, c.dt, r.dev());
-                   const double without = kernels::linear_cross_entropy_fwd_bwd(x, w, y, 1.0, dh0,
-                                                                                Tensor(), opt);
+                   const double without =
+                       kernels::linear_cross_entropy_fwd_bwd(x, w, y, 1.0, dh0, Tensor(), opt);
                    r.expect("loss unchanged by stats", ::testing::AssertionResult(with == without));
                    r.keep("dhidden_without_stats", dh0);
                    r.same("dhidden", dh, "dhidden_without_stats", Rule::bits());
@@ -466,6 +470,101 @@ void linear_cross_entropy(std::vector<Entry>& t) {
                }});
 }
 
+// ---------------------------------------------------------------- linear_divergence
+
+void linear_divergence(std::vector<Entry>& t) {
+  struct Case {
+    const char* name;
+    DType sd, td;  // the student's and the teacher's dtypes
+    int64_t n, hs, ht, v, chunk_tokens, chunk_vocab;
+    double beta, temperature, softcap;  // softcap: both models'
+  };
+  for (const Case& c :
+       {Case{"jsd", DType::kF32, DType::kF32, 1, 8, 8, 5, 1024, 1 << 15, 0.5, 1.0, 0.0},
+        Case{"forward_kl", DType::kF32, DType::kF32, 19, 32, 32, 229, 7, 64, 0.0, 1.0, 0.0},
+        Case{"reverse_kl_t2", DType::kBF16, DType::kBF16, 71, 64, 64, 1001, 16, 256, 1.0, 2.0, 0.0},
+        Case{"jsd_wide_teacher", DType::kBF16, DType::kBF16, 257, 64, 96, 2053, 64, 512, 0.5, 1.0,
+             0.0},
+        Case{"jsd_softcap", DType::kBF16, DType::kBF16, 71, 64, 64, 1000, 16, 300, 0.3, 0.7, 3.0},
+        Case{"jsd_f16", DType::kF16, DType::kF16, 65, 64, 64, 512, 32, 128, 0.5, 1.0, 0.0},
+        Case{"forward_kl_f32_teacher", DType::kBF16, DType::kF32, 40, 64, 48, 1000, 1024, 1 << 15,
+             0.0, 1.0, 0.0},
+        Case{"jsd_f64", DType::kF64, DType::kF64, 23, 16, 16, 97, 5, 13, 0.3, 1.5, 2.0},
+        Case{"reverse_kl_qwen_vocab", DType::kBF16, DType::kBF16, 9, 128, 128, 151936, 1024, 32768,
+             1.0, 1.0, 0.0}}) {
+    const std::string n = std::string(c.name) + "_" + dt_name(c.sd) + "_" +
+                          shape_name({c.n, c.hs, c.v}) + "_chunk" + std::to_string(c.chunk_tokens) +
+                          "x" + std::to_string(c.chunk_vocab);
+    t.push_back(
+        {"linear_divergence_" + n, [=](OpRun& r) {
+           const Tensor xs = r.randn({c.n, c.hs}, c.sd, 901);
+           const Tensor ws = r.randn({c.v, c.hs}, c.sd, 902, 0.1);
+           const Tensor xt = r.randn({c.n, c.ht}, c.td, 903);
+           const Tensor wt = r.randn({c.v, c.ht}, c.td, 904, 0.1);
+           std::vector<int64_t> mask(static_cast<size_t>(c.n));
+           std::vector<double> coef(mask.size());
+           for (int64_t i = 0; i < c.n; ++i) {
+             mask[i] = c.n == 1 || i % 4 != 3;
+             coef[i] = 0.25 + 0.5 * static_cast<double>((i * 37) % 11) / 11.0;
+           }
+           const Tensor m = Tensor::from_vector(mask, {c.n});
+           kernels::LinearDivergenceOptions opt;
+           opt.beta = c.beta;
+           opt.temperature = c.temperature;
+           opt.student_softcap = opt.teacher_softcap = c.softcap;
+           opt.chunk_tokens = c.chunk_tokens;
+           opt.chunk_vocab = c.chunk_vocab;
+           const DType od = c.sd == DType::kF64 ? DType::kF64 : DType::kF32;
+           // The divergence is a difference of two log-sum-exps of size ~ log V + 12.
+           const double mag = 2 * (std::log(static_cast<double>(c.v)) + 12);
+           auto run = [&](const Tensor& a, const Tensor& b, const Tensor& ta, const Tensor& tb) {
+             Tensor x = a.clone().set_requires_grad(true);
+             Tensor w = b.clone().set_requires_grad(true);
+             const kernels::LinearDivergence out =
+                 kernels::linear_divergence(x, w, ta, tb, r.on(m), opt);
+             const DType gd = out.divergence.dtype();
+             out.divergence.backward(r.on(Tensor::from_vector(coef, {c.n}).to(gd)));
+             return std::make_tuple(out, x.grad(), w.grad());
+           };
+           kernels::LinearDivergence out;
+           Tensor dx, dw;
+           std::tie(out, dx, dw) = run(xs, ws, xt, wt);
+           r.out("divergence", out.divergence, Rule::close(backend_tol(od, mag)));
+           r.out("entropy", out.entropy, Rule::close(backend_tol(od, mag)));
+           r.out("dhidden", dx, Rule::norm(backend_norm_tol(c.sd)));
+           r.out("dweight", dw, Rule::norm(backend_norm_tol(c.sd)));
+           r.expect("divergence is 0 on masked rows and >= 0 elsewhere", [&] {
+             const Vec d = out.divergence.to_f64();
+             for (size_t i = 0; i < d.size(); ++i)
+               if (mask[i] == 0 ? d[i] != 0.0 : d[i] < -1e-5)
+                 return ::testing::AssertionFailure() << "row " << i << ": " << d[i];
+             return ::testing::AssertionSuccess();
+           }());
+           r.expect("dhidden is 0 on masked rows", [&] {
+             const Vec g = dx.to_f64();
+             for (int64_t i = 0; i < c.n; ++i)
+               for (int64_t k = 0; mask[i] == 0 && k < c.hs; ++k)
+                 if (g[i * c.hs + k] != 0.0)
+                   return ::testing::AssertionFailure() << "row " << i << ": " << g[i * c.hs + k];
+             return ::testing::AssertionSuccess();
+           }());
+           if (c.softcap != 0 || (c.sd != DType::kBF16 && c.sd != DType::kF16) || c.td != c.sd)
+             return;
+           // 16-bit: flash-attention's rule for dhidden against the op in f64 on the same
+           // rounded inputs, with the same-dtype naive loss as the yardstick.
+           Tensor dx_rule = dx;
+           if (r.reference())
+             dx_rule = std::get<1>(run(xs.to(DType::kF64), ws.to(DType::kF64), xt.to(DType::kF64),
+                                       wt.to(DType::kF64)));
+           r.out("dhidden_vs_f64", dx_rule, Rule::flash([=] {
+                   return naive_linear_divergence(xs, ws, xt, wt, mask, c.beta, c.temperature, coef,
+                                                  c.sd)
+                       .dhidden;
+                 }));
+         }});
+  }
+}
+
 }  // namespace
 
 std::vector<Entry> loss_entries() {
@@ -473,6 +572,7 @@ std::vector<Entry> loss_entries() {
   cross_entropy(t);
   vocab_blocks(t);
   linear_cross_entropy(t);
+  linear_divergence(t);
   return t;
 }
 

@@ -5,7 +5,8 @@ if(MPI_CXX_FOUND)
   set(_cases refusals accum_z0 accum_z2 accum_z3 resume_z0 resume_z1 resume_z2 resume_z3 resume_any dpo_z0 dpo_z1
       kto_z0 kto_z2 model_only_z2 best_z3
       eval_grpo eval_online_dpo
-      lost_rank_KILL lost_rank_STOP online_grpo online_rloo online_online_dpo ds3_generation
+      lost_rank_KILL lost_rank_STOP online_grpo online_rloo online_online_dpo online_distill online_judge
+      ds3_generation
       z3_offload z3_qlora tokens_z3 tokens_z3_tied)
   foreach(stage 0 1 2 3)
     foreach(kind full lora)

@@ -18,6 +18,9 @@
 #          are 1/N of the sharded parameters, padding aside.
 #   CASE = online_<grpo|rloo|online_dpo>  2 ranks x half the completions vs 1 rank: rewards and
 #          gradient norms agree.
+#   CASE = online_distill, online_judge  trainer_bin distill's demo and online_dpo with a --judge
+#          command, 2 ranks x half the batch vs 1 rank: step 1's loss, entropy or
+#          judge/no_verdict and gradient norm agree.
 #   CASE = ds3_generation  trainer_bin grpo under zero_stage 3 on 2 ranks, with and without
 #          ds3_gather_for_generation: the same completions (rewards, lengths, losses, KL and
 #          gradient norms equal at every step), and fewer parameter bytes gathered at once without.
@@ -452,6 +455,41 @@ case $case in
     [ $elapsed -le 60 ] || fail "the job took $elapsed s to end"
     grep -Eq "rank 1 lost|process rank 1" "$work/lost.log" || { cat "$work/lost.log"; fail "no line naming rank 1"; }
     echo "ok: SIG$sig to rank 1 ended the job (exit $rc) in $elapsed s: $(grep -Eo "rank 1 lost[^;]*|process rank 1[^.]*" "$work/lost.log" | head -1)" ;;
+  online_distill|online_judge)
+    # trainer_bin distill (its demo: the demo model teaches a fresh student) and online_dpo with
+    # a --judge command, on 2 ranks with half the generation batch each against one process with
+    # the whole batch: step 1 generates from the same weights, so the same completions. distill:
+    # the loss (each rank's divergence over the whole batch's completion tokens, summed) and the
+    # entropy (sums and token counts gathered, as TRL's gather_for_metrics) within 1e-6
+    # relative. judge: the digit judge's verdicts do not depend on the order a rank shows a pair
+    # in, so judge/no_verdict is equal and the loss within 1e-6. The gradient norm within 1e-4
+    # relative (other sums, as online_*).
+    if [ "$case" = online_distill ]; then
+      run=(distill --device cpu --max_steps 2 --logging_steps 1 --save_steps 0)
+      keys=(loss entropy); per=8
+    else
+      run=(online_dpo --device cpu --max_steps 2 --logging_steps 1 --save_steps 0
+           --judge "bash $src/tests/fixtures/online/digit_judge.sh")
+      keys=(loss judge/no_verdict); per=2
+    fi
+    "$bin" "${run[@]}" --per_device_train_batch_size $((2 * per)) --output_dir "$work/one" \
+      >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "1 rank"; }
+    mpi 2 "${run[@]}" --per_device_train_batch_size "$per" --output_dir "$work/dp" \
+      >"$work/dp.log" 2>&1 || { cat "$work/dp.log"; fail "2 ranks"; }
+    col() { grep -o "\"$2\":[^,}]*" "$1/metrics.jsonl" | cut -d: -f2; }
+    for k in "${keys[@]}" grad_norm; do
+      tol=1e-6; [ "$k" = grad_norm ] && tol=1e-4
+      for d in one dp; do
+        col "$work/$d" "$k" | awk '$1 + 0 == $1 && $1 != "nan" { n++ } END { exit n != 2 }' ||
+          fail "$case: $d: $k is not 2 finite values: $(col "$work/$d" "$k" | tr '\n' ' ')"
+      done
+      paste <(col "$work/one" "$k" | head -1) <(col "$work/dp" "$k" | head -1) | awk -v t="$tol" '
+        { d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1;
+          if (d > t * m + 1e-12) { print "step 1: " $1 " vs " $2; exit 1 } }' ||
+        fail "$case: $k differs between 1 and 2 ranks"
+    done
+    echo "ok: $case on 2 ranks == 1 rank at step 1 (${keys[0]} $(col "$work/dp" "${keys[0]}" | head -1)," \
+      "${keys[1]} $(col "$work/dp" "${keys[1]}" | head -1))" ;;
   online_*)
     # trainer_bin grpo / rloo / online_dpo on 2 ranks with half the completions each against one
     # process with the whole generation batch: the same prompts and completion numbers (Philox

@@ -2,7 +2,7 @@
 // micro-batch summed over its completion tokens and divided by the completion tokens of the whole
 // generation batch on every rank (TRL's num_items_in_batch; the trainer sums the ranks'
 // gradients). Neither model's logits exist whole. Metric: TRL's `entropy` (the student's mean
-// per-token entropy, in nats).
+// per-token entropy, in nats, over the micro-batch's completion tokens of every rank).
 #include "trainers/online/distill.h"
 
 #include <algorithm>
@@ -68,7 +68,13 @@ Tensor OnlineTrainer::distill_loss(const Batch& b, const LossContext& ctx) {
   for (size_t i = 0; i < d.mask.size(); ++i)
     if (d.mask[i] != 0) grad[i] = scale;
   nlohmann::json m = *ctx.batch_metrics;
-  m["entropy"] = d.tokens > 0 ? d.entropy_sum / d.tokens : 0.0;
+  // TRL gathers the entropy sums and token counts of every rank before dividing.
+  double entropy = d.entropy_sum, tokens = static_cast<double>(d.tokens);
+  if (comm().size() > 1) {
+    entropy = comm().all_reduce_scalar(entropy);
+    tokens = comm().all_reduce_scalar(tokens);
+  }
+  m["entropy"] = tokens > 0 ? entropy / tokens : 0.0;
   if (ctx.window)
     ctx.window->add(m);
   else

@@ -577,9 +577,6 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
                                   DecoderModel::load(dir, m.model->device(), m.model->dtype()));
     }
     teacher->set_requires_grad(false);
-    LT_CHECK_INPUT(m.model->device().is_cpu(),
-                   "distill: runs on the CPU only so far (the chunked divergence has no CUDA "
-                   "version yet): pass --device cpu");
     LT_CHECK_INPUT(teacher->config().vocab_size == m.model->config().vocab_size,
                    "distill: the teacher's vocabulary (", teacher->config().vocab_size,
                    ") must be the student's (", m.model->config().vocab_size, ")");

@@ -38,7 +38,7 @@
 // distill (TRL 1.16's DistillationTrainer, trainers/online/distill.h): one completion per
 //   prompt, generation batch per_device_train_batch_size x gradient_accumulation_steps; the
 //   divergence between the student's and a frozen teacher's distributions on the completion
-//   tokens, summed and divided by the generation batch's completion tokens. CPU only so far.
+//   tokens, summed and divided by the generation batch's completion tokens.
 // Metrics (metrics.jsonl): reward, reward_std, rewards/<source>/{mean,std}, frac_reward_zero_std,
 // completions/{mean,min,max}_length, completions/clipped_ratio, completions/
 // mean_terminated_length, clip_ratio/*, kl (beta != 0), entropy, and the time of each phase
