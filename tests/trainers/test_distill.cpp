@@ -18,7 +18,10 @@
 #include "loaders/safetensors.h"
 #include "models/ref_model.h"
 #include "testing/testing.h"
+#include "trainers/common/trainer_spec.h"
+#include "trainers/estimate/estimate_online.h"
 #include "trainers/online/distill.h"
+#include "trainers/online/grpo.h"
 #include "trainers/trainer_test_util.h"
 
 namespace leantune {
@@ -170,8 +173,11 @@ TEST(Distill, AStudentTaughtByItselfStartsAtZero) {
     return nlohmann::json::parse(line)["loss"].get<double>();
   };
   const double dense = first_loss("", "dense"), nf4 = first_loss(" --teacher_load_in_4bit", "nf4");
+  const double int8 = first_loss(" --teacher_load_in_8bit", "int8");
   EXPECT_NEAR(dense, 0.0, 1e-6);
-  EXPECT_GT(nf4, 1e-6);  // the quantized teacher differs from the student
+  EXPECT_GT(nf4, 1e-6);  // the quantized teachers differ from the student
+  EXPECT_GT(int8, 1e-9);
+  EXPECT_LT(int8, nf4);  // int8 is the closer copy
   // A LoRA student (B starts at 0: the student is its base, the teacher's copy) trains too.
   EXPECT_NEAR(first_loss(" --use_peft --lora_r 4", "lora"), 0.0, 1e-6);
   EXPECT_TRUE(std::filesystem::exists(out + "/lora/adapter_model.safetensors"));
@@ -182,6 +188,59 @@ TEST(Distill, AStudentTaughtByItselfStartsAtZero) {
       first_loss(" --use_peft --lora_r 4 --load_in_4bit --teacher_load_in_4bit", "qlora_nf4"), 0.0,
       1e-6);
   EXPECT_TRUE(std::filesystem::exists(out + "/qlora_nf4/adapter_model.safetensors"));
+  EXPECT_NEAR(first_loss(" --use_peft --lora_r 4 --load_in_8bit --teacher_load_in_8bit", "q8"), 0.0,
+              1e-6);
+}
+
+// trainer_bin estimate distill counts the teacher's weights as loaded (dense, NF4 or int8), and
+// its optimizer-phase peak is the measured one within 6% (the dense teacher, as grpo's test).
+TEST(Distill, EstimateCountsTheTeacher) {
+  const std::string out = testing::temp_dir("distill_estimate");
+  const std::string student = testing::make_tiny_model(out + "/student");
+  const std::string teacher = testing::make_tiny_model(out + "/teacher");
+  std::ofstream(out + "/p.jsonl") << "{\"prompt\": \"Once upon a time\"}\n"
+                                  << "{\"prompt\": \"The cat\"}\n";
+  auto parse = [&](const std::vector<std::string>& extra) {
+    Options o = online_options("distill");
+    add_online_estimate_options(o);
+    std::vector<std::string> args = {"--device",
+                                     "cpu",
+                                     "--max_steps",
+                                     "2",
+                                     "--save_steps",
+                                     "0",
+                                     "--dataset",
+                                     out + "/p.jsonl",
+                                     "--model_name_or_path",
+                                     student,
+                                     "--teacher_model_name_or_path",
+                                     teacher,
+                                     "--output_dir",
+                                     out + "/run",
+                                     "--max_completion_length",
+                                     "6",
+                                     "--per_device_train_batch_size",
+                                     "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    EXPECT_TRUE(o.parse(args));
+    apply_demo_defaults(*find_trainer_spec("distill"), o);
+    return o;
+  };
+  auto estimate = [&](const std::vector<std::string>& extra) {
+    return estimate_online_from_options(parse(extra), "distill", student, true);
+  };
+  const OnlineEstimate dense = estimate({}), nf4 = estimate({"--teacher_load_in_4bit"}),
+                       int8 = estimate({"--teacher_load_in_8bit"});
+  EXPECT_EQ(dense.reference_mode, "teacher");
+  EXPECT_GT(dense.reference_params, int8.reference_params);
+  EXPECT_GT(int8.reference_params, nf4.reference_params);
+  EXPECT_GT(nf4.reference_params, 0);
+  OnlineRun run = make_online_run("distill", parse({}));
+  const TrainResult r = run.trainer->train();
+  const double measured =
+      r.memory["savings"]["generation"]["optimizer_phase_peak_allocated"].get<double>();
+  EXPECT_NEAR(static_cast<double>(dense.optimizer_peak) / measured, 1.0, 0.06)
+      << dense.optimizer_peak << " estimated, " << measured << " measured";
 }
 
 TEST(Distill, TeacherChecks) {

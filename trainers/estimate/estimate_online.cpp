@@ -159,15 +159,16 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
                       length, cpu, (CheckedInt(per_micro) * length).get(), length);
   c.world_size = ea.ranks.world_size;
   if (algorithm == "distill") {
-    // The teacher is held like a separate reference model: its dense weights, its no-grad
+    // The teacher is held like a separate reference model: its weights (dense, NF4 or int8), its
+    // no-grad
     // forward at scoring time (the divergence's tiles are chunked).
     const fs::path tcfg = fs::path(oa.teacher_model_name_or_path) / "config.json";
     const ModelConfig teacher = !oa.teacher_model_name_or_path.empty() && fs::exists(tcfg)
                                     ? ModelConfig::load(tcfg.string())
                                     : model;
-    return estimate_online(
-        c, s, "teacher",
-        reference_param_bytes("ref_model", model, teacher, args.bf16, oa.teacher_load_in_4bit));
+    return estimate_online(c, s, "teacher",
+                           reference_param_bytes("ref_model", model, teacher, args.bf16,
+                                                 oa.teacher_load_in_4bit, oa.teacher_load_in_8bit));
   }
   const RefModelConfig rc = ref_model_table().read(o);
   std::string mode = "none";

@@ -26,12 +26,13 @@ nlohmann::json PreferenceEstimate::to_json() const {
 }
 
 int64_t reference_param_bytes(const std::string& mode, const ModelConfig& policy,
-                              const ModelConfig& ref, bool bf16, bool ref_4bit) {
+                              const ModelConfig& ref, bool bf16, bool ref_4bit, bool ref_8bit) {
   if (mode == "precomputed" || mode == "adapters_off" || mode == "initial_adapter") return 0;
   EstimateConfig c;
   c.model = mode == "ref_model" ? ref : policy;
   c.dtype = bf16 ? DType::kBF16 : DType::kF32;
   c.load_in_4bit = mode == "ref_model" && ref_4bit;
+  c.load_in_8bit = mode == "ref_model" && ref_8bit;
   c.micro_batch_tokens = 1;
   c.max_seqlen = 1;
   return estimate_memory(c).params;

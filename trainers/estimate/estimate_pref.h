@@ -31,7 +31,8 @@ struct PreferenceEstimate {
 
 // Reference weights for a mode; ref_model_config: the --ref_model's config (may equal policy's).
 int64_t reference_param_bytes(const std::string& mode, const ModelConfig& policy,
-                              const ModelConfig& ref_model_config, bool bf16, bool ref_4bit);
+                              const ModelConfig& ref_model_config, bool bf16, bool ref_4bit,
+                              bool ref_8bit = false);
 PreferenceEstimate estimate_preference(const EstimateConfig& policy, const std::string& mode,
                                        int64_t reference_params);
 // From parsed dpo options (trainers/dpo/dpo.h dpo_options).

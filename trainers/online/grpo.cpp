@@ -562,15 +562,19 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
       LT_CHECK_INPUT(
           !given_model && !in.dataset_rows && oa.dataset.empty() && oa.model_name_or_path.empty(),
           "distill: --teacher_model_name_or_path is required");
-      LT_CHECK_INPUT(!oa.teacher_load_in_4bit,
-                     "option --teacher_load_in_4bit needs --teacher_model_name_or_path");
+      LT_CHECK_INPUT(!oa.teacher_load_in_4bit && !oa.teacher_load_in_8bit,
+                     "option --teacher_load_in_", oa.teacher_load_in_4bit ? "4" : "8",
+                     "bit needs --teacher_model_name_or_path");
       teacher = load_sft_model(o).model;
       m.model->init_random(args.seed + 1);
     } else {
       const std::string dir =
           resolve_model_path(oa.teacher_model_name_or_path, "teacher_model_name_or_path");
       QuantConfig q;
+      LT_CHECK_INPUT(!(oa.teacher_load_in_4bit && oa.teacher_load_in_8bit),
+                     "options --teacher_load_in_4bit and --teacher_load_in_8bit: choose one");
       q.load_in_4bit = oa.teacher_load_in_4bit;
+      q.load_in_8bit = oa.teacher_load_in_8bit;
       q.compute_dtype = m.model->dtype();
       teacher = q.enabled() ? load_quantized(dir, m.model->device(), m.model->dtype(), q)
                             : std::shared_ptr<DecoderModel>(

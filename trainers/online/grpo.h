@@ -121,6 +121,7 @@ struct OnlineArguments : ModelSource {
   std::string judge;  // online_dpo: a pairwise judge instead of the reward sources (judges.h)
   std::string teacher_model_name_or_path;  // distill: the frozen teacher (empty: the demo's)
   bool teacher_load_in_4bit = false;       // distill: the teacher's linear weights in NF4
+  bool teacher_load_in_8bit = false;       // distill: the teacher's linear weights in int8
   RewardSourceArguments rewards;
 };
 // TRL's defaults of "grpo", "rloo" or "online_dpo" (GRPOConfig, RLOOConfig, OnlineDPOConfig:

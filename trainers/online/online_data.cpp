@@ -80,6 +80,9 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
         .flag("teacher_load_in_4bit", &A::teacher_load_in_4bit,
               "load the teacher's linear weights in NF4 (frozen, bitsandbytes' format, as "
               "--ref_load_in_4bit): about a quarter of its dense bytes")
+        .flag("teacher_load_in_8bit", &A::teacher_load_in_8bit,
+              "load the teacher's linear weights in int8 (frozen, one scale per output row, as "
+              "--load_in_8bit): about half of its bf16 bytes")
         .integer("max_completion_length", &A::max_completion_length,
                  "most tokens generated per completion", 1)
         .real("temperature", &A::temperature,
