@@ -15,6 +15,7 @@
 
 #include "kernels/cross_entropy.h"
 #include "loaders/host_batch.h"
+#include "loaders/model_config.h"
 #include "loaders/safetensors.h"
 #include "models/ref_model.h"
 #include "testing/testing.h"
@@ -200,7 +201,7 @@ TEST(Distill, EstimateCountsTheTeacher) {
   const std::string teacher = testing::make_tiny_model(out + "/teacher");
   std::ofstream(out + "/p.jsonl") << "{\"prompt\": \"Once upon a time\"}\n"
                                   << "{\"prompt\": \"The cat\"}\n";
-  auto parse = [&](const std::vector<std::string>& extra) {
+  auto parse = [&](const std::vector<std::string>& extra, const std::string& t) {
     Options o = online_options("distill");
     add_online_estimate_options(o);
     std::vector<std::string> args = {"--device",
@@ -214,7 +215,7 @@ TEST(Distill, EstimateCountsTheTeacher) {
                                      "--model_name_or_path",
                                      student,
                                      "--teacher_model_name_or_path",
-                                     teacher,
+                                     t,
                                      "--output_dir",
                                      out + "/run",
                                      "--max_completion_length",
@@ -226,21 +227,67 @@ TEST(Distill, EstimateCountsTheTeacher) {
     apply_demo_defaults(*find_trainer_spec("distill"), o);
     return o;
   };
-  auto estimate = [&](const std::vector<std::string>& extra) {
-    return estimate_online_from_options(parse(extra), "distill", student, true);
+  auto estimate = [&](const std::vector<std::string>& extra, const std::string& t) {
+    return estimate_online_from_options(parse(extra, t), "distill", student, true);
   };
-  const OnlineEstimate dense = estimate({}), nf4 = estimate({"--teacher_load_in_4bit"}),
-                       int8 = estimate({"--teacher_load_in_8bit"});
+  const OnlineEstimate dense = estimate({}, teacher),
+                       nf4 = estimate({"--teacher_load_in_4bit"}, teacher),
+                       int8 = estimate({"--teacher_load_in_8bit"}, teacher);
   EXPECT_EQ(dense.reference_mode, "teacher");
   EXPECT_GT(dense.reference_params, int8.reference_params);
   EXPECT_GT(int8.reference_params, nf4.reference_params);
   EXPECT_GT(nf4.reference_params, 0);
-  OnlineRun run = make_online_run("distill", parse({}));
+  // Offloaded: the outer unit and two layers stay on the device; the demo model has four.
+  const std::string demo = std::string(LT_SOURCE_DIR) + "/data/embedded";
+  const OnlineEstimate demo_dense = estimate({}, demo);
+  const OnlineEstimate demo_offload = estimate({"--teacher_offload"}, demo);
+  const ModelConfig dc = ModelConfig::load(demo + "/config.json");
+  ASSERT_EQ(dc.num_hidden_layers, 4);
+  const int64_t outer = (dc.vocab_size * dc.hidden_size + dc.hidden_size) * 4;  // f32, tied
+  EXPECT_EQ(demo_offload.reference_params - outer, (demo_dense.reference_params - outer) / 2);
+  OnlineRun run = make_online_run("distill", parse({}, teacher));
   const TrainResult r = run.trainer->train();
   const double measured =
       r.memory["savings"]["generation"]["optimizer_phase_peak_allocated"].get<double>();
   EXPECT_NEAR(static_cast<double>(dense.optimizer_peak) / measured, 1.0, 0.06)
       << dense.optimizer_peak << " estimated, " << measured << " measured";
+}
+
+// --teacher_offload: the teacher's layers in pinned host memory, one (and the prefetched next)
+// on the device at a time; the run is the dense teacher's bit for bit, and the memory report
+// says how much stayed on the host.
+TEST(Distill, AnOffloadedTeacherGivesTheSameRun) {
+  const std::string out = testing::temp_dir("distill_offload");
+  const std::string student = testing::make_tiny_model(out + "/student");
+  const std::string teacher = testing::make_tiny_model(out + "/teacher", 7);
+  std::ofstream prompts(out + "/p.jsonl");
+  for (int i = 0; i < 6; ++i) prompts << "{\"prompt\": \"Once upon a time " << i << "\"}\n";
+  prompts.close();
+  auto run = [&](const std::string& extra, const std::string& dir, std::string* log) {
+    EXPECT_EQ(testing::run_command(testing::trainer_bin() +
+                                       " distill --device cpu --max_steps 3 --logging_steps 1 "
+                                       "--save_steps 0 --per_device_train_batch_size 2 "
+                                       "--max_completion_length 6 --model_name_or_path " +
+                                       student + " --teacher_model_name_or_path " + teacher +
+                                       " --dataset " + out + "/p.jsonl --output_dir " + out + "/" +
+                                       dir + extra + " 2>&1",
+                                   log),
+              0)
+        << *log;
+    std::vector<double> losses;
+    std::ifstream in(out + "/" + dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);)
+      losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return losses;
+  };
+  std::string dense_log, offload_log;
+  const std::vector<double> dense = run("", "dense", &dense_log);
+  const std::vector<double> offloaded = run(" --teacher_offload", "offload", &offload_log);
+  ASSERT_EQ(dense.size(), 3u) << dense_log;
+  EXPECT_GT(dense[0], 1e-3);  // a teacher of other weights
+  EXPECT_EQ(offloaded, dense);
+  EXPECT_NE(offload_log.find("teacher offloaded layer by layer"), std::string::npos) << offload_log;
+  EXPECT_EQ(dense_log.find("teacher offloaded"), std::string::npos);
 }
 
 TEST(Distill, TeacherChecks) {

@@ -16,10 +16,10 @@
 
 namespace leantune::testing {
 
-std::string make_tiny_model(const std::string& dir) {
+std::string make_tiny_model(const std::string& dir, uint64_t seed) {
   DecoderModel m(ModelConfig::load(fixture_path("trainer/tiny_config.json")), Device::cpu(),
                  DType::kF32);
-  m.init_random(1);
+  m.init_random(seed);
   m.save(dir, DType::kF32);
   copy_tokenizer_files(std::string(LT_SOURCE_DIR) + "/data/embedded", dir);
   return dir;

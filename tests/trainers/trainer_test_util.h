@@ -11,7 +11,7 @@ namespace leantune::testing {
 
 // Writes a tiny Qwen2 model (tests/fixtures/trainer/tiny_config.json, seed 1) with the
 // embedded tokenizer into `dir` and returns dir.
-std::string make_tiny_model(const std::string& dir);
+std::string make_tiny_model(const std::string& dir, uint64_t seed = 1);
 std::string small_dataset();
 // The sft options of a short CPU run of `model` on the small dataset into `out`: max_length 64,
 // a log line every step, no checkpoints, learning rate 1e-3, seed 3; then the `extra` flags

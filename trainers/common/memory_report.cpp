@@ -146,6 +146,10 @@ std::string format_memory_report(const nlohmann::json& r) {
        "    chunked divergence (distill): the student's and the teacher's "
        "[{largest_micro_batch_tokens} x {vocab_size}] logits never materialised "
        "({bytes:logits_bytes_not_materialised} in f32 with the student's gradient)\n"},
+      {"teacher_offload",
+       "    teacher offloaded layer by layer: {bytes:host_bytes} of its {layers} layers in pinned "
+       "host memory, at most {bytes:resident_peak} of them on the device at once "
+       "({layers_prefetched} layers prefetched, {layers_copied_now} copied when needed)\n"},
       {"activation_offloading",
        "    activation offloading: up to {bytes:bytes_offloaded_per_micro_batch_max} of saved "
        "activations per micro-batch held in pinned host memory instead of the device "

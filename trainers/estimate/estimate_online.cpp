@@ -159,16 +159,27 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
                       length, cpu, (CheckedInt(per_micro) * length).get(), length);
   c.world_size = ea.ranks.world_size;
   if (algorithm == "distill") {
-    // The teacher is held like a separate reference model: its weights (dense, NF4 or int8), its
-    // no-grad
-    // forward at scoring time (the divergence's tiles are chunked).
+    // The teacher is held like a separate reference model: its weights (dense, NF4 or int8; with
+    // teacher_offload the outer unit and two layers), its no-grad forward at scoring time (the
+    // divergence's tiles are chunked).
     const fs::path tcfg = fs::path(oa.teacher_model_name_or_path) / "config.json";
     const ModelConfig teacher = !oa.teacher_model_name_or_path.empty() && fs::exists(tcfg)
                                     ? ModelConfig::load(tcfg.string())
                                     : model;
-    return estimate_online(c, s, "teacher",
-                           reference_param_bytes("ref_model", model, teacher, args.bf16,
-                                                 oa.teacher_load_in_4bit, oa.teacher_load_in_8bit));
+    int64_t teacher_bytes = reference_param_bytes("ref_model", model, teacher, args.bf16,
+                                                  oa.teacher_load_in_4bit, oa.teacher_load_in_8bit);
+    if (oa.teacher_offload && teacher.num_hidden_layers > 0) {
+      // On the device: the embedding, the final norm and the head, and at most two layers.
+      const int64_t elem = args.bf16 ? 2 : 4;
+      const int64_t outer = ((CheckedInt(teacher.vocab_size) * teacher.hidden_size *
+                              (teacher.tie_word_embeddings ? 1 : 2)) +
+                             teacher.hidden_size)
+                                .get() *
+                            elem;
+      const int64_t layer = (teacher_bytes - outer) / teacher.num_hidden_layers;
+      teacher_bytes = outer + std::min<int64_t>(2, teacher.num_hidden_layers) * layer;
+    }
+    return estimate_online(c, s, "teacher", teacher_bytes);
   }
   const RefModelConfig rc = ref_model_table().read(o);
   std::string mode = "none";

@@ -442,6 +442,15 @@ nlohmann::json OnlineTrainer::technique_savings() const {
         {"vocab_size", v},
         {"logits_bytes_not_materialised", (CheckedInt(distill_rows_max_) * v * 3 * 4).get()}};
   }
+  if (teacher_offload_) {
+    const OffloadedWeightsStats& st = teacher_offload_->stats();
+    s["teacher_offload"] = {{"host_bytes", st.host_bytes},
+                            {"layers", teacher_->num_layers()},
+                            {"resident_peak", st.resident_peak},
+                            {"bytes_copied", st.bytes_copied},
+                            {"layers_prefetched", st.layers_prefetched},
+                            {"layers_copied_now", st.layers_copied_now}};
+  }
   add_adapter_savings(s, *model_, peft_, quant_config_, quant_report_);
   return s;
 }
@@ -555,6 +564,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   std::unique_ptr<PairwiseJudge> judge;
   std::unique_ptr<RewardSources> rewards;
   std::shared_ptr<DecoderModel> teacher;
+  std::shared_ptr<OffloadedWeights> teacher_offload;
   if (distill) {
     // The teacher: a frozen model of the same vocabulary; the demo's is the demo model itself,
     // and its student a fresh initialisation of the same shape.
@@ -562,9 +572,12 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
       LT_CHECK_INPUT(
           !given_model && !in.dataset_rows && oa.dataset.empty() && oa.model_name_or_path.empty(),
           "distill: --teacher_model_name_or_path is required");
-      LT_CHECK_INPUT(!oa.teacher_load_in_4bit && !oa.teacher_load_in_8bit,
-                     "option --teacher_load_in_", oa.teacher_load_in_4bit ? "4" : "8",
-                     "bit needs --teacher_model_name_or_path");
+      LT_CHECK_INPUT(!oa.teacher_load_in_4bit && !oa.teacher_load_in_8bit && !oa.teacher_offload,
+                     "option --teacher_",
+                     oa.teacher_load_in_4bit   ? "load_in_4bit"
+                     : oa.teacher_load_in_8bit ? "load_in_8bit"
+                                               : "offload",
+                     " needs --teacher_model_name_or_path");
       teacher = load_sft_model(o).model;
       m.model->init_random(args.seed + 1);
     } else {
@@ -576,9 +589,18 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
       q.load_in_4bit = oa.teacher_load_in_4bit;
       q.load_in_8bit = oa.teacher_load_in_8bit;
       q.compute_dtype = m.model->dtype();
-      teacher = q.enabled() ? load_quantized(dir, m.model->device(), m.model->dtype(), q)
-                            : std::shared_ptr<DecoderModel>(
-                                  DecoderModel::load(dir, m.model->device(), m.model->dtype()));
+      LT_CHECK_INPUT(!(oa.teacher_offload && q.enabled()),
+                     "option --teacher_offload: the quantized teachers (--teacher_load_in_4bit, "
+                     "--teacher_load_in_8bit) stay on the device; choose one");
+      if (oa.teacher_offload) {
+        OffloadedModel om = load_offloaded(dir, m.model->device(), m.model->dtype());
+        teacher = om.model;
+        teacher_offload = om.weights;
+      } else {
+        teacher = q.enabled() ? load_quantized(dir, m.model->device(), m.model->dtype(), q)
+                              : std::shared_ptr<DecoderModel>(
+                                    DecoderModel::load(dir, m.model->device(), m.model->dtype()));
+      }
     }
     teacher->set_requires_grad(false);
     LT_CHECK_INPUT(teacher->config().vocab_size == m.model->config().vocab_size,
@@ -626,7 +648,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
                                       std::move(data), cfg, std::move(rewards));
   if (eval) run.trainer->set_eval_data(std::move(*eval));
   if (judge) run.trainer->set_judge(std::move(judge));
-  if (teacher) run.trainer->set_teacher(std::move(teacher));
+  if (teacher) run.trainer->set_teacher(std::move(teacher), std::move(teacher_offload));
   run.trainer->set_peft(m.peft, base_name, peft.merge_adapter);
   if (m.quant.enabled()) run.trainer->set_quantized_base(m.quant, m.quant_report);
   RefModelConfig rc = ref_cfg;

@@ -75,6 +75,7 @@
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
 #include "models/generate.h"
+#include "models/offloaded_weights.h"
 #include "models/ref_model.h"
 #include "trainers/common/model_source.h"
 #include "trainers/common/row_batches.h"
@@ -122,6 +123,7 @@ struct OnlineArguments : ModelSource {
   std::string teacher_model_name_or_path;  // distill: the frozen teacher (empty: the demo's)
   bool teacher_load_in_4bit = false;       // distill: the teacher's linear weights in NF4
   bool teacher_load_in_8bit = false;       // distill: the teacher's linear weights in int8
+  bool teacher_offload = false;            // distill: the teacher's layers in pinned host memory
   RewardSourceArguments rewards;
 };
 // TRL's defaults of "grpo", "rloo" or "online_dpo" (GRPOConfig, RLOOConfig, OnlineDPOConfig:
@@ -207,7 +209,12 @@ class OnlineTrainer final : public Trainer {
   // online_dpo --judge: the pairs' verdicts come from it (the trainer then has no rewards).
   void set_judge(std::unique_ptr<PairwiseJudge> judge) { judge_ = std::move(judge); }
   // distill: the frozen teacher whose next-token distributions the student learns.
-  void set_teacher(std::shared_ptr<const DecoderModel> teacher) { teacher_ = std::move(teacher); }
+  // offload: the teacher's layer residency when its layers live in host memory (else null).
+  void set_teacher(std::shared_ptr<const DecoderModel> teacher,
+                   std::shared_ptr<OffloadedWeights> offload = nullptr) {
+    teacher_ = std::move(teacher);
+    teacher_offload_ = std::move(offload);
+  }
   const DataStats& train_stats() const override { return stats_; }
   const std::vector<nlohmann::json>& logged_metrics() const override { return window_.logged(); }
 
@@ -286,7 +293,8 @@ class OnlineTrainer final : public Trainer {
   std::unique_ptr<RewardSources> rewards_;  // null under a judge
   std::unique_ptr<PairwiseJudge> judge_;
   std::shared_ptr<const DecoderModel> teacher_;  // distill
-  int64_t distill_rows_max_ = 0;                 // distill: the largest micro-batch's rows
+  std::shared_ptr<OffloadedWeights> teacher_offload_;
+  int64_t distill_rows_max_ = 0;  // distill: the largest micro-batch's rows
   std::unique_ptr<ReferenceModel> ref_;
   RowBatches prompts_;
   int64_t micro_step_ = 0;                    // micro-batches taken so far

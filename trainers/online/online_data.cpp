@@ -83,6 +83,10 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
         .flag("teacher_load_in_8bit", &A::teacher_load_in_8bit,
               "load the teacher's linear weights in int8 (frozen, one scale per output row, as "
               "--load_in_8bit): about half of its bf16 bytes")
+        .flag("teacher_offload", &A::teacher_offload,
+              "keep the teacher's decoder layers in pinned host memory and bring them to the "
+              "device one at a time, the next one prefetched on a copy stream (at most two "
+              "layers on the device; not with the quantized teachers)")
         .integer("max_completion_length", &A::max_completion_length,
                  "most tokens generated per completion", 1)
         .real("temperature", &A::temperature,
