@@ -25,6 +25,7 @@
 #include "kernels/swiglu.h"
 #include "loaders/fs_util.h"
 #include "loaders/safetensors.h"
+#include "models/checkpoint_checks.h"
 
 namespace leantune {
 
@@ -228,23 +229,13 @@ std::vector<std::string> DecoderModel::load_weights(
       continue;
     }
     Tensor src = store.get(name);
-    LT_CHECK_INPUT(src.shape() == t.shape(), "tensor '", name, "' has shape ",
-                   shape_str(src.shape()), " in the checkpoint, the config needs ",
-                   shape_str(t.shape()));
-    LT_CHECK_INPUT(dtype_is_floating(src.dtype()), "tensor '", name, "' has dtype ",
-                   dtype_name(src.dtype()), "; expected a float type");
+    check_checkpoint_tensor(name, src, t.shape());
     t.copy_(src);
     // Streaming: the file's pages of this tensor go as soon as it is on the device.
     src = Tensor();
     store.release(name);
   }
-  if (!missing.empty()) {
-    std::string list;
-    for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
-    if (missing.size() > 5) list += ", ...";
-    LT_THROW(ErrorKind::kInput, "checkpoint lacks ", missing.size(),
-             " tensor(s) the model needs: ", list);
-  }
+  check_no_missing_tensors(missing, "checkpoint");
   std::unordered_set<std::string> used;
   for (auto& [name, t] : params) used.insert(name);
   unused_ = check_unexpected_tensors(store, used, cfg_);

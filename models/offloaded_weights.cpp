@@ -12,6 +12,7 @@
 #include "engine/mem_phase.h"
 #include "loaders/model_config.h"
 #include "loaders/safetensors.h"
+#include "models/checkpoint_checks.h"
 
 namespace leantune {
 
@@ -138,11 +139,7 @@ OffloadedModel load_offloaded(const std::string& dir, Device device, DType dtype
       continue;
     }
     Tensor src = store.get(name);
-    LT_CHECK_INPUT(src.shape() == t.shape(), "tensor '", name, "' has shape ",
-                   shape_str(src.shape()), " in the checkpoint, the config needs ",
-                   shape_str(t.shape()));
-    LT_CHECK_INPUT(dtype_is_floating(src.dtype()), "tensor '", name, "' has dtype ",
-                   dtype_name(src.dtype()), "; expected a float type");
+    check_checkpoint_tensor(name, src, t.shape());
     if (ParamResidency::unit_of(name) == ParamResidency::kOuterUnit) {
       t.copy_(src);
     } else {
@@ -154,13 +151,7 @@ OffloadedModel load_offloaded(const std::string& dir, Device device, DType dtype
     src = Tensor();
     store.release(name);
   }
-  if (!missing.empty()) {
-    std::string list;
-    for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
-    if (missing.size() > 5) list += ", ...";
-    LT_THROW(ErrorKind::kInput, "checkpoint ", dir, " lacks ", missing.size(),
-             " tensor(s) the model needs: ", list);
-  }
+  check_no_missing_tensors(missing, "checkpoint " + dir);
   std::unordered_set<std::string> used;
   for (const auto& [name, t] : model->named_parameters()) used.insert(name);
   check_unexpected_tensors(store, used, mc);

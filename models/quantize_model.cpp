@@ -9,6 +9,7 @@
 #include "engine/autograd.h"
 #include "loaders/model_config.h"
 #include "loaders/safetensors.h"
+#include "models/checkpoint_checks.h"
 #include "models/quantized_linear.h"
 
 namespace leantune {
@@ -126,12 +127,6 @@ std::shared_ptr<DecoderModel> load_quantized(const std::string& dir, Device devi
   const TensorStore store = TensorStore::open(dir);
   NoGradGuard ng;
   std::vector<std::string> missing;
-  auto check_shape = [&](const std::string& name, const Tensor& src, const Shape& want) {
-    LT_CHECK_INPUT(src.shape() == want, "tensor '", name, "' has shape ", shape_str(src.shape()),
-                   " in the checkpoint, the config needs ", shape_str(want));
-    LT_CHECK_INPUT(dtype_is_floating(src.dtype()), "tensor '", name, "' has dtype ",
-                   dtype_name(src.dtype()), "; expected a float type");
-  };
   for (auto& [name, t] : model->named_parameters()) {
     if (!t.defined()) continue;  // a weight that is quantized below
     if (!store.contains(name)) {
@@ -139,7 +134,7 @@ std::shared_ptr<DecoderModel> load_quantized(const std::string& dir, Device devi
       continue;
     }
     Tensor src = store.get(name);
-    check_shape(name, src, t.shape());
+    check_checkpoint_tensor(name, src, t.shape());
     t.copy_(src);
     src = Tensor();
     store.release(name);  // streaming: the file's pages go once the tensor is on the device
@@ -152,20 +147,14 @@ std::shared_ptr<DecoderModel> load_quantized(const std::string& dir, Device devi
     }
     {
       const Tensor src = store.get(name);
-      check_shape(name, src, {m->out_features, m->in_features});
+      check_checkpoint_tensor(name, src, {m->out_features, m->in_features});
       // In the compute dtype first (host), as transformers casts before bitsandbytes quantizes.
       const Tensor host = src.dtype() == dtype ? src : src.to(dtype);
       install(*m, quantize_weight(host, device, cfg), dtype, rep);
     }
     store.release(name);
   }
-  if (!missing.empty()) {
-    std::string list;
-    for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
-    if (missing.size() > 5) list += ", ...";
-    LT_THROW(ErrorKind::kInput, "checkpoint ", dir, " lacks ", missing.size(),
-             " tensor(s) the model needs: ", list);
-  }
+  check_no_missing_tensors(missing, "checkpoint " + dir);
   std::unordered_set<std::string> used;
   for (const auto& [name, t] : model->named_parameters()) used.insert(name);
   for (const LinearModule* m : to_quantize) used.insert(m->name + ".weight");
