@@ -290,6 +290,70 @@ TEST(Distill, AnOffloadedTeacherGivesTheSameRun) {
   EXPECT_EQ(dense_log.find("teacher offloaded"), std::string::npos);
 }
 
+// --lmbda (GKD's share of on-policy batches): at 0 every batch takes the dataset's completions,
+// so no sampling option changes the run and the logged lengths are the dataset's; at 0.5 the
+// batches mix, drawn from the seed; a dataset without completions, or the demo, is refused.
+TEST(Distill, OffPolicyBatchesTrainOnTheDatasetCompletions) {
+  const std::string out = testing::temp_dir("distill_lmbda");
+  const std::string student = testing::make_tiny_model(out + "/student");
+  const std::string teacher = testing::make_tiny_model(out + "/teacher", 7);
+  std::ofstream rows(out + "/pc.jsonl");
+  for (int i = 0; i < 8; ++i)
+    rows << "{\"prompt\": \"Once upon a time " << i << "\", \"completion\": \" a cat\"}\n";
+  rows.close();
+  auto run = [&](const std::string& extra, const std::string& dir, std::string* log) {
+    EXPECT_EQ(testing::run_command(testing::trainer_bin() +
+                                       " distill --device cpu --max_steps 6 --logging_steps 1 "
+                                       "--save_steps 0 --per_device_train_batch_size 2 "
+                                       "--max_completion_length 12 --model_name_or_path " +
+                                       student + " --teacher_model_name_or_path " + teacher +
+                                       " --dataset " + out + "/pc.jsonl --output_dir " + out + "/" +
+                                       dir + extra + " 2>&1",
+                                   log),
+              0)
+        << *log;
+    std::vector<nlohmann::json> recs;
+    std::ifstream in(out + "/" + dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) recs.push_back(nlohmann::json::parse(line));
+    return recs;
+  };
+  std::string log;
+  const auto off = run(" --lmbda 0", "off", &log);
+  ASSERT_EQ(off.size(), 6u) << log;
+  EXPECT_NE(log.find("8 dataset completions for off-policy batches"), std::string::npos) << log;
+  const auto off_topk = run(" --lmbda 0 --top_k 1", "off_topk", &log);
+  ASSERT_EQ(off_topk.size(), 6u) << log;
+  for (size_t i = 0; i < off.size(); ++i) {
+    EXPECT_EQ(off[i]["on_policy"].get<int>(), 0);
+    EXPECT_GT(off[i]["loss"].get<double>(), 1e-4);
+    EXPECT_EQ(off[i]["loss"], off_topk[i]["loss"]) << "sampling changed an off-policy run";
+    // " a cat" and eos, every batch.
+    EXPECT_EQ(off[i]["completions/mean_length"], off[0]["completions/mean_length"]);
+  }
+  const auto mixed = run(" --lmbda 0.5", "mixed", &log);
+  ASSERT_EQ(mixed.size(), 6u) << log;
+  int on = 0;
+  for (const auto& r : mixed) on += r["on_policy"].get<int>();
+  EXPECT_GT(on, 0);
+  EXPECT_LT(on, 6);
+  const auto on_policy = run("", "on", &log);
+  EXPECT_FALSE(on_policy[0].contains("on_policy"));  // lmbda 1: DistillationTrainer's metrics
+  // Refusals: prompt-only rows; the demo (it has no completions).
+  std::ofstream(out + "/p.jsonl") << "{\"prompt\": \"hi\"}\n";
+  EXPECT_EQ(testing::run_command(testing::trainer_bin() + " distill --device cpu --lmbda 0 " +
+                                     "--model_name_or_path " + student +
+                                     " --teacher_model_name_or_path " + teacher + " --dataset " +
+                                     out + "/p.jsonl --output_dir " + out + "/x 2>&1",
+                                 &log),
+            2)
+      << log;
+  EXPECT_NE(log.find("its rows must be prompt_completion"), std::string::npos) << log;
+  EXPECT_EQ(
+      testing::run_command(testing::trainer_bin() + " distill --device cpu --lmbda 0.5 2>&1", &log),
+      2)
+      << log;
+}
+
 TEST(Distill, TeacherChecks) {
   std::string log;
   const std::string out = testing::temp_dir("distill_checks");

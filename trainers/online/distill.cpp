@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "engine/autograd.h"
 #include "engine/mem_phase.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear_divergence.h"
+#include "loaders/dataset.h"
+#include "loaders/examples.h"
 #include "trainers/online/grpo.h"
 
 namespace leantune {
@@ -80,6 +83,51 @@ Tensor OnlineTrainer::distill_loss(const Batch& b, const LossContext& ctx) {
   else
     *ctx.record = std::move(m);
   return loss_from_sequence_gradient(d.divergence, d.sum * scale, std::move(grad));
+}
+
+void attach_dataset_completions(OnlinePrompts& prompts, const JsonlSource& source,
+                                const TextEncoder& enc, int64_t max_completion_length) {
+  DatasetReader reader(source);
+  DataConfig cfg;  // TRL's SFT defaults: completion_only_loss on prompt_completion rows
+  DataStats stats;
+  Record rec;
+  size_t k = 0;
+  int64_t tokens = 0, cut = 0;
+  while (reader.next(&rec)) {
+    LT_CHECK_INPUT(reader.format().kind == DatasetKind::kPromptCompletion, source.path,
+                   ": distill with --lmbda below 1 takes the dataset's completions on off-policy "
+                   "batches; its rows must be prompt_completion (prompt and completion), not ",
+                   reader.format().name());
+    LT_CHECK(k < prompts.rows.size() && prompts.rows[k].line == rec.line,
+             "distill: the dataset's rows changed while it was read (line ", rec.line, ")");
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> mask;
+    tokenize_sft_record(rec, reader.format(), &enc, cfg, &ids, &mask, &stats);
+    // The completion: what follows the prompt part (mask 0) of prompt + completion.
+    const auto first = std::find(mask.begin(), mask.end(), uint8_t{1});
+    PromptRow& row = prompts.rows[k++];
+    row.completion.assign(ids.begin() + (first - mask.begin()), ids.end());
+    LT_CHECK_INPUT(!row.completion.empty(), source.path, ":", rec.line,
+                   ": the completion tokenizes to nothing");
+    if (static_cast<int64_t>(row.completion.size()) > max_completion_length) {
+      row.completion.resize(static_cast<size_t>(max_completion_length));
+      row.completion_cut = true;
+      ++cut;
+    }
+    tokens += static_cast<int64_t>(row.completion.size());
+  }
+  LT_CHECK(k == prompts.rows.size(), "distill: ", prompts.rows.size() - k,
+           " prompt rows have no completion");
+  prompts.completions_summary =
+      std::to_string(k) + " dataset completions for off-policy batches (" + std::to_string(tokens) +
+      " tokens; " + std::to_string(cut) + " cut to max_completion_length " +
+      std::to_string(max_completion_length) + "; " + std::to_string(stats.prompt_mismatch) +
+      " prompts tokenized differently inside prompt + completion)";
+}
+
+double distill_off_policy_draw(uint64_t seed) {
+  std::mt19937_64 g(seed ^ 0x6c6d626461ULL);  // "lmbda"
+  return std::uniform_real_distribution<double>(0.0, 1.0)(g);
 }
 
 }  // namespace leantune

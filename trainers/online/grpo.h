@@ -124,6 +124,7 @@ struct OnlineArguments : ModelSource {
   bool teacher_load_in_4bit = false;       // distill: the teacher's linear weights in NF4
   bool teacher_load_in_8bit = false;       // distill: the teacher's linear weights in int8
   bool teacher_offload = false;            // distill: the teacher's layers in pinned host memory
+  double lmbda = 1.0;                      // distill: the share of on-policy batches (GKD's lmbda)
   RewardSourceArguments rewards;
 };
 // TRL's defaults of "grpo", "rloo" or "online_dpo" (GRPOConfig, RLOOConfig, OnlineDPOConfig:
@@ -139,11 +140,16 @@ struct PromptRow {
   int64_t line = 0;
   nlohmann::json row;        // every column
   std::vector<int32_t> ids;  // the prompt's tokens
+  // distill with lmbda < 1: the dataset's completion tokens (attach_dataset_completions), and
+  // whether max_completion_length cut them.
+  std::vector<int32_t> completion;
+  bool completion_cut = false;
 };
 struct OnlinePrompts {
   std::string path;
   std::vector<PromptRow> rows;
   bool conversational = false;
+  std::string completions_summary;  // attach_dataset_completions' line (distill, lmbda < 1)
   std::string summary() const;
 };
 // Error(kInput) (exit 2) naming the file and line for a row without a prompt, or without the
@@ -151,6 +157,19 @@ struct OnlinePrompts {
 // `source`: a JSONL file or rows in memory (loaders/jsonl.h).
 OnlinePrompts load_online_prompts(const JsonlSource& source, const TextEncoder& enc,
                                   bool need_solution);
+// distill --lmbda < 1 (GKD's off-policy batches): reads `source` again as prompt_completion rows
+// and gives each prompt row the completion tokens TRL's SFT tokenization gives it (ids =
+// encode(prompt + completion + eos unless it ends with it), or the chat template over prompt +
+// completion messages; the completion is what follows the common prefix with the prompt's ids),
+// cut to max_completion_length. Error(kInput) naming the file when its rows are not
+// prompt_completion. Sets prompts.completions_summary (part of summary()): the completions, their
+// tokens, how many were cut and how many prompts tokenized differently inside prompt +
+// completion (TRL's prompt mismatch).
+void attach_dataset_completions(OnlinePrompts& prompts, const JsonlSource& source,
+                                const TextEncoder& enc, int64_t max_completion_length);
+// The uniform draw in [0, 1) that decides whether generation batch `seed` is off-policy.
+double distill_off_policy_draw(uint64_t seed);
+
 // The built-in task's rows: every "Add a and b." with a, b in [0, 9], and its answer.
 std::vector<nlohmann::json> builtin_task_rows();
 OnlinePrompts builtin_online_prompts(const TextEncoder& enc);
@@ -161,6 +180,7 @@ struct OnlineConfig {
   // temperature both distributions are taken at (kernels/linear_divergence.h).
   double distill_beta = 1.0;
   double distill_temperature = 1.0;
+  double distill_lmbda = 1.0;  // the share of on-policy generation batches (GKD's lmbda)
   int64_t completions_per_micro_batch = 8;
   int64_t num_generations = 8;
   int64_t steps_per_generation = 1;

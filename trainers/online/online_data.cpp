@@ -120,7 +120,12 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
     t.real("beta", &A::beta,
            "the divergence: 0 forward KL(teacher || student), 1 reverse KL(student || teacher), "
            "between: the generalized Jensen-Shannon divergence with this mixture weight",
-           0.0, 1.0);
+           0.0, 1.0)
+        .real("lmbda", &A::lmbda,
+              "GKD's share of on-policy generation batches: each batch is the student's "
+              "completions with this probability, else the dataset's \"completion\" column "
+              "(prompt_completion rows; 1: always generate, as DistillationTrainer)",
+              0.0, 1.0);
   } else if (dpo) {
     t.real("beta", &A::beta, "DPO's beta (IPO's tau)", 0.0)
         .text("loss_type", &A::loss_type, "DPO loss on the judged pairs", {"sigmoid", "ipo"})
@@ -203,7 +208,8 @@ Options online_options(const std::string& algorithm) {
 
 std::string OnlinePrompts::summary() const {
   return path + ": " + std::to_string(rows.size()) + " prompts" +
-         (conversational ? " (conversational)" : "");
+         (conversational ? " (conversational)" : "") +
+         (completions_summary.empty() ? "" : "; " + completions_summary);
 }
 
 OnlinePrompts load_online_prompts(const JsonlSource& source, const TextEncoder& enc,

@@ -65,9 +65,18 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
       all.back().row = &prompts.rows[static_cast<size_t>(i)];
     }
   // Generation: no gradient, adapter dropout off, a seed of its own per generation batch (each
-  // completion then draws from its own Philox stream, models/generate.h).
+  // completion then draws from its own Philox stream, models/generate.h). distill with lmbda < 1
+  // (GKD): with probability 1 - lmbda the batch takes the dataset's completions instead, drawn
+  // from the batch's seed so every rank draws alike; evaluation then always does.
   GenerationResult gen;
-  {
+  const bool off_policy = cfg_.algorithm == "distill" && cfg_.distill_lmbda < 1.0 &&
+                          (!training || distill_off_policy_draw(seed) > cfg_.distill_lmbda);
+  if (off_policy) {
+    for (const Rollout& r : all) {
+      gen.tokens.push_back(r.row->completion);
+      gen.finished_by_eos.push_back(!r.row->completion_cut);
+    }
+  } else {
     StepPhaseGuard phase("generation");
     NoGradGuard ng;
     AdapterEvalScope eval(peft_);
@@ -281,6 +290,8 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
       term_max = std::max(term_max, lengths_g[k]);
     }
   }
+  // distill with lmbda < 1: whether the batch was generated (1) or the dataset's (0).
+  if (cfg_.algorithm == "distill" && cfg_.distill_lmbda < 1.0) m["on_policy"] = off_policy ? 0 : 1;
   m["completions/mean_length"] = len_sum / n_all;
   m["completions/min_length"] = len_min;
   m["completions/max_length"] = len_max;
