@@ -122,7 +122,8 @@ void divergence_block_grad(const Tensor& zs, const Tensor& zt, const DivergenceB
   const char* op = "divergence_block_grad";
   check_blocks(op, zs, zt, rowtab, 4, p);
   LT_CHECK(dz.shape() == zs.shape() && dz.is_contiguous() && dz.device() == zs.device() &&
-               (dz.dtype() == zs.dtype() || (zs.device().is_cuda() && dz.dtype() == DType::kBF16)),
+               (dz.dtype() == zs.dtype() ||
+                (zs.device().is_cuda() && zs.dtype() == DType::kF32 && dz.dtype() == DType::kBF16)),
            op, ": dz ", dz.str(), " for zs ", zs.str());
   if (zs.device().is_cuda()) return divergence_block_grad_cuda(zs, zt, p, rowtab, dz);
   const int64_t nb = zs.size(1);

@@ -563,6 +563,20 @@ void linear_divergence(std::vector<Entry>& t) {
                  }));
          }});
   }
+  // No row counts: every output is exactly 0 on both devices.
+  t.push_back({"linear_divergence_all_masked_bf16_19x32x229", [](OpRun& r) {
+                 Tensor x = r.randn({19, 32}, DType::kBF16, 911).set_requires_grad(true);
+                 Tensor w = r.randn({229, 32}, DType::kBF16, 912, 0.1).set_requires_grad(true);
+                 const Tensor xt = r.randn({19, 48}, DType::kBF16, 913);
+                 const Tensor wt = r.randn({229, 48}, DType::kBF16, 914, 0.1);
+                 const Tensor m = r.on(Tensor::zeros({19}, DType::kI64));
+                 const kernels::LinearDivergence out = kernels::linear_divergence(x, w, xt, wt, m);
+                 r.out("divergence", out.divergence, Rule::exact());
+                 r.out("entropy", out.entropy, Rule::exact());
+                 out.divergence.backward(r.on(Tensor::full({19}, 1.0, DType::kF32)));
+                 r.out("dhidden", x.grad(), Rule::exact());
+                 r.out("dweight", w.grad(), Rule::exact());
+               }});
 }
 
 }  // namespace

@@ -127,8 +127,11 @@ TEST_P(LinearDivergenceTest, MatchesTheFloat64Reference) {
                                  Tensor::from_vector<double>(r.div, {c.n}), tol, 1e-4));
   EXPECT_TRUE(testing::all_close(out.entropy.to(DType::kF64),
                                  Tensor::from_vector<double>(r.ent, {c.n}), tol, 1e-4));
-  for (int64_t i = 0; i < c.n; ++i)
-    if (mask[i] == 0) EXPECT_EQ(out.divergence.to_f64()[i], 0.0);
+  for (int64_t i = 0; i < c.n; ++i) {
+    if (mask[i] == 0) {
+      EXPECT_EQ(out.divergence.to_f64()[i], 0.0);
+    }
+  }
   for (double d : out.divergence.to_f64()) EXPECT_GE(d, -1e-5);  // divergences are >= 0
   out.divergence.backward(Tensor::from_vector<double>(coef, {c.n}).to(DType::kF32));
   const double gtol = c.student == DType::kBF16 ? 2e-2 : 1e-4;
@@ -168,6 +171,21 @@ TEST(LinearDivergence, GradcheckInFloat64) {
         testing::gradcheck(f, {randn({7, 4}, DType::kF64, 11), randn({11, 4}, DType::kF64, 12)}))
         << "beta " << beta;
   }
+}
+
+// No row counts: zero divergence and entropy, zero gradients of the right shapes and dtypes.
+TEST(LinearDivergence, EveryRowMaskedGivesZeros) {
+  Tensor x = randn({5, 4}, DType::kF32, 1).set_requires_grad(true);
+  Tensor w = randn({7, 4}, DType::kF32, 2).set_requires_grad(true);
+  const Tensor xt = randn({5, 6}, DType::kF32, 3), wt = randn({7, 6}, DType::kF32, 4);
+  const auto out =
+      kernels::linear_divergence(x, w, xt, wt, Tensor::from_vector<int64_t>({0, 0, 0, 0, 0}, {5}));
+  EXPECT_EQ(out.divergence.to_f64(), std::vector<double>(5, 0.0));
+  EXPECT_EQ(out.entropy.to_f64(), std::vector<double>(5, 0.0));
+  out.divergence.backward(Tensor::full({5}, 1.0, DType::kF32));
+  EXPECT_EQ(x.grad().to_f64(), std::vector<double>(20, 0.0));
+  EXPECT_EQ(w.grad().to_f64(), std::vector<double>(28, 0.0));
+  EXPECT_EQ(x.grad().shape(), x.shape());
 }
 
 TEST(LinearDivergence, RejectsBadOperands) {
