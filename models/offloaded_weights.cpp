@@ -16,28 +16,23 @@
 
 namespace leantune {
 
-OffloadedWeights::OffloadedWeights(std::shared_ptr<DecoderModel> model,
-                                   std::vector<std::pair<std::string, Tensor>> host, bool prefetch)
+OffloadedWeights::OffloadedWeights(std::shared_ptr<DecoderModel> model, std::vector<Part> parts,
+                                   bool prefetch)
     : model_(std::move(model)), prefetch_(prefetch) {
-  size_t k = 0;
-  for (const auto& [name, t] : model_->named_parameters()) {
-    const int64_t unit = unit_of(name);
-    if (unit == kOuterUnit) continue;
-    LT_CHECK(k < host.size() && host[k].first == name, "OffloadedWeights: no host copy of ", name);
-    const Tensor& h = host[k++].second;
-    LT_CHECK(t.storage()->memory_released() && t.is_contiguous() && h.is_contiguous() &&
-                 h.nbytes() == t.nbytes() && t.nbytes() == t.storage()->nbytes() &&
-                 h.dtype() == t.dtype(),
-             "OffloadedWeights: ", name,
-             " must be a released, contiguous tensor of its own "
-             "storage with a host copy of its bytes");
-    Layer& l = layers_[unit];
-    l.device.push_back(t);
-    l.host.push_back(h);
+  for (Part& p : parts) {
+    const Tensor& t = p.device;
+    LT_CHECK(p.unit >= 0 && t.storage()->memory_released() && t.is_contiguous() &&
+                 p.host.is_contiguous() && p.host.nbytes() == t.nbytes() &&
+                 t.nbytes() == t.storage()->nbytes() && p.host.dtype() == t.dtype(),
+             "OffloadedWeights: ", t.str(), " of layer ", p.unit,
+             " must be a released, contiguous tensor of its own storage with a host copy of "
+             "its bytes");
+    Layer& l = layers_[p.unit];
     l.bytes += static_cast<int64_t>(t.nbytes());
-    stats_.host_bytes += static_cast<int64_t>(h.nbytes());
+    stats_.host_bytes += static_cast<int64_t>(p.host.nbytes());
+    l.device.push_back(std::move(p.device));
+    l.host.push_back(std::move(p.host));
   }
-  LT_CHECK(k == host.size(), "OffloadedWeights: ", host.size() - k, " host copies left over");
   for (const auto& [unit, l] : layers_)
     stats_.layer_bytes_max = std::max(stats_.layer_bytes_max, l.bytes);
   model_->set_param_residency(this);
@@ -115,48 +110,80 @@ void OffloadedWeights::release(int64_t unit) {
   resident_bytes_ -= l.bytes;
 }
 
-OffloadedModel load_offloaded(const std::string& dir, Device device, DType dtype, bool prefetch) {
+OffloadedModel load_offloaded(const std::string& dir, Device device, DType dtype, bool prefetch,
+                              const QuantConfig& quant) {
   const ModelConfig mc = ModelConfig::load(dir);
   check_causal_lm(mc, dir);
-  // The layers' projections get their weights below, one tensor at a time; the outer unit's
-  // head is allocated as usual.
+  const bool quantize = quant.enabled();
+  if (quantize) check_quant_config(quant);
+  auto in_layer = [](const std::string& name) {
+    return ParamResidency::unit_of(name) != ParamResidency::kOuterUnit;
+  };
+  // The layers' projections get their weights below, one tensor at a time (quantized ones none:
+  // their stored form is made from the checkpoint); the outer unit's head as usual.
   auto model = std::make_shared<DecoderModel>(mc, device, dtype, /*allocate_linear_weights=*/false);
+  std::vector<LinearModule*> to_quantize;
   for (LinearModule* m : model->linear_modules()) {
     if (m->weight.defined()) continue;
+    const std::string name = m->name + ".weight";
+    if (quantize && in_layer(name) && !quant_skips(quant, m->name)) {
+      to_quantize.push_back(m);
+      continue;
+    }
     m->weight = Tensor::empty({m->out_features, m->in_features}, dtype, device, MemTag::kParam);
-    m->weight.set_name(m->name + ".weight");
+    m->weight.set_name(name);
     m->weight.set_param(true);
-    if (ParamResidency::unit_of(m->name + ".weight") != ParamResidency::kOuterUnit)
-      m->weight.storage()->release_memory();
+    if (in_layer(name)) m->weight.storage()->release_memory();
   }
   const TensorStore store = TensorStore::open(dir);
   NoGradGuard ng;
   std::vector<std::string> missing;
-  std::vector<std::pair<std::string, Tensor>> host;
+  std::vector<OffloadedWeights::Part> parts;
+  // A layer tensor on the device -> a pinned copy, and its device memory released.
+  auto offload = [&](const std::string& name, const Tensor& t, const Tensor& src) {
+    Tensor h = Tensor::empty_pinned(t.shape(), t.dtype(), MemTag::kParam);
+    h.copy_(src);
+    if (!t.storage()->memory_released()) t.storage()->release_memory();
+    parts.push_back({ParamResidency::unit_of(name), t, std::move(h)});
+  };
   for (auto& [name, t] : model->named_parameters()) {
+    if (!t.defined()) continue;  // quantized below
     if (!store.contains(name)) {
       missing.push_back(name);
       continue;
     }
     Tensor src = store.get(name);
     check_checkpoint_tensor(name, src, t.shape());
-    if (ParamResidency::unit_of(name) == ParamResidency::kOuterUnit) {
+    if (in_layer(name))
+      offload(name, t, src);
+    else
       t.copy_(src);
-    } else {
-      Tensor h = Tensor::empty_pinned(t.shape(), dtype, MemTag::kParam);
-      h.copy_(src);
-      if (!t.storage()->memory_released()) t.storage()->release_memory();
-      host.emplace_back(name, std::move(h));
-    }
     src = Tensor();
     store.release(name);
   }
-  check_no_missing_tensors(missing, "checkpoint " + dir);
   std::unordered_set<std::string> used;
+  for (LinearModule* m : to_quantize) {
+    const std::string name = m->name + ".weight";
+    used.insert(name);
+    if (!store.contains(name)) {
+      missing.push_back(name);
+      continue;
+    }
+    {
+      const Tensor src = store.get(name);
+      check_checkpoint_tensor(name, src, {m->out_features, m->in_features});
+      // In the compute dtype first (host), as load_quantized does.
+      m->base = quantize_weight(src.dtype() == dtype ? src : src.to(dtype), device, quant);
+    }
+    store.release(name);
+    for (const auto& [part, t] : m->base->stored_tensors())
+      if (t.defined()) offload(name, t, t);
+  }
+  check_no_missing_tensors(missing, "checkpoint " + dir);
   for (const auto& [name, t] : model->named_parameters()) used.insert(name);
   check_unexpected_tensors(store, used, mc);
   OffloadedModel out;
-  out.weights = std::make_shared<OffloadedWeights>(model, std::move(host), prefetch);
+  out.weights = std::make_shared<OffloadedWeights>(model, std::move(parts), prefetch);
   out.model = std::move(model);
   return out;
 }

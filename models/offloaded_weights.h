@@ -16,8 +16,11 @@
 // - The host copies are tagged MemTag::kParam in pinned_allocator(); the restored device
 //   storages keep their kParam tag in allocator(device). On the CPU the same code runs with
 //   logical streams and memcpy: the logic and the accounting are tested everywhere.
+// - Quantized layers (load_offloaded with a QuantConfig): each weight is quantized on the device
+//   as load_quantized does, then its stored form (NF4 codes and quant state, int8 codes and
+//   scales: LinearBase::stored_tensors) moves to the host like any other layer tensor.
 // - Only forward without gradients: a layer's weights are not resident in backward (nothing
-//   here holds them for a backward pass). Quantized bases are not offloaded (refused).
+//   here holds them for a backward pass).
 // - The OffloadedWeights must outlive every use of the model (it holds the model); destroying it
 //   waits for the copy stream and detaches it, leaving the layers' storages released.
 #pragma once
@@ -30,6 +33,7 @@
 
 #include "engine/stream.h"
 #include "models/decoder.h"
+#include "models/quantize_model.h"
 
 namespace leantune {
 
@@ -46,9 +50,15 @@ class OffloadedWeights final : public ParamResidency {
  public:
   // Takes over the layer tensors of `model` (units >= 0): `host` holds one pinned copy per
   // tensor, in the order of model.named_parameters(); their device storages must be released.
-  // Keeps the model alive: the residency detaches from it on destruction.
-  OffloadedWeights(std::shared_ptr<DecoderModel> model,
-                   std::vector<std::pair<std::string, Tensor>> host, bool prefetch = true);
+  struct Part {
+    int64_t unit;   // >= 0: the decoder layer
+    Tensor device;  // released, contiguous, the sole user of its storage
+    Tensor host;    // its bytes, pinned
+  };
+  // Takes over the given layer tensors of `model`. Keeps the model alive: the residency detaches
+  // from it on destruction.
+  OffloadedWeights(std::shared_ptr<DecoderModel> model, std::vector<Part> parts,
+                   bool prefetch = true);
   ~OffloadedWeights() override;
   OffloadedWeights(const OffloadedWeights&) = delete;
   OffloadedWeights& operator=(const OffloadedWeights&) = delete;
@@ -80,8 +90,9 @@ struct OffloadedModel {
   std::shared_ptr<OffloadedWeights> weights;  // installed as the model's residency
 };
 // Loads an HF causal-LM folder as described above (the checks of DecoderModel::load: missing,
-// misshapen and unexpected tensors are errors naming them).
+// misshapen and unexpected tensors are errors naming them); with `quant` enabled, the layers'
+// projections are quantized first (NF4 or int8, quant_skips honoured).
 OffloadedModel load_offloaded(const std::string& dir, Device device, DType dtype,
-                              bool prefetch = true);
+                              bool prefetch = true, const QuantConfig& quant = {});
 
 }  // namespace leantune

@@ -14,6 +14,7 @@
 #include "loaders/model_config.h"
 #include "models/decoder.h"
 #include "models/offloaded_weights.h"
+#include "models/quantize_model.h"
 #include "testing/testing.h"
 
 namespace leantune {
@@ -87,6 +88,34 @@ TEST(OffloadedWeights, SameHiddenStatesWithAtMostTwoLayersResident) {
 TEST(OffloadedWeightsCuda, SameHiddenStatesWithAtMostTwoLayersResident) {
   LT_SKIP_WITHOUT_CUDA();
   check_offloaded(Device::cuda(0), DType::kBF16);
+}
+
+// Quantized layers offloaded: the hidden states of load_quantized's model, bit for bit; the host
+// holds the stored form (about a quarter of f32 for NF4 with its quant state).
+TEST(OffloadedWeights, QuantizedLayersMoveInTheirStoredForm) {
+  const std::string dir = tiny_model_dir();
+  NoGradGuard ng;
+  const Tensor x = Tensor::from_vector<int64_t>({5, 9, 200, 3, 17, 88, 1}, {7});
+  const Tensor pos = Tensor::from_vector<int64_t>({0, 1, 2, 3, 0, 1, 2}, {7});
+  const Tensor cu = Tensor::from_vector<int32_t>({0, 4, 7}, {3});
+  for (const bool nf4 : {true, false}) {
+    SCOPED_TRACE(nf4 ? "nf4" : "int8");
+    QuantConfig q;
+    q.load_in_4bit = nf4;
+    q.load_in_8bit = !nf4;
+    q.compute_dtype = DType::kF32;
+    const std::vector<double> want = load_quantized(dir, Device::cpu(), DType::kF32, q)
+                                         ->hidden_states(x, pos, cu, 4, false)
+                                         .to_f64();
+    OffloadedModel om = load_offloaded(dir, Device::cpu(), DType::kF32, true, q);
+    EXPECT_EQ(om.model->hidden_states(x, pos, cu, 4, false).to_f64(), want);
+    EXPECT_EQ(om.model->hidden_states(x, pos, cu, 4, false).to_f64(), want);
+    // Per layer: 7 projections of 40x40, 20x40 (twice), 40x40, 71x40 (twice), 40x71 quantized,
+    // and two f32 norms of 40.
+    const int64_t dense = (40 * 40 * 2 + 20 * 40 * 2 + 71 * 40 * 3) * 4 + 2 * 40 * 4;
+    EXPECT_LT(om.weights->stats().layer_bytes_max, nf4 ? dense / 4 : dense / 2);
+    EXPECT_EQ(om.weights->stats().resident_peak, 2 * om.weights->stats().layer_bytes_max);
+  }
 }
 
 TEST(OffloadedWeights, MissingTensorsAreNamed) {

@@ -286,6 +286,14 @@ TEST(Distill, AnOffloadedTeacherGivesTheSameRun) {
   ASSERT_EQ(dense.size(), 3u) << dense_log;
   EXPECT_GT(dense[0], 1e-3);  // a teacher of other weights
   EXPECT_EQ(offloaded, dense);
+  // An NF4 teacher offloaded: its quantized form moves, the run is the NF4 teacher's.
+  std::string nf4_log;
+  const std::vector<double> nf4 = run(" --teacher_load_in_4bit", "nf4", &nf4_log);
+  const std::vector<double> nf4_off =
+      run(" --teacher_load_in_4bit --teacher_offload", "nf4_offload", &nf4_log);
+  ASSERT_EQ(nf4.size(), 3u) << nf4_log;
+  EXPECT_NE(nf4, dense);
+  EXPECT_EQ(nf4_off, nf4);
   EXPECT_NE(offload_log.find("teacher offloaded layer by layer"), std::string::npos) << offload_log;
   EXPECT_EQ(dense_log.find("teacher offloaded"), std::string::npos);
 }

@@ -590,11 +590,8 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
       q.load_in_4bit = oa.teacher_load_in_4bit;
       q.load_in_8bit = oa.teacher_load_in_8bit;
       q.compute_dtype = m.model->dtype();
-      LT_CHECK_INPUT(!(oa.teacher_offload && q.enabled()),
-                     "option --teacher_offload: the quantized teachers (--teacher_load_in_4bit, "
-                     "--teacher_load_in_8bit) stay on the device; choose one");
       if (oa.teacher_offload) {
-        OffloadedModel om = load_offloaded(dir, m.model->device(), m.model->dtype());
+        OffloadedModel om = load_offloaded(dir, m.model->device(), m.model->dtype(), true, q);
         teacher = om.model;
         teacher_offload = om.weights;
       } else {

@@ -86,7 +86,7 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
         .flag("teacher_offload", &A::teacher_offload,
               "keep the teacher's decoder layers in pinned host memory and bring them to the "
               "device one at a time, the next one prefetched on a copy stream (at most two "
-              "layers on the device; not with the quantized teachers)")
+              "layers on the device; with --teacher_load_in_4bit/8bit, their quantized form)")
         .integer("max_completion_length", &A::max_completion_length,
                  "most tokens generated per completion", 1)
         .real("temperature", &A::temperature,
