@@ -4,7 +4,8 @@
 # generate and estimate run from it under HF_HUB_CACHE and under HF_HOME; --model_revision picks
 # a branch or a commit; an ID that is not cached, a revision that is not, and a path that does
 # not exist are each one line, exit 2, naming the option (and the download command); a YAML
-# config (TRL's CLI style) with the ID on the command line trains offline.
+# config (TRL's CLI style) with the ID on the command line trains offline; distill's
+# --teacher_model_revision picks the teacher's branch.
 # usage: hub_cache.sh TRAINER_BIN SOURCE_DIR
 set -u
 bin=$1
@@ -90,6 +91,22 @@ run "revision not cached" 2 "revision 'v3' is not in the Hugging Face cache" "$b
 run "not a path nor an ID" 2 "option --model_name_or_path: '$tmp/none/x' does not exist" "$bin" \
     sft --model_name_or_path "$tmp/none/x" --dataset "$data" --max_steps 1 \
     --output_dir "$tmp/out7"
+# distill's teacher from the cache: --teacher_model_revision picks its branch (main's weights are
+# the student's own: a divergence of 0 at the first step; v2's are others).
+prompts=$src/tests/fixtures/datasets/prompt_only.jsonl
+for rev in main v2; do
+  run "distill teacher at $rev" 0 "model written to" "$bin" distill --model_name_or_path \
+      Org/Tiny-Model --teacher_model_name_or_path Org/Tiny-Model --teacher_model_revision "$rev" \
+      --dataset "$prompts" --max_steps 1 --max_completion_length 4 --device cpu \
+      --per_device_train_batch_size 1 --logging_steps 1 \
+      --output_dir "$tmp/teacher_$rev"
+done
+awk -v a="$(loss "$tmp/teacher_main" | cut -d: -f2)" -v b="$(loss "$tmp/teacher_v2" | cut -d: -f2)" \
+  'BEGIN { exit !(a != "" && b != "" && a + 0 < 1e-6 && b + 0 > 1e-4) }' ||
+  { echo "FAIL: teacher revisions: $(loss "$tmp/teacher_main") $(loss "$tmp/teacher_v2")"; fail=1; }
+run "teacher revision not cached" 2 "revision 'v3' is not in the Hugging Face cache" "$bin" \
+    distill --model_name_or_path Org/Tiny-Model --teacher_model_name_or_path Org/Tiny-Model \
+    --teacher_model_revision v3 --dataset "$prompts" --max_steps 1 --output_dir "$tmp/out9"
 unset HF_HUB_CACHE
 mkdir -p "$tmp/home" && mv "$tmp/cache" "$tmp/home/hub"
 run "HF_HOME's hub folder" 0 "model written to" env HF_HOME="$tmp/home" "$bin" sft \

@@ -254,9 +254,9 @@ TEST(Distill, EstimateCountsTheTeacher) {
 }
 
 // --teacher_offload: the teacher's layers in pinned host memory, one (and the prefetched next)
-// on the device at a time; the run is the dense teacher's bit for bit, and the memory report
-// says how much stayed on the host.
-TEST(Distill, AnOffloadedTeacherGivesTheSameRun) {
+// on the device at a time; the run is the dense teacher's bit for bit (an NF4 teacher's, the NF4
+// teacher's), and the memory report says how much stayed on the host. Then the teacher's dtype.
+TEST(Distill, TeacherFormsGiveTheirRuns) {
   const std::string out = testing::temp_dir("distill_offload");
   const std::string student = testing::make_tiny_model(out + "/student");
   const std::string teacher = testing::make_tiny_model(out + "/teacher", 7);
@@ -296,6 +296,16 @@ TEST(Distill, AnOffloadedTeacherGivesTheSameRun) {
   EXPECT_EQ(nf4_off, nf4);
   EXPECT_NE(offload_log.find("teacher offloaded layer by layer"), std::string::npos) << offload_log;
   EXPECT_EQ(dense_log.find("teacher offloaded"), std::string::npos);
+  // --teacher_model_init_kwargs (TRL's): a bf16 teacher beside the f32 student, each model's
+  // hidden states and head in its own dtype: near the f32 teacher's run, not equal to it; "auto"
+  // reads config.json's float32.
+  std::string kw_log;
+  const std::vector<double> bf16 =
+      run(" --teacher_model_init_kwargs '{\"torch_dtype\": \"bfloat16\"}'", "bf16", &kw_log);
+  ASSERT_EQ(bf16.size(), 3u) << kw_log;
+  EXPECT_NE(bf16[0], dense[0]);
+  EXPECT_NEAR(bf16[0], dense[0], 0.02 * dense[0]);
+  EXPECT_EQ(run(" --teacher_model_init_kwargs '{\"dtype\": \"auto\"}'", "auto", &kw_log), dense);
 }
 
 // --lmbda (GKD's share of on-policy batches): at 0 every batch takes the dataset's completions,

@@ -166,11 +166,15 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
     const ModelConfig teacher = !oa.teacher_model_name_or_path.empty() && fs::exists(tcfg)
                                     ? ModelConfig::load(tcfg.string())
                                     : model;
-    int64_t teacher_bytes = reference_param_bytes("ref_model", model, teacher, args.bf16,
+    const DType tdt =
+        distill_teacher_dtype(oa.teacher_model_init_kwargs, args.bf16 ? DType::kBF16 : DType::kF32,
+                              fs::exists(tcfg) ? oa.teacher_model_name_or_path : std::string());
+    const bool teacher16 = dtype_size(tdt) == 2;
+    int64_t teacher_bytes = reference_param_bytes("ref_model", model, teacher, teacher16,
                                                   oa.teacher_load_in_4bit, oa.teacher_load_in_8bit);
     if (oa.teacher_offload && teacher.num_hidden_layers > 0) {
       // On the device: the embedding, the final norm and the head, and at most two layers.
-      const int64_t elem = args.bf16 ? 2 : 4;
+      const int64_t elem = static_cast<int64_t>(dtype_size(tdt));
       const int64_t outer = ((CheckedInt(teacher.vocab_size) * teacher.hidden_size *
                               (teacher.tie_word_embeddings ? 1 : 2)) +
                              teacher.hidden_size)

@@ -16,6 +16,7 @@
 #include "kernels/linear_divergence.h"
 #include "loaders/dataset.h"
 #include "loaders/examples.h"
+#include "loaders/model_config.h"
 #include "trainers/online/grpo.h"
 
 namespace leantune {
@@ -123,6 +124,35 @@ void attach_dataset_completions(OnlinePrompts& prompts, const JsonlSource& sourc
       " tokens; " + std::to_string(cut) + " cut to max_completion_length " +
       std::to_string(max_completion_length) + "; " + std::to_string(stats.prompt_mismatch) +
       " prompts tokenized differently inside prompt + completion)";
+}
+
+DType distill_teacher_dtype(const std::string& init_kwargs, DType student,
+                            const std::string& teacher_dir) {
+  if (init_kwargs.empty()) return student;
+  const char* opt = "option --teacher_model_init_kwargs";
+  nlohmann::json kw;
+  try {
+    kw = nlohmann::json::parse(init_kwargs);
+  } catch (const nlohmann::json::exception&) {
+    LT_THROW(ErrorKind::kInput, opt, ": '", init_kwargs, "' is not JSON");
+  }
+  LT_CHECK_INPUT(kw.is_object(), opt, ": '", init_kwargs, "' must be a JSON object");
+  DType dt = student;
+  for (const auto& [key, value] : kw.items()) {
+    LT_CHECK_INPUT(key == "torch_dtype" || key == "dtype", opt, ": key '", key,
+                   "' is not supported (supported: torch_dtype, dtype; quantize the teacher with "
+                   "--teacher_load_in_4bit or --teacher_load_in_8bit)");
+    LT_CHECK_INPUT(value.is_string(), opt, ": ", key, " must be a string");
+    const std::string name = value.get<std::string>();
+    if (name == "auto") {
+      dt = teacher_dir.empty() ? student
+                               : ModelConfig::load(teacher_dir + "/config.json").torch_dtype;
+      continue;
+    }
+    LT_CHECK_INPUT(dtype_from_string(name, &dt) && dtype_is_floating(dt) && dt != DType::kF64, opt,
+                   ": ", key, " '", name, "' is not one of bfloat16, float16, float32, auto");
+  }
+  return dt;
 }
 
 double distill_off_policy_draw(uint64_t seed) {

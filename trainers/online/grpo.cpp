@@ -573,31 +573,36 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
       LT_CHECK_INPUT(
           !given_model && !in.dataset_rows && oa.dataset.empty() && oa.model_name_or_path.empty(),
           "distill: --teacher_model_name_or_path is required");
-      LT_CHECK_INPUT(!oa.teacher_load_in_4bit && !oa.teacher_load_in_8bit && !oa.teacher_offload,
+      LT_CHECK_INPUT(!oa.teacher_load_in_4bit && !oa.teacher_load_in_8bit && !oa.teacher_offload &&
+                         oa.teacher_model_init_kwargs.empty(),
                      "option --teacher_",
                      oa.teacher_load_in_4bit   ? "load_in_4bit"
                      : oa.teacher_load_in_8bit ? "load_in_8bit"
-                                               : "offload",
+                     : oa.teacher_offload      ? "offload"
+                                               : "model_init_kwargs",
                      " needs --teacher_model_name_or_path");
       teacher = load_sft_model(o).model;
       m.model->init_random(args.seed + 1);
     } else {
-      const std::string dir =
-          resolve_model_path(oa.teacher_model_name_or_path, "teacher_model_name_or_path");
+      const std::string dir = resolve_model_path(
+          oa.teacher_model_name_or_path, "teacher_model_name_or_path", oa.teacher_model_revision);
+      // The divergence takes each model's hidden states and head in its own dtype.
+      const DType tdt = distill_teacher_dtype(oa.teacher_model_init_kwargs, m.model->dtype(), dir);
       QuantConfig q;
       LT_CHECK_INPUT(!(oa.teacher_load_in_4bit && oa.teacher_load_in_8bit),
                      "options --teacher_load_in_4bit and --teacher_load_in_8bit: choose one");
       q.load_in_4bit = oa.teacher_load_in_4bit;
       q.load_in_8bit = oa.teacher_load_in_8bit;
-      q.compute_dtype = m.model->dtype();
+      q.compute_dtype = tdt;
       if (oa.teacher_offload) {
-        OffloadedModel om = load_offloaded(dir, m.model->device(), m.model->dtype(), true, q);
+        OffloadedModel om = load_offloaded(dir, m.model->device(), tdt, true, q);
         teacher = om.model;
         teacher_offload = om.weights;
       } else {
-        teacher = q.enabled() ? load_quantized(dir, m.model->device(), m.model->dtype(), q)
-                              : std::shared_ptr<DecoderModel>(
-                                    DecoderModel::load(dir, m.model->device(), m.model->dtype()));
+        teacher =
+            q.enabled()
+                ? load_quantized(dir, m.model->device(), tdt, q)
+                : std::shared_ptr<DecoderModel>(DecoderModel::load(dir, m.model->device(), tdt));
       }
     }
     teacher->set_requires_grad(false);

@@ -125,6 +125,8 @@ struct OnlineArguments : ModelSource {
   bool teacher_load_in_8bit = false;       // distill: the teacher's linear weights in int8
   bool teacher_offload = false;            // distill: the teacher's layers in pinned host memory
   double lmbda = 1.0;                      // distill: the share of on-policy batches (GKD's lmbda)
+  std::string teacher_model_revision = "main";  // distill: the teacher's Hub revision
+  std::string teacher_model_init_kwargs;        // distill: TRL's JSON kwargs (torch_dtype only)
   RewardSourceArguments rewards;
 };
 // TRL's defaults of "grpo", "rloo" or "online_dpo" (GRPOConfig, RLOOConfig, OnlineDPOConfig:
@@ -167,6 +169,12 @@ OnlinePrompts load_online_prompts(const JsonlSource& source, const TextEncoder& 
 // completion (TRL's prompt mismatch).
 void attach_dataset_completions(OnlinePrompts& prompts, const JsonlSource& source,
                                 const TextEncoder& enc, int64_t max_completion_length);
+// distill's teacher dtype: --teacher_model_init_kwargs' "torch_dtype" (or "dtype": a dtype name,
+// or "auto": config.json's torch_dtype in `teacher_dir`), else the student's. Error(kInput)
+// naming the option for a value that is not a JSON object, a bad dtype, or any other key (the
+// other from_pretrained kwargs have no meaning here).
+DType distill_teacher_dtype(const std::string& init_kwargs, DType student,
+                            const std::string& teacher_dir);
 // The uniform draw in [0, 1) that decides whether generation batch `seed` is off-policy.
 double distill_off_policy_draw(uint64_t seed);
 

@@ -77,6 +77,13 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
     t.text("teacher_model_name_or_path", &A::teacher_model_name_or_path,
            "the frozen teacher: an HF model folder (or cached Hub ID) with the student's "
            "vocabulary (empty with no model and dataset: the demo model teaches a fresh student)")
+        .text("teacher_model_revision", &A::teacher_model_revision,
+              "the teacher's revision (branch, tag or commit) when --teacher_model_name_or_path "
+              "is a Hub ID in the local cache")
+        .text("teacher_model_init_kwargs", &A::teacher_model_init_kwargs,
+              "the teacher's from_pretrained kwargs as a JSON object; \"torch_dtype\" (or "
+              "\"dtype\": bfloat16, float16, float32, auto) loads it in another dtype than the "
+              "student's; other keys are refused")
         .flag("teacher_load_in_4bit", &A::teacher_load_in_4bit,
               "load the teacher's linear weights in NF4 (frozen, bitsandbytes' format, as "
               "--ref_load_in_4bit): about a quarter of its dense bytes")
