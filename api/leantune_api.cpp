@@ -209,7 +209,7 @@ Trainer::Trainer(Model& model, const std::string& config_json, const TrainerSetu
   impl_ = guarded([&] {
     const TrainerSpec* spec = find_trainer_spec(setup.algorithm);
     LT_CHECK_INPUT(spec != nullptr, "TrainerSetup::algorithm '", setup.algorithm,
-                   "': not an algorithm (sft, dpo, kto, grpo, rloo, online_dpo)");
+                   "': not an algorithm (sft, dpo, kto, grpo, rloo, online_dpo, distill)");
     LT_CHECK_INPUT(spec->make_run_on_model != nullptr, "TrainerSetup::algorithm '", setup.algorithm,
                    "': trains a model of its own kind, which Model::load does ",
                    "not load; use trainer_bin ", setup.algorithm);

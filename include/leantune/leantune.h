@@ -196,8 +196,9 @@ using StepCallback = std::function<bool(const StepMetrics&)>;
 // What a pipeline hands a trainer besides its options.
 struct TrainerSetup {
   // The algorithm, by its trainer_bin command name: sft, dpo, kto, grpo, rloo, online_dpo or
-  // distill (the config takes that command's options; distill's teacher_model_name_or_path). reward trains a sequence classifier, which Model::load
-  // does not load: use trainer_bin reward.
+  // distill (the config takes that command's options; distill's teacher_model_name_or_path).
+  // reward trains a sequence classifier, which Model::load does not load: use trainer_bin
+  // reward.
   std::string algorithm = "sft";
   // false: train() leaves the process's SIGTERM/SIGINT/SIGHUP handlers as they are; the
   // embedder stops a run with request_stop().

@@ -56,17 +56,35 @@ std::vector<double> train_trace(const std::string& algorithm, const std::string&
 
 class ApiAlgorithm : public ::testing::TestWithParam<std::string> {};
 
+// distill's teacher: a fresh initialisation of the demo model's shape (the student is the demo
+// model, loaded by Model::load("") and by the command alike).
+std::string distill_teacher() {
+  const std::string dir = leantune::testing::temp_dir("api_distill_teacher");
+  const std::string src = LT_SOURCE_DIR;
+  const std::string cmd = std::string(LT_BINARY_DIR) + "/trainer_bin init-model --config " + src +
+                          "/data/embedded/config.json --tokenizer " + src +
+                          "/data/embedded --seed 5 --out " + dir + " > /dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  return dir;
+}
+
 // Three updates: the online demos' first two have equal rewards in every group, so no gradient.
 TEST_P(ApiAlgorithm, LossesEqualTheCommandsOnTheDemo) {
   const std::string algorithm = GetParam();
   const std::string api_out = leantune::testing::temp_dir("api_" + algorithm);
   const std::string cli_out = leantune::testing::temp_dir("cli_" + algorithm);
-  const std::vector<double> api = train_trace(
-      algorithm, R"({"max_steps": 3, "logging_steps": 1, "output_dir": ")" + api_out + R"("})",
-      std::nullopt);
+  const std::string teacher = algorithm == "distill" ? distill_teacher() : "";
+  const std::string extra_json =
+      teacher.empty() ? "" : R"(, "teacher_model_name_or_path": ")" + teacher + R"(")";
+  const std::vector<double> api =
+      train_trace(algorithm,
+                  R"({"max_steps": 3, "logging_steps": 1, "output_dir": ")" + api_out + R"(")" +
+                      extra_json + "}",
+                  std::nullopt);
   ASSERT_EQ(api.size(), 6u);
   const std::string cmd = std::string(LT_BINARY_DIR) + "/trainer_bin " + algorithm +
                           " --max_steps 3 --logging_steps 1 --output_dir " + cli_out +
+                          (teacher.empty() ? "" : " --teacher_model_name_or_path " + teacher) +
                           " > /dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   EXPECT_EQ(api, metrics_trace(cli_out)) << algorithm;
@@ -79,7 +97,7 @@ TEST_P(ApiAlgorithm, LossesEqualTheCommandsOnTheDemo) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, ApiAlgorithm,
-                         ::testing::Values("dpo", "kto", "grpo", "rloo", "online_dpo"),
+                         ::testing::Values("dpo", "kto", "grpo", "rloo", "online_dpo", "distill"),
                          [](const auto& info) { return info.param; });
 
 lt::ErrorCategory setup_error(const lt::TrainerSetup& setup, std::string* message) {
