@@ -139,6 +139,32 @@ void check_demo(const std::string& device) {
 
 TEST(Distill, DemoDivergenceFalls) { check_demo("cpu"); }
 
+// Generation on the online trainers' paged KV cache with sleep mode (the pool freed after each
+// generation phase) gives the same run, and the report says what sleeping gave back.
+TEST(Distill, SleepModeGivesTheSameRun) {
+  const std::string out = testing::temp_dir("distill_sleep");
+  auto losses = [&](const std::string& dir, const std::string& extra, std::string* log) {
+    EXPECT_EQ(testing::run_command(testing::trainer_bin() +
+                                       " distill --device cpu --max_steps 4 --logging_steps 1 "
+                                       "--output_dir " +
+                                       out + "/" + dir + extra + " 2>&1",
+                                   log),
+              0)
+        << *log;
+    std::vector<double> l;
+    std::ifstream in(out + "/" + dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);)
+      l.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return l;
+  };
+  std::string awake_log, asleep_log;
+  const std::vector<double> awake = losses("awake", "", &awake_log);
+  const std::vector<double> asleep = losses("asleep", " --generation_sleep", &asleep_log);
+  ASSERT_EQ(awake.size(), 4u) << awake_log;
+  EXPECT_EQ(asleep, awake);
+  EXPECT_NE(asleep_log.find("sleep mode:"), std::string::npos) << asleep_log;
+}
+
 TEST(DistillCuda, DemoDivergenceFalls) {
   LT_SKIP_WITHOUT_CUDA();
   check_demo("cuda");
