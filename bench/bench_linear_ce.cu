@@ -42,32 +42,11 @@ namespace {
 const lt::Device kGpu = lt::Device::cuda(0);
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-double median_ms(const std::function<void()>& fn, int reps) {
-  return lt::bench::median_ms(fn, reps, 1);
-}
-
-lt::Tensor randn(const lt::Shape& s, uint64_t seed, double std) {
-  lt::Tensor t = lt::Tensor::empty(s, lt::DType::kBF16, kGpu);
-  lt::Generator g(seed, lt::RngPurpose::kTest);
-  lt::normal_(t, g, 0.0, std);
-  return t;
-}
-
-// Peak allocated bytes above what is allocated now, while fn runs once.
-int64_t peak_extra(const std::function<void()>& fn) {
-  lt::Allocator& alloc = lt::allocator(kGpu);
-  lt::device_synchronize(kGpu);
-  const int64_t base = alloc.stats().allocated.current;
-  alloc.reset_peak_stats();
-  fn();
-  lt::device_synchronize(kGpu);
-  return alloc.stats().allocated.peak - base;
-}
-
 void run(int64_t t, const std::string& suffix, int reps, nlohmann::json& figures,
          nlohmann::json& errors) {
   const int64_t h = 1536, v = 151936;
-  const lt::Tensor x = randn({t, h}, 11, 1.0), w = randn({v, h}, 12, 0.02);
+  const lt::Tensor x = lt::bench::bf16_randn({t, h}, 11, 1.0),
+                   w = lt::bench::bf16_randn({v, h}, 12, 0.02);
   std::vector<int64_t> y(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) y[i] = (i * 7919 + 17) % v;
   const lt::Tensor yh = lt::Tensor::from_vector(y, {t});
@@ -82,8 +61,8 @@ void run(int64_t t, const std::string& suffix, int reps, nlohmann::json& figures
   auto fused = [&] {
     lt::kernels::linear_cross_entropy_fwd_bwd_cuda(x, w, yd, scale, dx, dw, opt);
   };
-  const int64_t fused_extra = peak_extra(fused);
-  const double fused_ms = median_ms(fused, reps);
+  const int64_t fused_extra = lt::bench::peak_extra_bytes(fused);
+  const double fused_ms = lt::bench::median_ms(fused, reps, 1);
   figures["linear_ce_peak_extra_gib" + suffix] = fused_extra / kGiB;
   figures["linear_ce_fwd_bwd_ms" + suffix] = fused_ms;
   figures["linear_ce_fwd_bwd_tflops" + suffix] = flops / (fused_ms * 1e-3) / 1e12;
@@ -116,8 +95,8 @@ void run(int64_t t, const std::string& suffix, int reps, nlohmann::json& figures
     loss_rows = lt::Tensor();
     lse = lt::Tensor();
   };
-  const int64_t unfused_extra = peak_extra(unfused);
-  const double unfused_ms = median_ms(unfused, reps);
+  const int64_t unfused_extra = lt::bench::peak_extra_bytes(unfused);
+  const double unfused_ms = lt::bench::median_ms(unfused, reps, 1);
   figures["linear_ce_unfused_peak_extra_gib" + suffix] = unfused_extra / kGiB;
   figures["linear_ce_unfused_fwd_bwd_ms" + suffix] = unfused_ms;
   figures["linear_ce_speed_vs_unfused" + suffix] = unfused_ms / fused_ms;
@@ -129,11 +108,7 @@ void run(int64_t t, const std::string& suffix, int reps, nlohmann::json& figures
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-  }
+  const int reps = lt::bench::reps_option(argc, argv, 3);
   nlohmann::json figures = nlohmann::json::object(), errors = nlohmann::json::object();
   try {
     if (!lt::cuda_available()) throw lt::Error(lt::ErrorKind::kInput, "no CUDA device");

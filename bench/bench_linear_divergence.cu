@@ -40,28 +40,12 @@ namespace {
 const lt::Device kGpu = lt::Device::cuda(0);
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-lt::Tensor randn(const lt::Shape& s, uint64_t seed, double std) {
-  lt::Tensor t = lt::Tensor::empty(s, lt::DType::kBF16, kGpu);
-  lt::Generator g(seed, lt::RngPurpose::kTest);
-  lt::normal_(t, g, 0.0, std);
-  return t;
-}
-
-// Peak allocated bytes above what is allocated now, while fn runs once.
-int64_t peak_extra(const std::function<void()>& fn) {
-  lt::Allocator& alloc = lt::allocator(kGpu);
-  lt::device_synchronize(kGpu);
-  const int64_t base = alloc.stats().allocated.current;
-  alloc.reset_peak_stats();
-  fn();
-  lt::device_synchronize(kGpu);
-  return alloc.stats().allocated.peak - base;
-}
-
 void run(int64_t t, const std::string& suffix, int reps, nlohmann::json& figures) {
   const int64_t hs = 1536, ht = 3584, v = 151936;
-  const lt::Tensor xs = randn({t, hs}, 21, 1.0), ws = randn({v, hs}, 22, 0.02);
-  const lt::Tensor xt = randn({t, ht}, 23, 1.0), wt = randn({v, ht}, 24, 0.02);
+  const lt::Tensor xs = lt::bench::bf16_randn({t, hs}, 21, 1.0),
+                   ws = lt::bench::bf16_randn({v, hs}, 22, 0.02);
+  const lt::Tensor xt = lt::bench::bf16_randn({t, ht}, 23, 1.0),
+                   wt = lt::bench::bf16_randn({v, ht}, 24, 0.02);
   const lt::Tensor mask = lt::Tensor::full({t}, 1.0, lt::DType::kI64, kGpu);
   const lt::Tensor upstream =
       lt::Tensor::full({t}, 1.0 / static_cast<double>(t), lt::DType::kF32, kGpu);
@@ -77,7 +61,7 @@ void run(int64_t t, const std::string& suffix, int reps, nlohmann::json& figures
           lt::kernels::linear_divergence(x, w, xt, wt, mask, opt);
       d.divergence.backward(upstream);
     };
-    const int64_t extra = peak_extra(call);
+    const int64_t extra = lt::bench::peak_extra_bytes(call);
     const double ms = lt::bench::median_ms(call, reps, 1);
     const double passes = beta == 0.0 || beta == 1.0 ? 1.0 : 2.0;
     const double tv = static_cast<double>(t) * static_cast<double>(v);
@@ -94,11 +78,7 @@ void run(int64_t t, const std::string& suffix, int reps, nlohmann::json& figures
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-  }
+  const int reps = lt::bench::reps_option(argc, argv, 3);
   nlohmann::json figures = nlohmann::json::object(), errors = nlohmann::json::object();
   try {
     if (!lt::cuda_available()) throw lt::Error(lt::ErrorKind::kInput, "no CUDA device");
@@ -114,9 +94,5 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     errors["setup"] = e.what();
   }
-  nlohmann::json out;
-  out["figures"] = figures;
-  out["errors"] = errors;
-  std::printf("%s\n", out.dump(1).c_str());
-  return errors.empty() ? 0 : 1;
+  return lt::bench::print_report(figures, errors);
 }
