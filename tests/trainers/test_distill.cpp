@@ -398,6 +398,39 @@ TEST(Distill, OffPolicyBatchesTrainOnTheDatasetCompletions) {
       << log;
 }
 
+// --seq_kd (GKD's sequence-level KD): the off-policy batches are the teacher's completions. On
+// prompt-only rows (no completions to take) every batch trains on what the teacher sampled, and
+// the student never generated (its KV-cache pool was never made). Without --lmbda below 1 the
+// option would do nothing: refused.
+TEST(Distill, SeqKdBatchesAreTheTeachersCompletions) {
+  const std::string out = testing::temp_dir("distill_seq_kd");
+  const std::string student = testing::make_tiny_model(out + "/student");
+  const std::string teacher = testing::make_tiny_model(out + "/teacher", 7);
+  std::ofstream prompts(out + "/p.jsonl");
+  for (int i = 0; i < 6; ++i) prompts << "{\"prompt\": \"Once upon a time " << i << "\"}\n";
+  prompts.close();
+  const std::string base = testing::trainer_bin() +
+                           " distill --device cpu --max_steps 3 --logging_steps 1 --save_steps 0 "
+                           "--per_device_train_batch_size 2 --max_completion_length 6 "
+                           "--model_name_or_path " +
+                           student + " --teacher_model_name_or_path " + teacher + " --dataset " +
+                           out + "/p.jsonl --output_dir " + out + "/o";
+  std::string log;
+  ASSERT_EQ(testing::run_command(base + " --lmbda 0 --seq_kd 2>&1", &log), 0) << log;
+  std::ifstream in(out + "/o/metrics.jsonl");
+  int records = 0;
+  for (std::string line; std::getline(in, line); ++records) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    EXPECT_EQ(r["on_policy"].get<int>(), 0);
+    EXPECT_GT(r["completions/mean_length"].get<double>(), 0.0);
+    EXPECT_GT(r["loss"].get<double>(), 1e-4);
+  }
+  EXPECT_EQ(records, 3) << log;
+  EXPECT_NE(log.find("KV-cache pool 0 B"), std::string::npos) << log;
+  EXPECT_EQ(testing::run_command(base + "2 --seq_kd 2>&1", &log), 2) << log;
+  EXPECT_NE(log.find("option --seq_kd: with --lmbda 1"), std::string::npos) << log;
+}
+
 TEST(Distill, TeacherChecks) {
   std::string log;
   const std::string out = testing::temp_dir("distill_checks");

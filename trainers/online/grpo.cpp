@@ -499,6 +499,10 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
     cfg.distill_beta = oa.beta;
     cfg.distill_temperature = oa.temperature;
     cfg.distill_lmbda = oa.lmbda;
+    cfg.distill_seq_kd = oa.seq_kd;
+    LT_CHECK_INPUT(!oa.seq_kd || oa.lmbda < 1.0,
+                   "option --seq_kd: with --lmbda 1 every batch is the student's own; the "
+                   "teacher generates the off-policy ones (set --lmbda below 1)");
     cfg.num_generations = 1;
     cfg.completions_per_micro_batch = args.per_device_train_batch_size;
     cfg.steps_per_generation = args.gradient_accumulation_steps;
@@ -632,13 +636,14 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   std::unique_ptr<TextEncoder> encoder = make_text_encoder(m.tokenizer);
   // No dataset and no rows: the built-in task's prompts.
   const bool builtin = !in.dataset_rows && oa.dataset.empty();
-  LT_CHECK_INPUT(!builtin || cfg.distill_lmbda == 1.0,
+  const bool dataset_completions = distill && cfg.distill_lmbda < 1.0 && !cfg.distill_seq_kd;
+  LT_CHECK_INPUT(!builtin || !dataset_completions,
                  "option --lmbda: off-policy batches take the dataset's completions; give a "
                  "--dataset of prompt and completion rows");
   OnlinePrompts data =
       builtin ? builtin_online_prompts(*encoder)
               : load_online_prompts(training_source(o, m, in, ""), *encoder, need_solution);
-  if (distill && cfg.distill_lmbda < 1.0)
+  if (dataset_completions)
     attach_dataset_completions(data, training_source(o, m, in, ""), *encoder,
                                oa.max_completion_length);
   std::optional<OnlinePrompts> eval;
@@ -649,7 +654,7 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
                    " must be a multiple of num_generations ", cfg.num_generations,
                    " (each evaluation batch holds whole groups)");
     eval = load_online_prompts(ev, *encoder, need_solution);
-    if (distill && cfg.distill_lmbda < 1.0)
+    if (dataset_completions)
       attach_dataset_completions(*eval, ev, *encoder, oa.max_completion_length);
   }
   const PeftArguments peft = peft_table().read(o);

@@ -132,7 +132,10 @@ OptionTable<OnlineArguments> make_online_table(const std::string& algorithm) {
               "GKD's share of on-policy generation batches: each batch is the student's "
               "completions with this probability, else the dataset's \"completion\" column "
               "(prompt_completion rows; 1: always generate, as DistillationTrainer)",
-              0.0, 1.0);
+              0.0, 1.0)
+        .flag("seq_kd", &A::seq_kd,
+              "GKD's sequence-level KD: the off-policy batches (--lmbda below 1) are the "
+              "teacher's completions, sampled with the same options, instead of the dataset's");
   } else if (dpo) {
     t.real("beta", &A::beta, "DPO's beta (IPO's tau)", 0.0)
         .text("loss_type", &A::loss_type, "DPO loss on the judged pairs", {"sigmoid", "ipo"})

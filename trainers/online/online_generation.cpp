@@ -66,12 +66,22 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
     }
   // Generation: no gradient, adapter dropout off, a seed of its own per generation batch (each
   // completion then draws from its own Philox stream, models/generate.h). distill with lmbda < 1
-  // (GKD): with probability 1 - lmbda the batch takes the dataset's completions instead, drawn
-  // from the batch's seed so every rank draws alike; evaluation then always does.
+  // (GKD): with probability 1 - lmbda the batch is off-policy instead, drawn from the batch's
+  // seed so every rank draws alike (evaluation always is): the dataset's completions, or with
+  // seq_kd the teacher's, sampled as the student's would be (a pool of their own, freed after).
   GenerationResult gen;
   const bool off_policy = cfg_.algorithm == "distill" && cfg_.distill_lmbda < 1.0 &&
                           (!training || distill_off_policy_draw(seed) > cfg_.distill_lmbda);
-  if (off_policy) {
+  if (off_policy && cfg_.distill_seq_kd) {
+    StepPhaseGuard phase("generation");
+    NoGradGuard ng;
+    MemSiteGuard site("teacher");
+    GenerationConfig gc = cfg_.generation;
+    gc.seed = seed;
+    gc.first_sequence = static_cast<int64_t>(prompt_ids.size()) * comm().rank();
+    gc.should_stop = should_stop;
+    gen = generate(*teacher_, prompt_ids, gc, nullptr);
+  } else if (off_policy) {
     for (const Rollout& r : all) {
       gen.tokens.push_back(r.row->completion);
       gen.finished_by_eos.push_back(!r.row->completion_cut);
