@@ -72,16 +72,8 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
   GenerationResult gen;
   const bool off_policy = cfg_.algorithm == "distill" && cfg_.distill_lmbda < 1.0 &&
                           (!training || distill_off_policy_draw(seed) > cfg_.distill_lmbda);
-  if (off_policy && cfg_.distill_seq_kd) {
-    StepPhaseGuard phase("generation");
-    NoGradGuard ng;
-    MemSiteGuard site("teacher");
-    GenerationConfig gc = cfg_.generation;
-    gc.seed = seed;
-    gc.first_sequence = static_cast<int64_t>(prompt_ids.size()) * comm().rank();
-    gc.should_stop = should_stop;
-    gen = generate(*teacher_, prompt_ids, gc, nullptr);
-  } else if (off_policy) {
+  const bool by_teacher = off_policy && cfg_.distill_seq_kd;
+  if (off_policy && !by_teacher) {
     for (const Rollout& r : all) {
       gen.tokens.push_back(r.row->completion);
       gen.finished_by_eos.push_back(!r.row->completion_cut);
@@ -93,26 +85,31 @@ OnlineTrainer::ScoredBatch OnlineTrainer::generate_and_score(const OnlinePrompts
     Allocator& al = allocator(model_->device());
     if (generations_ > 0) close_optimizer_window(optimizer_peak_);
     al.begin_window();
-    if (!kv_pool_)
-      kv_pool_ =
-          std::make_unique<PagedKVCache>(model_->config(), model_->num_layers(), model_->dtype(),
-                                         model_->device(), cfg_.kv_block_size, kv_blocks_);
     GenerationConfig gc = cfg_.generation;
     gc.seed = seed;
     // Data parallel: completions are numbered across the ranks, as one process numbers them.
     gc.first_sequence = static_cast<int64_t>(prompt_ids.size()) * comm().rank();
     gc.should_stop = should_stop;
-    // ZeRO-3: the whole model for the phase, or each layer for each step (models/decoder.h
-    // ParamUse inside the engine); the same tokens either way.
-    Zero3Params* z3 = zero3();
-    const bool gather_all = z3 && cfg_.ds3_gather_for_generation;
-    if (gather_all) z3->acquire_all();
-    gen = generate(*model_, prompt_ids, gc, kv_pool_.get());
-    if (gather_all) z3->release_all();
-    if (cfg_.sleep_mode) {
-      const int64_t before = al.stats().reserved.current;
-      kv_pool_->sleep();
-      sleep_released_ = std::max(sleep_released_, before - al.stats().reserved.current);
+    if (by_teacher) {
+      MemSiteGuard site("teacher");
+      gen = generate(*teacher_, prompt_ids, gc, nullptr);
+    } else {
+      if (!kv_pool_)
+        kv_pool_ =
+            std::make_unique<PagedKVCache>(model_->config(), model_->num_layers(), model_->dtype(),
+                                           model_->device(), cfg_.kv_block_size, kv_blocks_);
+      // ZeRO-3: the whole model for the phase, or each layer for each step (models/decoder.h
+      // ParamUse inside the engine); the same tokens either way.
+      Zero3Params* z3 = zero3();
+      const bool gather_all = z3 && cfg_.ds3_gather_for_generation;
+      if (gather_all) z3->acquire_all();
+      gen = generate(*model_, prompt_ids, gc, kv_pool_.get());
+      if (gather_all) z3->release_all();
+      if (cfg_.sleep_mode) {
+        const int64_t before = al.stats().reserved.current;
+        kv_pool_->sleep();
+        sleep_released_ = std::max(sleep_released_, before - al.stats().reserved.current);
+      }
     }
     const AllocatorStats st = al.stats();
     generation_peak_.allocated = std::max(generation_peak_.allocated, st.window_allocated.peak);
