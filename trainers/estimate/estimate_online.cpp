@@ -28,6 +28,7 @@ nlohmann::json OnlineEstimate::to_json() const {
                      {"kv_cache_blocks", kv_blocks},      {"kv_block_size", kv_block_size},
                      {"kv_cache_pool", kv_pool},          {"workspace", generation_workspace},
                      {"sleep_mode", sleep_mode}};
+  if (teacher_generation > 0) j["generation"]["teacher_generation"] = teacher_generation;
   j["generation_phase_peak"] = generation_peak;
   j["optimizer_phase_peak"] = optimizer_peak;
   j["peak"] = peak;
@@ -183,7 +184,30 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
       const int64_t layer = (teacher_bytes - outer) / teacher.num_hidden_layers;
       teacher_bytes = outer + std::min<int64_t>(2, teacher.num_hidden_layers) * layer;
     }
-    return estimate_online(c, s, "teacher", teacher_bytes);
+    OnlineEstimate e = estimate_online(c, s, "teacher", teacher_bytes);
+    if (oa.seq_kd && oa.lmbda < 1.0) {
+      using I = CheckedInt;
+      const int64_t blocks = (I(s.prompts_per_generation) *
+                              kv_blocks_for_prompt(s.prompt_length, 1, s.max_new_tokens, 16))
+                                 .get();
+      e.teacher_generation =
+          (I(kv_pool_bytes(teacher, tdt, blocks, 16)) + generation_workspace_bytes(teacher, tdt, s))
+              .get();
+      // At lmbda 0 the student never generates: no pool of its own.
+      const bool student_generates = oa.lmbda > 0.0;
+      if (!student_generates) {
+        e.kv_blocks = e.kv_pool = e.generation_workspace = 0;
+        e.optimizer_peak = (I(e.policy.peak) + teacher_bytes).get();
+      }
+      const int64_t held = student_generates && !s.sleep_mode ? e.kv_pool : 0;
+      const int64_t by_teacher =
+          (I(e.policy.params) + teacher_bytes + e.policy.optimizer + held + e.teacher_generation)
+              .get();
+      e.generation_peak = student_generates ? std::max(e.generation_peak, by_teacher) : by_teacher;
+      e.peak = std::max(e.generation_peak, e.optimizer_peak);
+      e.peak_phase = e.generation_peak > e.optimizer_peak ? "generation" : e.policy.peak_phase;
+    }
+    return e;
   }
   const RefModelConfig rc = ref_model_table().read(o);
   std::string mode = "none";
@@ -248,6 +272,8 @@ int run_estimate_online(const std::vector<std::string>& argv, const std::string&
           " tokens)");
   std::printf("generation phase:\n");
   row("generation step transients", e.generation_workspace);
+  if (e.teacher_generation > 0)
+    row("teacher's generation", e.teacher_generation, "(seq_kd: its own pool and transients)");
   row("generation phase peak", e.generation_peak);
   std::printf("optimizer phase:\n");
   row("grads", e.policy.grads);

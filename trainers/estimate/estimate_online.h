@@ -48,6 +48,9 @@ struct OnlineEstimate {
   int64_t max_new_tokens = 0;          // M
   int64_t kv_blocks = 0, kv_block_size = 0, kv_pool = 0;
   int64_t generation_workspace = 0;
+  // distill --seq_kd: a batch the teacher samples holds its own pool (blocks of 16 for each
+  // prompt's tokens, made for the call) and its generation transients.
+  int64_t teacher_generation = 0;
   bool sleep_mode = false;
   int64_t generation_peak = 0, optimizer_peak = 0, peak = 0;
   std::string peak_phase;  // "generation" or the policy step's phase
