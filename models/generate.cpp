@@ -264,7 +264,7 @@ GenerationResult generate(const DecoderModel& model,
   };
   std::unique_ptr<PagedKVCache> own_pool;
   if (pool_in == nullptr) {
-    const int64_t bs = 16;
+    const int64_t bs = kCallKvBlockSize;
     int64_t blocks = kv_blocks_for_call(prompts, max_new, bs);
     for (const auto& p : prompts) blocks += recrossing(static_cast<int64_t>(p.size()), bs);
     own_pool = std::make_unique<PagedKVCache>(c, model.num_layers(), model.dtype(), model.device(),

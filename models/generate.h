@@ -62,6 +62,9 @@ struct GenerationResult {
   bool interrupted = false;    // should_stop ended the call: the tokens are incomplete
 };
 
+// The block size of the pool generate() makes for a call when it is given none.
+inline constexpr int64_t kCallKvBlockSize = 16;
+
 // `pool`: the KV-cache pool to use (the online trainers keep one between generation phases and
 // may put it to sleep); nullptr: one of block size 16 sized for the whole call, freed at the end.
 // The pool's blocks are all free again when the call returns.

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -117,6 +118,55 @@ TEST_P(DistillTrlCuda, LossEntropyAndStudentGradientsMatchTrl) {
 
 INSTANTIATE_TEST_SUITE_P(Trl, DistillTrlCuda, ::testing::Values("fkl", "jsd", "rkl", "jsd_t2"));
 
+// A tiny student, a teacher (`teacher_seed` 1: the student's own weights) and a dataset of
+// `rows` lines made by `row(i)`, for trainer_bin distill runs on the CPU.
+struct DistillSetup {
+  std::string out, student, teacher, dataset;
+  // trainer_bin distill --device cpu --logging_steps 1 --save_steps 0 on them, into out/dir, with
+  // `args` (the caller's steps, batch and options); returns its exit status and *records, the
+  // lines of metrics.jsonl.
+  int run(const std::string& dir, const std::string& args, std::string* log,
+          std::vector<nlohmann::json>* records = nullptr) const {
+    const int rc = testing::run_command(
+        testing::trainer_bin() + " distill --device cpu --logging_steps 1 --save_steps 0 " +
+            "--model_name_or_path " + student + " --teacher_model_name_or_path " + teacher +
+            " --dataset " + dataset + " --output_dir " + out + "/" + dir + " " + args + " 2>&1",
+        log);
+    if (records) {
+      records->clear();
+      std::ifstream in(out + "/" + dir + "/metrics.jsonl");
+      for (std::string line; std::getline(in, line);)
+        records->push_back(nlohmann::json::parse(line));
+    }
+    return rc;
+  }
+  // The run's logged losses; it must exit 0.
+  std::vector<double> losses(const std::string& dir, const std::string& args,
+                             std::string* log) const {
+    std::vector<nlohmann::json> recs;
+    EXPECT_EQ(run(dir, args, log, &recs), 0) << *log;
+    std::vector<double> l;
+    for (const auto& r : recs) l.push_back(r["loss"].get<double>());
+    return l;
+  }
+};
+
+DistillSetup distill_setup(const std::string& name, uint64_t teacher_seed, int rows,
+                           const std::function<std::string(int)>& row) {
+  DistillSetup d;
+  d.out = testing::temp_dir(name);
+  d.student = testing::make_tiny_model(d.out + "/student");
+  d.teacher = testing::make_tiny_model(d.out + "/teacher", teacher_seed);
+  d.dataset = d.out + "/data.jsonl";
+  std::ofstream f(d.dataset);
+  for (int i = 0; i < rows; ++i) f << row(i) << "\n";
+  return d;
+}
+
+std::string story_prompt(int i) {
+  return "{\"prompt\": \"Once upon a time " + std::to_string(i) + "\"}";
+}
+
 // The built-in demo: the demo model teaches a fresh initialisation of itself; the divergence
 // falls, the student's entropy is logged, and the memory report names the chunked divergence.
 void check_demo(const std::string& device) {
@@ -175,29 +225,15 @@ TEST(DistillCuda, DemoDivergenceFalls) {
 // copy of the same teacher (--teacher_load_in_4bit) is no longer identical. A LoRA student and a
 // QLoRA one train too.
 TEST(Distill, AStudentTaughtByItselfStartsAtZero) {
-  const std::string out = testing::temp_dir("distill_self");
-  const std::string student = testing::make_tiny_model(out + "/student");
-  const std::string teacher = testing::make_tiny_model(out + "/teacher");
-  std::ofstream prompts(out + "/p.jsonl");
-  for (int i = 0; i < 8; ++i) prompts << "{\"prompt\": \"Once upon a time " << i << "\"}\n";
-  prompts.close();
+  const DistillSetup d = distill_setup("distill_self", 1, 8, story_prompt);
+  const std::string out = d.out;
   auto first_loss = [&](const std::string& extra, const std::string& dir) {
     std::string log;
-    EXPECT_EQ(testing::run_command(testing::trainer_bin() +
-                                       " distill --device cpu --max_steps 2 "
-                                       "--logging_steps 1 --save_steps 0 "
-                                       "--per_device_train_batch_size 4 "
-                                       "--max_completion_length 6 --model_name_or_path " +
-                                       student + " --teacher_model_name_or_path " + teacher +
-                                       " --dataset " + out + "/p.jsonl --output_dir " + out + "/" +
-                                       dir + extra + " 2>&1",
-                                   &log),
-              0)
-        << log;
-    std::ifstream in(out + "/" + dir + "/metrics.jsonl");
-    std::string line;
-    std::getline(in, line);
-    return nlohmann::json::parse(line)["loss"].get<double>();
+    const std::vector<double> l = d.losses(
+        dir, "--max_steps 2 --per_device_train_batch_size 4 --max_completion_length 6" + extra,
+        &log);
+    EXPECT_FALSE(l.empty()) << log;
+    return l.empty() ? -1.0 : l[0];
   };
   const double dense = first_loss("", "dense"), nf4 = first_loss(" --teacher_load_in_4bit", "nf4");
   const double int8 = first_loss(" --teacher_load_in_8bit", "int8");
@@ -301,28 +337,11 @@ TEST(Distill, EstimateCountsTheTeacher) {
 // on the device at a time; the run is the dense teacher's bit for bit (an NF4 teacher's, the NF4
 // teacher's), and the memory report says how much stayed on the host. Then the teacher's dtype.
 TEST(Distill, TeacherFormsGiveTheirRuns) {
-  const std::string out = testing::temp_dir("distill_offload");
-  const std::string student = testing::make_tiny_model(out + "/student");
-  const std::string teacher = testing::make_tiny_model(out + "/teacher", 7);
-  std::ofstream prompts(out + "/p.jsonl");
-  for (int i = 0; i < 6; ++i) prompts << "{\"prompt\": \"Once upon a time " << i << "\"}\n";
-  prompts.close();
+  const DistillSetup d = distill_setup("distill_offload", 7, 6, story_prompt);
   auto run = [&](const std::string& extra, const std::string& dir, std::string* log) {
-    EXPECT_EQ(testing::run_command(testing::trainer_bin() +
-                                       " distill --device cpu --max_steps 3 --logging_steps 1 "
-                                       "--save_steps 0 --per_device_train_batch_size 2 "
-                                       "--max_completion_length 6 --model_name_or_path " +
-                                       student + " --teacher_model_name_or_path " + teacher +
-                                       " --dataset " + out + "/p.jsonl --output_dir " + out + "/" +
-                                       dir + extra + " 2>&1",
-                                   log),
-              0)
-        << *log;
-    std::vector<double> losses;
-    std::ifstream in(out + "/" + dir + "/metrics.jsonl");
-    for (std::string line; std::getline(in, line);)
-      losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-    return losses;
+    return d.losses(
+        dir, "--max_steps 3 --per_device_train_batch_size 2 --max_completion_length 6" + extra,
+        log);
   };
   std::string dense_log, offload_log;
   const std::vector<double> dense = run("", "dense", &dense_log);
@@ -356,27 +375,18 @@ TEST(Distill, TeacherFormsGiveTheirRuns) {
 // so no sampling option changes the run and the logged lengths are the dataset's; at 0.5 the
 // batches mix, drawn from the seed; a dataset without completions, or the demo, is refused.
 TEST(Distill, OffPolicyBatchesTrainOnTheDatasetCompletions) {
-  const std::string out = testing::temp_dir("distill_lmbda");
-  const std::string student = testing::make_tiny_model(out + "/student");
-  const std::string teacher = testing::make_tiny_model(out + "/teacher", 7);
-  std::ofstream rows(out + "/pc.jsonl");
-  for (int i = 0; i < 8; ++i)
-    rows << "{\"prompt\": \"Once upon a time " << i << "\", \"completion\": \" a cat\"}\n";
-  rows.close();
+  const DistillSetup d = distill_setup("distill_lmbda", 7, 8, [](int i) {
+    return "{\"prompt\": \"Once upon a time " + std::to_string(i) +
+           "\", \"completion\": \" a cat\"}";
+  });
   auto run = [&](const std::string& extra, const std::string& dir, std::string* log) {
-    EXPECT_EQ(testing::run_command(testing::trainer_bin() +
-                                       " distill --device cpu --max_steps 6 --logging_steps 1 "
-                                       "--save_steps 0 --per_device_train_batch_size 2 "
-                                       "--max_completion_length 12 --model_name_or_path " +
-                                       student + " --teacher_model_name_or_path " + teacher +
-                                       " --dataset " + out + "/pc.jsonl --output_dir " + out + "/" +
-                                       dir + extra + " 2>&1",
-                                   log),
-              0)
-        << *log;
     std::vector<nlohmann::json> recs;
-    std::ifstream in(out + "/" + dir + "/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) recs.push_back(nlohmann::json::parse(line));
+    EXPECT_EQ(
+        d.run(dir,
+              "--max_steps 6 --per_device_train_batch_size 2 --max_completion_length 12" + extra,
+              log, &recs),
+        0)
+        << *log;
     return recs;
   };
   std::string log;
@@ -401,14 +411,10 @@ TEST(Distill, OffPolicyBatchesTrainOnTheDatasetCompletions) {
   const auto on_policy = run("", "on", &log);
   EXPECT_FALSE(on_policy[0].contains("on_policy"));  // lmbda 1: DistillationTrainer's metrics
   // Refusals: prompt-only rows; the demo (it has no completions).
-  std::ofstream(out + "/p.jsonl") << "{\"prompt\": \"hi\"}\n";
-  EXPECT_EQ(testing::run_command(testing::trainer_bin() + " distill --device cpu --lmbda 0 " +
-                                     "--model_name_or_path " + student +
-                                     " --teacher_model_name_or_path " + teacher + " --dataset " +
-                                     out + "/p.jsonl --output_dir " + out + "/x 2>&1",
-                                 &log),
-            2)
-      << log;
+  DistillSetup prompt_only = d;
+  prompt_only.dataset = d.out + "/p.jsonl";
+  std::ofstream(prompt_only.dataset) << "{\"prompt\": \"hi\"}\n";
+  EXPECT_EQ(prompt_only.run("x", "--lmbda 0", &log), 2) << log;
   EXPECT_NE(log.find("its rows must be prompt_completion"), std::string::npos) << log;
   EXPECT_EQ(
       testing::run_command(testing::trainer_bin() + " distill --device cpu --lmbda 0.5 2>&1", &log),
@@ -421,31 +427,20 @@ TEST(Distill, OffPolicyBatchesTrainOnTheDatasetCompletions) {
 // the student never generated (its KV-cache pool was never made). Without --lmbda below 1 the
 // option would do nothing: refused.
 TEST(Distill, SeqKdBatchesAreTheTeachersCompletions) {
-  const std::string out = testing::temp_dir("distill_seq_kd");
-  const std::string student = testing::make_tiny_model(out + "/student");
-  const std::string teacher = testing::make_tiny_model(out + "/teacher", 7);
-  std::ofstream prompts(out + "/p.jsonl");
-  for (int i = 0; i < 6; ++i) prompts << "{\"prompt\": \"Once upon a time " << i << "\"}\n";
-  prompts.close();
-  const std::string base = testing::trainer_bin() +
-                           " distill --device cpu --max_steps 3 --logging_steps 1 --save_steps 0 "
-                           "--per_device_train_batch_size 2 --max_completion_length 6 "
-                           "--model_name_or_path " +
-                           student + " --teacher_model_name_or_path " + teacher + " --dataset " +
-                           out + "/p.jsonl --output_dir " + out + "/o";
+  const DistillSetup d = distill_setup("distill_seq_kd", 7, 6, story_prompt);
+  const std::string base =
+      "--max_steps 3 --per_device_train_batch_size 2 --max_completion_length 6";
   std::string log;
-  ASSERT_EQ(testing::run_command(base + " --lmbda 0 --seq_kd 2>&1", &log), 0) << log;
-  std::ifstream in(out + "/o/metrics.jsonl");
-  int records = 0;
-  for (std::string line; std::getline(in, line); ++records) {
-    const nlohmann::json r = nlohmann::json::parse(line);
+  std::vector<nlohmann::json> recs;
+  ASSERT_EQ(d.run("o", base + " --lmbda 0 --seq_kd", &log, &recs), 0) << log;
+  for (const nlohmann::json& r : recs) {
     EXPECT_EQ(r["on_policy"].get<int>(), 0);
     EXPECT_GT(r["completions/mean_length"].get<double>(), 0.0);
     EXPECT_GT(r["loss"].get<double>(), 1e-4);
   }
-  EXPECT_EQ(records, 3) << log;
+  EXPECT_EQ(recs.size(), 3u) << log;
   EXPECT_NE(log.find("KV-cache pool 0 B"), std::string::npos) << log;
-  EXPECT_EQ(testing::run_command(base + "2 --seq_kd 2>&1", &log), 2) << log;
+  EXPECT_EQ(d.run("o2", base + " --seq_kd", &log), 2) << log;
   EXPECT_NE(log.find("option --seq_kd: with --lmbda 1"), std::string::npos) << log;
 }
 

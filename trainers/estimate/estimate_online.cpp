@@ -9,6 +9,7 @@
 #include "engine/checked_int.h"
 #include "loaders/text_encoder.h"
 #include "loaders/tokenizer.h"
+#include "models/generate.h"
 #include "models/kv_cache.h"
 #include "trainers/common/data_options.h"
 #include "trainers/common/peft_options.h"
@@ -187,12 +188,13 @@ OnlineEstimate estimate_online_from_options(const Options& o, const std::string&
     OnlineEstimate e = estimate_online(c, s, "teacher", teacher_bytes);
     if (oa.seq_kd && oa.lmbda < 1.0) {
       using I = CheckedInt;
-      const int64_t blocks = (I(s.prompts_per_generation) *
-                              kv_blocks_for_prompt(s.prompt_length, 1, s.max_new_tokens, 16))
-                                 .get();
-      e.teacher_generation =
-          (I(kv_pool_bytes(teacher, tdt, blocks, 16)) + generation_workspace_bytes(teacher, tdt, s))
+      const int64_t blocks =
+          (I(s.prompts_per_generation) *
+           kv_blocks_for_prompt(s.prompt_length, 1, s.max_new_tokens, kCallKvBlockSize))
               .get();
+      e.teacher_generation = (I(kv_pool_bytes(teacher, tdt, blocks, kCallKvBlockSize)) +
+                              generation_workspace_bytes(teacher, tdt, s))
+                                 .get();
       // At lmbda 0 the student never generates: no pool of its own.
       const bool student_generates = oa.lmbda > 0.0;
       if (!student_generates) {

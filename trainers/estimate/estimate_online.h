@@ -48,8 +48,8 @@ struct OnlineEstimate {
   int64_t max_new_tokens = 0;          // M
   int64_t kv_blocks = 0, kv_block_size = 0, kv_pool = 0;
   int64_t generation_workspace = 0;
-  // distill --seq_kd: a batch the teacher samples holds its own pool (blocks of 16 for each
-  // prompt's tokens, made for the call) and its generation transients.
+  // distill --seq_kd: a batch the teacher samples holds its own pool (generate()'s pool for the
+  // call, kCallKvBlockSize blocks for each prompt's tokens) and its generation transients.
   int64_t teacher_generation = 0;
   bool sleep_mode = false;
   int64_t generation_peak = 0, optimizer_peak = 0, peak = 0;

@@ -493,9 +493,6 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
   if (distill) {
     // DistillationTrainer: one completion per prompt, a generation batch of
     // per_device_train_batch_size x gradient_accumulation_steps prompts.
-    LT_CHECK_INPUT(oa.beta >= 0.0 && oa.beta <= 1.0, "option --beta ", oa.beta,
-                   ": distill's beta picks the divergence and lies in [0, 1] (0 forward KL, 1 "
-                   "reverse KL)");
     cfg.distill_beta = oa.beta;
     cfg.distill_temperature = oa.temperature;
     cfg.distill_lmbda = oa.lmbda;
