@@ -505,7 +505,6 @@ OnlineRun make_online_run(const std::string& algorithm, const Options& o,
     cfg.steps_per_generation = args.gradient_accumulation_steps;
     cfg.num_iterations = 1;
     cfg.generation.max_new_tokens = oa.max_completion_length;
-    cfg.loss.max_completion_length = oa.max_completion_length;
   } else if (dpo) {
     // Two completions per prompt, generated for every micro-batch of prompts.
     cfg.num_generations = 2;
