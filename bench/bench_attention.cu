@@ -14,17 +14,21 @@
 // Each setup runs once per implementation: the figures above are the path the model takes (auto:
 // cuDNN's fused attention where it loads, kernels/attention_cudnn.h), and the same names with
 // _own and _cudnn appended are leantune's kernels and cuDNN forced (cuDNN absent: an error entry
-// says why). bench/torch_attention.py measures torch's SDPA (cuDNN and flash backends) on the
-// 4 x 8192 setups, the yardstick of the targets.
-// FLOPs as flash-attention counts them: forward = 4 Lq Lk D Hq per sequence, halved when causal
-// (the matmuls only: 2 for Q K^T and 2 for P V per query-key pair and head dim); backward = 2.5 x
-// forward (5 matmuls against 2). The targets on an H100 SXM are fwd >= 350 and bwd >= 250 at
-// head_dim 128 (FA2 class). Timing: CUDA events, 2 warm-ups, median of --reps calls.
+// says why). cuDNN's graph forms (kernels/attention_cudnn.cu) side by side: _cudnn is the form the
+// model gets (dense for the 4 x 8192 setups, whose sequences have one length; ragged for varlen),
+// _cudnn_ragged the ragged form with a top-left causal mask, _cudnn_ragged_br the ragged form
+// with a bottom-right one (LEANTUNE_CUDNN_GRAPH). bench/torch_attention.py measures torch's SDPA
+// (cuDNN and flash backends) on the 4 x 8192 setups, the yardstick of the targets. FLOPs as
+// flash-attention counts them: forward = 4 Lq Lk D Hq per sequence, halved when causal (the matmuls
+// only: 2 for Q K^T and 2 for P V per query-key pair and head dim); backward = 2.5 x forward (5
+// matmuls against 2). The targets on an H100 SXM are fwd >= 350 and bwd >= 250 at head_dim 128 (FA2
+// class). Timing: CUDA events, 2 warm-ups, median of --reps calls.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -133,22 +137,30 @@ int main(int argc, char** argv) {
   try {
     if (!lt::cuda_available()) throw lt::Error(lt::ErrorKind::kInput, "no CUDA device");
     const std::vector<int64_t> four_8k(4, 8192);
-    for (const Setup& s : {Setup{"", 16, 8, 128, four_8k}, Setup{"_hd64", 32, 16, 64, four_8k},
-                           Setup{"_varlen", 16, 8, 128, varlen_mix()},
-                           Setup{"_mha", 16, 16, 128, four_8k}}) {
+    for (const Setup& s :
+         {Setup{"", 16, 8, 128, four_8k}, Setup{"_hd64", 32, 16, 64, four_8k},
+          Setup{"_varlen", 16, 8, 128, varlen_mix()}, Setup{"_mha", 16, 16, 128, four_8k}}) {
       using lt::kernels::AttentionBackend;
-      const std::pair<AttentionBackend, std::string> backends[] = {
-          {AttentionBackend::kAuto, ""},
-          {AttentionBackend::kOwn, "_own"},
-          {AttentionBackend::kCudnn, "_cudnn"}};
-      for (const auto& [backend, tag] : backends) {
+      struct Variant {
+        AttentionBackend backend;
+        std::string tag, graph;  // graph: LEANTUNE_CUDNN_GRAPH
+      };
+      const Variant variants[] = {
+          {AttentionBackend::kAuto, "", "auto"},
+          {AttentionBackend::kOwn, "_own", "auto"},
+          {AttentionBackend::kCudnn, "_cudnn", "auto"},
+          {AttentionBackend::kCudnn, "_cudnn_ragged", "ragged"},
+          {AttentionBackend::kCudnn, "_cudnn_ragged_br", "ragged_bottom_right"}};
+      for (const Variant& v : variants) {
+        setenv("LEANTUNE_CUDNN_GRAPH", v.graph.c_str(), 1);
         try {
-          run(s, backend, tag, reps, figures);
+          run(s, v.backend, v.tag, reps, figures);
         } catch (const std::exception& e) {
-          lt::bench::record_failure(errors, "attention" + s.suffix + tag, e);
+          lt::bench::record_failure(errors, "attention" + s.suffix + v.tag, e);
         }
         lt::allocator(kGpu).empty_cache();
       }
+      unsetenv("LEANTUNE_CUDNN_GRAPH");
     }
   } catch (const std::exception& e) {
     errors["setup"] = e.what();

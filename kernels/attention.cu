@@ -369,8 +369,7 @@ std::string cudnn_scope(const Tensor& q, const Tensor& cu_q, const Tensor& cu_k,
   const bool same_tensor = cu_q.shares_storage(cu_k) && cu_q.offset() == cu_k.offset() &&
                            cu_q.dtype() == cu_k.dtype() && cu_q.numel() == cu_k.numel();
   if (same_tensor) return "";
-  if (cu_q.device().is_cpu() && cu_k.device().is_cpu() && cu_q.to_i64() == cu_k.to_i64())
-    return "";
+  if (cu_q.device().is_cpu() && cu_k.device().is_cpu() && cu_q.to_i64() == cu_k.to_i64()) return "";
   return "query and key sequences given apart";
 }
 
@@ -649,6 +648,7 @@ CudnnAttentionStatus cudnn_attention_status_cuda(int device) {
   CudnnAttentionStatus st;
   st.available = cudnn_sdpa::available(Device::cuda(device), &st.why);
   st.calls = cudnn_sdpa::calls();
+  st.dense_calls = cudnn_sdpa::dense_calls();
   return st;
 }
 

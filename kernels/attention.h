@@ -41,17 +41,20 @@ struct AttentionOptions {
   double softcap = 0.0;      // 0 = off
   int64_t max_seqlen_q = 0;  // 0 = computed from cu_seqlens (a hint for the CUDA launch)
   int64_t max_seqlen_k = 0;
-  // CUDA only. The cuDNN path takes max_seqlen_q as a bound on the longest sequence (a hint
-  // below it clips the longer sequences); our kernels only lose time to a too-small hint.
+  // CUDA only. The cuDNN path takes max_seqlen_q as the longest sequence's length (a hint below
+  // it leaves the longer sequences' rows unspecified); our kernels only lose time to a too-small
+  // hint.
   AttentionBackend backend = AttentionBackend::kAuto;
 };
 
 // Whether attention on CUDA device `device` can use cuDNN (and why not), and how many forward and
-// backward calls cuDNN has run in this process.
+// backward calls cuDNN has run in this process (dense_calls of them on a dense graph: every
+// sequence of the batch as long as the longest, kernels/attention_cudnn.h).
 struct CudnnAttentionStatus {
   bool available = false;
   std::string why;
   int64_t calls = 0;
+  int64_t dense_calls = 0;
 };
 CudnnAttentionStatus cudnn_attention_status(int device);
 CudnnAttentionStatus cudnn_attention_status_cuda(int device);

@@ -2,23 +2,32 @@
 // packed variable-length batch of kernels/attention.h as one cuDNN frontend graph per shape
 // bucket, forward and backward. Contract and restrictions: kernels/attention_cudnn.h.
 //
-// Layout handed to cuDNN ("THD", ragged): each operand is a [B, H, S, D] tensor with strides
-// [S*stride, D, stride, 1] plus a ragged-offset tensor [B+1] i64 that places sequence b at
-// element cu[b] * stride, and a padding mask with per-sequence lengths seq_len:[B] i32. The
-// softmax statistics (cuDNN's "Stats", the natural-log log-sum-exp of the scaled scores, f32) are
-// ragged too, token-major [T, Hq]; our lse is [Hq, T], so the engine's strided copy transposes it
-// after the forward and before the backward (a [T, Hq] f32 workspace). Causal masks are
-// bottom-right aligned; a sliding window is the diagonal band's left bound (key j kept when j > i +
-// Lk - Lq - window), as in kernels/attention.h.
+// Two forms of graph express the batch:
+// - Ragged ("THD"), any packing: each operand is a [B, H, S, D] tensor with strides
+//   [S*stride, D, stride, 1] plus a ragged-offset tensor [B+1] i64 that places sequence b at
+//   element cu[b] * stride, and a padding mask with per-sequence lengths seq_len:[B] i32. The
+//   softmax statistics (cuDNN's "Stats", the natural-log log-sum-exp of the scaled scores, f32)
+//   are ragged too, token-major [T, Hq].
+// - Dense, when every sequence has the longest length S (T == B * S, so cu is 0, S, 2S, ...):
+//   the same [B, H, S, D] operands with no offsets, lengths or padding mask (the layout torch's
+//   cuDNN SDPA hands it), and statistics packed [B, Hq, S, 1].
+// Our lse is [Hq, T]; the engine's strided copy moves it into the statistics' layout before the
+// backward and back after the forward (an f32 workspace of T * Hq). Causal masks are top-left
+// aligned: the path's query and key sequences coincide, where top-left and bottom-right masks are
+// one mask, and top-left is the alignment torch and Transformer Engine use. A sliding window is
+// the diagonal band's left bound (key j kept when j > i - window), as in kernels/attention.h.
+// LEANTUNE_CUDNN_GRAPH=ragged forces the ragged form, =ragged_bottom_right also the bottom-right
+// alignment (bench_attention compares the three; the gpu tests run each).
 //
 // Shape buckets: a graph is built (validated, planned by heuristics mode A, compiled) once per
-// (device, direction, dtype, heads, head_dim, strides, mask, scale, B bucket, S bucket, T
-// bucket) and cached for the process. B is rounded up to a power of two (the padding entries get
-// length 0), S (the longest sequence) and T (the packed rows, cuDNN's workspace bound) to a power
-// of two too, so that a run with varying packing builds a handful of graphs, not one per step.
-// A shape cuDNN refuses is cached as refused: the caller falls back to its own kernel at once.
+// (device, direction, form, dtype, heads, head_dim, strides, mask, scale, B bucket, S bucket, T
+// bucket) and cached for the process. Ragged: B is rounded up to a power of two (the padding
+// entries get length 0), S (the longest sequence) and T (the packed rows, cuDNN's workspace
+// bound) to a power of two too, so that a run with varying packing builds a handful of graphs,
+// not one per step. Dense: B and S as they are. A shape cuDNN refuses is cached as refused: the
+// caller falls back to its own kernel at once.
 //
-// Scratch (kWorkspace): seq_len and the ragged offsets (a few KiB), the [T, Hq] f32 statistics,
+// Scratch (kWorkspace): seq_len and the ragged offsets (a few KiB), the T * Hq f32 statistics,
 // and cuDNN's own workspace (the backward's dQ accumulator among others), all from the caching
 // allocator. cuDNN is loaded with dlopen (the frontend's dynamic loading), so that a machine
 // without it still runs our kernels.
@@ -53,7 +62,7 @@ void* cudnn_dlhandle = nullptr;
 namespace leantune::kernels::cudnn_sdpa {
 namespace {
 
-std::atomic<int64_t> g_calls{0};
+std::atomic<int64_t> g_calls{0}, g_dense_calls{0};
 
 #if LEANTUNE_WITH_CUDNN_FRONTEND
 
@@ -199,15 +208,58 @@ enum Uid : int64_t {
   kOff = 20,  // kOff + k: the ragged offsets of operand k, in the order of Ragged
 };
 
+// How a call's graph expresses its batch (the file comment): dense or ragged, and the causal
+// diagonal's alignment.
+struct Form {
+  bool dense = false;
+  bool top_left = true;
+};
+
+Form form_of(const Problem& p) {
+  const char* env = std::getenv("LEANTUNE_CUDNN_GRAPH");
+  const std::string v = env ? env : "";
+  Form f;
+  if (v == "ragged" || v == "ragged_bottom_right") {
+    f.top_left = v == "ragged";
+    return f;
+  }
+  LT_CHECK_INPUT(v.empty() || v == "auto", "LEANTUNE_CUDNN_GRAPH=", v,
+                 ": expected auto, ragged or ragged_bottom_right");
+  f.dense = dense_batch(p.batch, p.t, p.max_seqlen);
+  return f;
+}
+
+// A call's graph: its form and its B, S and T (buckets when ragged, the batch's own when dense).
+struct GraphShape {
+  Form form;
+  int nb = 0;
+  int64_t s = 0, tcap = 0;
+};
+
+GraphShape graph_shape(const Problem& p) {
+  GraphShape g;
+  g.form = form_of(p);
+  if (g.form.dense) {
+    g.nb = p.batch;
+    g.s = p.max_seqlen;
+    g.tcap = p.t;
+  } else {
+    g.nb = static_cast<int>(pow2_bucket(p.batch, 1));
+    g.s = pow2_bucket(p.max_seqlen, 64);
+    g.tcap = pow2_bucket(p.t, 64);
+  }
+  return g;
+}
+
 struct Key {
-  int dev = 0, backward = 0, dtype = 0;
+  int dev = 0, backward = 0, dense = 0, top_left = 0, dtype = 0;
   int64_t nb = 0, s = 0, tcap = 0, hq = 0, hk = 0, d = 0, window = 0;
   int causal = 0;
   uint32_t scale_bits = 0;
   std::vector<int64_t> strides;
   auto tie() const {
-    return std::tie(dev, backward, dtype, nb, s, tcap, hq, hk, d, window, causal, scale_bits,
-                    strides);
+    return std::tie(dev, backward, dense, top_left, dtype, nb, s, tcap, hq, hk, d, window, causal,
+                    scale_bits, strides);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -219,15 +271,16 @@ struct Graph {
   std::string why;
 };
 
-Key make_key(const Problem& p, bool backward, int nb, int64_t s, int64_t tcap,
-             std::vector<int64_t> strides) {
+Key make_key(const Problem& p, const GraphShape& gs, bool backward, std::vector<int64_t> strides) {
   Key k;
   k.dev = p.dev.index;
   k.backward = backward ? 1 : 0;
+  k.dense = gs.form.dense ? 1 : 0;
+  k.top_left = gs.form.top_left ? 1 : 0;
   k.dtype = static_cast<int>(p.dtype);
-  k.nb = nb;
-  k.s = s;
-  k.tcap = tcap;
+  k.nb = gs.nb;
+  k.s = gs.s;
+  k.tcap = gs.tcap;
   k.hq = p.hq;
   k.hk = p.hk;
   k.d = p.d;
@@ -238,14 +291,17 @@ Key make_key(const Problem& p, bool backward, int nb, int64_t s, int64_t tcap,
   return k;
 }
 
-// A graph's common inputs: seq_len twice (q and kv) and one ragged-offset tensor per operand.
+// A ragged graph's common inputs: seq_len twice (q and kv) and one ragged-offset tensor per
+// operand. A dense graph has none.
 struct Inputs {
   TensorPtr seq_q, seq_kv;
   std::vector<TensorPtr> off;
+  TensorPtr offset(size_t k) const { return k < off.size() ? off[k] : nullptr; }
 };
 
-Inputs graph_inputs(fe::graph::Graph& g, int64_t nb, int n_ragged) {
+Inputs graph_inputs(fe::graph::Graph& g, const Form& f, int64_t nb, int n_ragged) {
   Inputs in;
+  if (f.dense) return in;
   auto seq = [&](const char* name, int64_t uid) {
     return g.tensor(TensorAttr()
                         .set_name(name)
@@ -266,10 +322,11 @@ Inputs graph_inputs(fe::graph::Graph& g, int64_t nb, int n_ragged) {
   return in;
 }
 
-// A [nb, h, s, d] ragged operand with row stride `stride` (elements); d = 1 for the statistics.
+// A [nb, h, s, d] operand with row stride `stride` (elements), ragged when `off` is set.
 TensorAttr& shape_rows(TensorAttr& t, int64_t nb, int64_t h, int64_t s, int64_t d, int64_t stride,
                        const TensorPtr& off) {
-  return t.set_dim({nb, h, s, d}).set_stride({s * stride, d, stride, 1}).set_ragged_offset(off);
+  t.set_dim({nb, h, s, d}).set_stride({s * stride, d, stride, 1});
+  return off ? t.set_ragged_offset(off) : t;
 }
 
 // An output operand of a graph: marked, given its uid and its ragged rows.
@@ -287,21 +344,28 @@ TensorPtr input_rows(fe::graph::Graph& g, const char* name, int64_t uid, int64_t
   return g.tensor(t);
 }
 
+// The statistics [nb, hq, s, 1] f32: ragged token-major ([T, Hq] rows), or dense packed.
 void set_stats_layout(TensorAttr& t, int64_t nb, int64_t hq, int64_t s, const TensorPtr& off) {
-  t.set_dim({nb, hq, s, 1}).set_stride({s * hq, 1, hq, 1}).set_ragged_offset(off);
-  t.set_data_type(fe::DataType_t::FLOAT);
+  t.set_dim({nb, hq, s, 1}).set_data_type(fe::DataType_t::FLOAT);
+  if (off)
+    t.set_stride({s * hq, 1, hq, 1}).set_ragged_offset(off);
+  else
+    t.set_stride({hq * s, s, 1, 1});
 }
 
 template <typename Attr>
-void set_mask(Attr& a, const Problem& p, const Inputs& in, int64_t tcap) {
-  a.set_attn_scale(p.scale).set_padding_mask(true).set_seq_len_q(in.seq_q).set_seq_len_kv(
-      in.seq_kv);
+void set_mask(Attr& a, const Problem& p, const Form& f, const Inputs& in, int64_t tcap) {
+  a.set_attn_scale(p.scale);
+  if (!f.dense) {
+    a.set_padding_mask(true).set_seq_len_q(in.seq_q).set_seq_len_kv(in.seq_kv);
+    a.set_max_total_seq_len_q(tcap).set_max_total_seq_len_kv(tcap);
+  }
   if (p.causal) {
-    a.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT);
+    a.set_diagonal_alignment(f.top_left ? fe::DiagonalAlignment_t::TOP_LEFT
+                                        : fe::DiagonalAlignment_t::BOTTOM_RIGHT);
     a.set_diagonal_band_right_bound(0);
     if (p.window > 0) a.set_diagonal_band_left_bound(static_cast<int>(p.window));
   }
-  a.set_max_total_seq_len_q(tcap).set_max_total_seq_len_kv(tcap);
 }
 
 // Validates, plans and compiles; false with the frontend's message when cuDNN refuses.
@@ -343,64 +407,66 @@ struct Qkv {
 
 Qkv qkv_inputs(fe::graph::Graph& g, const Problem& p, int nb, int64_t s,
                const std::vector<int64_t>& st, const Inputs& in) {
-  return {input_rows(g, "q", kQ, nb, p.hq, s, p.d, st[0], in.off[0]),
-          input_rows(g, "k", kK, nb, p.hk, s, p.d, st[1], in.off[1]),
-          input_rows(g, "v", kV, nb, p.hk, s, p.d, st[2], in.off[2])};
+  return {input_rows(g, "q", kQ, nb, p.hq, s, p.d, st[0], in.offset(0)),
+          input_rows(g, "k", kK, nb, p.hk, s, p.d, st[1], in.offset(1)),
+          input_rows(g, "v", kV, nb, p.hk, s, p.d, st[2], in.offset(2))};
 }
 
-Graph build_fwd(const Problem& p, int nb, int64_t s, int64_t tcap, const std::vector<int64_t>& st,
-                Handle& h) {
+Graph build_fwd(const Problem& p, const GraphShape& gs, const std::vector<int64_t>& st, Handle& h) {
+  const int nb = gs.nb;
+  const int64_t s = gs.s;
   Graph out;
   out.g = new_graph(p.dtype);
   fe::graph::Graph& g = *out.g;
-  const Inputs in = graph_inputs(g, nb, 5);
+  const Inputs in = graph_inputs(g, gs.form, nb, 5);
   const Qkv x = qkv_inputs(g, p, nb, s, st, in);
   fe::graph::SDPA_attributes a;
   a.set_name("sdpa").set_generate_stats(true);
-  set_mask(a, p, in, tcap);
+  set_mask(a, p, gs.form, in, gs.tcap);
   auto [o, stats] = g.sdpa(x.q, x.k, x.v, a);
-  output_rows(o, kO, nb, p.hq, s, p.d, st[3], in.off[3]);
+  output_rows(o, kO, nb, p.hq, s, p.d, st[3], in.offset(3));
   stats->set_output(true).set_uid(kStats);
-  set_stats_layout(*stats, nb, p.hq, s, in.off[4]);
+  set_stats_layout(*stats, nb, p.hq, s, in.offset(4));
   finish(out, h);
   return out;
 }
 
-Graph build_bwd(const Problem& p, int nb, int64_t s, int64_t tcap, const std::vector<int64_t>& st,
-                Handle& h) {
+Graph build_bwd(const Problem& p, const GraphShape& gs, const std::vector<int64_t>& st, Handle& h) {
+  const int nb = gs.nb;
+  const int64_t s = gs.s;
   Graph out;
   out.g = new_graph(p.dtype);
   fe::graph::Graph& g = *out.g;
-  const Inputs in = graph_inputs(g, nb, 9);
+  const Inputs in = graph_inputs(g, gs.form, nb, 9);
   const Qkv x = qkv_inputs(g, p, nb, s, st, in);
-  const TensorPtr o = input_rows(g, "o", kO, nb, p.hq, s, p.d, st[3], in.off[3]);
-  const TensorPtr dout = input_rows(g, "dO", kDO, nb, p.hq, s, p.d, st[4], in.off[4]);
+  const TensorPtr o = input_rows(g, "o", kO, nb, p.hq, s, p.d, st[3], in.offset(3));
+  const TensorPtr dout = input_rows(g, "dO", kDO, nb, p.hq, s, p.d, st[4], in.offset(4));
   TensorAttr stats_attr;
   stats_attr.set_name("stats").set_uid(kStats);
-  set_stats_layout(stats_attr, nb, p.hq, s, in.off[5]);
+  set_stats_layout(stats_attr, nb, p.hq, s, in.offset(5));
   const TensorPtr stats = g.tensor(stats_attr);
   fe::graph::SDPA_backward_attributes a;
   a.set_name("sdpa_backward");
-  set_mask(a, p, in, tcap);
+  set_mask(a, p, gs.form, in, gs.tcap);
   auto [dq, dk, dv] = g.sdpa_backward(x.q, x.k, x.v, o, dout, stats, a);
-  output_rows(dq, kDQ, nb, p.hq, s, p.d, st[6], in.off[6]);
-  output_rows(dk, kDK, nb, p.hk, s, p.d, st[7], in.off[7]);
-  output_rows(dv, kDV, nb, p.hk, s, p.d, st[8], in.off[8]);
+  output_rows(dq, kDQ, nb, p.hq, s, p.d, st[6], in.offset(6));
+  output_rows(dk, kDK, nb, p.hk, s, p.d, st[7], in.offset(7));
+  output_rows(dv, kDV, nb, p.hk, s, p.d, st[8], in.offset(8));
   finish(out, h);
   return out;
 }
 
 // The cached graph of this problem (built on first use; a refusal is cached too).
-std::shared_ptr<Graph> graph_for(const Problem& p, bool backward, int nb, int64_t s, int64_t tcap,
+std::shared_ptr<Graph> graph_for(const Problem& p, const GraphShape& gs, bool backward,
                                  const std::vector<int64_t>& strides, Handle& h) {
   static std::mutex mu;
   static std::map<Key, std::shared_ptr<Graph>> cache;
-  const Key key = make_key(p, backward, nb, s, tcap, strides);
+  const Key key = make_key(p, gs, backward, strides);
   std::lock_guard<std::mutex> lk(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  auto built = std::make_shared<Graph>(backward ? build_bwd(p, nb, s, tcap, strides, h)
-                                                : build_fwd(p, nb, s, tcap, strides, h));
+  auto built = std::make_shared<Graph>(backward ? build_bwd(p, gs, strides, h)
+                                                : build_fwd(p, gs, strides, h));
   cache.emplace(key, built);
   return built;
 }
@@ -419,46 +485,48 @@ void execute(const Problem& p, const Graph& graph, Handle& h,
   g_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
-// The buckets of a problem: B, S, T.
-struct Buckets {
-  int nb;
-  int64_t s, tcap;
-};
-
-Buckets buckets(const Problem& p) {
-  Buckets b;
-  b.nb = static_cast<int>(pow2_bucket(p.batch, 1));
-  b.s = pow2_bucket(p.max_seqlen, 64);
-  b.tcap = pow2_bucket(p.t, 64);
-  return b;
-}
-
 // The graph of this problem (null, with the reason, when cuDNN cannot run it). `strides` are the
-// ragged operands' row strides in the graph's order.
-std::shared_ptr<Graph> graph_of(const Problem& p, bool backward,
+// operands' row strides in the graph's order.
+std::shared_ptr<Graph> graph_of(const Problem& p, const GraphShape& gs, bool backward,
                                 const std::vector<int64_t>& strides, std::string* why) {
   if (!available(p.dev, why)) return nullptr;
   if (p.batch <= 0 || p.t <= 0) {
     *why = "empty batch";
     return nullptr;
   }
-  const Buckets b = buckets(p);
-  std::shared_ptr<Graph> graph = graph_for(p, backward, b.nb, b.s, b.tcap, strides, handle(p.dev));
+  std::shared_ptr<Graph> graph = graph_for(p, gs, backward, strides, handle(p.dev));
   if (graph->ok) return graph;
   *why = graph->why;
   return nullptr;
 }
 
-// Runs `graph` with the operands of `ptrs`, adding the sequence lengths and ragged offsets.
-void run(const Problem& p, const Graph& graph, const std::vector<int64_t>& strides,
-         std::unordered_map<int64_t, void*> ptrs, const char* what) {
-  const Buckets b = buckets(p);
-  const Ragged r = ragged(p, b.nb, b.s, strides);
-  ptrs[kSeqQ] = r.seq;
-  ptrs[kSeqKV] = r.seq;
-  for (size_t i = 0; i < strides.size(); ++i)
-    ptrs[kOff + static_cast<int64_t>(i)] = r.offsets(static_cast<int>(i));
+// Runs `graph` with the operands of `ptrs`, adding a ragged graph's sequence lengths and offsets.
+void run(const Problem& p, const GraphShape& gs, const Graph& graph,
+         const std::vector<int64_t>& strides, std::unordered_map<int64_t, void*> ptrs,
+         const char* what) {
+  Ragged r;
+  if (!gs.form.dense) {
+    r = ragged(p, gs.nb, gs.s, strides);
+    ptrs[kSeqQ] = r.seq;
+    ptrs[kSeqKV] = r.seq;
+    for (size_t i = 0; i < strides.size(); ++i)
+      ptrs[kOff + static_cast<int64_t>(i)] = r.offsets(static_cast<int>(i));
+  }
   execute(p, graph, handle(p.dev), ptrs, what);
+  if (gs.form.dense) g_dense_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The statistics buffer of a call ([T, Hq] ragged, [B, Hq, S] dense), and our lse [Hq, T] viewed
+// in its layout, for the strided copies between them.
+Tensor stats_buffer(const Problem& p, const GraphShape& gs) {
+  return gs.form.dense ? Tensor::empty({gs.nb, p.hq, gs.s}, DType::kF32, p.dev, MemTag::kWorkspace)
+                       : Tensor::empty({p.t, p.hq}, DType::kF32, p.dev, MemTag::kWorkspace);
+}
+
+Tensor lse_as_stats(const Tensor& lse, const GraphShape& gs) {
+  if (!gs.form.dense) return lse.transpose(0, 1);
+  const Shape& st = lse.strides();
+  return make_view(lse, {gs.nb, lse.size(0), gs.s}, {gs.s * st[1], st[0], st[1]}, lse.offset());
 }
 
 #endif  // LEANTUNE_WITH_CUDNN_FRONTEND
@@ -466,6 +534,7 @@ void run(const Problem& p, const Graph& graph, const std::vector<int64_t>& strid
 }  // namespace
 
 int64_t calls() { return g_calls.load(std::memory_order_relaxed); }
+int64_t dense_calls() { return g_dense_calls.load(std::memory_order_relaxed); }
 
 #if LEANTUNE_WITH_CUDNN_FRONTEND
 
@@ -484,17 +553,18 @@ bool available(Device dev, std::string* why) {
 
 bool fwd(const Problem& p, Rows q, Rows k, Rows v, void* out, const Tensor& lse, std::string* why) {
   const std::vector<int64_t> strides = {q.stride, k.stride, v.stride, p.hq * p.d, p.hq};
-  const std::shared_ptr<Graph> graph = graph_of(p, false, strides, why);
+  const GraphShape gs = graph_shape(p);
+  const std::shared_ptr<Graph> graph = graph_of(p, gs, false, strides, why);
   if (!graph) return false;
-  Tensor stats = Tensor::empty({p.t, p.hq}, DType::kF32, p.dev, MemTag::kWorkspace);
-  run(p, *graph, strides,
+  Tensor stats = stats_buffer(p, gs);
+  run(p, gs, *graph, strides,
       {{kQ, const_cast<void*>(q.ptr)},
        {kK, const_cast<void*>(k.ptr)},
        {kV, const_cast<void*>(v.ptr)},
        {kO, out},
        {kStats, stats.data_ptr()}},
       "attention_fwd_cuda");
-  ops::copy(lse, stats.transpose(0, 1));
+  ops::copy(lse_as_stats(lse, gs), stats);
   return true;
 }
 
@@ -502,11 +572,12 @@ bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const Te
          void* dk, void* dv, std::string* why) {
   const std::vector<int64_t> strides = {q.stride, k.stride,   v.stride,   out.stride, dout.stride,
                                         p.hq,     p.hq * p.d, p.hk * p.d, p.hk * p.d};
-  const std::shared_ptr<Graph> graph = graph_of(p, true, strides, why);
+  const GraphShape gs = graph_shape(p);
+  const std::shared_ptr<Graph> graph = graph_of(p, gs, true, strides, why);
   if (!graph) return false;
-  Tensor stats = Tensor::empty({p.t, p.hq}, DType::kF32, p.dev, MemTag::kWorkspace);
-  ops::copy(stats, lse.transpose(0, 1));
-  run(p, *graph, strides,
+  Tensor stats = stats_buffer(p, gs);
+  ops::copy(stats, lse_as_stats(lse, gs));
+  run(p, gs, *graph, strides,
       {{kQ, const_cast<void*>(q.ptr)},
        {kK, const_cast<void*>(k.ptr)},
        {kV, const_cast<void*>(v.ptr)},

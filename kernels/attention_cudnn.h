@@ -7,7 +7,9 @@
 //   q, k, v:[T,H,D] rows (heads and head_dim dense, row stride >= H*D, 16-byte aligned), one
 //   packed batch whose query and key sequences coincide (cu_seqlens_q == cu_seqlens_k, Tq == Tk:
 //   training and prefill), bf16/f16, D a multiple of 8 up to 128, causal or not, an optional
-//   sliding window, no soft-capping.
+//   sliding window, no soft-capping. A batch whose sequences all have the longest length
+//   (t == batch * max_seqlen) runs on a dense graph, any other on a ragged one (the .cu's
+//   comment; LEANTUNE_CUDNN_GRAPH=ragged or ragged_bottom_right forces the ragged form).
 //   cu:[B+1] i32 on the device -> out:[T,Hq,D] contiguous, lse:[Hq,T] f32 (natural log).
 // Rows outside every sequence are left for the caller to fill (out = 0, lse = -inf, grads 0).
 //
@@ -30,8 +32,11 @@ struct Problem {
   DType dtype = DType::kBF16;
   int64_t t = 0;  // rows of q (== rows of k, v)
   int64_t hq = 0, hk = 0, d = 0;
-  int batch = 0;           // sequences (cu has batch + 1 entries)
-  int64_t max_seqlen = 0;  // the longest sequence (a bound: longer ones are clipped to it)
+  int batch = 0;  // sequences (cu has batch + 1 entries)
+  // The longest sequence. It must bound every sequence: a smaller value leaves the longer ones'
+  // rows unspecified (the ragged graph clips them; the dense graph, taken when t == batch *
+  // max_seqlen, reads the rows as equal-length sequences).
+  int64_t max_seqlen = 0;
   bool causal = true;
   int64_t window = 0;  // 0: none
   float scale = 0.f;
@@ -59,7 +64,9 @@ bool fwd(const Problem& p, Rows q, Rows k, Rows v, void* out, const Tensor& lse,
 bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const Tensor& lse, void* dq,
          void* dk, void* dv, std::string* why);
 
-// Forward and backward calls cuDNN ran since the process started (tests check the path taken).
+// Forward and backward calls cuDNN ran since the process started, and those on a dense graph
+// (tests check the path taken).
 int64_t calls();
+int64_t dense_calls();
 
 }  // namespace leantune::kernels::cudnn_sdpa

@@ -31,6 +31,13 @@ LT_HD int64_t ragged_len(const int32_t* cu, int b, int batch, int64_t t, int64_t
   return len < 0 ? 0 : (len > cap ? cap : len);
 }
 
+// Whether the batch can go to cuDNN as a dense [batch, H, S, D] graph (S = max_seqlen): when
+// max_seqlen bounds every sequence, t == batch * max_seqlen holds exactly when every sequence has
+// max_seqlen rows, starting at b * max_seqlen.
+LT_HD bool dense_batch(int batch, int64_t t, int64_t max_seqlen) {
+  return batch > 0 && max_seqlen > 0 && t == static_cast<int64_t>(batch) * max_seqlen;
+}
+
 // The smallest power of two >= max(x, lo), lo a power of two: the bucket of a batch size, a
 // longest sequence or a row count.
 LT_HD int64_t pow2_bucket(int64_t x, int64_t lo) {

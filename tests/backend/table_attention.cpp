@@ -297,22 +297,38 @@ std::string cudnn_missing() {
   return st.available ? "" : st.why;
 }
 
-// A case through cuDNN (LEANTUNE_ATTENTION=cudnn): the references as for our kernels, one forward
-// and one backward counted on cuDNN, and our kernels on the same inputs within the dtype's
-// normwise row of each other (both are within the flash rule of the references).
-void cudnn_entry(std::vector<Entry>& t, const Case& c) {
-  t.push_back({"attention_cudnn_" + c.name,
+// Whether every sequence of a case has the longest length (cuDNN's dense graph).
+bool equal_lengths(const Case& c) {
+  return c.tail_q == 0 &&
+         std::all_of(c.lq.begin(), c.lq.end(), [&](int64_t l) { return l == c.lq[0] && l > 0; });
+}
+
+// A case through cuDNN (LEANTUNE_ATTENTION=cudnn) in the graph form `form` (LEANTUNE_CUDNN_GRAPH:
+// auto, ragged, ragged_bottom_right): the references as for our kernels, one forward and one
+// backward counted on cuDNN (on the dense graph exactly when the form is auto and the lengths are
+// equal), and our kernels on the same inputs within the dtype's normwise row of each other (both
+// are within the flash rule of the references).
+void cudnn_entry(std::vector<Entry>& t, const Case& c, const std::string& form = "auto") {
+  const std::string name = form == "auto" ? c.name : form + "_" + c.name;
+  t.push_back({"attention_cudnn_" + name,
                [=](OpRun& r) {
                  const Problem p = make_problem(c, 9601);
                  if (!r.cuda()) {
                    record_against_references(r, p);
                    return;
                  }
-                 const int64_t before = kernels::cudnn_attention_status(r.dev().index).calls;
+                 const kernels::CudnnAttentionStatus before =
+                     kernels::cudnn_attention_status(r.dev().index);
                  record_against_references(r, p);
-                 const int64_t ran = kernels::cudnn_attention_status(r.dev().index).calls - before;
+                 const kernels::CudnnAttentionStatus after =
+                     kernels::cudnn_attention_status(r.dev().index);
+                 const int64_t ran = after.calls - before.calls;
+                 const int64_t dense = after.dense_calls - before.dense_calls;
+                 const int64_t want_dense = form == "auto" && equal_lengths(c) ? 2 : 0;
                  r.expect("cuDNN ran the forward and the backward",
                           ::testing::AssertionResult(ran == 2) << ran << " cuDNN calls");
+                 r.expect("the graph form", ::testing::AssertionResult(dense == want_dense)
+                                                << dense << " dense calls, want " << want_dense);
                  Options own;
                  own.backend = kernels::AttentionBackend::kOwn;
                  const Result mine = run_op(r, p, own, r.on(p.q));
@@ -322,18 +338,22 @@ void cudnn_entry(std::vector<Entry>& t, const Case& c) {
                    r.same(std::string(name) + "_own", t2, name, near);
                  r.same("lse_own", mine.lse, "lse", Rule::close(backend_tol(DType::kF32, 20.0)));
                },
-               {{"LEANTUNE_ATTENTION", "cudnn"}}, cudnn_missing});
+               {{"LEANTUNE_ATTENTION", "cudnn"}, {"LEANTUNE_CUDNN_GRAPH", form}},
+               cudnn_missing});
 }
 
 void per_case(std::vector<Entry>& t, const Case& c) {
-  if (cudnn_case(c)) cudnn_entry(t, c);
+  if (cudnn_case(c)) {
+    cudnn_entry(t, c);
+    cudnn_entry(t, c, "ragged_bottom_right");
+  }
   t.push_back({"attention_" + c.name,
-               [=](OpRun& r) { record_against_references(r, make_problem(c, 9001)); },
-               kOwn});
+               [=](OpRun& r) { record_against_references(r, make_problem(c, 9001)); }, kOwn});
   // The device's variants of the call against its plain call: host i64 cu_seqlens without
   // hints, a too-small hint, device i64 without hints.
   // (Device-side behaviour: the reference run records nothing.)
-  t.push_back({"attention_cu_seqlens_variants_" + c.name, [=](OpRun& r) {
+  t.push_back({"attention_cu_seqlens_variants_" + c.name,
+               [=](OpRun& r) {
                  if (r.reference()) return;
                  const Problem p = make_problem(c, 9101);
                  const Tensor q = r.on(p.q);
@@ -349,7 +369,8 @@ void per_case(std::vector<Entry>& t, const Case& c) {
   // (rows stay 16-byte aligned: used in place) or 1 element in (copied for the tensor cores);
   // outputs misaligned by 3 elements (written through a workspace).
   t.push_back(
-      {"attention_strided_misaligned_" + c.name, [=](OpRun& r) {
+      {"attention_strided_misaligned_" + c.name,
+       [=](OpRun& r) {
          if (r.reference()) return;
          const Problem p = make_problem(c, 9201);
          const Tensor q = r.on(p.q);
@@ -372,6 +393,31 @@ void per_case(std::vector<Entry>& t, const Case& c) {
 std::vector<Entry> attention_entries() {
   std::vector<Entry> t;
   for (const Case& c : cases()) per_case(t, c);
+  // Batches of equal-length sequences (cuDNN's dense graph; one sequence always is), in each of
+  // the three graph forms.
+  for (const Case& c :
+       {Case{"bf16_d128_gqa4_equal_lengths", DType::kBF16, 8, 2, 128, {257, 257, 257}},
+        Case{"f16_d64_mha_equal_lengths_window",
+             DType::kF16,
+             4,
+             4,
+             64,
+             {130, 130},
+             {},
+             true,
+             0,
+             0,
+             37},
+        Case{"bf16_d64_gqa7_one_sequence", DType::kBF16, 14, 2, 64, {97}},
+        Case{"bf16_d128_noncausal_equal_lengths",
+             DType::kBF16,
+             4,
+             2,
+             128,
+             {64, 64, 64, 64},
+             {},
+             false}})
+    for (const char* form : {"auto", "ragged", "ragged_bottom_right"}) cudnn_entry(t, c, form);
   // The 4-warp (kBc = 64) head_dim-128 backward that devices with 99 KiB of opt-in shared memory
   // (sm_86/sm_89) run, forced on any device.
   for (const Case& c : {Case{"bf16_d128_mha_short", DType::kBF16, 4, 4, 128, {1, 17, 64, 130, 257}},
@@ -436,7 +482,8 @@ std::vector<Entry> attention_entries() {
          r.throws("3 kv heads for 2 query heads",
                   [&] { kernels::attention_fwd(q, k3, k3, cu, cu, opt, out, lse); });
        }});
-  t.push_back({"attention_repeatable_bf16_d128_gqa4", [](OpRun& r) {
+  t.push_back({"attention_repeatable_bf16_d128_gqa4",
+               [](OpRun& r) {
                  if (r.reference()) return;
                  const Case c{"det", DType::kBF16, 8, 2, 128, {700, 1, 300}};
                  const Problem p = make_problem(c, 9301);

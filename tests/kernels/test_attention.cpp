@@ -463,6 +463,42 @@ TEST(Attention, RaggedBucketsArePowersOfTwoFromTheFloor) {
   EXPECT_EQ(kernels::pow2_bucket(32769, 64), 65536);
 }
 
+// The dense cuDNN graph reads sequence b at rows [b S, (b + 1) S): taken exactly when, with S the
+// true longest length, every sequence has S rows, over every packing of up to 5 sequences of up
+// to 4 rows (empty ones included).
+TEST(Attention, DenseBatchIsExactlyTheEqualLengthBatch) {
+  int dense = 0, ragged = 0;
+  for (int batch = 1; batch <= 5; ++batch) {
+    int64_t codes = 1;
+    for (int b = 0; b < batch; ++b) codes *= 5;
+    for (int64_t code = 0; code < codes; ++code) {
+      std::vector<int32_t> cu = {0};
+      int64_t longest = 0;
+      bool equal = true;
+      for (int64_t c = code, b = 0; b < batch; ++b, c /= 5) {
+        const int32_t len = static_cast<int32_t>(c % 5);
+        cu.push_back(cu.back() + len);
+        longest = std::max<int64_t>(longest, len);
+        equal = equal && len == cu[1];
+      }
+      const int64_t t = cu.back();
+      const bool d = kernels::dense_batch(batch, t, longest);
+      EXPECT_EQ(d, equal && longest > 0) << "batch " << batch << " code " << code;
+      if (!d) {
+        ++ragged;
+        continue;
+      }
+      ++dense;
+      for (int b = 0; b <= batch; ++b)
+        EXPECT_EQ(kernels::ragged_start(cu.data(), b, batch, t), b * longest);
+    }
+  }
+  EXPECT_EQ(dense, 5 * 4);  // per batch size, lengths 1..4
+  EXPECT_GT(ragged, 3000);
+  EXPECT_FALSE(kernels::dense_batch(0, 0, 0));
+  EXPECT_FALSE(kernels::dense_batch(2, 0, 0));
+}
+
 // The CUDA tensor-core path never visits rows outside every sequence; its fill kernel writes them
 // through kernels/attention_rows.h, replayed here element by element. A device cu_seqlens with
 // both max_seqlen hints is not validated, so cu[0] > 0 must fill the rows before it as well as
