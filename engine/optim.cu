@@ -9,10 +9,12 @@
 //   param: f32, bf16 or f16 (contiguous); grad: any float dtype, same numel; master (optional),
 //   exp_avg, exp_avg_sq: f32. All tensors on one device. f64 parameters are CPU-only.
 // Multi-tensor apply (after apex): tensors are cut into 64K-element chunks, one block per chunk;
-// a launch carries up to kMaxTensors tensors' pointers and kMaxBlocks (tensor, chunk) pairs in its
-// kernel arguments (< 4 KB), so a whole model's parameters take a few dozen launches and each
-// element is read and written exactly once. Tensors are grouped by (param, grad) dtype, one
-// kernel instantiation each. 4-element vector accesses when a tensor's pointers allow.
+// a launch carries up to kMaxTensors whole tensors (pointers and the first block of each, < 4 KB
+// of kernel arguments) and as many blocks as their chunks, so that a launch is many full waves
+// and a whole model takes a few launches; each block finds its tensor by a binary search over
+// the first blocks. Each element is read and written exactly once. Tensors are grouped by
+// (param, grad) dtype, one kernel instantiation each. 4-element vector accesses when a tensor's
+// pointers allow.
 #include <cmath>
 #include <map>
 #include <utility>
@@ -23,8 +25,7 @@
 namespace leantune {
 namespace {
 
-constexpr int kMaxTensors = 36;
-constexpr int kMaxBlocks = 320;
+constexpr int kMaxTensors = 60;
 constexpr int64_t kChunk = 65536;
 constexpr int kThreads = 512;
 constexpr int kVec = 4;
@@ -42,8 +43,8 @@ struct TensorArgs {
 
 struct LaunchArgs {
   TensorArgs t[kMaxTensors];
-  uint16_t block_tensor[kMaxBlocks];
-  int32_t block_chunk[kMaxBlocks];
+  int32_t first_block[kMaxTensors + 1];  // tensor k's chunks are blocks [first_block[k], [k + 1])
+  int32_t ntensors;
 };
 static_assert(sizeof(LaunchArgs) <= 4000, "kernel arguments must stay under 4 KB");
 
@@ -75,37 +76,73 @@ __device__ __forceinline__ void adamw_at(const TensorArgs& t, const Scalars& s, 
   param[k] = cu::from_acc<P>(w);
 }
 
+// kVec elements' gradient, moments and weight in registers.
+struct Lane {
+  float g[kVec], m[kVec], v[kVec], w[kVec];
+};
+
+template <typename P, typename G>
+__device__ __forceinline__ void load_lane(const TensorArgs& t, const P* param, const G* grad,
+                                          int64_t i, Lane& x) {
+  cu::load_vec<G, kVec>(grad + i, x.g);
+  const float4 m4 = *reinterpret_cast<const float4*>(t.m + i);
+  const float4 v4 = *reinterpret_cast<const float4*>(t.v + i);
+  x.m[0] = m4.x, x.m[1] = m4.y, x.m[2] = m4.z, x.m[3] = m4.w;
+  x.v[0] = v4.x, x.v[1] = v4.y, x.v[2] = v4.z, x.v[3] = v4.w;
+  if (t.master) {
+    const float4 w4 = *reinterpret_cast<const float4*>(t.master + i);
+    x.w[0] = w4.x, x.w[1] = w4.y, x.w[2] = w4.z, x.w[3] = w4.w;
+  } else {
+    cu::load_vec<P, kVec>(param + i, x.w);
+  }
+}
+
+template <typename P, typename G>
+__device__ __forceinline__ void update_store_lane(const TensorArgs& t, const Scalars& s, P* param,
+                                                  int64_t i, Lane& x) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) adamw_element<P, G>(t, s, x.g[j], x.m[j], x.v[j], x.w[j]);
+  *reinterpret_cast<float4*>(t.m + i) = make_float4(x.m[0], x.m[1], x.m[2], x.m[3]);
+  *reinterpret_cast<float4*>(t.v + i) = make_float4(x.v[0], x.v[1], x.v[2], x.v[3]);
+  if (t.master)
+    *reinterpret_cast<float4*>(t.master + i) = make_float4(x.w[0], x.w[1], x.w[2], x.w[3]);
+  cu::store_vec<P, kVec>(param + i, x.w);
+}
+
+// Vectorised, two vectors per thread at a time: both are loaded before either is stored (the
+// compiler may not move a load above a store to memory it cannot prove apart), so each thread
+// keeps two vectors' reads in flight.
 template <typename P, typename G>
 __global__ void __launch_bounds__(kThreads)
     adamw_kernel(const __grid_constant__ LaunchArgs args, Scalars s) {
-  const TensorArgs& t = args.t[args.block_tensor[blockIdx.x]];
-  const int64_t start = static_cast<int64_t>(args.block_chunk[blockIdx.x]) * kChunk;
+  const int32_t block = static_cast<int32_t>(blockIdx.x);
+  int lo = 0, hi = args.ntensors - 1;  // the last tensor whose first block is <= this one
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (args.first_block[mid] <= block)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const TensorArgs& t = args.t[lo];
+  const int64_t start = static_cast<int64_t>(block - args.first_block[lo]) * kChunk;
   const int64_t end = min(t.n, start + kChunk);
   P* param = static_cast<P*>(t.param);
   const G* grad = static_cast<const G*>(t.grad);
   int64_t i = start + static_cast<int64_t>(threadIdx.x) * kVec;
   if (t.vec) {
-    for (; i + kVec <= end; i += static_cast<int64_t>(blockDim.x) * kVec) {
-      float g[kVec], w[kVec];
-      cu::load_vec<G, kVec>(grad + i, g);
-      float4 m4 = *reinterpret_cast<const float4*>(t.m + i);
-      float4 v4 = *reinterpret_cast<const float4*>(t.v + i);
-      if (t.master) {
-        const float4 w4 = *reinterpret_cast<const float4*>(t.master + i);
-        w[0] = w4.x;
-        w[1] = w4.y;
-        w[2] = w4.z;
-        w[3] = w4.w;
-      } else {
-        cu::load_vec<P, kVec>(param + i, w);
-      }
-      float m[kVec] = {m4.x, m4.y, m4.z, m4.w}, v[kVec] = {v4.x, v4.y, v4.z, v4.w};
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) adamw_element<P, G>(t, s, g[j], m[j], v[j], w[j]);
-      *reinterpret_cast<float4*>(t.m + i) = make_float4(m[0], m[1], m[2], m[3]);
-      *reinterpret_cast<float4*>(t.v + i) = make_float4(v[0], v[1], v[2], v[3]);
-      if (t.master) *reinterpret_cast<float4*>(t.master + i) = make_float4(w[0], w[1], w[2], w[3]);
-      cu::store_vec<P, kVec>(param + i, w);
+    const int64_t stride = static_cast<int64_t>(blockDim.x) * kVec;
+    for (; i + stride + kVec <= end; i += 2 * stride) {
+      Lane a, b;
+      load_lane<P, G>(t, param, grad, i, a);
+      load_lane<P, G>(t, param, grad, i + stride, b);
+      update_store_lane<P, G>(t, s, param, i, a);
+      update_store_lane<P, G>(t, s, param, i + stride, b);
+    }
+    for (; i + kVec <= end; i += stride) {
+      Lane a;
+      load_lane<P, G>(t, param, grad, i, a);
+      update_store_lane<P, G>(t, s, param, i, a);
     }
     // The tail of a chunk that is not a multiple of kVec (only a tensor's last chunk).
     for (int64_t k = i; k < end; ++k) adamw_at<P, G>(t, s, param, grad, k);
@@ -184,36 +221,32 @@ void adamw_step_cuda(const std::vector<AdamWTensor>& tensors, const AdamWStepArg
 
   for (const auto& [key, list] : groups) {
     LaunchArgs args{};
-    int ntensors = 0, nblocks = 0;
+    int64_t nblocks = 0;
     auto flush = [&] {
-      if (nblocks > 0) launch_group(key.first, key.second, args, nblocks, s, stream);
-      ntensors = 0;
+      if (args.ntensors > 0)
+        launch_group(key.first, key.second, args, static_cast<int>(nblocks), s, stream);
+      args.ntensors = 0;
       nblocks = 0;
     };
     for (const AdamWTensor* t : list) {
       const int64_t n = t->param.numel();
       const int64_t chunks = (n + kChunk - 1) / kChunk;
-      LT_CHECK(chunks < (int64_t{1} << 31), "adamw_step_cuda: tensor too large ", t->param.str());
-      for (int64_t c = 0; c < chunks; ++c) {
-        if (nblocks == kMaxBlocks || (c == 0 && ntensors == kMaxTensors)) flush();
-        // A tensor is registered when it starts, and again in each launch it continues into.
-        if (c == 0 || ntensors == 0) {
-          TensorArgs& ta = args.t[ntensors++];
-          ta.param = t->param.data_ptr();
-          ta.grad = t->grad.data_ptr();
-          ta.master = t->master.defined() ? t->master.data<float>() : nullptr;
-          ta.m = t->exp_avg.data<float>();
-          ta.v = t->exp_avg_sq.data<float>();
-          ta.n = n;
-          ta.decay = static_cast<float>(1.0 - a.lr * t->weight_decay);
-          ta.vec = aligned_to(ta.param, kVec * t->param.element_size()) &&
-                   aligned_to(ta.grad, kVec * t->grad.element_size()) &&
-                   aligned_to(ta.master, 16) && aligned_to(ta.m, 16) && aligned_to(ta.v, 16);
-        }
-        args.block_tensor[nblocks] = static_cast<uint16_t>(ntensors - 1);
-        args.block_chunk[nblocks] = static_cast<int32_t>(c);
-        ++nblocks;
-      }
+      LT_CHECK(chunks < (int64_t{1} << 30), "adamw_step_cuda: tensor too large ", t->param.str());
+      if (args.ntensors == kMaxTensors || nblocks + chunks >= (int64_t{1} << 31)) flush();
+      TensorArgs& ta = args.t[args.ntensors];
+      ta.param = t->param.data_ptr();
+      ta.grad = t->grad.data_ptr();
+      ta.master = t->master.defined() ? t->master.data<float>() : nullptr;
+      ta.m = t->exp_avg.data<float>();
+      ta.v = t->exp_avg_sq.data<float>();
+      ta.n = n;
+      ta.decay = static_cast<float>(1.0 - a.lr * t->weight_decay);
+      ta.vec = aligned_to(ta.param, kVec * t->param.element_size()) &&
+               aligned_to(ta.grad, kVec * t->grad.element_size()) && aligned_to(ta.master, 16) &&
+               aligned_to(ta.m, 16) && aligned_to(ta.v, 16);
+      args.first_block[args.ntensors++] = static_cast<int32_t>(nblocks);
+      nblocks += chunks;
+      args.first_block[args.ntensors] = static_cast<int32_t>(nblocks);
     }
     flush();
   }

@@ -8,15 +8,19 @@
 //   dot = sum ((dy * w') * x) * rstd;  dx = rstd * (dy * w' - xh * (dot / H))
 //   dw = sum over rows of dy * round_T(x * rstd)  (unit_offset: dy * xh)
 // Layout: a row is spread over `tpr` threads (a power of two, 32..256), each holding up to
-// kMaxIters 16-byte vectors of it in registers, so x and dy are read from memory exactly once;
-// several rows share a block when rows are short. The backward grid is persistent: each block
-// keeps per-column dw sums for the rows it visits in registers, folds its row lanes through shared
-// memory in a fixed order and writes one f32 (f64) partial row; a second pass (cu::column_sum)
-// adds the partial rows in order. No atomics: the result is deterministic for a given device.
-// Rows too long for registers (H/V > 256 * kMaxIters: H > 8192 in bf16, 4096 in f32) take a
-// two-pass loop kernel instead. Scratch: partials [P, H] f32 (f64), P = one resident wave of blocks
+// kMaxIters 16-byte vectors of it in registers (as T, widened where used), so x and dy are read
+// from memory exactly once; several rows share a block when rows are short. The weights a thread
+// needs are loaded with its row (forward) or once per block (backward), never after a reduction.
+// The backward grid is persistent: each block keeps per-column dw sums for the rows it visits in
+// registers, folds its row lanes through shared memory in a fixed order and writes one f32 (f64)
+// partial row; a second pass (cu::column_sum) adds the partial rows in order. No atomics: the
+// result is deterministic for a given device. Rows too long for registers (H/V > 256 * kMaxIters: H
+// > 8192 in bf16, 4096 in f32) take a two-pass loop kernel instead. Scratch: partials [P, H] f32
+// (f64), P = one resident wave of blocks
 // (<= 8 * SMs), from the caching allocator (kWorkspace). Outputs must be contiguous; strided x/dy/w
 // are copied first. dx may alias dy (same thread reads before it writes); y may alias x.
+#include <type_traits>
+
 #include "engine/cuda_blas.cuh"
 #include "engine/cuda_utils.cuh"
 #include "kernels/acc_math.cuh"
@@ -65,25 +69,52 @@ __device__ __forceinline__ A row_sum(A v, A (*red)[32]) {
   return cu::warp_sum(lane < wpr ? red[threadIdx.y][lane] : A(0));
 }
 
-// One output row from the weights: out[j] = f(k, e, w[j]) for element e of this thread's vector k
-// (column j = (threadIdx.x + k blockDim.x) V + e, vectors past nvec skipped).
-template <typename T, int V, typename F>
-__device__ __forceinline__ void write_weighted_row(const T* __restrict__ w, T* out_row,
-                                                   int64_t nvec, F f) {
-  using A = cu::acc_of<T>;
-#pragma unroll
-  for (int k = 0; k < kMaxIters; ++k) {
-    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    if (j < nvec) {
-      A wv[V], out[V];
-      load_n<T, V>(w + j * V, wv);
-#pragma unroll
-      for (int e = 0; e < V; ++e) out[e] = f(k, e, wv[e]);
-      store_n<T, V>(out_row + j * V, out);
-    }
+// The 16-byte (or scalar) vector of T a thread holds in registers: its bits, widened to A where
+// used, so that 16-bit rows take 4 registers per vector, not 8.
+template <typename T, int V>
+struct Raw {
+  static_assert(V == 1 || sizeof(T) * V == 16, "scalar or 16-byte vectors");
+  std::conditional_t<V == 1, T, uint4> bits;
+};
+
+__device__ __forceinline__ uint32_t word(const uint4& u, int i) {
+  return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+
+// Element e of a vector in the accumulation type (exact: every T widens exactly).
+template <typename T, int V>
+__device__ __forceinline__ cu::acc_of<T> at(const Raw<T, V>& r, int e) {
+  if constexpr (V == 1) {
+    return cu::to_acc(r.bits);
+  } else if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(word(r.bits, e));
+  } else if constexpr (std::is_same_v<T, double>) {
+    return __hiloint2double(static_cast<int>(word(r.bits, 2 * e + 1)),
+                            static_cast<int>(word(r.bits, 2 * e)));
+  } else {
+    const uint32_t w = word(r.bits, e >> 1);
+    const auto half = static_cast<unsigned short>((e & 1) ? w >> 16 : w & 0xffffu);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      return cu::to_acc(__ushort_as_bfloat16(half));
+    else
+      return cu::to_acc(__ushort_as_half(half));
   }
 }
 
+// Thread's vectors k of a row (columns (threadIdx.x + k blockDim.x) V ...), those below nvec.
+template <typename T, int V>
+__device__ __forceinline__ void load_row(const T* row, int64_t nvec, bool valid,
+                                         Raw<T, V> (&out)[kMaxIters]) {
+  using Bits = decltype(out[0].bits);
+#pragma unroll
+  for (int k = 0; k < kMaxIters; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (valid && j < nvec) out[k].bits = reinterpret_cast<const Bits*>(row)[j];
+  }
+}
+
+// x and w are loaded together before the row's reduction, so that the weight's latency (an L2
+// hit) overlaps the row's instead of following it.
 template <typename T, int V>
 __global__ void __launch_bounds__(kMaxTpr)
     rms_norm_fwd_kernel(const T* x, const T* __restrict__ w, T* y, cu::acc_of<T>* __restrict__ rstd,
@@ -93,32 +124,42 @@ __global__ void __launch_bounds__(kMaxTpr)
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
   const bool valid = row < rows;
   const int64_t nvec = h / V;
-  const T* xr = x + row * h;
-  A xv[kMaxIters][V];
+  Raw<T, V> xv[kMaxIters], wv[kMaxIters];
+  load_row<T, V>(x + row * h, nvec, valid, xv);
+  load_row<T, V>(w, nvec, valid, wv);
   A ss = 0;
 #pragma unroll
   for (int k = 0; k < kMaxIters; ++k) {
     const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    if (valid && j < nvec) {
-      load_n<T, V>(xr + j * V, xv[k]);
+    if (valid && j < nvec)
 #pragma unroll
-      for (int e = 0; e < V; ++e) ss = add_rn(ss, mul_rn(xv[k][e], xv[k][e]));
-    }
+      for (int e = 0; e < V; ++e) ss = add_rn(ss, mul_rn(at(xv[k], e), at(xv[k], e)));
   }
   ss = row_sum(ss, red);
   const A rs = div_rn(A(1), sqrt_rn(add_rn(div_rn(ss, static_cast<A>(h)), eps)));
   if (!valid) return;  // no barrier follows
   if (threadIdx.x == 0) rstd[row] = rs;
-  write_weighted_row<T, V>(w, y + row * h, nvec, [&](int k, int e, A wv) {
-    return offset ? mul_rn(mul_rn(xv[k][e], rs), eff_w(wv, true))
-                  : mul_rn(wv, round_through<T>(mul_rn(xv[k][e], rs)));
-  });
+#pragma unroll
+  for (int k = 0; k < kMaxIters; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (j < nvec) {
+      A out[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A xr = mul_rn(at(xv[k], e), rs);
+        out[e] = offset ? mul_rn(xr, eff_w(at(wv[k], e), true))
+                        : mul_rn(at(wv[k], e), round_through<T>(xr));
+      }
+      store_n<T, V>(y + row * h + j * V, out);
+    }
+  }
 }
 
 // Persistent over row groups (blockDim.y rows each). partial: [gridDim.x, h] or null; dx may be
-// null. Dynamic shared memory: blockDim.y * h accumulators when partial && blockDim.y > 1. Two
-// blocks per SM: at most 128 registers, and without that bound ptxas spills the f16 scalar
-// variant on sm_80 (test_kernel_resources).
+// null. The thread's columns are the same in every row, so its weights are loaded once. Dynamic
+// shared memory: blockDim.y * h accumulators when partial && blockDim.y > 1. Two blocks per SM:
+// at most 128 registers (without that bound ptxas spilled the f16 scalar variant on sm_80,
+// test_kernel_resources).
 template <typename T, int V>
 __global__ void __launch_bounds__(kMaxTpr, 2)
     rms_norm_bwd_kernel(const T* dy, const T* x, const T* __restrict__ w,
@@ -129,6 +170,8 @@ __global__ void __launch_bounds__(kMaxTpr, 2)
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   const int64_t nvec = h / V;
   const int64_t groups = (rows + blockDim.y - 1) / blockDim.y;
+  Raw<T, V> wv[kMaxIters];
+  if (dx) load_row<T, V>(w, nvec, true, wv);
   A dw[kMaxIters][V];
 #pragma unroll
   for (int k = 0; k < kMaxIters; ++k)
@@ -139,36 +182,46 @@ __global__ void __launch_bounds__(kMaxTpr, 2)
     const int64_t row = grp * blockDim.y + threadIdx.y;
     const bool valid = row < rows;
     const A rs = valid ? rstd[row] : A(0);
-    A xv[kMaxIters][V], gv[kMaxIters][V];
+    Raw<T, V> xv[kMaxIters], gv[kMaxIters];
+    load_row<T, V>(x + row * h, nvec, valid, xv);
+    load_row<T, V>(dy + row * h, nvec, valid, gv);
     A dot = 0;
 #pragma unroll
     for (int k = 0; k < kMaxIters; ++k) {
       const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
       if (valid && j < nvec) {
-        load_n<T, V>(x + row * h + j * V, xv[k]);
-        load_n<T, V>(dy + row * h + j * V, gv[k]);
         if (dx) {
-          A wv[V];
-          load_n<T, V>(w + j * V, wv);
 #pragma unroll
           for (int e = 0; e < V; ++e)
-            dot = add_rn(dot, mul_rn(mul_rn(mul_rn(gv[k][e], eff_w(wv[e], offset)), xv[k][e]), rs));
+            dot = add_rn(
+                dot, mul_rn(mul_rn(mul_rn(at(gv[k], e), eff_w(at(wv[k], e), offset)), at(xv[k], e)),
+                            rs));
         }
         if (partial) {
 #pragma unroll
           for (int e = 0; e < V; ++e)
-            dw[k][e] = add_rn(dw[k][e], mul_rn(gv[k][e], normed<T>(mul_rn(xv[k][e], rs), offset)));
+            dw[k][e] =
+                add_rn(dw[k][e], mul_rn(at(gv[k], e), normed<T>(mul_rn(at(xv[k], e), rs), offset)));
         }
       }
     }
     if (dx) {
       dot = row_sum(dot, red);
       const A m = div_rn(dot, static_cast<A>(h));
-      if (valid)
-        write_weighted_row<T, V>(w, dx + row * h, nvec, [&](int k, int e, A wv) {
-          return mul_rn(
-              rs, add_rn(mul_rn(gv[k][e], eff_w(wv, offset)), -mul_rn(mul_rn(xv[k][e], rs), m)));
-        });
+      if (valid) {
+#pragma unroll
+        for (int k = 0; k < kMaxIters; ++k) {
+          const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+          if (j < nvec) {
+            A out[V];
+#pragma unroll
+            for (int e = 0; e < V; ++e)
+              out[e] = mul_rn(rs, add_rn(mul_rn(at(gv[k], e), eff_w(at(wv[k], e), offset)),
+                                         -mul_rn(mul_rn(at(xv[k], e), rs), m)));
+            store_n<T, V>(dx + row * h + j * V, out);
+          }
+        }
+      }
     }
   }
   if (!partial) return;

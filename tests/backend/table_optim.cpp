@@ -81,10 +81,10 @@ void adamw(std::vector<Entry>& t) {
                                3);
                  }});
     t.push_back({"adamw_many_launches_" + d, [=](OpRun& r) {
-                   // 50 tensors (more than one launch's 36 slots) of awkward sizes, and one of
-                   // more chunks than one launch's 320 blocks.
+                   // 130 tensors (more than two launches' 60 slots) of awkward sizes, and one of
+                   // 331 chunks (a launch of hundreds of blocks, its tensor found by search).
                    std::vector<Spec> specs;
-                   for (int i = 0; i < 50; ++i)
+                   for (int i = 0; i < 130; ++i)
                      specs.push_back(
                          {{37 * i + 1}, pdt, i % 2 ? DType::kF32 : pdt, master, 0.01 * (i % 3)});
                    specs.push_back({{330 * 65536 + 5}, pdt, DType::kBF16, master, 0.1});
