@@ -113,6 +113,23 @@ __device__ __forceinline__ void load_row(const T* row, int64_t nvec, bool valid,
   }
 }
 
+// Writes this thread's vectors of an output row: out_row[j V + e] = f(k, e) for vector k
+// (j = threadIdx.x + k blockDim.x, those below nvec).
+template <typename T, int V, typename F>
+__device__ __forceinline__ void store_row(T* out_row, int64_t nvec, F f) {
+  using A = cu::acc_of<T>;
+#pragma unroll
+  for (int k = 0; k < kMaxIters; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (j < nvec) {
+      A out[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) out[e] = f(k, e);
+      store_n<T, V>(out_row + j * V, out);
+    }
+  }
+}
+
 // x and w are loaded together before the row's reduction, so that the weight's latency (an L2
 // hit) overlaps the row's instead of following it.
 template <typename T, int V>
@@ -139,20 +156,11 @@ __global__ void __launch_bounds__(kMaxTpr)
   const A rs = div_rn(A(1), sqrt_rn(add_rn(div_rn(ss, static_cast<A>(h)), eps)));
   if (!valid) return;  // no barrier follows
   if (threadIdx.x == 0) rstd[row] = rs;
-#pragma unroll
-  for (int k = 0; k < kMaxIters; ++k) {
-    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    if (j < nvec) {
-      A out[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const A xr = mul_rn(at(xv[k], e), rs);
-        out[e] = offset ? mul_rn(xr, eff_w(at(wv[k], e), true))
-                        : mul_rn(at(wv[k], e), round_through<T>(xr));
-      }
-      store_n<T, V>(y + row * h + j * V, out);
-    }
-  }
+  store_row<T, V>(y + row * h, nvec, [&](int k, int e) {
+    const A xr = mul_rn(at(xv[k], e), rs);
+    return offset ? mul_rn(xr, eff_w(at(wv[k], e), true))
+                  : mul_rn(at(wv[k], e), round_through<T>(xr));
+  });
 }
 
 // Persistent over row groups (blockDim.y rows each). partial: [gridDim.x, h] or null; dx may be
@@ -208,20 +216,11 @@ __global__ void __launch_bounds__(kMaxTpr, 2)
     if (dx) {
       dot = row_sum(dot, red);
       const A m = div_rn(dot, static_cast<A>(h));
-      if (valid) {
-#pragma unroll
-        for (int k = 0; k < kMaxIters; ++k) {
-          const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-          if (j < nvec) {
-            A out[V];
-#pragma unroll
-            for (int e = 0; e < V; ++e)
-              out[e] = mul_rn(rs, add_rn(mul_rn(at(gv[k], e), eff_w(at(wv[k], e), offset)),
-                                         -mul_rn(mul_rn(at(xv[k], e), rs), m)));
-            store_n<T, V>(dx + row * h + j * V, out);
-          }
-        }
-      }
+      if (valid)
+        store_row<T, V>(dx + row * h, nvec, [&](int k, int e) {
+          return mul_rn(rs, add_rn(mul_rn(at(gv[k], e), eff_w(at(wv[k], e), offset)),
+                                   -mul_rn(mul_rn(at(xv[k], e), rs), m)));
+        });
     }
   }
   if (!partial) return;
