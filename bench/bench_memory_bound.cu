@@ -7,7 +7,8 @@
 // input read once, every output written once). Figures per kernel: <op>_<pass>_ms, _tbps and
 // _hbm_fraction. Shapes (16384 tokens, hidden 1536, intermediate 8960, 12 query / 2 KV heads of
 // 128, vocab 151936):
-//   rms_norm  x [16384, 1536] bf16
+//   rms_norm  x [16384, 1536] bf16; add_rms_norm the same with the residual add fused in front
+//             (reads a and b, writes the sum and y) and its backward (dx plus the sum's gradient)
 //   rope      q [16384, 12, 128] and k [16384, 2, 128] bf16 (one fwd = both rotations)
 //   swiglu    gate/up [16384, 8960] bf16
 //   cross_entropy  logits [16384, 151936] bf16 (5 GB; the backward writes 5 GB more). With
@@ -178,9 +179,21 @@ int main(int argc, char** argv) {
                timer.median_ms([&] { lt::kernels::rms_norm_fwd_cuda(x, w, 1e-6, false, y, rstd); }),
                2 * act + kTokens * 4.0 + kHidden * 2.0);
       r.kernel("rms_norm_bwd", timer.median_ms([&] {
-        lt::kernels::rms_norm_bwd_cuda(dy, x, w, rstd, false, dx, dw);
+        lt::kernels::rms_norm_bwd_cuda(dy, x, w, rstd, false, dx, dw, lt::Tensor());
       }),
                3 * act + kTokens * 4.0 + 2 * kHidden * 2.0);
+      // The residual add fused in front (the decoder's h + attn_out, then the norm), and the
+      // backward that adds the sum's own gradient into dx.
+      lt::Tensor b = randn({kTokens, kHidden}, dt, 5);
+      lt::Tensor sum = lt::Tensor::empty({kTokens, kHidden}, dt, kGpu);
+      r.kernel("add_rms_norm_fwd", timer.median_ms([&] {
+        lt::kernels::add_rms_norm_fwd_cuda(x, b, w, 1e-6, false, sum, y, rstd);
+      }),
+               4 * act + kTokens * 4.0 + kHidden * 2.0);
+      r.kernel("add_rms_norm_bwd", timer.median_ms([&] {
+        lt::kernels::rms_norm_bwd_cuda(dy, x, w, rstd, false, dx, dw, b);
+      }),
+               4 * act + kTokens * 4.0 + 2 * kHidden * 2.0);
     });
 
     section(r, o, "rope", [&] {

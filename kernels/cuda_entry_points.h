@@ -91,10 +91,14 @@
     (const Tensor& x, const Tensor& w, double eps, bool unit_offset, const Tensor& y,            \
      const Tensor& rstd),                                                                         \
     (x, w, eps, unit_offset, y, rstd))                                                            \
+  X(void, leantune::kernels, add_rms_norm_fwd_cuda,                                               \
+    (const Tensor& a, const Tensor& b, const Tensor& w, double eps, bool unit_offset,             \
+     const Tensor& sum, const Tensor& y, const Tensor& rstd),                                     \
+    (a, b, w, eps, unit_offset, sum, y, rstd))                                                    \
   X(void, leantune::kernels, rms_norm_bwd_cuda,                                                   \
     (const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, bool unit_offset,    \
-     const Tensor& dx, const Tensor& dw),                                                         \
-    (dy, x, w, rstd, unit_offset, dx, dw))                                                        \
+     const Tensor& dx, const Tensor& dw, const Tensor& dres),                                     \
+    (dy, x, w, rstd, unit_offset, dx, dw, dres))                                                  \
   X(void, leantune::kernels, rope_apply_cuda,                                                     \
     (const Tensor& x, const Tensor& position_ids, const Tensor& inv_freq, bool inverse,           \
      double scale, const Tensor& y),                                                              \
@@ -132,7 +136,7 @@
 
 namespace leantune::kernels {
 
-inline constexpr uint32_t kKernelsCudaAbiVersion = 9;
+inline constexpr uint32_t kKernelsCudaAbiVersion = 10;
 inline constexpr const char* kKernelsCudaTableSymbol = LT_CUDA_STR(LT_KERNELS_CUDA_TABLE);
 
 struct KernelsCudaTable {

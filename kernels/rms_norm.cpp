@@ -10,6 +10,9 @@
 // and one partial dw row (f32/f64 scratch [blocks, H], kWorkspace); the partials are then summed
 // in block order, so dw does not depend on the number of threads.
 // Saved for backward: x, w, rstd.
+// add_rms_norm (the residual add fused in front, rms_norm.h): on the CPU it is residual_add_fwd
+// then rms_norm_fwd on the sum, so it equals the two ops by construction; CUDA fuses the pass.
+// Its backward is rms_norm_bwd with the sum's own gradient as dres. Saved: sum, w, rstd.
 #include "kernels/rms_norm.h"
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include "engine/ops.h"
 #include "engine/profile.h"
 #include "kernels/cpu_common.h"
+#include "kernels/residual.h"
 
 namespace leantune::kernels {
 
@@ -54,6 +58,36 @@ class RmsNormBackward final : public Node {
   std::string name() const override { return "RmsNormBackward"; }
   void release_saved() override {
     x.reset();
+    w.reset();
+    rstd.reset();
+  }
+};
+
+// Outputs: sum (grads[0]) and y (grads[1]); inputs a, b, w.
+class AddRmsNormBackward final : public Node {
+ public:
+  SavedTensor sum, w, rstd;
+  bool unit_offset = false;
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    const Tensor s = sum.unpack();
+    auto in_dtype = [&](const Tensor& g) {
+      return !g.defined() || g.dtype() == s.dtype() ? g : g.to(s.dtype());
+    };
+    const Tensor ds = in_dtype(grads[0]), dy = in_dtype(grads[1]);
+    const bool need_sum = needs_input_grad(0) || needs_input_grad(1);
+    Tensor dsum = ds, dw;
+    if (dy.defined() && (need_sum || needs_input_grad(2))) {
+      const Tensor ws = w.unpack();
+      dsum = need_sum ? Tensor::empty(s.shape(), s.dtype(), s.device()) : Tensor();
+      if (needs_input_grad(2)) dw = Tensor::empty(ws.shape(), ws.dtype(), ws.device());
+      rms_norm_bwd(dy, s, ws, rstd.unpack(), dsum, dw, unit_offset, ds);
+    }
+    return {needs_input_grad(0) ? dsum : Tensor(), needs_input_grad(1) ? dsum : Tensor(), dw};
+  }
+  std::string name() const override { return "AddRmsNormBackward"; }
+  void release_saved() override {
+    sum.reset();
     w.reset();
     rstd.reset();
   }
@@ -106,7 +140,7 @@ void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
 }
 
 void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                  const Tensor& dx, const Tensor& dw, bool unit_offset) {
+                  const Tensor& dx, const Tensor& dw, bool unit_offset, const Tensor& dres) {
   ProfileScope prof(OpKind::kNorm, x.device());
   const auto [rows, h] = rows_cols("rms_norm_bwd", x, w);
   LT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), "rms_norm_bwd: dy ", dy.str(),
@@ -119,13 +153,17 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
   if (dw.defined())
     LT_CHECK(dw.shape() == w.shape() && dw.dtype() == w.dtype() && dw.is_contiguous(),
              "rms_norm_bwd: dw ", dw.str(), " for w ", w.str());
+  if (dres.defined())
+    LT_CHECK(dres.shape() == x.shape() && dres.dtype() == x.dtype() && dx.defined(),
+             "rms_norm_bwd: dres ", dres.str(), " for x ", x.str(), " (and dx wanted)");
   if (x.device().is_cuda()) {
-    rms_norm_bwd_cuda(dy, x, w, rstd, unit_offset, dx, dw);
+    rms_norm_bwd_cuda(dy, x, w, rstd, unit_offset, dx, dw, dres);
     return;
   }
   if (!dx.defined() && !dw.defined()) return;
   const Tensor xc = ops::contiguous_workspace(x), wc = ops::contiguous_workspace(w),
                gc = ops::contiguous_workspace(dy), rc = ops::contiguous_workspace(rstd);
+  const Tensor resc = dres.defined() ? ops::contiguous_workspace(dres) : Tensor();
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   Tensor partial;
   if (dw.defined())
@@ -138,6 +176,7 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
     const T* pg = static_cast<const T*>(gc.data_ptr());
     const A* pr = static_cast<const A*>(rc.data_ptr());
     T* pdx = dx.defined() ? static_cast<T*>(dx.data_ptr()) : nullptr;
+    const T* pres = resc.defined() ? static_cast<const T*>(resc.data_ptr()) : nullptr;
     A* pp = dw.defined() ? static_cast<A*>(partial.data_ptr()) : nullptr;
     const A off = unit_offset ? A(1) : A(0);
     parallel_for(blocks, cpu::grain_for(kRowsPerBlock * h), [&](int64_t b) {
@@ -169,6 +208,8 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
             const A xh = load(xr, j) * rs;
             store(dr, j, rs * (load(gr, j) * (off + load(pw, j)) - xh * m));
           }
+          if (pres)
+            for (int64_t j = 0; j < h; ++j) store(dr, j, load(dr, j) + load(pres + r * h, j));
         }
       }
     });
@@ -198,6 +239,45 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps, bool unit_offset) 
     set_history(y, node);
   }
   return y;
+}
+
+void add_rms_norm_fwd(const Tensor& a, const Tensor& b, const Tensor& w, double eps,
+                      const Tensor& sum, const Tensor& y, const Tensor& rstd, bool unit_offset) {
+  const auto [rows, h] = rows_cols("add_rms_norm_fwd", a, w);
+  LT_CHECK(b.shape() == a.shape() && b.dtype() == a.dtype() && sum.shape() == a.shape() &&
+               sum.dtype() == a.dtype() && sum.is_contiguous(),
+           "add_rms_norm_fwd: a ", a.str(), ", b ", b.str(), ", sum ", sum.str());
+  if (a.device().is_cuda()) {
+    ProfileScope prof(OpKind::kNorm, a.device());
+    LT_CHECK(y.shape() == a.shape() && y.dtype() == a.dtype() && y.is_contiguous() &&
+                 rstd.numel() == rows && rstd.dtype() == stat_dtype(a.dtype()) &&
+                 rstd.is_contiguous(),
+             "add_rms_norm_fwd: y ", y.str(), ", rstd ", rstd.str(), " for a ", a.str());
+    add_rms_norm_fwd_cuda(a, b, w, eps, unit_offset, sum, y, rstd);
+    return;
+  }
+  residual_add_fwd(a, b, sum);
+  rms_norm_fwd(sum, w, eps, y, rstd, unit_offset);
+}
+
+AddRmsNormOutput add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& w, double eps,
+                              bool unit_offset) {
+  const auto [rows, h] = rows_cols("add_rms_norm", a, w);
+  AddRmsNormOutput out;
+  out.sum = Tensor::empty(a.shape(), a.dtype(), a.device());
+  out.y = Tensor::empty(a.shape(), a.dtype(), a.device());
+  Tensor rstd = Tensor::empty({rows}, stat_dtype(a.dtype()), a.device());
+  add_rms_norm_fwd(a.detach(), b.detach(), w.detach(), eps, out.sum, out.y, rstd, unit_offset);
+  if (node_needed({a, b, w})) {
+    auto node = std::make_shared<AddRmsNormBackward>();
+    node->unit_offset = unit_offset;
+    node->set_next_edges({a, b, w});
+    node->sum = SavedTensor(out.sum);
+    node->w = SavedTensor(w);
+    node->rstd = SavedTensor(rstd);
+    set_history(std::vector<Tensor>{out.sum, out.y}, node);
+  }
+  return out;
 }
 
 }  // namespace leantune::kernels

@@ -1,12 +1,16 @@
-// rms_norm on CUDA.
+// rms_norm and add_rms_norm on CUDA.
 //   x:[..., H] (rows = numel/H), w:[H], one float dtype (f32, bf16, f16, f64); y like x;
 //   rstd:[rows] f32 (f64 for f64), contiguous.
 // Forward, per row, with the CPU path's operation order (f32 math; f64 for f64):
 //   ss = sum x^2;  rstd = 1 / sqrt(ss / H + eps);  xh = round_T(x * rstd);  y = round_T(w * xh)
 //   (unit_offset: y = round_T((x * rstd) * (1 + w)), nothing rounded before)
+//   add_rms_norm: x = round_T(a + b), formed in the same pass from a's and b's vectors and also
+//   written out as sum (residual_add's sum, bit for bit).
 // Backward, with xh = x * rstd unrounded and w' = w (unit_offset: 1 + w):
 //   dot = sum ((dy * w') * x) * rstd;  dx = rstd * (dy * w' - xh * (dot / H))
 //   dw = sum over rows of dy * round_T(x * rstd)  (unit_offset: dy * xh)
+//   with dres (a gradient reaching x by another path): dx = round_T(round_T(dx) + dres), the sum
+//   autograd would form.
 // Layout: a row is spread over `tpr` threads (a power of two, 32..256), each holding up to
 // kMaxIters 16-byte vectors of it in registers (as T, widened where used), so x and dy are read
 // from memory exactly once; several rows share a block when rows are short. The weights a thread
@@ -14,11 +18,11 @@
 // The backward grid is persistent: each block keeps per-column dw sums for the rows it visits in
 // registers, folds its row lanes through shared memory in a fixed order and writes one f32 (f64)
 // partial row; a second pass (cu::column_sum) adds the partial rows in order. No atomics: the
-// result is deterministic for a given device. Rows too long for registers (H/V > 256 * kMaxIters: H
-// > 8192 in bf16, 4096 in f32) take a two-pass loop kernel instead. Scratch: partials [P, H] f32
-// (f64), P = one resident wave of blocks
-// (<= 8 * SMs), from the caching allocator (kWorkspace). Outputs must be contiguous; strided x/dy/w
-// are copied first. dx may alias dy (same thread reads before it writes); y may alias x.
+// result is deterministic for a given device. Rows too long for registers (H/V > 256 * kMaxIters:
+// H > 8192 in bf16, 4096 in f32) take a two-pass loop kernel instead. Scratch: partials [P, H]
+// f32 (f64), P = one resident wave of blocks (<= 8 * SMs), from the caching allocator
+// (kWorkspace). Outputs must be contiguous; strided inputs are copied first. dx may alias dy or
+// dres, y may alias x, sum may alias a or b (each thread reads its elements before writing them).
 #include <type_traits>
 
 #include "engine/cuda_blas.cuh"
@@ -114,9 +118,11 @@ __device__ __forceinline__ void load_row(const T* row, int64_t nvec, bool valid,
 }
 
 // Writes this thread's vectors of an output row: out_row[j V + e] = f(k, e) for vector k
-// (j = threadIdx.x + k blockDim.x, those below nvec).
+// (j = threadIdx.x + k blockDim.x, those below nvec); with add_row, f's value rounded to T plus
+// add_row's element (the residual gradient of rms_norm_bwd).
 template <typename T, int V, typename F>
-__device__ __forceinline__ void store_row(T* out_row, int64_t nvec, F f) {
+__device__ __forceinline__ void store_row(T* out_row, int64_t nvec, F f,
+                                          const T* add_row = nullptr) {
   using A = cu::acc_of<T>;
 #pragma unroll
   for (int k = 0; k < kMaxIters; ++k) {
@@ -125,39 +131,55 @@ __device__ __forceinline__ void store_row(T* out_row, int64_t nvec, F f) {
       A out[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) out[e] = f(k, e);
+      if (add_row) {
+        Raw<T, V> r;
+        r.bits = reinterpret_cast<const decltype(r.bits)*>(add_row)[j];
+#pragma unroll
+        for (int e = 0; e < V; ++e) out[e] = add_rn(round_through<T>(out[e]), at(r, e));
+      }
       store_n<T, V>(out_row + j * V, out);
     }
   }
 }
 
 // x and w are loaded together before the row's reduction, so that the weight's latency (an L2
-// hit) overlaps the row's instead of following it.
-template <typename T, int V>
+// hit) overlaps the row's instead of following it. kAdd (add_rms_norm): the row is
+// round(x + b), formed from both inputs' vectors where used and also written to sum.
+template <typename T, int V, bool kAdd>
 __global__ void __launch_bounds__(kMaxTpr)
-    rms_norm_fwd_kernel(const T* x, const T* __restrict__ w, T* y, cu::acc_of<T>* __restrict__ rstd,
-                        int64_t rows, int64_t h, cu::acc_of<T> eps, bool offset) {
+    rms_norm_fwd_kernel(const T* x, const T* b, T* sum, const T* __restrict__ w, T* y,
+                        cu::acc_of<T>* __restrict__ rstd, int64_t rows, int64_t h,
+                        cu::acc_of<T> eps, bool offset) {
   using A = cu::acc_of<T>;
   __shared__ A red[8][32];
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
   const bool valid = row < rows;
   const int64_t nvec = h / V;
-  Raw<T, V> xv[kMaxIters], wv[kMaxIters];
+  Raw<T, V> xv[kMaxIters], bv[kAdd ? kMaxIters : 1], wv[kMaxIters];
   load_row<T, V>(x + row * h, nvec, valid, xv);
+  if constexpr (kAdd) load_row<T, V>(b + row * h, nvec, valid, bv);
   load_row<T, V>(w, nvec, valid, wv);
+  auto xa = [&](int k, int e) {
+    if constexpr (kAdd)
+      return round_through<T>(add_rn(at(xv[k], e), at(bv[k], e)));
+    else
+      return at(xv[k], e);
+  };
   A ss = 0;
 #pragma unroll
   for (int k = 0; k < kMaxIters; ++k) {
     const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
     if (valid && j < nvec)
 #pragma unroll
-      for (int e = 0; e < V; ++e) ss = add_rn(ss, mul_rn(at(xv[k], e), at(xv[k], e)));
+      for (int e = 0; e < V; ++e) ss = add_rn(ss, mul_rn(xa(k, e), xa(k, e)));
   }
   ss = row_sum(ss, red);
   const A rs = div_rn(A(1), sqrt_rn(add_rn(div_rn(ss, static_cast<A>(h)), eps)));
   if (!valid) return;  // no barrier follows
   if (threadIdx.x == 0) rstd[row] = rs;
+  if constexpr (kAdd) store_row<T, V>(sum + row * h, nvec, xa);
   store_row<T, V>(y + row * h, nvec, [&](int k, int e) {
-    const A xr = mul_rn(at(xv[k], e), rs);
+    const A xr = mul_rn(xa(k, e), rs);
     return offset ? mul_rn(xr, eff_w(at(wv[k], e), true))
                   : mul_rn(at(wv[k], e), round_through<T>(xr));
   });
@@ -171,7 +193,7 @@ __global__ void __launch_bounds__(kMaxTpr)
 template <typename T, int V>
 __global__ void __launch_bounds__(kMaxTpr, 2)
     rms_norm_bwd_kernel(const T* dy, const T* x, const T* __restrict__ w,
-                        const cu::acc_of<T>* __restrict__ rstd, T* dx,
+                        const cu::acc_of<T>* __restrict__ rstd, const T* dres, T* dx,
                         cu::acc_of<T>* __restrict__ partial, int64_t rows, int64_t h, bool offset) {
   using A = cu::acc_of<T>;
   __shared__ A red[8][32];
@@ -217,10 +239,13 @@ __global__ void __launch_bounds__(kMaxTpr, 2)
       dot = row_sum(dot, red);
       const A m = div_rn(dot, static_cast<A>(h));
       if (valid)
-        store_row<T, V>(dx + row * h, nvec, [&](int k, int e) {
-          return mul_rn(rs, add_rn(mul_rn(at(gv[k], e), eff_w(at(wv[k], e), offset)),
-                                   -mul_rn(mul_rn(at(xv[k], e), rs), m)));
-        });
+        store_row<T, V>(
+            dx + row * h, nvec,
+            [&](int k, int e) {
+              return mul_rn(rs, add_rn(mul_rn(at(gv[k], e), eff_w(at(wv[k], e), offset)),
+                                       -mul_rn(mul_rn(at(xv[k], e), rs), m)));
+            },
+            dres ? dres + row * h : nullptr);
     }
   }
   if (!partial) return;
@@ -253,20 +278,26 @@ __global__ void __launch_bounds__(kMaxTpr, 2)
   }
 }
 
-// Rows too long for registers: one block per row, two passes over x.
+// Rows too long for registers: one block per row, two passes over x. With b (add_rms_norm), the
+// first pass forms the row round(x + b) and writes it to sum, and the second reads it back from
+// there (the same thread wrote each element it reads).
 template <typename T>
-__global__ void rms_norm_fwd_loop_kernel(const T* x, const T* __restrict__ w, T* y,
-                                         cu::acc_of<T>* __restrict__ rstd, int64_t h,
+__global__ void rms_norm_fwd_loop_kernel(const T* x, const T* b, T* sum, const T* __restrict__ w,
+                                         T* y, cu::acc_of<T>* __restrict__ rstd, int64_t h,
                                          cu::acc_of<T> eps, bool offset) {
   using A = cu::acc_of<T>;
   __shared__ A scratch[32];
   const int64_t row = blockIdx.x;
-  const T* xr = x + row * h;
   A ss = 0;
   for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
-    const A v = cu::to_acc(xr[j]);
+    A v = cu::to_acc(x[row * h + j]);
+    if (b) {
+      v = round_through<T>(add_rn(v, cu::to_acc(b[row * h + j])));
+      sum[row * h + j] = cu::from_acc<T>(v);
+    }
     ss = add_rn(ss, mul_rn(v, v));
   }
+  const T* xr = (b ? sum : x) + row * h;
   ss = cu::block_sum(ss, scratch);
   const A rs = div_rn(A(1), sqrt_rn(add_rn(div_rn(ss, static_cast<A>(h)), eps)));
   if (threadIdx.x == 0) rstd[row] = rs;
@@ -281,8 +312,8 @@ __global__ void rms_norm_fwd_loop_kernel(const T* x, const T* __restrict__ w, T*
 // Persistent; each block owns partial row blockIdx.x (zeroed here) and adds its rows in order.
 template <typename T>
 __global__ void rms_norm_bwd_loop_kernel(const T* dy, const T* x, const T* __restrict__ w,
-                                         const cu::acc_of<T>* __restrict__ rstd, T* dx,
-                                         cu::acc_of<T>* __restrict__ partial, int64_t rows,
+                                         const cu::acc_of<T>* __restrict__ rstd, const T* dres,
+                                         T* dx, cu::acc_of<T>* __restrict__ partial, int64_t rows,
                                          int64_t h, bool offset) {
   using A = cu::acc_of<T>;
   __shared__ A scratch[32];
@@ -305,9 +336,12 @@ __global__ void rms_norm_bwd_loop_kernel(const T* dy, const T* x, const T* __res
     }
     for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
       const A xv = cu::to_acc(xr[j]), gv = cu::to_acc(gr[j]);
-      if (dx)
-        dx[row * h + j] = cu::from_acc<T>(mul_rn(
-            rs, add_rn(mul_rn(gv, eff_w(cu::to_acc(w[j]), offset)), -mul_rn(mul_rn(xv, rs), m))));
+      if (dx) {
+        A d = mul_rn(
+            rs, add_rn(mul_rn(gv, eff_w(cu::to_acc(w[j]), offset)), -mul_rn(mul_rn(xv, rs), m)));
+        if (dres) d = add_rn(round_through<T>(d), cu::to_acc(dres[row * h + j]));
+        dx[row * h + j] = cu::from_acc<T>(d);
+      }
       if (prow) prow[j] = add_rn(prow[j], mul_rn(gv, normed<T>(mul_rn(xv, rs), offset)));
     }
   }
@@ -339,40 +373,56 @@ bool can_vectorize(int64_t h, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-void rms_norm_fwd_launch(const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t h,
-                         double eps, bool offset, DType dt, int device, cudaStream_t stream) {
+// b and sum both null (rms_norm) or both set (add_rms_norm: the row is round(x + b)).
+template <typename T, int V>
+void fwd_rows(dim3 grid, dim3 block, cudaStream_t stream, const T* x, const T* b, T* sum,
+              const T* w, T* y, cu::acc_of<T>* rstd, int64_t rows, int64_t h, cu::acc_of<T> eps,
+              bool offset) {
+  if (b)
+    rms_norm_fwd_kernel<T, V, true>
+        <<<grid, block, 0, stream>>>(x, b, sum, w, y, rstd, rows, h, eps, offset);
+  else
+    rms_norm_fwd_kernel<T, V, false>
+        <<<grid, block, 0, stream>>>(x, b, sum, w, y, rstd, rows, h, eps, offset);
+}
+
+void rms_norm_fwd_launch(const void* x, const void* b, void* sum, const void* w, void* y,
+                         void* rstd, int64_t rows, int64_t h, double eps, bool offset, DType dt,
+                         cudaStream_t stream) {
   if (rows == 0 || h == 0) return;
   LT_CHECK(rows < (int64_t{1} << 31), "rms_norm: too many rows ", rows);
+  LT_CHECK((b == nullptr) == (sum == nullptr), "rms_norm: b and sum go together");
   LT_CU_DISPATCH_FLOAT(dt, T, {
     using A = cu::acc_of<T>;
     const T* px = static_cast<const T*>(x);
+    const T* pb = static_cast<const T*>(b);
+    T* ps = static_cast<T*>(sum);
     const T* pw = static_cast<const T*>(w);
     T* py = static_cast<T*>(y);
     A* pr = static_cast<A*>(rstd);
+    const A e = static_cast<A>(eps);
     constexpr int kVec = cu::VecWidth<T>::value;
-    const bool vec = can_vectorize<T>(h, {x, w, y});
+    const bool vec = can_vectorize<T>(h, {x, b, sum, w, y});
     const RowConfig c = row_config(h, vec ? kVec : 1);
     if (c.regs) {
       const dim3 block(c.tpr, c.rpb);
-      const unsigned grid = static_cast<unsigned>((rows + c.rpb - 1) / c.rpb);
+      const dim3 grid(static_cast<unsigned>((rows + c.rpb - 1) / c.rpb));
       if (vec)
-        rms_norm_fwd_kernel<T, kVec>
-            <<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h, static_cast<A>(eps), offset);
+        fwd_rows<T, kVec>(grid, block, stream, px, pb, ps, pw, py, pr, rows, h, e, offset);
       else
-        rms_norm_fwd_kernel<T, 1>
-            <<<grid, block, 0, stream>>>(px, pw, py, pr, rows, h, static_cast<A>(eps), offset);
+        fwd_rows<T, 1>(grid, block, stream, px, pb, ps, pw, py, pr, rows, h, e, offset);
     } else {
       rms_norm_fwd_loop_kernel<T><<<static_cast<unsigned>(rows), kLoopThreads, 0, stream>>>(
-          px, pw, py, pr, h, static_cast<A>(eps), offset);
+          px, pb, ps, pw, py, pr, h, e, offset);
     }
     CUDA_CHECK_LAUNCH();
   });
 }
 
 // dw (when non-null) of dtype dw_type.
-void rms_norm_bwd_launch(const void* dy, const void* x, const void* w, const void* rstd, void* dx,
-                         void* dw, DType dw_type, int64_t rows, int64_t h, bool offset, DType dt,
-                         Device dev, cudaStream_t stream) {
+void rms_norm_bwd_launch(const void* dy, const void* x, const void* w, const void* rstd,
+                         const void* dres, void* dx, void* dw, DType dw_type, int64_t rows,
+                         int64_t h, bool offset, DType dt, Device dev, cudaStream_t stream) {
   if (h == 0 || (!dx && !dw)) return;
   if (rows == 0) {
     if (dw)
@@ -386,9 +436,10 @@ void rms_norm_bwd_launch(const void* dy, const void* x, const void* w, const voi
     const T* px = static_cast<const T*>(x);
     const T* pw = static_cast<const T*>(w);
     const A* pr = static_cast<const A*>(rstd);
+    const T* pres = static_cast<const T*>(dres);
     T* pdx = static_cast<T*>(dx);
     constexpr int kVec = cu::VecWidth<T>::value;
-    const bool vec = can_vectorize<T>(h, {dy, x, w, dx});
+    const bool vec = can_vectorize<T>(h, {dy, x, w, dres, dx});
     const RowConfig c = row_config(h, vec ? kVec : 1);
     const int threads = c.regs ? c.tpr * c.rpb : kLoopThreads;
     const int64_t groups = c.regs ? (rows + c.rpb - 1) / c.rpb : rows;
@@ -413,13 +464,13 @@ void rms_norm_bwd_launch(const void* dy, const void* x, const void* w, const voi
       const dim3 block(c.tpr, c.rpb);
       if (vec)
         rms_norm_bwd_kernel<T, kVec><<<static_cast<unsigned>(grid), block, smem, stream>>>(
-            pg, px, pw, pr, pdx, pp, rows, h, offset);
+            pg, px, pw, pr, pres, pdx, pp, rows, h, offset);
       else
         rms_norm_bwd_kernel<T, 1><<<static_cast<unsigned>(grid), block, smem, stream>>>(
-            pg, px, pw, pr, pdx, pp, rows, h, offset);
+            pg, px, pw, pr, pres, pdx, pp, rows, h, offset);
     } else {
       rms_norm_bwd_loop_kernel<T><<<static_cast<unsigned>(grid), kLoopThreads, 0, stream>>>(
-          pg, px, pw, pr, pdx, pp, rows, h, offset);
+          pg, px, pw, pr, pres, pdx, pp, rows, h, offset);
     }
     CUDA_CHECK_LAUNCH();
     if (dw)
@@ -435,12 +486,9 @@ int64_t rows_of(const char* op, const Tensor& x, const Tensor& w) {
   return w.size(0) == 0 ? 0 : x.numel() / w.size(0);
 }
 
-}  // namespace
-
-void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, bool unit_offset,
-                       const Tensor& y, const Tensor& rstd) {
-  const char* op = "rms_norm_fwd_cuda";
-  const Device d = cuda_device_of(x, op, "x");
+// The checks both forward adapters make of their outputs y and rstd for x.
+int64_t check_fwd_outputs(const char* op, const Tensor& x, const Tensor& w, const Tensor& y,
+                          const Tensor& rstd, Device d) {
   cu::check_on(w, d, op, "w");
   const int64_t rows = rows_of(op, x, w);
   cu::check_operand(y, d, op, "y");
@@ -449,14 +497,42 @@ void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, bool unit_o
            x.str());
   LT_CHECK(rstd.numel() == rows && rstd.dtype() == stat_dtype(x.dtype()), op, ": rstd ", rstd.str(),
            " for x ", x.str());
+  return rows;
+}
+
+}  // namespace
+
+void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, bool unit_offset,
+                       const Tensor& y, const Tensor& rstd) {
+  const char* op = "rms_norm_fwd_cuda";
+  const Device d = cuda_device_of(x, op, "x");
+  const int64_t rows = check_fwd_outputs(op, x, w, y, rstd, d);
   cu::DeviceGuard g(d);
   const Tensor xc = cu::contiguous_ws(x), wc = cu::contiguous_ws(w);
-  rms_norm_fwd_launch(xc.data_ptr(), wc.data_ptr(), y.data_ptr(), rstd.data_ptr(), rows, w.size(0),
-                      eps, unit_offset, x.dtype(), d.index, cu::stream_of(d));
+  rms_norm_fwd_launch(xc.data_ptr(), nullptr, nullptr, wc.data_ptr(), y.data_ptr(), rstd.data_ptr(),
+                      rows, w.size(0), eps, unit_offset, x.dtype(), cu::stream_of(d));
+}
+
+void add_rms_norm_fwd_cuda(const Tensor& a, const Tensor& b, const Tensor& w, double eps,
+                           bool unit_offset, const Tensor& sum, const Tensor& y,
+                           const Tensor& rstd) {
+  const char* op = "add_rms_norm_fwd_cuda";
+  const Device d = cuda_device_of(a, op, "a");
+  cu::check_on(b, d, op, "b");
+  const int64_t rows = check_fwd_outputs(op, a, w, y, rstd, d);
+  cu::check_operand(sum, d, op, "sum");
+  LT_CHECK(b.shape() == a.shape() && b.dtype() == a.dtype() && sum.shape() == a.shape() &&
+               sum.dtype() == a.dtype(),
+           op, ": b ", b.str(), ", sum ", sum.str(), " for a ", a.str());
+  cu::DeviceGuard g(d);
+  const Tensor ac = cu::contiguous_ws(a), bc = cu::contiguous_ws(b), wc = cu::contiguous_ws(w);
+  rms_norm_fwd_launch(ac.data_ptr(), bc.data_ptr(), sum.data_ptr(), wc.data_ptr(), y.data_ptr(),
+                      rstd.data_ptr(), rows, w.size(0), eps, unit_offset, a.dtype(),
+                      cu::stream_of(d));
 }
 
 void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                       bool unit_offset, const Tensor& dx, const Tensor& dw) {
+                       bool unit_offset, const Tensor& dx, const Tensor& dw, const Tensor& dres) {
   const char* op = "rms_norm_bwd_cuda";
   const Device d = cuda_device_of(x, op, "x");
   cu::check_on(w, d, op, "w");
@@ -477,10 +553,17 @@ void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const
                  (dw.dtype() == DType::kF64) == (x.dtype() == DType::kF64),
              op, ": dw ", dw.str(), " for w ", w.str());
   }
+  if (dres.defined()) {
+    cu::check_on(dres, d, op, "dres");
+    LT_CHECK(dres.shape() == x.shape() && dres.dtype() == x.dtype() && dx.defined(), op, ": dres ",
+             dres.str(), " for x ", x.str(), " (and dx wanted)");
+  }
   cu::DeviceGuard g(d);
   const Tensor xc = cu::contiguous_ws(x), wc = cu::contiguous_ws(w), gc = cu::contiguous_ws(dy),
                rc = cu::contiguous_ws(rstd);
+  const Tensor resc = dres.defined() ? cu::contiguous_ws(dres) : Tensor();
   rms_norm_bwd_launch(gc.data_ptr(), xc.data_ptr(), wc.data_ptr(), rc.data_ptr(),
+                      resc.defined() ? resc.data_ptr() : nullptr,
                       dx.defined() ? dx.data_ptr() : nullptr,
                       dw.defined() ? dw.data_ptr() : nullptr, dw.defined() ? dw.dtype() : x.dtype(),
                       rows, w.size(0), unit_offset, x.dtype(), d, cu::stream_of(d));

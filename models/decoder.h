@@ -34,6 +34,7 @@
 #include "kernels/attention.h"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/ring_attention.h"
+#include "kernels/rms_norm.h"
 #include "loaders/batch.h"
 #include "loaders/model_config.h"
 #include "models/linear_module.h"
@@ -266,11 +267,12 @@ class DecoderModel {
   mutable int64_t largest_tiled_rows_ = 0, largest_tiled_chunk_ = 0;
 
   // Parts of layer i, shared by the plain, tiled and generation paths: q, k, v [T, N, D] before
-  // rope (norm, projections, q/k norms); h + o_proj(attn) (normed with sandwich_norms);
-  // h1 + mlp(norm(h1)).
+  // rope (norm, projections, q/k norms); h1 = h + o_proj(attn) (normed with sandwich_norms) with
+  // the MLP's input norm of h1, as one add_rms_norm; h1 + mlp(that norm).
   std::vector<Tensor> attention_inputs(int64_t i, const Tensor& h) const;
-  Tensor attention_residual(int64_t i, const Tensor& h, const Tensor& attn) const;
-  Tensor mlp_residual(int64_t i, const Tensor& h1) const;
+  kernels::AddRmsNormOutput attention_residual(int64_t i, const Tensor& h,
+                                               const Tensor& attn) const;
+  Tensor mlp_residual(int64_t i, const kernels::AddRmsNormOutput& h1) const;
 
  public:
   // Trainable tokens (models/trainable_tokens.h) set these so that a few embedding rows train

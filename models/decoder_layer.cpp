@@ -97,19 +97,25 @@ std::vector<Tensor> DecoderModel::attention_inputs(int64_t i, const Tensor& h) c
   return {q, k, v};
 }
 
-Tensor DecoderModel::attention_residual(int64_t i, const Tensor& h, const Tensor& attn) const {
-  MemSiteGuard site("self_attn.o_proj");
+kernels::AddRmsNormOutput DecoderModel::attention_residual(int64_t i, const Tensor& h,
+                                                           const Tensor& attn) const {
   const DecoderLayer& L = layers_[i];
-  Tensor a = L.o_proj.forward(attn);
-  if (cfg_.sandwich_norms) a = norm(a, L.post_attention_layernorm);
-  return kernels::residual_add(h, a);
+  Tensor a;
+  {
+    MemSiteGuard site("self_attn.o_proj");
+    a = L.o_proj.forward(attn);
+    if (cfg_.sandwich_norms) a = norm(a, L.post_attention_layernorm);
+  }
+  MemSiteGuard site(cfg_.sandwich_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm");
+  return kernels::add_rms_norm(
+      h, a, cfg_.sandwich_norms ? L.pre_feedforward_layernorm : L.post_attention_layernorm,
+      cfg_.rms_norm_eps, cfg_.norm_unit_offset);
 }
 
-Tensor DecoderModel::mlp_residual(int64_t i, const Tensor& h1) const {
+Tensor DecoderModel::mlp_residual(int64_t i, const kernels::AddRmsNormOutput& h1) const {
   MemSiteGuard site("mlp");
   const DecoderLayer& L = layers_[i];
-  Tensor x2 =
-      norm(h1, cfg_.sandwich_norms ? L.pre_feedforward_layernorm : L.post_attention_layernorm);
+  const Tensor& x2 = h1.y;
   Tensor gate, up;
   if (cfg_.fused_gate_up) {
     const int64_t inter = cfg_.intermediate_size;
@@ -125,7 +131,7 @@ Tensor DecoderModel::mlp_residual(int64_t i, const Tensor& h1) const {
                                      ? kernels::geglu(gate, up)
                                      : kernels::swiglu(gate, up));
   if (cfg_.sandwich_norms) m = norm(m, L.post_feedforward_layernorm);
-  return kernels::residual_add(h1, m);
+  return kernels::residual_add(h1.sum, m);
 }
 
 Tensor DecoderModel::layer_forward_with(int64_t i, const Tensor& h,

@@ -22,6 +22,7 @@
 namespace leantune::backend_test {
 namespace {
 
+using testing::backend_repeat_tol;
 using testing::backend_tol;
 
 Tensor host_randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
@@ -99,6 +100,51 @@ void rms_norm(std::vector<Entry>& t) {
                    r.out("dx", x.grad(), dx_rule);
                    r.out("dw", w.grad(), dw_rule);
                  }});
+    // The residual add fused in front: against the other backend, and bit for bit against
+    // residual_add then rms_norm on this one, gradients through both outputs (the sum's own
+    // gradient is the backward's dres) and through y alone.
+    t.push_back(
+        {"add_rms_norm_" + n, [=](OpRun& r) {
+           const Tensor a0 = r.randn({c.t, c.h}, c.dt, 131, 2.0);
+           const Tensor b0 = r.randn({c.t, c.h}, c.dt, 132);
+           const Tensor w0 = r.randn({c.h}, c.dt, 133);
+           const Tensor ds = r.randn({c.t, c.h}, c.dt, 134), dy = r.randn({c.t, c.h}, c.dt, 135);
+           for (const bool unfused : {false, true})
+             for (const bool both : {true, false}) {
+               const std::string m =
+                   std::string(unfused ? "unfused_" : "") + (both ? "" : "y_only_");
+               Tensor a = a0.clone().set_requires_grad(true),
+                      b = b0.clone().set_requires_grad(true);
+               Tensor w = w0.clone().set_requires_grad(true);
+               kernels::AddRmsNormOutput o;
+               if (unfused) {
+                 o.sum = kernels::residual_add(a, b);
+                 o.y = kernels::rms_norm(o.sum, w, kEps, c.offset);
+               } else {
+                 o = kernels::add_rms_norm(a, b, w, kEps, c.offset);
+               }
+               if (both)
+                 backward({o.sum, o.y}, {ds, dy});
+               else
+                 backward({o.y}, {dy});
+               const std::pair<std::string, Tensor> outs[] = {{"sum", o.sum},
+                                                              {"y", o.y},
+                                                              {"da", a.grad()},
+                                                              {"db", b.grad()},
+                                                              {"dw", w.grad()}};
+               for (const auto& [name, v] : outs) {
+                 if (!unfused) {
+                   const Rule rule = name == "sum"  ? Rule::close(backend_repeat_tol(c.dt))
+                                     : name == "y"  ? y_rule
+                                     : name == "dw" ? dw_rule
+                                                    : dx_rule;
+                   r.out(m + name, v, rule);
+                 } else {
+                   r.same(m + name, v, (both ? "" : "y_only_") + name);
+                 }
+               }
+             }
+         }});
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernel_test_util.h"
+#include "kernels/residual.h"
 #include "kernels/rms_norm.h"
 
 namespace leantune {
@@ -174,6 +175,69 @@ TEST(RmsNorm, ZeroRowGivesZeroOutputAndNanRowStaysNan) {
 TEST(RmsNorm, MismatchedWeightIsAnError) {
   EXPECT_THROW(kernels::rms_norm(randn({3, 4}, DType::kF32, 1), randn({5}, DType::kF32, 2), kEps),
                Error);
+}
+
+// add_rms_norm: the sum and y equal residual_add then rms_norm, and so do the gradients of a, b
+// and w through both outputs and through y alone, element for element (on the CPU the fused op
+// is that composition; the CUDA kernel is held to the same by the op table's add_rms_norm rows).
+class AddRmsNormTest : public ::testing::TestWithParam<RmsCase> {};
+TEST_P(AddRmsNormTest, EqualsResidualAddThenRmsNorm) {
+  const RmsCase c = GetParam();
+  const Tensor a0 = randn({c.t, c.h}, c.dt, 41), b0 = randn({c.t, c.h}, c.dt, 42);
+  const Tensor w0 = randn({c.h}, c.dt, 43);
+  const Tensor ds = randn({c.t, c.h}, c.dt, 44), dy = randn({c.t, c.h}, c.dt, 45);
+  for (const bool both : {true, false}) {
+    std::vector<std::vector<double>> got[2];
+    for (const bool fused : {true, false}) {
+      Tensor a = a0.clone().set_requires_grad(true), b = b0.clone().set_requires_grad(true);
+      Tensor w = w0.clone().set_requires_grad(true);
+      kernels::AddRmsNormOutput o;
+      if (fused) {
+        o = kernels::add_rms_norm(a, b, w, kEps, c.offset);
+      } else {
+        o.sum = kernels::residual_add(a, b);
+        o.y = kernels::rms_norm(o.sum, w, kEps, c.offset);
+      }
+      if (both)
+        backward({o.sum, o.y}, {ds, dy});
+      else
+        backward({o.y}, {dy});
+      for (const Tensor& t : {o.sum, o.y, a.grad(), b.grad(), w.grad()})
+        got[fused].push_back(t.to_f64());
+    }
+    const char* names[] = {"sum", "y", "da", "db", "dw"};
+    for (int i = 0; i < 5; ++i)
+      EXPECT_EQ(got[1][i], got[0][i]) << names[i] << (both ? "" : " (y only)");
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Cases, AddRmsNormTest,
+                         ::testing::Values(RmsCase{DType::kF32, 1, 1},
+                                           RmsCase{DType::kBF16, 19, 19},
+                                           RmsCase{DType::kF16, 71, 229},
+                                           RmsCase{DType::kBF16, 71, 229, true},
+                                           RmsCase{DType::kF64, 40, 8}),
+                         rms_name);
+
+TEST(AddRmsNorm, GradcheckFloat64) {
+  for (const bool offset : {false, true}) {
+    auto f = [offset](const std::vector<Tensor>& in) {
+      const kernels::AddRmsNormOutput o = kernels::add_rms_norm(in[0], in[1], in[2], kEps, offset);
+      return std::vector<Tensor>{o.sum, o.y};
+    };
+    EXPECT_TRUE(
+        testing::gradcheck(f, {randn({5, 7}, DType::kF64, 51), randn({5, 7}, DType::kF64, 52),
+                               randn({7}, DType::kF64, 53)}));
+    EXPECT_TRUE(
+        testing::gradcheck(f, {randn({70, 3}, DType::kF64, 54), randn({70, 3}, DType::kF64, 55),
+                               randn({3}, DType::kF64, 56)}));
+  }
+}
+
+TEST(AddRmsNorm, MismatchedShapesAreAnError) {
+  const Tensor a = randn({4, 8}, DType::kF32, 61), w = randn({8}, DType::kF32, 62);
+  EXPECT_THROW(kernels::add_rms_norm(a, randn({4, 7}, DType::kF32, 63), w, kEps), Error);
+  EXPECT_THROW(kernels::add_rms_norm(a, randn({4, 8}, DType::kBF16, 64), w, kEps), Error);
+  EXPECT_THROW(kernels::add_rms_norm(a, a, randn({7}, DType::kF32, 65), kEps), Error);
 }
 
 }  // namespace
