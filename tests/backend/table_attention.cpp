@@ -20,6 +20,7 @@
 // on cuDNN, and compared with our kernels on the same inputs (skipped where cuDNN is absent).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -468,6 +469,20 @@ std::vector<Entry> attention_entries() {
            Tensor lb = Tensor::empty({1, 4}, DType::kF32, r.dev());
            r.throws("head_dim 640",
                     [&] { kernels::attention_fwd(qb, qb, qb, cu, cu, opt, ob, lb); });
+           if (kernels::cudnn_attention_status(r.dev().index).available) {
+             // A graph form that does not exist is named, not ignored.
+             kernels::AttentionOptions on_cudnn;
+             on_cudnn.backend = kernels::AttentionBackend::kCudnn;
+             const char* prev = std::getenv("LEANTUNE_CUDNN_GRAPH");
+             const std::string saved = prev ? prev : "";
+             ::setenv("LEANTUNE_CUDNN_GRAPH", "sideways", 1);
+             r.throws("LEANTUNE_CUDNN_GRAPH=sideways",
+                      [&] { kernels::attention_fwd(q, k, k, cu, cu, on_cudnn, out, lse); });
+             if (prev)
+               ::setenv("LEANTUNE_CUDNN_GRAPH", saved.c_str(), 1);
+             else
+               ::unsetenv("LEANTUNE_CUDNN_GRAPH");
+           }
          }
          r.throws("overlong host cu_seqlens", [&] {
            kernels::attention_fwd(q, k, k, cu_tensor({0, 5}, DType::kI32), cu, opt, out, lse);
