@@ -24,8 +24,9 @@
 // bucket) and cached for the process. Ragged: B is rounded up to a power of two (the padding
 // entries get length 0), S (the longest sequence) and T (the packed rows, cuDNN's workspace
 // bound) to a power of two too, so that a run with varying packing builds a handful of graphs,
-// not one per step. Dense: B and S as they are. A shape cuDNN refuses is cached as refused: the
-// caller falls back to its own kernel at once.
+// not one per step. Dense: B and S as they are, for at most 16 shapes per process (later ones
+// take the ragged form). A shape cuDNN refuses is cached as refused: the caller falls back to
+// its own kernel at once.
 //
 // Scratch (kWorkspace): seq_len and the ragged offsets (a few KiB), the T * Hq f32 statistics,
 // and cuDNN's own workspace (the backward's dQ accumulator among others), all from the caching
@@ -40,6 +41,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -208,6 +210,8 @@ enum Uid : int64_t {
   kOff = 20,  // kOff + k: the ragged offsets of operand k, in the order of Ragged
 };
 
+constexpr size_t kMaxDenseShapes = 16;
+
 // How a call's graph expresses its batch (the file comment): dense or ragged, and the causal
 // diagonal's alignment.
 struct Form {
@@ -225,7 +229,16 @@ Form form_of(const Problem& p) {
   }
   LT_CHECK_INPUT(v.empty() || v == "auto", "LEANTUNE_CUDNN_GRAPH=", v,
                  ": expected auto, ragged or ragged_bottom_right");
-  f.dense = dense_batch(p.batch, p.t, p.max_seqlen);
+  if (!dense_batch(p.batch, p.t, p.max_seqlen)) return f;
+  // Dense graphs are built per exact (B, S), not per bucket: past kMaxDenseShapes of them, new
+  // shapes take the ragged form, so that a run whose equal-length batches keep changing shape
+  // does not build a graph per step.
+  static std::mutex mu;
+  static std::set<std::pair<int, int64_t>> admitted;
+  std::lock_guard<std::mutex> lk(mu);
+  const std::pair<int, int64_t> shape{p.batch, p.max_seqlen};
+  if (admitted.count(shape) == 0 && admitted.size() < kMaxDenseShapes) admitted.insert(shape);
+  f.dense = admitted.count(shape) > 0;
   return f;
 }
 
