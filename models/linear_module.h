@@ -4,7 +4,8 @@
 //   decoder code is the same for all of them:
 //   - `base`: a replacement for the dense weight (a quantized NF4 / int8 weight); when set,
 //     `weight` is undefined and the base product is base->forward(x, bias);
-//   - `adapter`: something added to the base output (LoRA): y = adapter->forward(x, base_out).
+//   - `adapter`: something added to the base output (LoRA): y = adapter->forward(x, base_out);
+//     the base output is handed over (moved), so an adapter may add to it in place.
 #pragma once
 
 #include <memory>
@@ -33,11 +34,13 @@ class LinearBase {
   virtual std::vector<std::pair<std::string, Tensor>> stored_tensors() const { return {}; }
 };
 
-// A trainable addition to the base output.
+// A trainable addition to the base output. base_out is the caller's to give: LinearModule moves
+// its base product in (no backward saves that product), so the adapter may write into it when it
+// holds the only reference.
 class LinearAdapter {
  public:
   virtual ~LinearAdapter() = default;
-  virtual Tensor forward(const Tensor& x, const Tensor& base_out) const = 0;
+  virtual Tensor forward(const Tensor& x, Tensor base_out) const = 0;
 };
 
 struct LinearModule {

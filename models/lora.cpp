@@ -136,7 +136,7 @@ void register_dropout_generator(const std::shared_ptr<Generator>& gen) {
   dropout_replay().add(gen);
 }
 
-Tensor lora_linear(const Tensor& x, const Tensor& base_out, const Tensor& A, const Tensor& B,
+Tensor lora_linear(const Tensor& x, Tensor base_out, const Tensor& A, const Tensor& B,
                    double scaling, double dropout_p, Generator* gen) {
   ProfileScope prof(OpKind::kLinearFwd, x.device());
   LT_CHECK(A.defined() && B.defined() && A.dim() == 2 && B.dim() == 2 && B.size(1) == A.size(0),
@@ -169,8 +169,15 @@ Tensor lora_linear(const Tensor& x, const Tensor& base_out, const Tensor& A, con
   Tensor u = Tensor::empty({t, r}, A.dtype(), A.device());
   ops::gemm(xd, false, A.detach(), true, u);
   xd = Tensor();
-  Tensor y = Tensor::empty(base_out.shape(), base_out.dtype(), base_out.device());
-  ops::copy(y, base_out.detach());
+  const bool in_place = base_out.impl_ptr().use_count() == 1 &&
+                        base_out.storage().use_count() == 1 && base_out.is_contiguous();
+  Tensor y;
+  if (in_place) {
+    y = base_out.detach();
+  } else {
+    y = Tensor::empty(base_out.shape(), base_out.dtype(), base_out.device());
+    ops::copy(y, base_out.detach());
+  }
   ops::gemm(u, false, B.detach(), true, y.view({t, out_f}), scaling, 1.0);
 
   if (node_needed({x, base_out, A, B})) {
@@ -211,13 +218,13 @@ LoraAdapter::LoraAdapter(std::string module_name, int64_t in_features, int64_t o
   b_.set_name(module_name_ + ".lora_B.weight").set_param(true).set_requires_grad(true);
 }
 
-Tensor LoraAdapter::forward(const Tensor& x, const Tensor& base_out) const {
+Tensor LoraAdapter::forward(const Tensor& x, Tensor base_out) const {
   if (!runtime_->enabled) return base_out;
   const double p = runtime_->training ? dropout_ : 0.0;
   if (p > 0.0)
     LT_CHECK(runtime_->dropout_gen != nullptr, "LoRA dropout ", p, " on ", module_name_,
              " without a dropout generator");
-  return lora_linear(x, base_out, a_, b_, scaling_, p,
+  return lora_linear(x, std::move(base_out), a_, b_, scaling_, p,
                      p > 0.0 ? runtime_->dropout_gen.get() : nullptr);
 }
 

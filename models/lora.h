@@ -37,7 +37,12 @@ double lora_scaling(double alpha, int64_t r, bool use_rslora);
 // dx = dropout'(du A). Saved: x (the base projection saves the same tensor, so this costs no
 // memory), u (small), A, B and the mask's Philox coordinates; the dropped input is regenerated,
 // never stored. Gradients are computed only for inputs that need them.
-Tensor lora_linear(const Tensor& x, const Tensor& base_out, const Tensor& A, const Tensor& B,
+// base_out by value: when the call holds the only reference to it and its storage (the caller
+// moved it in: LinearModule::forward does) and it is contiguous, y is written into its storage,
+// saving a [T, out] copy and allocation per adapted projection (its producer must not save it for
+// backward; a linear saves x and W, not its output); otherwise y is a new tensor. The values are
+// the same either way, bit for bit.
+Tensor lora_linear(const Tensor& x, Tensor base_out, const Tensor& A, const Tensor& B,
                    double scaling, double dropout_p = 0.0, Generator* gen = nullptr);
 
 // State shared by every adapter of one model.
@@ -55,7 +60,7 @@ class LoraAdapter final : public LinearAdapter {
               double alpha, bool use_rslora, double dropout, Device device, DType dtype,
               std::shared_ptr<LoraRuntime> runtime);
 
-  Tensor forward(const Tensor& x, const Tensor& base_out) const override;
+  Tensor forward(const Tensor& x, Tensor base_out) const override;
 
   // PEFT's default init: A ~ U(+-1/sqrt(in)) drawn from gen, B = 0.
   void reset_parameters(Generator& gen);

@@ -190,6 +190,38 @@ TEST(LoraLinearMemory, DroppedInputIsNotKeptForBackward) {
   EXPECT_LT(plain, static_cast<int64_t>((t * out + t * r) * 4 + 4096));
 }
 
+// A base output handed over (moved in, nothing else holding it) is written in place: y shares
+// its storage, nothing [t, out] is allocated, and the values equal the copying call's bit for bit.
+// A base output the caller still holds is left as it was.
+TEST(LoraLinearMemory, AHandedOverBaseOutputIsWrittenInPlace) {
+  const int64_t t = 64, in = 96, out = 80, r = 4;
+  Tensor x = testing::randn({t, in}, DType::kF32, 1);
+  const Tensor base = testing::randn({t, out}, DType::kF32, 2);
+  Tensor a = testing::randn({r, in}, DType::kF32, 3).set_requires_grad(true);
+  Tensor b = testing::randn({out, r}, DType::kF32, 4).set_requires_grad(true);
+  const std::vector<double> base_before = base.to_f64();
+  const Tensor copied = lora_linear(x, base, a, b, 2.0);
+  EXPECT_EQ(base.to_f64(), base_before);
+  EXPECT_NE(copied.data_ptr(), base.data_ptr());
+
+  Tensor handed = base.clone();
+  const void* storage = handed.data_ptr();
+  const int64_t before = allocator(Device::cpu()).stats().allocated.current;
+  Tensor y = lora_linear(x, std::move(handed), a, b, 2.0);
+  const int64_t held = allocator(Device::cpu()).stats().allocated.current - before;
+  EXPECT_EQ(y.data_ptr(), storage);
+  EXPECT_LT(held, static_cast<int64_t>(t * out * 4));  // u [t, r] only
+  EXPECT_EQ(y.to_f64(), copied.to_f64());
+  // Gradients flow as through the copying call.
+  y.backward(testing::randn({t, out}, DType::kF32, 5));
+  const std::vector<double> da = a.grad().to_f64(), db = b.grad().to_f64();
+  a.zero_grad();
+  b.zero_grad();
+  copied.backward(testing::randn({t, out}, DType::kF32, 5));
+  EXPECT_EQ(a.grad().to_f64(), da);
+  EXPECT_EQ(b.grad().to_f64(), db);
+}
+
 // ---------------------------------------------------------------- on the model
 
 TEST(LoraModel, ZeroBStartsExactlyAtTheBase) {

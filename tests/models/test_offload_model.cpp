@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "engine/autograd.h"
-#include "testing/functional.h"
 #include "engine/offload.h"
 #include "engine/rng.h"
 #include "kernels/cross_entropy.h"
@@ -21,6 +20,7 @@
 #include "kernels/rms_norm.h"
 #include "loaders/model_config.h"
 #include "models/decoder.h"
+#include "testing/functional.h"
 #include "testing/testing.h"
 
 namespace leantune {
@@ -286,7 +286,7 @@ class TestLora final : public LinearAdapter {
     a.set_param(true).set_requires_grad(true);
     b.set_param(true).set_requires_grad(true);
   }
-  Tensor forward(const Tensor& x, const Tensor& base_out) const override {
+  Tensor forward(const Tensor& x, Tensor base_out) const override {
     return fn::add(base_out, fn::scale(kernels::linear(kernels::linear(x, a), b), 0.5));
   }
   Tensor a, b;
