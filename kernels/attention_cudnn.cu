@@ -25,8 +25,8 @@
 // entries get length 0), S (the longest sequence) and T (the packed rows, cuDNN's workspace
 // bound) to a power of two too, so that a run with varying packing builds a handful of graphs,
 // not one per step. Dense: B and S as they are, for at most 16 shapes per process (later ones
-// take the ragged form). A shape cuDNN refuses is cached as refused: the caller falls back to
-// its own kernel at once.
+// take the ragged form). A shape cuDNN refuses is cached as refused: a refused dense graph is
+// retried in the ragged form, a refused ragged one sends the caller to its own kernel at once.
 //
 // Scratch (kWorkspace): seq_len and the ragged offsets (a few KiB), the T * Hq f32 statistics,
 // and cuDNN's own workspace (the backward's dQ accumulator among others), all from the caching
@@ -249,9 +249,9 @@ struct GraphShape {
   int64_t s = 0, tcap = 0;
 };
 
-GraphShape graph_shape(const Problem& p) {
+GraphShape shape_in(const Problem& p, Form f) {
   GraphShape g;
-  g.form = form_of(p);
+  g.form = f;
   if (g.form.dense) {
     g.nb = p.batch;
     g.s = p.max_seqlen;
@@ -513,6 +513,20 @@ std::shared_ptr<Graph> graph_of(const Problem& p, const GraphShape& gs, bool bac
   return nullptr;
 }
 
+// The call's graph shape and graph: the form form_of picks, and when cuDNN refuses a dense graph,
+// the ragged form of the same batch before giving up (null, with the reason).
+std::shared_ptr<Graph> choose_graph(const Problem& p, bool backward,
+                                    const std::vector<int64_t>& strides, GraphShape* gs,
+                                    std::string* why) {
+  Form f = form_of(p);
+  *gs = shape_in(p, f);
+  std::shared_ptr<Graph> graph = graph_of(p, *gs, backward, strides, why);
+  if (graph || !f.dense) return graph;
+  f.dense = false;
+  *gs = shape_in(p, f);
+  return graph_of(p, *gs, backward, strides, why);
+}
+
 // Runs `graph` with the operands of `ptrs`, adding a ragged graph's sequence lengths and offsets.
 void run(const Problem& p, const GraphShape& gs, const Graph& graph,
          const std::vector<int64_t>& strides, std::unordered_map<int64_t, void*> ptrs,
@@ -566,8 +580,8 @@ bool available(Device dev, std::string* why) {
 
 bool fwd(const Problem& p, Rows q, Rows k, Rows v, void* out, const Tensor& lse, std::string* why) {
   const std::vector<int64_t> strides = {q.stride, k.stride, v.stride, p.hq * p.d, p.hq};
-  const GraphShape gs = graph_shape(p);
-  const std::shared_ptr<Graph> graph = graph_of(p, gs, false, strides, why);
+  GraphShape gs;
+  const std::shared_ptr<Graph> graph = choose_graph(p, false, strides, &gs, why);
   if (!graph) return false;
   Tensor stats = stats_buffer(p, gs);
   run(p, gs, *graph, strides,
@@ -585,8 +599,8 @@ bool bwd(const Problem& p, Rows q, Rows k, Rows v, Rows out, Rows dout, const Te
          void* dk, void* dv, std::string* why) {
   const std::vector<int64_t> strides = {q.stride, k.stride,   v.stride,   out.stride, dout.stride,
                                         p.hq,     p.hq * p.d, p.hk * p.d, p.hk * p.d};
-  const GraphShape gs = graph_shape(p);
-  const std::shared_ptr<Graph> graph = graph_of(p, gs, true, strides, why);
+  GraphShape gs;
+  const std::shared_ptr<Graph> graph = choose_graph(p, true, strides, &gs, why);
   if (!graph) return false;
   Tensor stats = stats_buffer(p, gs);
   ops::copy(stats, lse_as_stats(lse, gs));
