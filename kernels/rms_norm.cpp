@@ -260,12 +260,14 @@ void add_rms_norm_fwd(const Tensor& a, const Tensor& b, const Tensor& w, double 
   rms_norm_fwd(sum, w, eps, y, rstd, unit_offset);
 }
 
-AddRmsNormOutput add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& w, double eps,
+AddRmsNormOutput add_rms_norm(const Tensor& a, Tensor b, const Tensor& w, double eps,
                               bool unit_offset) {
   const auto [rows, h] = rows_cols("add_rms_norm", a, w);
   AddRmsNormOutput out;
   out.sum = Tensor::empty(a.shape(), a.dtype(), a.device());
-  out.y = Tensor::empty(a.shape(), a.dtype(), a.device());
+  const bool reuse_b = b.impl_ptr().use_count() == 1 && b.storage().use_count() == 1 &&
+                       b.is_contiguous() && b.shape() == a.shape() && b.dtype() == a.dtype();
+  out.y = reuse_b ? b.detach() : Tensor::empty(a.shape(), a.dtype(), a.device());
   Tensor rstd = Tensor::empty({rows}, stat_dtype(a.dtype()), a.device());
   add_rms_norm_fwd(a.detach(), b.detach(), w.detach(), eps, out.sum, out.y, rstd, unit_offset);
   if (node_needed({a, b, w})) {

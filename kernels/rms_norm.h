@@ -31,10 +31,14 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
 //   rms_norm(sum, w); rstd:[rows] as rms_norm's.
 // Backward: dsum' = round(round(rms_norm's dx from dy) + dsum); da = db = dsum'; dw as rms_norm's.
 // Every output and gradient equals residual_add followed by rms_norm bit for bit.
+// b by value: when the call holds the only reference to b and its storage (the caller moved it
+// in; b's producer saved nothing of it, as a linear or rms_norm saves its input, not its output)
+// and b is contiguous, y is written into b's storage (each element is read before it is written),
+// so the op allocates one [..., H] output, not two.
 struct AddRmsNormOutput {
   Tensor sum, y;
 };
-AddRmsNormOutput add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& w, double eps,
+AddRmsNormOutput add_rms_norm(const Tensor& a, Tensor b, const Tensor& w, double eps,
                               bool unit_offset = false);
 void add_rms_norm_fwd(const Tensor& a, const Tensor& b, const Tensor& w, double eps,
                       const Tensor& sum, const Tensor& y, const Tensor& rstd,

@@ -4,6 +4,7 @@
 // attention step over the KV cache, so the two paths cannot drift apart.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "engine/autograd.h"
 #include "engine/mem_phase.h"
@@ -108,7 +109,8 @@ kernels::AddRmsNormOutput DecoderModel::attention_residual(int64_t i, const Tens
   }
   MemSiteGuard site(cfg_.sandwich_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm");
   return kernels::add_rms_norm(
-      h, a, cfg_.sandwich_norms ? L.pre_feedforward_layernorm : L.post_attention_layernorm,
+      h, std::move(a),
+      cfg_.sandwich_norms ? L.pre_feedforward_layernorm : L.post_attention_layernorm,
       cfg_.rms_norm_eps, cfg_.norm_unit_offset);
 }
 

@@ -144,6 +144,15 @@ void rms_norm(std::vector<Entry>& t) {
                  }
                }
              }
+           // b handed over: y is written into b's storage (the kernel reads each element before
+           // it writes it), with the same values.
+           Tensor handed = b0.clone();
+           const void* storage = handed.data_ptr();
+           const kernels::AddRmsNormOutput o =
+               kernels::add_rms_norm(a0, std::move(handed), w0, kEps, c.offset);
+           r.expect("y in b's storage", ::testing::AssertionResult(o.y.data_ptr() == storage));
+           r.same("handed_sum", o.sum, "sum");
+           r.same("handed_y", o.y, "y");
          }});
   }
 }

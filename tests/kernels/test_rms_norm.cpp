@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 
+#include "engine/allocator.h"
 #include "kernel_test_util.h"
 #include "kernels/residual.h"
 #include "kernels/rms_norm.h"
@@ -217,6 +219,24 @@ INSTANTIATE_TEST_SUITE_P(Cases, AddRmsNormTest,
                                            RmsCase{DType::kBF16, 71, 229, true},
                                            RmsCase{DType::kF64, 40, 8}),
                          rms_name);
+
+// b handed over (moved in, nothing else holding it): y is written into b's storage, one output
+// is allocated instead of two, and everything equals the call that keeps b.
+TEST(AddRmsNorm, AHandedOverSummandTakesTheNorm) {
+  const Tensor a = randn({37, 96}, DType::kBF16, 71), w = randn({96}, DType::kBF16, 72);
+  const Tensor b0 = randn({37, 96}, DType::kBF16, 73);
+  const kernels::AddRmsNormOutput kept = kernels::add_rms_norm(a, b0, w, kEps);
+  EXPECT_NE(kept.y.data_ptr(), b0.data_ptr());
+  Tensor b = b0.clone();
+  const void* storage = b.data_ptr();
+  const int64_t before = allocator(Device::cpu()).stats().allocated.current;
+  const kernels::AddRmsNormOutput handed = kernels::add_rms_norm(a, std::move(b), w, kEps);
+  const int64_t held = allocator(Device::cpu()).stats().allocated.current - before;
+  EXPECT_EQ(handed.y.data_ptr(), storage);
+  EXPECT_LT(held, 2 * 37 * 96 * 2);  // the sum and rstd, not a second [37, 96] output
+  EXPECT_EQ(handed.sum.to_f64(), kept.sum.to_f64());
+  EXPECT_EQ(handed.y.to_f64(), kept.y.to_f64());
+}
 
 TEST(AddRmsNorm, GradcheckFloat64) {
   for (const bool offset : {false, true}) {
