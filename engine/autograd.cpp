@@ -148,8 +148,7 @@ thread_local LeafGradCapture* t_capture = nullptr;
 // `acc` += g in place when `acc` is the only handle to its bytes (a + b: the values of a fresh
 // sum), else a fresh sum.
 void sum_into(Tensor& acc, const Tensor& g) {
-  const bool sole = acc.impl_ptr().use_count() == 1 && acc.storage().use_count() == 1 &&
-                    acc.is_contiguous() && acc.offset() == 0 && g.dtype() == acc.dtype() &&
+  const bool sole = sole_contiguous(acc) && acc.offset() == 0 && g.dtype() == acc.dtype() &&
                     g.shape() == acc.shape() && !acc.requires_grad();
   if (sole)
     ops::add_(acc, g);

@@ -220,6 +220,11 @@ bool Tensor::shares_storage(const Tensor& o) const {
   return defined() && o.defined() && impl_->storage == o.impl_->storage;
 }
 
+bool sole_contiguous(const Tensor& t) {
+  return t.defined() && t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 &&
+         t.is_contiguous();
+}
+
 Tensor make_view(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = base.storage();

@@ -194,6 +194,10 @@ struct TensorImpl {
 // Makes a tensor with the given metadata over existing storage (no copy).
 Tensor make_view(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset);
 
+// Whether t is the only handle on its storage (no other tensor, view or saved copy can see a write
+// into it) and contiguous: a callee handed t may then reuse its memory for an output.
+bool sole_contiguous(const Tensor& t);
+
 template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape, Device device, MemTag tag) {
   static_assert(std::is_trivially_copyable_v<T>);

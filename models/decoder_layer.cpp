@@ -107,11 +107,13 @@ kernels::AddRmsNormOutput DecoderModel::attention_residual(int64_t i, const Tens
     a = L.o_proj.forward(attn);
     if (cfg_.sandwich_norms) a = norm(a, L.post_attention_layernorm);
   }
-  MemSiteGuard site(cfg_.sandwich_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm");
-  return kernels::add_rms_norm(
-      h, std::move(a),
-      cfg_.sandwich_norms ? L.pre_feedforward_layernorm : L.post_attention_layernorm,
-      cfg_.rms_norm_eps, cfg_.norm_unit_offset);
+  // The MLP's input norm: pre_feedforward_layernorm with sandwich norms, else
+  // post_attention_layernorm.
+  const bool sandwich = cfg_.sandwich_norms;
+  MemSiteGuard site(sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
+  return kernels::add_rms_norm(h, std::move(a),
+                               sandwich ? L.pre_feedforward_layernorm : L.post_attention_layernorm,
+                               cfg_.rms_norm_eps, cfg_.norm_unit_offset);
 }
 
 Tensor DecoderModel::mlp_residual(int64_t i, const kernels::AddRmsNormOutput& h1) const {

@@ -169,10 +169,8 @@ Tensor lora_linear(const Tensor& x, Tensor base_out, const Tensor& A, const Tens
   Tensor u = Tensor::empty({t, r}, A.dtype(), A.device());
   ops::gemm(xd, false, A.detach(), true, u);
   xd = Tensor();
-  const bool in_place = base_out.impl_ptr().use_count() == 1 &&
-                        base_out.storage().use_count() == 1 && base_out.is_contiguous();
   Tensor y;
-  if (in_place) {
+  if (sole_contiguous(base_out)) {
     y = base_out.detach();
   } else {
     y = Tensor::empty(base_out.shape(), base_out.dtype(), base_out.device());
