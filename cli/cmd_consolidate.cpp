@@ -42,8 +42,8 @@ namespace fs = std::filesystem;
 // `state_file`: the checkpoint's resume state (leantune_state.json, or an older checkpoint's
 // trainer_state.json); transformers' trainer_state.json beside it is copied like the model.
 bool training_state_file(const std::string& name, const std::string& state_file) {
-  return name == state_file || name == kCheckpointMarker ||
-         name == "optimizer.safetensors" || name.rfind("optimizer_rank_", 0) == 0 ||
+  return name == state_file || name == kCheckpointMarker || name == "optimizer.safetensors" ||
+         name.rfind("optimizer_rank_", 0) == 0 ||
          (name.rfind("rank_", 0) == 0 && name.size() > 5 &&
           name.compare(name.size() - 5, 5, ".json") == 0);
 }

@@ -408,10 +408,9 @@ double linear_cross_entropy_fwd_bwd_cuda(const Tensor& hidden, const Tensor& wei
       const size_t off = static_cast<size_t>(c0) * dtype_size(sd);
       cross_entropy_fwd_launch(zbuf.data_ptr(), yc, st_rows.data_ptr(), st_lse.data_ptr(), c, v,
                                logit_dt, stream);
-      cross_entropy_row_stats_launch(zbuf.data_ptr(), yc, st_lse.data_ptr(),
-                                     static_cast<char*>(st_ent.data_ptr()) + off,
-                                     static_cast<char*>(st_top.data_ptr()) + off, c, v, logit_dt,
-                                     stream);
+      cross_entropy_row_stats_launch(
+          zbuf.data_ptr(), yc, st_lse.data_ptr(), static_cast<char*>(st_ent.data_ptr()) + off,
+          static_cast<char*>(st_top.data_ptr()) + off, c, v, logit_dt, stream);
     }
     linear_ce_rows_launch(zbuf.data_ptr(), logit_dt, c, v, ptgt + c0,
                           static_cast<char*>(nll.data_ptr()) + c0 * dtype_size(wdt), grads,

@@ -30,10 +30,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "engine/autograd.h"
-#include "testing/functional.h"
 #include "engine/offload.h"
+#include "testing/functional.h"
 #include "testing/testing.h"
 
 namespace leantune {

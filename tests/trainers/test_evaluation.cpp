@@ -62,8 +62,9 @@ TEST(EvalOptions, StrategyStepsAndTheirDefaults) {
   EXPECT_EQ(resolve_steps(0.1, 100), 10);
   EXPECT_EQ(resolve_steps(7, 100), 7);
   EXPECT_EQ(resolve_steps(0, 100), 0);
-  EXPECT_NE(error_of({"--logging_steps", "2.5"}).find("option --logging_steps 2.5: a number of "
-                                                         "updates (an integer from 1) or a ratio"),
+  EXPECT_NE(error_of({"--logging_steps", "2.5"})
+                .find("option --logging_steps 2.5: a number of "
+                      "updates (an integer from 1) or a ratio"),
             std::string::npos);
   EXPECT_NE(error_of({"--save_steps", "-1"}).find("save_steps"), std::string::npos);
   EXPECT_NE(error_of({"--logging_steps", "0"}).find("must be above 0"), std::string::npos);

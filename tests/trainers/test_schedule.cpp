@@ -94,8 +94,8 @@ TEST(LrSchedule, ReduceLrOnPlateauMatchesTorch) {
       read_text_file(testing::fixture_path("trainer/schedule_cases.json")))["plateau_cases"];
   ASSERT_GE(cases.size(), 6u);
   for (const auto& c : cases) {
-    LrScheduler s = LrScheduler::make("reduce_lr_on_plateau", c["learning_rate"].get<double>(),
-                                      100, 0, 0.0, c["lr_scheduler_kwargs"]);
+    LrScheduler s = LrScheduler::make("reduce_lr_on_plateau", c["learning_rate"].get<double>(), 100,
+                                      0, 0.0, c["lr_scheduler_kwargs"]);
     const auto lrs = c["lrs"].get<std::vector<double>>();
     ASSERT_EQ(lrs.size(), c["metrics"].size());
     for (size_t k = 0; k < lrs.size(); ++k) {

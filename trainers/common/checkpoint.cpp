@@ -8,8 +8,8 @@
 #include <filesystem>
 
 #include "engine/check.h"
-#include "trainers/common/evaluation.h"
 #include "loaders/fs_util.h"
+#include "trainers/common/evaluation.h"
 
 namespace leantune {
 

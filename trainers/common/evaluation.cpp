@@ -67,12 +67,11 @@ EvalArguments eval_arguments(const Options& o, const std::string& save_strategy,
                    "), so that every evaluation has a checkpoint to load");
     // transformers: both numbers of updates or both ratios, save_steps a multiple of eval_steps.
     const double k = save_steps / a.eval_steps;
-    LT_CHECK_INPUT(a.eval_strategy != "steps" ||
-                       ((save_steps < 1) == (a.eval_steps < 1) && save_steps > 0 && k >= 1 &&
-                        std::abs(k - std::round(k)) < 1e-9),
-                   "option --load_best_model_at_end: save_steps (", save_steps,
-                   ") must be a multiple of eval_steps (", a.eval_steps, "), both updates or "
-                   "both ratios");
+    LT_CHECK_INPUT(
+        a.eval_strategy != "steps" || ((save_steps < 1) == (a.eval_steps < 1) && save_steps > 0 &&
+                                       k >= 1 && std::abs(k - std::round(k)) < 1e-9),
+        "option --load_best_model_at_end: save_steps (", save_steps,
+        ") must be a multiple of eval_steps (", a.eval_steps, "), both updates or both ratios");
   }
   return a;
 }

@@ -42,8 +42,8 @@ std::set<std::string> accepted_kwargs(LrSchedule t) {
       return {"num_decay_steps", "num_stable_steps", "warmup_type",
               "decay_type",      "min_lr_ratio",     "num_cycles"};
     case LrSchedule::kReduceLrOnPlateau:
-      return {"mode", "factor", "patience", "threshold", "threshold_mode", "cooldown", "min_lr",
-              "eps"};
+      return {"mode",           "factor",   "patience", "threshold",
+              "threshold_mode", "cooldown", "min_lr",   "eps"};
     default:
       return {};
   }
