@@ -76,7 +76,6 @@ void gated_fwd_cpu(const Tensor& gate, const Tensor& up, const Tensor& y) {
   const Tensor gc = ops::contiguous_workspace(gate), uc = ops::contiguous_workspace(up);
   const int64_t n = y.numel();
   LT_DISPATCH_FLOAT(y.dtype(), T, {
-    using A = acc_t<T>;
     const T* pg = static_cast<const T*>(gc.data_ptr());
     const T* pu = static_cast<const T*>(uc.data_ptr());
     T* py = static_cast<T*>(y.data_ptr());

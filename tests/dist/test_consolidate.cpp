@@ -150,8 +150,9 @@ TEST(Consolidate, DataPositionMovesToAnyWorldSize) {
         // The next `world` global micro-batches, unless the epoch ends (then its wrap-around).
         const std::vector<int64_t> next = next_globals(cut, units, batch);
         for (int k = 0; k < world; ++k)
-          if (at % global + k < global)
+          if (at % global + k < global) {
             EXPECT_EQ(std::count(next.begin(), next.end(), at + k), 1) << n << " " << step;
+          }
         // Merged back, the position is where it was.
         std::vector<std::string> src(static_cast<size_t>(world), "r");
         const MergedDataState back = merge_data_states(cut, src);

@@ -9,7 +9,7 @@
 //   - fuzz_jinja: libFuzzer + ASan + UBSan, only with clang and LEANTUNE_FUZZ=ON:
 //       CXX=clang++ CC=clang cmake -S . -B build-fuzz -DLEANTUNE_FUZZ=ON -DLEANTUNE_CUDA=OFF
 //       cmake --build build-fuzz --target fuzz_jinja
-//       build-fuzz/fuzz_jinja -max_total_time=600 -max_len=4096 -timeout=10 \
+//       build-fuzz/fuzz_jinja -max_total_time=600 -max_len=4096 -timeout=10  (one command line)
 //         -dict=tests/fuzz/jinja.dict CORPUS_COPY tests/fuzz/corpus/jinja
 //   - fuzz_jinja_corpus: the plain corpus driver of fuzz_corpus_main.h (built with ASan + UBSan)
 //     over the committed corpus: good_* templates must render the conversation; bad_* must be

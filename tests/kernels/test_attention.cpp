@@ -410,7 +410,9 @@ TEST(Attention, BadShapesAndSeqlensAreErrors) {
 // never calls cuDNN.
 TEST(Attention, CudnnStatusSaysWhyWhenUnavailable) {
   const kernels::CudnnAttentionStatus before = kernels::cudnn_attention_status(0);
-  if (!before.available) EXPECT_FALSE(before.why.empty());
+  if (!before.available) {
+    EXPECT_FALSE(before.why.empty());
+  }
   EXPECT_GE(before.calls, 0);
   Tensor q = randn({6, 2, 8}, DType::kBF16, 31);
   (void)kernels::attention(q, q, q, cu_of({6}), cu_of({6}));

@@ -109,8 +109,9 @@ TEST(LengthStats, SvgLabelsStayInsideAndApart) {
   }
   for (size_t a = 0; a < out.size(); ++a)
     for (size_t b = a + 1; b < out.size(); ++b)
-      if (out[a].row == out[b].row)
+      if (out[a].row == out[b].row) {
         EXPECT_TRUE(out[a].x1 <= out[b].x0 || out[b].x1 <= out[a].x0) << a << " " << b;
+      }
 }
 
 }  // namespace

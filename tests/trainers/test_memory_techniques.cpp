@@ -261,7 +261,9 @@ TEST(EstimateCommand, BudgetSuggestsOnlyPossibleBatchSplitsFastestFirst) {
   ASSERT_FALSE(rows.empty()) << out;
   bool halved = false, quartered = false;
   for (size_t k = 0; k < rows.size(); ++k) {
-    if (k > 0) EXPECT_LE(rows[k - 1].second, rows[k].second) << out;
+    if (k > 0) {
+      EXPECT_LE(rows[k - 1].second, rows[k].second) << out;
+    }
     halved |= rows[k].first.find(
                   "--per_device_train_batch_size 2 "
                   "--gradient_accumulation_steps 2") == 0;
@@ -273,8 +275,9 @@ TEST(EstimateCommand, BudgetSuggestsOnlyPossibleBatchSplitsFastestFirst) {
       EXPECT_DOUBLE_EQ(rows[k].second, 1.0) << rows[k].first;
       EXPECT_NE(out.find("time 1.00x + smaller GEMMs"), std::string::npos) << out;
     }
-    if (rows[k].first == "--gradient_checkpointing")
+    if (rows[k].first == "--gradient_checkpointing") {
       EXPECT_NEAR(rows[k].second, 8.0 / 6.0, 0.006) << out;
+    }
   }
   EXPECT_TRUE(halved && quartered) << out;
   EXPECT_EQ(out.find("smaller (per_device_train_batch_size"), std::string::npos) << out;

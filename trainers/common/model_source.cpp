@@ -54,7 +54,7 @@ std::string dataset_split_file(const std::string& path, const std::string& split
                                const char* option, bool required) {
   if (path.empty() || !fs::is_directory(path)) return path;
   std::vector<std::string> matches, all;
-  for (const fs::path dir : {fs::path(path), fs::path(path) / "data"}) {
+  for (const fs::path& dir : {fs::path(path), fs::path(path) / "data"}) {
     if (!fs::is_directory(dir)) continue;
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(dir))

@@ -35,7 +35,7 @@ struct TrainRun {
 // An algorithm's run struct (a `model` SftModel and a `trainer`) as a TrainRun.
 template <typename Run>
 TrainRun train_run(Run r, std::string model_note = "") {
-  return TrainRun{r.model.model, std::move(r.trainer), std::move(model_note)};
+  return TrainRun{r.model.model, std::move(r.trainer), std::move(model_note), {}};
 }
 
 struct TrainerSpec {

@@ -65,10 +65,10 @@ void validate_preference_loss(const PreferenceLossConfig& c) {
   const auto has = [&](const char* t) {
     return std::find(c.loss_types.begin(), c.loss_types.end(), t) != c.loss_types.end();
   };
-  LT_CHECK_INPUT(c.label_smoothing >= 0 && c.label_smoothing < 0.5 || !has("robust"),
+  LT_CHECK_INPUT((c.label_smoothing >= 0 && c.label_smoothing < 0.5) || !has("robust"),
                  "option --label_smoothing: ", c.label_smoothing,
                  " must be in [0, 0.5) for loss_type robust");
-  LT_CHECK_INPUT(c.label_smoothing > 0 && c.label_smoothing < 1 || !has("exo_pair"),
+  LT_CHECK_INPUT((c.label_smoothing > 0 && c.label_smoothing < 1) || !has("exo_pair"),
                  "option --label_smoothing: ", c.label_smoothing,
                  " must be in (0, 1) for loss_type exo_pair (its loss has log(label_smoothing))");
   LT_CHECK_INPUT(c.label_smoothing >= 0 && c.label_smoothing < 1,

@@ -317,7 +317,7 @@ const TrainerSpec& reward_spec() {
         RewardRun r = make_reward_run(o);
         const std::string note = " as " + r.model.model->config().architecture +
                                  (r.model.converted ? " (new score head)" : "");
-        return TrainRun{r.model.model, std::move(r.trainer), note};
+        return TrainRun{r.model.model, std::move(r.trainer), note, {}};
       },
       nullptr,
       {{"accuracy", 3}, {"margin", 4}},

@@ -443,14 +443,14 @@ const TrainerSpec& sft_spec() {
         (void)training_arguments(o);  // option combinations are refused before anything loads
         const SftModel m = load_sft_model(o);
         SftRun r = make_sft_run(o, m);
-        TrainRun run{r.model, std::move(r.trainer), ""};
+        TrainRun run{r.model, std::move(r.trainer), "", {}};
         if (m.setup.embedded && model_source(o).dataset.empty())
           run.demo_sample = sft_demo_sample(m, chat_table().read(o).chat_template);
         return run;
       },
       [](const Options& o, SftModel m, const RunInputs& in) {
         SftRun r = make_sft_run(o, m, in);
-        return TrainRun{r.model, std::move(r.trainer), ""};
+        return TrainRun{r.model, std::move(r.trainer), "", {}};
       },
       {},
       nullptr,
