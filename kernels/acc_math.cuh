@@ -20,6 +20,17 @@ __device__ __forceinline__ double libm_tanh(double x) { return tanh(x); }
 __device__ __forceinline__ void libm_sincos(float x, float* s, float* c) { sincosf(x, s, c); }
 __device__ __forceinline__ void libm_sincos(double x, double* s, double* c) { sincos(x, s, c); }
 
+// 2^x by the SFU alone: ex2.approx.ftz.f32 (2 ulp over the normal range, as exp2f; -inf -> 0).
+// Results below 2^-126 flush to 0 where exp2f keeps them as denormals at the cost of a compare
+// and two predicated multiplies per call: 3 of the ~9 instructions per element of the
+// issue-bound softmax passes (cross entropy, attention), for values no sum of terms including
+// the row's largest (2^0) and no bf16/f16 probability can tell from 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
 __device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
 __device__ __forceinline__ float sqrt_rn(float a) { return __fsqrt_rn(a); }

@@ -1,6 +1,7 @@
 // The tensor-core attention backward (FA2 style, KV-block parallel; design in
 // kernels/attention.cu): one CTA per (sequence, KV head, block of kBc keys), dK/dV summed over the
 // GQA group in registers, dQ added with f32 atomics.
+#include "kernels/acc_math.cuh"
 #include "kernels/attention_mma.cuh"
 
 namespace leantune::kernels::attention_detail {
@@ -139,7 +140,7 @@ __device__ __forceinline__ void bwd_tile(const BwdParams& p, const SeqBounds& s,
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = nt * 8 + ((lane & 3) << 1) + (e & 1);
-        float pv = exp2f(st[nt][e] * p.scale_log2 - l2[qc]);
+        float pv = exp2_ftz(st[nt][e] * p.scale_log2 - l2[qc]);
         if (need_mask) {
           const int j = j0 + key_row0 + (lane >> 2) + ((e >> 1) << 3);
           const int i = i0 + qc;

@@ -1,5 +1,6 @@
 // The tensor-core attention forward (FA2 style; design in kernels/attention.cu): one CTA per
 // (sequence, q head, block of kBr queries), K/V streamed from the last visible block down.
+#include "kernels/acc_math.cuh"
 #include "kernels/attention_mma.cuh"
 
 namespace leantune::kernels::attention_detail {
@@ -133,13 +134,13 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const SeqBounds& s,
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         // A row with no visible key so far keeps max -inf: subtract 0 (every p is then 0).
         const float m_use = mx == -INFINITY ? 0.f : mx;
-        const float alpha = exp2f(row_max[mt][r] - m_use);
+        const float alpha = exp2_ftz(row_max[mt][r] - m_use);
         row_max[mt][r] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < C::kNT; ++nt) {
-          const float p0 = exp2f(sacc[mt][nt][2 * r] - m_use);
-          const float p1 = exp2f(sacc[mt][nt][2 * r + 1] - m_use);
+          const float p0 = exp2_ftz(sacc[mt][nt][2 * r] - m_use);
+          const float p1 = exp2_ftz(sacc[mt][nt][2 * r + 1] - m_use);
           sacc[mt][nt][2 * r] = p0;
           sacc[mt][nt][2 * r + 1] = p1;
           sum += p0 + p1;

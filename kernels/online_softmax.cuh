@@ -4,8 +4,8 @@
 //   the CPU path's formula does.
 // Each thread keeps an online (max, sum) over its N-wide vectors (N = 1 when the row is not
 // 16-byte aligned); merging two states rescales the sums by exp(m_a - m_b), so the result equals
-// the two-pass formula up to rounding. exp is exp2f(x log2 e) in f32 (the ex2 unit and one
-// multiply, a few ulps: one exp per logit keeps the pass memory-bound).
+// the two-pass formula up to rounding. exp is 2^(x log2 e) in f32 (exp2_ftz: the ex2 unit and
+// one multiply, a few ulps; few instructions per logit keep the pass memory-bound).
 // Scratch: 2 x 32 A of shared memory, passed in by the caller.
 #pragma once
 
@@ -20,7 +20,7 @@ namespace leantune::kernels::online {
 template <typename A>
 __device__ __forceinline__ A exp_acc(A v) {
   if constexpr (std::is_same_v<A, float>)
-    return exp2f(v * 1.4426950408889634f);
+    return exp2_ftz(v * 1.4426950408889634f);
   else
     return exp(v);
 }
