@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -244,8 +245,21 @@ struct alignas(sizeof(T) * N) Vec {
 template <typename T, int N, typename A>
 __device__ __forceinline__ void load_vec(const T* p, A (&out)[N]) {
   const Vec<T, N> raw = *reinterpret_cast<const Vec<T, N>*>(p);
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<A, float> && N % 2 == 0) {
+    // A bf16 is the top half of its f32 (what __bfloat162float computes): per 32-bit word one
+    // shift for the low element and one mask for the high one, where the compiler otherwise
+    // extracts the high half with a permute first.
+    uint32_t w[N / 2];
+    memcpy(w, &raw, sizeof(w));
 #pragma unroll
-  for (int j = 0; j < N; ++j) out[j] = to_acc(raw.v[j]);
+    for (int j = 0; j < N / 2; ++j) {
+      out[2 * j] = __uint_as_float(w[j] << 16);
+      out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = to_acc(raw.v[j]);
+  }
 }
 template <typename T, int N, typename A>
 __device__ __forceinline__ void store_vec(T* p, const A (&in)[N]) {
