@@ -67,7 +67,7 @@ struct Seqs {
   int64_t max_q = 0, max_k = 0;
 };
 
-Seqs read_seqs(const Tensor& cu_q, const Tensor& cu_k, int64_t tq, int64_t tk) {
+Seqs read_seqs(const Tensor& cu_q, const Tensor& cu_k, int64_t tq, int64_t tk, int64_t total_hint) {
   LT_CHECK(cu_q.dim() == 1 && cu_k.dim() == 1 && cu_q.numel() == cu_k.numel() && cu_q.numel() >= 1,
            "attention: cu_seqlens_q ", cu_q.str(), " and cu_seqlens_k ", cu_k.str(),
            " must both be [B+1]");
@@ -83,6 +83,9 @@ Seqs read_seqs(const Tensor& cu_q, const Tensor& cu_k, int64_t tq, int64_t tk) {
       LT_CHECK((*cu)[b] <= (*cu)[b + 1], "attention: cu_seqlens decrease at ", b, ": ", (*cu)[b],
                " > ", (*cu)[b + 1]);
   }
+  LT_CHECK(total_hint == 0 || (s.q.back() == total_hint && s.k.back() == total_hint),
+           "attention: total_seqlen ", total_hint, " but cu_seqlens end at ", s.q.back(), " and ",
+           s.k.back());
   for (int64_t b = 0; b < s.batch; ++b) {
     s.max_q = std::max(s.max_q, s.q[b + 1] - s.q[b]);
     s.max_k = std::max(s.max_k, s.k[b + 1] - s.k[b]);
@@ -428,7 +431,7 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     attention_fwd_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, opt, out, lse);
     return;
   }
-  const Seqs s = read_seqs(cu_seqlens_q, cu_seqlens_k, dm.tq, dm.tk);
+  const Seqs s = read_seqs(cu_seqlens_q, cu_seqlens_k, dm.tq, dm.tk, opt.total_seqlen);
   const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(double(dm.d));
   // Rows outside every sequence: out = 0, lse = -inf.
   zero_tail_rows(out, s.q.back());
@@ -464,7 +467,7 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     attention_bwd_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, opt, dq, dk, dv);
     return;
   }
-  const Seqs s = read_seqs(cu_seqlens_q, cu_seqlens_k, dm.tq, dm.tk);
+  const Seqs s = read_seqs(cu_seqlens_q, cu_seqlens_k, dm.tq, dm.tk, opt.total_seqlen);
   const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(double(dm.d));
   zero_tail_rows(dq, s.q.back());
   zero_tail_rows(dk, s.k.back());

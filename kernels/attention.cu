@@ -267,6 +267,9 @@ struct Seqs {
   Tensor cu_q, cu_k;
   int batch = 0;
   int64_t max_q = 0, max_k = 0;
+  // cu_q's and cu_k's last entry when both were read on the host and agree, else the caller's
+  // total_seqlen hint, else -1.
+  int64_t covered = -1;
 };
 
 Tensor cu_on_device(const Tensor& cu, Device d) {
@@ -312,6 +315,13 @@ Seqs prepare_seqs(const Tensor& cu_q, const Tensor& cu_k, const AttentionDims& d
     }
     s.max_q = mq;
     s.max_k = mk;
+    LT_CHECK(
+        opt.total_seqlen == 0 || (cq.back() == opt.total_seqlen && ck.back() == opt.total_seqlen),
+        op, ": total_seqlen ", opt.total_seqlen, " but cu_seqlens end at ", cq.back(), " and ",
+        ck.back());
+    if (cq.back() == ck.back()) s.covered = cq.back();
+  } else if (opt.total_seqlen > 0) {
+    s.covered = opt.total_seqlen;
   }
   s.cu_q = cu_on_device(cu_q, d);
   s.cu_k = cu_on_device(cu_k, d);
@@ -408,6 +418,7 @@ cudnn_sdpa::Problem cudnn_problem(const Tensor& q, const Seqs& s, const Attentio
   p.d = dm.d;
   p.batch = s.batch;
   p.max_seqlen = std::max(s.max_q, s.max_k);
+  p.covered = s.covered;
   p.causal = opt.causal;
   p.window = opt.window;
   p.scale = static_cast<float>(scale);

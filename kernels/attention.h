@@ -41,6 +41,11 @@ struct AttentionOptions {
   double softcap = 0.0;      // 0 = off
   int64_t max_seqlen_q = 0;  // 0 = computed from cu_seqlens (a hint for the CUDA launch)
   int64_t max_seqlen_k = 0;
+  // cu_seqlens[B], the rows inside sequences (q and k alike), or 0 = unknown. A hint for the CUDA
+  // path as max_seqlen is: with device cu_seqlens and hints the host never reads them, and cuDNN's
+  // dense graph (every row in one of B equal-length sequences) needs it to equal T. Where the host
+  // reads cu_seqlens (the CPU path, host cu_seqlens), a non-zero value is checked against them.
+  int64_t total_seqlen = 0;
   // CUDA only. The cuDNN path takes max_seqlen_q as the longest sequence's length (a hint below
   // it leaves the longer sequences' rows unspecified); our kernels only lose time to a too-small
   // hint.

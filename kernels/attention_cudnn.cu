@@ -229,7 +229,7 @@ Form form_of(const Problem& p) {
   }
   LT_CHECK_INPUT(v.empty() || v == "auto", "LEANTUNE_CUDNN_GRAPH=", v,
                  ": expected auto, ragged or ragged_bottom_right");
-  if (!dense_batch(p.batch, p.t, p.max_seqlen)) return f;
+  if (!dense_batch(p.batch, p.t, p.max_seqlen, p.covered)) return f;
   // Dense graphs are built per exact (B, S), not per bucket: past kMaxDenseShapes of them, new
   // shapes take the ragged form, so that a run whose equal-length batches keep changing shape
   // does not build a graph per step.

@@ -35,8 +35,11 @@ struct Problem {
   int batch = 0;  // sequences (cu has batch + 1 entries)
   // The longest sequence. It must bound every sequence: a smaller value leaves the longer ones'
   // rows unspecified (the ragged graph clips them; the dense graph, taken when t == batch *
-  // max_seqlen, reads the rows as equal-length sequences).
+  // max_seqlen == covered, reads the rows as equal-length sequences).
   int64_t max_seqlen = 0;
+  // cu[batch] as read and checked on the host (cu[0] == 0), or -1 when only the device holds cu;
+  // the dense graph needs it equal to t (kernels::dense_batch).
+  int64_t covered = -1;
   bool causal = true;
   int64_t window = 0;  // 0: none
   float scale = 0.f;

@@ -31,11 +31,16 @@ LT_HD int64_t ragged_len(const int32_t* cu, int b, int batch, int64_t t, int64_t
   return len < 0 ? 0 : (len > cap ? cap : len);
 }
 
-// Whether the batch can go to cuDNN as a dense [batch, H, S, D] graph (S = max_seqlen): when
-// max_seqlen bounds every sequence, t == batch * max_seqlen holds exactly when every sequence has
-// max_seqlen rows, starting at b * max_seqlen.
-LT_HD bool dense_batch(int batch, int64_t t, int64_t max_seqlen) {
-  return batch > 0 && max_seqlen > 0 && t == static_cast<int64_t>(batch) * max_seqlen;
+// Whether the batch can go to cuDNN as a dense [batch, H, S, D] graph (S = max_seqlen).
+// `covered` is cu[batch], the rows the sequences cover, as checked on the host (cu[0] == 0), or
+// -1 when the host has not read cu (a device cu_seqlens with max_seqlen hints). When max_seqlen
+// bounds every sequence and the sequences cover all t rows, t == batch * max_seqlen holds exactly
+// when every sequence has max_seqlen rows, starting at b * max_seqlen; rows past cu[batch] (no
+// sequence's) would be read as one more sequence's, so such a batch, or an unread cu, stays
+// ragged.
+LT_HD bool dense_batch(int batch, int64_t t, int64_t max_seqlen, int64_t covered) {
+  return batch > 0 && max_seqlen > 0 && covered == t &&
+         t == static_cast<int64_t>(batch) * max_seqlen;
 }
 
 // The smallest power of two >= max(x, lo), lo a power of two: the bucket of a batch size, a

@@ -355,6 +355,17 @@ void DecoderModel::save(const std::string& dir, DType disk_dtype, uint64_t max_s
   cfg.save(dir);
 }
 
+SeqHints seq_hints(const Batch& b) {
+  SeqHints h(b.max_seqlen);
+  const bool host = b.cu_seqlens.device().is_cpu();
+  if (!host && h.longest > 0) return h;
+  const std::vector<int64_t> c = b.cu_seqlens.to_i64();
+  if (h.longest <= 0)
+    for (size_t i = 1; i < c.size(); ++i) h.longest = std::max(h.longest, c[i] - c[i - 1]);
+  if (host && !c.empty()) h.total = c.back();
+  return h;
+}
+
 ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& opt) {
   LT_CHECK(batch.input_ids.defined() && batch.cu_seqlens.defined(), "forward on an empty batch");
   const MemPhase outer = current_mem_phase();
@@ -362,12 +373,7 @@ ForwardResult DecoderModel::forward(const Batch& batch, const ForwardOptions& op
   Tensor ids = batch.input_ids.to(device_);
   Tensor pos = batch.position_ids.to(device_);
   Tensor cu = batch.cu_seqlens.to(device_);
-  int64_t max_seqlen = batch.max_seqlen;
-  if (max_seqlen <= 0) {
-    std::vector<int64_t> c = batch.cu_seqlens.to_i64();
-    for (size_t i = 1; i < c.size(); ++i) max_seqlen = std::max(max_seqlen, c[i] - c[i - 1]);
-  }
-  Tensor hidden = hidden_states(ids, pos, cu, max_seqlen, opt.gradient_checkpointing,
+  Tensor hidden = hidden_states(ids, pos, cu, seq_hints(batch), opt.gradient_checkpointing,
                                 opt.row_grad_sink, opt.context_parallel);
   const double cap = logit_softcap();
   // LM head and loss: much memory traffic for little compute if offloaded (as TRL decides).

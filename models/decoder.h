@@ -81,6 +81,19 @@ struct ContextParallel {
   kernels::ZigzagLayout layout;
 };
 
+// What a batch's cu_seqlens say, as attention's hints (kernels::AttentionOptions): the longest
+// sequence and cu_seqlens[B], the rows inside sequences (0: unknown). A bare longest length
+// converts, with the total unknown.
+struct SeqHints {
+  SeqHints(int64_t longest_len = 0, int64_t total_rows = 0)  // NOLINT(runtime/explicit)
+      : longest(longest_len), total(total_rows) {}
+  int64_t longest = 0;
+  int64_t total = 0;
+};
+// b.max_seqlen (or the longest sequence of its cu_seqlens) and cu_seqlens[B], read from the host's
+// cu_seqlens (a device one gives the total as unknown).
+SeqHints seq_hints(const Batch& b);
+
 struct ForwardOptions {
   bool need_loss = true;
   bool need_logits = false;  // full [T, V] logits (tests, generation, small models)
@@ -226,7 +239,7 @@ class DecoderModel {
   // model's device. With `cp`, attention is the zigzag ring over cp->comm (cu_seqlens unused).
   // Tiled in blocks of rows when sequence_tiling() says so for T rows.
   Tensor layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
-                       const Tensor& cu_seqlens, int64_t max_seqlen,
+                       const Tensor& cu_seqlens, SeqHints seqs,
                        const ContextParallel* cp = nullptr) const;
   // One decoder layer with the attention step supplied by the caller (generation's KV cache).
   Tensor layer_forward_with(int64_t i, const Tensor& h, const LayerAttention& attend) const;
@@ -243,7 +256,7 @@ class DecoderModel {
   kernels::AttentionOptions attention_options(int64_t layer) const;
   // Embedding -> all layers -> final norm.
   Tensor hidden_states(const Tensor& ids, const Tensor& positions, const Tensor& cu_seqlens,
-                       int64_t max_seqlen, bool gradient_checkpointing,
+                       SeqHints seqs, bool gradient_checkpointing,
                        const RowGradSink& sink = nullptr,
                        std::shared_ptr<const ContextParallel> cp = nullptr) const;
   // Normed hidden states [T, H] -> logits [T, V] (soft-capped with final_logit_softcapping).

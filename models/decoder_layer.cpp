@@ -156,7 +156,7 @@ Tensor DecoderModel::layer_forward_with(int64_t i, const Tensor& h,
 }
 
 Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& positions,
-                                   const Tensor& cu_seqlens, int64_t max_seqlen,
+                                   const Tensor& cu_seqlens, SeqHints seqs,
                                    const ContextParallel* cp) const {
   // Longrope picks its factors by the batch's largest position (as transformers does for a
   // padded batch), never a block's: read once per layer, and only by longrope.
@@ -165,7 +165,8 @@ Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& pos
     for (int64_t p : positions.to_i64()) max_position = std::max(max_position, p);
   auto attend_roped = [&](const Tensor& qr, const Tensor& kr, const Tensor& v) {
     kernels::AttentionOptions ao = attention_options(i);
-    ao.max_seqlen_q = ao.max_seqlen_k = max_seqlen;
+    ao.max_seqlen_q = ao.max_seqlen_k = seqs.longest;
+    ao.total_seqlen = seqs.total;
     if (cp) {
       LT_CHECK_INPUT(ao.window == 0 && ao.softcap == 0 && ao.scale == 0, cfg_.architecture,
                      ": context parallelism (cp_size > 1) does not support sliding-window, "
@@ -210,7 +211,7 @@ Tensor DecoderModel::layer_forward(int64_t i, const Tensor& h, const Tensor& pos
 }
 
 Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
-                                   const Tensor& cu_seqlens, int64_t max_seqlen,
+                                   const Tensor& cu_seqlens, SeqHints seqs,
                                    bool gradient_checkpointing, const RowGradSink& sink,
                                    std::shared_ptr<const ContextParallel> cp) const {
   Tensor h = embed(ids, sink);
@@ -227,13 +228,12 @@ Tensor DecoderModel::hidden_states(const Tensor& ids, const Tensor& positions,
                                  : current_mem_phase());
     if (gradient_checkpointing && grad_mode_enabled()) {
       // The recompute in backward runs the ring again: `cp` is kept alive by the closure.
-      auto fn = [this, l, positions, cu_seqlens, max_seqlen, cp](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{
-            layer_forward(l, in[0], positions, cu_seqlens, max_seqlen, cp.get())};
+      auto fn = [this, l, positions, cu_seqlens, seqs, cp](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{layer_forward(l, in[0], positions, cu_seqlens, seqs, cp.get())};
       };
       h = checkpoint(fn, {h})[0];
     } else {
-      h = layer_forward(l, h, positions, cu_seqlens, max_seqlen, cp.get());
+      h = layer_forward(l, h, positions, cu_seqlens, seqs, cp.get());
     }
   }
   // The final norm stays on the device under offloading, like the LM head and the loss.

@@ -19,17 +19,12 @@ kernels::SequenceLogprobs sequence_logps(const DecoderModel& model, const Batch&
            "sequence_logps on an empty batch");
   const Device dev = model.device();
   Tensor ids = b.input_ids.to(dev), pos = b.position_ids.to(dev), cu = b.cu_seqlens.to(dev);
-  int64_t max_seqlen = b.max_seqlen;
-  if (max_seqlen <= 0) {
-    const std::vector<int64_t> c = b.cu_seqlens.to_i64();
-    for (size_t i = 1; i < c.size(); ++i) max_seqlen = std::max(max_seqlen, c[i] - c[i - 1]);
-  }
   LT_CHECK_INPUT(model.logit_softcap() == 0, model.config().architecture,
                  ": sequence log-probabilities of a model with final_logit_softcapping are not "
                  "supported (preference and RL trainers); sft and generation are");
   LT_CHECK(!opts.context_parallel || !opts.per_token,
            "sequence_logps: per-token log-probabilities under context parallelism");
-  Tensor hidden = model.hidden_states(ids, pos, cu, max_seqlen, opts.gradient_checkpointing,
+  Tensor hidden = model.hidden_states(ids, pos, cu, seq_hints(b), opts.gradient_checkpointing,
                                       nullptr, opts.context_parallel);
   NoOffloadScope head;
   MemSiteGuard site("lm_head + log-probabilities");

@@ -48,13 +48,9 @@ Tensor sequence_scores(const DecoderModel& model, const Batch& batch, bool gradi
   const MemPhase outer = current_mem_phase();
   MemPhaseGuard phase(outer.kind == MemPhaseKind::kNone ? MemPhase{MemPhaseKind::kForward} : outer);
   const Device dev = model.device();
-  int64_t max_seqlen = batch.max_seqlen;
-  if (max_seqlen <= 0) {
-    const std::vector<int64_t> c = batch.cu_seqlens.to_i64();
-    for (size_t i = 1; i < c.size(); ++i) max_seqlen = std::max(max_seqlen, c[i] - c[i - 1]);
-  }
-  Tensor hidden = model.hidden_states(batch.input_ids.to(dev), batch.position_ids.to(dev),
-                                      batch.cu_seqlens.to(dev), max_seqlen, gradient_checkpointing);
+  Tensor hidden =
+      model.hidden_states(batch.input_ids.to(dev), batch.position_ids.to(dev),
+                          batch.cu_seqlens.to(dev), seq_hints(batch), gradient_checkpointing);
   // The head stays on the device under activation offloading, as the LM head does.
   NoOffloadScope head;
   const std::vector<int64_t> rows = score_rows(batch, model.config().pad_token_id);

@@ -394,8 +394,8 @@ void per_case(std::vector<Entry>& t, const Case& c) {
 std::vector<Entry> attention_entries() {
   std::vector<Entry> t;
   for (const Case& c : cases()) per_case(t, c);
-  // Batches of equal-length sequences (cuDNN's dense graph; one sequence always is), in each of
-  // the three graph forms.
+  // Batches of equal-length sequences (cuDNN's dense graph; one sequence always is), and two that
+  // only look so by their row count, in each of the three graph forms.
   for (const Case& c :
        {Case{"bf16_d128_gqa4_equal_lengths", DType::kBF16, 8, 2, 128, {257, 257, 257}},
         Case{"f16_d64_mha_equal_lengths_window",
@@ -417,7 +417,20 @@ std::vector<Entry> attention_entries() {
              128,
              {64, 64, 64, 64},
              {},
-             false}})
+             false},
+        // T == B * S with unequal lengths: rows after the last sequence (cu 0, 64, 96 over 128
+        // rows) keep the batch ragged.
+        Case{"bf16_d64_tail_rows_b_times_s", DType::kBF16, 4, 2, 64, {64, 32}, {}, true, 32, 32},
+        Case{"f16_d128_noncausal_tail_rows_b_times_s",
+             DType::kF16,
+             2,
+             2,
+             128,
+             {64, 32},
+             {},
+             false,
+             32,
+             32}})
     for (const char* form : {"auto", "ragged", "ragged_bottom_right"}) cudnn_entry(t, c, form);
   // The 4-warp (kBc = 64) head_dim-128 backward that devices with 99 KiB of opt-in shared memory
   // (sm_86/sm_89) run, forced on any device.

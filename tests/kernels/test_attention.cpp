@@ -466,8 +466,9 @@ TEST(Attention, RaggedBucketsArePowersOfTwoFromTheFloor) {
 }
 
 // The dense cuDNN graph reads sequence b at rows [b S, (b + 1) S): taken exactly when, with S the
-// true longest length, every sequence has S rows, over every packing of up to 5 sequences of up
-// to 4 rows (empty ones included).
+// true longest length, every sequence has S rows and they cover every row, over every packing of
+// up to 5 sequences of up to 4 rows (empty ones included), each also with unused rows after the
+// last sequence and with a cu_seqlens the host has not read.
 TEST(Attention, DenseBatchIsExactlyTheEqualLengthBatch) {
   int dense = 0, ragged = 0;
   for (int batch = 1; batch <= 5; ++batch) {
@@ -484,7 +485,13 @@ TEST(Attention, DenseBatchIsExactlyTheEqualLengthBatch) {
         equal = equal && len == cu[1];
       }
       const int64_t t = cu.back();
-      const bool d = kernels::dense_batch(batch, t, longest);
+      // Rows past the last sequence: t == batch * S can then hold with unequal lengths (cu 0, 4,
+      // 6 over 8 rows); an unread cu_seqlens (covered -1) is never dense.
+      for (int64_t extra = 1; extra <= 4; ++extra)
+        EXPECT_FALSE(kernels::dense_batch(batch, t + extra, longest, t))
+            << "batch " << batch << " code " << code << " extra " << extra;
+      EXPECT_FALSE(kernels::dense_batch(batch, t, longest, -1));
+      const bool d = kernels::dense_batch(batch, t, longest, t);
       EXPECT_EQ(d, equal && longest > 0) << "batch " << batch << " code " << code;
       if (!d) {
         ++ragged;
@@ -497,8 +504,9 @@ TEST(Attention, DenseBatchIsExactlyTheEqualLengthBatch) {
   }
   EXPECT_EQ(dense, 5 * 4);  // per batch size, lengths 1..4
   EXPECT_GT(ragged, 3000);
-  EXPECT_FALSE(kernels::dense_batch(0, 0, 0));
-  EXPECT_FALSE(kernels::dense_batch(2, 0, 0));
+  EXPECT_FALSE(kernels::dense_batch(0, 0, 0, 0));
+  EXPECT_FALSE(kernels::dense_batch(2, 0, 0, 0));
+  EXPECT_FALSE(kernels::dense_batch(2, 8, 4, 6));  // cu 0, 4, 6 over 8 rows
 }
 
 // The CUDA tensor-core path never visits rows outside every sequence; its fill kernel writes them

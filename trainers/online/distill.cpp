@@ -25,12 +25,13 @@ DistillDivergence distill_divergence(const DecoderModel& student, const DecoderM
                                      const Batch& b, const DistillOptions& opt) {
   const Device dev = student.device();
   const Tensor ids = b.input_ids.to(dev), pos = b.position_ids.to(dev), cu = b.cu_seqlens.to(dev);
-  const Tensor hs = student.hidden_states(ids, pos, cu, b.max_seqlen, opt.gradient_checkpointing);
+  const SeqHints seqs = seq_hints(b);
+  const Tensor hs = student.hidden_states(ids, pos, cu, seqs, opt.gradient_checkpointing);
   Tensor ht;
   {
     NoGradGuard ng;
     MemSiteGuard site("teacher");
-    ht = teacher.hidden_states(ids, pos, cu, b.max_seqlen, false);
+    ht = teacher.hidden_states(ids, pos, cu, seqs, false);
   }
   // Row t predicts the token at t + 1: the rows whose next token is a completion token count.
   DistillDivergence out;
