@@ -81,7 +81,8 @@ class AddRmsNormBackward final : public Node {
       const Tensor ws = w.unpack();
       dsum = need_sum ? Tensor::empty(s.shape(), s.dtype(), s.device()) : Tensor();
       if (needs_input_grad(2)) dw = Tensor::empty(ws.shape(), ws.dtype(), ws.device());
-      rms_norm_bwd(dy, s, ws, rstd.unpack(), dsum, dw, unit_offset, ds);
+      // Without a gradient for a or b there is no dsum for ds to join (w's alone is wanted).
+      rms_norm_bwd(dy, s, ws, rstd.unpack(), dsum, dw, unit_offset, need_sum ? ds : Tensor());
     }
     return {needs_input_grad(0) ? dsum : Tensor(), needs_input_grad(1) ? dsum : Tensor(), dw};
   }
@@ -204,12 +205,15 @@ void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tens
             dot += load(gr, j) * (off + load(pw, j)) * load(xr, j) * rs;
           const A m = dot / static_cast<A>(h);
           T* dr = pdx + r * h;
+          const T* rr = pres ? pres + r * h : nullptr;
           for (int64_t j = 0; j < h; ++j) {
             const A xh = load(xr, j) * rs;
-            store(dr, j, rs * (load(gr, j) * (off + load(pw, j)) - xh * m));
+            // dres[j] is read before dx[j] is written: they may share storage.
+            const A res = rr ? load(rr, j) : A(0);
+            T d;
+            store(&d, 0, rs * (load(gr, j) * (off + load(pw, j)) - xh * m));
+            store(dr, j, rr ? load(&d, 0) + res : load(&d, 0));
           }
-          if (pres)
-            for (int64_t j = 0; j < h; ++j) store(dr, j, load(dr, j) + load(pres + r * h, j));
         }
       }
     });
@@ -272,7 +276,8 @@ AddRmsNormOutput add_rms_norm(const Tensor& a, Tensor b, const Tensor& w, double
     node->sum = SavedTensor(out.sum);
     node->w = SavedTensor(w);
     node->rstd = SavedTensor(rstd);
-    set_history(std::vector<Tensor>{out.sum, out.y}, node);
+    // The sum carries a gradient only from a or b, as residual_add's would.
+    set_history(std::vector<Tensor>{node_needed({a, b}) ? out.sum : Tensor(), out.y}, node);
   }
   return out;
 }

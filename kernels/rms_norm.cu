@@ -21,8 +21,9 @@
 // result is deterministic for a given device. Rows too long for registers (H/V > 256 * kMaxIters:
 // H > 8192 in bf16, 4096 in f32) take a two-pass loop kernel instead. Scratch: partials [P, H]
 // f32 (f64), P = one resident wave of blocks (<= 8 * SMs), from the caching allocator
-// (kWorkspace). Outputs must be contiguous; strided inputs are copied first. dx may alias dy or
-// dres, y may alias x, sum may alias a or b (each thread reads its elements before writing them).
+// (kWorkspace). Outputs must be contiguous; strided inputs are copied first, and operands are
+// aligned first when vectors fit the rows (vector_rows). dx may alias dy or dres, y may alias x,
+// sum may alias a or b (each thread reads its elements before writing them).
 #include <type_traits>
 
 #include "engine/cuda_blas.cuh"
@@ -486,6 +487,38 @@ int64_t rows_of(const char* op, const Tensor& x, const Tensor& w) {
   return w.size(0) == 0 ? 0 : x.numel() / w.size(0);
 }
 
+// Operands reach the kernels 16-byte aligned whenever the row length allows vectors, so that the
+// kernel and its reduction order (vector width, threads per row) follow from h alone, never from
+// where the data lies: rms_norm of a misaligned view, and add_rms_norm against residual_add then
+// rms_norm, give the same bits as of aligned data. A misaligned input is copied (kWorkspace); a
+// misaligned output is written through a workspace and copied out (`finish`).
+bool vector_rows(int64_t h, DType dt) {
+  return h % (16 / static_cast<int64_t>(dtype_size(dt))) == 0;
+}
+
+Tensor aligned_in(const Tensor& t, bool vec) {
+  Tensor c = cu::contiguous_ws(t);
+  if (!vec || cu::aligned16(c.data_ptr())) return c;
+  Tensor a = Tensor::empty(c.shape(), c.dtype(), c.device(), MemTag::kWorkspace);
+  ops::copy(a, c);
+  return a;
+}
+
+struct AlignedOut {
+  Tensor dst, ws;
+  AlignedOut(const Tensor& t, bool vec) : dst(t) {
+    if (t.defined() && vec && !cu::aligned16(t.data_ptr()))
+      ws = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
+  }
+  void* ptr() const {
+    if (ws.defined()) return ws.data_ptr();
+    return dst.defined() ? dst.data_ptr() : nullptr;
+  }
+  void finish() const {
+    if (ws.defined()) ops::copy(dst, ws);
+  }
+};
+
 // The checks both forward adapters make of their outputs y and rstd for x.
 int64_t check_fwd_outputs(const char* op, const Tensor& x, const Tensor& w, const Tensor& y,
                           const Tensor& rstd, Device d) {
@@ -508,9 +541,12 @@ void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, bool unit_o
   const Device d = cuda_device_of(x, op, "x");
   const int64_t rows = check_fwd_outputs(op, x, w, y, rstd, d);
   cu::DeviceGuard g(d);
-  const Tensor xc = cu::contiguous_ws(x), wc = cu::contiguous_ws(w);
-  rms_norm_fwd_launch(xc.data_ptr(), nullptr, nullptr, wc.data_ptr(), y.data_ptr(), rstd.data_ptr(),
+  const bool vec = vector_rows(w.size(0), x.dtype());
+  const Tensor xc = aligned_in(x, vec), wc = aligned_in(w, vec);
+  const AlignedOut yo(y, vec);
+  rms_norm_fwd_launch(xc.data_ptr(), nullptr, nullptr, wc.data_ptr(), yo.ptr(), rstd.data_ptr(),
                       rows, w.size(0), eps, unit_offset, x.dtype(), cu::stream_of(d));
+  yo.finish();
 }
 
 void add_rms_norm_fwd_cuda(const Tensor& a, const Tensor& b, const Tensor& w, double eps,
@@ -525,10 +561,14 @@ void add_rms_norm_fwd_cuda(const Tensor& a, const Tensor& b, const Tensor& w, do
                sum.dtype() == a.dtype(),
            op, ": b ", b.str(), ", sum ", sum.str(), " for a ", a.str());
   cu::DeviceGuard g(d);
-  const Tensor ac = cu::contiguous_ws(a), bc = cu::contiguous_ws(b), wc = cu::contiguous_ws(w);
-  rms_norm_fwd_launch(ac.data_ptr(), bc.data_ptr(), sum.data_ptr(), wc.data_ptr(), y.data_ptr(),
+  const bool vec = vector_rows(w.size(0), a.dtype());
+  const Tensor ac = aligned_in(a, vec), bc = aligned_in(b, vec), wc = aligned_in(w, vec);
+  const AlignedOut so(sum, vec), yo(y, vec);
+  rms_norm_fwd_launch(ac.data_ptr(), bc.data_ptr(), so.ptr(), wc.data_ptr(), yo.ptr(),
                       rstd.data_ptr(), rows, w.size(0), eps, unit_offset, a.dtype(),
                       cu::stream_of(d));
+  so.finish();
+  yo.finish();
 }
 
 void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
@@ -559,14 +599,16 @@ void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const
              dres.str(), " for x ", x.str(), " (and dx wanted)");
   }
   cu::DeviceGuard g(d);
-  const Tensor xc = cu::contiguous_ws(x), wc = cu::contiguous_ws(w), gc = cu::contiguous_ws(dy),
+  const bool vec = vector_rows(w.size(0), x.dtype());
+  const Tensor xc = aligned_in(x, vec), wc = aligned_in(w, vec), gc = aligned_in(dy, vec),
                rc = cu::contiguous_ws(rstd);
-  const Tensor resc = dres.defined() ? cu::contiguous_ws(dres) : Tensor();
+  const Tensor resc = dres.defined() ? aligned_in(dres, vec) : Tensor();
+  const AlignedOut dxo(dx, vec);
   rms_norm_bwd_launch(gc.data_ptr(), xc.data_ptr(), wc.data_ptr(), rc.data_ptr(),
-                      resc.defined() ? resc.data_ptr() : nullptr,
-                      dx.defined() ? dx.data_ptr() : nullptr,
+                      resc.defined() ? resc.data_ptr() : nullptr, dxo.ptr(),
                       dw.defined() ? dw.data_ptr() : nullptr, dw.defined() ? dw.dtype() : x.dtype(),
                       rows, w.size(0), unit_offset, x.dtype(), d, cu::stream_of(d));
+  dxo.finish();
 }
 
 }  // namespace leantune::kernels

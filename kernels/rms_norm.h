@@ -19,7 +19,7 @@ void rms_norm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
                   bool unit_offset = false);
 // dw may be undefined (frozen weight); it is overwritten, not accumulated. dres (optional, like
 // dy): a gradient that reaches x by another path, added to dx after dx's rounding, as autograd
-// would sum the two: dx = round(round(dx) + dres).
+// would sum the two: dx = round(round(dx) + dres). dx may share storage with dy or dres.
 void rms_norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                   const Tensor& dx, const Tensor& dw, bool unit_offset = false,
                   const Tensor& dres = Tensor());

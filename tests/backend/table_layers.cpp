@@ -29,6 +29,14 @@ Tensor host_randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
   return testing::randn(s, dt, seed, Device::cpu(), std);
 }
 
+// A contiguous copy of t one element past a 16-byte boundary, on t's device.
+Tensor misaligned_copy(const Tensor& t) {
+  const Tensor wide = Tensor::zeros({t.numel() + 1}, t.dtype(), t.device());
+  Tensor v = wide.narrow(0, 1, t.numel()).view(t.shape());
+  v.copy_(t);
+  return v;
+}
+
 // ---------------------------------------------------------------- rms_norm
 
 constexpr double kEps = 1e-6;
@@ -88,6 +96,11 @@ void rms_norm(std::vector<Entry>& t) {
                    Tensor dw_only = Tensor::empty({c.h}, c.dt, r.dev());
                    kernels::rms_norm_bwd(dy, x, w, rstd, Tensor(), dw_only, c.offset);
                    r.same("dw_only", dw_only, "dw");
+                   // dy, x and dx one element off 16-byte alignment: the same bits.
+                   const Tensor dx_off = misaligned_copy(Tensor::zeros({c.t, c.h}, c.dt, r.dev()));
+                   kernels::rms_norm_bwd(misaligned_copy(dy), misaligned_copy(x), w, rstd, dx_off,
+                                         Tensor(), c.offset);
+                   r.same("dx_misaligned", dx_off, "dx");
                  }});
     t.push_back({"rms_norm_autograd_" + n, [=](OpRun& r) {
                    Tensor x = r.randn({c.t, c.h}, c.dt, 121, 2.0).set_requires_grad(true);
@@ -153,6 +166,12 @@ void rms_norm(std::vector<Entry>& t) {
            r.expect("y in b's storage", ::testing::AssertionResult(o.y.data_ptr() == storage));
            r.same("handed_sum", o.sum, "sum");
            r.same("handed_y", o.y, "y");
+           // a and b one element off 16-byte alignment: the same kernel and bits (the adapter
+           // aligns them, so the reduction order follows from h alone).
+           const kernels::AddRmsNormOutput off =
+               kernels::add_rms_norm(misaligned_copy(a0), misaligned_copy(b0), w0, kEps, c.offset);
+           r.same("misaligned_sum", off.sum, "sum");
+           r.same("misaligned_y", off.y, "y");
          }});
   }
 }

@@ -7,6 +7,7 @@
 #include "kernel_test_util.h"
 #include "kernels/residual.h"
 #include "kernels/rms_norm.h"
+#include "kernels/stat_dtype.h"
 
 namespace leantune {
 namespace {
@@ -188,10 +189,13 @@ TEST_P(AddRmsNormTest, EqualsResidualAddThenRmsNorm) {
   const Tensor a0 = randn({c.t, c.h}, c.dt, 41), b0 = randn({c.t, c.h}, c.dt, 42);
   const Tensor w0 = randn({c.h}, c.dt, 43);
   const Tensor ds = randn({c.t, c.h}, c.dt, 44), dy = randn({c.t, c.h}, c.dt, 45);
-  for (const bool both : {true, false}) {
+  // Gradients through both outputs, through y alone, and with a and b frozen (w's gradient alone
+  // wanted, as when only a later norm trains: the sum then needs no gradient, as residual_add's).
+  for (const int mode : {0, 1, 2}) {
+    const bool both = mode != 1, frozen = mode == 2;
     std::vector<std::vector<double>> got[2];
     for (const bool fused : {true, false}) {
-      Tensor a = a0.clone().set_requires_grad(true), b = b0.clone().set_requires_grad(true);
+      Tensor a = a0.clone().set_requires_grad(!frozen), b = b0.clone().set_requires_grad(!frozen);
       Tensor w = w0.clone().set_requires_grad(true);
       kernels::AddRmsNormOutput o;
       if (fused) {
@@ -200,16 +204,18 @@ TEST_P(AddRmsNormTest, EqualsResidualAddThenRmsNorm) {
         o.sum = kernels::residual_add(a, b);
         o.y = kernels::rms_norm(o.sum, w, kEps, c.offset);
       }
-      if (both)
+      EXPECT_EQ(o.sum.requires_grad(), !frozen);
+      if (both && !frozen)
         backward({o.sum, o.y}, {ds, dy});
       else
         backward({o.y}, {dy});
       for (const Tensor& t : {o.sum, o.y, a.grad(), b.grad(), w.grad()})
-        got[fused].push_back(t.to_f64());
+        got[fused].push_back(t.defined() ? t.to_f64() : std::vector<double>{});
     }
     const char* names[] = {"sum", "y", "da", "db", "dw"};
-    for (int i = 0; i < 5; ++i)
-      EXPECT_EQ(got[1][i], got[0][i]) << names[i] << (both ? "" : " (y only)");
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(got[1][i], got[0][i]) << names[i] << " mode " << mode;
+    EXPECT_EQ(got[1][2].empty(), frozen);
+    EXPECT_FALSE(got[1][4].empty());
   }
 }
 INSTANTIATE_TEST_SUITE_P(Cases, AddRmsNormTest,
@@ -236,6 +242,21 @@ TEST(AddRmsNorm, AHandedOverSummandTakesTheNorm) {
   EXPECT_LT(held, 2 * 37 * 96 * 2);  // the sum and rstd, not a second [37, 96] output
   EXPECT_EQ(handed.sum.to_f64(), kept.sum.to_f64());
   EXPECT_EQ(handed.y.to_f64(), kept.y.to_f64());
+}
+
+// dx may share dres's storage: each element of dres is read before dx's is written.
+TEST(RmsNorm, BackwardDxMayShareTheResidualGradientsStorage) {
+  for (const DType dt : {DType::kF32, DType::kBF16}) {
+    const Tensor x = randn({19, 71}, dt, 81), w = randn({71}, dt, 82), dy = randn({19, 71}, dt, 83);
+    const Tensor dres = randn({19, 71}, dt, 84);
+    const Tensor y = Tensor::empty({19, 71}, dt),
+                 rstd = Tensor::empty({19}, kernels::stat_dtype(dt));
+    kernels::rms_norm_fwd(x, w, kEps, y, rstd);
+    const Tensor dx = Tensor::empty({19, 71}, dt), shared = dres.clone();
+    kernels::rms_norm_bwd(dy, x, w, rstd, dx, Tensor(), false, dres);
+    kernels::rms_norm_bwd(dy, x, w, rstd, shared, Tensor(), false, shared);
+    EXPECT_EQ(shared.to_f64(), dx.to_f64()) << dtype_name(dt);
+  }
 }
 
 TEST(AddRmsNorm, GradcheckFloat64) {
