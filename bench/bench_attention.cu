@@ -1,6 +1,6 @@
 // bench_attention: throughput of the CUDA attention (kernels/attention.cu), bf16, causal, varlen
-// over device cu_seqlens with max_seqlen hints (as the model calls it). Prints one JSON object on
-// stdout: {"figures": {...}, "errors": {...}}.
+// over device cu_seqlens with max_seqlen and total_seqlen hints (as the model calls it). Prints
+// one JSON object on stdout: {"figures": {...}, "errors": {...}}.
 //   attention_fwd_tflops / attention_bwd_tflops
 //       head_dim 128, 16 query heads, 8 KV heads, 4 sequences of 8192 tokens (32768 in all)
 //   attention_fwd_tflops_hd64 / attention_bwd_tflops_hd64
@@ -104,6 +104,7 @@ void run(const Setup& s, lt::kernels::AttentionBackend backend, const std::strin
   opt.causal = true;
   opt.backend = backend;
   opt.max_seqlen_q = opt.max_seqlen_k = max_len;
+  opt.total_seqlen = total;
   const double fwd_ms =
       median_ms([&] { lt::kernels::attention_fwd_cuda(q, k, v, cu_d, cu_d, opt, out, lse); }, reps);
   const double bwd_ms = median_ms(

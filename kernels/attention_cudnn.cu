@@ -38,6 +38,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -377,7 +378,10 @@ void set_mask(Attr& a, const Problem& p, const Form& f, const Inputs& in, int64_
     a.set_diagonal_alignment(f.top_left ? fe::DiagonalAlignment_t::TOP_LEFT
                                         : fe::DiagonalAlignment_t::BOTTOM_RIGHT);
     a.set_diagonal_band_right_bound(0);
-    if (p.window > 0) a.set_diagonal_band_left_bound(static_cast<int>(p.window));
+    // A window past int's range covers any sequence cuDNN takes: clamped, not wrapped.
+    if (p.window > 0)
+      a.set_diagonal_band_left_bound(
+          static_cast<int>(std::min<int64_t>(p.window, std::numeric_limits<int>::max())));
   }
 }
 
@@ -478,6 +482,8 @@ std::shared_ptr<Graph> graph_for(const Problem& p, const GraphShape& gs, bool ba
   std::lock_guard<std::mutex> lk(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
+  // Building uses the handle, which another thread may be executing a graph on (under h.mu).
+  std::lock_guard<std::mutex> hk(h.mu);
   auto built = std::make_shared<Graph>(backward ? build_bwd(p, gs, strides, h)
                                                 : build_fwd(p, gs, strides, h));
   cache.emplace(key, built);

@@ -106,6 +106,8 @@ Result run_op(OpRun& r, const Problem& p, const Options& o, const Tensor& q) {
     }
     opt.max_seqlen_q = o.hint > 0 ? std::max<int64_t>(mq, 1) : 1;
     opt.max_seqlen_k = o.hint > 0 ? std::max<int64_t>(mk, 1) : 1;
+    // The rows inside sequences, as the model passes them (cuDNN's dense graph needs it).
+    if (o.hint > 0 && p.cq.back() == p.ck.back()) opt.total_seqlen = p.cq.back();
   }
   // One tensor for queries and keys when their sequences coincide, as the model passes them.
   Tensor cq = cu_tensor(p.cq, o.cu_dt), ck = cu_tensor(p.ck, o.cu_dt);
