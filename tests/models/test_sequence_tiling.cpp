@@ -269,5 +269,22 @@ TEST(SequenceTilingEngine, TilingLowersTheActivationPeakOfALongSequence) {
   }
 }
 
+// The attention hints a batch gives: its longest sequence (b.max_seqlen when set) and the rows
+// its host cu_seqlens cover (attention on the CPU checks the latter against cu_seqlens).
+TEST(SeqHints, LongestAndCoveredRowsOfTheHostsCuSeqlens) {
+  Batch b;
+  b.cu_seqlens = Tensor::from_vector(std::vector<int32_t>{0, 3, 8, 9}, {4});
+  SeqHints h = seq_hints(b);
+  EXPECT_EQ(h.longest, 5);
+  EXPECT_EQ(h.total, 9);
+  b.max_seqlen = 7;
+  h = seq_hints(b);
+  EXPECT_EQ(h.longest, 7);
+  EXPECT_EQ(h.total, 9);
+  const SeqHints bare(4);
+  EXPECT_EQ(bare.longest, 4);
+  EXPECT_EQ(bare.total, 0);
+}
+
 }  // namespace
 }  // namespace leantune
