@@ -129,6 +129,31 @@ inline Tensor contiguous_ws(const Tensor& t) {
   ops::copy(c, t);
   return c;
 }
+// t contiguous and 16-byte aligned, for kernels that read whole 16-byte vectors: t itself, or a
+// copy (kWorkspace).
+inline Tensor aligned16_ws(const Tensor& t) {
+  Tensor c = contiguous_ws(t);
+  if (aligned16(c.data_ptr())) return c;
+  Tensor a = Tensor::empty(c.shape(), c.dtype(), c.device(), MemTag::kWorkspace);
+  ops::copy(a, c);
+  return a;
+}
+// An output the kernels write (contiguous): the tensor itself, or, when `need_align16` and it is
+// not 16-byte aligned, a workspace that finish() copies into it. An undefined output stays
+// undefined (ptr() null).
+struct OutOperand {
+  Tensor target, buf;
+  void* ptr() const { return buf.defined() ? buf.data_ptr() : nullptr; }
+  void finish() const {
+    if (buf.defined() && buf.data_ptr() != target.data_ptr()) ops::copy(target, buf);
+  }
+};
+inline OutOperand out_operand(const Tensor& t, bool need_align16) {
+  OutOperand o{t, t};
+  if (t.defined() && need_align16 && !aligned16(t.data_ptr()))
+    o.buf = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
+  return o;
+}
 // t on device d, contiguous: uploads a host tensor (small index and table operands).
 inline Tensor on_device_ws(const Tensor& t, Device d) {
   if (t.device() == d) return contiguous_ws(t);

@@ -33,6 +33,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "engine/autograd.h"
@@ -75,21 +76,7 @@ Seqs read_seqs(const Tensor& cu_q, const Tensor& cu_k, int64_t tq, int64_t tk, i
   s.q = cu_q.to_i64();
   s.k = cu_k.to_i64();
   s.batch = cu_q.numel() - 1;
-  for (const auto* cu : {&s.q, &s.k}) {
-    const int64_t total = cu == &s.q ? tq : tk;
-    LT_CHECK(cu->front() == 0 && cu->back() <= total, "attention: cu_seqlens run from ",
-             cu->front(), " to ", cu->back(), " for ", total, " rows");
-    for (int64_t b = 0; b < s.batch; ++b)
-      LT_CHECK((*cu)[b] <= (*cu)[b + 1], "attention: cu_seqlens decrease at ", b, ": ", (*cu)[b],
-               " > ", (*cu)[b + 1]);
-  }
-  LT_CHECK(total_hint == 0 || (s.q.back() == total_hint && s.k.back() == total_hint),
-           "attention: total_seqlen ", total_hint, " but cu_seqlens end at ", s.q.back(), " and ",
-           s.k.back());
-  for (int64_t b = 0; b < s.batch; ++b) {
-    s.max_q = std::max(s.max_q, s.q[b + 1] - s.q[b]);
-    s.max_k = std::max(s.max_k, s.k[b + 1] - s.k[b]);
-  }
+  std::tie(s.max_q, s.max_k) = check_cu_seqlens("attention", s.q, s.k, tq, tk, total_hint);
   return s;
 }
 

@@ -68,6 +68,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/log.h"
@@ -241,25 +242,8 @@ RowsOperand rows_operand(const Tensor& t, bool need_align16) {
   return r;
 }
 
-// An output written by the kernels: the tensor itself, or (when misaligned for the tensor-core
-// path) a workspace that is copied into it afterwards.
-struct OutOperand {
-  Tensor target;
-  Tensor buf;
-  void* ptr() const { return buf.data_ptr(); }
-  void finish() const {
-    if (!buf.shares_storage(target) || buf.offset() != target.offset()) ops::copy(target, buf);
-  }
-};
-
-OutOperand out_operand(const Tensor& t, bool need_align16) {
-  OutOperand o;
-  o.target = t;
-  o.buf = t;
-  if (need_align16 && !cu::aligned16(t.data_ptr()))
-    o.buf = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
-  return o;
-}
+using cu::out_operand;
+using cu::OutOperand;
 
 // cu_seqlens as a device i32 tensor, with the longest sequences (from the hints, or from a host
 // copy when a hint is missing; a host tensor is validated as on the CPU path).
@@ -300,25 +284,7 @@ Seqs prepare_seqs(const Tensor& cu_q, const Tensor& cu_k, const AttentionDims& d
   const bool host = cu_q.device().is_cpu() && cu_k.device().is_cpu();
   if (host || s.max_q <= 0 || s.max_k <= 0) {
     const std::vector<int64_t> cq = cu_q.to_i64(), ck = cu_k.to_i64();
-    int64_t mq = 0, mk = 0;
-    for (const auto* c : {&cq, &ck}) {
-      const int64_t total = c == &cq ? dm.tq : dm.tk;
-      LT_CHECK(c->front() == 0 && c->back() <= total, op, ": cu_seqlens run from ", c->front(),
-               " to ", c->back(), " for ", total, " rows");
-      for (int b = 0; b < s.batch; ++b)
-        LT_CHECK((*c)[b] <= (*c)[b + 1], op, ": cu_seqlens decrease at ", b, ": ", (*c)[b], " > ",
-                 (*c)[b + 1]);
-    }
-    for (int b = 0; b < s.batch; ++b) {
-      mq = std::max(mq, cq[b + 1] - cq[b]);
-      mk = std::max(mk, ck[b + 1] - ck[b]);
-    }
-    s.max_q = mq;
-    s.max_k = mk;
-    LT_CHECK(
-        opt.total_seqlen == 0 || (cq.back() == opt.total_seqlen && ck.back() == opt.total_seqlen),
-        op, ": total_seqlen ", opt.total_seqlen, " but cu_seqlens end at ", cq.back(), " and ",
-        ck.back());
+    std::tie(s.max_q, s.max_k) = check_cu_seqlens(op, cq, ck, dm.tq, dm.tk, opt.total_seqlen);
     if (cq.back() == ck.back()) s.covered = cq.back();
   } else if (opt.total_seqlen > 0) {
     s.covered = opt.total_seqlen;

@@ -82,13 +82,8 @@ void linear_fwd_cuda(const Tensor& x, const Tensor& w, const Tensor& b, const Te
   cu::DeviceGuard g(d);
   cudaStream_t s = cu::stream_of(d);
   const DType dt = x.dtype();
-  Tensor bc = b.defined() ? cu::contiguous_ws(b) : Tensor();
-  // The bias epilogue reads 16-byte vectors: give it an aligned copy of an unaligned view.
-  if (bc.defined() && !cu::aligned16(bc.data_ptr())) {
-    Tensor aligned = Tensor::empty(bc.shape(), bc.dtype(), d, MemTag::kWorkspace);
-    ops::copy(aligned, bc);
-    bc = aligned;
-  }
+  // The bias epilogue reads 16-byte vectors: an aligned copy of an unaligned view.
+  const Tensor bc = b.defined() ? cu::aligned16_ws(b) : Tensor();
   if (in == 0) {
     ops::fill(y, 0.0);
     if (bc.defined()) ops::add_(y, bc);

@@ -491,33 +491,14 @@ int64_t rows_of(const char* op, const Tensor& x, const Tensor& w) {
 // kernel and its reduction order (vector width, threads per row) follow from h alone, never from
 // where the data lies: rms_norm of a misaligned view, and add_rms_norm against residual_add then
 // rms_norm, give the same bits as of aligned data. A misaligned input is copied (kWorkspace); a
-// misaligned output is written through a workspace and copied out (`finish`).
+// misaligned output is written through a workspace and copied out (cu::out_operand).
 bool vector_rows(int64_t h, DType dt) {
   return h % (16 / static_cast<int64_t>(dtype_size(dt))) == 0;
 }
 
 Tensor aligned_in(const Tensor& t, bool vec) {
-  Tensor c = cu::contiguous_ws(t);
-  if (!vec || cu::aligned16(c.data_ptr())) return c;
-  Tensor a = Tensor::empty(c.shape(), c.dtype(), c.device(), MemTag::kWorkspace);
-  ops::copy(a, c);
-  return a;
+  return vec ? cu::aligned16_ws(t) : cu::contiguous_ws(t);
 }
-
-struct AlignedOut {
-  Tensor dst, ws;
-  AlignedOut(const Tensor& t, bool vec) : dst(t) {
-    if (t.defined() && vec && !cu::aligned16(t.data_ptr()))
-      ws = Tensor::empty(t.shape(), t.dtype(), t.device(), MemTag::kWorkspace);
-  }
-  void* ptr() const {
-    if (ws.defined()) return ws.data_ptr();
-    return dst.defined() ? dst.data_ptr() : nullptr;
-  }
-  void finish() const {
-    if (ws.defined()) ops::copy(dst, ws);
-  }
-};
 
 // The checks both forward adapters make of their outputs y and rstd for x.
 int64_t check_fwd_outputs(const char* op, const Tensor& x, const Tensor& w, const Tensor& y,
@@ -543,7 +524,7 @@ void rms_norm_fwd_cuda(const Tensor& x, const Tensor& w, double eps, bool unit_o
   cu::DeviceGuard g(d);
   const bool vec = vector_rows(w.size(0), x.dtype());
   const Tensor xc = aligned_in(x, vec), wc = aligned_in(w, vec);
-  const AlignedOut yo(y, vec);
+  const cu::OutOperand yo = cu::out_operand(y, vec);
   rms_norm_fwd_launch(xc.data_ptr(), nullptr, nullptr, wc.data_ptr(), yo.ptr(), rstd.data_ptr(),
                       rows, w.size(0), eps, unit_offset, x.dtype(), cu::stream_of(d));
   yo.finish();
@@ -563,7 +544,7 @@ void add_rms_norm_fwd_cuda(const Tensor& a, const Tensor& b, const Tensor& w, do
   cu::DeviceGuard g(d);
   const bool vec = vector_rows(w.size(0), a.dtype());
   const Tensor ac = aligned_in(a, vec), bc = aligned_in(b, vec), wc = aligned_in(w, vec);
-  const AlignedOut so(sum, vec), yo(y, vec);
+  const cu::OutOperand so = cu::out_operand(sum, vec), yo = cu::out_operand(y, vec);
   rms_norm_fwd_launch(ac.data_ptr(), bc.data_ptr(), so.ptr(), wc.data_ptr(), yo.ptr(),
                       rstd.data_ptr(), rows, w.size(0), eps, unit_offset, a.dtype(),
                       cu::stream_of(d));
@@ -603,7 +584,7 @@ void rms_norm_bwd_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const
   const Tensor xc = aligned_in(x, vec), wc = aligned_in(w, vec), gc = aligned_in(dy, vec),
                rc = cu::contiguous_ws(rstd);
   const Tensor resc = dres.defined() ? aligned_in(dres, vec) : Tensor();
-  const AlignedOut dxo(dx, vec);
+  const cu::OutOperand dxo = cu::out_operand(dx, vec);
   rms_norm_bwd_launch(gc.data_ptr(), xc.data_ptr(), wc.data_ptr(), rc.data_ptr(),
                       resc.defined() ? resc.data_ptr() : nullptr, dxo.ptr(),
                       dw.defined() ? dw.data_ptr() : nullptr, dw.defined() ? dw.dtype() : x.dtype(),

@@ -405,6 +405,19 @@ TEST(Attention, BadShapesAndSeqlensAreErrors) {
                Error);
 }
 
+// total_seqlen is a hint where the host does not read cu_seqlens; where it does, it must be
+// where they end.
+TEST(Attention, TotalSeqlenHintIsCheckedAgainstCuSeqlens) {
+  const Tensor q = randn({8, 2, 8}, DType::kF32, 41);
+  kernels::AttentionOptions opt;
+  opt.total_seqlen = 6;
+  const Tensor cu = cu_of({4, 2});  // 0, 4, 6 over 8 rows
+  EXPECT_EQ(kernels::attention(q, q, q, cu, cu, opt).out.to_f64(),
+            kernels::attention(q, q, q, cu, cu).out.to_f64());
+  opt.total_seqlen = 8;
+  EXPECT_THROW(kernels::attention(q, q, q, cu, cu, opt), Error);
+}
+
 // cudnn_attention_status answers on any machine: without a usable cuDNN it says why (no CUDA
 // backend, no device, no cuDNN library, a build without the frontend headers), and the CPU op
 // never calls cuDNN.
