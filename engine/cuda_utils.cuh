@@ -230,6 +230,13 @@ __device__ __forceinline__ double to_acc(double v) { return v; }
 __device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
 
+// Element `high` (0: the low half, 1: the high half) of two bf16 packed in a 32-bit word, widened
+// exactly as __bfloat162float does: a bf16 is the top half of its f32, so one shift or one mask,
+// where the compiler otherwise extracts the high half with a permute first.
+__device__ __forceinline__ float bf16_in_word(uint32_t w, int high) {
+  return __uint_as_float(high ? (w & 0xffff0000u) : (w << 16));
+}
+
 // Round-to-nearest-even from the accumulation type, as engine/dtype.h does on the host (a
 // double goes through float first, as cpu::from_double does).
 template <typename T, typename A>
@@ -271,16 +278,10 @@ template <typename T, int N, typename A>
 __device__ __forceinline__ void load_vec(const T* p, A (&out)[N]) {
   const Vec<T, N> raw = *reinterpret_cast<const Vec<T, N>*>(p);
   if constexpr (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<A, float> && N % 2 == 0) {
-    // A bf16 is the top half of its f32 (what __bfloat162float computes): per 32-bit word one
-    // shift for the low element and one mask for the high one, where the compiler otherwise
-    // extracts the high half with a permute first.
     uint32_t w[N / 2];
     memcpy(w, &raw, sizeof(w));
 #pragma unroll
-    for (int j = 0; j < N / 2; ++j) {
-      out[2 * j] = __uint_as_float(w[j] << 16);
-      out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
+    for (int j = 0; j < N; ++j) out[j] = bf16_in_word(w[j / 2], j & 1);
   } else {
 #pragma unroll
     for (int j = 0; j < N; ++j) out[j] = to_acc(raw.v[j]);

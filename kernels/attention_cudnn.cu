@@ -8,7 +8,8 @@
 //   element cu[b] * stride, and a padding mask with per-sequence lengths seq_len:[B] i32. The
 //   softmax statistics (cuDNN's "Stats", the natural-log log-sum-exp of the scaled scores, f32)
 //   are ragged too, token-major [T, Hq].
-// - Dense, when every sequence has the longest length S (T == B * S, so cu is 0, S, 2S, ...):
+// - Dense, when every sequence has the longest length S and together they cover every row
+//   (T == B * S == cu[B], so cu is 0, S, 2S, ...; kernels::dense_batch):
 //   the same [B, H, S, D] operands with no offsets, lengths or padding mask (the layout torch's
 //   cuDNN SDPA hands it), and statistics packed [B, Hq, S, 1].
 // Our lse is [Hq, T]; the engine's strided copy moves it into the statistics' layout before the

@@ -7,9 +7,10 @@
 //   q, k, v:[T,H,D] rows (heads and head_dim dense, row stride >= H*D, 16-byte aligned), one
 //   packed batch whose query and key sequences coincide (cu_seqlens_q == cu_seqlens_k, Tq == Tk:
 //   training and prefill), bf16/f16, D a multiple of 8 up to 128, causal or not, an optional
-//   sliding window, no soft-capping. A batch whose sequences all have the longest length
-//   (t == batch * max_seqlen) runs on a dense graph, any other on a ragged one (the .cu's
-//   comment; LEANTUNE_CUDNN_GRAPH=ragged or ragged_bottom_right forces the ragged form).
+//   sliding window, no soft-capping. A batch whose sequences all have the longest length and
+//   cover every row (t == batch * max_seqlen == covered) runs on a dense graph, any other on a
+//   ragged one (the .cu's comment; LEANTUNE_CUDNN_GRAPH=ragged or ragged_bottom_right forces
+//   the ragged form).
 //   cu:[B+1] i32 on the device -> out:[T,Hq,D] contiguous, lse:[Hq,T] f32 (natural log).
 // Rows outside every sequence are left for the caller to fill (out = 0, lse = -inf, grads 0).
 //

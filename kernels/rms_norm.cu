@@ -97,9 +97,7 @@ __device__ __forceinline__ cu::acc_of<T> at(const Raw<T, V>& r, int e) {
     return __hiloint2double(static_cast<int>(word(r.bits, 2 * e + 1)),
                             static_cast<int>(word(r.bits, 2 * e)));
   } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    // A bf16 is the top half of its f32: a shift (low element) or a mask (high element).
-    const uint32_t w = word(r.bits, e >> 1);
-    return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
+    return cu::bf16_in_word(word(r.bits, e >> 1), e & 1);
   } else {
     const uint32_t w = word(r.bits, e >> 1);
     return cu::to_acc(__ushort_as_half(static_cast<unsigned short>((e & 1) ? w >> 16 : w)));
